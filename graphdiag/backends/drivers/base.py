@@ -1,0 +1,151 @@
+"""The driver interface the graph runtime runs over.
+
+Two implementations: `CudaDriver` (real GPU through cuda.bindings) and `SimDriver` (numpy kernels on
+simulated device memory, with CUDA's capture and update rules). Handles are opaque objects owned by the
+driver; every one has an explicit destroy. Kernels are named by string and launched from a `Launch` prepared
+once (parameters packed once, reused on every launch).
+"""
+
+from __future__ import annotations
+
+import abc
+import enum
+from dataclasses import dataclass, field
+
+import numpy as np
+
+
+class UpdateResult(enum.IntEnum):
+    """CUgraphExecUpdateResult, with the driver's values."""
+
+    SUCCESS = 0
+    ERROR = 1
+    TOPOLOGY_CHANGED = 2
+    NODE_TYPE_CHANGED = 3
+    FUNCTION_CHANGED = 4
+    PARAMETERS_CHANGED = 5
+    NOT_SUPPORTED = 6
+    UNSUPPORTED_FUNCTION_CHANGE = 7
+    ATTRIBUTES_CHANGED = 8
+
+    @property
+    def label(self) -> str:
+        return self.name.lower().replace("_", " ")
+
+
+@dataclass(frozen=True)
+class UpdateOutcome:
+    """What exec-update returned: `ok`, else the refusal `result` and the node the driver blamed (if any)."""
+
+    ok: bool
+    result: UpdateResult = UpdateResult.SUCCESS
+    error_node: str | None = None
+
+
+@dataclass
+class Launch:
+    """One prepared kernel launch. `params` is a 0-d abi.KPARAMS record; `handle` is driver-private."""
+
+    kernel: str
+    grid: tuple[int, int, int]
+    block: tuple[int, int, int]
+    params: np.ndarray
+    shmem: int = 0
+    handle: object = field(default=None, repr=False)
+
+
+@dataclass(frozen=True)
+class DeviceInfo:
+    name: str
+    compute_capability: tuple[int, int]
+    total_memory: int
+    simulated: bool
+
+
+class Driver(abc.ABC):
+    """Streams, events, capture, graphs, kernel launches and device memory."""
+
+    info: DeviceInfo
+
+    @property
+    def simulated(self) -> bool:
+        return self.info.simulated
+
+    @property
+    def cc(self) -> int:
+        """Compute capability as ggml encodes it (major*100 + minor*10: 9.0 -> 900)."""
+        major, minor = self.info.compute_capability
+        return major * 100 + minor * 10
+
+    # streams and events
+    @abc.abstractmethod
+    def stream_create(self) -> object: ...
+    @abc.abstractmethod
+    def stream_destroy(self, stream) -> None: ...
+    @abc.abstractmethod
+    def stream_synchronize(self, stream) -> None:
+        """Waits for the stream. On a capturing stream this is illegal: the capture is invalidated and
+        CaptureError raised, as CUDA does."""
+    @abc.abstractmethod
+    def event_create(self, timing: bool = False) -> object: ...
+    @abc.abstractmethod
+    def event_destroy(self, event) -> None: ...
+    @abc.abstractmethod
+    def event_record(self, event, stream) -> None: ...
+    @abc.abstractmethod
+    def stream_wait_event(self, stream, event) -> None: ...
+    @abc.abstractmethod
+    def event_elapsed_ms(self, start, end) -> float: ...
+    @abc.abstractmethod
+    def synchronize(self) -> None: ...
+
+    # capture and graphs
+    @abc.abstractmethod
+    def begin_capture(self, stream) -> None:
+        """Begin relaxed-mode stream capture."""
+    @abc.abstractmethod
+    def end_capture(self, stream) -> object:
+        """End capture and return the captured graph; raises CaptureError if the capture was invalidated
+        or a forked stream was not joined back."""
+    @abc.abstractmethod
+    def is_capturing(self, stream) -> bool: ...
+    @abc.abstractmethod
+    def graph_destroy(self, graph) -> None: ...
+    @abc.abstractmethod
+    def graph_num_nodes(self, graph) -> int: ...
+    @abc.abstractmethod
+    def instantiate(self, graph) -> object: ...
+    @abc.abstractmethod
+    def exec_update(self, exec_, graph) -> UpdateOutcome:
+        """cuGraphExecUpdate: on refusal returns ok=False with the driver's reason; the sticky error is
+        already cleared and `exec_` is left as it was (the caller destroys and re-instantiates)."""
+    @abc.abstractmethod
+    def exec_destroy(self, exec_) -> None: ...
+    @abc.abstractmethod
+    def graph_launch(self, exec_, stream) -> None: ...
+
+    # kernels
+    @abc.abstractmethod
+    def prepare(self, launch: Launch) -> Launch:
+        """Resolve the kernel and pack the parameters once; returns the same Launch with `handle` set.
+        Call again after changing launch.params in place."""
+    @abc.abstractmethod
+    def launch(self, stream, launch: Launch) -> None:
+        """Launch a prepared kernel (recorded as a graph node when the stream is capturing)."""
+
+    # memory
+    @abc.abstractmethod
+    def mem_alloc(self, nbytes: int) -> int:
+        """Device allocation; raises OutOfDeviceMemory."""
+    @abc.abstractmethod
+    def mem_free(self, addr: int) -> None: ...
+    @abc.abstractmethod
+    def memcpy_htod(self, dst: int, src: np.ndarray, stream=None) -> None:
+        """Synchronous when stream is None; else ordered on `stream` (src must stay alive until done)."""
+    @abc.abstractmethod
+    def memcpy_dtoh(self, dst: np.ndarray, src: int, stream=None) -> None: ...
+    @abc.abstractmethod
+    def memcpy_dtod(self, dst: int, src: int, nbytes: int, stream=None) -> None: ...
+
+    def close(self) -> None:
+        """Release everything the driver still holds."""

@@ -1,0 +1,88 @@
+"""The kernel catalogue: every kernel the GPU backend launches, with its ABI slots and exact semantics.
+
+This is the contract between three implementations of each kernel:
+  * kernels/*.cu                     (real CUDA, compiled with NVRTC; signature `NAME(const kparams p)`)
+  * graphdiag.backends.sim_kernels   (numpy, run by the simulated driver on simulated device memory)
+  * graphdiag.backends.cpu_ops       (numpy op implementations; the CPU backend and the oracle use them)
+
+Conventions (ggml's): a tensor (ne0, ne1, ne2, ne3) with byte strides nb; ne0 is the innermost (row) dim.
+t[0] is always the destination. All activations are F32; weights are F16, Q8_0 (blocks of 32: f16 scale +
+32 int8) or F32; the KV cache is F16; ids and positions are I32. Every kernel honours the descriptors' nb
+(views are strided). Broadcasting follows ggml: a source dim of 1 (or dividing the destination dim) repeats.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+W_TYPES = ("f32", "f16", "q8_0")
+
+
+@dataclass(frozen=True)
+class KernelSpec:
+    name: str
+    slots: tuple[str, ...]   # meaning of t[0..]
+    ip: tuple[str, ...] = ()  # meaning of ip[0..]
+    fp: tuple[str, ...] = ()  # meaning of fp[0..]
+    doc: str = ""
+
+
+def _specs() -> dict[str, KernelSpec]:
+    s: list[KernelSpec] = []
+    for w in W_TYPES:
+        s.append(KernelSpec(f"get_rows_{w}", ("dst F32 (ne0, n_ids, ...)", f"table {w} (ne0, n_rows)", "ids I32"),
+                            doc="dst[i2, i1, :] = dequant(table[ids[i2, i1], :])"))
+        s.append(KernelSpec(f"mul_mat_vec_{w}", ("dst (M, N, B2, B3)", f"W {w} (K, M)", "x F32 (K, N, B2, B3)"),
+                            doc="dst[.., n, m] = sum_k W[m, k] * x[.., n, k]; N <= 8 (the mat-vec path)"))
+        s.append(KernelSpec(f"mul_mat_{w}", ("dst (M, N, B2, B3)", f"W {w} (K, M)", "x F32 (K, N, B2, B3)"),
+                            doc="same as mul_mat_vec, any N (tiled)"))
+        s.append(KernelSpec(f"mul_mat_vec_glu_{w}",
+                            ("dst (M, N)", f"W_gate {w} (K, M)", f"W_up {w} (K, M)", "x F32 (K, N)"),
+                            ip=("glu op (2 = SWIGLU)",),
+                            doc="fused gate/up mat-vec + GLU: dst = silu(W_gate x) * (W_up x); N <= 8"))
+        s.append(KernelSpec(f"mul_mat_id_vec_{w}",
+                            ("dst (M, n_used, T)", f"experts {w} (K, M, E)", "x F32 (K, n_b, T), n_b in {1, n_used}",
+                             "ids I32 (n_used, T)"),
+                            doc="dst[t, s, :] = experts[ids[t, s]] . x[t, s if n_b > 1 else 0]; fast path, no sync"))
+        s.append(KernelSpec(f"mul_mat_id_gathered_{w}",
+                            ("dst (M, n_used, T)", f"experts {w} (K, M, E)", "x F32 (K, n_b, T)",
+                             "row map I32 pairs (slot, token), device memory written by the host"),
+                            ip=("expert id", "number of rows", "first pair in the row map"),
+                            doc="sorted fallback, one launch per expert with rows: for each (s, t) in the map "
+                                "range, dst[t, s, :] = experts[expert] . x[t, s or 0]"))
+    s += [
+        KernelSpec("rms_norm_f32", ("dst", "x"), fp=("eps",), doc="per row: x / sqrt(mean(x^2) + eps)"),
+        KernelSpec("rms_norm_mul_f32", ("dst", "x", "w (broadcast)"), fp=("eps",),
+                   doc="fused RMS_NORM + MUL: rms_norm(x) * w"),
+        KernelSpec("mul_f32", ("dst", "a", "b (broadcast)"), doc="a * b"),
+        KernelSpec("add_f32", ("dst", "a", "b (broadcast)"), doc="a + b"),
+        KernelSpec("rope_f32", ("dst (D, H, T)", "x (D, H, T)", "pos I32 (T)"),
+                   ip=("n_dims", "mode (0 = normal: adjacent pairs)"), fp=("freq_base", "freq_scale"),
+                   doc="for i < n_dims/2: th = pos[t]*freq_scale*freq_base^(-2i/n_dims); "
+                       "(x0, x1) = x[2i], x[2i+1]; y = (x0 cos th - x1 sin th, x0 sin th + x1 cos th); "
+                       "dims >= n_dims are copied"),
+        KernelSpec("set_rows_f16", ("dst F16 (W, n_rows)", "src F32 (W, T, ...)", "idx I32 (T)"),
+                   doc="dst[idx[t], :] = f16(src[t, :]) (src rows flattened over ne1..ne3)"),
+        KernelSpec("set_rows_f32", ("dst F32 (W, n_rows)", "src F32 (W, T)", "idx I32 (T)"),
+                   doc="dst[idx[t], :] = src[t, :]"),
+        KernelSpec("rope_set_rows_f16", ("dst cache F16 (D*Hkv, n_rows)", "x (D, Hkv, T)", "pos I32 (T)", "idx I32 (T)"),
+                   ip=("n_dims", "mode"), fp=("freq_base", "freq_scale"),
+                   doc="fused ROPE + VIEW + SET_ROWS: dst[idx[t], :] = f16(rope(x)[t] flattened); "
+                       "the ROPE node's own output is not written"),
+        KernelSpec("flash_attn_ext_f16",
+                   ("dst (D, H, T)", "q F32 (D, H, T)", "k F16 view (D, Hkv, n_kv)", "v F16 view (D, Hkv, n_kv)",
+                    "mask F32 (n_kv, T_pad)", "scratch F32 (n_kv, H, T) from the pool"),
+                   fp=("scale",),
+                   doc="per head h (kv head h // (H // Hkv)) and token t: "
+                       "p = softmax(scale * q . k + mask[t]); dst = p . v; masked entries are -inf"),
+        KernelSpec("soft_max_f32", ("dst", "x"), fp=("scale",), doc="per row: softmax(scale * x)"),
+        KernelSpec("top_k_f32", ("dst I32 (k, rows)", "x F32 (n, rows)"), ip=("k",),
+                   doc="indices of the k largest per row, descending; ties: lower index first"),
+        KernelSpec("glu_swiglu_f32", ("dst", "gate", "up"), doc="silu(gate) * up"),
+        KernelSpec("cpy_f32_f32", ("dst", "src"), doc="element-wise copy between strided layouts, same ne"),
+        KernelSpec("cpy_f32_f16", ("dst F16", "src F32"), doc="copy with conversion"),
+    ]
+    return {k.name: k for k in s}
+
+
+KERNELS: dict[str, KernelSpec] = _specs()

@@ -1,0 +1,63 @@
+"""The one error hierarchy. Only the CLI entry turns these into messages and exit codes."""
+
+from __future__ import annotations
+
+
+class GraphdiagError(Exception):
+    """Base of every error graphdiag reports to a user. `exit_code` is what the CLI exits with."""
+
+    exit_code = 2
+
+
+class UsageError(GraphdiagError):
+    """Bad flags or settings."""
+
+
+class ScenarioError(GraphdiagError):
+    """A scenario file that cannot be read or is malformed (the message names file and line)."""
+
+
+class EventFileError(GraphdiagError):
+    """A JSON-lines event record that is truncated, corrupt or from another tool."""
+
+
+class NoDeviceError(GraphdiagError):
+    """A CUDA backend was asked for where there is no usable GPU or driver."""
+
+
+class CudaError(GraphdiagError):
+    """A CUDA driver/NVRTC call failed. `name` is the driver's result name (e.g. CUDA_ERROR_INVALID_VALUE)."""
+
+    def __init__(self, name: str, call: str = "", detail: str = ""):
+        self.name = name
+        self.call = call
+        msg = f"{call}: {name}" if call else name
+        super().__init__(f"{msg} ({detail})" if detail else msg)
+
+
+class OutOfDeviceMemory(CudaError):
+    """An allocation the device could not satisfy (CUDA_ERROR_OUT_OF_MEMORY)."""
+
+    def __init__(self, nbytes: int, call: str = "mem_alloc"):
+        self.nbytes = nbytes
+        super().__init__("CUDA_ERROR_OUT_OF_MEMORY", call, f"{nbytes} bytes")
+
+
+class CaptureError(CudaError):
+    """Stream capture was invalidated or ended illegally (CUDA_ERROR_STREAM_CAPTURE_*)."""
+
+
+class KernelCompileError(GraphdiagError):
+    """NVRTC rejected a kernel file; the message carries the file and NVRTC's log."""
+
+
+class InternalError(GraphdiagError):
+    """A broken invariant: what llama.cpp would GGML_ASSERT/abort on (e.g. uid hit with another node count)."""
+
+    exit_code = 3
+
+
+class VerifyMismatch(GraphdiagError):
+    """A replayed step computed something different from eager (--verify)."""
+
+    exit_code = 1

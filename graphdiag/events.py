@@ -1,0 +1,307 @@
+"""Every decision is an event: small frozen dataclasses, an in-process bus, JSON round-trip.
+
+Each event carries the step, the split index, the graph key (first node's struct address, 0 where none),
+the split's uid and an integer-ns timestamp (time.perf_counter_ns unless a clock is injected).
+Sinks (counters, the terminal report, the JSON-lines record, NVTX, diff) subscribe to the bus.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import time
+from dataclasses import dataclass, field
+from typing import Any, Callable, ClassVar
+
+SCHEMA_VERSION = 1
+
+EVENT_TYPES: dict[str, type["Event"]] = {}
+
+
+@dataclass(frozen=True)
+class Event:
+    kind: ClassVar[str] = "event"
+    step: int = -1
+    split: int = -1
+    key: int = 0
+    uid: int = 0
+    t_ns: int = 0
+
+    def __init_subclass__(cls, **kw):
+        super().__init_subclass__(**kw)
+        EVENT_TYPES[cls.kind] = cls
+
+    def to_dict(self) -> dict[str, Any]:
+        d = {"kind": self.kind}
+        for f in dataclasses.fields(self):
+            v = getattr(self, f.name)
+            d[f.name] = list(v) if isinstance(v, tuple) else v
+        return d
+
+    @staticmethod
+    def from_dict(d: dict[str, Any]) -> "Event":
+        cls = EVENT_TYPES.get(d.get("kind", ""))
+        if cls is None:
+            raise KeyError(f"unknown event kind {d.get('kind')!r}")
+        kw = {}
+        for f in dataclasses.fields(cls):
+            if f.name in d:
+                v = d[f.name]
+                kw[f.name] = tuple(tuple(x) if isinstance(x, list) else x for x in v) if isinstance(v, list) else v
+        return cls(**kw)
+
+
+# -- run / step level ---------------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class StepStarted(Event):
+    kind: ClassVar[str] = "step_started"
+    phase: str = "decode"          # "prefill" | "decode"
+    n_tokens: int = 0
+    n_seqs: int = 0
+    n_kv: int = 0
+
+
+@dataclass(frozen=True)
+class StepFinished(Event):
+    kind: ClassVar[str] = "step_finished"
+    duration_ns: int = 0           # host wall time of the step, synchronised
+    gpu_ns: int = 0                # GPU time of the step's GPU splits (CUDA events), 0 where unmeasured
+    tokens: tuple = ()             # greedy tokens produced, one per sequence
+    mode: str = ""                 # worst phase any GPU split took: "eager" | "capture" | "replay" | "cpu"
+
+
+@dataclass(frozen=True)
+class ContextDecision(Event):
+    kind: ClassVar[str] = "context"
+    reused: bool = False
+    reason: str = ""               # why not reused: "first graph", "n_tokens 1→2", "reuse disabled", ...
+
+
+@dataclass(frozen=True)
+class GraphSplit(Event):
+    kind: ClassVar[str] = "graph_split"
+    n_splits: int = 0
+    backends: tuple = ()           # backend name per split
+    uids: tuple = ()               # uid per split
+    n_nodes: tuple = ()            # node count per split
+
+
+@dataclass(frozen=True)
+class SchedRealloc(Event):
+    kind: ClassVar[str] = "sched_realloc"
+    same_size: bool = True
+    buffer_bytes: int = 0
+    backend: str = ""
+
+
+# -- the six gates ------------------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class KeyLookup(Event):
+    kind: ClassVar[str] = "key_lookup"
+    new_entry: bool = False
+    n_nodes: int = 0
+
+
+@dataclass(frozen=True)
+class Evicted(Event):
+    kind: ClassVar[str] = "evicted"
+    idle_ns: int = 0
+    n_chunks: int = 0
+
+
+@dataclass(frozen=True)
+class GraphsDisabled(Event):
+    kind: ClassVar[str] = "graphs_disabled"
+    reason: str = ""               # "env GGML_CUDA_DISABLE_GRAPHS", "compute capability 6.1 < 7.0"
+
+
+@dataclass(frozen=True)
+class Incompatible(Event):
+    kind: ClassVar[str] = "incompatible"
+    node: int = -1
+    node_name: str = ""
+    op: str = ""
+    rule: str = ""                 # which needs-sync rule fired
+
+
+@dataclass(frozen=True)
+class UidHit(Event):
+    kind: ClassVar[str] = "uid_hit"
+
+
+@dataclass(frozen=True)
+class UidMiss(Event):
+    kind: ClassVar[str] = "uid_miss"
+    old_uid: int = 0
+
+
+@dataclass(frozen=True)
+class NodeCountChanged(Event):
+    kind: ClassVar[str] = "node_count_changed"
+    old: int = 0
+    new: int = 0
+
+
+@dataclass(frozen=True)
+class PropertyDiff(Event):
+    """The first differing node of a changed graph and the exact field, with old and new values."""
+    kind: ClassVar[str] = "property_diff"
+    node: int = -1
+    node_name: str = ""
+    op: str = ""
+    field: str = ""                # "ne[1]", "op_params", "data", "src[0].data", "src[1].nb[2]", "name", ...
+    old: str = ""
+    new: str = ""
+    n_changed_nodes: int = 0
+
+
+@dataclass(frozen=True)
+class WarmupTransition(Event):
+    kind: ClassVar[str] = "warmup"
+    from_state: str = ""           # "cold" | "warm"
+    to_state: str = ""
+    why: str = ""                  # "warmup complete" | "warmup reset: properties changed" | ...
+
+
+@dataclass(frozen=True)
+class PhaseDecided(Event):
+    kind: ClassVar[str] = "phase"
+    phase: str = ""                # "eager" | "capture" | "replay" | "disabled" | "incompatible"
+    why: str = ""
+
+
+@dataclass(frozen=True)
+class FusionApplied(Event):
+    kind: ClassVar[str] = "fusion"
+    node: int = -1
+    pattern: str = ""              # "rms_norm+mul", "mul_mat_vec+glu", "rope+view+set_rows"
+    absorbed: int = 0              # following nodes skipped
+
+
+@dataclass(frozen=True)
+class ConcurrentRegion(Event):
+    kind: ClassVar[str] = "concurrent_region"
+    fork_node: int = -1
+    join_node: int = -1
+    fork_name: str = ""
+    n_branches: int = 0
+    branch_sizes: tuple = ()
+
+
+@dataclass(frozen=True)
+class ChunkBoundary(Event):
+    kind: ClassVar[str] = "chunk_boundary"
+    chunk: int = 0
+    start_node: int = 0            # first node of the chunk
+    end_node: int = 0              # one past the last node
+    moved_by: str = ""             # "" | "concurrent region" | "fusion" (boundary later than chunk_end)
+
+
+@dataclass(frozen=True)
+class ChunkCaptured(Event):
+    kind: ClassVar[str] = "chunk_captured"
+    chunk: int = 0
+    n_graph_nodes: int = 0         # CUDA graph nodes captured
+    capture_ns: int = 0
+
+
+@dataclass(frozen=True)
+class ChunkInstantiated(Event):
+    kind: ClassVar[str] = "chunk_instantiated"
+    chunk: int = 0
+    duration_ns: int = 0
+    after_refusal: bool = False
+
+
+@dataclass(frozen=True)
+class ChunkUpdated(Event):
+    kind: ClassVar[str] = "chunk_updated"
+    chunk: int = 0
+    duration_ns: int = 0
+
+
+@dataclass(frozen=True)
+class UpdateRefused(Event):
+    kind: ClassVar[str] = "update_refused"
+    chunk: int = 0
+    reason: str = ""               # UpdateResult name, e.g. "TOPOLOGY_CHANGED"
+    error_node: str = ""
+    duration_ns: int = 0
+
+
+@dataclass(frozen=True)
+class ChunksDestroyed(Event):
+    kind: ClassVar[str] = "chunks_destroyed"
+    first: int = 0
+    count: int = 0
+
+
+@dataclass(frozen=True)
+class EagerRun(Event):
+    kind: ClassVar[str] = "eager_run"
+    n_launches: int = 0
+    duration_ns: int = 0
+
+
+@dataclass(frozen=True)
+class CaptureRun(Event):
+    kind: ClassVar[str] = "capture_run"
+    n_chunks: int = 0
+    n_launches: int = 0
+    duration_ns: int = 0
+
+
+@dataclass(frozen=True)
+class ReplayLaunched(Event):
+    kind: ClassVar[str] = "replay"
+    n_chunks: int = 0
+    duration_ns: int = 0
+
+
+@dataclass(frozen=True)
+class PoolInvalidated(Event):
+    kind: ClassVar[str] = "pool_invalidated"
+    reason: str = ""               # "alloc failure" | "free into full pool"
+    n_graphs: int = 0              # entries cleared
+    n_captured: int = 0            # executables destroyed
+    nbytes: int = 0
+
+
+@dataclass(frozen=True)
+class VerifyResult(Event):
+    kind: ClassVar[str] = "verify"
+    ok: bool = True
+    max_abs_diff: float = 0.0
+
+
+class EventBus:
+    """Synchronous publish/subscribe. `emit` stamps t_ns (from `clock`) when the event has none."""
+
+    def __init__(self, clock: Callable[[], int] = time.perf_counter_ns):
+        self._sinks: list[Callable[[Event], None]] = []
+        self.clock = clock
+
+    def subscribe(self, sink: Callable[[Event], None]) -> Callable[[Event], None]:
+        self._sinks.append(sink)
+        return sink
+
+    def unsubscribe(self, sink) -> None:
+        self._sinks.remove(sink)
+
+    def emit(self, ev: Event) -> None:
+        if ev.t_ns == 0:
+            ev = dataclasses.replace(ev, t_ns=self.clock())
+        for s in self._sinks:
+            s(ev)
+
+
+class Recorder:
+    """A sink that keeps every event (for tests, reports and the JSON-lines writer)."""
+
+    def __init__(self):
+        self.events: list[Event] = []
+
+    def __call__(self, ev: Event) -> None:
+        self.events.append(ev)
+
+    def of(self, *types) -> list[Event]:
+        return [e for e in self.events if isinstance(e, types)]

@@ -1,0 +1,140 @@
+"""A ggml_context look-alike: constructors that allocate tensor structs in the arena.
+
+Only metadata is set here (type, ne, nb, op, op_params, src, view fields, name). `data` is given later by
+buffer placement, so a graph of any size can be built without allocating its data.
+"""
+
+from __future__ import annotations
+
+from .arena import Arena
+from .dtypes import GGMLType, block_size, type_size
+from .ops import GluOp, Op, TensorFlag
+from .tensor import Tensor
+
+
+def contiguous_nb(t: int, ne) -> tuple[int, int, int, int]:
+    nb0 = type_size(t)
+    nb1 = nb0 * (ne[0] // block_size(t))
+    return (nb0, nb1, nb1 * ne[1], nb1 * ne[1] * ne[2])
+
+
+def _ne4(ne) -> tuple[int, int, int, int]:
+    ne = tuple(int(x) for x in ne)
+    return ne + (1,) * (4 - len(ne))
+
+
+class Ctx:
+    """Tensor constructors over one arena (ggml_new_tensor_*, ggml_view_*, and the ops the model uses)."""
+
+    def __init__(self, arena: Arena):
+        self.arena = arena
+
+    # -- raw -------------------------------------------------------------------------------------------
+    def new_tensor(self, t: int, ne, name: str = "", op: Op = Op.NONE, srcs=(), view_src: Tensor | None = None,
+                   view_offs: int = 0, nb=None) -> Tensor:
+        if view_src is not None and view_src.view_src is not None:
+            view_offs += view_src.view_offs
+            view_src = view_src.view_src
+        i = self.arena.new_slot()
+        rec = self.arena.rec
+        ne = _ne4(ne)
+        rec["type"][i] = int(t)
+        rec["ne"][i] = ne
+        rec["nb"][i] = nb if nb is not None else contiguous_nb(t, ne)
+        rec["op"][i] = int(op)
+        for j, s in enumerate(srcs):
+            rec["src"][i][j] = 0 if s is None else s.addr
+        if view_src is not None:
+            rec["view_src"][i] = view_src.addr
+            rec["view_offs"][i] = view_offs
+        x = Tensor(self.arena, i)
+        if name:
+            x.name = name
+        return x
+
+    def new_input(self, t: int, ne, name: str) -> Tensor:
+        x = self.new_tensor(t, ne, name)
+        x.flags = x.flags | TensorFlag.INPUT
+        return x
+
+    # -- views -----------------------------------------------------------------------------------------
+    def view(self, a: Tensor, ne, nb, offset: int = 0, name: str = "") -> Tensor:
+        ne = _ne4(ne)
+        nb = tuple(nb) + tuple(a.nb[len(nb):]) if len(nb) < 4 else tuple(nb)
+        # fill strides of trailing unit dims like ggml_view_*d
+        nb = list(nb)
+        for d in range(1, 4):
+            if d >= len(nb) or nb[d] is None:
+                nb[d] = nb[d - 1] * ne[d - 1]
+        return self.new_tensor(a.type, ne, name or f"{a.name} (view)", Op.VIEW, (a,), a, offset, tuple(nb))
+
+    def reshape(self, a: Tensor, ne, name: str = "") -> Tensor:
+        ne = _ne4(ne)
+        if ne[0] * ne[1] * ne[2] * ne[3] != a.nelements():
+            raise ValueError(f"reshape {a.ne} -> {ne} changes the element count")
+        return self.new_tensor(a.type, ne, name or f"{a.name} (reshaped)", Op.RESHAPE, (a,), a, 0)
+
+    # -- compute ops -----------------------------------------------------------------------------------
+    def get_rows(self, a: Tensor, ids: Tensor, name: str) -> Tensor:
+        ne = (a.ne[0], ids.ne[0], ids.ne[1], ids.ne[2])
+        return self.new_tensor(GGMLType.F32, ne, name, Op.GET_ROWS, (a, ids))
+
+    def rms_norm(self, a: Tensor, eps: float, name: str) -> Tensor:
+        x = self.new_tensor(GGMLType.F32, a.ne, name, Op.RMS_NORM, (a,))
+        x.set_param_f32(0, eps)
+        return x
+
+    def mul(self, a: Tensor, b: Tensor, name: str) -> Tensor:
+        return self.new_tensor(GGMLType.F32, a.ne, name, Op.MUL, (a, b))
+
+    def add(self, a: Tensor, b: Tensor, name: str) -> Tensor:
+        return self.new_tensor(GGMLType.F32, a.ne, name, Op.ADD, (a, b))
+
+    def mul_mat(self, a: Tensor, b: Tensor, name: str) -> Tensor:
+        """a: (K, M, ...), b: (K, N, ...) -> (M, N, ...) F32, as ggml_mul_mat."""
+        if a.ne[0] != b.ne[0]:
+            raise ValueError(f"mul_mat {name}: inner dims {a.ne[0]} != {b.ne[0]}")
+        ne = (a.ne[1], b.ne[1], b.ne[2], b.ne[3])
+        return self.new_tensor(GGMLType.F32, ne, name, Op.MUL_MAT, (a, b))
+
+    def mul_mat_id(self, as_: Tensor, b: Tensor, ids: Tensor, name: str) -> Tensor:
+        """as_: (K, M, n_expert), b: (K, n_used or 1, T), ids: (n_used, T) I32 -> (M, n_used, T)."""
+        ne = (as_.ne[1], ids.ne[0], b.ne[2], 1)
+        return self.new_tensor(GGMLType.F32, ne, name, Op.MUL_MAT_ID, (as_, b, ids))
+
+    def rope(self, a: Tensor, pos: Tensor, n_dims: int, freq_base: float, name: str, mode: int = 0) -> Tensor:
+        x = self.new_tensor(GGMLType.F32, a.ne, name, Op.ROPE, (a, pos))
+        x.set_param_i32(1, n_dims)
+        x.set_param_i32(2, mode)
+        x.set_param_f32(5, freq_base)
+        x.set_param_f32(6, 1.0)
+        return x
+
+    def set_rows(self, dst: Tensor, rows: Tensor, idxs: Tensor, name: str) -> Tensor:
+        """Write rows of `rows` into `dst` at `idxs`; the result is a view of dst (ggml_set_rows)."""
+        return self.new_tensor(dst.type, dst.ne, name, Op.SET_ROWS, (dst, rows, idxs), dst, 0, dst.nb)
+
+    def soft_max(self, a: Tensor, name: str, scale: float = 1.0) -> Tensor:
+        x = self.new_tensor(GGMLType.F32, a.ne, name, Op.SOFT_MAX, (a,))
+        x.set_param_f32(0, scale)
+        return x
+
+    def top_k(self, a: Tensor, k: int, name: str) -> Tensor:
+        x = self.new_tensor(GGMLType.I32, (k, a.ne[1], a.ne[2], a.ne[3]), name, Op.TOP_K, (a,))
+        x.set_param_i32(0, k)
+        return x
+
+    def flash_attn_ext(self, q: Tensor, k: Tensor, v: Tensor, mask: Tensor, scale: float, name: str) -> Tensor:
+        """q: (D, n_head, T), k/v: (D, n_head_kv, n_kv) views of the cache, mask: (n_kv, T) -> (D, n_head, T)."""
+        x = self.new_tensor(GGMLType.F32, (v.ne[0], q.ne[1], q.ne[2], 1), name, Op.FLASH_ATTN_EXT, (q, k, v, mask))
+        x.set_param_f32(0, scale)
+        return x
+
+    def glu_split(self, a: Tensor, b: Tensor, op: GluOp, name: str) -> Tensor:
+        x = self.new_tensor(GGMLType.F32, a.ne, name, Op.GLU, (a, b))
+        x.set_param_i32(0, int(op))
+        return x
+
+    def cpy(self, a: Tensor, b: Tensor, name: str) -> Tensor:
+        """Copy a into b; the result is a view of b (ggml_cpy)."""
+        return self.new_tensor(b.type, b.ne, name, Op.CPY, (a, b), b, 0, b.nb)

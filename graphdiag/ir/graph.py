@@ -1,0 +1,85 @@
+"""Graphs (ggml_cgraph): node and leaf lists of arena slots, plus a uid; views are contiguous node ranges."""
+
+from __future__ import annotations
+
+import itertools
+import threading
+
+import numpy as np
+
+from .arena import Arena
+from .ops import Op, TensorFlag
+from .tensor import Tensor
+
+_uid_counter = itertools.count(1)
+_uid_lock = threading.Lock()
+
+
+def next_uid() -> int:
+    """ggml_graph_next_uid: one process-wide counter starting at 1."""
+    with _uid_lock:
+        return next(_uid_counter)
+
+
+class Graph:
+    """A computation graph. `nodes`/`leafs` are int64 arrays of arena slot indices. uid 0 = unset."""
+
+    __slots__ = ("arena", "nodes", "leafs", "uid", "_visited")
+
+    def __init__(self, arena: Arena, nodes=None, leafs=None, uid: int = 0):
+        self.arena = arena
+        self.nodes = np.asarray(nodes if nodes is not None else [], dtype=np.int64)
+        self.leafs = np.asarray(leafs if leafs is not None else [], dtype=np.int64)
+        self.uid = uid
+        self._visited = None
+
+    @property
+    def n_nodes(self) -> int:
+        return len(self.nodes)
+
+    def node(self, i: int) -> Tensor:
+        return Tensor(self.arena, int(self.nodes[i]))
+
+    def iter_nodes(self):
+        for i in self.nodes:
+            yield Tensor(self.arena, int(i))
+
+    @property
+    def first_node_addr(self) -> int:
+        return self.arena.base + int(self.nodes[0]) * self.arena.rec.dtype.itemsize
+
+    def build_forward_expand(self, t: Tensor) -> None:
+        """Add `t` and everything it depends on, depth first, sources in order (ggml_visit_parents)."""
+        if self._visited is None:
+            self._visited = set(int(i) for i in self.nodes) | set(int(i) for i in self.leafs)
+        nodes, leafs = list(self.nodes), list(self.leafs)
+        stack = [(t.idx, False)]
+        rec = self.arena.rec
+        base, size = self.arena.base, rec.dtype.itemsize
+        while stack:
+            idx, expanded = stack.pop()
+            if expanded:
+                if idx in self._visited:
+                    continue
+                self._visited.add(idx)
+                if rec["op"][idx] == Op.NONE and not (rec["flags"][idx] & TensorFlag.PARAM):
+                    leafs.append(idx)
+                else:
+                    rec["flags"][idx] |= TensorFlag.COMPUTE
+                    nodes.append(idx)
+                continue
+            if idx in self._visited:
+                continue
+            stack.append((idx, True))
+            for a in reversed(rec["src"][idx]):
+                if a:
+                    s = (int(a) - base) // size
+                    if s not in self._visited:
+                        stack.append((s, False))
+        self.nodes = np.asarray(nodes, dtype=np.int64)
+        self.leafs = np.asarray(leafs, dtype=np.int64)
+
+
+def graph_view(g: Graph, i0: int, i1: int) -> Graph:
+    """ggml_graph_view: nodes [i0, i1) of `g`, uid 0."""
+    return Graph(g.arena, g.nodes[i0:i1], np.zeros(0, np.int64), uid=0)

@@ -1,0 +1,55 @@
+"""Operations the reference model uses, named as in ggml (values are graphdiag's own)."""
+
+from __future__ import annotations
+
+import enum
+
+
+class Op(enum.IntEnum):
+    NONE = 0
+    ADD = 2
+    MUL = 6
+    RMS_NORM = 24
+    MUL_MAT = 29
+    MUL_MAT_ID = 30
+    SCALE = 32
+    CPY = 34
+    CONT = 35
+    RESHAPE = 36
+    VIEW = 37
+    PERMUTE = 38
+    TRANSPOSE = 39
+    GET_ROWS = 40
+    SET_ROWS = 42
+    SOFT_MAX = 45
+    ROPE = 47
+    ARGSORT = 60
+    TOP_K = 61
+    FLASH_ATTN_EXT = 64
+    GLU = 80
+
+
+class GluOp(enum.IntEnum):
+    REGLU = 0
+    GEGLU = 1
+    SWIGLU = 2
+
+
+class TensorFlag(enum.IntFlag):
+    INPUT = 1
+    OUTPUT = 2
+    PARAM = 4
+    LOSS = 8
+    COMPUTE = 16
+
+
+_VIEW_OPS = frozenset({Op.NONE, Op.RESHAPE, Op.TRANSPOSE, Op.VIEW, Op.PERMUTE})
+
+
+def is_view_op(op: int) -> bool:
+    return op in _VIEW_OPS
+
+
+def is_view_or_noop(op: int, ne) -> bool:
+    """ggml_cuda_is_view_or_noop: an empty tensor or a pure view/no-op."""
+    return op in _VIEW_OPS or any(int(n) == 0 for n in ne)

@@ -1,0 +1,107 @@
+"""Address spaces backed by numpy: host memory for the CPU backend, device memory for the simulated driver.
+
+Addresses are plain ints (like `data` pointers). Each allocation is one numpy byte buffer; lookups go
+through a sorted list of bases. `ndarray()` gives a strided numpy view for a ggml (type, ne, nb) at an address.
+"""
+
+from __future__ import annotations
+
+import bisect
+
+import numpy as np
+
+from .errors import OutOfDeviceMemory
+from .ir.dtypes import GGMLType, NUMPY, Q8_0_BLOCK, QK8_0
+
+ALIGN = 256
+
+
+class AddressSpace:
+    """Allocations at increasing addresses from `base`; `capacity` bytes in all (None = unbounded)."""
+
+    def __init__(self, base: int, capacity: int | None = None, name: str = "host"):
+        self.name = name
+        self.base = base
+        self.capacity = capacity
+        self.next = base
+        self.used = 0
+        self._bases: list[int] = []
+        self._bufs: dict[int, np.ndarray] = {}
+
+    def alloc(self, nbytes: int) -> int:
+        nbytes = max(int(nbytes), 1)
+        if self.capacity is not None and self.used + nbytes > self.capacity:
+            raise OutOfDeviceMemory(nbytes)
+        addr = self.next
+        self.next += (nbytes + ALIGN - 1) // ALIGN * ALIGN + ALIGN  # a gap: overruns never alias a neighbour
+        self._bufs[addr] = np.zeros(nbytes, np.uint8)
+        bisect.insort(self._bases, addr)
+        self.used += nbytes
+        return addr
+
+    def free(self, addr: int) -> None:
+        buf = self._bufs.pop(addr, None)
+        if buf is None:
+            raise ValueError(f"{self.name}: free of unknown address {addr:#x}")
+        self._bases.pop(bisect.bisect_left(self._bases, addr))
+        self.used -= len(buf)
+
+    def owns(self, addr: int) -> bool:
+        i = bisect.bisect_right(self._bases, addr) - 1
+        return i >= 0 and addr < self._bases[i] + len(self._bufs[self._bases[i]])
+
+    def locate(self, addr: int, nbytes: int = 0) -> tuple[np.ndarray, int]:
+        """(buffer, offset) holding [addr, addr+nbytes)."""
+        i = bisect.bisect_right(self._bases, addr) - 1
+        if i < 0:
+            raise ValueError(f"{self.name}: address {addr:#x} is not allocated")
+        b = self._bases[i]
+        buf = self._bufs[b]
+        off = addr - b
+        if off + nbytes > len(buf):
+            raise ValueError(f"{self.name}: [{addr:#x}, +{nbytes}) runs past its allocation")
+        return buf, off
+
+    def bytes(self, addr: int, nbytes: int) -> np.ndarray:
+        buf, off = self.locate(addr, nbytes)
+        return buf[off : off + nbytes]
+
+    def ndarray(self, addr: int, type_: int, ne, nb) -> np.ndarray:
+        """A strided view, numpy axes outermost first: shape (ne3, ne2, ne1, ne0).
+
+        Q8_0 gives blocks: shape (ne3, ne2, ne1, ne0 // 32) of Q8_0_BLOCK records."""
+        t = GGMLType(int(type_))
+        ne = [int(x) for x in ne]
+        nb = [int(x) for x in nb]
+        if t == GGMLType.Q8_0:
+            shape = (ne[3], ne[2], ne[1], ne[0] // QK8_0)
+            dtype = Q8_0_BLOCK
+        else:
+            shape = (ne[3], ne[2], ne[1], ne[0])
+            dtype = np.dtype(NUMPY[t])
+        strides = (nb[3], nb[2], nb[1], nb[0])
+        if any(s == 0 for s in shape):
+            return np.zeros(shape, dtype)
+        extent = sum((n - 1) * s for n, s in zip(shape, strides)) + dtype.itemsize
+        buf, off = self.locate(addr, extent)
+        return np.ndarray(shape, dtype, buffer=buf, offset=off, strides=strides)
+
+
+def dequantize_q8_0(blocks: np.ndarray) -> np.ndarray:
+    """(..., nblocks) Q8_0 records -> (..., nblocks*32) float32."""
+    d = blocks["d"].astype(np.float32)[..., None]
+    q = blocks["qs"].astype(np.float32)
+    return (d * q).reshape(*blocks.shape[:-1], blocks.shape[-1] * QK8_0)
+
+
+def quantize_q8_0(x: np.ndarray) -> np.ndarray:
+    """(..., n) float32 with n % 32 == 0 -> (..., n/32) Q8_0 records (round to nearest, as ggml)."""
+    x = np.asarray(x, np.float32)
+    blocks = x.reshape(*x.shape[:-1], x.shape[-1] // QK8_0, QK8_0)
+    amax = np.abs(blocks).max(axis=-1)
+    d = amax / 127.0
+    inv = np.where(d > 0, 1.0 / np.where(d > 0, d, 1), 0.0)
+    out = np.zeros(blocks.shape[:-1], Q8_0_BLOCK)
+    out["d"] = d.astype(np.float16)
+    out["qs"] = np.round(blocks * inv[..., None]).clip(-127, 127).astype(np.int8)
+    return out
