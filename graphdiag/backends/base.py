@@ -1,0 +1,44 @@
+"""The backend interface the scheduler drives (ggml_backend): buffers, tensor I/O and graph_compute."""
+
+from __future__ import annotations
+
+import abc
+
+import numpy as np
+
+from ..ir.graph import Graph
+
+
+class Backend(abc.ABC):
+    """One compute backend. `name` is what the scheduler and reports show ("CPU", "CUDA0", "SIM0")."""
+
+    name: str = "?"
+    is_gpu: bool = False
+
+    @abc.abstractmethod
+    def buffer_alloc(self, nbytes: int) -> int:
+        """A buffer of this backend's memory; returns its address."""
+
+    @abc.abstractmethod
+    def buffer_free(self, addr: int) -> None: ...
+
+    @abc.abstractmethod
+    def tensor_set(self, addr: int, data: np.ndarray) -> None:
+        """Write the bytes of `data` at `addr` (synchronous)."""
+
+    @abc.abstractmethod
+    def tensor_get(self, addr: int, nbytes: int) -> np.ndarray:
+        """A uint8 copy of [addr, addr + nbytes) (synchronous)."""
+
+    @abc.abstractmethod
+    def graph_compute(self, graph: Graph, split: int) -> None:
+        """Compute every node of `graph` (a split: nodes without the COMPUTE flag are skipped)."""
+
+    def graph_optimize(self, graph: Graph, split: int) -> None:
+        """Called once per split each time the scheduler splits the graph (ggml_backend_graph_optimize)."""
+
+    def synchronize(self) -> None:
+        """Wait for queued work."""
+
+    def close(self) -> None:
+        """Release buffers and handles."""
