@@ -273,24 +273,90 @@ class VerifyResult(Event):
     max_abs_diff: float = 0.0
 
 
+@dataclass(frozen=True)
+class SpanBegin(Event):
+    """Start of a timed scope (step, context, split compute, eager, warmup, chunk capture, update,
+    instantiate, replay, eviction, invalidation). Only sinks subscribed with spans=True receive spans."""
+    kind: ClassVar[str] = "span_begin"
+    name: str = ""                 # a fixed string per kind of scope (registered once by NVTX)
+    category: str = ""             # slash path, e.g. "graph/capture"
+    payload: int = 0               # a number: uid, chunk index, node index...
+
+
+@dataclass(frozen=True)
+class SpanEnd(Event):
+    kind: ClassVar[str] = "span_end"
+    name: str = ""
+    category: str = ""
+
+
+class _NullSpan:
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        return False
+
+
+_NULL_SPAN = _NullSpan()
+
+
+class _Span:
+    __slots__ = ("bus", "name", "category", "payload", "step", "split", "key", "uid")
+
+    def __init__(self, bus, name, category, payload, step, split, key, uid):
+        self.bus, self.name, self.category, self.payload = bus, name, category, payload
+        self.step, self.split, self.key, self.uid = step, split, key, uid
+
+    def __enter__(self):
+        self.bus._emit_span(SpanBegin(step=self.step, split=self.split, key=self.key, uid=self.uid,
+                                      t_ns=self.bus.clock(), name=self.name, category=self.category,
+                                      payload=self.payload))
+        return self
+
+    def __exit__(self, *exc):
+        self.bus._emit_span(SpanEnd(step=self.step, split=self.split, key=self.key, uid=self.uid,
+                                    t_ns=self.bus.clock(), name=self.name, category=self.category))
+        return False
+
+
 class EventBus:
-    """Synchronous publish/subscribe. `emit` stamps t_ns (from `clock`) when the event has none."""
+    """Synchronous publish/subscribe. `emit` stamps t_ns (from `clock`) when the event has none.
+
+    Decision events go to every sink; span events only to sinks subscribed with spans=True, and `span()`
+    is a shared no-op when there are none (nothing costly on hot paths)."""
 
     def __init__(self, clock: Callable[[], int] = time.perf_counter_ns):
         self._sinks: list[Callable[[Event], None]] = []
+        self._span_sinks: list[Callable[[Event], None]] = []
         self.clock = clock
 
-    def subscribe(self, sink: Callable[[Event], None]) -> Callable[[Event], None]:
-        self._sinks.append(sink)
+    def subscribe(self, sink: Callable[[Event], None], spans: bool = False) -> Callable[[Event], None]:
+        (self._span_sinks if spans else self._sinks).append(sink)
         return sink
 
     def unsubscribe(self, sink) -> None:
-        self._sinks.remove(sink)
+        for lst in (self._sinks, self._span_sinks):
+            if sink in lst:
+                lst.remove(sink)
 
     def emit(self, ev: Event) -> None:
         if ev.t_ns == 0:
             ev = dataclasses.replace(ev, t_ns=self.clock())
         for s in self._sinks:
+            s(ev)
+        for s in self._span_sinks:
+            s(ev)
+
+    def span(self, name: str, category: str, payload: int = 0, step: int = -1, split: int = -1,
+             key: int = 0, uid: int = 0):
+        """Context manager bracketing a timed scope with SpanBegin/SpanEnd (no-op without span sinks)."""
+        if not self._span_sinks:
+            return _NULL_SPAN
+        return _Span(self, name, category, payload, step, split, key, uid)
+
+    def _emit_span(self, ev: Event) -> None:
+        for s in self._span_sinks:
             s(ev)
 
 
