@@ -54,7 +54,7 @@ class Arena:
             self.rec = grown
         i = self.top
         self.top += 1
-        self.rec[i] = np.zeros((), TENSOR_DTYPE)
+        self.rec.view(np.uint8)[i * TENSOR_SIZE : (i + 1) * TENSOR_SIZE] = 0
         return i
 
     def freeze(self) -> None:

@@ -1,0 +1,148 @@
+"""The GPU backend (ggml_backend_cuda): buffers on the driver, graph_compute through the graph runtime."""
+
+from __future__ import annotations
+
+import time
+
+import numpy as np
+
+from ... import events as E
+from ...ir.graph import Graph
+from ..base import Backend
+from ..drivers.base import Driver
+from .capture import CaptureLoop, lower_graph
+from .concurrency import Region, find_regions
+from .entry import Clock
+from .fusion import fusion_plan
+from .pool import TempPool
+from .runtime import CC_VOLTA, GraphRuntime, RuntimeOptions
+
+MAX_STREAMS = 8
+
+
+class GpuBackend(Backend):
+    is_gpu = True
+
+    def __init__(self, driver: Driver, bus: E.EventBus, options: RuntimeOptions, clock: Clock | None = None,
+                 pool_cap: int | None = None, pool_max_buffers: int = 256, name: str | None = None):
+        self.name = name or ("SIM0" if driver.simulated else "CUDA0")
+        self.driver = driver
+        self.bus = bus
+        self.runtime = GraphRuntime(driver, bus, options, clock)
+        self.loop = CaptureLoop(self)
+        self.pool = TempPool(driver, self.runtime.invalidate_all, pool_cap, pool_max_buffers)
+        self.stream0 = driver.stream_create()
+        self.streams = [self.stream0]
+        self.fork_event = driver.event_create()
+        self.join_events: list = []
+        self.regions: dict[int, tuple[int, list[Region]]] = {}    # key -> (uid, regions), per alloc
+        self.buffers: set[int] = set()
+
+    # -- buffers and tensors --------------------------------------------------------------------------------
+    def buffer_alloc(self, nbytes: int) -> int:
+        addr = self.driver.mem_alloc(nbytes)
+        self.buffers.add(addr)
+        return addr
+
+    def buffer_free(self, addr: int) -> None:
+        self.buffers.discard(addr)
+        self.driver.mem_free(addr)
+
+    def tensor_set(self, addr: int, data: np.ndarray) -> None:
+        data = np.ascontiguousarray(data)
+        self.driver.memcpy_htod(addr, data, self.stream0)
+        self.driver.stream_synchronize(self.stream0)
+
+    def tensor_get(self, addr: int, nbytes: int) -> np.ndarray:
+        self.driver.stream_synchronize(self.stream0)
+        out = np.empty(nbytes, np.uint8)
+        self.driver.memcpy_dtoh(out, addr)
+        return out
+
+    def synchronize(self) -> None:
+        for s in self.streams:
+            self.driver.stream_synchronize(s)
+
+    # -- concurrency (graph_optimize) -------------------------------------------------------------------
+    def graph_optimize(self, graph: Graph, split: int) -> None:
+        """Find concurrent regions once per scheduler alloc (GGML_CUDA_GRAPH_OPT=1, graphs enabled)."""
+        opt = self.runtime.opt
+        if not opt.concurrent_streams or opt.graphs_disabled or self.driver.cc < CC_VOLTA or graph.n_nodes == 0:
+            return
+        regions = find_regions(graph)
+        self.regions[graph.first_node_addr] = (graph.uid, regions)
+        for r in regions:
+            self.bus.emit(E.ConcurrentRegion(step=self.runtime.step, split=split, key=graph.first_node_addr,
+                                             uid=graph.uid, t_ns=time.perf_counter_ns(), fork_node=r.fork,
+                                             join_node=r.join, fork_name=graph.node(r.fork).name,
+                                             n_branches=r.n_branches, branch_sizes=r.branch_sizes()))
+        need = 1 + max((r.n_branches for r in regions), default=0)
+        while len(self.streams) < min(need, MAX_STREAMS):
+            self.streams.append(self.driver.stream_create())
+            self.join_events.append(self.driver.event_create())
+
+    def fork(self, r: Region) -> None:
+        self.driver.event_record(self.fork_event, self.stream0)
+        for s in range(1, r.n_branches + 1):
+            self.driver.stream_wait_event(self.streams[s], self.fork_event)
+
+    def join(self, r: Region) -> None:
+        for s in range(1, r.n_branches + 1):
+            self.driver.event_record(self.join_events[s - 1], self.streams[s])
+            self.driver.stream_wait_event(self.stream0, self.join_events[s - 1])
+
+    def _regions_for(self, graph: Graph) -> list[Region]:
+        got = self.regions.get(graph.first_node_addr)
+        return got[1] if got is not None and got[0] == graph.uid and graph.uid != 0 else []
+
+    # -- graph_compute ----------------------------------------------------------------------------------
+    def _lowered(self, entry, graph: Graph, split: int) -> tuple[dict, list]:
+        """Fusion plan and prepared launches, rebuilt only when the graph identity (uid) changed."""
+        if entry.lowered is None or entry.lowered_uid != graph.uid or graph.uid == 0:
+            plan = fusion_plan(graph) if self.runtime.opt.fusion else {}
+            entry.plan, entry.lowered = plan, lower_graph(graph, plan, self.driver.cc, self.driver)
+            entry.lowered_uid = graph.uid
+            for i, f in sorted(plan.items()):
+                self.runtime.emit(E.FusionApplied, split, entry.key, graph.uid, node=i, pattern=f.pattern,
+                                  absorbed=f.absorbed)
+        return entry.plan, entry.lowered
+
+    def graph_compute(self, graph: Graph, split: int) -> None:
+        rt = self.runtime
+        if graph.n_nodes == 0:
+            return
+        with self.bus.span("graph_compute", "graph/compute", graph.uid, rt.step, split, graph.first_node_addr,
+                           graph.uid):
+            entry = rt.lookup(graph, split)
+            use_graph, update = rt.decide(entry, graph, split)
+            t0 = time.perf_counter_ns()
+            if use_graph and not update:
+                with self.bus.span("replay", "graph/replay", len(entry.instances), rt.step, split, entry.key,
+                                   graph.uid):
+                    n = self.loop.replay(entry)
+                rt.emit(E.ReplayLaunched, split, entry.key, graph.uid, n_chunks=n,
+                        duration_ns=time.perf_counter_ns() - t0)
+                return
+            plan, lowered = self._lowered(entry, graph, split)
+            name = "capture" if use_graph else ("eager" if entry.warmup_complete or use_graph else "warmup")
+            with self.bus.span(name, f"graph/{name}", graph.uid, rt.step, split, entry.key, graph.uid):
+                n_chunks, n_launches = self.loop.evaluate(entry, graph, split, use_graph, update, lowered, plan,
+                                                          self._regions_for(graph))
+            dt = time.perf_counter_ns() - t0
+            if use_graph:
+                rt.emit(E.CaptureRun, split, entry.key, graph.uid, n_chunks=n_chunks, n_launches=n_launches,
+                        duration_ns=dt)
+            else:
+                rt.emit(E.EagerRun, split, entry.key, graph.uid, n_launches=n_launches, duration_ns=dt)
+
+    def close(self) -> None:
+        for e in self.runtime.cache.clear():
+            self.runtime.destroy_instances(e, 0)
+        self.pool.close()
+        for addr in list(self.buffers):
+            self.buffer_free(addr)
+        for ev in [self.fork_event, *self.join_events]:
+            self.driver.event_destroy(ev)
+        for s in self.streams:
+            self.driver.stream_destroy(s)
+        self.streams = []

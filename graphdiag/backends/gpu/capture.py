@@ -1,0 +1,160 @@
+"""Gates 5 and 6: the capture loop (ggml_cuda_graph_evaluate_and_capture) and launch_chunk.
+
+Nodes are walked in order. A chunk ends at the first node i >= chunk_end outside a concurrent region; then
+EndCapture -> update or instantiate -> launch, and BeginCapture starts the next chunk with
+chunk_end = i + chunk_size. Views/no-ops and nodes without the COMPUTE flag are skipped; a fusion returns
+the following nodes it absorbed and the loop skips them, so no boundary falls inside a fusion.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+
+from ... import events as E
+from ...ir.graph import Graph
+from ...ir.ops import TensorFlag, is_view_or_noop
+from .concurrency import Region
+from .entry import GraphEntry
+from .fusion import Fusion
+
+
+@dataclass
+class LoweredGraph:
+    """What the loop issues per node index: (op, fusion) for nodes that launch, None for skipped ones."""
+
+    ops: list
+    n_launch_nodes: int
+
+
+class CaptureLoop:
+    """Runs one split eagerly, or captures it chunk by chunk, or replays its executables."""
+
+    def __init__(self, backend):
+        self.b = backend          # the GpuBackend: driver, pool, streams, runtime, bus
+
+    # -- gate 6 -------------------------------------------------------------------------------------------
+    def launch_chunk(self, entry: GraphEntry, idx: int, split: int, uid: int, began_ns: int) -> None:
+        b, drv, rt = self.b, self.b.driver, self.b.runtime
+        cuda_graph = drv.end_capture(b.stream0)
+        rt.emit(E.ChunkCaptured, split, entry.key, uid, chunk=idx, n_graph_nodes=drv.graph_num_nodes(cuda_graph),
+                capture_ns=time.perf_counter_ns() - began_ns)
+        try:
+            if idx < len(entry.instances):
+                t0 = time.perf_counter_ns()
+                with b.bus.span("update", "graph/update", idx, rt.step, split, entry.key, uid):
+                    out = drv.exec_update(entry.instances[idx], cuda_graph)
+                dt = time.perf_counter_ns() - t0
+                if out.ok:
+                    rt.emit(E.ChunkUpdated, split, entry.key, uid, chunk=idx, duration_ns=dt)
+                else:
+                    rt.emit(E.UpdateRefused, split, entry.key, uid, chunk=idx, reason=out.result.name,
+                            error_node=out.error_node or "", duration_ns=dt)
+                    drv.exec_destroy(entry.instances[idx])
+                    entry.instances[idx] = self._instantiate(entry, idx, cuda_graph, split, uid, True)
+            else:
+                assert idx == len(entry.instances)
+                entry.instances.append(self._instantiate(entry, idx, cuda_graph, split, uid, False))
+        finally:
+            drv.graph_destroy(cuda_graph)
+        drv.graph_launch(entry.instances[idx], b.stream0)
+
+    def _instantiate(self, entry, idx, cuda_graph, split, uid, after_refusal):
+        rt = self.b.runtime
+        t0 = time.perf_counter_ns()
+        with self.b.bus.span("instantiate", "graph/instantiate", idx, rt.step, split, entry.key, uid):
+            inst = self.b.driver.instantiate(cuda_graph)
+        rt.emit(E.ChunkInstantiated, split, entry.key, uid, chunk=idx, duration_ns=time.perf_counter_ns() - t0,
+                after_refusal=after_refusal)
+        return inst
+
+    # -- gate 5 -------------------------------------------------------------------------------------------
+    def evaluate(self, entry: GraphEntry, graph: Graph, split: int, use_graph: bool, update: bool,
+                 lowered: list, plan: dict[int, Fusion], regions: list[Region]) -> tuple[int, int]:
+        """Run or capture every node; returns (n_chunks, n_launches)."""
+        b, drv, rt = self.b, self.b.driver, self.b.runtime
+        capturing = use_graph and update
+        chunk_size = rt.opt.chunk_size
+        key, uid, n = entry.key, graph.uid, graph.n_nodes
+        flags = graph.arena.rec["flags"][graph.nodes]
+        region_at = {r.fork: r for r in regions}
+        active: Region | None = None
+        n_chunks = n_launches = chunk_start = 0
+        chunk_end = chunk_size
+        moved_by = ""
+        began = time.perf_counter_ns()
+        span = b.bus.span("capture chunk", "graph/capture", 0, rt.step, split, key, uid) if capturing else None
+        if capturing:
+            span.__enter__()
+            drv.begin_capture(b.stream0)
+        stream = b.stream0
+        i = 0
+        while i < n:
+            if capturing and chunk_size > 0 and i >= chunk_end and active is None:
+                self.launch_chunk(entry, n_chunks, split, uid, began)
+                span.__exit__(None, None, None)
+                rt.emit(E.ChunkBoundary, split, key, uid, chunk=n_chunks, start_node=chunk_start, end_node=i,
+                        moved_by=moved_by if i > chunk_end else "")
+                n_chunks += 1
+                chunk_start, moved_by = i, ""
+                span = b.bus.span("capture chunk", "graph/capture", i, rt.step, split, key, uid)
+                span.__enter__()
+                began = time.perf_counter_ns()
+                drv.begin_capture(b.stream0)
+                chunk_end = i + chunk_size
+            if active is not None:
+                if i == active.join:
+                    b.join(active)
+                    active, stream = None, b.stream0
+                else:
+                    stream = b.streams[active.stream_of[i]] if i in active.stream_of else b.stream0
+                    if capturing and chunk_size > 0 and i >= chunk_end:
+                        moved_by = "concurrent region"
+            op = lowered[i]
+            if op is None or not (flags[i] & TensorFlag.COMPUTE):
+                i += 1
+                continue
+            op.run(drv, stream, b.pool)
+            n_launches += op.n_launches
+            f = plan.get(i)
+            skip = f.absorbed if f is not None else 0
+            if capturing and chunk_size > 0 and i < chunk_end <= i + skip and not moved_by:
+                moved_by = "fusion"
+            r = region_at.get(i) or next((region_at[j] for j in range(i + 1, i + skip + 1) if j in region_at), None)
+            if r is not None:
+                b.fork(r)
+                active = r
+            i += 1 + skip
+        if capturing:
+            self.launch_chunk(entry, n_chunks, split, uid, began)
+            span.__exit__(None, None, None)
+            rt.emit(E.ChunkBoundary, split, key, uid, chunk=n_chunks, start_node=chunk_start, end_node=n,
+                    moved_by="")
+            n_chunks += 1
+            gone = rt.destroy_instances(entry, n_chunks)
+            if gone:
+                rt.emit(E.ChunksDestroyed, split, key, uid, first=n_chunks, count=gone)
+        return n_chunks, n_launches
+
+    def replay(self, entry: GraphEntry) -> int:
+        drv, s = self.b.driver, self.b.stream0
+        for inst in entry.instances:
+            drv.graph_launch(inst, s)
+        return len(entry.instances)
+
+
+def lower_graph(graph: Graph, plan: dict[int, Fusion], cc: int, driver) -> list:
+    """Lowered op per node index (None where the loop launches nothing), prepared once."""
+    from .lowering import lower_node
+    rec = graph.arena.rec
+    out: list = [None] * graph.n_nodes
+    i = 0
+    while i < graph.n_nodes:
+        idx = int(graph.nodes[i])
+        f = plan.get(i)
+        if not is_view_or_noop(int(rec["op"][idx]), rec["ne"][idx]) and rec["flags"][idx] & TensorFlag.COMPUTE:
+            op = lower_node(graph, i, f, cc)
+            op.prepare(driver)
+            out[i] = op
+        i += 1 + (f.absorbed if f is not None else 0)
+    return out

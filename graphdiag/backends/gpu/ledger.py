@@ -1,0 +1,128 @@
+"""The node-property ledger (ggml_cuda_graph::node_properties), vectorised.
+
+A graph's snapshot is one structured array with a record per node holding what llama.cpp's
+`node_properties` holds: the whole node struct (336 bytes), then each source's data pointer, ne and nb
+(1056 bytes per node). Building it is one gather from the arena; a changed graph is found by one vectorised
+comparison of the records as 64-bit words; only then is the first differing node decoded into a field path.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+
+import numpy as np
+
+from ...ir.arena import MAX_SRC, TENSOR_DTYPE, Arena
+from ...ir.dtypes import GGMLType
+from ...ir.graph import Graph
+from ...ir.ops import Op
+
+PROPS_DTYPE = np.dtype([
+    ("node", TENSOR_DTYPE),
+    ("src_data", "<u8", (MAX_SRC,)),
+    ("src_ne", "<i8", (MAX_SRC, 4)),
+    ("src_nb", "<u8", (MAX_SRC, 4)),
+])
+assert PROPS_DTYPE.itemsize == 1056
+_WORDS = PROPS_DTYPE.itemsize // 8
+
+
+def snapshot(arena: Arena, nodes: np.ndarray, out: np.ndarray | None = None) -> np.ndarray:
+    """node_properties for every node of a graph: one gather of structs plus one of their sources."""
+    n = len(nodes)
+    snap = out if out is not None and len(out) == n else np.zeros(n, PROPS_DTYPE)
+    rec = arena.rec
+    nodes_rec = rec[nodes]
+    # copy the structs as raw bytes: field-wise assignment would leave the implicit padding uninitialised
+    snap.view(np.uint8).reshape(n, PROPS_DTYPE.itemsize)[:, : TENSOR_DTYPE.itemsize] = arena.raw[nodes]
+    src = nodes_rec["src"]                                   # (n, 10) struct addresses, 0 = null
+    has = src != 0
+    sidx = np.where(has, (src - np.uint64(arena.base)) // np.uint64(rec.dtype.itemsize), 0).astype(np.int64)
+    srec = rec[sidx]                                          # (n, 10) source structs
+    snap["src_data"] = np.where(has, srec["data"], 0)
+    snap["src_ne"] = np.where(has[..., None], srec["ne"], 0)
+    snap["src_nb"] = np.where(has[..., None], srec["nb"], 0)
+    return snap
+
+
+def changed_nodes(old: np.ndarray, new: np.ndarray) -> np.ndarray:
+    """Indices of nodes whose 1056-byte records differ (same length required)."""
+    a = old.view(np.uint64).reshape(len(old), _WORDS)
+    b = new.view(np.uint64).reshape(len(new), _WORDS)
+    return np.flatnonzero((a != b).any(axis=1))
+
+
+@dataclass(frozen=True)
+class FieldDiff:
+    node: int
+    node_name: str
+    op: str
+    field: str
+    old: str
+    new: str
+
+
+_PTR_FIELDS = ("buffer", "data", "view_src", "extra")
+_SCALAR_FIELDS = ("type", "buffer", "op", "flags", "view_src", "view_offs", "data", "name", "extra")
+
+
+_PTR_PATH = re.compile(r"src\[\d\](\.data)?")
+
+
+def _fmt(field: str, v) -> str:
+    if field in _PTR_FIELDS or _PTR_PATH.fullmatch(field):
+        return f"{int(v):#x}" if int(v) else "NULL"
+    if field == "type":
+        return GGMLType(int(v)).name
+    if field == "op":
+        return Op(int(v)).name
+    if field == "name":
+        return bytes(v).rstrip(b"\0").decode(errors="replace")
+    return str(int(v))
+
+
+def _node_field_diffs(o, n):
+    """Field paths of the node struct that differ, in struct (byte) order."""
+    for f in TENSOR_DTYPE.names:
+        if f == "padding":
+            continue
+        ov, nv = o[f], n[f]
+        if f in ("ne", "nb", "op_params", "src"):
+            for k in np.flatnonzero(ov != nv):
+                yield f"{f}[{k}]", ov[k], nv[k]
+        elif ov != nv:
+            yield f, ov, nv
+
+
+def first_field_diff(old: np.ndarray, new: np.ndarray, i: int) -> FieldDiff:
+    """Decode the first differing field of node i (struct fields first, then sources' data/ne/nb)."""
+    o, n = old[i], new[i]
+    name = n["node"]["name"].decode(errors="replace")
+    op = Op(int(n["node"]["op"])).name
+    for path, ov, nv in _node_field_diffs(o["node"], n["node"]):
+        return FieldDiff(i, name, op, path, _fmt(path, ov), _fmt(path, nv))
+    for j in range(MAX_SRC):
+        if o["src_data"][j] != n["src_data"][j]:
+            p = f"src[{j}].data"
+            return FieldDiff(i, name, op, p, _fmt(p, o["src_data"][j]), _fmt(p, n["src_data"][j]))
+        for fld in ("ne", "nb"):
+            ov, nv = o[f"src_{fld}"][j], n[f"src_{fld}"][j]
+            for k in np.flatnonzero(ov != nv):
+                return FieldDiff(i, name, op, f"src[{j}].{fld}[{k}]", str(int(ov[k])), str(int(nv[k])))
+    # only implicit padding differs: still a byte difference, as memcmp would see it
+    return FieldDiff(i, name, op, "padding", "", "")
+
+
+def all_field_diffs(old: np.ndarray, new: np.ndarray, i: int) -> list[tuple[str, str, str]]:
+    """Every differing field path of node i, with old and new values (for diff reports)."""
+    o, n = old[i], new[i]
+    out = [(p, _fmt(p, ov), _fmt(p, nv)) for p, ov, nv in _node_field_diffs(o["node"], n["node"])]
+    for j in range(MAX_SRC):
+        if o["src_data"][j] != n["src_data"][j]:
+            p = f"src[{j}].data"
+            out.append((p, _fmt(p, o["src_data"][j]), _fmt(p, n["src_data"][j])))
+        for fld in ("ne", "nb"):
+            ov, nv = o[f"src_{fld}"][j], n[f"src_{fld}"][j]
+            out += [(f"src[{j}].{fld}[{k}]", str(int(ov[k])), str(int(nv[k]))) for k in np.flatnonzero(ov != nv)]
+    return out

@@ -1,0 +1,75 @@
+"""The temporary-buffer pool, modelled on ggml_cuda_pool_leg, with CUDA-graph invalidation.
+
+Captured graphs hold pool addresses, so whenever the pool's addresses may change every captured graph of
+the context is invalidated (the graph article's `invalidate_cuda_graphs`): on an allocation failure
+(synchronise, free every cached buffer, invalidate, retry) and on a free that cannot be cached because the
+pool is full (the buffer is really freed). `cap` (bytes the pool may hold) and `max_buffers` (cache slots)
+are run options so scenarios can force both.
+"""
+
+from __future__ import annotations
+
+from typing import Callable
+
+from ...errors import OutOfDeviceMemory
+from ..drivers.base import Driver
+
+LOOK_AHEAD = 1.05   # ggml over-allocates new pool buffers by 5 % so slightly larger requests still fit
+
+
+class TempPool:
+    def __init__(self, driver: Driver, invalidate: Callable[[str, int], None], cap: int | None = None,
+                 max_buffers: int = 256):
+        self.driver = driver
+        self.invalidate = invalidate          # invalidate(reason, nbytes)
+        self.cap = cap
+        self.max_buffers = max_buffers
+        self.cached: list[tuple[int, int]] = []   # (addr, size) free buffers kept for reuse
+        self.pool_size = 0                        # bytes allocated from the device (cached + in use)
+        self.n_device_allocs = 0
+
+    def alloc(self, size: int) -> tuple[int, int]:
+        """(addr, actual size) of a buffer of at least `size` bytes: best fit from the cache, else new."""
+        best = None
+        for k, (addr, sz) in enumerate(self.cached):
+            if sz >= size and (best is None or sz < self.cached[best][1]):
+                best = k
+        if best is not None:
+            return self.cached.pop(best)
+        want = max(int(size * LOOK_AHEAD + 255) // 256 * 256, 256)
+        try:
+            return self._device_alloc(want)
+        except OutOfDeviceMemory:
+            self.driver.synchronize()
+            freed = self.clear()
+            self.invalidate("alloc failure", freed)
+            return self._device_alloc(want)       # a second failure propagates: truly out of memory
+
+    def free(self, addr: int, size: int) -> None:
+        if len(self.cached) < self.max_buffers:
+            self.cached.append((addr, size))
+            return
+        self.driver.mem_free(addr)
+        self.pool_size -= size
+        self.invalidate("free into full pool", size)
+
+    def clear(self) -> int:
+        """Free every cached buffer; returns the bytes freed."""
+        freed = 0
+        for addr, sz in self.cached:
+            self.driver.mem_free(addr)
+            freed += sz
+        self.pool_size -= freed
+        self.cached.clear()
+        return freed
+
+    def _device_alloc(self, size: int) -> tuple[int, int]:
+        if self.cap is not None and self.pool_size + size > self.cap:
+            raise OutOfDeviceMemory(size, "pool alloc (capped)")
+        addr = self.driver.mem_alloc(size)
+        self.pool_size += size
+        self.n_device_allocs += 1
+        return addr, size
+
+    def close(self) -> None:
+        self.clear()

@@ -1,0 +1,166 @@
+"""ggml_backend_cuda_graph_compute, gate by gate, over a Driver; every decision is an event.
+
+Gates (SPEC.md): 1 key = first node's struct address (lazy entries, 5 s / 10 s sweep); 2 identity ledger
+(uid fast path, node count, property snapshot); 3 compatibility (MUL_MAT_ID needs-sync); 4 enablement
+(GGML_CUDA_DISABLE_GRAPHS, compute capability < 7.0) and warmup; 5 the capture loop (capture.py);
+6 update or instantiate per chunk (capture.py).
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+
+from ... import events as E
+from ...errors import InternalError
+from ...ir.graph import Graph
+from ..drivers.base import Driver
+from .compat import check_compatibility
+from .entry import Clock, GraphCache, GraphEntry
+from .ledger import changed_nodes, first_field_diff, snapshot
+
+CC_VOLTA = 700
+
+
+@dataclass(frozen=True)
+class RuntimeOptions:
+    chunk_size: int = 512
+    fusion: bool = True
+    concurrent_streams: bool = False
+    graphs_disabled: bool = False        # GGML_CUDA_DISABLE_GRAPHS present in the environment
+
+
+class GraphRuntime:
+    """The decision half of the GPU backend's graph_compute. `capture` executes what it decides."""
+
+    def __init__(self, driver: Driver, bus: E.EventBus, options: RuntimeOptions, clock: Clock | None = None):
+        self.driver = driver
+        self.bus = bus
+        self.opt = options
+        self.clock = clock or Clock()
+        self.cache = GraphCache(self.clock)
+        self.step = -1
+        bus.subscribe(self._on_event)
+
+    def _on_event(self, ev: E.Event) -> None:
+        if isinstance(ev, E.StepStarted):
+            self.step = ev.step
+
+    def emit(self, cls, split: int, key: int, uid: int, **kw) -> None:
+        self.bus.emit(cls(step=self.step, split=split, key=key, uid=uid, t_ns=time.perf_counter_ns(), **kw))
+
+    # -- gate 1: the key --------------------------------------------------------------------------------
+    def lookup(self, graph: Graph, split: int) -> GraphEntry:
+        key = graph.first_node_addr
+        entry, created, evicted = self.cache.lookup(key)
+        for old, idle_us in evicted:
+            with self.bus.span("evict", "graph/evict", len(old.instances), self.step, split, old.key, old.uid):
+                self.destroy_instances(old, 0)
+            self.emit(E.Evicted, split, old.key, old.uid, idle_ns=idle_us * 1000, n_chunks=len(old.instances))
+        if created:
+            self.emit(E.KeyLookup, split, key, graph.uid, new_entry=True, n_nodes=graph.n_nodes)
+        return entry
+
+    def destroy_instances(self, entry: GraphEntry, first: int) -> int:
+        n = len(entry.instances) - first
+        for inst in entry.instances[first:]:
+            self.driver.exec_destroy(inst)
+        del entry.instances[first:]
+        return max(n, 0)
+
+    # -- gate 4a: enablement ----------------------------------------------------------------------------
+    def enabled(self, entry: GraphEntry, graph: Graph, split: int) -> bool:
+        """ggml_cuda_graph_set_enabled (arch checked only while the entry has no instances) + is_enabled."""
+        if not entry.instances and self.driver.cc < CC_VOLTA:
+            entry.disable_due_to_gpu_arch = True
+        if self.opt.graphs_disabled or entry.disable_due_to_gpu_arch:
+            if "disabled" not in entry.reported:
+                entry.reported.add("disabled")
+                major, minor = self.driver.info.compute_capability
+                why = ("env GGML_CUDA_DISABLE_GRAPHS is set" if self.opt.graphs_disabled
+                       else f"compute capability {major}.{minor} < 7.0")
+                self.emit(E.GraphsDisabled, split, entry.key, graph.uid, reason=why)
+            return False
+        return True
+
+    # -- gate 3: compatibility --------------------------------------------------------------------------
+    def compatible(self, entry: GraphEntry, graph: Graph, split: int) -> bool:
+        inc = check_compatibility(graph, self.driver.cc)
+        if inc is None:
+            entry.reported.discard("incompatible")
+            return True
+        if "incompatible" not in entry.reported:      # once per transition, not a flood per step
+            entry.reported.add("incompatible")
+            node = graph.node(inc.node)
+            self.emit(E.Incompatible, split, entry.key, graph.uid, node=inc.node, node_name=inc.node_name,
+                      op=node.op.name, rule=inc.rule)
+        return False
+
+    # -- gate 2: the identity ledger --------------------------------------------------------------------
+    def update_required(self, entry: GraphEntry, graph: Graph, split: int) -> bool:
+        """ggml_cuda_graph_update_required: True when the graph differs from the recorded snapshot."""
+        if graph.uid != 0 and graph.uid == entry.uid:
+            if entry.n_nodes != graph.n_nodes:
+                raise InternalError(f"CUDA graph uid {graph.uid} reused with {graph.n_nodes} nodes but "
+                                    f"{entry.n_nodes} recorded (llama.cpp aborts: GGML_ASSERT node_props.size() "
+                                    f"== n_nodes)")
+            self.emit(E.UidHit, split, entry.key, graph.uid)
+            return False
+        self.emit(E.UidMiss, split, entry.key, graph.uid, old_uid=entry.uid)
+        entry.uid = graph.uid
+        snap = snapshot(graph.arena, graph.nodes)
+        old = entry.props
+        entry.props = snap
+        if old is None or len(old) != len(snap):
+            if old is not None:
+                self.emit(E.NodeCountChanged, split, entry.key, graph.uid, old=len(old), new=len(snap))
+            return True
+        diff = changed_nodes(old, snap)
+        if len(diff) == 0:
+            return False
+        d = first_field_diff(old, snap, int(diff[0]))
+        self.emit(E.PropertyDiff, split, entry.key, graph.uid, node=d.node, node_name=d.node_name, op=d.op,
+                  field=d.field, old=d.old, new=d.new, n_changed_nodes=len(diff))
+        return True
+
+    # -- gates 2-4 together -----------------------------------------------------------------------------
+    def decide(self, entry: GraphEntry, graph: Graph, split: int) -> tuple[bool, bool]:
+        """(use_cuda_graph, cuda_graph_update_required) as graph_compute computes them."""
+        use_graph = update = False
+        key, uid = entry.key, graph.uid
+        if not self.enabled(entry, graph, split):
+            self.emit(E.PhaseDecided, split, key, uid, phase="eager", why="graphs disabled")
+            return False, False
+        if not self.compatible(entry, graph, split):
+            self.emit(E.PhaseDecided, split, key, uid, phase="eager", why="incompatible")
+            return False, False
+        changed = self.update_required(entry, graph, split)
+        if not entry.warmup_complete:
+            if not changed:
+                entry.warmup_complete = True
+                use_graph = update = True
+                self.emit(E.WarmupTransition, split, key, uid, from_state="cold", to_state="warm",
+                          why="warmup complete: properties unchanged on a second call")
+                why = "warmup complete"
+            else:
+                why = "warming up: properties changed" if entry.instances or entry.n_nodes else "new key"
+        elif changed:
+            entry.warmup_complete = False
+            self.emit(E.WarmupTransition, split, key, uid, from_state="warm", to_state="cold",
+                      why="warmup reset: properties changed")
+            why = "warmup reset"
+        else:
+            use_graph = True
+            update = not entry.instances
+            why = "no executables" if update else "unchanged"
+        phase = "replay" if use_graph and not update else "capture" if use_graph else "eager"
+        self.emit(E.PhaseDecided, split, key, uid, phase=phase, why=why)
+        return use_graph, update
+
+    def invalidate_all(self, reason: str, nbytes: int) -> None:
+        """Pool invalidation: clear every entry of the context (their executables are destroyed)."""
+        with self.bus.span("invalidate", "graph/invalidate", 0, self.step):
+            entries = self.cache.clear()
+            n_captured = sum(self.destroy_instances(e, 0) for e in entries)
+        self.emit(E.PoolInvalidated, -1, 0, 0, reason=reason, n_graphs=len(entries), n_captured=n_captured,
+                  nbytes=nbytes)
