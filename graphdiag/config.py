@@ -59,7 +59,8 @@ class RunConfig:
     pool_cap: int | None = None      # bytes the temporary pool may hold on the device (None: unlimited)
     pool_max_buffers: int = 256      # cached buffers in the pool (ggml's MAX_BUFFERS)
     compute_capability: str = "9.0"  # simulated driver only
-    verify: bool = False
+    verify: bool = False             # recompute each replayed step eagerly and compare
+    oracle: bool = False             # compare each step's logits with the independent numpy forward
     nvtx: bool = True
     sources: dict[str, str] = field(default_factory=dict)  # field -> "default" | "env NAME" | "cli" | "scenario"
 

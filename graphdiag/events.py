@@ -274,6 +274,15 @@ class VerifyResult(Event):
 
 
 @dataclass(frozen=True)
+class OracleCheck(Event):
+    """A step's logits against the independent numpy forward (relative error: max|a-b| / max|b|)."""
+    kind: ClassVar[str] = "oracle"
+    ok: bool = True
+    rel_err: float = 0.0
+    bound: float = 0.0
+
+
+@dataclass(frozen=True)
 class SpanBegin(Event):
     """Start of a timed scope (step, context, split compute, eager, warmup, chunk capture, update,
     instantiate, replay, eviction, invalidation). Only sinks subscribed with spans=True receive spans."""

@@ -1,0 +1,42 @@
+"""`graphdiag run`: one decode run through the graph runtime, reported as it goes."""
+
+from __future__ import annotations
+
+import click
+
+
+@click.command()
+@click.option("--backend", type=click.Choice(["auto", "cuda", "sim", "cpu"]), default=None,
+              help="cuda: the GPU; sim: the simulated driver; cpu: numpy only. Default: cuda when a GPU is "
+                   "present, else sim (announced as simulated).")
+@click.option("--model", default=None, help="Model preset: tiny, small, 1b, 7b, moe-tiny.")
+@click.option("--wtype", type=click.Choice(["f16", "q8_0"]), default=None, help="Weight type.")
+@click.option("--seed", type=int, default=None, help="Weight and prompt seed.")
+@click.option("--prompt-tokens", type=int, default=None, help="Prompt length prefilled per sequence.")
+@click.option("--steps", type=int, default=None, help="Decode steps.")
+@click.option("--batch", type=int, default=None, help="Sequences decoded together (tokens per decode step).")
+@click.option("--chunk-size", type=int, default=None,
+              help="Nodes per captured CUDA graph (0 = one graph per split). Env: GGML_CUDA_GRAPH_CHUNK_SIZE.")
+@click.option("--no-fusion", "fusion", flag_value=False, default=None, help="Env: GGML_CUDA_DISABLE_FUSION.")
+@click.option("--concurrent-streams", "concurrent_streams", flag_value=True, default=None,
+              help="Run the Q/K/V fan-out on extra streams. Env: GGML_CUDA_GRAPH_OPT=1.")
+@click.option("--no-graphs", "graphs_disabled", flag_value=True, default=None,
+              help="Disable CUDA graphs. Env: GGML_CUDA_DISABLE_GRAPHS (any value).")
+@click.option("--no-reuse", "reuse_disabled", flag_value=True, default=None,
+              help="Disable llama.cpp's graph reuse. Env: LLAMA_GRAPH_REUSE_DISABLE.")
+@click.option("--n-cpu-moe", type=int, default=None, help="Put the experts of the first N MoE layers on the CPU.")
+@click.option("--pool-cap", type=int, default=None, help="Bytes the temporary pool may hold on the device.")
+@click.option("--pool-max-buffers", type=int, default=None, help="Buffers the pool caches (ggml: 256).")
+@click.option("--cc", "compute_capability", default=None, help="Compute capability of the simulated GPU (e.g. 6.1).")
+@click.option("--verify", is_flag=True, default=None, help="Recompute every replayed step eagerly and compare.")
+@click.option("--oracle", is_flag=True, default=None, help="Check every step's logits against the numpy oracle.")
+@click.option("--no-nvtx", "nvtx", flag_value=False, default=None, help="Emit no NVTX ranges.")
+@click.option("--scenario", default=None, help="Run a scenario (name or .toml path) and check its expectations.")
+@click.option("--events", "events_path", type=click.Path(dir_okay=False, writable=True), default=None,
+              help="Write every event as JSON lines to this file.")
+@click.option("--json", "as_json", is_flag=True, help="Print the summary as JSON.")
+@click.option("-v", "--verbose", count=True, help="-v: chunks, updates, instantiates; -vv: every uid hit and launch.")
+def run(events_path, as_json, verbose, scenario, **settings):
+    """Run prefill and decode steps through the CUDA-graph runtime and report every decision."""
+    from ..runner import run_cli
+    return run_cli(settings, scenario=scenario, events_path=events_path, as_json=as_json, verbosity=verbose)
