@@ -1,0 +1,151 @@
+"""The CPU backend: numpy execution of a graph split, one cpu_ops call per node.
+
+It owns one AddressSpace for its buffers and resolves tensor addresses in a list of address spaces, so it
+can read tensors placed elsewhere (e.g. a second CpuBackend named "GPU" standing in for the GPU backend).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from ..errors import GraphdiagError
+from ..ir.arena import Arena
+from ..ir.graph import Graph
+from ..ir.ops import GluOp, Op, TensorFlag, is_view_or_noop
+from ..memory import AddressSpace
+from . import cpu_ops as ops
+from .base import Backend
+
+HOST_BASE = 0x1000_0000_0000
+
+
+def _f32(rec, i: int) -> float:
+    """op_params[i] read as float32 bits."""
+    return float(rec["op_params"][i : i + 1].view(np.float32)[0])
+
+
+class CpuBackend(Backend):
+    """numpy backend. `count` is the number of nodes executed since construction."""
+
+    is_gpu = False
+
+    def __init__(self, name: str = "CPU", space: AddressSpace | None = None,
+                 resolve: list[AddressSpace] | None = None):
+        self.name = name
+        self.space = space if space is not None else AddressSpace(base=HOST_BASE, name=name)
+        self.resolve = resolve if resolve is not None else [self.space]
+        self.count = 0
+        self._buffers: set[int] = set()
+        self._ops = {
+            Op.GET_ROWS: self._get_rows, Op.RMS_NORM: self._rms_norm, Op.MUL: self._mul, Op.ADD: self._add,
+            Op.MUL_MAT: self._mul_mat, Op.MUL_MAT_ID: self._mul_mat_id, Op.ROPE: self._rope,
+            Op.SET_ROWS: self._set_rows, Op.SOFT_MAX: self._soft_max, Op.TOP_K: self._top_k,
+            Op.FLASH_ATTN_EXT: self._flash_attn, Op.GLU: self._glu, Op.CPY: self._cpy,
+        }
+
+    # -- memory ----------------------------------------------------------------------------------------
+    def buffer_alloc(self, nbytes: int) -> int:
+        addr = self.space.alloc(nbytes)
+        self._buffers.add(addr)
+        return addr
+
+    def buffer_free(self, addr: int) -> None:
+        self.space.free(addr)
+        self._buffers.discard(addr)
+
+    def close(self) -> None:
+        """Free the buffers this backend allocated."""
+        for addr in sorted(self._buffers):
+            self.space.free(addr)
+        self._buffers.clear()
+
+    def _space_of(self, addr: int) -> AddressSpace:
+        for s in self.resolve:
+            if s.owns(addr):
+                return s
+        raise GraphdiagError(f"{self.name}: address {addr:#x} is in none of {[s.name for s in self.resolve]}")
+
+    def tensor_set(self, addr: int, data: np.ndarray) -> None:
+        raw = np.ascontiguousarray(data).view(np.uint8).reshape(-1)
+        self._space_of(addr).bytes(addr, raw.size)[:] = raw
+
+    def tensor_get(self, addr: int, nbytes: int) -> np.ndarray:
+        return self._space_of(addr).bytes(addr, nbytes).copy()
+
+    # -- compute ---------------------------------------------------------------------------------------
+    def graph_compute(self, graph: Graph, split: int) -> None:
+        """Run the split's nodes in order; nodes without COMPUTE and views/no-ops are skipped."""
+        rec = graph.arena.rec
+        for idx in graph.nodes:
+            r = rec[int(idx)]
+            if not (int(r["flags"]) & TensorFlag.COMPUTE) or is_view_or_noop(int(r["op"]), r["ne"]):
+                continue
+            op = int(r["op"])
+            fn = self._ops.get(op)
+            if fn is None:
+                name = Op(op).name if op in Op._value2member_map_ else str(op)
+                raise GraphdiagError(f"{self.name}: op {name} (node {r['name'].decode()!r}) is not implemented")
+            fn(graph.arena, r)
+            self.count += 1
+
+    def _view(self, arena: Arena, r) -> np.ndarray:
+        """The tensor's data as a strided view (a view's data falls back to view_src.data + view_offs)."""
+        data = int(r["data"])
+        if data == 0 and int(r["view_src"]):
+            data = int(arena.rec[arena.index(int(r["view_src"]))]["data"]) + int(r["view_offs"])
+        if data == 0:
+            raise GraphdiagError(f"{self.name}: tensor {r['name'].decode()!r} has no data")
+        return self._space_of(data).ndarray(data, int(r["type"]), r["ne"], r["nb"])
+
+    def _src(self, arena: Arena, r, j: int) -> np.ndarray | None:
+        a = int(r["src"][j])
+        return None if a == 0 else self._view(arena, arena.rec[arena.index(a)])
+
+    # -- one method per op: (arena, node record) --------------------------------------------------------
+    def _get_rows(self, a, r):
+        self._view(a, r)[...] = ops.get_rows(self._src(a, r, 0), self._src(a, r, 1))
+
+    def _rms_norm(self, a, r):
+        self._view(a, r)[...] = ops.rms_norm(self._src(a, r, 0), _f32(r, 0))
+
+    def _mul(self, a, r):
+        self._view(a, r)[...] = ops.mul(self._src(a, r, 0), self._src(a, r, 1))
+
+    def _add(self, a, r):
+        self._view(a, r)[...] = ops.add(self._src(a, r, 0), self._src(a, r, 1))
+
+    def _mul_mat(self, a, r):
+        self._view(a, r)[...] = ops.mul_mat(self._src(a, r, 0), self._src(a, r, 1))
+
+    def _mul_mat_id(self, a, r):
+        self._view(a, r)[...] = ops.mul_mat_id(self._src(a, r, 0), self._src(a, r, 1), self._src(a, r, 2))
+
+    def _rope(self, a, r):
+        p = r["op_params"]
+        self._view(a, r)[...] = ops.rope(self._src(a, r, 0), self._src(a, r, 1), int(p[1]), _f32(r, 5),
+                                         _f32(r, 6), int(p[2]))
+
+    def _set_rows(self, a, r):
+        """src0 is the cache; the node is a view of it, so the rows land in the cache."""
+        ops.set_rows(self._view(a, r), self._src(a, r, 1), self._src(a, r, 2))
+
+    def _soft_max(self, a, r):
+        self._view(a, r)[...] = ops.soft_max(self._src(a, r, 0), _f32(r, 0))
+
+    def _top_k(self, a, r):
+        self._view(a, r)[...] = ops.top_k(self._src(a, r, 0), int(r["op_params"][0]))
+
+    def _flash_attn(self, a, r):
+        q, k, v, mask = (self._src(a, r, j) for j in range(4))
+        self._view(a, r)[...] = ops.flash_attn_ext(q, k, v, mask, _f32(r, 0))
+
+    def _glu(self, a, r):
+        glu = int(r["op_params"][0])
+        if glu != GluOp.SWIGLU or not int(r["src"][1]):
+            raise GraphdiagError(f"{self.name}: GLU op {glu} with src1={int(r['src'][1]):#x} is not implemented "
+                                 "(only split SWIGLU)")
+        self._view(a, r)[...] = ops.swiglu(self._src(a, r, 0), self._src(a, r, 1))
+
+    def _cpy(self, a, r):
+        """src0 is the source, src1 the destination; the node is a view of src1."""
+        ops.copy(self._view(a, r), self._src(a, r, 0))

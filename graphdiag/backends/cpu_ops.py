@@ -1,0 +1,211 @@
+"""The operations' semantics as pure numpy functions (the CPU backend, the simulated kernels and the oracle).
+
+Arrays are laid out as AddressSpace.ndarray returns them: axes outermost first, so a ggml tensor
+(ne0, ne1, ne2, ne3) is an array of shape (ne3, ne2, ne1, ne0); a Q8_0 tensor is an array of block records
+(ne3, ne2, ne1, ne0 // 32). Everything computes in float32 (weights are dequantised to float32 first;
+matmuls accumulate in float32). Functions return new arrays, except `set_rows`, `copy` and
+`mul_mat_id_rows`, which write into a destination view in place.
+
+Broadcasting follows ggml, and ggml has two rules: element-wise ops (add, mul) repeat a source that divides
+the destination dim (index i % ne_src, as ggml_repeat tiles); mul_mat broadcasts the weight's batch dims by
+blocks (index i // (ne_dst / ne_src), as ggml_mul_mat does for grouped heads).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from ..errors import GraphdiagError
+from ..ir.dtypes import Q8_0_BLOCK
+from ..memory import dequantize_q8_0
+
+F32 = np.float32
+
+
+# -- helpers ---------------------------------------------------------------------------------------------
+def to_f32(a: np.ndarray) -> np.ndarray:
+    """Values of an F32/F16/I32 array or a Q8_0 block array as float32 (Q8_0 rows grow 32x along the last axis)."""
+    if a.dtype == Q8_0_BLOCK:
+        return dequantize_q8_0(a)
+    return a.astype(F32, copy=False)
+
+
+def repeat_to(b: np.ndarray, shape) -> np.ndarray:
+    """`b` repeated (tiled) to `shape`, ggml_repeat style: each dim of b must divide the target dim."""
+    shape = tuple(shape)
+    if b.shape == shape:
+        return b
+    reps = []
+    for n, m in zip(shape, b.shape):
+        if m == 0 or n % m:
+            raise ValueError(f"cannot broadcast {b.shape} to {shape}: {m} does not divide {n}")
+        reps.append(n // m)
+    if all(r == 1 or m == 1 for r, m in zip(reps, b.shape)):
+        return np.broadcast_to(b, shape)  # numpy's broadcast is the tile when the source dim is 1
+    return np.tile(b, reps)
+
+
+def _softmax_rows(s: np.ndarray) -> np.ndarray:
+    """Softmax over the last axis in float32; -inf entries get 0; a fully masked row gives all zeros."""
+    m = s.max(axis=-1, keepdims=True)
+    m = np.where(np.isfinite(m), m, F32(0))
+    e = np.exp(s - m)
+    z = e.sum(axis=-1, keepdims=True, dtype=F32)
+    return np.divide(e, z, out=np.zeros_like(e), where=z > 0)
+
+
+def silu(x: np.ndarray) -> np.ndarray:
+    """x * sigmoid(x) in float32 (x / (1 + exp(-x)); exp overflow gives -0, as on the GPU)."""
+    x = x.astype(F32, copy=False)
+    with np.errstate(over="ignore"):
+        return x / (F32(1) + np.exp(-x))
+
+
+# -- element-wise and row ops ----------------------------------------------------------------------------
+def add(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    """a + b, b repeated to a's shape (float32)."""
+    return to_f32(a) + repeat_to(to_f32(b), a.shape)
+
+
+def mul(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    """a * b, b repeated to a's shape (float32)."""
+    return to_f32(a) * repeat_to(to_f32(b), a.shape)
+
+
+def rms_norm(x: np.ndarray, eps: float) -> np.ndarray:
+    """Per row (last axis): x / sqrt(mean(x^2) + eps), float32."""
+    x = to_f32(x)
+    ms = np.mean(x * x, axis=-1, keepdims=True, dtype=F32)
+    return x / np.sqrt(ms + F32(eps))
+
+
+def soft_max(x: np.ndarray, scale: float = 1.0) -> np.ndarray:
+    """Per row (last axis): softmax(scale * x), float32 with the row max subtracted."""
+    return _softmax_rows(to_f32(x) * F32(scale))
+
+
+def swiglu(gate: np.ndarray, up: np.ndarray) -> np.ndarray:
+    """silu(gate) * up (same shapes), float32."""
+    return silu(gate) * to_f32(up)
+
+
+def top_k(x: np.ndarray, k: int) -> np.ndarray:
+    """Per row (last axis): int32 indices of the k largest values, descending; ties: lower index first."""
+    order = np.argsort(-to_f32(x), axis=-1, kind="stable")
+    return order[..., :k].astype(np.int32)
+
+
+# -- rows in and out -------------------------------------------------------------------------------------
+def get_rows(table: np.ndarray, ids: np.ndarray) -> np.ndarray:
+    """dst[i3, i2, i1, :] = table[i3 % T3, i2 % T2, ids[0, i3, i2, i1], :] as float32.
+
+    table: (T3, T2, n_rows, ne0) (Q8_0: blocks); ids: I32 (1, n3, n2, n1) -> (n3, n2, n1, ne0).
+    Only the selected rows are dequantised."""
+    ids = ids[0].astype(np.intp, copy=False)
+    n3, n2, _ = ids.shape
+    i3 = np.arange(n3)[:, None, None] % table.shape[0]
+    i2 = np.arange(n2)[None, :, None] % table.shape[1]
+    return to_f32(table[i3, i2, ids])
+
+
+def set_rows(dst: np.ndarray, rows: np.ndarray, idx: np.ndarray) -> None:
+    """In place: dst[0, 0, idx[r], :] = rows[r] converted to dst's dtype.
+
+    dst: (1, 1, n_rows, W) (a view, e.g. the F16 KV cache); idx: I32, any shape, R entries in ggml order;
+    rows: float32 whose elements, in ggml order, form R rows of W (e.g. (1, R, 1, W) or (1, R, Hkv, D) with
+    Hkv * D = W: a token's heads flattened into one cache row)."""
+    if dst.shape[0] * dst.shape[1] != 1:
+        raise GraphdiagError(f"set_rows: destination batch dims {dst.shape[:2]} are not supported")
+    idx = idx.reshape(-1).astype(np.intp, copy=False)
+    w = dst.shape[-1]
+    if rows.size != idx.size * w:
+        raise GraphdiagError(f"set_rows: {rows.size} source elements are not {idx.size} rows of {w}")
+    dst[0, 0, idx] = to_f32(rows).reshape(idx.size, w)
+
+
+def copy(dst: np.ndarray, src: np.ndarray) -> None:
+    """In place: dst = src element by element in ggml order (same element count), converted to dst's dtype."""
+    if dst.size != src.size:
+        raise GraphdiagError(f"copy: {src.size} elements into {dst.size}")
+    with np.errstate(over="ignore"):
+        dst[...] = src if src.shape == dst.shape else src.reshape(dst.shape)
+
+
+# -- matrix products -------------------------------------------------------------------------------------
+def mul_mat(w: np.ndarray, x: np.ndarray) -> np.ndarray:
+    """dst[b3, b2, n, m] = sum_k W[b3 // r3, b2 // r2, m, k] * x[b3, b2, n, k] (float32).
+
+    w: (W3, W2, M, K) any type (Q8_0: blocks); x: (B3, B2, N, K); r2 = B2 / W2, r3 = B3 / W3 -> (B3, B2, N, M)."""
+    wf = to_f32(w)
+    for axis in (0, 1):
+        if wf.shape[axis] != x.shape[axis] and wf.shape[axis] != 1:
+            wf = np.repeat(wf, x.shape[axis] // wf.shape[axis], axis=axis)
+    return np.matmul(to_f32(x), np.swapaxes(wf, -1, -2))
+
+
+def mul_mat_id(experts: np.ndarray, x: np.ndarray, ids: np.ndarray) -> np.ndarray:
+    """dst[0, t, s, :] = experts[0, ids[t, s]] . x[0, t, s if n_b > 1 else 0] (float32).
+
+    experts: (1, E, M, K) any type; x: (1, T, n_b, K) with n_b in {1, n_used}; ids: I32 (1, 1, T, n_used)
+    -> (1, T, n_used, M). Each expert is dequantised once."""
+    idv = ids[0, 0]
+    t_, n_used = idv.shape
+    out = np.zeros((1, t_, n_used, experts.shape[2]), F32)
+    for e in np.unique(idv):
+        tok, slot = np.nonzero(idv == e)
+        mul_mat_id_rows(out, experts, x, int(e), slot, tok)
+    return out
+
+
+def mul_mat_id_rows(dst: np.ndarray, experts: np.ndarray, x: np.ndarray, expert: int,
+                    slots: np.ndarray, tokens: np.ndarray) -> None:
+    """In place, for each pair: dst[0, t, s, :] = experts[0, expert] . x[0, t, s if n_b > 1 else 0].
+
+    The per-expert step of mul_mat_id (the sorted/gathered path): dst (1, T, n_used, M); slots, tokens: ints."""
+    if len(slots) == 0:
+        return
+    slots = np.asarray(slots, np.intp)
+    tokens = np.asarray(tokens, np.intp)
+    w = to_f32(experts[0, expert])
+    xs = to_f32(x[0, tokens, slots if x.shape[2] > 1 else 0])
+    dst[0, tokens, slots] = xs @ w.T
+
+
+# -- attention -------------------------------------------------------------------------------------------
+def rope(x: np.ndarray, pos: np.ndarray, n_dims: int, freq_base: float, freq_scale: float = 1.0,
+         mode: int = 0) -> np.ndarray:
+    """Mode 0 (adjacent pairs). x: (B3, T, H, D); pos: I32, T entries -> (B3, T, H, D) float32.
+
+    For i < n_dims/2: th = pos[t] * freq_scale * freq_base^(-2i/n_dims) (float32);
+    (y[2i], y[2i+1]) = (x0 cos th - x1 sin th, x0 sin th + x1 cos th); dims >= n_dims are copied."""
+    if mode != 0:
+        raise GraphdiagError(f"rope: mode {mode} is not supported (only 0, adjacent pairs)")
+    x = to_f32(x)
+    i = np.arange(n_dims // 2, dtype=F32)
+    inv = np.power(F32(freq_base), F32(-2) * i / F32(n_dims))
+    th = (pos.reshape(-1).astype(F32) * F32(freq_scale))[:, None, None] * inv  # (T, 1, n_dims/2)
+    c, s = np.cos(th), np.sin(th)
+    x0, x1 = x[..., 0:n_dims:2], x[..., 1:n_dims:2]
+    out = x.copy()
+    out[..., 0:n_dims:2] = x0 * c - x1 * s
+    out[..., 1:n_dims:2] = x0 * s + x1 * c
+    return out
+
+
+def flash_attn_ext(q: np.ndarray, k: np.ndarray, v: np.ndarray, mask: np.ndarray | None,
+                   scale: float) -> np.ndarray:
+    """Attention with grouped KV heads, float32 (K/V upcast from F16; Q stays float32).
+
+    q: (B, T, H, D); k: (B, n_kv, Hkv, D); v: (B, n_kv, Hkv, Dv); mask: (M3, M2, T_pad >= T, n_kv) added
+    to the scaled scores (rows beyond T ignored; -inf masks) or None -> (B, T, H, Dv).
+    Head h reads kv head h // (H // Hkv); p = softmax(scale * q.k + mask[t]); a fully masked row gives 0."""
+    h, hkv = q.shape[2], k.shape[2]
+    if h % hkv:
+        raise GraphdiagError(f"flash_attn_ext: {h} heads are not a multiple of {hkv} kv heads")
+    qh = to_f32(q).transpose(0, 2, 1, 3)                                   # (B, H, T, D)
+    kh = np.repeat(to_f32(k).transpose(0, 2, 3, 1), h // hkv, axis=1)      # (B, H, D, n_kv)
+    vh = np.repeat(to_f32(v).transpose(0, 2, 1, 3), h // hkv, axis=1)      # (B, H, n_kv, Dv)
+    s = np.matmul(qh, kh) * F32(scale)                                     # (B, H, T, n_kv)
+    if mask is not None:
+        s = s + to_f32(mask[:, :, : q.shape[1], :])
+    return np.matmul(_softmax_rows(s), vh).transpose(0, 2, 1, 3)

@@ -1,0 +1,179 @@
+"""The simulated kernels: catalogue coverage, semantics against cpu_ops, fused == unfused composition."""
+
+import numpy as np
+import pytest
+
+from graphdiag.backends import cpu_ops as ops
+from graphdiag.backends.abi import new_params, set_desc
+from graphdiag.backends.kernels import KERNELS
+from graphdiag.backends.sim_kernels import SIM_KERNELS, run_kernel
+from graphdiag.errors import CudaError
+from graphdiag.ir.build import contiguous_nb
+from graphdiag.ir.dtypes import GGMLType as G
+from graphdiag.memory import AddressSpace, quantize_q8_0
+
+RNG = np.random.default_rng(1)
+
+
+class Mem:
+    """Simulated device memory with tensors placed contiguously; `put` returns (addr, type, ne, nb)."""
+
+    def __init__(self):
+        self.space = AddressSpace(0x7000_0000_0000, name="sim")
+
+    def put(self, t: G, ne, values=None):
+        nb = contiguous_nb(t, ne)
+        addr = self.space.alloc(nb[3] * ne[3])
+        if values is not None:
+            self.view((addr, t, ne, nb))[...] = values
+        return addr, t, ne, nb
+
+    def view(self, d):
+        return self.space.ndarray(*d)
+
+
+def params(*descs, ip=(), fp=()):
+    p = new_params()
+    for slot, d in enumerate(descs):
+        if d is not None:
+            set_desc(p, slot, *d)
+    p["ip"][: len(ip)] = ip
+    p["fp"][: len(fp)] = fp
+    return p
+
+
+def rand(*shape):
+    return RNG.standard_normal(shape).astype(np.float32)
+
+
+def test_every_catalogue_kernel_has_a_sim_implementation():
+    assert set(SIM_KERNELS) == set(KERNELS)
+    assert len(SIM_KERNELS) == 32
+
+
+def test_unknown_kernel_is_not_found():
+    with pytest.raises(CudaError, match="CUDA_ERROR_NOT_FOUND"):
+        run_kernel(AddressSpace(0x1000), "mul_mat_vec_q4_0", new_params())
+
+
+def test_rms_norm_and_add_follow_cpu_ops():
+    m = Mem()
+    x, w = rand(1, 1, 3, 16), rand(1, 1, 1, 16)
+    dx, dw, dst = m.put(G.F32, (16, 3, 1, 1), x), m.put(G.F32, (16, 1, 1, 1), w), m.put(G.F32, (16, 3, 1, 1))
+    run_kernel(m.space, "rms_norm_f32", params(dst, dx, fp=(1e-6,)))
+    np.testing.assert_array_equal(m.view(dst), ops.rms_norm(x, 1e-6))
+    run_kernel(m.space, "add_f32", params(dst, dx, dw))
+    np.testing.assert_array_equal(m.view(dst), x + w)
+
+
+def test_mul_mat_vec_q8_0_follows_cpu_ops_and_checks_its_preconditions():
+    m = Mem()
+    wq = quantize_q8_0(rand(1, 1, 8, 64))
+    dw, dx = m.put(G.Q8_0, (64, 8, 1, 1), wq), m.put(G.F32, (64, 2, 1, 1), rand(1, 1, 2, 64))
+    dst = m.put(G.F32, (8, 2, 1, 1))
+    run_kernel(m.space, "mul_mat_vec_q8_0", params(dst, dw, dx))
+    np.testing.assert_array_equal(m.view(dst), ops.mul_mat(wq, m.view(dx)))
+    with pytest.raises(CudaError, match="reads F16"):
+        run_kernel(m.space, "mul_mat_vec_f16", params(dst, dw, dx))
+    big_x, big_dst = m.put(G.F32, (64, 9, 1, 1)), m.put(G.F32, (8, 9, 1, 1))
+    with pytest.raises(CudaError, match="N = 9"):
+        run_kernel(m.space, "mul_mat_vec_q8_0", params(big_dst, dw, big_x))
+    run_kernel(m.space, "mul_mat_q8_0", params(big_dst, dw, big_x))  # the tiled kernel takes any N
+
+
+def test_top_k_and_get_rows_f16():
+    m = Mem()
+    x = rand(1, 1, 2, 10)
+    dx, dk = m.put(G.F32, (10, 2, 1, 1), x), m.put(G.I32, (3, 2, 1, 1))
+    run_kernel(m.space, "top_k_f32", params(dk, dx, ip=(3,)))
+    np.testing.assert_array_equal(m.view(dk), ops.top_k(x, 3))
+    table = rand(1, 1, 5, 8).astype(np.float16)
+    dt, di, dg = m.put(G.F16, (8, 5, 1, 1), table), m.put(G.I32, (2, 1, 1, 1), [[[[4, 2]]]]), m.put(G.F32, (8, 2, 1, 1))
+    run_kernel(m.space, "get_rows_f16", params(dg, dt, di))
+    np.testing.assert_array_equal(m.view(dg)[0, 0], table[0, 0, [4, 2]].astype(np.float32))
+
+
+def test_rms_norm_mul_equals_rms_norm_then_mul():
+    m = Mem()
+    dx, dw = m.put(G.F32, (32, 4, 1, 1), rand(1, 1, 4, 32)), m.put(G.F32, (32, 1, 1, 1), rand(1, 1, 1, 32))
+    fused, tmp, unfused = (m.put(G.F32, (32, 4, 1, 1)) for _ in range(3))
+    run_kernel(m.space, "rms_norm_mul_f32", params(fused, dx, dw, fp=(1e-5,)))
+    run_kernel(m.space, "rms_norm_f32", params(tmp, dx, fp=(1e-5,)))
+    run_kernel(m.space, "mul_f32", params(unfused, tmp, dw))
+    np.testing.assert_array_equal(m.view(fused), m.view(unfused))
+
+
+@pytest.mark.parametrize("w", ["f16", "q8_0"])
+def test_mul_mat_vec_glu_equals_two_mat_vecs_then_swiglu(w):
+    m = Mem()
+    t = G.F16 if w == "f16" else G.Q8_0
+    conv = (lambda a: a.astype(np.float16)) if w == "f16" else quantize_q8_0
+    dg, du = m.put(t, (64, 16, 1, 1), conv(rand(1, 1, 16, 64))), m.put(t, (64, 16, 1, 1), conv(rand(1, 1, 16, 64)))
+    dx = m.put(G.F32, (64, 3, 1, 1), rand(1, 1, 3, 64))
+    fused, gate, up, unfused = (m.put(G.F32, (16, 3, 1, 1)) for _ in range(4))
+    run_kernel(m.space, f"mul_mat_vec_glu_{w}", params(fused, dg, du, dx, ip=(2,)))
+    run_kernel(m.space, f"mul_mat_vec_{w}", params(gate, dg, dx))
+    run_kernel(m.space, f"mul_mat_vec_{w}", params(up, du, dx))
+    run_kernel(m.space, "glu_swiglu_f32", params(unfused, gate, up))
+    np.testing.assert_array_equal(m.view(fused), m.view(unfused))
+
+
+def test_rope_set_rows_equals_rope_then_set_rows():
+    m = Mem()
+    D, Hkv, T, n_rows = 8, 2, 3, 7
+    dx = m.put(G.F32, (D, Hkv, T, 1), rand(1, T, Hkv, D))
+    dpos, didx = m.put(G.I32, (T, 1, 1, 1), [[[[3, 4, 5]]]]), m.put(G.I32, (T, 1, 1, 1), [[[[6, 0, 2]]]])
+    fused, unfused = m.put(G.F16, (D * Hkv, n_rows, 1, 1)), m.put(G.F16, (D * Hkv, n_rows, 1, 1))
+    roped = m.put(G.F32, (D, Hkv, T, 1))
+    run_kernel(m.space, "rope_set_rows_f16", params(fused, dx, dpos, didx, ip=(8, 0), fp=(10000.0, 1.0)))
+    run_kernel(m.space, "rope_f32", params(roped, dx, dpos, ip=(8, 0), fp=(10000.0, 1.0)))
+    rows = (roped[0], G.F32, (D * Hkv, T, 1, 1), contiguous_nb(G.F32, (D * Hkv, T, 1, 1)))  # the VIEW node
+    run_kernel(m.space, "set_rows_f16", params(unfused, rows, didx))
+    np.testing.assert_array_equal(m.view(fused), m.view(unfused))
+    assert m.view(fused)[0, 0, [6, 0, 2]].any() and not m.view(fused)[0, 0, [1, 3, 4, 5]].any()
+
+
+def test_mul_mat_id_gathered_over_every_expert_equals_the_vec_path():
+    m = Mem()
+    E, K, M, T, n_used = 4, 32, 5, 3, 2
+    dex = m.put(G.Q8_0, (K, M, E, 1), quantize_q8_0(rand(1, E, M, K)))
+    dx = m.put(G.F32, (K, n_used, T, 1), rand(1, T, n_used, K))
+    ids = np.array([[[[1, 3], [3, 0], [1, 2]]]], np.int32)
+    dids = m.put(G.I32, (n_used, T, 1, 1), ids)
+    vec, gathered = m.put(G.F32, (M, n_used, T, 1)), m.put(G.F32, (M, n_used, T, 1))
+    run_kernel(m.space, "mul_mat_id_vec_q8_0", params(vec, dex, dx, dids))
+    pairs = [(s, t) for e in range(E) for t in range(T) for s in range(n_used) if ids[0, 0, t, s] == e]
+    dmap = m.put(G.I32, (2, len(pairs), 1, 1), np.array(pairs, np.int32).reshape(1, 1, -1, 2))
+    first = 0
+    for e in range(E):
+        n = int((ids == e).sum())
+        run_kernel(m.space, "mul_mat_id_gathered_q8_0", params(gathered, dex, dx, None, dmap, ip=(e, n, first)))
+        first += n
+    np.testing.assert_array_equal(m.view(gathered), m.view(vec))
+    np.testing.assert_array_equal(m.view(vec), ops.mul_mat_id(m.view(dex), m.view(dx), ids))
+
+
+def test_flash_attn_ext_follows_cpu_ops_with_and_without_mask():
+    m = Mem()
+    D, H, Hkv, T, n_kv = 8, 4, 2, 2, 6
+    dq = m.put(G.F32, (D, H, T, 1), rand(1, T, H, D))
+    dk = m.put(G.F16, (D, Hkv, n_kv, 1), rand(1, n_kv, Hkv, D).astype(np.float16))
+    dv = m.put(G.F16, (D, Hkv, n_kv, 1), rand(1, n_kv, Hkv, D).astype(np.float16))
+    mask = np.zeros((1, 1, 4, n_kv), np.float32)
+    mask[0, 0, 1, 4:] = -np.inf
+    dm, dst = m.put(G.F32, (n_kv, 4, 1, 1), mask), m.put(G.F32, (D, H, T, 1))
+    run_kernel(m.space, "flash_attn_ext_f16", params(dst, dq, dk, dv, dm, fp=(0.5,)))
+    ref = ops.flash_attn_ext(m.view(dq), m.view(dk), m.view(dv), mask, 0.5)
+    np.testing.assert_array_equal(m.view(dst), ref)
+    run_kernel(m.space, "flash_attn_ext_f16", params(dst, dq, dk, dv, None, fp=(0.5,)))
+    assert not np.allclose(m.view(dst), ref)
+
+
+def test_cpy_f32_f16_converts_and_checks_the_destination_type():
+    m = Mem()
+    x = rand(1, 1, 2, 6)
+    dx, d16 = m.put(G.F32, (6, 2, 1, 1), x), m.put(G.F16, (6, 2, 1, 1))
+    run_kernel(m.space, "cpy_f32_f16", params(d16, dx))
+    np.testing.assert_array_equal(m.view(d16), x.astype(np.float16))
+    with pytest.raises(CudaError, match="CUDA_ERROR_INVALID_VALUE"):
+        run_kernel(m.space, "cpy_f32_f32", params(d16, dx))
