@@ -1,0 +1,47 @@
+"""`graphdiag diff`: compare two recorded runs, or two steps of one. Exit status like diff(1):
+0 equal, 1 different, 2 trouble (so this command maps its own errors to 2)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import click
+
+from ..errors import GraphdiagError, UsageError
+
+
+@click.command()
+@click.argument("control", type=click.Path(dir_okay=False, path_type=Path))
+@click.argument("test", required=False, type=click.Path(dir_okay=False, path_type=Path))
+@click.option("--step", "steps", type=int, multiple=True, metavar="I",
+              help="Give twice (--step I --step J) with one record to compare two of its steps.")
+@click.option("--json", "as_json", is_flag=True, help="Print the comparison as JSON.")
+@click.pass_context
+def diff(ctx: click.Context, control: Path, test: Path | None, steps: tuple[int, ...], as_json: bool) -> None:
+    """Compare CONTROL and TEST records: settings, counters, timings, the first step where decisions
+    diverge, and node-level facts of captured graphs. Exit 0 when equal, 1 when different, 2 on error."""
+    try:
+        equal = _compare(control, test, steps, as_json)
+    except GraphdiagError as e:
+        click.echo(f"graphdiag diff: error: {e}", err=True)
+        ctx.exit(2)
+    ctx.exit(0 if equal else 1)
+
+
+def _compare(control: Path, test: Path | None, steps: tuple[int, ...], as_json: bool) -> bool:
+    from ..report.diff import diff_runs, diff_steps
+    from ..report.diff_view import render_run_diff, render_step_diff
+    from ..report.record import read_record
+
+    out = click.get_text_stream("stdout")
+    if test is None:
+        if len(steps) != 2:
+            raise UsageError("give a second record, or two steps of one record: --step I --step J")
+        d = diff_steps(read_record(control)[1], steps[0], steps[1])
+        click.echo(d.to_json()) if as_json else render_step_diff(d, str(control), out)
+        return d.equal
+    if steps:
+        raise UsageError("--step compares two steps of ONE record; give a single file with it")
+    d = diff_runs(read_record(control), read_record(test), (str(control), str(test)))
+    click.echo(d.to_json()) if as_json else render_run_diff(d, out)
+    return d.equal

@@ -1,0 +1,26 @@
+"""`graphdiag report`: the report of a recorded run, rendered offline from its JSON-lines file."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import click
+
+
+@click.command()
+@click.argument("record", type=click.Path(dir_okay=False, path_type=Path))
+@click.option("--json", "as_json", is_flag=True, help="Print the summary as JSON instead of tables.")
+@click.option("-v", "--verbose", count=True,
+              help="-v: chunk boundaries, updates, instantiates, refusals; -vv: every uid hit and launch.")
+def report(record: Path, as_json: bool, verbose: int) -> None:
+    """Render the report of RECORD, a JSON-lines event file written by `graphdiag run --events`."""
+    from ..report.console import render_report
+    from ..report.record import read_record
+    from ..report.summary import summarize
+
+    header, events = read_record(record)
+    summary = summarize(header, events)
+    if as_json:
+        click.echo(summary.to_json())
+    else:
+        render_report(header, events, summary, click.get_text_stream("stdout"), verbosity=verbose)

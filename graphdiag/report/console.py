@@ -1,0 +1,209 @@
+"""The terminal report (rich): run header, live event log with a progress bar, summary tables.
+
+Everything renders into any file object. `make_console(file, plain=True)` gives a fixed-width console with
+no colour and no terminal features, which is what tests and redirected output get.
+"""
+
+from __future__ import annotations
+
+import sys
+from typing import Iterable, TextIO
+
+from rich import box
+from rich.console import Console
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+from rich.table import Table
+
+from .. import events as E
+from .eventlog import EventLog, fmt_ns
+from .record import RunHeader
+from .summary import Summary
+
+WIDTH = 120          # fixed width of plain (non-terminal) output
+
+
+def make_console(file: TextIO | None = None, plain: bool | None = None) -> Console:
+    """A console on `file` (stdout by default). plain=None: plain unless the file is a terminal."""
+    file = file if file is not None else sys.stdout
+    if plain is None:
+        plain = not (hasattr(file, "isatty") and file.isatty())
+    if plain:
+        return Console(file=file, width=WIDTH, color_system=None, force_terminal=False, highlight=False,
+                       emoji=False, soft_wrap=True, no_color=True)
+    return Console(file=file, highlight=False, soft_wrap=True)
+
+
+def header_lines(header: RunHeader) -> list[str]:
+    """The run header: backend (SIMULATED said plainly, or the GPU's name), model, scenario, then every
+    setting with where it came from when that is not the default."""
+    if header.backend == "cpu":
+        where = "backend cpu · no GPU (numpy kernels)"
+    elif header.simulated:
+        where = f"backend {header.backend} · SIMULATED GPU: {header.device}"
+    else:
+        where = f"backend {header.backend} · GPU: {header.device}"
+    scen = f" · scenario {header.scenario}" if header.scenario else ""
+    lines = [f"graphdiag {header.graphdiag_version} · {where} · model {header.model}{scen}",
+             f"started {header.started}"]
+    items = []
+    for name, value in header.settings.items():
+        src = header.sources.get(name, "default")
+        items.append(f"{name}={_setting(value)}" + ("" if src == "default" else f" [{src}]"))
+    return lines + _wrap_items("settings:", items)
+
+
+def _wrap_items(first: str, items: list[str]) -> list[str]:
+    """Join items with two spaces into lines of at most WIDTH, never breaking inside an item."""
+    lines, line = [], first
+    for item in items:
+        sep = " " if line == first else "  "
+        if len(line) + len(sep) + len(item) > WIDTH:
+            lines.append(line)
+            line, sep = "", "  "
+        line += sep + item
+    return lines + [line]
+
+
+def _setting(v) -> str:
+    if isinstance(v, bool):
+        return "on" if v else "off"
+    return "-" if v is None else str(v)
+
+
+class ConsoleReporter:
+    """An event sink printing the run header, the event log up to `verbosity` and a progress bar over
+    `total_steps` (only on a terminal unless `progress` says otherwise). Call `close()` at the end."""
+
+    def __init__(self, header: RunHeader, verbosity: int = 0, file: TextIO | None = None,
+                 total_steps: int | None = None, progress: bool | None = None, console: Console | None = None):
+        self.console = console or make_console(file)
+        self.verbosity = verbosity
+        self.log = EventLog()
+        for line in header_lines(header):
+            self.console.print(line, markup=False)
+        if progress is None:
+            progress = self.console.is_terminal and bool(total_steps)
+        self.progress = self._start_progress(total_steps) if progress else None
+
+    def _start_progress(self, total: int | None) -> Progress:
+        p = Progress(TextColumn("step"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
+                     console=self.console, transient=True)
+        self._task = p.add_task("steps", total=total)
+        p.start()
+        return p
+
+    def __call__(self, ev: E.Event) -> None:
+        for level, line in self.log.feed(ev):
+            if level <= self.verbosity:
+                self.console.print(line, markup=False)
+        if self.progress is not None and isinstance(ev, E.StepFinished):
+            self.progress.advance(self._task)
+
+    def close(self) -> None:
+        """Stop the progress bar (idempotent)."""
+        if self.progress is not None:
+            self.progress.stop()
+            self.progress = None
+
+    def __enter__(self) -> "ConsoleReporter":
+        return self
+
+    def __exit__(self, *exc) -> bool:
+        self.close()
+        return False
+
+
+def render_summary(summary: Summary, file: TextIO | None = None, console: Console | None = None) -> None:
+    """Summary tables: overview, per key, timings, llama.cpp counters, graphdiag counters, notes."""
+    con = console or make_console(file)
+    con.print(_overview(summary), markup=False)
+    tables = [_key_table(summary)] if summary.keys else []
+    tables += [_timing_table(summary)] if summary.timings else []
+    for t in tables + [_llama_table(summary), _counter_table(summary)]:
+        con.print("")
+        con.print(t)
+    notes = _notes(summary)
+    if notes:
+        con.print("")
+    for line in notes:
+        con.print(line, markup=False)
+
+
+def render_report(header: RunHeader, events: Iterable[E.Event], summary: Summary, file: TextIO | None = None,
+                  verbosity: int = 0) -> None:
+    """The whole offline report: header, event log at `verbosity`, summary (what `graphdiag report` prints)."""
+    con = make_console(file)
+    reporter = ConsoleReporter(header, verbosity, console=con, progress=False)
+    for ev in events:
+        reporter(ev)
+    con.print("")
+    render_summary(summary, console=con)
+
+
+def _overview(s: Summary) -> str:
+    modes = ", ".join(f"{n} {m}" for m, n in s.step_modes.items())
+    return (f"{s.steps} steps ({modes or 'none'}) · {s.distinct_keys} graph key"
+            f"{'s' if s.distinct_keys != 1 else ''} · max {s.max_chunks} chunks per graph")
+
+
+TEXT_COLUMNS = ("key", "what", "counter", "setting", "node", "field", "change")
+
+
+def table(title: str, *cols: str, left: tuple[str, ...] = ()) -> Table:
+    """A borderless table; text columns (TEXT_COLUMNS and `left`) align left, numbers right."""
+    t = Table(title=title, title_justify="left", title_style=None, box=box.SIMPLE_HEAD, show_edge=False,
+              pad_edge=False, header_style=None)
+    for c in cols:
+        t.add_column(c, justify="left" if c in TEXT_COLUMNS or c in left else "right", no_wrap=True)
+    return t
+
+
+def _key_table(s: Summary) -> Table:
+    t = table("Per graph key (steps per phase; chunk outcomes)", "key", "splits", "eager", "capture",
+               "replay", "chunks", "updated", "instantiated", "refused", "resets", "evicted")
+    for k in s.keys:
+        t.add_row(f"{k.key:#x}", ",".join(map(str, k.splits)), str(k.steps_eager), str(k.steps_capture),
+                  str(k.steps_replay), str(k.chunks), str(k.updates), str(k.instantiates),
+                  str(sum(k.refusals.values())), str(k.warmup_resets), str(k.evictions))
+    return t
+
+
+def _timing_table(s: Summary) -> Table:
+    t = table("Timing (medians)", "what", "median", "samples")
+    for name, tm in s.timings.items():
+        t.add_row(name, fmt_ns(tm.median_ns), str(tm.n))
+    eager, replay = s.timings.get("eager split"), s.timings.get("replay split")
+    if eager and replay and replay.median_ns:
+        t.add_row("replay speedup (eager ÷ replay split)", f"{eager.median_ns / replay.median_ns:.1f}×", "")
+    return t
+
+
+def _llama_table(s: Summary) -> Table:
+    t = table("llama.cpp counters", "counter", "value")
+    for name, value in s.llama_counters.items():
+        t.add_row(name, str(value))
+    return t
+
+
+def _counter_table(s: Summary) -> Table:
+    t = table("graphdiag counters", "counter", "value", "counter", "value")
+    names = [n for n in s.counters if n != "refusals_by_reason"]
+    half = (len(names) + 1) // 2
+    for left, right in zip(names[:half], names[half:] + [""]):
+        t.add_row(left, str(s.counters[left]), right, str(s.counters[right]) if right else "")
+    return t
+
+
+def _notes(s: Summary) -> list[str]:
+    notes = []
+    for k in s.keys:
+        if k.refusals:
+            reasons = ", ".join(f"{r} ×{n}" for r, n in sorted(k.refusals.items()))
+            notes.append(f"update refusals at key {k.key:#x}: {reasons}")
+    if s.property_diff_fields:
+        notes.append("fields that changed: " + ", ".join(s.property_diff_fields))
+    notes += [f"graphs disabled: {r}" for r in s.disabled_reasons]
+    notes += [f"incompatible: {r}" for r in s.incompatible]
+    if s.verify_checks:
+        notes.append(f"verify: {s.verify_checks} checks, {s.verify_mismatches} mismatches")
+    return notes

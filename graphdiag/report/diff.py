@@ -1,0 +1,233 @@
+"""Compare two runs (control vs test), or two steps of one run. Pure analysis; diff_view.py renders.
+
+Decisions are compared as per-step sequences of events with what differs by run or by time taken out:
+timestamps, durations, tokens, and addresses. Graph keys and uids become first-seen ordinals per run
+(k1, k2… / u1, u2…) and hex addresses inside values become a1, a2…, so two runs that took the same decisions
+on differently placed structs compare equal. `equal` means: same decisions at every step, same counters, and
+the same node-level ledger facts at every capture; settings and timings are reported but never decide it.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import difflib
+import json
+import re
+from dataclasses import dataclass, field
+from typing import Any
+
+from .. import events as E
+from ..errors import UsageError
+from .eventlog import describe
+from .ledger import LedgerChange, compare_ledgers
+from .record import RunHeader
+from .summary import summarize
+
+IGNORED = {"t_ns", "step", "duration_ns", "gpu_ns", "capture_ns", "idle_ns", "max_abs_diff", "tokens"}
+HEX = re.compile(r"0x[0-9a-fA-F]+")
+
+
+class Canon:
+    """Per-run renaming of keys, uids and addresses to first-seen ordinals."""
+
+    def __init__(self):
+        self.maps: dict[str, dict[Any, str]] = {"k": {}, "u": {}, "a": {}}
+
+    def name(self, kind: str, value) -> str:
+        m = self.maps[kind]
+        if value not in m:
+            m[value] = f"{kind}{len(m) + 1}"
+        return m[value]
+
+    def key(self, key: int) -> str:
+        return self.name("k", key) if key else "-"
+
+    def text(self, s: str) -> str:
+        return HEX.sub(lambda m: self.name("a", int(m.group(0), 16)), s)
+
+
+def signature(ev: E.Event, canon: Canon) -> tuple:
+    """What a decision is, comparable across runs: kind and fields, minus times, with ordinals."""
+    d = ev.to_dict()
+    out = [d.pop("kind"), canon.key(d.pop("key")), canon.name("u", d.pop("uid")) if ev.uid else "-"]
+    for name in sorted(set(d) - IGNORED):
+        v = d[name]
+        if name == "uids":
+            v = [canon.name("u", u) for u in v]
+        elif isinstance(v, str):
+            is_address = isinstance(ev, E.PropertyDiff) and name in ("old", "new") and ev.field.endswith("data")
+            v = canon.name("a", v) if is_address and not HEX.search(v) else canon.text(v)
+        out.append((name, tuple(v) if isinstance(v, list) else v))
+    return tuple(out)
+
+
+@dataclass
+class Change:
+    """One decision added, removed or changed (control -> test), as human-readable lines."""
+
+    change: str                     # "added" | "removed" | "changed"
+    control: str | None
+    test: str | None
+
+
+@dataclass
+class StepDiff:
+    """Decisions of step `step_control` (control) against `step_test` (test)."""
+
+    step_control: int
+    step_test: int
+    changes: list[Change] = field(default_factory=list)
+
+    @property
+    def equal(self) -> bool:
+        return not self.changes
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self) | {"equal": self.equal}
+
+    def to_json(self) -> str:
+        return json.dumps(self.to_dict(), indent=2)
+
+
+@dataclass
+class Delta:
+    """A counter or a median time (ns) in control and test; delta = test - control."""
+
+    name: str
+    control: int | None
+    test: int | None
+
+    @property
+    def delta(self) -> int | None:
+        return None if self.control is None or self.test is None else self.test - self.control
+
+
+@dataclass
+class SettingChange:
+    name: str
+    control: Any
+    test: Any
+    control_source: str = "default"
+    test_source: str = "default"
+
+
+@dataclass
+class RunDiff:
+    """Two runs compared. `first_divergence` is the first step whose decisions differ (None: none)."""
+
+    control: str
+    test: str
+    settings: list[SettingChange] = field(default_factory=list)
+    counters: list[Delta] = field(default_factory=list)
+    timings: list[Delta] = field(default_factory=list)
+    first_divergence: StepDiff | None = None
+    ledger: list[LedgerChange] = field(default_factory=list)
+    tokens_differ_at: int | None = None
+
+    @property
+    def equal(self) -> bool:
+        return (self.first_divergence is None and not self.ledger
+                and all(d.delta == 0 for d in self.counters))
+
+    def to_dict(self) -> dict[str, Any]:
+        d = dataclasses.asdict(self)
+        for group in ("counters", "timings"):
+            for item, delta in zip(d[group], getattr(self, group)):
+                item["delta"] = delta.delta
+        return d | {"equal": self.equal}
+
+    def to_json(self) -> str:
+        return json.dumps(self.to_dict(), indent=2, default=str)
+
+
+def _decisions(events: list[E.Event]) -> list[E.Event]:
+    return [e for e in events if not isinstance(e, (E.SpanBegin, E.SpanEnd))]
+
+
+def _by_step(events: list[E.Event], canon: Canon) -> dict[int, list[tuple[tuple, E.Event]]]:
+    steps: dict[int, list[tuple[tuple, E.Event]]] = {}
+    for ev in events:
+        steps.setdefault(ev.step, []).append((signature(ev, canon), ev))
+    return steps
+
+
+def _line(ev: E.Event) -> str:
+    head = " · ".join(([f"split {ev.split}"] if ev.split >= 0 else []) + ([f"key {ev.key:#x}"] if ev.key else []))
+    return f"{head} · {describe(ev)}" if head else describe(ev)
+
+
+def compare_sequences(a: list[tuple[tuple, E.Event]], b: list[tuple[tuple, E.Event]]) -> list[Change]:
+    """Align two decision sequences by signature; report what was removed, added or changed."""
+    sm = difflib.SequenceMatcher(a=[s for s, _ in a], b=[s for s, _ in b], autojunk=False)
+    changes: list[Change] = []
+    for op, i1, i2, j1, j2 in sm.get_opcodes():
+        if op != "equal":
+            changes += _pair([e for _, e in a[i1:i2]], [e for _, e in b[j1:j2]])
+    return changes
+
+
+def _pair(olds: list[E.Event], news: list[E.Event]) -> list[Change]:
+    """Within a differing block, an old and a new event of the same kind, split and key are one change;
+    the others were removed or added."""
+    news = list(news)
+    out = []
+    for old in olds:
+        match = next((n for n in news if (n.kind, n.split, n.key) == (old.kind, old.split, old.key)), None)
+        if match is None:
+            out.append(Change("removed", _line(old), None))
+        else:
+            news.remove(match)
+            out.append(Change("changed", _line(old), _line(match)))
+    return out + [Change("added", None, _line(n)) for n in news]
+
+
+def diff_steps(events: list[E.Event], step_i: int, step_j: int) -> StepDiff:
+    """Compare the decisions of two steps of one run (same renaming for both)."""
+    steps = _by_step(_decisions(events), Canon())
+    for s in (step_i, step_j):
+        if s not in steps:
+            raise UsageError(f"step {s} is not in the record (steps {min(steps, default=0)}–{max(steps, default=0)})")
+    return StepDiff(step_i, step_j, compare_sequences(steps[step_i], steps[step_j]))
+
+
+def diff_runs(control: tuple[RunHeader, list[E.Event]], test: tuple[RunHeader, list[E.Event]],
+              names: tuple[str, str] = ("control", "test")) -> RunDiff:
+    """Compare two runs: settings, counters, timings, first divergent step, capture-time ledgers."""
+    (ha, ea), (hb, eb) = control, test
+    ea, eb = _decisions(ea), _decisions(eb)
+    ca, cb = Canon(), Canon()
+    d = RunDiff(*names)
+    d.settings = _settings(ha, hb)
+    d.first_divergence = _first_divergence(_by_step(ea, ca), _by_step(eb, cb))
+    sa, sb = summarize(ha, ea), summarize(hb, eb)
+    d.counters = [Delta(n, sa.counters[n], sb.counters[n]) for n in sa.counters if n != "refusals_by_reason"]
+    d.timings = [Delta(n, _median(sa, n), _median(sb, n)) for n in dict.fromkeys([*sa.timings, *sb.timings])]
+    d.ledger = compare_ledgers(ea, ca, eb, cb)
+    d.tokens_differ_at = _tokens_differ_at(ea, eb)
+    return d
+
+
+def _median(s, name: str) -> int | None:
+    t = s.timings.get(name)
+    return t.median_ns if t else None
+
+
+def _settings(a: RunHeader, b: RunHeader) -> list[SettingChange]:
+    names = dict.fromkeys([*a.settings, *b.settings])
+    return [SettingChange(n, a.settings.get(n), b.settings.get(n), a.sources.get(n, "default"),
+                          b.sources.get(n, "default"))
+            for n in names if a.settings.get(n) != b.settings.get(n)]
+
+
+def _first_divergence(a: dict, b: dict) -> StepDiff | None:
+    for step in sorted(set(a) | set(b)):
+        changes = compare_sequences(a.get(step, []), b.get(step, []))
+        if changes:
+            return StepDiff(step, step, changes)
+    return None
+
+
+def _tokens_differ_at(a: list[E.Event], b: list[E.Event]) -> int | None:
+    ta = {e.step: e.tokens for e in a if isinstance(e, E.StepFinished)}
+    tb = {e.step: e.tokens for e in b if isinstance(e, E.StepFinished)}
+    return next((s for s in sorted(set(ta) & set(tb)) if ta[s] != tb[s]), None)

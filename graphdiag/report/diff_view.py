@@ -1,0 +1,126 @@
+"""Text rendering of a RunDiff or a StepDiff (control / test / delta vocabulary)."""
+
+from __future__ import annotations
+
+from typing import TextIO
+
+from .console import make_console, table
+from .diff import Change, Delta, RunDiff, StepDiff
+from .eventlog import fmt_ns
+
+
+def render_run_diff(d: RunDiff, file: TextIO | None = None) -> None:
+    """Settings, result line, counters and timings that differ, first divergent step, ledger facts."""
+    con = make_console(file)
+    con.print(f"graphdiag diff · control: {d.control} · test: {d.test}", markup=False)
+    con.print(_verdict(d), markup=False)
+    for t in (_settings_table(d), _counter_table(d), _timing_table(d), _ledger_table(d)):
+        if t is not None:
+            con.print("")
+            con.print(t)
+    if d.first_divergence is not None:
+        con.print("")
+        con.print(f"First divergent step: {d.first_divergence.step_control}", markup=False)
+        for line in change_lines(d.first_divergence.changes):
+            con.print(line, markup=False)
+    con.print("")
+    tokens = ("identical at every common step" if d.tokens_differ_at is None
+              else f"first differ at step {d.tokens_differ_at}")
+    con.print(f"Tokens: {tokens}", markup=False)
+
+
+def render_step_diff(d: StepDiff, source: str, file: TextIO | None = None) -> None:
+    """Two steps of one run: the result line, then each decision removed, added or changed."""
+    con = make_console(file)
+    con.print(f"graphdiag diff · {source} · step {d.step_control} (control) vs step {d.step_test} (test)",
+              markup=False)
+    con.print("result: EQUAL (same decisions)" if d.equal else
+              f"result: DIFFERENT ({len(d.changes)} decisions differ)", markup=False)
+    for line in change_lines(d.changes):
+        con.print(line, markup=False)
+
+
+def change_lines(changes: list[Change]) -> list[str]:
+    """'  changed  control: …' / '           test:    …' lines."""
+    lines = []
+    for c in changes:
+        label = f"  {c.change:<8} "
+        if c.control is not None:
+            lines.append(f"{label}control: {c.control}")
+            label = " " * len(label)
+        if c.test is not None:
+            lines.append(f"{label}test:    {c.test}")
+    return lines
+
+
+def _verdict(d: RunDiff) -> str:
+    if d.equal:
+        return "result: EQUAL (same decisions at every step, same counters, same capture ledgers)"
+    parts = []
+    if d.first_divergence is not None:
+        parts.append(f"decisions diverge at step {d.first_divergence.step_control}")
+    n = sum(1 for c in d.counters if c.delta)
+    if n:
+        parts.append(f"{n} counters differ")
+    if d.ledger:
+        parts.append(f"{len(d.ledger)} capture ledger facts differ")
+    return f"result: DIFFERENT ({'; '.join(parts)})"
+
+
+def _settings_table(d: RunDiff):
+    if not d.settings:
+        return None
+    t = table("Settings that differ", "setting", "control", "test", left=("control", "test"))
+    for s in d.settings:
+        t.add_row(s.name, _with_source(s.control, s.control_source), _with_source(s.test, s.test_source))
+    return t
+
+
+def _with_source(value, source: str) -> str:
+    return str(value) if source == "default" else f"{value} [{source}]"
+
+
+def _counter_table(d: RunDiff):
+    changed = [c for c in d.counters if c.delta]
+    if not changed:
+        return None
+    t = table(f"Counters that differ ({len(d.counters) - len(changed)} equal)", "counter", "control", "test",
+              "delta")
+    for c in changed:
+        t.add_row(c.name, str(c.control), str(c.test), f"{c.delta:+d}")
+    return t
+
+
+def _timing_table(d: RunDiff):
+    if not d.timings:
+        return None
+    t = table("Timing (medians)", "what", "control", "test", "delta", "change")
+    for m in d.timings:
+        t.add_row(m.name, _ns(m.control), _ns(m.test), _signed_ns(m), _percent(m))
+    return t
+
+
+def _ns(v: int | None) -> str:
+    return "-" if v is None else fmt_ns(v)
+
+
+def _signed_ns(m: Delta) -> str:
+    if m.delta is None:
+        return "-"
+    return ("+" if m.delta >= 0 else "-") + fmt_ns(abs(m.delta))
+
+
+def _percent(m: Delta) -> str:
+    if m.delta is None or not m.control:
+        return "-"
+    return f"{100 * m.delta / m.control:+.0f}%"
+
+
+def _ledger_table(d: RunDiff):
+    if not d.ledger:
+        return None
+    t = table("Captured graphs: node-level facts that differ (key by first-seen order, capture #)", "key",
+              "capture", "node", "field", "control", "test", "change", left=("control", "test"))
+    for c in d.ledger:
+        t.add_row(c.key, str(c.capture), c.node, c.field, c.control or "-", c.test or "-", c.change)
+    return t

@@ -1,0 +1,154 @@
+"""The JSON-lines event record: a header line, then one line per decision event.
+
+File layout (UTF-8, one JSON object per line):
+
+    {"schema": "graphdiag-events", "version": 1, "graphdiag_version": "0.1.0", "backend": "sim", ...}
+    {"kind": "step_started", "step": 0, "split": -1, "key": 0, "uid": 0, "t_ns": 1200, ...}
+    ...
+
+The header is a `RunHeader`; each following line is an event's `to_dict()` (spans are not recorded: they
+exist for NVTX timelines). `read_record` turns any defect into an `EventFileError` with one clear line.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, TextIO
+
+from .. import __version__
+from .. import events as E
+from ..errors import EventFileError
+
+SCHEMA_NAME = "graphdiag-events"
+
+
+@dataclass
+class RunHeader:
+    """What a run was: the first line of a record, and the top of every report.
+
+    backend: "cuda" | "sim" | "cpu"; device: the GPU's name or "simulated GPU (cc 9.0)";
+    settings: RunConfig.settings(); sources: RunConfig.sources (setting -> "default" | "env NAME" |
+    "scenario" | "cli"); started: ISO-8601 local time; scenario: the scenario's name or None."""
+
+    backend: str = "sim"
+    device: str = ""
+    simulated: bool = True
+    model: str = ""
+    settings: dict[str, Any] = field(default_factory=dict)
+    sources: dict[str, str] = field(default_factory=dict)
+    started: str = ""
+    scenario: str | None = None
+    graphdiag_version: str = __version__
+    schema: str = SCHEMA_NAME
+    version: int = E.SCHEMA_VERSION
+
+    def to_dict(self) -> dict[str, Any]:
+        """The header as the record's first JSON object (schema and version first)."""
+        d = dataclasses.asdict(self)
+        head = {"schema": d.pop("schema"), "version": d.pop("version")}
+        return head | d
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> "RunHeader":
+        """Build from a header object; unknown fields (from a newer writer) are ignored."""
+        names = {f.name for f in dataclasses.fields(cls)}
+        return cls(**{k: v for k, v in d.items() if k in names})
+
+
+class JsonlWriter:
+    """An event sink writing the record. Subscribe it WITHOUT spans; call `close()` (or use `with`).
+
+    The header is written at construction; events are buffered by the file object and flushed at close."""
+
+    def __init__(self, path: str | Path, header: RunHeader):
+        self.path = Path(path)
+        self._f: TextIO | None = self.path.open("w", encoding="utf-8")
+        self._write(header.to_dict())
+
+    def _write(self, obj: dict[str, Any]) -> None:
+        self._f.write(json.dumps(obj, separators=(",", ":")) + "\n")
+
+    def __call__(self, ev: E.Event) -> None:
+        if self._f is None or isinstance(ev, (E.SpanBegin, E.SpanEnd)):
+            return
+        self._write(ev.to_dict())
+
+    def close(self) -> None:
+        """Flush and close the file (idempotent)."""
+        if self._f is not None:
+            self._f.close()
+            self._f = None
+
+    def __enter__(self) -> "JsonlWriter":
+        return self
+
+    def __exit__(self, *exc) -> bool:
+        self.close()
+        return False
+
+
+def write_record(path: str | Path, header: RunHeader, events: list[E.Event]) -> None:
+    """Write a whole record at once (what a finished run or a test has in memory)."""
+    with JsonlWriter(path, header) as w:
+        for ev in events:
+            w(ev)
+
+
+def read_record(path: str | Path) -> tuple[RunHeader, list[E.Event]]:
+    """Read a record written by `JsonlWriter`. Raises EventFileError naming the file (and line)."""
+    path = Path(path)
+    try:
+        text = path.read_text(encoding="utf-8")
+    except FileNotFoundError:
+        raise EventFileError(f"{path}: no such file") from None
+    except IsADirectoryError:
+        raise EventFileError(f"{path}: is a directory, not an event record") from None
+    except UnicodeDecodeError:
+        raise EventFileError(f"{path}: not a graphdiag event record (not UTF-8 text)") from None
+    except OSError as e:
+        raise EventFileError(f"{path}: cannot read: {e.strerror}") from None
+    if not text.strip():
+        raise EventFileError(f"{path}: empty file (no header line)")
+    lines = text.split("\n")
+    truncated = not text.endswith("\n")
+    header = _read_header(path, lines[0], truncated and len(lines) == 1)
+    events = [_read_event(path, n, line, truncated and n == len(lines))
+              for n, line in enumerate(lines[1:], start=2) if line.strip()]
+    return header, events
+
+
+def _parse(path: Path, lineno: int, line: str, last_and_unterminated: bool) -> Any:
+    try:
+        return json.loads(line)
+    except json.JSONDecodeError:
+        if last_and_unterminated:
+            raise EventFileError(f"{path}:{lineno}: truncated last line (the run was cut short?)") from None
+        raise EventFileError(f"{path}:{lineno}: not JSON") from None
+
+
+def _read_header(path: Path, line: str, last: bool) -> RunHeader:
+    obj = _parse(path, 1, line, last)
+    if not isinstance(obj, dict) or "schema" not in obj:
+        raise EventFileError(f"{path}: not a graphdiag event record (no schema in the first line)")
+    if obj["schema"] != SCHEMA_NAME:
+        raise EventFileError(f"{path}: not a graphdiag event record (schema {obj['schema']!r})")
+    if obj.get("version") != E.SCHEMA_VERSION:
+        raise EventFileError(f"{path}: unsupported schema version {obj.get('version')!r} "
+                             f"(this graphdiag reads version {E.SCHEMA_VERSION})")
+    return RunHeader.from_dict(obj)
+
+
+def _read_event(path: Path, lineno: int, line: str, last: bool) -> E.Event:
+    obj = _parse(path, lineno, line, last)
+    if not isinstance(obj, dict):
+        raise EventFileError(f"{path}:{lineno}: not an event (a JSON {type(obj).__name__})")
+    kind = obj.get("kind")
+    if kind not in E.EVENT_TYPES or kind in ("span_begin", "span_end"):
+        raise EventFileError(f"{path}:{lineno}: unknown event kind {kind!r}")
+    try:
+        return E.Event.from_dict(obj)
+    except (TypeError, ValueError) as e:
+        raise EventFileError(f"{path}:{lineno}: malformed {kind} event ({e})") from None

@@ -1,0 +1,177 @@
+"""Pure analysis of one run: (header, events) -> Summary. No rendering here.
+
+Counter values come from `counters.Counters` fed with the same events, so the report, the live counters and
+the scenario expectations always agree. All times are integer nanoseconds (medians of the samples).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import statistics
+from collections import Counter
+from dataclasses import dataclass, field
+from typing import Any, Iterable
+
+from .. import events as E
+from ..counters import Counters
+from .record import RunHeader
+
+
+@dataclass
+class KeySummary:
+    """What happened to one graph key (one GPU split's cache entry) over the run."""
+
+    key: int
+    splits: list[int] = field(default_factory=list)   # split indices this key was seen at
+    steps_eager: int = 0
+    steps_capture: int = 0
+    steps_replay: int = 0
+    chunks: int = 0                                     # chunk count of the last capture or replay
+    updates: int = 0
+    instantiates: int = 0
+    refusals: dict[str, int] = field(default_factory=dict)   # update refusals by reason
+    warmup_resets: int = 0
+    evictions: int = 0
+    first_step: int = -1
+    last_step: int = -1
+
+
+@dataclass
+class Timing:
+    """A median over `n` samples, in nanoseconds (0 when n == 0)."""
+
+    median_ns: int = 0
+    n: int = 0
+
+
+# timing name -> (event type, attribute); step timings are added per mode in _timings
+TIMED = {
+    "eager split": (E.EagerRun, "duration_ns"),
+    "capture split": (E.CaptureRun, "duration_ns"),
+    "replay split": (E.ReplayLaunched, "duration_ns"),
+    "chunk update": (E.ChunkUpdated, "duration_ns"),
+    "chunk instantiate": (E.ChunkInstantiated, "duration_ns"),
+    "update refused": (E.UpdateRefused, "duration_ns"),
+}
+
+
+@dataclass
+class Summary:
+    """Everything the report shows, as data. `counters` is Counters.snapshot() over the run's events."""
+
+    header: RunHeader
+    steps: int = 0                                      # steps finished
+    step_modes: dict[str, int] = field(default_factory=dict)   # steps per worst mode (StepFinished.mode)
+    keys: list[KeySummary] = field(default_factory=list)
+    counters: dict[str, Any] = field(default_factory=dict)
+    timings: dict[str, Timing] = field(default_factory=dict)
+    max_chunks: int = 0
+    property_diff_fields: list[str] = field(default_factory=list)   # every field a PropertyDiff named
+    disabled_reasons: list[str] = field(default_factory=list)
+    incompatible: list[str] = field(default_factory=list)           # "node 12 ffn_moe-0 (MUL_MAT_ID): rule"
+    verify_checks: int = 0
+    verify_mismatches: int = 0
+
+    @property
+    def distinct_keys(self) -> int:
+        return len(self.keys)
+
+    @property
+    def llama_counters(self) -> dict[str, int]:
+        """The counters llama_perf_context_print reports."""
+        c = self.counters
+        return {"graphs reused": c["graphs_reused"], "graph reallocs (same size)": c["reallocs_same"],
+                "graph reallocs (size changed)": c["reallocs_changed"]}
+
+    def to_dict(self) -> dict[str, Any]:
+        d = dataclasses.asdict(self)
+        d["header"] = self.header.to_dict()
+        for k in d["keys"]:
+            k["key"] = f"{k['key']:#x}"
+        d["distinct_keys"] = self.distinct_keys
+        d["llama_counters"] = self.llama_counters
+        return d
+
+    def to_json(self) -> str:
+        """The `--json` output: stable key order, keys as hex strings."""
+        return json.dumps(self.to_dict(), indent=2)
+
+
+def summarize(header: RunHeader, events: Iterable[E.Event]) -> Summary:
+    """Build the Summary of a run from its header and decision events (spans are ignored)."""
+    events = [e for e in events if not isinstance(e, (E.SpanBegin, E.SpanEnd))]
+    counters = Counters()
+    for ev in events:
+        counters(ev)
+    s = Summary(header=header, counters=counters.snapshot())
+    s.steps = sum(isinstance(e, E.StepFinished) for e in events)
+    s.step_modes = dict(Counter(e.mode for e in events if isinstance(e, E.StepFinished)))
+    s.keys = _key_summaries(events)
+    s.timings = _timings(events)
+    s.max_chunks = max([e.n_chunks for e in events if isinstance(e, (E.CaptureRun, E.ReplayLaunched))],
+                       default=0)
+    s.property_diff_fields = sorted({e.field for e in events if isinstance(e, E.PropertyDiff)})
+    s.disabled_reasons = sorted({e.reason for e in events if isinstance(e, E.GraphsDisabled)})
+    s.incompatible = sorted({f"node {e.node} {e.node_name} ({e.op}): {e.rule}"
+                             for e in events if isinstance(e, E.Incompatible)})
+    checks = [e for e in events if isinstance(e, E.VerifyResult)]
+    s.verify_checks, s.verify_mismatches = len(checks), sum(not e.ok for e in checks)
+    return s
+
+
+def _key_summaries(events: list[E.Event]) -> list[KeySummary]:
+    """One KeySummary per non-zero key, in order of first appearance."""
+    keys: dict[int, KeySummary] = {}
+    for ev in events:
+        if not ev.key:
+            continue
+        ks = keys.get(ev.key)
+        if ks is None:
+            ks = keys[ev.key] = KeySummary(key=ev.key, first_step=ev.step)
+        if ev.split >= 0 and ev.split not in ks.splits:
+            ks.splits.append(ev.split)
+        ks.last_step = max(ks.last_step, ev.step)
+        _count_into(ks, ev)
+    return list(keys.values())
+
+
+def _count_into(ks: KeySummary, ev: E.Event) -> None:
+    match ev:
+        case E.EagerRun():
+            ks.steps_eager += 1
+        case E.CaptureRun():
+            ks.steps_capture += 1
+            ks.chunks = ev.n_chunks
+        case E.ReplayLaunched():
+            ks.steps_replay += 1
+            ks.chunks = ev.n_chunks
+        case E.ChunkUpdated():
+            ks.updates += 1
+        case E.ChunkInstantiated():
+            ks.instantiates += 1
+        case E.UpdateRefused():
+            ks.refusals[ev.reason] = ks.refusals.get(ev.reason, 0) + 1
+        case E.WarmupTransition() if ev.to_state != "warm":
+            ks.warmup_resets += 1
+        case E.Evicted():
+            ks.evictions += 1
+
+
+def _timings(events: list[E.Event]) -> dict[str, Timing]:
+    """Medians of split-step, per-chunk and per-step times (only names that have samples)."""
+    samples: dict[str, list[int]] = {}
+    for name, (cls, attr) in TIMED.items():
+        samples[name] = [getattr(e, attr) for e in events if isinstance(e, cls)]
+    finished = [e for e in events if isinstance(e, E.StepFinished)]
+    for mode in ("eager", "capture", "replay", "cpu"):
+        samples[f"step ({mode})"] = [e.duration_ns for e in finished if e.mode == mode]
+    samples["step"] = [e.duration_ns for e in finished]
+    samples["step gpu"] = [e.gpu_ns for e in finished if e.gpu_ns]
+    return {k: Timing(int(statistics.median(v)), len(v)) for k, v in samples.items() if v}
+
+
+def refusal_reasons(summary: Summary) -> list[str]:
+    """Every update-refusal reason seen, sorted."""
+    return sorted(summary.counters.get("refusals_by_reason", {}))
+

@@ -1,0 +1,271 @@
+"""Scenario files (scenarios/*.toml): a named run, its environment, step-level changes, expected outcomes.
+
+    name = "batch-change"                      # must equal the file's stem
+    description = "one line"
+    [run]        # RunConfig fields: model, wtype, prompt_tokens, steps, batch, chunk_size, fusion, ...
+    [env]        # llama.cpp / ggml environment knobs the scenario sets, values as strings
+    timeline = [ { at_step = 4, batch = 2 }, { at_step = 9, idle_s = 11 },
+                 { at_step = 12, prefill = 32 }, { at_step = 2, alternate_batches = [1, 2] } ]
+    [expect]     # COUNTER, COUNTER_min, COUNTER_max (any Counters name, plus chunks and distinct_keys),
+                 # refusal_reasons, property_diff_fields (lists of str), no_replay, graphs_disabled (bool)
+
+Loading validates strictly: every error is a ScenarioError naming the file and the line.
+"""
+
+from __future__ import annotations
+
+import difflib
+import os
+import re
+import tomllib
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Mapping
+
+from . import resources
+from ._toml_lines import line_of
+from .config import ENV_KNOBS, RunConfig, resolve
+from .counters import COUNTER_NAMES
+from .errors import ScenarioError, UsageError
+
+RUN_FIELDS: dict[str, type] = {
+    "model": str, "wtype": str, "prompt_tokens": int, "steps": int, "batch": int, "chunk_size": int,
+    "fusion": bool, "concurrent_streams": bool, "n_cpu_moe": int, "pool_cap": int, "pool_max_buffers": int,
+    "compute_capability": str, "reuse_disabled": bool, "graphs_disabled": bool,
+}
+CHANGES: dict[str, type] = {"batch": int, "idle_s": float, "prefill": int, "alternate_batches": list}
+TOP_LEVEL: dict[str, type] = {"name": str, "description": str, "run": dict, "env": dict, "timeline": list,
+                              "expect": dict}
+BOUNDED = (*COUNTER_NAMES, "chunks", "distinct_keys")
+EXPECT: dict[str, type] = ({n + s: int for n in BOUNDED for s in ("", "_min", "_max")}
+                           | {"refusal_reasons": list, "property_diff_fields": list, "no_replay": bool,
+                              "graphs_disabled": bool})
+
+
+@dataclass(frozen=True)
+class TimelineChange:
+    """One step-level change, applied before step `at_step` (exactly one of the optional fields is set).
+
+    batch: sequences decoded from this step on; idle_s: seconds the runtime's clock advances first;
+    prefill: a prefill ubatch of this many tokens at this step; alternate_batches: cycle through these
+    batch sizes, one per step, from this step on."""
+
+    at_step: int
+    batch: int | None = None
+    idle_s: float | None = None
+    prefill: int | None = None
+    alternate_batches: tuple[int, ...] | None = None
+
+
+@dataclass
+class Scenario:
+    name: str
+    description: str
+    path: Path
+    run: dict[str, Any] = field(default_factory=dict)
+    env: dict[str, str] = field(default_factory=dict)
+    timeline: tuple[TimelineChange, ...] = ()
+    expect: dict[str, Any] = field(default_factory=dict)
+
+    def environ(self, base: Mapping[str, str] | None = None) -> dict[str, str]:
+        """The environment a run of this scenario sees: `base` (os.environ) with [env] on top."""
+        return dict(os.environ if base is None else base) | self.env
+
+    def changes_at(self, step: int) -> list[TimelineChange]:
+        """The timeline changes that apply before `step`, in file order."""
+        return [c for c in self.timeline if c.at_step == step]
+
+
+def load_scenario(name_or_path: str | Path) -> Scenario:
+    """A scenario by name (a bundled scenarios/NAME.toml) or by path to a .toml file."""
+    p = Path(name_or_path)
+    if p.suffix == ".toml" or p.exists():
+        return load_file(p)
+    candidate = resources.scenarios_dir() / f"{name_or_path}.toml"
+    if not candidate.exists():
+        known = ", ".join(s.stem for s in sorted(resources.scenarios_dir().glob("*.toml")))
+        raise ScenarioError(f"unknown scenario {str(name_or_path)!r} (known: {known})")
+    return load_file(candidate)
+
+
+def list_scenarios() -> list[Scenario]:
+    """Every bundled scenario, sorted by name (each one validated)."""
+    return [load_file(p) for p in sorted(resources.scenarios_dir().glob("*.toml"))]
+
+
+def load_file(path: str | Path) -> Scenario:
+    """Read and validate one scenario file."""
+    path = Path(path)
+    try:
+        text = path.read_text(encoding="utf-8")
+    except FileNotFoundError:
+        raise ScenarioError(f"{path}: no such scenario file") from None
+    except (OSError, UnicodeDecodeError) as e:
+        raise ScenarioError(f"{path}: cannot read: {e}") from None
+    try:
+        data = tomllib.loads(text)
+    except tomllib.TOMLDecodeError as e:
+        m = re.search(r"at line (\d+)", str(e))
+        raise ScenarioError(f"{path}:{m.group(1) if m else 1}: invalid TOML: {e}") from None
+    return _Validator(path, text).scenario(data)
+
+
+class _Validator:
+    """Checks a parsed scenario; `fail` finds the line of the offending key in the text."""
+
+    def __init__(self, path: Path, text: str):
+        self.path, self.text = path, text
+
+    def fail(self, msg: str, table: str | None = None, key: str | None = None, index: int | None = None):
+        raise ScenarioError(f"{self.path}:{line_of(self.text, table, key, index)}: {msg}")
+
+    def typed(self, value, want: type, where: str, table, key, index=None):
+        ok = (isinstance(value, (int, float)) and not isinstance(value, bool) if want is float
+              else type(value) is want)
+        if not ok:
+            self.fail(f"{where} must be {_type_name(want)}, not {_type_name(type(value))}", table, key, index)
+        return float(value) if want is float else value
+
+    def known(self, table: dict, allowed, what: str, tname, index=None) -> None:
+        for k in table:
+            if k not in allowed:
+                hint = _close(k, allowed)
+                if k in TOP_LEVEL and tname is not None:
+                    hint = f" (top-level keys such as {k!r} must come before the first [table])"
+                self.fail(f"unknown key {k!r} in {what}{hint}", tname, k, index)
+
+    def scenario(self, data: dict) -> Scenario:
+        self.known(data, TOP_LEVEL, "the scenario", None)
+        for k in ("name", "description"):
+            if k not in data:
+                self.fail(f"missing {k!r}")
+        for k, v in data.items():
+            self.typed(v, TOP_LEVEL[k], k, None, k)
+        if data["name"] != self.path.stem:
+            self.fail(f"name {data['name']!r} differs from the file name {self.path.stem!r}", None, "name")
+        if not data["description"].strip() or "\n" in data["description"].strip():
+            self.fail("description must be one non-empty line", None, "description")
+        run = self.run(data.get("run", {}))
+        return Scenario(name=data["name"], description=data["description"].strip(), path=self.path, run=run,
+                        env=self.env(data.get("env", {})),
+                        timeline=self.timeline(data.get("timeline", []), run.get("steps", RunConfig.steps)),
+                        expect=self.expect(data.get("expect", {})))
+
+    def run(self, run: dict) -> dict:
+        self.known(run, RUN_FIELDS, "[run]", "run")
+        for k, v in run.items():
+            self.typed(v, RUN_FIELDS[k], f"run.{k}", "run", k)
+        try:
+            resolve({}, scenario=run, environ={})
+        except UsageError as e:
+            self.fail(f"invalid [run]: {e}", "run")
+        return dict(run)
+
+    def env(self, env: dict) -> dict[str, str]:
+        self.known(env, ENV_KNOBS, "[env] (known knobs)", "env")
+        for k, v in env.items():
+            self.typed(v, str, f"env.{k}", "env", k)
+        return dict(env)
+
+    def timeline(self, entries: list, steps: int) -> tuple[TimelineChange, ...]:
+        out = []
+        for i, e in enumerate(entries):
+            if not isinstance(e, dict):
+                self.fail(f"timeline entry {i + 1} must be a table", "timeline", None, i)
+            self.known(e, ("at_step", *CHANGES), f"timeline entry {i + 1}", "timeline", i)
+            if "at_step" not in e:
+                self.fail(f"timeline entry {i + 1} has no at_step", "timeline", None, i)
+            at = self.typed(e["at_step"], int, "at_step", "timeline", "at_step", i)
+            if not 0 <= at < steps:
+                self.fail(f"at_step {at} is outside the run's steps 0–{steps - 1}", "timeline", "at_step", i)
+            change = [k for k in e if k != "at_step"]
+            if len(change) != 1:
+                self.fail(f"timeline entry {i + 1} must set exactly one of {', '.join(CHANGES)}",
+                          "timeline", "at_step", i)
+            out.append(TimelineChange(at, **{change[0]: self.change(change[0], e[change[0]], i)}))
+        return tuple(out)
+
+    def change(self, key: str, value, index: int):
+        value = self.typed(value, CHANGES[key], key, "timeline", key, index)
+        values = value if key == "alternate_batches" else [value]
+        if key == "alternate_batches" and len(values) < 2:
+            self.fail("alternate_batches needs at least two batch sizes", "timeline", key, index)
+        for v in values:
+            if key == "alternate_batches":
+                self.typed(v, int, "alternate_batches items", "timeline", key, index)
+            if v < (0 if key == "idle_s" else 1):
+                self.fail(f"{key} must be {'>= 0' if key == 'idle_s' else '>= 1'}, not {v}", "timeline", key, index)
+        return tuple(values) if key == "alternate_batches" else value
+
+    def expect(self, expect: dict) -> dict:
+        self.known(expect, EXPECT, "[expect]", "expect")
+        for k, v in expect.items():
+            self.typed(v, EXPECT[k], f"expect.{k}", "expect", k)
+            if EXPECT[k] is list:
+                for item in v:
+                    self.typed(item, str, f"expect.{k} items", "expect", k)
+            elif EXPECT[k] is int and v < 0:
+                self.fail(f"expect.{k} must be >= 0", "expect", k)
+        return dict(expect)
+
+
+def check_expectations(scenario: Scenario, summary) -> list[str]:
+    """What the run's Summary contradicts in [expect], one sentence each (empty: all hold)."""
+    failures = []
+    for k, want in scenario.expect.items():
+        got = _observed(k, summary)
+        if not _holds(k, want, got):
+            failures.append(f"{scenario.name}: expected {_expectation(k, want)}, got {_shown(got)}")
+    return failures
+
+
+def _observed(k: str, s):
+    if k in ("refusal_reasons", "property_diff_fields"):
+        return sorted(s.counters.get("refusals_by_reason", {})) if k == "refusal_reasons" \
+            else list(s.property_diff_fields)
+    if k == "no_replay":
+        return s.counters["replays"]
+    if k == "graphs_disabled":
+        return s.counters["disabled"]
+    name = re.sub(r"_(min|max)$", "", k)
+    return {"chunks": s.max_chunks, "distinct_keys": s.distinct_keys}.get(name, s.counters.get(name))
+
+
+def _holds(k: str, want, got) -> bool:
+    if isinstance(want, list):
+        return set(want) <= set(got)
+    if k in ("no_replay", "graphs_disabled"):
+        return (got == 0) == want if k == "no_replay" else (got > 0) == want
+    if k.endswith("_min"):
+        return got >= want
+    if k.endswith("_max"):
+        return got <= want
+    return got == want
+
+
+def _expectation(k: str, want) -> str:
+    if isinstance(want, list):
+        return f"{k} to include {', '.join(want)}"
+    if k == "no_replay":
+        return "no replay" if want else "at least one replay"
+    if k == "graphs_disabled":
+        return "graphs disabled" if want else "graphs enabled"
+    name = re.sub(r"_(min|max)$", "", k)
+    op = ">=" if k.endswith("_min") else "<=" if k.endswith("_max") else "="
+    return f"{name} {op} {want}"
+
+
+def _shown(got) -> str:
+    if isinstance(got, list):
+        return ", ".join(got) or "none"
+    return str(got)
+
+
+def _type_name(t: type) -> str:
+    return {int: "an integer", float: "a number", str: "a string", bool: "true or false", list: "an array",
+            dict: "a table"}.get(t, t.__name__)
+
+
+def _close(key: str, allowed) -> str:
+    m = difflib.get_close_matches(key, list(allowed), n=1)
+    return f" (did you mean {m[0]!r}?)" if m else ""
