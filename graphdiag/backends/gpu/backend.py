@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import time
 
 import numpy as np
@@ -12,7 +13,7 @@ from ..base import Backend
 from ..drivers.base import Driver
 from .capture import CaptureLoop, lower_graph
 from .concurrency import Region, find_regions
-from .entry import Clock
+from .entry import Clock, GraphEntry
 from .fusion import fusion_plan
 from .pool import TempPool
 from .runtime import CC_VOLTA, GraphRuntime, RuntimeOptions
@@ -37,6 +38,7 @@ class GpuBackend(Backend):
         self.join_events: list = []
         self.regions: dict[int, tuple[int, list[Region]]] = {}    # key -> (uid, regions), per alloc
         self.buffers: set[int] = set()
+        self.force_eager = False
 
     # -- buffers and tensors --------------------------------------------------------------------------------
     def buffer_alloc(self, nbytes: int) -> int:
@@ -107,10 +109,31 @@ class GpuBackend(Backend):
                                   absorbed=f.absorbed)
         return entry.plan, entry.lowered
 
+    @contextlib.contextmanager
+    def verifying(self):
+        """Run the next computes eagerly with fresh launches and no decisions (--verify's recompute)."""
+        self.force_eager = True
+        try:
+            yield
+        finally:
+            self.force_eager = False
+
+    def _compute_unrecorded(self, graph: Graph, split: int) -> None:
+        entry = GraphEntry(graph.first_node_addr)
+        plan = fusion_plan(graph) if self.runtime.opt.fusion else {}
+        lowered = lower_graph(graph, plan, self.driver.cc, self.driver)
+        bus, self.runtime.bus = self.runtime.bus, E.EventBus()
+        try:
+            self.loop.evaluate(entry, graph, split, False, False, lowered, plan, [])
+        finally:
+            self.runtime.bus = bus
+
     def graph_compute(self, graph: Graph, split: int) -> None:
         rt = self.runtime
         if graph.n_nodes == 0:
             return
+        if self.force_eager:
+            return self._compute_unrecorded(graph, split)
         with self.bus.span("graph_compute", "graph/compute", graph.uid, rt.step, split, graph.first_node_addr,
                            graph.uid):
             entry = rt.lookup(graph, split)

@@ -134,6 +134,7 @@ class GraphRuntime:
         if not self.compatible(entry, graph, split):
             self.emit(E.PhaseDecided, split, key, uid, phase="eager", why="incompatible")
             return False, False
+        new_key = entry.props is None
         changed = self.update_required(entry, graph, split)
         if not entry.warmup_complete:
             if not changed:
@@ -143,7 +144,7 @@ class GraphRuntime:
                           why="warmup complete: properties unchanged on a second call")
                 why = "warmup complete"
             else:
-                why = "warming up: properties changed" if entry.instances or entry.n_nodes else "new key"
+                why = "first call for this key" if new_key else "warming up: properties changed"
         elif changed:
             entry.warmup_complete = False
             self.emit(E.WarmupTransition, split, key, uid, from_state="warm", to_state="cold",

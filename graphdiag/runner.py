@@ -1,0 +1,194 @@
+"""One run: settings (and an optional scenario) in, events out.
+
+Builds the driver (CUDA, or the simulated one where there is no GPU), the backends, the model, the scheduler
+and the context; walks the step plan (prefills, decode steps, batch changes, idle time); optional checks per
+step: --verify (replayed steps recomputed eagerly) and --oracle (the independent numpy forward).
+"""
+
+from __future__ import annotations
+
+import datetime
+import time
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from . import __version__
+from . import events as E
+from .backends.cpu import CpuBackend
+from .backends.gpu.backend import GpuBackend
+from .backends.gpu.entry import Clock
+from .backends.gpu.runtime import RuntimeOptions
+from .config import RunConfig
+from .counters import Counters
+from .errors import NoDeviceError
+from .model.presets import get_preset, weight_type
+from .model.reference import Reference
+from .model.weights import create_model
+from .plan import StepPlan, plan_steps
+from .sched.context import make_context
+
+ORACLE_BOUND = {"f16": 1e-3, "q8_0": 1e-3}  # max|a-b|/max|b| (measured ~6e-5 on the sim)
+
+
+@dataclass
+class RunResult:
+    header: dict
+    events: list
+    counters: Counters
+    tokens: list[list[int]] = field(default_factory=list)
+    failures: list[str] = field(default_factory=list)
+
+
+def open_driver(cfg: RunConfig):
+    """(driver or None for the CPU backend, note) — cuda when asked or available, else simulated."""
+    if cfg.backend == "cpu":
+        return None, ""
+    if cfg.backend in ("auto", "cuda"):
+        try:
+            from .backends.drivers.cuda import CudaDriver
+            return CudaDriver.open(), ""
+        except NoDeviceError as e:
+            if cfg.backend == "cuda":
+                raise
+            note = f"no GPU ({e}); using the SIMULATED driver"
+    else:
+        note = ""
+    from .backends.drivers.sim import SimDriver
+    return SimDriver(compute_capability=cfg.cc_tuple), note
+
+
+class Session:
+    """Everything one run holds; `close()` releases it in reverse order."""
+
+    def __init__(self, cfg: RunConfig, bus: E.EventBus, clock: Clock | None = None):
+        self.cfg, self.bus = cfg, bus
+        self.clock = clock or Clock()
+        self.driver, self.note = open_driver(cfg)
+        self.cpu = CpuBackend()
+        self.gpu = None
+        if self.driver is not None:
+            opts = RuntimeOptions(cfg.chunk_size, cfg.fusion, cfg.concurrent_streams, cfg.graphs_disabled)
+            self.gpu = GpuBackend(self.driver, bus, opts, self.clock, cfg.pool_cap, cfg.pool_max_buffers)
+        self.model = create_model(get_preset(cfg.model), weight_type(cfg.wtype), seed=cfg.seed)
+        backends = [self.gpu, self.cpu] if self.gpu is not None else [self.cpu]
+        self.ctx = make_context(self.model, backends, bus, cfg.n_cpu_moe, cfg.reuse_disabled)
+        self.reference = Reference(self.model) if cfg.oracle else None
+
+    @property
+    def backend_name(self) -> str:
+        return "cpu" if self.driver is None else ("sim" if self.driver.simulated else "cuda")
+
+    @property
+    def device(self) -> str:
+        if self.driver is None:
+            return "CPU (numpy)"
+        name = self.driver.info.name
+        major, minor = self.driver.info.compute_capability
+        return f"{name} (cc {major}.{minor})"
+
+    def close(self) -> None:
+        self.ctx.sched.close()
+        if self.gpu is not None:
+            self.gpu.close()
+        self.cpu.close()
+        if self.driver is not None:
+            self.driver.close()
+
+
+def make_header(cfg: RunConfig, s: Session, scenario: str | None) -> dict:
+    return {
+        "schema": "graphdiag-events", "version": E.SCHEMA_VERSION, "graphdiag_version": __version__,
+        "backend": s.backend_name, "device": s.device, "simulated": s.driver is not None and s.driver.simulated,
+        "model": cfg.model, "settings": cfg.settings(), "sources": dict(cfg.sources),
+        "started": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+        "scenario": scenario, "note": s.note,
+    }
+
+
+def run(cfg: RunConfig, scenario=None, sinks=(), span_sinks=(), on_header=None) -> RunResult:
+    """Run the plan; every event reaches `sinks` live. Returns the header, the events and the counters."""
+    bus = E.EventBus()
+    rec, counters = E.Recorder(), Counters()
+    for s in (rec, counters, *sinks):
+        bus.subscribe(s)
+    for s in span_sinks:
+        bus.subscribe(s, spans=True)
+    session = Session(cfg, bus)
+    header = make_header(cfg, session, getattr(scenario, "name", None))
+    if on_header is not None:
+        on_header(header)
+    result = RunResult(header, rec.events, counters)
+    try:
+        Stepper(session, result).run(plan_steps(cfg, scenario))
+    finally:
+        session.close()
+    return result
+
+
+class Stepper:
+    """Walks the step plan: prefill, decode, idle; checks each step when asked."""
+
+    def __init__(self, s: Session, result: RunResult):
+        self.s, self.r = s, result
+        self.rng = np.random.default_rng(s.cfg.seed + 1)
+        self.next_tok: dict[int, int] = {}
+
+    def run(self, plan: list[StepPlan]) -> None:
+        for p in plan:
+            if p.idle_s:
+                self.s.clock.advance(p.idle_s)
+            self.step(p)
+
+    def step(self, p: StepPlan) -> None:
+        s, bus = self.s, self.s.bus
+        step = s.ctx.step
+        t0 = time.perf_counter_ns()
+        with bus.span("step", "run/step", step, step):
+            if p.kind == "prefill":
+                toks = self.rng.integers(1, s.model.cfg.n_vocab, p.n_tokens).tolist()
+                logits = s.ctx.prefill(toks, seq=p.seq)
+                batch = {p.seq: toks}
+            else:
+                batch = {q: self.next_tok.get(q, 1 + q) for q in range(p.batch)}
+                logits = s.ctx.decode(batch)
+        dt = time.perf_counter_ns() - t0
+        seqs = list(batch)
+        out = logits.argmax(axis=1).tolist()
+        for q, t in zip(seqs[-len(out):], out):
+            self.next_tok[q] = int(t)
+        mode = self._mode(step)
+        bus.emit(E.StepFinished(step=step, duration_ns=dt, tokens=tuple(out), mode=mode))
+        self.r.tokens.append(out)
+        if s.cfg.verify and mode == "replay":
+            self._verify(step, logits)
+        if s.reference is not None:
+            self._oracle(step, p, batch, logits)
+
+    def _mode(self, step: int) -> str:
+        """The step's worst GPU phase (eager > capture > replay), or 'cpu' without a GPU backend."""
+        phases = {e.phase for e in reversed(self.r.events[-400:]) if isinstance(e, E.PhaseDecided) and e.step == step}
+        for m in ("eager", "capture", "replay"):
+            if m in phases:
+                return m
+        return "cpu"
+
+    def _verify(self, step: int, logits: np.ndarray) -> None:
+        ctx = self.s.ctx
+        with self.s.gpu.verifying():
+            ctx.sched.graph_compute(ctx.res.graph)
+        eager = ctx._logits()
+        diff = float(np.max(np.abs(eager - logits))) if eager.size else 0.0
+        ok = diff == 0.0
+        self.s.bus.emit(E.VerifyResult(step=step, ok=ok, max_abs_diff=diff))
+        if not ok:
+            self.r.failures.append(f"step {step}: replay differs from eager (max |diff| {diff:.3g})")
+
+    def _oracle(self, step: int, p: StepPlan, batch: dict, logits: np.ndarray) -> None:
+        ref = self.s.reference
+        want = ref.prefill(batch[p.seq], seq=p.seq) if p.kind == "prefill" else ref.decode(batch)
+        err = float(np.max(np.abs(logits - want)) / max(np.max(np.abs(want)), 1e-30))
+        bound = ORACLE_BOUND[self.s.cfg.wtype]
+        self.s.bus.emit(E.OracleCheck(step=step, ok=err <= bound, rel_err=err, bound=bound))
+        if err > bound:
+            self.r.failures.append(f"step {step}: logits differ from the oracle (rel err {err:.3g} > {bound})")
