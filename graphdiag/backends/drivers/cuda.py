@@ -1,0 +1,318 @@
+"""CudaDriver: the Driver interface on cuda.bindings.driver (the only module importing cuda-python, with
+backends/nvrtc.py).
+
+Every CUDA return code is checked and raised as CudaError(result name, call name); capture-related codes
+raise CaptureError, CUDA_ERROR_OUT_OF_MEMORY from cuMemAlloc raises OutOfDeviceMemory. Every handle this
+driver creates is tracked and released by close(). Kernels are compiled lazily, one kernels/*.cu file at a
+time (NVRTC -> CUBIN, disk-cached), on the first prepare() of a kernel the file defines.
+"""
+
+from __future__ import annotations
+
+import ctypes
+from dataclasses import dataclass
+
+import numpy as np
+
+from ...errors import CaptureError, CudaError, NoDeviceError, OutOfDeviceMemory
+from ..abi import KPARAMS
+from ..nvrtc import KernelCompiler, arch_for
+from .base import DeviceInfo, Driver, Launch, UpdateOutcome, UpdateResult
+
+try:
+    from cuda.bindings import driver as D
+except ImportError:   # cuda-python absent: open() says so in one line
+    D = None
+
+_SHMEM_DEFAULT_MAX = 48 * 1024   # above this a kernel must opt in (CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES)
+_CAPTURE_ERRORS = frozenset({
+    "CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED", "CUDA_ERROR_STREAM_CAPTURE_INVALIDATED",
+    "CUDA_ERROR_STREAM_CAPTURE_MERGE", "CUDA_ERROR_STREAM_CAPTURE_UNMATCHED", "CUDA_ERROR_STREAM_CAPTURE_UNJOINED",
+    "CUDA_ERROR_STREAM_CAPTURE_ISOLATION", "CUDA_ERROR_STREAM_CAPTURE_IMPLICIT", "CUDA_ERROR_CAPTURED_EVENT",
+    "CUDA_ERROR_STREAM_CAPTURE_WRONG_THREAD",
+})
+
+
+def _err_name(err) -> str:
+    try:
+        rc, name = D.cuGetErrorName(err)
+        if not rc and name:
+            return name.decode()
+    except Exception:   # an unknown code: fall back to the enum's own name
+        pass
+    return getattr(err, "name", f"CUresult({int(err)})")
+
+
+def _error(err, call: str) -> CudaError:
+    name = _err_name(err)
+    return (CaptureError if name in _CAPTURE_ERRORS else CudaError)(name, call)
+
+
+def _check(result: tuple, call: str):
+    """`result` is a binding's (status, *outputs); returns None, the output, or the outputs."""
+    if result[0]:
+        raise _error(result[0], call)
+    return None if len(result) == 1 else result[1] if len(result) == 2 else result[1:]
+
+
+class _UpdateResultInfo(ctypes.Structure):
+    """CUgraphExecUpdateResultInfo (cuda.h): cuda.bindings returns None for it on refusal, hence ctypes."""
+
+    _fields_ = [("result", ctypes.c_int), ("errorNode", ctypes.c_void_p), ("errorFromNode", ctypes.c_void_p)]
+
+
+def _load_exec_update():
+    """libcuda's cuGraphExecUpdate_v2 (the same library the bindings loaded, so the same contexts)."""
+    fn = ctypes.CDLL("libcuda.so.1").cuGraphExecUpdate_v2
+    fn.argtypes = [ctypes.c_void_p, ctypes.c_void_p, ctypes.POINTER(_UpdateResultInfo)]
+    fn.restype = ctypes.c_int
+    return fn
+
+
+@dataclass(eq=False)
+class _Prepared:
+    """A launch packed once: cuLaunchKernel's leading arguments and the kernelParams pointer array."""
+
+    args: tuple           # (CUfunction, grid x, y, z, block x, y, z, shmem bytes)
+    kparams: np.ndarray   # a private copy of the KPARAMS record (576 bytes)
+    argv: np.ndarray      # void*[1] = {&kparams}
+    argv_addr: int
+
+
+class CudaDriver(Driver):
+    """A real GPU through the driver API, on the device's primary context."""
+
+    def __init__(self, device: int, dev, ctx, info: DeviceInfo, compiler: KernelCompiler):
+        self.device, self._dev, self._ctx, self.info, self.compiler = device, dev, ctx, info, compiler
+        self._null_stream = D.CUstream(0)
+        self._owned: dict[str, dict[int, object]] = {k: {} for k in ("stream", "event", "graph", "exec", "mem")}
+        self._modules: dict[str, object] = {}
+        self._functions: dict[str, object] = {}
+        self._exec_update = _load_exec_update()
+        self._closed = False
+
+    @classmethod
+    def open(cls, device: int = 0, compiler: KernelCompiler | None = None) -> "CudaDriver":
+        """Retain `device`'s primary context; NoDeviceError (one line) without cuda-python, driver or GPU."""
+        if D is None:
+            raise NoDeviceError("CUDA backend unavailable: cuda-python (cuda.bindings) is not installed")
+        try:
+            (err,) = D.cuInit(0)
+        except Exception as exc:   # cuda.pathfinder's DynamicLibNotFoundError when libcuda is absent
+            raise NoDeviceError(f"no CUDA driver: {str(exc).splitlines()[0]}") from exc
+        if err:
+            raise NoDeviceError(f"no usable CUDA driver: cuInit returned {_err_name(err)}")
+        err, count = D.cuDeviceGetCount()
+        if err or count == 0:
+            raise NoDeviceError("no CUDA device: the driver reports 0 devices")
+        if not 0 <= device < count:
+            raise NoDeviceError(f"no CUDA device {device}: the driver reports {count}")
+        dev = _check(D.cuDeviceGet(device), "cuDeviceGet")
+        ctx = _check(D.cuDevicePrimaryCtxRetain(dev), "cuDevicePrimaryCtxRetain")
+        _check(D.cuCtxSetCurrent(ctx), "cuCtxSetCurrent")
+        info = _device_info(dev)
+        return cls(device, dev, ctx, info, compiler or KernelCompiler(arch_for(info.compute_capability)))
+
+    # streams and events
+    def stream_create(self):
+        s = _check(D.cuStreamCreate(D.CUstream_flags.CU_STREAM_NON_BLOCKING.value), "cuStreamCreate")
+        return self._own("stream", s)
+
+    def stream_destroy(self, stream) -> None:
+        _check(D.cuStreamDestroy(self._disown("stream", stream)), "cuStreamDestroy")
+
+    def stream_synchronize(self, stream) -> None:
+        _check(D.cuStreamSynchronize(self._s(stream)), "cuStreamSynchronize")
+
+    def event_create(self, timing: bool = False):
+        flags = D.CUevent_flags.CU_EVENT_DEFAULT if timing else D.CUevent_flags.CU_EVENT_DISABLE_TIMING
+        return self._own("event", _check(D.cuEventCreate(flags.value), "cuEventCreate"))
+
+    def event_destroy(self, event) -> None:
+        _check(D.cuEventDestroy(self._disown("event", event)), "cuEventDestroy")
+
+    def event_record(self, event, stream) -> None:
+        _check(D.cuEventRecord(event, self._s(stream)), "cuEventRecord")
+
+    def stream_wait_event(self, stream, event) -> None:
+        _check(D.cuStreamWaitEvent(self._s(stream), event, 0), "cuStreamWaitEvent")
+
+    def event_elapsed_ms(self, start, end) -> float:
+        """Milliseconds between two recorded timing events (waits for `end`)."""
+        _check(D.cuEventSynchronize(end), "cuEventSynchronize")
+        return float(_check(D.cuEventElapsedTime(start, end), "cuEventElapsedTime"))
+
+    def synchronize(self) -> None:
+        _check(D.cuCtxSynchronize(), "cuCtxSynchronize")
+
+    # capture and graphs
+    def begin_capture(self, stream) -> None:
+        mode = D.CUstreamCaptureMode.CU_STREAM_CAPTURE_MODE_RELAXED
+        _check(D.cuStreamBeginCapture(self._s(stream), mode), "cuStreamBeginCapture")
+
+    def end_capture(self, stream):
+        return self._own("graph", _check(D.cuStreamEndCapture(self._s(stream)), "cuStreamEndCapture"))
+
+    def is_capturing(self, stream) -> bool:
+        status = _check(D.cuStreamIsCapturing(self._s(stream)), "cuStreamIsCapturing")
+        return status != D.CUstreamCaptureStatus.CU_STREAM_CAPTURE_STATUS_NONE   # invalidated counts: end it
+
+    def graph_destroy(self, graph) -> None:
+        _check(D.cuGraphDestroy(self._disown("graph", graph)), "cuGraphDestroy")
+
+    def graph_num_nodes(self, graph) -> int:
+        return int(_check(D.cuGraphGetNodes(graph, 0), "cuGraphGetNodes")[1])
+
+    def instantiate(self, graph):
+        return self._own("exec", _check(D.cuGraphInstantiate(graph, 0), "cuGraphInstantiate"))
+
+    def exec_update(self, exec_, graph) -> UpdateOutcome:
+        """cuGraphExecUpdate_v2 through ctypes, to read the refusal reason. The driver API keeps no sticky
+        "last error" (that is the runtime's cudaGetLastError, which llama.cpp clears), and a refused
+        update leaves `exec_` untouched, so there is nothing to undo here."""
+        info = _UpdateResultInfo()
+        rc = self._exec_update(int(exec_), int(graph), ctypes.byref(info))
+        if rc == 0:
+            return UpdateOutcome(True)
+        if rc != D.CUresult.CUDA_ERROR_GRAPH_EXEC_UPDATE_FAILURE:
+            raise _error(D.CUresult(rc), "cuGraphExecUpdate")
+        try:
+            result = UpdateResult(info.result)
+        except ValueError:   # a reason newer than this enum
+            result = UpdateResult.ERROR
+        node = self._describe_node(graph, info.errorNode) if info.errorNode else None
+        return UpdateOutcome(False, result, node)
+
+    def exec_destroy(self, exec_) -> None:
+        _check(D.cuGraphExecDestroy(self._disown("exec", exec_)), "cuGraphExecDestroy")
+
+    def graph_launch(self, exec_, stream) -> None:
+        _check(D.cuGraphLaunch(exec_, self._s(stream)), "cuGraphLaunch")
+
+    # kernels
+    def prepare(self, launch: Launch) -> Launch:
+        if launch.params.dtype != KPARAMS:
+            raise TypeError(f"{launch.kernel}: params must be an abi.KPARAMS record, not {launch.params.dtype}")
+        fn = self._function(launch.kernel)
+        if launch.shmem > _SHMEM_DEFAULT_MAX:
+            attr = D.CUfunction_attribute.CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES
+            _check(D.cuFuncSetAttribute(fn, attr, int(launch.shmem)), "cuFuncSetAttribute")
+        kp = np.array(launch.params, dtype=KPARAMS)   # private snapshot: later edits need a re-prepare
+        argv = np.array([kp.ctypes.data], dtype=np.uint64)
+        args = (fn, *map(int, launch.grid), *map(int, launch.block), int(launch.shmem))
+        launch.handle = _Prepared(args, kp, argv, argv.ctypes.data)
+        return launch
+
+    def launch(self, stream, launch: Launch) -> None:
+        h = launch.handle
+        (err,) = D.cuLaunchKernel(*h.args, self._s(stream), h.argv_addr, 0)
+        if err:
+            raise _error(err, f"cuLaunchKernel({launch.kernel})")
+
+    def _function(self, name: str):
+        fn = self._functions.get(name)
+        if fn is None:
+            stem = self.compiler.file_for(name)
+            mod = self._modules.get(stem)
+            if mod is None:
+                mod = self._modules[stem] = _check(D.cuModuleLoadData(self.compiler.cubin(stem)), "cuModuleLoadData")
+            fn = self._functions[name] = _check(D.cuModuleGetFunction(mod, name.encode()), "cuModuleGetFunction")
+        return fn
+
+    # memory
+    def mem_alloc(self, nbytes: int) -> int:
+        err, ptr = D.cuMemAlloc(max(int(nbytes), 1))
+        if err == D.CUresult.CUDA_ERROR_OUT_OF_MEMORY:
+            raise OutOfDeviceMemory(int(nbytes), "cuMemAlloc")
+        _check((err,), "cuMemAlloc")
+        self._owned["mem"][int(ptr)] = ptr
+        return int(ptr)
+
+    def mem_free(self, addr: int) -> None:
+        _check(D.cuMemFree(self._disown("mem", addr)), "cuMemFree")
+
+    def memcpy_htod(self, dst: int, src: np.ndarray, stream=None) -> None:
+        src = _contiguous(src)
+        if stream is None:
+            _check(D.cuMemcpyHtoD(dst, src.ctypes.data, src.nbytes), "cuMemcpyHtoD")
+        else:
+            _check(D.cuMemcpyHtoDAsync(dst, src.ctypes.data, src.nbytes, stream), "cuMemcpyHtoDAsync")
+
+    def memcpy_dtoh(self, dst: np.ndarray, src: int, stream=None) -> None:
+        dst = _contiguous(dst)
+        if stream is None:
+            _check(D.cuMemcpyDtoH(dst.ctypes.data, src, dst.nbytes), "cuMemcpyDtoH")
+        else:
+            _check(D.cuMemcpyDtoHAsync(dst.ctypes.data, src, dst.nbytes, stream), "cuMemcpyDtoHAsync")
+
+    def memcpy_dtod(self, dst: int, src: int, nbytes: int, stream=None) -> None:
+        if stream is None:
+            _check(D.cuMemcpyDtoD(dst, src, nbytes), "cuMemcpyDtoD")
+        else:
+            _check(D.cuMemcpyDtoDAsync(dst, src, nbytes, stream), "cuMemcpyDtoDAsync")
+
+    def close(self) -> None:
+        """Wait for the device, then release everything this driver created, and the primary context."""
+        if self._closed:
+            return
+        self._closed = True
+        D.cuCtxSynchronize()   # errors ignored from here on: release as much as possible
+        for kind, destroy in (("exec", D.cuGraphExecDestroy), ("graph", D.cuGraphDestroy),
+                              ("event", D.cuEventDestroy), ("stream", D.cuStreamDestroy), ("mem", D.cuMemFree)):
+            for h in self._owned[kind].values():
+                destroy(h)
+            self._owned[kind].clear()
+        for mod in self._modules.values():
+            D.cuModuleUnload(mod)
+        self._modules.clear()
+        self._functions.clear()
+        D.cuDevicePrimaryCtxRelease(self._dev)
+
+    def __enter__(self) -> "CudaDriver":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    # helpers
+    def _s(self, stream):
+        return self._null_stream if stream is None else stream
+
+    def _own(self, kind: str, handle):
+        self._owned[kind][int(handle)] = handle
+        return handle
+
+    def _disown(self, kind: str, handle):
+        return self._owned[kind].pop(int(handle), handle)
+
+    def _describe_node(self, graph, addr: int) -> str:
+        """'node 3 of 12: kernel rms_norm_f32' for the node the driver blamed (a node of `graph`)."""
+        node = D.CUgraphNode(addr)
+        try:
+            _, nodes, n = D.cuGraphGetNodes(graph, self.graph_num_nodes(graph))
+            index = next((i for i, x in enumerate(nodes[:n]) if int(x) == addr), None)
+            kind = _check(D.cuGraphNodeGetType(node), "cuGraphNodeGetType")
+            text = kind.name.removeprefix("CU_GRAPH_NODE_TYPE_").lower()
+            if kind == D.CUgraphNodeType.CU_GRAPH_NODE_TYPE_KERNEL:
+                fn = _check(D.cuGraphKernelNodeGetParams(node), "cuGraphKernelNodeGetParams").func
+                text += " " + _check(D.cuFuncGetName(fn), "cuFuncGetName").decode()
+            return f"node {index} of {n}: {text}" if index is not None else text
+        except CudaError as exc:   # a description is a courtesy; never let it mask the refusal
+            return f"node {addr:#x} ({exc.name})"
+
+
+def _device_info(dev) -> DeviceInfo:
+    name = _check(D.cuDeviceGetName(256, dev), "cuDeviceGetName").split(b"\0", 1)[0].decode()
+    attr = D.CUdevice_attribute
+    major = _check(D.cuDeviceGetAttribute(attr.CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR, dev), "cuDeviceGetAttribute")
+    minor = _check(D.cuDeviceGetAttribute(attr.CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR, dev), "cuDeviceGetAttribute")
+    total = _check(D.cuDeviceTotalMem(dev), "cuDeviceTotalMem")
+    return DeviceInfo(name, (int(major), int(minor)), int(total), simulated=False)
+
+
+def _contiguous(a: np.ndarray) -> np.ndarray:
+    """Host buffers are copied as raw bytes: they must be C-contiguous (a hidden copy could die before an
+    asynchronous copy reads it)."""
+    if not a.flags.c_contiguous:
+        raise ValueError("host buffer must be C-contiguous")
+    return a

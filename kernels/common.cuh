@@ -1,0 +1,149 @@
+// common.cuh: the kernel ABI (graphdiag/backends/abi.py, byte for byte) and element access helpers.
+//
+// Every kernel is `extern "C" __global__ void NAME(const kparams p)`: one 576-byte record passed by value,
+// packed once on the host and reused on every launch. Descriptors carry ggml's ne (elements) and nb
+// (bytes), innermost first, so every kernel reads and writes through strides and views work everywhere.
+// Compiled by NVRTC without the CUDA toolkit headers: no <cuda_fp16.h>, half conversions use PTX cvt.
+#pragma once
+
+#define GGML_F32 0
+#define GGML_F16 1
+#define GGML_Q8_0 8
+#define GGML_I32 26
+#define QK8_0 32
+
+typedef unsigned long long u64;
+typedef long long i64;
+
+struct tdesc {          // abi.TDESC, 80 bytes
+    u64 data;           // device address of element (0, 0, 0, 0)
+    int type;           // ggml type (GGML_*)
+    int pad;
+    i64 ne[4];          // elements per dim
+    i64 nb[4];          // bytes per step in each dim (for Q8_0, nb[0] is the 34-byte block size)
+};
+
+struct kparams {        // abi.KPARAMS, 576 bytes
+    tdesc t[6];         // t[0] = dst, t[1..] = sources (see graphdiag/backends/kernels.py)
+    int ip[16];
+    float fp[8];
+};
+
+static_assert(sizeof(tdesc) == 80, "tdesc must match abi.TDESC");
+static_assert(sizeof(kparams) == 576, "kparams must match abi.KPARAMS");
+
+#define F32_NEG_INF __int_as_float(0xff800000)
+
+// IEEE half <-> float with round-to-nearest-even (numpy's astype(float16) rounds the same way).
+__device__ __forceinline__ float h2f(unsigned short h) {
+    float f;
+    asm("{ .reg .b16 t; mov.b16 t, %1; cvt.f32.f16 %0, t; }" : "=f"(f) : "h"(h));
+    return f;
+}
+__device__ __forceinline__ unsigned short f2h(float f) {
+    unsigned short h;
+    asm("{ .reg .b16 t; cvt.rn.f16.f32 t, %1; mov.b16 %0, t; }" : "=h"(h) : "f"(f));
+    return h;
+}
+
+// Byte address of element (i0, i1, i2, i3) of a plain (non-block) tensor.
+__device__ __forceinline__ char *addr4(const tdesc &d, i64 i0, i64 i1, i64 i2, i64 i3) {
+    return (char *)d.data + i0 * d.nb[0] + i1 * d.nb[1] + i2 * d.nb[2] + i3 * d.nb[3];
+}
+
+// Byte address of the start of row (i1, i2, i3).
+__device__ __forceinline__ const char *row_ptr(const tdesc &d, i64 i1, i64 i2, i64 i3) {
+    return (const char *)d.data + i1 * d.nb[1] + i2 * d.nb[2] + i3 * d.nb[3];
+}
+
+// Element k of a row, for a type known at compile time; nb0 = bytes per element (per block for Q8_0).
+template <int T> __device__ __forceinline__ float row_elem(const char *row, i64 k, i64 nb0);
+template <> __device__ __forceinline__ float row_elem<GGML_F32>(const char *row, i64 k, i64 nb0) {
+    return *(const float *)(row + k * nb0);
+}
+template <> __device__ __forceinline__ float row_elem<GGML_F16>(const char *row, i64 k, i64 nb0) {
+    return h2f(*(const unsigned short *)(row + k * nb0));
+}
+template <> __device__ __forceinline__ float row_elem<GGML_Q8_0>(const char *row, i64 k, i64 nb0) {
+    const char *blk = row + (k / QK8_0) * nb0;   // block_q8_0: f16 scale, then 32 int8 quants
+    return h2f(*(const unsigned short *)blk) * (float)(signed char)blk[2 + k % QK8_0];
+}
+
+// Element (i0, i1, i2, i3) as float for any supported type (runtime dispatch; generic, slower paths).
+__device__ __forceinline__ float load_f(const tdesc &d, i64 i0, i64 i1, i64 i2, i64 i3) {
+    const char *row = row_ptr(d, i1, i2, i3);
+    switch (d.type) {
+    case GGML_F16: return row_elem<GGML_F16>(row, i0, d.nb[0]);
+    case GGML_Q8_0: return row_elem<GGML_Q8_0>(row, i0, d.nb[0]);
+    case GGML_I32: return (float)*(const int *)(row + i0 * d.nb[0]);
+    default: return row_elem<GGML_F32>(row, i0, d.nb[0]);
+    }
+}
+
+__device__ __forceinline__ int load_i32(const tdesc &d, i64 i0, i64 i1, i64 i2, i64 i3) {
+    return *(const int *)addr4(d, i0, i1, i2, i3);
+}
+
+// Store a float into an F32 or F16 element.
+__device__ __forceinline__ void store_f(const tdesc &d, i64 i0, i64 i1, i64 i2, i64 i3, float v) {
+    char *a = addr4(d, i0, i1, i2, i3);
+    if (d.type == GGML_F16) *(unsigned short *)a = f2h(v);
+    else *(float *)a = v;
+}
+
+__device__ __forceinline__ i64 nelements(const tdesc &d) { return d.ne[0] * d.ne[1] * d.ne[2] * d.ne[3]; }
+
+// Flat index -> (i0, i1, i2, i3) for the shape ne (innermost first).
+__device__ __forceinline__ void unravel(i64 i, const i64 *ne, i64 &i0, i64 &i1, i64 &i2, i64 &i3) {
+    i0 = i % ne[0]; i /= ne[0];
+    i1 = i % ne[1]; i /= ne[1];
+    i2 = i % ne[2]; i3 = i / ne[2];
+}
+
+// Reductions. Block reductions use a 32-float shared array and assume blockDim.x is a multiple of 32.
+__device__ __forceinline__ float warp_sum(float v) {
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+    return v;
+}
+__device__ __forceinline__ float warp_max(float v) {
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, o));
+    return v;
+}
+__device__ __forceinline__ float block_sum(float v, float *red) {
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nw = blockDim.x >> 5;
+    v = warp_sum(v);
+    __syncthreads();                       // `red` may still be read by a previous reduction
+    if (lane == 0) red[warp] = v;
+    __syncthreads();
+    v = lane < nw ? red[lane] : 0.0f;
+    return warp_sum(v);
+}
+__device__ __forceinline__ float block_max(float v, float *red) {
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nw = blockDim.x >> 5;
+    v = warp_max(v);
+    __syncthreads();
+    if (lane == 0) red[warp] = v;
+    __syncthreads();
+    v = lane < nw ? red[lane] : F32_NEG_INF;
+    return warp_max(v);
+}
+
+__device__ __forceinline__ float silu(float x) { return x / (1.0f + expf(-x)); }
+
+// ggml's GLU variants: 0 = REGLU, 1 = GEGLU (tanh approximation), 2 = SWIGLU.
+__device__ __forceinline__ float glu(int op, float g, float u) {
+    if (op == 0) return fmaxf(g, 0.0f) * u;
+    if (op == 1) {
+        const float c = 0.7978845608028654f;  // sqrt(2/pi)
+        return 0.5f * g * (1.0f + tanhf(c * (g + 0.044715f * g * g * g))) * u;
+    }
+    return silu(g) * u;
+}
+
+// Every kernel: `extern "C" __global__ void NAME(const kparams p)`. __grid_constant__ keeps the record in
+// the parameter bank when helpers take references into it (no 576-byte local copy); the ABI is unchanged.
+#define KERNEL(name) extern "C" __global__ void name(const __grid_constant__ kparams p)
+#define KERNEL_LB(name, threads) \
+    extern "C" __global__ void __launch_bounds__(threads) name(const __grid_constant__ kparams p)

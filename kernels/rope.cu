@@ -1,0 +1,60 @@
+// RoPE, and RoPE fused with the K-cache write. One thread per rotated pair: grid-stride over
+// (ne0/2) * ne1 * ne2 * ne3 pairs, 256 threads per block.
+// ip[0] = n_dims, ip[1] = mode (0 normal: pairs (2i, 2i+1); 2 NEOX: pairs (i, i + n_dims/2)),
+// fp[0] = freq_base, fp[1] = freq_scale; the position of token i2 is pos[i2].
+#include "common.cuh"
+
+#define ROPE_NEOX 2
+
+// Element indices (a, b) of pair j, and whether it rotates (pairs past n_dims are copied unchanged).
+__device__ __forceinline__ bool rope_pair(i64 j, int n_dims, int mode, i64 &a, i64 &b) {
+    const i64 half = n_dims / 2;
+    if (mode == ROPE_NEOX) {
+        if (j < half) { a = j; b = j + half; return true; }
+        a = n_dims + 2 * (j - half); b = a + 1;
+        return false;
+    }
+    a = 2 * j; b = a + 1;
+    return a < n_dims;
+}
+
+// theta = pos * freq_scale * freq_base^(-2j / n_dims)
+__device__ __forceinline__ void rope_rotate(const kparams &p, i64 j, int pos, float &x0, float &x1) {
+    const float theta = (float)pos * p.fp[1] * powf(p.fp[0], -2.0f * (float)j / (float)p.ip[0]);
+    float s, c;
+    sincosf(theta, &s, &c);   // full-range accurate (not __sincosf): positions reach thousands of radians
+    const float y0 = x0 * c - x1 * s, y1 = x0 * s + x1 * c;
+    x0 = y0; x1 = y1;
+}
+
+KERNEL_LB(rope_f32, 256) {
+    const tdesc &D = p.t[0], &X = p.t[1], &P = p.t[2];
+    const i64 npair = X.ne[0] / 2, n = npair * X.ne[1] * X.ne[2] * X.ne[3];
+    for (i64 i = (i64)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += (i64)gridDim.x * blockDim.x) {
+        const i64 j = i % npair, r = i / npair;
+        const i64 i1 = r % X.ne[1], i2 = (r / X.ne[1]) % X.ne[2], i3 = r / (X.ne[1] * X.ne[2]);
+        i64 a, b;
+        const bool rot = rope_pair(j, p.ip[0], p.ip[1], a, b);
+        float x0 = load_f(X, a, i1, i2, i3), x1 = load_f(X, b, i1, i2, i3);
+        if (rot) rope_rotate(p, j, load_i32(P, i2, 0, 0, 0), x0, x1);
+        store_f(D, a, i1, i2, i3, x0);
+        store_f(D, b, i1, i2, i3, x1);
+    }
+}
+
+// dst[idx[t], h * D + d] = f16(rope(x)[d, h, t]): the K cache row of token t, heads flattened.
+KERNEL_LB(rope_set_rows_f16, 256) {
+    const tdesc &C = p.t[0], &X = p.t[1], &P = p.t[2], &I = p.t[3];
+    const i64 hd = X.ne[0], npair = hd / 2, n = npair * X.ne[1] * X.ne[2];
+    for (i64 i = (i64)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += (i64)gridDim.x * blockDim.x) {
+        const i64 j = i % npair, r = i / npair;
+        const i64 h = r % X.ne[1], t = r / X.ne[1];
+        i64 a, b;
+        const bool rot = rope_pair(j, p.ip[0], p.ip[1], a, b);
+        float x0 = load_f(X, a, h, t, 0), x1 = load_f(X, b, h, t, 0);
+        if (rot) rope_rotate(p, j, load_i32(P, t, 0, 0, 0), x0, x1);
+        const i64 row = load_i32(I, t, 0, 0, 0);
+        store_f(C, h * hd + a, row, 0, 0, x0);
+        store_f(C, h * hd + b, row, 0, 0, x1);
+    }
+}

@@ -1,0 +1,204 @@
+"""The cases every catalogue kernel is tested on: shapes of the decode workload (scaled down), broadcasts,
+views and strided layouts, fast paths and the generic strided paths of the mat-vec kernels."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from graphdiag.backends.kernels import KERNELS, W_TYPES
+from graphdiag.ir.dtypes import GGMLType as G
+from kernel_cases import F16_OUT, F32_DOT, F32_ELEM, Case
+
+WT = {"f32": G.F32, "f16": G.F16, "q8_0": G.Q8_0}
+
+
+def _weights(c: Case, w: str, k: int, m: int, e: int = 1, layout: str = "contig"):
+    """W (K, M[, E]). layout: contig | offset (rows start 2 bytes off 16-byte alignment: generic path)
+    | transposed (F32/F16: element stride = a row of the stored (M, K) matrix)."""
+    t = WT[w]
+    if layout == "contig":
+        return c.randn(t, k, m, e)
+    if layout == "transposed":
+        base = c.randn(t, m, k)                       # stored (M, K): ne0 = M
+        es = base.nb[0]
+        return c.view(base, (k, m), (base.nb[1], es))
+    base = c.randn(t, k + 32, m)   # padded rows; the view starts one element (Q8_0: one block) in, so F16/F32
+    off = {G.F32: 4, G.F16: 2, G.Q8_0: 34}[t]   # rows lose 16-byte alignment (generic path)
+    return c.view(base, (k, m), base.nb[:2], off=off)
+
+
+def mat_vec_cases() -> list[Case]:
+    out = []
+    for w in W_TYPES:
+        for k, m, n, layout in ((2048, 512, 1, "contig"), (1024, 300, 3, "contig"), (512, 130, 8, "contig"),
+                                (256, 64, 4, "contig"), (512, 96, 2, "offset"), (256, 70, 1, "transposed")):
+            if layout == "transposed" and w == "q8_0":
+                continue
+            c = Case(f"mul_mat_vec_{w}", f"K{k}-M{m}-N{n}-{layout}", F32_DOT)
+            W = _weights(c, w, k, m, layout=layout)
+            if layout == "offset":   # x rows padded by 3 floats: not 16-byte aligned -> generic x path
+                xb = c.randn(G.F32, k + 3, n)
+                x = c.view(xb, (k, n), xb.nb[:2])
+            else:
+                x = c.randn(G.F32, k, n)
+            out.append(c.set(c.output(G.F32, m, n), W, x))
+        c = Case(f"mul_mat_vec_{w}", "batch-broadcast", F32_DOT)   # W (K, M, 1) over x (K, N, 2)
+        out.append(c.set(c.output(G.F32, 100, 2, 2), c.randn(WT[w], 256, 100), c.randn(G.F32, 256, 2, 2)))
+    return out
+
+
+def mat_mat_cases() -> list[Case]:
+    out = []
+    for w in W_TYPES:
+        for k, m, n, b, wb in ((160, 50, 37, 1, 1), (256, 64, 16, 2, 1), (96, 33, 20, 2, 2)):
+            c = Case(f"mul_mat_{w}", f"K{k}-M{m}-N{n}-B{b}-W{wb}", F32_DOT)
+            out.append(c.set(c.output(G.F32, m, n, b), c.randn(WT[w], k, m, wb), c.randn(G.F32, k, n, b)))
+    return out
+
+
+def glu_cases() -> list[Case]:
+    out = []
+    for w in W_TYPES:
+        for k, m, n in ((1024, 300, 1), (512, 77, 5)):
+            c = Case(f"mul_mat_vec_glu_{w}", f"K{k}-M{m}-N{n}", F32_DOT)
+            out.append(c.set(c.output(G.F32, m, n), c.randn(WT[w], k, m), c.randn(WT[w], k, m),
+                             c.randn(G.F32, k, n), ip=(2,)))
+    return out
+
+
+def moe_cases() -> list[Case]:
+    out = []
+    for w in W_TYPES:
+        e, k, m, n_used, t = 4, 256, 100, 2, 3
+        for n_b in (1, n_used):
+            c = Case(f"mul_mat_id_vec_{w}", f"E{e}-nb{n_b}", F32_DOT)
+            ids = c.ints(c.rng.permutation(e * t)[: n_used * t] % e, (n_used, t))
+            out.append(c.set(c.output(G.F32, m, n_used, t), c.randn(WT[w], k, m, e),
+                             c.randn(G.F32, k, n_b, t), ids))
+        c = Case(f"mul_mat_id_gathered_{w}", "rows-1..4", F32_DOT)
+        pairs = c.ints([[0, 0], [1, 0], [0, 1], [1, 2], [0, 2], [1, 1]], (2, 6))   # (slot, token) pairs
+        # The catalogue puts the row map in t[3]; sim_kernels (at the time of writing) reads t[4]: give both.
+        out.append(c.set(c.output(G.F32, m, n_used, t), c.randn(WT[w], k, m, e), c.randn(G.F32, k, n_used, t),
+                         pairs, pairs, ip=(2, 3, 1)))
+    return out
+
+
+def get_rows_cases() -> list[Case]:
+    out = []
+    for w in W_TYPES:
+        c = Case(f"get_rows_{w}", "2d-ids", F32_ELEM)
+        out.append(c.set(c.output(G.F32, 96, 3, 2), c.randn(WT[w], 96, 20), c.ints([[3, 0, 19], [7, 7, 1]])))
+        c = Case(f"get_rows_{w}", "wide-row", F32_ELEM)
+        out.append(c.set(c.output(G.F32, 2048, 1), c.randn(WT[w], 2048, 5), c.ints([4])))
+    return out
+
+
+def norm_cases() -> list[Case]:
+    out = []
+    c = Case("rms_norm_f32", "rows", 4 * F32_ELEM)
+    out.append(c.set(c.output(G.F32, 1000, 3, 2), c.randn(G.F32, 1000, 3, 2), fp=(1e-5,)))
+    c = Case("rms_norm_f32", "strided-view", 4 * F32_ELEM)
+    xb = c.randn(G.F32, 64, 6)
+    out.append(c.set(c.output(G.F32, 40, 3), c.view(xb, (40, 3), (4, 2 * xb.nb[1]), off=8), fp=(1e-6,)))
+    c = Case("rms_norm_mul_f32", "w-broadcast", 4 * F32_ELEM)
+    out.append(c.set(c.output(G.F32, 2048, 2), c.randn(G.F32, 2048, 2), c.randn(G.F32, 2048), fp=(1e-5,)))
+    c = Case("soft_max_f32", "scaled", 4 * F32_ELEM)
+    out.append(c.set(c.output(G.F32, 300, 4), c.randn(G.F32, 300, 4), fp=(0.7,)))
+    c = Case("soft_max_f32", "masked", 4 * F32_ELEM)
+    x = c.rng.standard_normal((3, 50)).astype(np.float32)
+    x[0, 10:] = -np.inf
+    x[2, :] = -np.inf   # fully masked: zeros
+    out.append(c.set(c.output(G.F32, 50, 3), c.put(G.F32, x), fp=(1.0,)))
+    return out
+
+
+def elementwise_cases() -> list[Case]:
+    out = []
+    for name in ("add_f32", "mul_f32"):
+        c = Case(name, "broadcast", F32_ELEM)
+        out.append(c.set(c.output(G.F32, 37, 5, 3), c.randn(G.F32, 37, 5, 3), c.randn(G.F32, 37, 1, 3)))
+        c = Case(name, "permuted-view", F32_ELEM)   # a = the transpose of a stored (5, 37) matrix
+        ab = c.randn(G.F32, 5, 37)
+        a = c.view(ab, (37, 5), (ab.nb[1], 4))
+        out.append(c.set(c.output(G.F32, 37, 5), a, c.randn(G.F32, 37, 1)))
+        c = Case(name, "strided-dst", F32_ELEM)     # dst rows 8 floats apart, gaps stay poisoned
+        d = c.output(G.F32, 8, 4)
+        out.append(c.set(c.view(d, (6, 4), (4, 32)), c.randn(G.F32, 6, 4), c.randn(G.F32, 6, 4)))
+    c = Case("glu_swiglu_f32", "rows", F32_ELEM)
+    out.append(c.set(c.output(G.F32, 100, 3), c.randn(G.F32, 100, 3, scale=4), c.randn(G.F32, 100, 3)))
+    for name, t, bound in (("cpy_f32_f32", G.F32, 0.0), ("cpy_f32_f16", G.F16, 0.0)):
+        c = Case(name, "transposed-src", bound)
+        sb = c.randn(G.F32, 24, 10)
+        out.append(c.set(c.output(t, 10, 24), c.view(sb, (10, 24), (sb.nb[1], 4))))
+        c = Case(name, "into-view", bound)
+        d = c.output(t, 16, 6)
+        out.append(c.set(c.view(d, (12, 3, 2), (d.nb[0], d.nb[1], 3 * d.nb[1]), off=2 * d.nb[0]),
+                         c.randn(G.F32, 12, 3, 2)))
+    return out
+
+
+def rope_cases() -> list[Case]:
+    out = []
+    for n_dims, fs in ((64, 1.0), (32, 0.5)):
+        c = Case("rope_f32", f"ndims{n_dims}-fs{fs}", 4 * F32_ELEM)
+        pos = c.ints(c.rng.integers(0, 100, 5))
+        out.append(c.set(c.output(G.F32, 64, 4, 5), c.randn(G.F32, 64, 4, 5), pos,
+                         ip=(n_dims, 0), fp=(10000.0, fs)))
+    c = Case("rope_f32", "qkv-view", 4 * F32_ELEM)   # q heads viewed out of a fused (D*(H+2Hkv), T) buffer
+    qkv = c.randn(G.F32, 32 * 8, 3)
+    x = c.view(qkv, (32, 4, 3), (4, 32 * 4, qkv.nb[1]), off=32 * 4 * 2)
+    out.append(c.set(c.output(G.F32, 32, 4, 3), x, c.ints([7, 8, 9]), ip=(32, 0), fp=(500000.0, 1.0)))
+    c = Case("rope_set_rows_f16", "cache", F16_OUT)
+    out.append(c.set(c.output(G.F16, 64, 10), c.randn(G.F32, 32, 2, 3), c.ints([5, 6, 7]), c.ints([2, 9, 4]),
+                     ip=(32, 0), fp=(10000.0, 1.0)))
+    return out
+
+
+def set_rows_cases() -> list[Case]:
+    out = []
+    for name, t in (("set_rows_f16", G.F16), ("set_rows_f32", G.F32)):
+        c = Case(name, "rows", 0.0)
+        out.append(c.set(c.output(t, 64, 16), c.randn(G.F32, 64, 5), c.ints([3, 0, 15, 8, 9])))
+        c = Case(name, "heads-flattened", 0.0)   # src (D, Hkv, T) into rows of D * Hkv
+        out.append(c.set(c.output(t, 64, 8), c.randn(G.F32, 16, 4, 3), c.ints([1, 6, 2])))
+    return out
+
+
+def flash_attn_cases() -> list[Case]:
+    out = []
+    for d, h, hkv, t, n_kv, masked in ((64, 8, 2, 3, 40, True), (128, 4, 4, 1, 300, False), (64, 2, 1, 2, 7, True)):
+        c = Case("flash_attn_ext_f16", f"D{d}-H{h}-Hkv{hkv}-T{t}-kv{n_kv}", 4 * F32_ELEM)
+        n_cache = n_kv + 5
+        kc = c.randn(G.F16, d * hkv, n_cache)     # caches as the model stores them: one row per position
+        vc = c.randn(G.F16, d * hkv, n_cache)
+        kview = c.view(kc, (d, hkv, n_kv), (2, 2 * d, kc.nb[1]))
+        vview = c.view(vc, (d, hkv, n_kv), (2, 2 * d, vc.nb[1]))
+        mask = None
+        if masked:
+            t_pad = -(-t // 8) * 8
+            m = c.rng.standard_normal((t_pad, n_kv)).astype(np.float32) * 0.5
+            for i in range(t):   # causal over the last t positions
+                m[i, n_kv - t + i + 1:] = -np.inf
+            mask = c.put(G.F32, m)
+        scratch = c.output(G.F32, n_kv, h, t)
+        out.append(c.set(c.output(G.F32, d, h, t), c.randn(G.F32, d, h, t), kview, vview, mask, scratch,
+                         fp=(1.0 / np.sqrt(d),)))
+    return out
+
+
+def top_k_cases() -> list[Case]:
+    out = []
+    c = Case("top_k_f32", "experts", 0.0)
+    out.append(c.set(c.output(G.I32, 4, 5), c.randn(G.F32, 64, 5), ip=(4,)))
+    c = Case("top_k_f32", "ties", 0.0)
+    x = np.round(c.rng.standard_normal((3, 32)), 0).astype(np.float32)   # many equal values
+    out.append(c.set(c.output(G.I32, 8, 3), c.put(G.F32, x), ip=(8,)))
+    return out
+
+
+def all_cases() -> list[Case]:
+    cases = (mat_vec_cases() + mat_mat_cases() + glu_cases() + moe_cases() + get_rows_cases() + norm_cases()
+             + elementwise_cases() + rope_cases() + set_rows_cases() + flash_attn_cases() + top_k_cases())
+    missing = set(KERNELS) - {c.kernel for c in cases}
+    assert not missing, f"kernels without a test case: {sorted(missing)}"
+    return cases

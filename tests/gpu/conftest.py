@@ -1,0 +1,40 @@
+"""GPU fixtures: one CudaDriver for the session, skipped (never failed) where there is no usable GPU."""
+
+from __future__ import annotations
+
+import json
+import os
+
+import pytest
+
+from graphdiag.errors import NoDeviceError
+
+
+@pytest.fixture(scope="session")
+def driver():
+    from graphdiag.backends.drivers.cuda import CudaDriver
+    try:
+        drv = CudaDriver.open()
+    except NoDeviceError as exc:
+        pytest.skip(f"no GPU: {exc}")
+    yield drv
+    drv.close()
+
+
+@pytest.fixture
+def stream(driver):
+    s = driver.stream_create()
+    yield s
+    driver.stream_destroy(s)
+
+
+@pytest.fixture(scope="session")
+def error_log():
+    """Measured kernel errors {case: error}; written to $GRAPHDIAG_KERNEL_ERRORS (JSON) at the end, to set
+    the bounds from measurements."""
+    errors: dict[str, float] = {}
+    yield errors
+    path = os.environ.get("GRAPHDIAG_KERNEL_ERRORS")
+    if path and errors:
+        with open(path, "w") as f:
+            json.dump(errors, f, indent=1, sort_keys=True)

@@ -1,0 +1,180 @@
+"""Kernel test cases: inputs, views, poisoned outputs and a comparison, runnable on any "device".
+
+A `Case` owns host byte buffers (inputs filled from a seeded generator, the destination poisoned with 0xFF:
+NaN for F32/F16, -1 for I32) and descriptors into them (offset, type, ne, nb: views and strided layouts
+included). `Case.run(dev)` places the buffers on a device, launches the kernel once with the geometry of
+graphdiag.backends.geometry and returns the destination buffer's bytes. Devices: `SimDevice` (simulated
+memory + graphdiag.backends.sim_kernels, the reference) and the GPU device in test_kernels.py.
+
+`compare()` checks the destination view numerically (NaN positions equal, bound relative to the largest
+reference magnitude) and every byte outside the view exactly: a kernel must not write past its view.
+"""
+
+from __future__ import annotations
+
+import zlib
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from graphdiag.backends.abi import new_params, set_desc
+from graphdiag.backends.geometry import launch_geometry
+from graphdiag.backends.sim_kernels import run_kernel
+from graphdiag.ir.build import contiguous_nb
+from graphdiag.ir.dtypes import GGMLType as G
+from graphdiag.ir.dtypes import NUMPY, Q8_0_BLOCK
+from graphdiag.memory import AddressSpace, quantize_q8_0
+
+F32_DOT = 2e-6     # bounds as a fraction of max |reference|; measured on the H200 (see the report)
+F32_ELEM = 1e-6
+F16_OUT = 1e-3     # one F16 ulp (2^-10) of the largest value
+
+
+@dataclass(frozen=True)
+class Desc:
+    buf: int
+    off: int
+    type: int
+    ne: tuple[int, int, int, int]
+    nb: tuple[int, int, int, int]
+
+
+@dataclass
+class Case:
+    kernel: str
+    id: str
+    bound: float = F32_ELEM
+    bufs: list[np.ndarray] = field(default_factory=list)
+    slots: list[Desc | None] = field(default_factory=list)
+    ip: tuple = ()
+    fp: tuple = ()
+
+    def __post_init__(self):
+        self.rng = np.random.default_rng(zlib.crc32(f"{self.kernel}/{self.id}".encode()))
+
+    # -- building -------------------------------------------------------------------------------------
+    def put(self, t: G, values: np.ndarray) -> Desc:
+        """A contiguous tensor from `values` shaped (ne3, ne2, ne1, ne0) (any leading dims may be omitted)."""
+        values = np.asarray(values)
+        shape = (1,) * (4 - values.ndim) + values.shape
+        ne = tuple(int(x) for x in shape[::-1])
+        if t == G.Q8_0:
+            data = quantize_q8_0(values.astype(np.float32)).tobytes()
+        else:
+            data = values.astype(NUMPY[t]).tobytes()
+        self.bufs.append(np.frombuffer(data, np.uint8).copy())
+        return Desc(len(self.bufs) - 1, 0, int(t), ne, contiguous_nb(t, ne))
+
+    def randn(self, t: G, *ne, scale: float = 1.0) -> Desc:
+        """Standard-normal values of shape ne (innermost first)."""
+        return self.put(t, scale * self.rng.standard_normal(ne[::-1]).astype(np.float32))
+
+    def ints(self, values, ne=None) -> Desc:
+        a = np.asarray(values, np.int32)
+        return self.put(G.I32, a if ne is None else a.reshape(ne[::-1]))
+
+    def output(self, t: G, *ne, nbytes: int | None = None) -> Desc:
+        """A poisoned (0xFF) contiguous destination; `nbytes` makes the buffer larger (for views)."""
+        ne4 = tuple(ne) + (1,) * (4 - len(ne))
+        nb = contiguous_nb(t, ne4)
+        self.bufs.append(np.full(nbytes or nb[3] * ne4[3], 0xFF, np.uint8))
+        return Desc(len(self.bufs) - 1, 0, int(t), ne4, nb)
+
+    @staticmethod
+    def view(d: Desc, ne, nb, off: int = 0, t: int | None = None) -> Desc:
+        ne4 = tuple(ne) + (1,) * (4 - len(ne))
+        nb4 = tuple(nb) + (nb[-1] * ne4[len(nb) - 1],) * (4 - len(nb))
+        return Desc(d.buf, d.off + off, d.type if t is None else t, ne4, nb4)
+
+    def set(self, *slots: Desc | None, ip=(), fp=()) -> "Case":
+        self.slots, self.ip, self.fp = list(slots), tuple(ip), tuple(fp)
+        return self
+
+    # -- running --------------------------------------------------------------------------------------
+    def params(self, addrs: list[int]) -> np.ndarray:
+        p = new_params()
+        for i, d in enumerate(self.slots):
+            if d is not None:
+                set_desc(p, i, addrs[d.buf] + d.off, d.type, d.ne, d.nb)
+        p["ip"][: len(self.ip)] = self.ip
+        p["fp"][: len(self.fp)] = self.fp
+        return p
+
+    def run(self, dev) -> np.ndarray:
+        """Bytes of the destination's buffer after one launch on `dev`."""
+        addrs = [dev.alloc(len(b)) for b in self.bufs]
+        try:
+            for a, b in zip(addrs, self.bufs):
+                dev.write(a, b)
+            dev.run(self.kernel, self.params(addrs))
+            return dev.read(addrs[self.slots[0].buf], len(self.bufs[self.slots[0].buf]))
+        finally:
+            for a in addrs:
+                dev.free(a)
+
+
+class SimDevice:
+    """Simulated device memory running graphdiag.backends.sim_kernels (the reference)."""
+
+    def __init__(self):
+        self.space = AddressSpace(0x7F00_0000_0000, name="sim-ref")
+
+    def alloc(self, n):
+        return self.space.alloc(n)
+
+    def free(self, a):
+        self.space.free(a)
+
+    def write(self, a, b):
+        self.space.bytes(a, len(b))[...] = b
+
+    def read(self, a, n):
+        return self.space.bytes(a, n).copy()
+
+    def run(self, name, params):
+        launch_geometry(name, params)   # every case must have a valid geometry
+        run_kernel(self.space, name, params)
+
+
+def _elements(buf: np.ndarray, d: Desc) -> tuple[np.ndarray, np.ndarray]:
+    """(values of the view as float64 / int, byte mask of the bytes the view covers)."""
+    space = AddressSpace(0x1000)
+    base = space.alloc(len(buf))
+    space.bytes(base, len(buf))[...] = buf
+    vals = space.ndarray(base + d.off, d.type, d.ne, d.nb)
+    covered = np.zeros(len(buf), bool)
+    idx = np.full(vals.shape, d.off, np.int64)
+    for axis, (n, stride) in enumerate(zip(vals.shape, d.nb[::-1])):
+        idx += (np.arange(n) * stride).reshape([n if a == axis else 1 for a in range(4)])
+    covered[(idx.reshape(-1)[:, None] + np.arange(vals.dtype.itemsize)).reshape(-1)] = True
+    if d.type == G.I32:
+        return vals.astype(np.int64), covered
+    return vals.astype(np.float64), covered
+
+
+def compare(case: Case, ref: np.ndarray, got: np.ndarray, check_bound: bool = True) -> float:
+    """Asserts `got` matches `ref` (destination buffers); returns the error as a fraction of max |ref|
+    (checked against case.bound unless `check_bound` is False: then the caller records it first)."""
+    d = case.slots[0]
+    r, covered = _elements(ref, d)
+    g, _ = _elements(got, d)
+    outside = np.nonzero((ref != got) & ~covered)[0]
+    assert outside.size == 0, f"{case.kernel}[{case.id}]: {outside.size} bytes written outside the view " \
+                              f"(first at byte {outside[0]})"
+    if d.type == G.I32:
+        bad = np.argwhere(r != g)
+        assert bad.size == 0, f"{case.kernel}[{case.id}]: {len(bad)} indices differ, first at {bad[0]}: " \
+                              f"{g[tuple(bad[0])]} != {r[tuple(bad[0])]}"
+        return 0.0
+    nan_r, nan_g = np.isnan(r), np.isnan(g)
+    bad = np.argwhere(nan_r != nan_g)
+    assert bad.size == 0, f"{case.kernel}[{case.id}]: NaN/poison mismatch at {bad[0]} (ref {r[tuple(bad[0])]}, " \
+                          f"got {g[tuple(bad[0])]}): an element unwritten or wrongly written"
+    fin = ~nan_r
+    assert np.array_equal(np.isinf(r[fin]), np.isinf(g[fin])), f"{case.kernel}[{case.id}]: infinities differ"
+    rf, gf = np.nan_to_num(r[fin], posinf=0, neginf=0), np.nan_to_num(g[fin], posinf=0, neginf=0)
+    scale = max(float(np.abs(rf).max(initial=0.0)), 1e-30)
+    err = float(np.abs(gf - rf).max(initial=0.0)) / scale
+    assert not check_bound or err <= case.bound, f"{case.kernel}[{case.id}]: error {err:.3g} of max|ref| {scale:.3g} " \
+                              f"exceeds the bound {case.bound:.3g}"
+    return err

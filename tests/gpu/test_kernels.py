@@ -1,0 +1,52 @@
+"""Every catalogue kernel on the GPU against graphdiag.backends.sim_kernels, on seeded random inputs with
+poisoned outputs (cases.py): values within the case's bound, nothing written outside the destination view."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from cases import all_cases
+from kernel_cases import SimDevice, compare
+from graphdiag.backends.drivers.base import Launch
+from graphdiag.backends.geometry import launch_geometry
+
+pytestmark = pytest.mark.gpu
+
+CASES = all_cases()
+
+
+class GpuDevice:
+    """kernel_cases' device protocol on a CudaDriver: one launch per run, synchronised."""
+
+    def __init__(self, driver, stream):
+        self.drv, self.stream = driver, stream
+
+    def alloc(self, n):
+        return self.drv.mem_alloc(n)
+
+    def free(self, a):
+        self.drv.mem_free(a)
+
+    def write(self, a, b):
+        self.drv.memcpy_htod(a, b)
+
+    def read(self, a, n):
+        out = np.empty(n, np.uint8)
+        self.drv.memcpy_dtoh(out, a)
+        return out
+
+    def run(self, name, params):
+        grid, block, shmem = launch_geometry(name, params)
+        launch = self.drv.prepare(Launch(name, grid, block, params, shmem))
+        self.drv.launch(self.stream, launch)
+        self.drv.stream_synchronize(self.stream)
+
+
+@pytest.mark.parametrize("case", CASES, ids=[f"{c.kernel}[{c.id}]" for c in CASES])
+def test_kernel_matches_the_simulator(case, driver, stream, error_log):
+    ref = case.run(SimDevice())
+    got = case.run(GpuDevice(driver, stream))
+    err = compare(case, ref, got, check_bound=False)
+    error_log[f"{case.kernel}[{case.id}]"] = err
+    assert err <= case.bound, f"error {err:.3g} of max|ref| exceeds the bound {case.bound:.3g}"

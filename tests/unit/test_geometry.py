@@ -1,0 +1,53 @@
+"""Launch geometry from descriptors alone (graphdiag.backends.geometry)."""
+
+import pytest
+
+from graphdiag.backends.abi import new_params, set_desc
+from graphdiag.backends.geometry import MMV_WARPS, launch_geometry
+from graphdiag.backends.kernels import KERNELS
+
+
+def _p(*nes, ip=()):
+    p = new_params()
+    for i, ne in enumerate(nes):
+        set_desc(p, i, 0x1000 * (i + 1), 0, ne, (4, 4 * ne[0], 4 * ne[0] * ne[1], 4 * ne[0] * ne[1] * ne[2]))
+    p["ip"][: len(ip)] = ip
+    return p
+
+
+@pytest.mark.parametrize("name", sorted(KERNELS))
+def test_every_kernel_has_a_valid_geometry(name):
+    grid, block, shmem = launch_geometry(name, _p(*[(64, 4, 2, 1)] * 6, ip=(4, 2, 0)))
+    assert all(g >= 1 for g in grid) and 32 <= block[0] <= 1024 and block[0] % 32 == 0 and shmem >= 0
+
+
+def test_mat_vec_is_one_warp_per_row_and_one_block_row_per_batch():
+    grid, block, shmem = launch_geometry("mul_mat_vec_f16", _p((8192, 1, 3, 2), (2048, 8192, 1, 1)))
+    assert grid == (8192 // MMV_WARPS, 6, 1) and block == (32 * MMV_WARPS, 1, 1) and shmem == 0
+
+
+def test_tiled_mat_mul_and_moe_paths():
+    assert launch_geometry("mul_mat_q8_0", _p((100, 40, 2, 1)))[0] == (7, 3, 2)
+    assert launch_geometry("mul_mat_id_vec_f16", _p((300, 2, 5, 1)))[0] == (75, 2, 5)
+    assert launch_geometry("mul_mat_id_gathered_f32", _p((300, 2, 5, 1)), )[0][1] == 1   # 0 rows: idle grid
+    assert launch_geometry("mul_mat_id_gathered_f32", _p((300, 2, 5, 1), ip=(1, 9, 0)))[0][1] == 9
+
+
+def test_flash_attn_is_one_block_per_head_and_token_with_q_in_shmem():
+    grid, block, shmem = launch_geometry("flash_attn_ext_f16", _p((64, 8, 64, 1), (128, 32, 3, 1)))
+    assert grid == (32, 3, 1) and block == (128, 1, 1) and shmem == 128 * 4
+
+
+def test_row_kernels_scale_their_block_with_the_row():
+    assert launch_geometry("rms_norm_f32", _p((64, 5, 1, 1), (64, 5, 1, 1)))[1] == (32, 1, 1)
+    assert launch_geometry("rms_norm_f32", _p((2048, 5, 1, 1), (2048, 5, 1, 1)))[1] == (256, 1, 1)
+
+
+def test_grid_y_over_the_cuda_limit_is_refused():
+    with pytest.raises(ValueError, match="65535"):
+        launch_geometry("mul_mat_id_vec_f32", _p((64, 70000, 1, 1)))
+
+
+def test_unknown_kernel():
+    with pytest.raises(KeyError, match="nope"):
+        launch_geometry("nope", new_params())
