@@ -15,21 +15,25 @@ def line_of(text: str, table: str | None, key: str | None, index: int | None) ->
         m = pattern.search(text, start, end)
         if m:
             return text.count("\n", 0, m.start("k")) + 1
+        if table is None:                    # a top-level [key] table
+            m = re.compile(rf"^[ \t]*\[\[?[ \t]*{re.escape(key)}[ \t]*\]", re.M).search(text)
+            if m:
+                return text.count("\n", 0, m.start()) + 1
     return text.count("\n", 0, start) + 1
 
 
 def _table_span(text: str, table: str | None, index: int | None) -> tuple[int, int]:
     """Character range of a table's body: [name], the index-th [[name]], or the index-th {…} of name = [ … ]."""
     if table is None:
-        first = re.search(r"^\s*\[", text, re.M)
+        first = re.search(r"^[ \t]*\[", text, re.M)
         return 0, first.start() if first else len(text)
-    header = re.compile(rf"^\s*\[\[?\s*{re.escape(table)}\s*\]\]?", re.M)
+    header = re.compile(rf"^[ \t]*\[\[?[ \t]*{re.escape(table)}[ \t]*\]\]?", re.M)
     heads = list(header.finditer(text))
     if heads:
         h = heads[min(index or 0, len(heads) - 1)]
-        nxt = re.compile(r"^\s*\[", re.M).search(text, h.end())
+        nxt = re.compile(r"^[ \t]*\[", re.M).search(text, h.end())
         return h.start(), nxt.start() if nxt else len(text)
-    m = re.search(rf"^\s*{re.escape(table)}\s*=", text, re.M)
+    m = re.search(rf"^[ \t]*{re.escape(table)}[ \t]*=", text, re.M)
     if not m:
         return 0, len(text)
     if index is None:

@@ -158,7 +158,10 @@ class _Validator:
         try:
             resolve({}, scenario=run, environ={})
         except UsageError as e:
-            self.fail(f"invalid [run]: {e}", "run")
+            said = str(e)
+            key = next((k for k in run if k in said or k.replace("_", "-") in said or k.replace("_", " ") in said),
+                       None)
+            self.fail(f"invalid [run]: {e}", "run", key)
         return dict(run)
 
     def env(self, env: dict) -> dict[str, str]:

@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import sys
 from pathlib import Path
 
 import click
@@ -33,7 +34,7 @@ def _compare(control: Path, test: Path | None, steps: tuple[int, ...], as_json: 
     from ..report.diff_view import render_run_diff, render_step_diff
     from ..report.record import read_record
 
-    out = click.get_text_stream("stdout")
+    out = sys.stdout
     if test is None:
         if len(steps) != 2:
             raise UsageError("give a second record, or two steps of one record: --step I --step J")

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import sys
 from pathlib import Path
 
 import click
@@ -23,4 +24,4 @@ def report(record: Path, as_json: bool, verbose: int) -> None:
     if as_json:
         click.echo(summary.to_json())
     else:
-        render_report(header, events, summary, click.get_text_stream("stdout"), verbosity=verbose)
+        render_report(header, events, summary, sys.stdout, verbosity=verbose)

@@ -54,6 +54,8 @@ def signature(ev: E.Event, canon: Canon) -> tuple:
         v = d[name]
         if name == "uids":
             v = [canon.name("u", u) for u in v]
+        elif name == "old_uid":
+            v = canon.name("u", v) if v else "-"
         elif isinstance(v, str):
             is_address = isinstance(ev, E.PropertyDiff) and name in ("old", "new") and ev.field.endswith("data")
             v = canon.name("a", v) if is_address and not HEX.search(v) else canon.text(v)
