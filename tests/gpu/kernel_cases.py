@@ -22,7 +22,7 @@ from graphdiag.backends.geometry import launch_geometry
 from graphdiag.backends.sim_kernels import run_kernel
 from graphdiag.ir.build import contiguous_nb
 from graphdiag.ir.dtypes import GGMLType as G
-from graphdiag.ir.dtypes import NUMPY, Q8_0_BLOCK
+from graphdiag.ir.dtypes import NUMPY
 from graphdiag.memory import AddressSpace, quantize_q8_0
 
 F32_DOT = 2e-6     # bounds as a fraction of max |reference|; measured on the H200 (see the report)

@@ -215,7 +215,8 @@ class CudaDriver(Driver):
             stem = self.compiler.file_for(name)
             mod = self._modules.get(stem)
             if mod is None:
-                mod = self._modules[stem] = _check(D.cuModuleLoadData(self.compiler.cubin(stem)), "cuModuleLoadData")
+                image = np.frombuffer(self.compiler.cubin(stem), np.uint8).copy()   # alive for the call
+                mod = self._modules[stem] = _check(D.cuModuleLoadData(image.ctypes.data), "cuModuleLoadData")
             fn = self._functions[name] = _check(D.cuModuleGetFunction(mod, name.encode()), "cuModuleGetFunction")
         return fn
 
@@ -295,10 +296,11 @@ class CudaDriver(Driver):
             text = kind.name.removeprefix("CU_GRAPH_NODE_TYPE_").lower()
             if kind == D.CUgraphNodeType.CU_GRAPH_NODE_TYPE_KERNEL:
                 fn = _check(D.cuGraphKernelNodeGetParams(node), "cuGraphKernelNodeGetParams").func
-                text += " " + _check(D.cuFuncGetName(fn), "cuFuncGetName").decode()
+                fname = _check(D.cuFuncGetName(fn), "cuFuncGetName")
+                text += " " + (fname.decode() if isinstance(fname, bytes) else str(fname))
             return f"node {index} of {n}: {text}" if index is not None else text
-        except CudaError as exc:   # a description is a courtesy; never let it mask the refusal
-            return f"node {addr:#x} ({exc.name})"
+        except Exception as exc:   # a description is a courtesy; never let it mask the refusal
+            return f"node {addr:#x} (not described: {exc})"
 
 
 def _device_info(dev) -> DeviceInfo:
