@@ -7,7 +7,7 @@ import numpy as np
 
 from graphdiag.backends.kernels import KERNELS, W_TYPES
 from graphdiag.ir.dtypes import GGMLType as G
-from kernel_cases import F16_OUT, F32_DOT, F32_ELEM, Case
+from kernel_cases import F16_OUT, F32_DOT, F32_ELEM, ROPE, Case
 
 WT = {"f32": G.F32, "f16": G.F16, "q8_0": G.Q8_0}
 
@@ -30,14 +30,16 @@ def _weights(c: Case, w: str, k: int, m: int, e: int = 1, layout: str = "contig"
 def mat_vec_cases() -> list[Case]:
     out = []
     for w in W_TYPES:
-        for k, m, n, layout in ((2048, 512, 1, "contig"), (1024, 300, 3, "contig"), (512, 130, 8, "contig"),
-                                (256, 64, 4, "contig"), (512, 96, 2, "offset"), (256, 70, 1, "transposed")):
+        for k, m, n, layout, xpad in ((2048, 512, 1, "contig", 0), (1024, 300, 3, "contig", 0),
+                                      (512, 130, 8, "contig", 0), (288, 64, 4, "contig", 0),
+                                      (512, 96, 2, "offset", 0), (512, 96, 2, "contig", 3),
+                                      (256, 70, 1, "transposed", 0)):
             if layout == "transposed" and w == "q8_0":
                 continue
-            c = Case(f"mul_mat_vec_{w}", f"K{k}-M{m}-N{n}-{layout}", F32_DOT)
+            c = Case(f"mul_mat_vec_{w}", f"K{k}-M{m}-N{n}-{layout}-xpad{xpad}", F32_DOT)
             W = _weights(c, w, k, m, layout=layout)
-            if layout == "offset":   # x rows padded by 3 floats: not 16-byte aligned -> generic x path
-                xb = c.randn(G.F32, k + 3, n)
+            if xpad:   # x rows padded by 3 floats: not 16-byte aligned -> generic x path
+                xb = c.randn(G.F32, k + xpad, n)
                 x = c.view(xb, (k, n), xb.nb[:2])
             else:
                 x = c.randn(G.F32, k, n)
@@ -77,34 +79,33 @@ def moe_cases() -> list[Case]:
                              c.randn(G.F32, k, n_b, t), ids))
         c = Case(f"mul_mat_id_gathered_{w}", "rows-1..4", F32_DOT)
         pairs = c.ints([[0, 0], [1, 0], [0, 1], [1, 2], [0, 2], [1, 1]], (2, 6))   # (slot, token) pairs
-        # The catalogue puts the row map in t[3]; sim_kernels (at the time of writing) reads t[4]: give both.
         out.append(c.set(c.output(G.F32, m, n_used, t), c.randn(WT[w], k, m, e), c.randn(G.F32, k, n_used, t),
-                         pairs, pairs, ip=(2, 3, 1)))
+                         pairs, ip=(2, 3, 1)))
     return out
 
 
 def get_rows_cases() -> list[Case]:
     out = []
     for w in W_TYPES:
-        c = Case(f"get_rows_{w}", "2d-ids", F32_ELEM)
+        c = Case(f"get_rows_{w}", "2d-ids", 0.0)
         out.append(c.set(c.output(G.F32, 96, 3, 2), c.randn(WT[w], 96, 20), c.ints([[3, 0, 19], [7, 7, 1]])))
-        c = Case(f"get_rows_{w}", "wide-row", F32_ELEM)
+        c = Case(f"get_rows_{w}", "wide-row", 0.0)
         out.append(c.set(c.output(G.F32, 2048, 1), c.randn(WT[w], 2048, 5), c.ints([4])))
     return out
 
 
 def norm_cases() -> list[Case]:
     out = []
-    c = Case("rms_norm_f32", "rows", 4 * F32_ELEM)
+    c = Case("rms_norm_f32", "rows", F32_ELEM)
     out.append(c.set(c.output(G.F32, 1000, 3, 2), c.randn(G.F32, 1000, 3, 2), fp=(1e-5,)))
-    c = Case("rms_norm_f32", "strided-view", 4 * F32_ELEM)
+    c = Case("rms_norm_f32", "strided-view", F32_ELEM)
     xb = c.randn(G.F32, 64, 6)
     out.append(c.set(c.output(G.F32, 40, 3), c.view(xb, (40, 3), (4, 2 * xb.nb[1]), off=8), fp=(1e-6,)))
-    c = Case("rms_norm_mul_f32", "w-broadcast", 4 * F32_ELEM)
+    c = Case("rms_norm_mul_f32", "w-broadcast", F32_ELEM)
     out.append(c.set(c.output(G.F32, 2048, 2), c.randn(G.F32, 2048, 2), c.randn(G.F32, 2048), fp=(1e-5,)))
-    c = Case("soft_max_f32", "scaled", 4 * F32_ELEM)
+    c = Case("soft_max_f32", "scaled", F32_ELEM)
     out.append(c.set(c.output(G.F32, 300, 4), c.randn(G.F32, 300, 4), fp=(0.7,)))
-    c = Case("soft_max_f32", "masked", 4 * F32_ELEM)
+    c = Case("soft_max_f32", "masked", F32_ELEM)
     x = c.rng.standard_normal((3, 50)).astype(np.float32)
     x[0, 10:] = -np.inf
     x[2, :] = -np.inf   # fully masked: zeros
@@ -140,11 +141,11 @@ def elementwise_cases() -> list[Case]:
 def rope_cases() -> list[Case]:
     out = []
     for n_dims, fs in ((64, 1.0), (32, 0.5)):
-        c = Case("rope_f32", f"ndims{n_dims}-fs{fs}", 4 * F32_ELEM)
+        c = Case("rope_f32", f"ndims{n_dims}-fs{fs}", ROPE)
         pos = c.ints(c.rng.integers(0, 100, 5))
         out.append(c.set(c.output(G.F32, 64, 4, 5), c.randn(G.F32, 64, 4, 5), pos,
                          ip=(n_dims, 0), fp=(10000.0, fs)))
-    c = Case("rope_f32", "qkv-view", 4 * F32_ELEM)   # q heads viewed out of a fused (D*(H+2Hkv), T) buffer
+    c = Case("rope_f32", "qkv-view", ROPE)   # q heads viewed out of a fused (D*(H+2Hkv), T) buffer
     qkv = c.randn(G.F32, 32 * 8, 3)
     x = c.view(qkv, (32, 4, 3), (4, 32 * 4, qkv.nb[1]), off=32 * 4 * 2)
     out.append(c.set(c.output(G.F32, 32, 4, 3), x, c.ints([7, 8, 9]), ip=(32, 0), fp=(500000.0, 1.0)))
@@ -167,7 +168,7 @@ def set_rows_cases() -> list[Case]:
 def flash_attn_cases() -> list[Case]:
     out = []
     for d, h, hkv, t, n_kv, masked in ((64, 8, 2, 3, 40, True), (128, 4, 4, 1, 300, False), (64, 2, 1, 2, 7, True)):
-        c = Case("flash_attn_ext_f16", f"D{d}-H{h}-Hkv{hkv}-T{t}-kv{n_kv}", 4 * F32_ELEM)
+        c = Case("flash_attn_ext_f16", f"D{d}-H{h}-Hkv{hkv}-T{t}-kv{n_kv}", F32_DOT)
         n_cache = n_kv + 5
         kc = c.randn(G.F16, d * hkv, n_cache)     # caches as the model stores them: one row per position
         vc = c.randn(G.F16, d * hkv, n_cache)

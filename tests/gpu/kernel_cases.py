@@ -25,9 +25,13 @@ from graphdiag.ir.dtypes import GGMLType as G
 from graphdiag.ir.dtypes import NUMPY
 from graphdiag.memory import AddressSpace, quantize_q8_0
 
-F32_DOT = 2e-6     # bounds as a fraction of max |reference|; measured on the H200 (see the report)
-F32_ELEM = 1e-6
-F16_OUT = 1e-3     # one F16 ulp (2^-10) of the largest value
+# Bounds, as a fraction of max |reference|, set from errors measured on the H200 (2 runs, identical figures).
+# The simulator dequantises the same F16 / Q8_0 bytes exactly, so weight types do not widen the bound: only
+# the summation order differs (warp-shuffle trees vs numpy's pairwise / BLAS order).
+F32_DOT = 2e-6     # dot products, any weight type, K <= 2048; measured <= 7.5e-7 (flash_attn, mul_mat)
+F32_ELEM = 1e-6    # norms, softmax, silu: measured <= 1.4e-7; add/mul/get_rows/copies are exact (0)
+ROPE = 1e-5        # positions < 100: theta's float32 rounding grows with the position; measured 2.5e-6
+F16_OUT = 1e-3     # F16 results: one F16 ulp (2^-10) of the largest value; measured 0 (same rounding)
 
 
 @dataclass(frozen=True)
@@ -175,6 +179,6 @@ def compare(case: Case, ref: np.ndarray, got: np.ndarray, check_bound: bool = Tr
     rf, gf = np.nan_to_num(r[fin], posinf=0, neginf=0), np.nan_to_num(g[fin], posinf=0, neginf=0)
     scale = max(float(np.abs(rf).max(initial=0.0)), 1e-30)
     err = float(np.abs(gf - rf).max(initial=0.0)) / scale
-    assert not check_bound or err <= case.bound, f"{case.kernel}[{case.id}]: error {err:.3g} of max|ref| {scale:.3g} " \
-                              f"exceeds the bound {case.bound:.3g}"
+    assert not check_bound or err <= case.bound, \
+        f"{case.kernel}[{case.id}]: error {err:.3g} of max|ref| {scale:.3g} exceeds the bound {case.bound:.3g}"
     return err
