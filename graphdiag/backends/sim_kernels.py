@@ -87,11 +87,11 @@ def _mul_mat_id_vec(name: str, wt: GGMLType) -> Kernel:
 
 
 def _mul_mat_id_gathered(name: str, wt: GGMLType) -> Kernel:
-    """ip = (expert, n_rows, first pair); t[4] holds I32 (slot, token) pairs, read flat in ggml order."""
+    """ip = (expert, n_rows, first pair); t[3] holds I32 (slot, token) pairs, read flat in ggml order."""
     def k(space, p):
         _check_type(p, 1, wt, name)
         expert, n, first = _ip(p, 0), _ip(p, 1), _ip(p, 2)
-        pairs = view(space, p, 4).reshape(-1, 2)[first: first + n]
+        pairs = view(space, p, 3).reshape(-1, 2)[first: first + n]
         _check(len(pairs) == n, name, f"row map holds fewer than {first + n} pairs")
         ops.mul_mat_id_rows(view(space, p, 0), view(space, p, 1), view(space, p, 2), expert,
                             pairs[:, 0], pairs[:, 1])

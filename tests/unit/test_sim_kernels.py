@@ -147,7 +147,7 @@ def test_mul_mat_id_gathered_over_every_expert_equals_the_vec_path():
     first = 0
     for e in range(E):
         n = int((ids == e).sum())
-        run_kernel(m.space, "mul_mat_id_gathered_q8_0", params(gathered, dex, dx, None, dmap, ip=(e, n, first)))
+        run_kernel(m.space, "mul_mat_id_gathered_q8_0", params(gathered, dex, dx, dmap, ip=(e, n, first)))
         first += n
     np.testing.assert_array_equal(m.view(gathered), m.view(vec))
     np.testing.assert_array_equal(m.view(vec), ops.mul_mat_id(m.view(dex), m.view(dx), ids))

@@ -36,7 +36,7 @@ class GpuBackend(Backend):
         self.streams = [self.stream0]
         self.fork_event = driver.event_create()
         self.join_events: list = []
-        self.regions: dict[int, tuple[int, list[Region]]] = {}    # key -> (uid, regions), per alloc
+        self.regions: dict[int, tuple[np.ndarray, list[Region]]] = {}  # key -> (nodes, regions), per alloc
         self.buffers: set[int] = set()
         self.force_eager = False
 
@@ -72,7 +72,8 @@ class GpuBackend(Backend):
         if not opt.concurrent_streams or opt.graphs_disabled or self.driver.cc < CC_VOLTA or graph.n_nodes == 0:
             return
         regions = find_regions(graph)
-        self.regions[graph.first_node_addr] = (graph.uid, regions)
+        # stored with the split's node list: graph_optimize runs before the splits get their uids
+        self.regions[graph.first_node_addr] = (graph.nodes.copy(), regions)
         for r in regions:
             self.bus.emit(E.ConcurrentRegion(step=self.runtime.step, split=split, key=graph.first_node_addr,
                                              uid=graph.uid, t_ns=time.perf_counter_ns(), fork_node=r.fork,
@@ -95,7 +96,7 @@ class GpuBackend(Backend):
 
     def _regions_for(self, graph: Graph) -> list[Region]:
         got = self.regions.get(graph.first_node_addr)
-        return got[1] if got is not None and got[0] == graph.uid and graph.uid != 0 else []
+        return got[1] if got is not None and np.array_equal(got[0], graph.nodes) else []
 
     # -- graph_compute ----------------------------------------------------------------------------------
     def _lowered(self, entry, graph: Graph, split: int) -> tuple[dict, list]:

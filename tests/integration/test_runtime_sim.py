@@ -1,0 +1,188 @@
+"""The capture/replay runtime on the simulated driver: one test per behaviour of the graph path."""
+
+import numpy as np
+import pytest
+
+from graphdiag import events as E
+from graphdiag.config import resolve
+from graphdiag.runner import Session, Stepper, RunResult
+from graphdiag.counters import Counters
+from graphdiag.plan import StepPlan
+
+from support.simrun import of, phases, run_sim
+
+
+def test_steady_decode_eager_capture_replay_and_replay_equals_eager():
+    r = run_sim(steps=8, verify=True)
+    p = phases(r)
+    assert p[0] == "eager" and p[1] == "eager" and p[2] == "capture"   # step 0 is the prefill
+    assert all(p[s] == "replay" for s in range(3, 9))
+    hits = {e.step for e in of(r, E.UidHit)}
+    assert set(range(3, 9)) <= hits
+    ver = of(r, E.VerifyResult)
+    assert [v.step for v in ver] == list(range(3, 9)) and all(v.ok and v.max_abs_diff == 0 for v in ver)
+    assert r.counters.captures == 1 and r.counters.instantiates == 1 and r.counters.replays == 6
+    # the same tokens with graphs disabled: capture and replay compute what eager computes
+    ref = run_sim(steps=8, env={"GGML_CUDA_DISABLE_GRAPHS": "1"})
+    assert ref.tokens == r.tokens
+
+
+def test_replay_step_launches_no_kernel_eagerly():
+    cfg = resolve({"backend": "sim", "steps": 0, "prompt_tokens": 4}, environ={})
+    bus = E.EventBus()
+    s = Session(cfg, bus)
+    try:
+        st = Stepper(s, RunResult({}, [], Counters()))
+        for _ in range(3):
+            st.step(StepPlan("decode", batch=1))
+        c = s.driver.counters
+        launches, graphs = c.launches, c.graph_launches
+        st.step(StepPlan("decode", batch=1))
+        assert c.launches == launches and c.graph_launches == graphs + 1
+    finally:
+        s.close()
+
+
+def test_batch_change_names_node_and_field_resets_warmup_and_recaptures():
+    r = run_sim(steps=10, timeline=[{"at_step": 5, "batch": 2}])
+    diffs = [d for d in of(r, E.PropertyDiff) if d.step == 5]
+    assert diffs, "the ledger must report the first differing node"
+    d = diffs[0]
+    assert d.node == 0 and d.node_name == "inp_embd" and d.field == "ne[1]" and (d.old, d.new) == ("1", "2")
+    resets = [w for w in of(r, E.WarmupTransition) if w.to_state == "cold"]
+    assert [w.step for w in resets] == [5]
+    p = phases(r)
+    assert p[5] == "eager" and p[6] == "capture" and p[7] == "replay"
+    outcome = [e for e in of(r, E.ChunkUpdated, E.UpdateRefused, E.ChunkInstantiated) if e.step == 6]
+    assert outcome and isinstance(outcome[0], (E.ChunkUpdated, E.UpdateRefused))
+
+
+def test_n_kv_crossing_256_recaptures_through_a_successful_update():
+    r = run_sim(prompt_tokens=250, steps=12)
+    ctx = [c for c in of(r, E.ContextDecision) if not c.reused and "n_kv" in c.reason]
+    assert ctx and ctx[0].reason == "n_kv 256→512"
+    step = ctx[0].step
+    assert any(d.step == step for d in of(r, E.PropertyDiff))
+    p = phases(r)
+    assert p[step] == "eager" and p[step + 1] == "capture" and p[step + 2] == "replay"
+    upd = [e for e in of(r, E.ChunkUpdated, E.UpdateRefused, E.ChunkInstantiated) if e.step == step + 1]
+    assert upd and all(isinstance(e, E.ChunkUpdated) for e in upd)
+
+
+def test_batch_8_to_9_flips_glu_fusion_update_refused_topology_then_reinstantiated():
+    r = run_sim(batch=8, prompt_tokens=2, steps=8, timeline=[{"at_step": 12, "batch": 9}])
+    fus8 = {e.pattern for e in of(r, E.FusionApplied) if e.step == 8}
+    fus9 = {e.pattern for e in of(r, E.FusionApplied) if e.step == 12}
+    assert "mul_mat_vec+glu" in fus8 and "mul_mat_vec+glu" not in fus9
+    refused = of(r, E.UpdateRefused)
+    assert refused and refused[0].step == 13 and refused[0].reason == "TOPOLOGY_CHANGED"
+    inst = [e for e in of(r, E.ChunkInstantiated) if e.step == 13]
+    assert inst and inst[0].after_refusal
+    assert r.counters.refusals["TOPOLOGY_CHANGED"] >= 1
+
+
+def _boundaries(r, step):
+    return [e for e in of(r, E.ChunkBoundary) if e.step == step]
+
+
+@pytest.mark.parametrize("chunk,expect", [(0, 1), (512, 1), (64, 2)])
+def test_chunk_counts(chunk, expect):
+    r = run_sim(steps=4, chunk_size=chunk)
+    assert len(_boundaries(r, 2)) == expect
+    assert [e.n_chunks for e in of(r, E.ReplayLaunched)][0] == expect
+
+
+def test_chunk_size_one_gives_a_chunk_per_launching_or_view_node_and_never_splits_fusions_or_regions():
+    r = run_sim(steps=3, chunk_size=1, concurrent_streams=True)
+    b = _boundaries(r, 2)
+    n_nodes = b[-1].end_node
+    fusions = [(e.node, e.absorbed) for e in of(r, E.FusionApplied) if e.step == 1]
+    regions = [(e.fork_node, e.join_node) for e in of(r, E.ConcurrentRegion)]
+    assert regions, "concurrent Q/K/V regions must be found"
+    inside = {j for f, j0 in regions for j in range(f + 1, j0 + 1)} | {j for i, a in fusions for j in range(i + 1, i + a + 1)}
+    starts = {e.start_node for e in b}
+    assert not (starts & inside)
+    assert len(b) == n_nodes - len(inside)
+    assert any(e.moved_by == "concurrent region" for e in b)
+    assert any(e.moved_by == "fusion" for e in b)
+
+
+def test_shrinking_graph_destroys_leftover_executables():
+    # batch 9 has no gate/up+GLU fusion, batch 8 has it: with one chunk per node, 8 has fewer chunks
+    r = run_sim(batch=9, prompt_tokens=2, steps=10, chunk_size=1, timeline=[{"at_step": 12, "batch": 8}])
+    caps = {e.step: e.n_chunks for e in of(r, E.CaptureRun)}
+    n9, n8 = caps[10], caps[13]          # steps 0-8 prefill (same shape: reused and replayed), 9 decode
+    gone = [e for e in of(r, E.ChunksDestroyed) if e.step == 13]
+    assert n8 == n9 - 2 * 4               # one gate/up+GLU fusion per layer absorbs two nodes
+    assert gone and gone[0].first == n8 and gone[0].count == n9 - n8
+
+
+def test_moe_f16_prefill_is_ineligible_and_names_node_and_rule():
+    r = run_sim(model="moe-tiny", wtype="f16", prompt_tokens=32, steps=3)
+    inc = of(r, E.Incompatible)
+    assert inc and inc[0].step == 0 and inc[0].node_name == "ffn_moe_gate-0" and inc[0].op == "MUL_MAT_ID"
+    assert "sorted fallback synchronises" in inc[0].rule
+    assert phases(r)[3] == "replay"      # decode rows fit the F16 tensor-core path: eligible again
+
+
+def test_moe_q8_0_decode_is_eligible():
+    r = run_sim(model="moe-tiny", wtype="q8_0", steps=4)
+    assert not of(r, E.Incompatible)
+    assert phases(r)[4] == "replay"
+
+
+def test_n_cpu_moe_gives_each_gpu_split_its_own_key_and_warmup():
+    r = run_sim(model="moe-tiny", wtype="q8_0", n_cpu_moe=2, steps=4)
+    keys = {e.key for e in of(r, E.PhaseDecided) if e.step >= 1}     # decode steps
+    assert len(keys) == 3
+    warm = {e.key for e in of(r, E.WarmupTransition) if e.to_state == "warm"}
+    assert warm == keys
+    for split in {e.split for e in of(r, E.PhaseDecided) if e.step >= 1}:
+        assert phases(r, split)[4] == "replay"
+
+
+def test_idle_eviction_after_10s_and_rewarm():
+    r = run_sim(steps=8, timeline=[{"at_step": 5, "idle_s": 11}])
+    ev = of(r, E.Evicted)
+    assert ev and ev[0].step == 5 and ev[0].idle_ns >= 10_000_000_000
+    p = phases(r)
+    assert p[4] == "replay" and p[5] == "eager" and p[6] == "capture" and p[7] == "replay"
+
+
+def test_idle_under_10s_keeps_the_entry():
+    r = run_sim(steps=6, timeline=[{"at_step": 4, "idle_s": 6}])
+    assert not of(r, E.Evicted) and phases(r)[4] == "replay"
+
+
+def test_pool_alloc_failure_invalidates_every_entry_and_rewarms():
+    r = run_sim(prompt_tokens=4, steps=10, pool_cap=280_000, timeline=[{"at_step": 5, "prefill": 32}])
+    inv = of(r, E.PoolInvalidated)
+    assert inv and inv[0].reason == "alloc failure" and inv[0].step == 5 and inv[0].n_captured >= 1
+    p = phases(r)
+    assert p[4] == "replay" and p[6] == "eager" and p[7] == "capture" and p[8] == "replay"
+
+
+def test_free_into_full_pool_invalidates_every_step():
+    r = run_sim(steps=5, pool_max_buffers=0)
+    assert r.counters.invalidations >= 5 and r.counters.replays == 0
+    assert {e.reason for e in of(r, E.PoolInvalidated)} == {"free into full pool"}
+
+
+@pytest.mark.parametrize("env,settings,why", [
+    ({"GGML_CUDA_DISABLE_GRAPHS": "0"}, {}, "GGML_CUDA_DISABLE_GRAPHS"),
+    ({}, {"compute_capability": "6.1"}, "6.1 < 7.0"),
+])
+def test_graphs_disabled(env, settings, why):
+    r = run_sim(steps=4, env=env, **settings)
+    dis = of(r, E.GraphsDisabled)
+    assert dis and why in dis[0].reason
+    assert r.counters.captures == 0 and r.counters.replays == 0 and r.counters.eager_runs == 5
+
+
+def test_alternating_variants_under_one_key_never_replay():
+    r = run_sim(steps=12, timeline=[{"at_step": 1, "alternate_batches": [1, 2]}])
+    assert r.counters.replays == 0 and r.counters.captures == 0
+    keys = {e.key for e in of(r, E.PhaseDecided) if e.step >= 1}
+    assert len(keys) == 1
+    diffs = [d for d in of(r, E.PropertyDiff) if d.step >= 2]
+    assert len(diffs) >= 10 and {d.field for d in diffs} == {"ne[1]"}
