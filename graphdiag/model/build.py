@@ -1,0 +1,191 @@
+"""The decode/prefill graph of one ubatch, built from graph params with ggml-style node names.
+
+Only metadata is built (structs in the arena's compute region), so any preset builds without data. The build is
+deterministic: after `arena.reset()` the same params give identical structs at identical addresses. Node order is
+chosen as llama.cpp's, because the GPU runtime pattern-matches it: attn_norm feeds exactly the three mat-muls
+Qcur/Kcur/Vcur (the concurrent-streams fork); ROPE(K), VIEW, SET_ROWS are consecutive (fused into one kernel
+that writes the cache); ffn_gate, ffn_up, GLU are consecutive (fused gate/up mat-vec).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+from ..ir.build import Ctx
+from ..ir.dtypes import GGMLType
+from ..ir.graph import Graph
+from ..ir.ops import GluOp, TensorFlag
+from ..ir.tensor import Tensor
+from .weights import Layer, Model
+
+DECODE, PREFILL = "decode", "prefill"
+KV_PAD = 256          # cells: n_kv is padded to a multiple of this (llama.cpp's kv-cache padding)
+KQ_MASK_PAD = 1       # mask rows (tokens) padding, GGML_KQ_MASK_PAD
+
+
+@dataclass(frozen=True)
+class GraphParams:
+    """What uniquely determines the graph's topology and shapes (llm_graph_params)."""
+
+    n_tokens: int
+    n_seqs: int
+    n_outputs: int
+    gtype: str        # DECODE | PREFILL
+    n_kv: int         # KV cells the attention reads, padded to KV_PAD (capped at n_ctx)
+
+    def __post_init__(self):
+        if self.gtype not in (DECODE, PREFILL):
+            raise ValueError(f"graph type {self.gtype!r}")
+        if not 0 < self.n_outputs <= self.n_tokens:
+            raise ValueError(f"n_outputs {self.n_outputs} not in 1..n_tokens ({self.n_tokens})")
+
+
+@dataclass(frozen=True)
+class GraphInputs:
+    """Input tensors (flag INPUT); set_inputs fills them each step. `out_ids` only when n_outputs < n_tokens."""
+
+    tokens: Tensor    # I32 (n_tokens)
+    pos: Tensor       # I32 (n_tokens)
+    kq_mask: Tensor   # F32 (n_kv, n_tokens padded to KQ_MASK_PAD): 0 = visible, -inf = masked
+    k_idxs: Tensor    # I32 (n_tokens): cache cell each token's K row is written to
+    v_idxs: Tensor    # I32 (n_tokens)
+    out_ids: Tensor | None  # I32 (n_outputs): token rows whose logits are computed
+
+
+@dataclass(frozen=True)
+class BuiltGraph:
+    graph: Graph
+    params: GraphParams
+    inputs: GraphInputs
+    logits: Tensor    # result_output: F32 (n_vocab, n_outputs), flag OUTPUT
+
+
+def _pad(n: int, m: int) -> int:
+    return (n + m - 1) // m * m
+
+
+class _Builder:
+    def __init__(self, model: Model, params: GraphParams):
+        self.m, self.cfg, self.p = model, model.cfg, params
+        self.ctx = Ctx(model.arena)
+        self.g = Graph(model.arena)
+
+    def inputs(self) -> GraphInputs:
+        c, p = self.ctx, self.p
+        t = p.n_tokens
+        return GraphInputs(
+            tokens=c.new_input(GGMLType.I32, (t,), "inp_tokens"),
+            pos=c.new_input(GGMLType.I32, (t,), "inp_pos"),
+            kq_mask=c.new_input(GGMLType.F32, (p.n_kv, _pad(t, KQ_MASK_PAD)), "kq_mask"),
+            k_idxs=c.new_input(GGMLType.I32, (t,), "k_idxs"),
+            v_idxs=c.new_input(GGMLType.I32, (t,), "v_idxs"),
+            out_ids=c.new_input(GGMLType.I32, (p.n_outputs,), "inp_out_ids") if p.n_outputs < t else None,
+        )
+
+    def norm(self, x: Tensor, w: Tensor, name: str, il: int | None) -> Tensor:
+        """RMS_NORM (`norm-l`) then MUL by the weight (`name`)."""
+        sfx = "" if il is None else f"-{il}"
+        return self.ctx.mul(self.ctx.rms_norm(x, self.cfg.norm_eps, "norm" + sfx), w, name + sfx)
+
+    def attention(self, lay: Layer, il: int, cur: Tensor, inp: GraphInputs) -> Tensor:
+        """Q/K/V, rope, cache writes, flash attention and the output projection: (n_embd, n_tokens)."""
+        c, g, cfg, t = self.ctx, self.g, self.cfg, self.p.n_tokens
+        hd, dkv = cfg.head_dim, cfg.n_embd_kv
+        q = c.reshape(c.mul_mat(lay.wq, cur, f"Qcur-{il}"), (hd, cfg.n_head, t), f"Qcur-{il} (reshaped)")
+        k = c.reshape(c.mul_mat(lay.wk, cur, f"Kcur-{il}"), (hd, cfg.n_head_kv, t), f"Kcur-{il} (reshaped)")
+        v = c.reshape(c.mul_mat(lay.wv, cur, f"Vcur-{il}"), (hd, cfg.n_head_kv, t), f"Vcur-{il} (reshaped)")
+        q = c.rope(q, inp.pos, hd, cfg.rope_base, f"Qcur_rope-{il}")
+        k = c.rope(k, inp.pos, hd, cfg.rope_base, f"Kcur_rope-{il}")
+        # as llama.cpp's build_attn: Q, then V, then K last so ROPE(K) is followed by its cache write
+        for x in (q, v, k):
+            g.build_forward_expand(x)
+        k2 = c.view(k, (dkv, t), (k.nb[0], k.nb[2], k.nb[2] * t, k.nb[2] * t), 0, f"Kcur_rope-{il} (view)")
+        k_set = c.set_rows(lay.k_cache, k2, inp.k_idxs, f"cache_k_l{il} (set_rows)")
+        g.build_forward_expand(k_set)
+        v2 = c.reshape(v, (dkv, t), f"Vcur-{il} (reshaped 2d)")
+        v_set = c.set_rows(lay.v_cache, v2, inp.v_idxs, f"cache_v_l{il} (set_rows)")
+        g.build_forward_expand(v_set)
+        k_all = self.cache_view(k_set, f"k-{il}")
+        v_all = self.cache_view(v_set, f"v-{il}")
+        fa = c.flash_attn_ext(q, k_all, v_all, inp.kq_mask, 1.0 / math.sqrt(hd), f"__fattn__-{il}")
+        kqv = c.reshape(fa, (cfg.n_embd, t), f"kqv_out-{il}")
+        return c.mul_mat(lay.wo, kqv, f"attn_out-{il}")
+
+    def cache_view(self, cache_set: Tensor, name: str) -> Tensor:
+        """The first n_kv cells of a cache as (head_dim, n_head_kv, n_kv); src[0] is the SET_ROWS node."""
+        cfg, n_kv = self.cfg, self.p.n_kv
+        es = cache_set.nb[0]
+        nb = (es, es * cfg.head_dim, es * cfg.n_embd_kv, es * cfg.n_embd_kv * n_kv)
+        return self.ctx.view(cache_set, (cfg.head_dim, cfg.n_head_kv, n_kv), nb, 0, name)
+
+    def ffn_dense(self, lay: Layer, il: int, cur: Tensor) -> Tensor:
+        c = self.ctx
+        gate = c.mul_mat(lay.ffn_gate, cur, f"ffn_gate-{il}")
+        up = c.mul_mat(lay.ffn_up, cur, f"ffn_up-{il}")
+        glu = c.glu_split(gate, up, GluOp.SWIGLU, f"ffn_swiglu-{il}")
+        return c.mul_mat(lay.ffn_down, glu, f"ffn_down-{il}")
+
+    def ffn_moe(self, lay: Layer, il: int, cur: Tensor) -> Tensor:
+        """Router, top-k, expert mat-muls and the weighted sum over the used experts: (n_embd, n_tokens)."""
+        c, g, cfg, t = self.ctx, self.g, self.cfg, cur.ne[1]
+        k = cfg.n_expert_used
+        probs = c.soft_max(c.mul_mat(lay.ffn_gate_inp, cur, f"ffn_moe_logits-{il}"), f"ffn_moe_probs-{il}")
+        topk = c.top_k(probs, k, f"ffn_moe_topk-{il}")
+        probs3 = c.reshape(probs, (1, cfg.n_expert, t), f"ffn_moe_probs-{il} (reshaped)")
+        weights = c.get_rows(probs3, topk, f"ffn_moe_weights-{il}")
+        cur3 = c.reshape(cur, (cfg.n_embd, 1, t), f"ffn_moe_in-{il}")
+        # router work first, so the expert ops form one contiguous run (one CPU split with --n-cpu-moe)
+        g.build_forward_expand(weights)
+        g.build_forward_expand(cur3)
+        gate = c.mul_mat_id(lay.ffn_gate_exps, cur3, topk, f"ffn_moe_gate-{il}")
+        up = c.mul_mat_id(lay.ffn_up_exps, cur3, topk, f"ffn_moe_up-{il}")
+        glu = c.glu_split(gate, up, GluOp.SWIGLU, f"ffn_moe_swiglu-{il}")
+        down = c.mul_mat_id(lay.ffn_down_exps, glu, topk, f"ffn_moe_down-{il}")
+        weighted = c.mul(down, weights, f"ffn_moe_weighted-{il}")
+        views = [c.view(weighted, (cfg.n_embd, t), (weighted.nb[0], weighted.nb[2], weighted.nb[2] * t, weighted.nb[2] * t),
+                        i * weighted.nb[1],
+                        f"ffn_moe_weighted-{il} (view {i})") for i in range(k)]
+        for v in views:  # views before the adds, as llama.cpp's build_moe_ffn
+            g.build_forward_expand(v)
+        out = views[0]
+        for i in range(1, k):
+            out = c.add(out, views[i], f"ffn_moe_out-{il}" if i == k - 1 else f"ffn_moe_sum{i}-{il}")
+        return out
+
+    def layer(self, lay: Layer, il: int, x: Tensor, inp: GraphInputs) -> Tensor:
+        c = self.ctx
+        cur = self.attention(lay, il, self.norm(x, lay.attn_norm, "attn_norm", il), inp)
+        if il == self.cfg.n_layer - 1 and inp.out_ids is not None:
+            # only the output rows go on past the last attention (llama.cpp's inp_out_ids)
+            cur = c.get_rows(cur, inp.out_ids, f"attn_out_rows-{il}")
+            x = c.get_rows(x, inp.out_ids, f"inp_rows-{il}")
+        ffn_inp = c.add(cur, x, f"ffn_inp-{il}")
+        cur = self.norm(ffn_inp, lay.ffn_norm, "ffn_norm", il)
+        cur = self.ffn_moe(lay, il, cur) if self.cfg.is_moe else self.ffn_dense(lay, il, cur)
+        out = c.add(cur, ffn_inp, f"l_out-{il}")
+        self.g.build_forward_expand(out)
+        return out
+
+    def build(self) -> BuiltGraph:
+        inp = self.inputs()
+        x = self.ctx.get_rows(self.m.tok_embd, inp.tokens, "inp_embd")
+        for il, lay in enumerate(self.m.layers):
+            x = self.layer(lay, il, x, inp)
+        x = self.norm(x, self.m.output_norm, "result_norm", None)
+        logits = self.ctx.mul_mat(self.m.output, x, "result_output")
+        logits.flags = logits.flags | TensorFlag.OUTPUT
+        self.g.build_forward_expand(logits)
+        return BuiltGraph(self.g, self.p, inp, logits)
+
+
+def build_graph(model: Model, params: GraphParams) -> BuiltGraph:
+    """Build the ubatch's graph in the arena's compute region (call `arena.reset()` first to rebuild)."""
+    if params.n_kv > model.cfg.n_ctx:
+        raise ValueError(f"n_kv {params.n_kv} > n_ctx {model.cfg.n_ctx}")
+    return _Builder(model, params).build()
+
+
+def padded_n_kv(used_cells: int, n_ctx: int) -> int:
+    """llama.cpp's n_kv: cells in use (highest used cell + 1) padded to KV_PAD, at most n_ctx."""
+    return min(n_ctx, max(KV_PAD, _pad(used_cells, KV_PAD)))

@@ -1,0 +1,166 @@
+"""An independent forward pass in plain numpy: the oracle the graph-executed logits are checked against.
+
+It shares nothing with the graph path but the stored weights (dequantised, then widened to float64). It
+computes in float64, keeps its own KV cache per sequence indexed by position, and rounds K (after rope) and V to
+float16 on the way in, as the F16 cache does. Arrays here are numpy-natural: tokens along axis 0.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+
+import numpy as np
+
+from ..memory import dequantize_q8_0
+from .weights import Model
+
+F64 = np.float64
+
+
+def greedy(logits: np.ndarray) -> np.ndarray:
+    """Greedy sampling: the argmax token of each row of (n_outputs, n_vocab) logits (ties: lowest id)."""
+    return np.argmax(logits, axis=-1).astype(np.int64)
+
+
+def _rms_norm(x: np.ndarray, w: np.ndarray, eps: float) -> np.ndarray:
+    return x / np.sqrt(np.mean(x * x, axis=-1, keepdims=True) + eps) * w
+
+
+def _silu(x: np.ndarray) -> np.ndarray:
+    return x / (1.0 + np.exp(-x))
+
+
+def _softmax(s: np.ndarray) -> np.ndarray:
+    e = np.exp(s - s.max(axis=-1, keepdims=True))
+    return e / e.sum(axis=-1, keepdims=True)
+
+
+def _rope(x: np.ndarray, pos: np.ndarray, base: float) -> np.ndarray:
+    """Rotate adjacent pairs (2i, 2i+1) of each head by pos * base^(-2i/head_dim). x: (T, H, hd)."""
+    hd = x.shape[-1]
+    theta = pos[:, None].astype(F64) * base ** (-np.arange(0, hd, 2, dtype=F64) / hd)  # (T, hd/2)
+    c, s = np.cos(theta)[:, None, :], np.sin(theta)[:, None, :]
+    x0, x1 = x[..., 0::2], x[..., 1::2]
+    out = np.empty_like(x)
+    out[..., 0::2] = x0 * c - x1 * s
+    out[..., 1::2] = x0 * s + x1 * c
+    return out
+
+
+class _SeqCache:
+    """One sequence's K/V rows per layer, float16, indexed by position: (n_layer, n_pos, n_embd_kv)."""
+
+    def __init__(self, n_layer: int, width: int):
+        self.k = np.zeros((n_layer, 0, width), np.float16)
+        self.v = np.zeros((n_layer, 0, width), np.float16)
+
+    @property
+    def n_pos(self) -> int:
+        return self.k.shape[1]
+
+    def grow(self, n_pos: int) -> None:
+        if n_pos > self.n_pos:
+            pad = ((0, 0), (0, n_pos - self.n_pos), (0, 0))
+            self.k, self.v = np.pad(self.k, pad), np.pad(self.v, pad)
+
+
+class Reference:
+    """Forward passes over ubatches, with a KV cache per sequence (positions continue where they left off)."""
+
+    def __init__(self, model: Model):
+        self.m, self.cfg = model, model.cfg
+        self.seqs: dict[int, _SeqCache] = {}
+        self._w: dict[str, np.ndarray] = {}   # float64 weights: 8 bytes a parameter, for small presets
+
+    def seq_len(self, seq: int) -> int:
+        return self.seqs[seq].n_pos if seq in self.seqs else 0
+
+    def w(self, name: str) -> np.ndarray:
+        """The stored weight dequantised, as float64 (numpy axes outermost first); cached."""
+        if name not in self._w:
+            a = self.m.host[name]
+            self._w[name] = (dequantize_q8_0(a) if a.dtype.names else a).astype(F64)
+        return self._w[name]
+
+    # -- public API --------------------------------------------------------------------------------------
+    def decode(self, tokens: Mapping[int, int] | Sequence[int]) -> np.ndarray:
+        """One token for each sequence ({seq: token}, or a list for seqs 0..n-1) -> (n_seqs, n_vocab) f32."""
+        items = list(tokens.items()) if isinstance(tokens, Mapping) else list(enumerate(tokens))
+        seqs = np.array([s for s, _ in items])
+        pos = np.array([self.seq_len(s) for s, _ in items])
+        return self.forward(np.array([t for _, t in items]), seqs, pos, np.arange(len(items)))
+
+    def prefill(self, tokens: Sequence[int], seq: int = 0, all_logits: bool = False) -> np.ndarray:
+        """Many tokens of one sequence -> logits of the last token (1, n_vocab), or of every token."""
+        n = len(tokens)
+        pos = self.seq_len(seq) + np.arange(n)
+        out = np.arange(n) if all_logits else np.array([n - 1])
+        return self.forward(np.asarray(tokens), np.full(n, seq), pos, out)
+
+    def forward(self, tokens: np.ndarray, seqs: np.ndarray, pos: np.ndarray, out_rows: np.ndarray) -> np.ndarray:
+        """tokens/seqs/pos: (T,) ints; out_rows: token rows whose logits are returned -> (len, n_vocab) f32."""
+        cfg = self.cfg
+        for s in np.unique(seqs):
+            self.seqs.setdefault(int(s), _SeqCache(cfg.n_layer, cfg.n_embd_kv)).grow(int(pos[seqs == s].max()) + 1)
+        x = self.w("token_embd.weight")[tokens].astype(F64)
+        for il in range(cfg.n_layer):
+            p = f"blk.{il}."
+            h = _rms_norm(x, self.w(p + "attn_norm.weight"), cfg.norm_eps)
+            x = x + self._attention(il, h, seqs, pos)
+            h = _rms_norm(x, self.w(p + "ffn_norm.weight"), cfg.norm_eps)
+            x = x + (self._moe(il, h) if cfg.is_moe else self._ffn(il, h))
+        h = _rms_norm(x[out_rows], self.w("output_norm.weight"), cfg.norm_eps)
+        return (h @ self.w("output.weight").T).astype(np.float32)
+
+    # -- blocks --------------------------------------------------------------------------------------------
+    def _mm(self, x: np.ndarray, name: str) -> np.ndarray:
+        """x @ W^T for a stored (out, in) weight."""
+        return x @ self.w(name).T
+
+    def _attention(self, il: int, h: np.ndarray, seqs: np.ndarray, pos: np.ndarray) -> np.ndarray:
+        cfg, p, t = self.cfg, f"blk.{il}.", h.shape[0]
+        hd, nh, nkv = cfg.head_dim, cfg.n_head, cfg.n_head_kv
+        q = _rope(self._mm(h, p + "attn_q.weight").reshape(t, nh, hd), pos, cfg.rope_base)
+        k = _rope(self._mm(h, p + "attn_k.weight").reshape(t, nkv, hd), pos, cfg.rope_base)
+        v = self._mm(h, p + "attn_v.weight")
+        for i in range(t):  # the cache write, f16 as the F16 cache
+            c = self.seqs[int(seqs[i])]
+            c.k[il, pos[i]] = k[i].reshape(-1)
+            c.v[il, pos[i]] = v[i]
+        out = np.zeros((t, nh, hd))
+        for s in np.unique(seqs):
+            rows = np.nonzero(seqs == s)[0]
+            out[rows] = self._attend(il, q[rows], pos[rows], self.seqs[int(s)])
+        return self._mm(out.reshape(t, nh * hd), p + "attn_output.weight")
+
+    def _attend(self, il: int, q: np.ndarray, qpos: np.ndarray, c: _SeqCache) -> np.ndarray:
+        """Causal attention of q (Tq, H, hd) over the sequence's cached positions 0..max(qpos)."""
+        cfg = self.cfg
+        hd, group = cfg.head_dim, cfg.n_head // cfg.n_head_kv
+        n = int(qpos.max()) + 1
+        k = c.k[il, :n].astype(F64).reshape(n, cfg.n_head_kv, hd)
+        v = c.v[il, :n].astype(F64).reshape(n, cfg.n_head_kv, hd)
+        k, v = np.repeat(k, group, axis=1), np.repeat(v, group, axis=1)     # (n, H, hd): head h -> kv h // group
+        s = np.einsum("thd,nhd->htn", q, k) / np.sqrt(hd)                 # (H, Tq, n)
+        s = np.where(np.arange(n)[None, None, :] <= qpos[None, :, None], s, -np.inf)
+        return np.einsum("htn,nhd->thd", _softmax(s), v)
+
+    def _ffn(self, il: int, h: np.ndarray) -> np.ndarray:
+        p = f"blk.{il}."
+        g = self._mm(h, p + "ffn_gate.weight")
+        u = self._mm(h, p + "ffn_up.weight")
+        return self._mm(_silu(g) * u, p + "ffn_down.weight")
+
+    def _moe(self, il: int, h: np.ndarray) -> np.ndarray:
+        """Softmax router, top-k experts (ties: lower id), outputs weighted by the router probabilities."""
+        cfg, p = self.cfg, f"blk.{il}."
+        probs = _softmax(self._mm(h, p + "ffn_gate_inp.weight"))          # (T, E)
+        top = np.argsort(-probs, axis=-1, kind="stable")[:, : cfg.n_expert_used]
+        gate, up, down = (self.w(p + f"ffn_{n}_exps.weight") for n in ("gate", "up", "down"))
+        out = np.zeros_like(h)
+        for e in np.unique(top):
+            rows, _ = np.nonzero(top == e)
+            x = h[rows]
+            a = _silu(x @ gate[e].T) * (x @ up[e].T)
+            out[rows] += probs[rows, e][:, None] * (a @ down[e].T)
+        return out

@@ -1,0 +1,211 @@
+"""The graph allocator, modelled on ggml-alloc (ggml_gallocr): tensor placement in per-backend compute buffers.
+
+Planning ("reserve") walks the nodes in order with one first-fit free list per backend: a tensor is placed before
+its node runs and its memory is returned after its last consumer (views keep their view_src alive). INPUT and
+OUTPUT tensors are never freed; views take view_src.data + view_offs; persistent tensors (the arena's persistent
+region: weights, KV cache) already have data and are left alone. The plan is kept per node position and reused
+while the graph still fits it (same node/leaf counts, same backends, every tensor within its planned size), so
+addresses are stable for the same graph and move when shapes change. A backend's buffer is reallocated only when
+the planned size grows. Sizes and offsets are bytes.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from .. import events as E
+from ..backends.base import Backend
+from ..ir.graph import Graph
+from ..ir.ops import TensorFlag
+from ..ir.tensor import Tensor
+from ..memory import ALIGN
+
+_KEEP = TensorFlag.INPUT | TensorFlag.OUTPUT
+
+
+def _aligned(n: int) -> int:
+    return (n + ALIGN - 1) // ALIGN * ALIGN
+
+
+class FreeList:
+    """First-fit allocator over an unbounded range of offsets (ggml_dyn_tallocr); `high` is the size needed."""
+
+    def __init__(self):
+        self.blocks: list[list[int]] = []   # free [offset, size] below `top`, sorted by offset
+        self.top = 0                        # everything at or above is free
+        self.high = 0
+
+    def alloc(self, size: int) -> int:
+        size = _aligned(size)
+        for i, (off, n) in enumerate(self.blocks):
+            if n >= size:
+                if n == size:
+                    self.blocks.pop(i)
+                else:
+                    self.blocks[i] = [off + size, n - size]
+                return off
+        off, self.top = self.top, self.top + size
+        self.high = max(self.high, self.top)
+        return off
+
+    def free(self, off: int, size: int) -> None:
+        size = _aligned(size)
+        self.blocks.append([off, size])
+        self.blocks.sort()
+        merged: list[list[int]] = []
+        for b in self.blocks:
+            if merged and merged[-1][0] + merged[-1][1] == b[0]:
+                merged[-1][1] += b[1]
+            else:
+                merged.append(b)
+        if merged and merged[-1][0] + merged[-1][1] == self.top:  # give the tail back to the open end
+            self.top = merged.pop()[0]
+        self.blocks = merged
+
+
+@dataclass(frozen=True)
+class Placement:
+    backend: int   # index into the allocator's backends
+    offset: int    # bytes from the compute buffer's base
+    size: int      # bytes planned (the tensor may shrink and still fit)
+
+
+class GraphAllocator:
+    """Compute buffers of `backends` (index = backend id) and the placement plan of the last reserved graph."""
+
+    def __init__(self, backends: list[Backend], bus: E.EventBus | None = None):
+        self.backends = backends
+        self.bus = bus
+        self.buffers: list[tuple[int, int] | None] = [None] * len(backends)   # (address, bytes)
+        self.need: list[int] = [0] * len(backends)
+        self.nodes: list[Placement | None] = []
+        self.leafs: list[Placement | None] = []
+        self.step = -1
+
+    # -- which tensors are ours ---------------------------------------------------------------------------
+    @staticmethod
+    def _owned(t: Tensor) -> bool:
+        """Allocated here: a compute-region tensor that is not a view."""
+        return t.idx >= t.arena.mark and t.view_src is None
+
+    def alloc_graph(self, g: Graph, node_backend: list[int], leaf_backend: list[int]) -> bool:
+        """Place every tensor of `g` (reserving a new plan first if needed). Returns True if it re-planned."""
+        replan = self.needs_realloc(g, node_backend, leaf_backend)
+        if replan:
+            self.reserve(g, node_backend, leaf_backend)
+        self._apply(g)
+        return replan
+
+    def needs_realloc(self, g: Graph, node_backend: list[int], leaf_backend: list[int]) -> bool:
+        """ggml_gallocr_needs_realloc: counts differ, or a tensor moved backend or outgrew its planned size."""
+        if len(self.nodes) != g.n_nodes or len(self.leafs) != len(g.leafs):
+            return True
+        for plans, idxs, bks in ((self.nodes, g.nodes, node_backend), (self.leafs, g.leafs, leaf_backend)):
+            for p, idx, b in zip(plans, idxs, bks):
+                t = Tensor(g.arena, int(idx))
+                if self._owned(t) and (p is None or p.backend != b or p.size < t.nbytes()):
+                    return True
+        return False
+
+    # -- planning -------------------------------------------------------------------------------------------
+    def reserve(self, g: Graph, node_backend: list[int], leaf_backend: list[int]) -> None:
+        """Plan offsets for every owned tensor, then grow the buffers that are too small."""
+        plan: dict[int, Placement] = {}
+        lists = [FreeList() for _ in self.backends]
+        children, views = self._counts(g)
+        backend_of = dict(zip((int(i) for i in g.nodes), node_backend))
+        backend_of.update(zip((int(i) for i in g.leafs), leaf_backend))
+
+        def place(t: Tensor) -> None:
+            if t.idx not in plan and self._owned(t):
+                b, size = backend_of[t.idx], _aligned(t.nbytes())
+                plan[t.idx] = Placement(b, lists[b].alloc(size), size)
+
+        def release(t: Tensor) -> None:
+            p = plan.get(t.idx)
+            if p is not None and not (t.flags & _KEEP):
+                lists[p.backend].free(p.offset, p.size)
+
+        # graph inputs first, so nothing is ever placed over them (as ggml-alloc)
+        for idx in list(g.leafs) + list(g.nodes):
+            t = Tensor(g.arena, int(idx))
+            if t.flags & TensorFlag.INPUT:
+                place(t)
+        for node in g.iter_nodes():
+            for s in node.src:
+                if s is not None:
+                    place(s)
+            place(node)
+            for s in node.src:
+                if s is not None:
+                    self._done_with(s, children, views, release)
+        self.nodes = [plan.get(int(i)) for i in g.nodes]
+        self.leafs = [plan.get(int(i)) for i in g.leafs]
+        self._grow([fl.high for fl in lists])
+
+    @staticmethod
+    def _counts(g: Graph) -> tuple[dict[int, int], dict[int, int]]:
+        """Consumers of each tensor, and live views of each view_src."""
+        children: dict[int, int] = {}
+        views: dict[int, int] = {}
+        for node in g.iter_nodes():
+            for s in node.src:
+                if s is not None:
+                    children[s.idx] = children.get(s.idx, 0) + 1
+            vs = node.view_src
+            if vs is not None:
+                views[vs.idx] = views.get(vs.idx, 0) + 1
+        return children, views
+
+    @staticmethod
+    def _done_with(s: Tensor, children: dict, views: dict, release) -> None:
+        """One consumer of `s` ran: free it (or, for a view, drop its hold on view_src) after the last one."""
+        children[s.idx] -= 1
+        if children[s.idx] or views.get(s.idx, 0):
+            return
+        vs = s.view_src
+        if vs is None:
+            release(s)
+            return
+        views[vs.idx] -= 1
+        if views[vs.idx] == 0 and children.get(vs.idx, 0) == 0:
+            release(vs)
+
+    def _grow(self, need: list[int]) -> None:
+        """Reallocate each buffer whose planned size grew; one SchedRealloc per re-plan."""
+        same = need == self.need
+        grown = []
+        for b, (be, n) in enumerate(zip(self.backends, need)):
+            cur = self.buffers[b]
+            if n > 0 and (cur is None or n > cur[1]):
+                if cur is not None:
+                    be.buffer_free(cur[0])
+                self.buffers[b] = (be.buffer_alloc(n), n)
+                grown.append(be.name)
+        self.need = list(need)
+        if self.bus is not None:
+            self.bus.emit(E.SchedRealloc(step=self.step, same_size=same, buffer_bytes=int(sum(need)),
+                                         backend=",".join(grown)))
+
+    # -- placing ----------------------------------------------------------------------------------------------
+    def _apply(self, g: Graph) -> None:
+        """Write data/buffer of every tensor from the plan (views from their view_src), in graph order."""
+        rec = g.arena.rec
+        for plans, idxs in ((self.leafs, g.leafs), (self.nodes, g.nodes)):
+            for p, idx in zip(plans, idxs):
+                i = int(idx)
+                if p is not None:
+                    base = self.buffers[p.backend][0]
+                    rec["data"][i], rec["buffer"][i] = base + p.offset, base
+                elif rec["view_src"][i] and i >= g.arena.mark:
+                    vs = g.arena.index(int(rec["view_src"][i]))
+                    rec["data"][i] = rec["data"][vs] + rec["view_offs"][i]
+                    rec["buffer"][i] = rec["buffer"][vs]
+
+    def close(self) -> None:
+        """Free the compute buffers."""
+        for b, cur in enumerate(self.buffers):
+            if cur is not None:
+                self.backends[b].buffer_free(cur[0])
+        self.buffers = [None] * len(self.backends)
+

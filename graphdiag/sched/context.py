@@ -1,0 +1,171 @@
+"""The context, modelled on llama_context::process_ubatch: KV cells, graph params, graph reuse.
+
+Each step places the ubatch's tokens in KV-cache cells, derives the graph params (n_tokens, n_seqs, n_outputs,
+graph type, padded n_kv) and either reuses the previous graph (only the inputs are refreshed; the scheduler stays
+allocated, so split uids are unchanged) or resets the arena's compute region and the scheduler and rebuilds.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+
+import numpy as np
+
+from .. import events as E
+from ..backends.base import Backend
+from ..errors import UsageError
+from ..ir.tensor import Tensor
+from ..model.build import DECODE, PREFILL, BuiltGraph, GraphParams, build_graph, padded_n_kv
+from ..model.weights import Model, load_model
+from .scheduler import Scheduler
+
+
+class KvCells:
+    """Which (sequence, position) each KV-cache cell holds (-1: free), as llama_kv_cells."""
+
+    def __init__(self, n_ctx: int):
+        self.seq = np.full(n_ctx, -1, np.int32)
+        self.pos = np.full(n_ctx, -1, np.int32)
+
+    def next_pos(self, seq: int) -> int:
+        """The position the sequence's next token takes (0 for a new sequence)."""
+        held = self.pos[self.seq == seq]
+        return int(held.max()) + 1 if held.size else 0
+
+    def place(self, seqs: np.ndarray, pos: np.ndarray) -> np.ndarray:
+        """Put each token in the lowest free cell; returns the cells (int32, one per token)."""
+        free = np.nonzero(self.seq < 0)[0]
+        if free.size < len(seqs):
+            raise UsageError(f"KV cache full: {len(seqs)} tokens, {free.size} free cells (n_ctx {len(self.seq)})")
+        cells = free[: len(seqs)].astype(np.int32)
+        self.seq[cells], self.pos[cells] = seqs, pos
+        return cells
+
+    def remove(self, seq: int) -> None:
+        gone = self.seq == seq
+        self.seq[gone], self.pos[gone] = -1, -1
+
+    def n_kv(self) -> int:
+        """Cells the attention reads: highest used cell + 1, padded to 256, at most n_ctx."""
+        used = np.nonzero(self.seq >= 0)[0]
+        return padded_n_kv(int(used[-1]) + 1 if used.size else 0, len(self.seq))
+
+    def mask(self, seqs: np.ndarray, pos: np.ndarray, n_kv: int, n_rows: int) -> np.ndarray:
+        """KQ mask (n_rows, n_kv) float32: 0 where the cell is the token's sequence at pos <= its pos."""
+        ok = (self.seq[None, :n_kv] == seqs[:, None]) & (self.pos[None, :n_kv] <= pos[:, None])
+        m = np.full((n_rows, n_kv), -np.inf, np.float32)
+        m[: len(seqs)][ok] = 0.0
+        return m
+
+
+def _reuse_blocker(prev: GraphParams, new: GraphParams) -> str:
+    """Why a graph built for `prev` cannot serve `new` ("" if it can): llm_graph_params::allow_reuse plus
+    the inputs' can_reuse (the KQ mask's ne[0] must equal n_kv)."""
+    for field, label in (("gtype", "graph type"), ("n_tokens", "n_tokens"), ("n_seqs", "n_seqs"),
+                         ("n_outputs", "n_outputs"), ("n_kv", "n_kv")):
+        a, b = getattr(prev, field), getattr(new, field)
+        if a != b:
+            return f"{label} {a}→{b}"
+    return ""
+
+
+class Context:
+    """Runs ubatches through the scheduler. `step` is the number of the next step (from 0)."""
+
+    def __init__(self, model: Model, sched: Scheduler, bus: E.EventBus | None = None, reuse_disabled: bool = False):
+        self.model, self.sched = model, sched
+        self.bus = bus if bus is not None else E.EventBus()
+        self.reuse_disabled = reuse_disabled
+        self.kv = KvCells(model.cfg.n_ctx)
+        self.res: BuiltGraph | None = None
+        self.step = 0
+        self.n_reused = 0
+
+    # -- public API -----------------------------------------------------------------------------------------
+    def decode(self, tokens: Mapping[int, int] | Sequence[int]) -> np.ndarray:
+        """One token per sequence ({seq: token}, or a list for seqs 0..n-1) -> logits (n_seqs, n_vocab) f32."""
+        items = list(tokens.items()) if isinstance(tokens, Mapping) else list(enumerate(tokens))
+        seqs = np.array([s for s, _ in items], np.int32)
+        pos = np.array([self.kv.next_pos(int(s)) for s in seqs], np.int32)
+        return self.process_ubatch(np.array([t for _, t in items], np.int32), seqs, pos, len(items), DECODE)
+
+    def prefill(self, tokens: Sequence[int], seq: int = 0, all_logits: bool = False) -> np.ndarray:
+        """Many tokens of one sequence -> logits of the last token (1, n_vocab), or of every token."""
+        n = len(tokens)
+        pos = self.kv.next_pos(seq) + np.arange(n, dtype=np.int32)
+        return self.process_ubatch(np.asarray(tokens, np.int32), np.full(n, seq, np.int32), pos,
+                                   n if all_logits else 1, PREFILL)
+
+    def invalidate(self) -> None:
+        """Drop the kept graph (as llama.cpp after a scheduler reserve): the next step rebuilds."""
+        self.res = None
+
+    def process_ubatch(self, tokens: np.ndarray, seqs: np.ndarray, pos: np.ndarray, n_outputs: int,
+                       gtype: str) -> np.ndarray:
+        """One step: place in the cache, reuse or rebuild, set inputs, compute; logits (n_outputs, n_vocab)."""
+        step = self.step
+        cells = self.kv.place(seqs, pos)
+        params = GraphParams(len(tokens), len(np.unique(seqs)), n_outputs, gtype, self.kv.n_kv())
+        self.bus.emit(E.StepStarted(step=step, phase=gtype, n_tokens=params.n_tokens, n_seqs=params.n_seqs,
+                                    n_kv=params.n_kv))
+        self.sched.step = step
+        reason = self._reuse_reason(params)
+        self.bus.emit(E.ContextDecision(step=step, reused=not reason, reason=reason))
+        if reason:
+            self.model.arena.reset()
+            self.sched.reset()
+            self.res = build_graph(self.model, params)
+            self.sched.alloc_graph(self.res.graph)
+        else:
+            self.n_reused += 1
+        self._set_inputs(tokens, seqs, pos, cells)
+        self.sched.graph_compute(self.res.graph)
+        self.step += 1
+        return self.read_logits()
+
+    def can_reuse(self, params: GraphParams) -> bool:
+        return self.res is not None and not _reuse_blocker(self.res.params, params)
+
+    def read_logits(self) -> np.ndarray:
+        """The last computed logits: (n_outputs, n_vocab) float32, read from the backend holding them."""
+        t = self.res.logits
+        be = self.sched.backend_of(t)
+        be.synchronize()
+        raw = be.tensor_get(t.data, t.nbytes())
+        return raw.view(np.float32).reshape(t.ne[1], t.ne[0]).copy()
+
+    _logits = read_logits  # the runner's name for it
+
+    # -- internals -----------------------------------------------------------------------------------------
+    def _reuse_reason(self, params: GraphParams) -> str:
+        if self.res is None:
+            return "first graph"
+        if self.reuse_disabled:
+            return "reuse disabled"
+        return _reuse_blocker(self.res.params, params)
+
+    def _put(self, t: Tensor, a: np.ndarray) -> None:
+        self.sched.backend_of(t).tensor_set(t.data, a)
+
+    def _set_inputs(self, tokens, seqs, pos, cells) -> None:
+        """llm_graph_result::set_inputs: write this step's input tensors."""
+        inp, p = self.res.inputs, self.res.params
+        self._put(inp.tokens, tokens.astype(np.int32))
+        self._put(inp.pos, pos.astype(np.int32))
+        self._put(inp.kq_mask, self.kv.mask(seqs, pos, p.n_kv, inp.kq_mask.ne[1]))
+        self._put(inp.k_idxs, cells)
+        self._put(inp.v_idxs, cells)
+        if inp.out_ids is not None:
+            self._put(inp.out_ids, np.arange(p.n_tokens - p.n_outputs, p.n_tokens, dtype=np.int32))
+
+
+def make_context(model: Model, backends: list[Backend], bus: E.EventBus | None = None, n_cpu_moe: int = 0,
+                 reuse_disabled: bool = False) -> Context:
+    """Load the model (backends[0] default, backends[-1] the CPU for --n-cpu-moe), wire scheduler and context."""
+    bus = bus if bus is not None else E.EventBus()
+    cpu = backends[-1] if len(backends) > 1 else None
+    buffers = load_model(model, backends[0], cpu, n_cpu_moe)
+    sched = Scheduler(backends, model.arena, bus)
+    for wb in buffers:
+        sched.register_buffer(wb.addr, wb.nbytes, wb.backend)
+    return Context(model, sched, bus, reuse_disabled)

@@ -1,0 +1,219 @@
+"""The backend scheduler, modelled on ggml_backend_sched: backend assignment, splits, input copies, uids.
+
+Backends are in priority order (GPU first, CPU last); backend 0 is the default. A node runs where the persistent
+tensors it reads live (weights pin their ops: with --n-cpu-moe the expert stacks are in CPU memory, so their
+MUL_MAT_ID run on the CPU); otherwise where all its computed sources run (the GLU between two CPU expert
+mat-muls); otherwise on the default backend. Splits are maximal runs of nodes on one backend. A split that reads
+a tensor produced on another backend gets, at its start, a CPY node (src[0] = the producer, no COMPUTE flag: the
+scheduler copies before computing the split, as ggml's split inputs) and its consumers are rewired to the copy.
+Splitting gives the whole graph a uid and every split a fresh uid (ggml_graph_next_uid); it happens only when the
+scheduler is not allocated, so while it stays allocated the uids do not change.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from .. import events as E
+from ..backends.base import Backend
+from ..errors import InternalError
+from ..ir.arena import Arena
+from ..ir.build import Ctx
+from ..ir.graph import Graph, graph_view, next_uid
+from ..ir.ops import Op, TensorFlag
+from ..ir.tensor import Tensor
+from .alloc import GraphAllocator
+
+
+@dataclass
+class Split:
+    """One contiguous range [i_start, i_end) of the scheduler's node list, run on one backend."""
+
+    backend: int
+    i_start: int
+    i_end: int
+    graph: Graph
+    inputs: list[tuple[int, int, int]]   # (copy slot, source slot, source backend), copied before compute
+
+
+def is_sched_copy(t: Tensor) -> bool:
+    """A scheduler-made input copy: op CPY without the COMPUTE flag (graph-built CPY nodes have it)."""
+    return t.op == Op.CPY and not (t.flags & TensorFlag.COMPUTE)
+
+
+class Scheduler:
+    def __init__(self, backends: list[Backend], arena: Arena, bus: E.EventBus | None = None):
+        if not backends:
+            raise ValueError("a scheduler needs at least one backend")
+        self.backends = list(backends)
+        self.arena = arena
+        self.bus = bus
+        self.galloc = GraphAllocator(self.backends, bus)
+        self.owners: list[tuple[int, int, int]] = []   # (address, bytes, backend) of persistent buffers
+        self.splits: list[Split] = []
+        self.graph: Graph | None = None                 # the graph copy: split inputs + nodes
+        self.is_reset = True
+        self.is_alloc = False
+        self._region: tuple[Graph, int, int] | None = None   # (graph, first slot, end slot) of our copies
+        self._slot_backend: dict[int, int] = {}
+        self._leaf_backends: list[int] = []
+        self.step = -1
+
+    # -- setup ----------------------------------------------------------------------------------------------
+    def register_buffer(self, addr: int, nbytes: int, backend: Backend) -> None:
+        """Declare a persistent buffer (weights, KV cache): ops reading tensors in it run on `backend`."""
+        self.owners.append((addr, nbytes, self.backends.index(backend)))
+
+    def owner(self, addr: int) -> int | None:
+        for a, n, b in self.owners:
+            if a <= addr < a + n:
+                return b
+        return None
+
+    # -- ggml_backend_sched API ------------------------------------------------------------------------------
+    def reset(self) -> None:
+        """Forget the split/allocation (ggml_backend_sched_reset); the next compute splits and allocates anew."""
+        self.is_reset = True
+        self.is_alloc = False
+
+    def alloc_graph(self, graph: Graph) -> None:
+        """Assign, split (new uids), let each backend optimise its split, then place buffers."""
+        self._split_graph(graph)
+        nb = [0] * self.graph.n_nodes
+        for sp in self.splits:
+            nb[sp.i_start:sp.i_end] = [sp.backend] * (sp.i_end - sp.i_start)
+        self.galloc.step = self.step
+        self.galloc.alloc_graph(self.graph, nb, self._leaf_backends)
+        self.is_alloc = True
+        if self.bus is not None:
+            self.bus.emit(E.GraphSplit(
+                step=self.step, n_splits=len(self.splits),
+                backends=tuple(self.backends[s.backend].name for s in self.splits),
+                uids=tuple(s.graph.uid for s in self.splits),
+                n_nodes=tuple(s.graph.n_nodes for s in self.splits)))
+
+    def graph_compute(self, graph: Graph) -> None:
+        """ggml_backend_sched_graph_compute: (re)allocate if needed, then copy inputs and compute each split."""
+        if not self.is_reset and not self.is_alloc:
+            self.reset()
+        if not self.is_alloc:
+            self.alloc_graph(graph)
+        for i, sp in enumerate(self.splits):
+            be = self.backends[sp.backend]
+            for cpy, src, sb in sp.inputs:
+                self._copy_input(Tensor(self.arena, src), Tensor(self.arena, cpy), self.backends[sb], be)
+            be.graph_compute(sp.graph, i)
+
+    def backend_of(self, t: Tensor) -> Backend:
+        """The backend holding tensor `t`'s data (for reading outputs)."""
+        b = self.owner(t.data)
+        if b is None:
+            b = self._slot_backend.get(t.idx)
+        return self.backends[b if b is not None else 0]
+
+    def close(self) -> None:
+        self.galloc.close()
+
+    # -- splitting ------------------------------------------------------------------------------------------
+    def _split_graph(self, graph: Graph) -> None:
+        self.is_reset = False
+        graph.uid = next_uid()                      # the whole graph first, as ggml_backend_sched_split_graph
+        self._unwire(graph)
+        slot_b = self._assign(graph)
+        self._slot_backend = slot_b
+        runs = self._runs(graph, slot_b)
+        self._rewind_region(graph)
+        start = self.arena.top
+        nodes, self.splits = [], []
+        for b, i0, i1 in runs:
+            inputs = self._make_inputs(graph.nodes[i0:i1], b, slot_b)
+            first = len(nodes)
+            nodes += [c for c, _, _ in inputs] + [int(x) for x in graph.nodes[i0:i1]]
+            self.splits.append(Split(b, first, len(nodes), None, inputs))
+        self._region = (graph, start, self.arena.top)
+        self.graph = Graph(self.arena, nodes, graph.leafs, uid=graph.uid)
+        for i, sp in enumerate(self.splits):
+            sp.graph = graph_view(self.graph, sp.i_start, sp.i_end)
+            self.backends[sp.backend].graph_optimize(sp.graph, i)
+            # a backend may reorder its split (concurrent streams): placement follows the order it left
+            self.graph.nodes[sp.i_start:sp.i_end] = sp.graph.nodes
+        for sp in self.splits:
+            sp.graph.uid = next_uid()
+        self._leaf_backends = [slot_b.get(int(i), 0) for i in self.graph.leafs]
+
+    def _unwire(self, graph: Graph) -> None:
+        """Point consumers back at the producers if this graph was split before (its structs were kept)."""
+        for node in graph.iter_nodes():
+            for j, s in enumerate(node.src):
+                if s is not None and self.arena.contains(s.addr) and is_sched_copy(s):
+                    node.set_src(j, s.src[0])
+
+    def _rewind_region(self, graph: Graph) -> None:
+        """Re-splitting the same graph makes its copies in the same slots again (ggml reuses sched->ctx)."""
+        if self._region is not None:
+            g, start, end = self._region
+            if g is graph and self.arena.top == end:
+                self.arena.top = start
+
+    def _assign(self, graph: Graph) -> dict[int, int]:
+        """Backend of every node and leaf (slot -> backend index)."""
+        slot_b: dict[int, int] = {}
+        mark = self.arena.mark
+        for idx in graph.leafs:
+            t = Tensor(self.arena, int(idx))
+            if t.data and (b := self.owner(t.data)) is not None:
+                slot_b[t.idx] = b
+        for node in graph.iter_nodes():
+            srcs = [s for s in node.src if s is not None]
+            pinned = [slot_b[s.idx] for s in srcs if s.idx < mark and s.idx in slot_b]
+            computed = {slot_b[s.idx] for s in srcs if s.idx >= mark and s.idx in slot_b}
+            if pinned:
+                slot_b[node.idx] = pinned[0]
+            elif len(computed) == 1:
+                slot_b[node.idx] = computed.pop()
+            else:
+                slot_b[node.idx] = 0
+        for node in graph.iter_nodes():          # inputs live where they are first read
+            for s in node.src:
+                if s is not None and s.idx not in slot_b:
+                    slot_b[s.idx] = slot_b[node.idx]
+        return slot_b
+
+    @staticmethod
+    def _runs(graph: Graph, slot_b: dict[int, int]) -> list[tuple[int, int, int]]:
+        """(backend, i0, i1) for each maximal run of nodes on one backend."""
+        runs: list[tuple[int, int, int]] = []
+        for i, idx in enumerate(graph.nodes):
+            b = slot_b[int(idx)]
+            if runs and runs[-1][0] == b:
+                runs[-1] = (b, runs[-1][1], i + 1)
+            else:
+                runs.append((b, i, i + 1))
+        return runs
+
+    def _make_inputs(self, idxs: np.ndarray, b: int, slot_b: dict[int, int]) -> list[tuple[int, int, int]]:
+        """CPY structs for the split's sources that live on another backend; consumers are rewired to them."""
+        ctx, made = Ctx(self.arena), {}
+        for idx in idxs:
+            node = Tensor(self.arena, int(idx))
+            for j, s in enumerate(node.src):
+                if s is None or slot_b.get(s.idx, b) == b:
+                    continue
+                if node.view_src is not None and j == 0:
+                    raise InternalError(f"view {node.name!r} on {self.backends[b].name} of a tensor elsewhere")
+                if s.idx not in made:
+                    if not s.is_contiguous():
+                        raise InternalError(f"split input {s.name!r} is not contiguous")
+                    name = f"{self.backends[b].name}#{s.name}#0"
+                    made[s.idx] = ctx.new_tensor(s.type, s.ne, name, Op.CPY, (s,))
+                node.set_src(j, made[s.idx])
+        for s_idx, c in made.items():
+            slot_b[c.idx] = b
+        return [(c.idx, s_idx, slot_b[s_idx]) for s_idx, c in made.items()]
+
+    def _copy_input(self, src: Tensor, dst: Tensor, src_be: Backend, dst_be: Backend) -> None:
+        """ggml_backend_tensor_copy of a split input: read on the producer's backend, write on the split's."""
+        src_be.synchronize()
+        dst_be.tensor_set(dst.data, src_be.tensor_get(src.data, src.nbytes()))

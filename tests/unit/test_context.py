@@ -1,0 +1,95 @@
+"""The context: KV cells and n_kv padding, the KQ mask, graph reuse and the reasons it is refused."""
+
+import dataclasses
+
+import numpy as np
+import pytest
+
+from graphdiag import events as E
+from graphdiag.backends.cpu import CpuBackend
+from graphdiag.counters import Counters
+from graphdiag.memory import AddressSpace
+from graphdiag.model.presets import PRESETS
+from graphdiag.model.weights import create_model
+from graphdiag.sched.context import KvCells, make_context
+
+CFG = dataclasses.replace(PRESETS["tiny"], n_layer=2, n_vocab=512, n_ctx=1024)
+
+
+def test_kv_cells_positions_padding_and_mask():
+    kv = KvCells(1024)
+    assert kv.n_kv() == 256 and kv.next_pos(0) == 0
+    cells = kv.place(np.array([0, 0, 1]), np.array([0, 1, 0]))
+    assert cells.tolist() == [0, 1, 2] and kv.next_pos(0) == 2 and kv.next_pos(1) == 1
+    m = kv.mask(np.array([0, 1]), np.array([1, 0]), 256, 2)
+    assert m.shape == (2, 256) and m.dtype == np.float32
+    assert m[0, :3].tolist() == [0, 0, -np.inf] and m[1, :3].tolist() == [-np.inf, -np.inf, 0]
+    assert np.isneginf(m[:, 3:]).all()
+    kv.place(np.full(254, 2), np.arange(254))
+    assert kv.n_kv() == 512                   # 257 cells in use
+    kv.remove(2)
+    assert kv.n_kv() == 256 and kv.place(np.array([3]), np.array([0])).tolist() == [3]
+
+
+@pytest.fixture(scope="module")
+def model():
+    return create_model(CFG, seed=11)
+
+
+def context(model, **kw):
+    cpu = CpuBackend("CPU")
+    gs = AddressSpace(base=0x7000_0000_0000, name="GPU")
+    gpu = CpuBackend("GPU", space=gs, resolve=[gs, cpu.space])
+    bus, rec, counters = E.EventBus(), E.Recorder(), Counters()
+    bus.subscribe(rec)
+    bus.subscribe(counters)
+    return make_context(model, [gpu, cpu], bus, **kw), rec, counters
+
+
+def reasons(rec):
+    return [(e.step, e.reused, e.reason) for e in rec.of(E.ContextDecision)]
+
+
+def test_same_batch_decode_reuses_the_graph_and_its_uids(model):
+    ctx, rec, counters = context(model)
+    ctx.prefill([1, 2, 3], seq=0)
+    ctx.prefill([4, 5], seq=1)
+    with counters.expect(graphs_reused=2, graphs_rebuilt=1):
+        ctx.decode([7, 8])
+        uids = [s.graph.uid for s in ctx.sched.splits]
+        ctx.decode([9, 10])
+        ctx.decode([11, 12])
+    assert [s.graph.uid for s in ctx.sched.splits] == uids and ctx.n_reused == 2
+    ctx.decode({0: 3})
+    assert reasons(rec) == [(0, False, "first graph"), (1, False, "n_tokens 3→2"),
+                            (2, False, "graph type prefill→decode"), (3, True, ""), (4, True, ""),
+                            (5, False, "n_tokens 2→1")]
+    started = rec.of(E.StepStarted)
+    assert [(e.step, e.phase, e.n_tokens, e.n_seqs, e.n_kv) for e in started][1:3] == [
+        (1, "prefill", 2, 1, 256), (2, "decode", 2, 2, 256)]
+    assert [e.step for e in rec.of(E.GraphSplit)] == [0, 1, 2, 5]
+
+
+def test_reuse_disabled_splits_every_step_with_new_uids_at_stable_addresses(model):
+    ctx, rec, counters = context(model, reuse_disabled=True)
+    ctx.prefill([1, 2, 3])
+    seen = []
+    with counters.expect(graphs_reused=0, graphs_rebuilt=3):
+        for t in (5, 6, 7):
+            ctx.decode([t])
+            seen.append((ctx.sched.splits[0].graph.uid, ctx.sched.splits[0].graph.first_node_addr,
+                         model.arena.raw[ctx.sched.graph.nodes].tobytes()))
+    assert len({u for u, _, _ in seen}) == 3
+    assert len({(k, b) for _, k, b in seen}) == 1   # the rebuilt graph is byte-identical: only the uid moves
+    assert reasons(rec)[2:] == [(2, False, "reuse disabled"), (3, False, "reuse disabled")]
+
+
+def test_crossing_a_256_cell_boundary_forces_a_rebuild(model):
+    ctx, rec, counters = context(model)
+    ctx.prefill(list(range(1, 255)))          # cells 0..253
+    for t in (1, 2, 3):                       # cells 254, 255, then 256: n_kv 256 -> 512
+        ctx.decode([t])
+    assert reasons(rec)[1:] == [(1, False, "graph type prefill→decode"), (2, True, ""),
+                                (3, False, "n_kv 256→512")]
+    assert rec.of(E.StepStarted)[-1].n_kv == 512 and ctx.res.inputs.kq_mask.ne[0] == 512
+    assert counters.reallocs_changed >= 2

@@ -1,0 +1,168 @@
+"""Model presets, weights and the graph builder: names, node order, inputs, determinism (no data needed)."""
+
+import dataclasses
+
+import numpy as np
+import pytest
+
+from graphdiag.errors import UsageError
+from graphdiag.ir.dtypes import GGMLType
+from graphdiag.ir.ops import GluOp, Op, TensorFlag
+from graphdiag.memory import dequantize_q8_0
+from graphdiag.model.build import DECODE, PREFILL, GraphParams, build_graph, padded_n_kv
+from graphdiag.model.presets import PRESETS, get_preset, weight_type
+from graphdiag.model.weights import create_model, on_cpu
+
+N_7B_DECODE_NODES = 868
+
+
+@pytest.fixture(scope="module")
+def tiny():
+    return create_model(PRESETS["tiny"], with_data=False)
+
+
+@pytest.fixture(scope="module")
+def moe():
+    return create_model(PRESETS["moe-tiny"], with_data=False)
+
+
+def decode_params(n: int, n_kv: int = 256) -> GraphParams:
+    return GraphParams(n, n, n, DECODE, n_kv)
+
+
+def node_index(g) -> dict[str, int]:
+    """First position of each node name (names repeat: `norm-l` is both norms of layer l)."""
+    out: dict[str, int] = {}
+    for i, t in enumerate(g.iter_nodes()):
+        out.setdefault(t.name, i)
+    return out
+
+
+def consumers(g, t) -> list[str]:
+    return [n.name for n in g.iter_nodes() if t in n.src]
+
+
+def test_presets_and_lookup():
+    assert (PRESETS["small"].n_layer, PRESETS["small"].n_head_kv, PRESETS["small"].head_dim) == (8, 4, 64)
+    moe = get_preset("moe-tiny")
+    assert (moe.n_expert, moe.n_expert_used, moe.n_ff_exp, moe.is_moe) == (8, 2, 512, True)
+    assert PRESETS["7b"].n_embd_kv == 4096 and PRESETS["1b"].n_embd_kv == 512
+    assert weight_type("Q8_0") == GGMLType.Q8_0
+    with pytest.raises(UsageError, match="known: tiny"):
+        get_preset("13b")
+
+
+def test_weights_types_layout_and_dense():
+    cfg = dataclasses.replace(PRESETS["tiny"], n_layer=1, n_vocab=256)
+    m = create_model(cfg, GGMLType.Q8_0, seed=7)
+    assert m.arena.mark == m.arena.top == len(m.tensors())
+    lay = m.layers[0]
+    assert lay.wq.type == GGMLType.Q8_0 and m.tok_embd.type == GGMLType.Q8_0
+    assert lay.attn_norm.type == GGMLType.F32 and lay.k_cache.type == GGMLType.F16
+    assert lay.k_cache.ne[:2] == (cfg.n_embd_kv, cfg.n_ctx)
+    wq = m.host["blk.0.attn_q.weight"]
+    assert wq.shape == (512, 512 // 32)                        # ggml (K, M) as numpy (M, K/32) blocks
+    assert np.array_equal(m.dense("blk.0.attn_q.weight"), dequantize_q8_0(wq))
+    # scale 1/sqrt(fan_in): rows of W x stay O(1) for x of O(1)
+    assert 0.8 < float(m.dense("blk.0.ffn_down.weight").std() * np.sqrt(cfg.n_ff)) < 1.2
+    again = create_model(cfg, GGMLType.Q8_0, seed=7)
+    assert np.array_equal(again.host["output.weight"], m.host["output.weight"])
+
+
+def test_n_cpu_moe_placement_is_the_first_layers_experts():
+    assert on_cpu("blk.1.ffn_up_exps.weight", 2) and not on_cpu("blk.2.ffn_up_exps.weight", 2)
+    assert not on_cpu("blk.0.ffn_gate_inp.weight", 2) and not on_cpu("blk.0.attn_q.weight", 4)
+
+
+def test_decode_layer_order_matches_what_the_runtime_fuses(tiny):
+    g = build_graph(tiny, decode_params(4)).graph
+    at = node_index(g)
+    names = [t.name for t in g.iter_nodes()]
+    norm = g.node(at["attn_norm-0"])
+    assert sorted(consumers(g, norm)) == ["Kcur-0", "Qcur-0", "Vcur-0"]
+    i = at["Kcur_rope-0"]
+    rope, view, set_rows = g.node(i), g.node(i + 1), g.node(i + 2)
+    assert (rope.op, view.op, set_rows.op) == (Op.ROPE, Op.VIEW, Op.SET_ROWS)
+    assert view.src[0] == rope and set_rows.src[1] == view and set_rows.view_src == tiny.layers[0].k_cache
+    assert view.ne[:2] == (512, 4)
+    i = at["ffn_gate-0"]
+    assert names[i:i + 3] == ["ffn_gate-0", "ffn_up-0", "ffn_swiglu-0"]
+    assert g.node(i + 2).op == Op.GLU and g.node(i + 2).param_i32(0) == GluOp.SWIGLU
+    fa = g.node(at["__fattn__-0"])
+    k, v, mask = fa.src[1], fa.src[2], fa.src[3]
+    assert k.ne[:3] == (64, 8, 256) and k.src[0].name == "cache_k_l0 (set_rows)"
+    assert v.src[0].name == "cache_v_l0 (set_rows)" and at["cache_v_l0 (set_rows)"] < at["__fattn__-0"]
+    assert mask.name == "kq_mask" and mask.type == GGMLType.F32 and mask.ne[:2] == (256, 4)
+    assert abs(fa.param_f32(0) - 1 / 8) < 1e-7
+    assert names[-3:] == ["norm", "result_norm", "result_output"]
+    for n in ("attn_out-0", "ffn_inp-0", "ffn_norm-0", "ffn_down-0", "l_out-3", "inp_embd"):
+        assert n in at
+
+
+def test_inputs_and_output_flags(tiny):
+    b = build_graph(tiny, decode_params(2))
+    inp = b.inputs
+    for t, ty in ((inp.tokens, GGMLType.I32), (inp.pos, GGMLType.I32), (inp.kq_mask, GGMLType.F32),
+                  (inp.k_idxs, GGMLType.I32), (inp.v_idxs, GGMLType.I32)):
+        assert t.flags & TensorFlag.INPUT and t.type == ty and t.idx in set(b.graph.leafs.tolist())
+    assert inp.out_ids is None
+    assert b.logits.flags & TensorFlag.OUTPUT and b.logits.ne[:2] == (4096, 2)
+
+
+def test_prefill_computes_only_the_output_rows_at_the_end(tiny):
+    b = build_graph(tiny, GraphParams(9, 1, 1, PREFILL, 256))
+    at = node_index(b.graph)
+    assert b.inputs.out_ids.ne[0] == 1 and b.inputs.out_ids.name == "inp_out_ids"
+    rows = b.graph.node(at["attn_out_rows-3"])
+    assert rows.op == Op.GET_ROWS and rows.src[1] == b.inputs.out_ids and rows.ne[:2] == (512, 1)
+    assert at["attn_out-3"] < at["attn_out_rows-3"] < at["ffn_inp-3"]
+    assert b.graph.node(at["attn_out-2"]).ne[1] == 9 and b.logits.ne[:2] == (4096, 1)
+
+
+def test_moe_ffn_names_and_order(moe):
+    g = build_graph(moe, decode_params(3)).graph
+    names = [t.name for t in g.iter_nodes()]
+    i, j = names.index("ffn_moe_logits-1"), names.index("ffn_moe_out-1")
+    assert [n for n in names[i:j + 1] if "reshaped" not in n] == [
+        "ffn_moe_logits-1", "ffn_moe_probs-1", "ffn_moe_topk-1", "ffn_moe_weights-1", "ffn_moe_in-1",
+        "ffn_moe_gate-1", "ffn_moe_up-1", "ffn_moe_swiglu-1", "ffn_moe_down-1", "ffn_moe_weighted-1",
+        "ffn_moe_weighted-1 (view 0)", "ffn_moe_weighted-1 (view 1)", "ffn_moe_out-1"]
+    at = node_index(g)
+    assert [g.node(at[f"ffn_moe_{n}-1"]).op for n in ("gate", "up", "down")] == [Op.MUL_MAT_ID] * 3
+    assert g.node(at["ffn_moe_topk-1"]).ne[:2] == (2, 3) and g.node(at["ffn_moe_weights-1"]).ne[:3] == (1, 2, 3)
+    assert g.node(at["ffn_moe_down-1"]).ne[:3] == (512, 2, 3)
+
+
+def test_rebuild_after_reset_gives_identical_structs(tiny):
+    tiny.arena.reset()
+    g1 = build_graph(tiny, decode_params(4)).graph
+    snap = tiny.arena.raw[g1.nodes].copy(), g1.nodes.copy(), g1.first_node_addr
+    tiny.arena.reset()
+    g2 = build_graph(tiny, decode_params(4)).graph
+    assert g2.first_node_addr == snap[2] and np.array_equal(g2.nodes, snap[1])
+    assert np.array_equal(tiny.arena.raw[g2.nodes], snap[0])
+
+
+def test_other_params_change_shapes_not_addresses(tiny):
+    tiny.arena.reset()
+    g1 = build_graph(tiny, decode_params(1)).graph
+    ne1 = tiny.arena.rec["ne"][g1.nodes].copy()
+    tiny.arena.reset()
+    g4 = build_graph(tiny, decode_params(4, n_kv=512)).graph
+    assert g4.first_node_addr == g1.first_node_addr and g4.n_nodes == g1.n_nodes
+    changed = {g4.node(i).name for i in np.nonzero((tiny.arena.rec["ne"][g4.nodes] != ne1).any(axis=1))[0]}
+    assert {"inp_embd", "Qcur-0", "k-0", "v-0", "result_output"} <= changed
+    assert "cache_k_l0 (set_rows)" not in changed   # the whole cache, whatever the batch
+
+
+def test_padded_n_kv():
+    assert [padded_n_kv(n, 4096) for n in (0, 1, 256, 257, 600)] == [256, 256, 256, 512, 768]
+    assert padded_n_kv(1000, 1000) == 1000
+
+
+def test_7b_decode_graph_builds_without_data():
+    m = create_model(PRESETS["7b"], GGMLType.Q8_0, with_data=False)
+    b = build_graph(m, decode_params(1))
+    assert m.host == {} and all(t.data == 0 for t in m.tensors())
+    assert b.graph.n_nodes == N_7B_DECODE_NODES
+    assert b.graph.node(0).name == "inp_embd" and b.logits.ne[:2] == (32000, 1)
