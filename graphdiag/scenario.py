@@ -56,6 +56,21 @@ class TimelineChange:
     prefill: int | None = None
     alternate_batches: tuple[int, ...] | None = None
 
+    # Read-only mapping view of the fields that are set, so step planners can treat it as the TOML table.
+    def keys(self) -> list[str]:
+        return [k for k in ("at_step", *CHANGES) if getattr(self, k) is not None]
+
+    def __contains__(self, name: str) -> bool:
+        return name in self.keys()
+
+    def __getitem__(self, name: str):
+        if name not in self:
+            raise KeyError(name)
+        return getattr(self, name)
+
+    def get(self, name: str, default=None):
+        return self[name] if name in self else default
+
 
 @dataclass
 class Scenario:
@@ -148,7 +163,8 @@ class _Validator:
         run = self.run(data.get("run", {}))
         return Scenario(name=data["name"], description=data["description"].strip(), path=self.path, run=run,
                         env=self.env(data.get("env", {})),
-                        timeline=self.timeline(data.get("timeline", []), run.get("steps", RunConfig.steps)),
+                        timeline=self.timeline(data.get("timeline", []), run.get("batch", RunConfig.batch),
+                                               run.get("steps", RunConfig.steps)),
                         expect=self.expect(data.get("expect", {})))
 
     def run(self, run: dict) -> dict:
@@ -170,7 +186,10 @@ class _Validator:
             self.typed(v, str, f"env.{k}", "env", k)
         return dict(env)
 
-    def timeline(self, entries: list, steps: int) -> tuple[TimelineChange, ...]:
+    def timeline(self, entries: list, batch: int, steps: int) -> tuple[TimelineChange, ...]:
+        """Steps are numbered over every ubatch: `batch` prefills (0..batch-1), then `steps` decode steps;
+        a change applies to a decode step."""
+        first, last = batch, batch + steps - 1
         out = []
         for i, e in enumerate(entries):
             if not isinstance(e, dict):
@@ -179,8 +198,9 @@ class _Validator:
             if "at_step" not in e:
                 self.fail(f"timeline entry {i + 1} has no at_step", "timeline", None, i)
             at = self.typed(e["at_step"], int, "at_step", "timeline", "at_step", i)
-            if not 0 <= at < steps:
-                self.fail(f"at_step {at} is outside the run's steps 0–{steps - 1}", "timeline", "at_step", i)
+            if not first <= at <= last:
+                self.fail(f"at_step {at} is outside the decode steps {first}–{last} (steps {first}–{last} "
+                          f"follow {batch} prefill step{'s' if batch != 1 else ''})", "timeline", "at_step", i)
             change = [k for k in e if k != "at_step"]
             if len(change) != 1:
                 self.fail(f"timeline entry {i + 1} must set exactly one of {', '.join(CHANGES)}",

@@ -16,7 +16,7 @@ from rich.table import Table
 
 from .. import events as E
 from .eventlog import EventLog, fmt_ns
-from .record import RunHeader
+from .record import RunHeader, as_header
 from .summary import Summary
 
 WIDTH = 120          # fixed width of plain (non-terminal) output
@@ -45,6 +45,8 @@ def header_lines(header: RunHeader) -> list[str]:
     scen = f" · scenario {header.scenario}" if header.scenario else ""
     lines = [f"graphdiag {header.graphdiag_version} · {where} · model {header.model}{scen}",
              f"started {header.started}"]
+    if header.note:
+        lines.insert(1, f"note: {header.note}")
     items = []
     for name, value in header.settings.items():
         src = header.sources.get(name, "default")
@@ -74,12 +76,12 @@ class ConsoleReporter:
     """An event sink printing the run header, the event log up to `verbosity` and a progress bar over
     `total_steps` (only on a terminal unless `progress` says otherwise). Call `close()` at the end."""
 
-    def __init__(self, header: RunHeader, verbosity: int = 0, file: TextIO | None = None,
+    def __init__(self, header: RunHeader | dict, verbosity: int = 0, file: TextIO | None = None,
                  total_steps: int | None = None, progress: bool | None = None, console: Console | None = None):
         self.console = console or make_console(file)
         self.verbosity = verbosity
         self.log = EventLog()
-        for line in header_lines(header):
+        for line in header_lines(as_header(header)):
             self.console.print(line, markup=False)
         if progress is None:
             progress = self.console.is_terminal and bool(total_steps)

@@ -41,6 +41,7 @@ class RunHeader:
     sources: dict[str, str] = field(default_factory=dict)
     started: str = ""
     scenario: str | None = None
+    note: str = ""                 # what the runner wants said, e.g. "no GPU (...); using the SIMULATED driver"
     graphdiag_version: str = __version__
     schema: str = SCHEMA_NAME
     version: int = E.SCHEMA_VERSION
@@ -58,15 +59,20 @@ class RunHeader:
         return cls(**{k: v for k, v in d.items() if k in names})
 
 
+def as_header(header: "RunHeader | dict[str, Any]") -> RunHeader:
+    """A RunHeader from either a RunHeader or the header dict the runner builds."""
+    return header if isinstance(header, RunHeader) else RunHeader.from_dict(header)
+
+
 class JsonlWriter:
     """An event sink writing the record. Subscribe it WITHOUT spans; call `close()` (or use `with`).
 
     The header is written at construction; events are buffered by the file object and flushed at close."""
 
-    def __init__(self, path: str | Path, header: RunHeader):
+    def __init__(self, path: str | Path, header: RunHeader | dict[str, Any]):
         self.path = Path(path)
         self._f: TextIO | None = self.path.open("w", encoding="utf-8")
-        self._write(header.to_dict())
+        self._write(as_header(header).to_dict())
 
     def _write(self, obj: dict[str, Any]) -> None:
         self._f.write(json.dumps(obj, separators=(",", ":")) + "\n")
@@ -90,7 +96,7 @@ class JsonlWriter:
         return False
 
 
-def write_record(path: str | Path, header: RunHeader, events: list[E.Event]) -> None:
+def write_record(path: str | Path, header: RunHeader | dict[str, Any], events: list[E.Event]) -> None:
     """Write a whole record at once (what a finished run or a test has in memory)."""
     with JsonlWriter(path, header) as w:
         for ev in events:

@@ -15,7 +15,7 @@ from typing import Any, Iterable
 
 from .. import events as E
 from ..counters import Counters
-from .record import RunHeader
+from .record import RunHeader, as_header
 
 
 @dataclass
@@ -98,8 +98,9 @@ class Summary:
         return json.dumps(self.to_dict(), indent=2)
 
 
-def summarize(header: RunHeader, events: Iterable[E.Event]) -> Summary:
-    """Build the Summary of a run from its header and decision events (spans are ignored)."""
+def summarize(header: RunHeader | dict[str, Any], events: Iterable[E.Event]) -> Summary:
+    """Build the Summary of a run from its header (RunHeader or dict) and decision events (spans ignored)."""
+    header = as_header(header)
     events = [e for e in events if not isinstance(e, (E.SpanBegin, E.SpanEnd))]
     counters = Counters()
     for ev in events:

@@ -73,14 +73,14 @@ def injection_lib(tmp_path_factory) -> Path:
     return lib
 
 
-def run_traced(tmp_path: Path, lib: Path | None) -> tuple[str, list[str]]:
+def run_traced(tmp_path: Path, lib: Path | None, script: str = SCRIPT) -> tuple[str, list[str]]:
     """Run SCRIPT in a fresh interpreter (with or without the injection); return its stdout and log lines."""
     log = tmp_path / "nvtx.log"
     env = {k: v for k, v in os.environ.items() if not k.startswith("NVTX_")}
     env["PYTHONPATH"] = str(REPO) + os.pathsep + env.get("PYTHONPATH", "")
     if lib is not None:
         env |= {"NVTX_INJECTION64_PATH": str(lib), "NVTX_LOG": str(log)}
-    out = subprocess.run([sys.executable, "-c", SCRIPT], env=env, capture_output=True, text=True,
+    out = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True,
                          timeout=120, check=True).stdout
     return out, (log.read_text().splitlines() if log.exists() else [])
 
@@ -132,3 +132,27 @@ def test_nvtx_sink_is_a_noop_without_a_tool(tmp_path):
     out, log = run_traced(tmp_path, None)
     assert "enabled False" in out
     assert log == []
+
+
+RUN_SCRIPT = textwrap.dedent("""
+    from graphdiag import runner
+    from graphdiag.config import resolve
+    from graphdiag.report.nvtx_sink import NvtxSink
+    sink = NvtxSink()
+    result = runner.run(resolve({"backend": "sim", "steps": 4}, environ={}), span_sinks=[sink])
+    sink.close()
+    print("enabled", sink.enabled, "steps", sum(e.kind == "step_finished" for e in result.events))
+""")
+
+
+def test_nvtx_ranges_of_a_real_run_are_balanced_and_categorised(injection_lib, tmp_path):
+    out, log = run_traced(tmp_path, injection_lib, RUN_SCRIPT)
+    assert "enabled True steps 5" in out
+    seen = ranges(log)                                   # asserts push/pop balance
+    top = [r for depth, r in seen if depth == 0]
+    assert len(top) == 5 and all(r.startswith("PUSH ") for r in top)
+    categories = [line.split(" ", 3)[3] for line in log if line.startswith("CATEGORY")]
+    assert categories and all("/" in c for c in categories)
+    strings = [line for line in log if line.startswith("STRING")]
+    assert len(strings) == len(set(strings))            # each span name registered once
+    assert any(depth > 0 for depth, _ in seen)          # nested scopes inside the steps

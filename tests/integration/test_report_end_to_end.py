@@ -1,0 +1,75 @@
+"""Reports, records, diffs and scenarios over real runs of the runtime (simulated driver, CPU only)."""
+
+from __future__ import annotations
+
+import pytest
+from click.testing import CliRunner
+
+from graphdiag import runner
+from graphdiag.cli.diff import diff
+from graphdiag.cli.report import report
+from graphdiag.config import resolve
+from graphdiag.report.diff import diff_runs, diff_steps
+from graphdiag.report.nvtx_sink import NvtxSink
+from graphdiag.report.record import RunHeader, read_record, write_record
+from graphdiag.report.summary import summarize
+from graphdiag.scenario import check_expectations, list_scenarios
+
+
+def _run(scenario=None, **cli):
+    cfg = resolve({"backend": "sim", "steps": 8, **cli}, scenario=scenario.run if scenario else None,
+                  environ=scenario.environ({}) if scenario else {})
+    result = runner.run(cfg, scenario=scenario, span_sinks=[NvtxSink()])
+    return RunHeader.from_dict(result.header), result
+
+
+@pytest.fixture(scope="module")
+def steady():
+    return _run()
+
+
+def test_report_e2e_header_is_what_the_runner_wrote(steady):
+    header, result = steady
+    assert header.to_dict().items() >= {k: v for k, v in result.header.items()}.items()
+    assert header.simulated and header.backend == "sim" and header.settings["steps"] == 8
+
+
+def test_report_e2e_summary_agrees_with_the_runner_counters(steady):
+    header, result = steady
+    s = summarize(header, result.events)
+    assert s.counters == result.counters.snapshot()
+    assert s.steps == 9 and s.counters["replays"] >= 5
+
+
+def test_record_e2e_round_trip_and_report_command(steady, tmp_path):
+    header, result = steady
+    path = tmp_path / "run.jsonl"
+    write_record(path, header, result.events)
+    h2, ev2 = read_record(path)
+    assert (h2, ev2) == (header, result.events)
+    assert summarize(h2, ev2) == summarize(header, result.events)
+    r = CliRunner().invoke(report, [str(path)])
+    assert r.exit_code == 0 and "SIMULATED GPU" in r.output and "eager → capture" in r.output
+
+
+def test_diff_e2e_two_runs_of_one_config_are_equal_and_chunking_is_not(steady, tmp_path):
+    a, b, c = tmp_path / "a.jsonl", tmp_path / "b.jsonl", tmp_path / "c.jsonl"
+    write_record(a, steady[0], steady[1].events)
+    again = _run()
+    write_record(b, again[0], again[1].events)
+    chunked = _run(chunk_size=64)
+    write_record(c, chunked[0], chunked[1].events)
+    assert CliRunner().invoke(diff, [str(a), str(b)]).exit_code == 0
+    d = diff_runs(read_record(a), read_record(c))
+    assert not d.equal and [s.name for s in d.settings] == ["chunk_size"]
+    assert any(ch.field == "nodes" and ch.node == "chunk 1" for ch in d.ledger)
+    assert diff_steps(steady[1].events, 5, 6).equal
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("scenario", list_scenarios(), ids=lambda s: s.name)
+def test_scenario_e2e_expectations_hold(scenario):
+    cfg = resolve({"backend": "sim"}, scenario=scenario.run, environ=scenario.environ({}))
+    result = runner.run(cfg, scenario=scenario)
+    summary = summarize(RunHeader.from_dict(result.header), result.events)
+    assert check_expectations(scenario, summary) == []
