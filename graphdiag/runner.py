@@ -153,12 +153,13 @@ class Stepper:
                 batch = {q: self.next_tok.get(q, 1 + q) for q in range(p.batch)}
                 logits = s.ctx.decode(batch)
         dt = time.perf_counter_ns() - t0
+        gpu_ns = s.gpu.collect_gpu_ns() if s.gpu is not None else 0
         seqs = list(batch)
         out = logits.argmax(axis=1).tolist()
         for q, t in zip(seqs[-len(out):], out):
             self.next_tok[q] = int(t)
         mode = self._mode(step)
-        bus.emit(E.StepFinished(step=step, duration_ns=dt, tokens=tuple(out), mode=mode))
+        bus.emit(E.StepFinished(step=step, duration_ns=dt, gpu_ns=gpu_ns, tokens=tuple(out), mode=mode))
         self.r.tokens.append(out)
         if s.cfg.verify and mode == "replay":
             self._verify(step, logits)

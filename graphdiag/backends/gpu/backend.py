@@ -39,6 +39,8 @@ class GpuBackend(Backend):
         self.regions: dict[int, tuple[np.ndarray, list[Region]]] = {}  # key -> (nodes, regions), per alloc
         self.buffers: set[int] = set()
         self.force_eager = False
+        self._timers: list[tuple] = []        # (start, end) timing events per split index
+        self._timed: list[int] = []           # split indices timed since the last collect
 
     # -- buffers and tensors --------------------------------------------------------------------------------
     def buffer_alloc(self, nbytes: int) -> int:
@@ -118,6 +120,8 @@ class GpuBackend(Backend):
             yield
         finally:
             self.force_eager = False
+        self._timers: list[tuple] = []        # (start, end) timing events per split index
+        self._timed: list[int] = []           # split indices timed since the last collect
 
     def _compute_unrecorded(self, graph: Graph, split: int) -> None:
         entry = GraphEntry(graph.first_node_addr)
@@ -135,6 +139,24 @@ class GpuBackend(Backend):
             return
         if self.force_eager:
             return self._compute_unrecorded(graph, split)
+        while len(self._timers) <= split:
+            self._timers.append((self.driver.event_create(timing=True), self.driver.event_create(timing=True)))
+        self.driver.event_record(self._timers[split][0], self.stream0)
+        try:
+            self._compute(graph, split)
+        finally:
+            self.driver.event_record(self._timers[split][1], self.stream0)
+            self._timed.append(split)
+
+    def collect_gpu_ns(self) -> int:
+        """GPU time (CUDA events on stream 0) of the splits computed since the last call; synchronises."""
+        self.synchronize()
+        total = sum(self.driver.event_elapsed_ms(*self._timers[i]) for i in self._timed)
+        self._timed.clear()
+        return int(total * 1e6)
+
+    def _compute(self, graph: Graph, split: int) -> None:
+        rt = self.runtime
         with self.bus.span("graph_compute", "graph/compute", graph.uid, rt.step, split, graph.first_node_addr,
                            graph.uid):
             entry = rt.lookup(graph, split)
@@ -148,7 +170,9 @@ class GpuBackend(Backend):
                         duration_ns=time.perf_counter_ns() - t0)
                 return
             plan, lowered = self._lowered(entry, graph, split)
-            name = "capture" if use_graph else ("eager" if entry.warmup_complete or use_graph else "warmup")
+            # eager while warming up a key (graphs enabled, entry cold) is labelled "warmup" in timelines
+            cold = not entry.warmup_complete and not use_graph and entry.props is not None
+            name = "capture" if use_graph else ("warmup" if cold else "eager")
             with self.bus.span(name, f"graph/{name}", graph.uid, rt.step, split, entry.key, graph.uid):
                 n_chunks, n_launches = self.loop.evaluate(entry, graph, split, use_graph, update, lowered, plan,
                                                           self._regions_for(graph))
@@ -165,7 +189,7 @@ class GpuBackend(Backend):
         self.pool.close()
         for addr in list(self.buffers):
             self.buffer_free(addr)
-        for ev in [self.fork_event, *self.join_events]:
+        for ev in [self.fork_event, *self.join_events, *(e for pair in self._timers for e in pair)]:
             self.driver.event_destroy(ev)
         for s in self.streams:
             self.driver.stream_destroy(s)

@@ -28,21 +28,39 @@ assert PROPS_DTYPE.itemsize == 1056
 _WORDS = PROPS_DTYPE.itemsize // 8
 
 
+_W = TENSOR_DTYPE.itemsize // 8             # 42 words per struct
+# word offsets inside ggml_tensor and inside a node_properties record
+_NE, _NB, _SRC, _DATA = 2, 6, 19, 31
+_P_DATA, _P_NE, _P_NB = _W, _W + MAX_SRC, _W + MAX_SRC + 4 * MAX_SRC
+_FOUR = np.arange(4, dtype=np.intp)
+
+
 def snapshot(arena: Arena, nodes: np.ndarray, out: np.ndarray | None = None) -> np.ndarray:
-    """node_properties for every node of a graph: one gather of structs plus one of their sources."""
+    """node_properties for every node of a graph: one gather of structs plus one of their sources' fields.
+
+    Works on 64-bit words (every field of interest is word aligned): the struct rows are copied whole, which
+    also copies the implicit padding bytes, as memcmp sees them."""
     n = len(nodes)
     snap = out if out is not None and len(out) == n else np.zeros(n, PROPS_DTYPE)
-    rec = arena.rec
-    nodes_rec = rec[nodes]
-    # copy the structs as raw bytes: field-wise assignment would leave the implicit padding uninitialised
-    snap.view(np.uint8).reshape(n, PROPS_DTYPE.itemsize)[:, : TENSOR_DTYPE.itemsize] = arena.raw[nodes]
-    src = nodes_rec["src"]                                   # (n, 10) struct addresses, 0 = null
-    has = src != 0
-    sidx = np.where(has, (src - np.uint64(arena.base)) // np.uint64(rec.dtype.itemsize), 0).astype(np.int64)
-    srec = rec[sidx]                                          # (n, 10) source structs
-    snap["src_data"] = np.where(has, srec["data"], 0)
-    snap["src_ne"] = np.where(has[..., None], srec["ne"], 0)
-    snap["src_nb"] = np.where(has[..., None], srec["nb"], 0)
+    words = arena.rec.view(np.uint64).reshape(len(arena.rec), _W)
+    s = snap.view(np.uint64).reshape(n, _WORDS)
+    s[:, :_W] = words[nodes]
+    src = s[:, _SRC : _SRC + MAX_SRC]                         # (n, 10) struct addresses, 0 = null
+    null = src == 0
+    sidx = (src - np.uint64(arena.base)) // np.uint64(TENSOR_DTYPE.itemsize)
+    sidx[null] = 0
+    sidx = sidx.astype(np.intp)
+    flat = words.reshape(-1)
+    base = sidx * _W                                           # word index of each source struct
+    s[:, _P_DATA : _P_DATA + MAX_SRC] = np.take(flat, base + _DATA)
+    quad = (base[:, :, None] + _FOUR).reshape(n, 4 * MAX_SRC)
+    s[:, _P_NE : _P_NE + 4 * MAX_SRC] = np.take(flat, quad + _NE)
+    s[:, _P_NB : _P_NB + 4 * MAX_SRC] = np.take(flat, quad + _NB)
+    if null.any():
+        s[:, _P_DATA : _P_DATA + MAX_SRC][null] = 0
+        null4 = np.repeat(null, 4, axis=1)
+        s[:, _P_NE : _P_NE + 4 * MAX_SRC][null4] = 0
+        s[:, _P_NB : _P_NB + 4 * MAX_SRC][null4] = 0
     return snap
 
 
