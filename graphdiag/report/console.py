@@ -74,18 +74,27 @@ def _setting(v) -> str:
 
 class ConsoleReporter:
     """An event sink printing the run header, the event log up to `verbosity` and a progress bar over
-    `total_steps` (only on a terminal unless `progress` says otherwise). Call `close()` at the end."""
+    `total_steps` (only on a terminal unless `progress` says otherwise). Without a header at construction,
+    `start(header)` (the runner's on_header hook) prints it. Call `close()` at the end."""
 
-    def __init__(self, header: RunHeader | dict, verbosity: int = 0, file: TextIO | None = None,
+    def __init__(self, header: RunHeader | dict | None = None, verbosity: int = 0, file: TextIO | None = None,
                  total_steps: int | None = None, progress: bool | None = None, console: Console | None = None):
         self.console = console or make_console(file)
         self.verbosity = verbosity
         self.log = EventLog()
-        for line in header_lines(as_header(header)):
-            self.console.print(line, markup=False)
         if progress is None:
             progress = self.console.is_terminal and bool(total_steps)
-        self.progress = self._start_progress(total_steps) if progress else None
+        self._want_progress, self._total = progress, total_steps
+        self.progress: Progress | None = None
+        if header is not None:
+            self.start(header)
+
+    def start(self, header: RunHeader | dict) -> None:
+        """Print the run header and start the progress bar (when wanted)."""
+        for line in header_lines(as_header(header)):
+            self.console.print(line, markup=False)
+        if self._want_progress and self.progress is None:
+            self.progress = self._start_progress(self._total)
 
     def _start_progress(self, total: int | None) -> Progress:
         p = Progress(TextColumn("step"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),

@@ -179,8 +179,18 @@ def _pair(olds: list[E.Event], news: list[E.Event]) -> list[Change]:
             out.append(Change("removed", _line(old), None))
         else:
             news.remove(match)
-            out.append(Change("changed", _line(old), _line(match)))
+            out.append(Change("changed", *_distinct_lines(old, match)))
     return out + [Change("added", None, _line(n)) for n in news]
+
+
+def _distinct_lines(old: E.Event, new: E.Event) -> tuple[str, str]:
+    """The two events' lines; where they read the same, the fields that differ are appended."""
+    a, b = _line(old), _line(new)
+    if a != b:
+        return a, b
+    da, db = old.to_dict(), new.to_dict()
+    names = [n for n in da if n not in IGNORED and da[n] != db.get(n)]
+    return (a + "".join(f" [{n} {da[n]}]" for n in names), b + "".join(f" [{n} {db.get(n)}]" for n in names))
 
 
 def diff_steps(events: list[E.Event], step_i: int, step_j: int) -> StepDiff:

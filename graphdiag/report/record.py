@@ -67,12 +67,23 @@ def as_header(header: "RunHeader | dict[str, Any]") -> RunHeader:
 class JsonlWriter:
     """An event sink writing the record. Subscribe it WITHOUT spans; call `close()` (or use `with`).
 
-    The header is written at construction; events are buffered by the file object and flushed at close."""
+    The header line is written by the constructor, or later by `start(header)` (the runner's on_header
+    hook) when it is not known yet; events that arrive before it are held back until then. Events are
+    buffered by the file object and flushed at close."""
 
-    def __init__(self, path: str | Path, header: RunHeader | dict[str, Any]):
+    def __init__(self, path: str | Path, header: RunHeader | dict[str, Any] | None = None):
         self.path = Path(path)
         self._f: TextIO | None = self.path.open("w", encoding="utf-8")
+        self._early: list[E.Event] | None = []
+        if header is not None:
+            self.start(header)
+
+    def start(self, header: RunHeader | dict[str, Any]) -> None:
+        """Write the header line, then any events held back."""
         self._write(as_header(header).to_dict())
+        early, self._early = self._early or [], None
+        for ev in early:
+            self(ev)
 
     def _write(self, obj: dict[str, Any]) -> None:
         self._f.write(json.dumps(obj, separators=(",", ":")) + "\n")
@@ -80,10 +91,14 @@ class JsonlWriter:
     def __call__(self, ev: E.Event) -> None:
         if self._f is None or isinstance(ev, (E.SpanBegin, E.SpanEnd)):
             return
+        if self._early is not None:
+            self._early.append(ev)
+            return
         self._write(ev.to_dict())
 
     def close(self) -> None:
-        """Flush and close the file (idempotent)."""
+        """Flush and close the file (idempotent). A writer never started writes a header-less file,
+        which read_record rejects: that is a bug in the caller, not a record."""
         if self._f is not None:
             self._f.close()
             self._f = None

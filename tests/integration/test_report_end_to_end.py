@@ -73,3 +73,21 @@ def test_scenario_e2e_expectations_hold(scenario):
     result = runner.run(cfg, scenario=scenario)
     summary = summarize(RunHeader.from_dict(result.header), result.events)
     assert check_expectations(scenario, summary) == []
+
+
+def test_report_e2e_live_sinks_wired_through_the_header_hook(tmp_path):
+    import io
+
+    from graphdiag.report.console import ConsoleReporter
+    from graphdiag.report.record import JsonlWriter
+
+    buf, path = io.StringIO(), tmp_path / "live.jsonl"
+    rep, writer = ConsoleReporter(verbosity=1, file=buf), JsonlWriter(path)
+    cfg = resolve({"backend": "sim", "steps": 4}, environ={})
+    result = runner.run(cfg, sinks=[rep, writer], on_header=lambda h: (rep.start(h), writer.start(h)))
+    rep.close()
+    writer.close()
+    header, events = read_record(path)
+    assert events == result.events and header == RunHeader.from_dict(result.header)
+    text = buf.getvalue()
+    assert text.startswith("graphdiag ") and "chunk 0 · nodes 0–" in text

@@ -96,3 +96,13 @@ def test_diff_renders_text_and_json():
     buf = io.StringIO()
     render_step_diff(diff_steps(synth.steady_decode()[1], 4, 5), "a.jsonl", buf)
     assert "result: EQUAL" in buf.getvalue()
+
+
+def test_diff_golden_text():
+    import os
+
+    from support.normalise import check_golden
+    buf = io.StringIO()
+    render_run_diff(diff_runs(synth.steady_decode(), synth.batch_change(), ("a.jsonl", "b.jsonl")), buf)
+    render_step_diff(diff_steps(synth.batch_change()[1], 4, 5), "b.jsonl", buf)
+    check_golden("diff_steady_vs_batch_change", buf.getvalue(), update=bool(os.environ.get("GRAPHDIAG_UPDATE_GOLDEN")))

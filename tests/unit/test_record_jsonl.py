@@ -100,3 +100,16 @@ def test_record_directory_and_binary_input(tmp_path):
     p.write_bytes(b"\xff\xfe\x00binary")
     with pytest.raises(EventFileError, match="not UTF-8"):
         read_record(p)
+
+
+def test_record_writer_started_late_holds_early_events(tmp_path):
+    path = tmp_path / "run.jsonl"
+    header, events = synth.steady_decode(n_replays=1)
+    writer = JsonlWriter(path)
+    for ev in events[:3]:
+        writer(ev)
+    writer.start(header.to_dict())                        # the runner's on_header hook hands a dict
+    for ev in events[3:]:
+        writer(ev)
+    writer.close()
+    assert read_record(path) == (header, events)

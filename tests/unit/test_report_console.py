@@ -88,3 +88,16 @@ def test_report_live_sink_progress_bar_advances_per_step():
     assert rep.progress.tasks[0].completed == 3
     rep.close()
     assert rep.progress is None
+
+
+def test_report_live_sink_started_by_the_header_hook():
+    buf = io.StringIO()
+    rep = ConsoleReporter(verbosity=0, file=buf)
+    assert buf.getvalue() == ""
+    header, events = synth.steady_decode(n_replays=1)
+    rep.start(header.to_dict())
+    for ev in events:
+        rep(ev)
+    rep.close()
+    assert buf.getvalue().startswith("graphdiag 0.1.0 · backend sim")
+    assert "eager → capture · warmup complete" in buf.getvalue()
