@@ -9,6 +9,8 @@ that writes the cache); ffn_gate, ffn_up, GLU are consecutive (fused gate/up mat
 
 from __future__ import annotations
 
+import dataclasses
+
 import math
 from dataclasses import dataclass
 
@@ -70,17 +72,21 @@ class _Builder:
         self.m, self.cfg, self.p = model, model.cfg, params
         self.ctx = Ctx(model.arena)
         self.g = Graph(model.arena)
+        self.out_ids: Tensor | None = None
 
-    def inputs(self) -> GraphInputs:
+    def inputs(self, tokens: Tensor) -> GraphInputs:
+        """The inputs made after the embedding, in llama.cpp's order: inputs are created where first used, so
+        the first node (inp_embd) sits at the same address for every graph type (prefill and decode share the
+        key); `inp_out_ids` is made later, at the last layer."""
         c, p = self.ctx, self.p
         t = p.n_tokens
         return GraphInputs(
-            tokens=c.new_input(GGMLType.I32, (t,), "inp_tokens"),
+            tokens=tokens,
             pos=c.new_input(GGMLType.I32, (t,), "inp_pos"),
             kq_mask=c.new_input(GGMLType.F32, (p.n_kv, _pad(t, KQ_MASK_PAD)), "kq_mask"),
             k_idxs=c.new_input(GGMLType.I32, (t,), "k_idxs"),
             v_idxs=c.new_input(GGMLType.I32, (t,), "v_idxs"),
-            out_ids=c.new_input(GGMLType.I32, (p.n_outputs,), "inp_out_ids") if p.n_outputs < t else None,
+            out_ids=None,
         )
 
     def norm(self, x: Tensor, w: Tensor, name: str, il: int | None) -> Tensor:
@@ -156,10 +162,11 @@ class _Builder:
     def layer(self, lay: Layer, il: int, x: Tensor, inp: GraphInputs) -> Tensor:
         c = self.ctx
         cur = self.attention(lay, il, self.norm(x, lay.attn_norm, "attn_norm", il), inp)
-        if il == self.cfg.n_layer - 1 and inp.out_ids is not None:
+        if il == self.cfg.n_layer - 1 and self.p.n_outputs < self.p.n_tokens:
             # only the output rows go on past the last attention (llama.cpp's inp_out_ids)
-            cur = c.get_rows(cur, inp.out_ids, f"attn_out_rows-{il}")
-            x = c.get_rows(x, inp.out_ids, f"inp_rows-{il}")
+            self.out_ids = c.new_input(GGMLType.I32, (self.p.n_outputs,), "inp_out_ids")
+            cur = c.get_rows(cur, self.out_ids, f"attn_out_rows-{il}")
+            x = c.get_rows(x, self.out_ids, f"inp_rows-{il}")
         ffn_inp = c.add(cur, x, f"ffn_inp-{il}")
         cur = self.norm(ffn_inp, lay.ffn_norm, "ffn_norm", il)
         cur = self.ffn_moe(lay, il, cur) if self.cfg.is_moe else self.ffn_dense(lay, il, cur)
@@ -168,14 +175,16 @@ class _Builder:
         return out
 
     def build(self) -> BuiltGraph:
-        inp = self.inputs()
-        x = self.ctx.get_rows(self.m.tok_embd, inp.tokens, "inp_embd")
+        tokens = self.ctx.new_input(GGMLType.I32, (self.p.n_tokens,), "inp_tokens")
+        x = self.ctx.get_rows(self.m.tok_embd, tokens, "inp_embd")
+        inp = self.inputs(tokens)
         for il, lay in enumerate(self.m.layers):
             x = self.layer(lay, il, x, inp)
         x = self.norm(x, self.m.output_norm, "result_norm", None)
         logits = self.ctx.mul_mat(self.m.output, x, "result_output")
         logits.flags = logits.flags | TensorFlag.OUTPUT
         self.g.build_forward_expand(logits)
+        inp = dataclasses.replace(inp, out_ids=self.out_ids)
         return BuiltGraph(self.g, self.p, inp, logits)
 
 

@@ -1,0 +1,97 @@
+"""The whole decode workload on the GPU: eager, captured and replayed steps against the numpy oracle, and the
+real driver's decisions (update, refusal -> re-instantiate, a really synchronising MUL_MAT_ID, pool
+invalidation)."""
+
+from types import SimpleNamespace
+
+import pytest
+
+from graphdiag import events as E
+from graphdiag.config import resolve
+from graphdiag.errors import NoDeviceError
+from graphdiag.runner import run
+
+pytestmark = pytest.mark.gpu
+
+
+@pytest.fixture(scope="module", autouse=True)
+def gpu_present():
+    from graphdiag.backends.drivers.cuda import CudaDriver
+    try:
+        CudaDriver.open().close()
+    except NoDeviceError as exc:
+        pytest.skip(f"no GPU: {exc}")
+
+
+def run_gpu(timeline=(), env=None, **settings):
+    settings.setdefault("backend", "cuda")
+    settings.setdefault("prompt_tokens", 8)
+    cfg = resolve(settings, environ=env or {})
+    r = run(cfg, SimpleNamespace(name="gpu-test", timeline=list(timeline)))
+    assert r.header["backend"] == "cuda" and not r.header["simulated"]
+    return r
+
+
+def of(r, *kinds):
+    return [e for e in r.events if isinstance(e, kinds)]
+
+
+def phases(r, split=0):
+    return {e.step: e.phase for e in of(r, E.PhaseDecided) if e.split == split}
+
+
+def assert_oracle(r):
+    checks = of(r, E.OracleCheck)
+    assert checks and all(c.ok for c in checks), [(c.step, c.rel_err) for c in checks if not c.ok]
+    return max(c.rel_err for c in checks)
+
+
+@pytest.mark.parametrize("model,wtype,batch,n_cpu_moe", [
+    ("tiny", "f16", 1, 0), ("tiny", "q8_0", 4, 0), ("moe-tiny", "q8_0", 1, 0), ("moe-tiny", "f16", 4, 0),
+    ("moe-tiny", "q8_0", 1, 2), ("1b", "f16", 1, 0), ("1b", "q8_0", 4, 0),
+])
+def test_decode_matches_oracle_eager_capture_replay(model, wtype, batch, n_cpu_moe):
+    r = run_gpu(model=model, wtype=wtype, batch=batch, n_cpu_moe=n_cpu_moe, steps=6, oracle=True, verify=True)
+    assert_oracle(r)
+    modes = {e.mode for e in of(r, E.StepFinished)}
+    assert {"eager", "capture", "replay"} <= modes
+    assert all(v.ok for v in of(r, E.VerifyResult))
+
+
+def test_n_kv_boundary_on_gpu_updates_and_matches_oracle():
+    r = run_gpu(prompt_tokens=250, steps=12, oracle=True)
+    assert_oracle(r)
+    step = [c.step for c in of(r, E.ContextDecision) if "n_kv" in c.reason][0]
+    upd = [e for e in of(r, E.ChunkUpdated, E.UpdateRefused) if e.step == step + 1]
+    assert upd and all(isinstance(e, E.ChunkUpdated) for e in upd)
+
+
+def test_real_driver_refuses_topology_change_and_reinstantiates():
+    r = run_gpu(batch=8, prompt_tokens=2, steps=8, oracle=True, timeline=[{"at_step": 12, "batch": 9}])
+    assert_oracle(r)
+    refused = of(r, E.UpdateRefused)
+    assert refused and refused[0].reason == "TOPOLOGY_CHANGED"
+    assert any(e.after_refusal for e in of(r, E.ChunkInstantiated))
+
+
+def test_moe_f16_prefill_really_synchronises_and_is_ineligible():
+    r = run_gpu(model="moe-tiny", wtype="f16", prompt_tokens=32, steps=3, oracle=True)
+    assert_oracle(r)                      # the sorted fallback computes the right thing
+    inc = of(r, E.Incompatible)
+    assert inc and inc[0].op == "MUL_MAT_ID"
+    assert phases(r)[3] == "replay"
+
+
+def test_capped_pool_invalidates_and_rewarms_on_gpu():
+    r = run_gpu(prompt_tokens=4, steps=10, pool_cap=280_000, oracle=True, timeline=[{"at_step": 5, "prefill": 32}])
+    assert_oracle(r)
+    inv = of(r, E.PoolInvalidated)
+    assert inv and inv[0].reason == "alloc failure"
+    p = phases(r)
+    assert p[7] == "capture" and p[8] == "replay"
+
+
+def test_concurrent_streams_and_small_chunks_on_gpu():
+    r = run_gpu(steps=5, chunk_size=8, concurrent_streams=True, oracle=True, verify=True)
+    assert_oracle(r)
+    assert of(r, E.ConcurrentRegion) and max(e.n_chunks for e in of(r, E.CaptureRun)) > 4
