@@ -193,3 +193,61 @@ class Stepper:
         self.s.bus.emit(E.OracleCheck(step=step, ok=err <= bound, rel_err=err, bound=bound))
         if err > bound:
             self.r.failures.append(f"step {step}: logits differ from the oracle (rel err {err:.3g} > {bound})")
+
+
+def run_cli(settings: dict, scenario: str | None = None, events_path: str | None = None, as_json: bool = False,
+            verbosity: int = 0, out=None) -> int:
+    """`graphdiag run`: resolve settings (CLI > scenario > env), run with live sinks, render the summary.
+
+    Exit status: 0, or 1 when a check failed (--verify, --oracle, a scenario's expectations)."""
+    import os
+    import sys
+
+    from .config import resolve
+    from .report.console import ConsoleReporter, render_summary
+    from .report.record import JsonlWriter
+    from .report.summary import summarize
+    from .scenario import check_expectations, load_scenario
+
+    out = out or sys.stdout
+    sc = load_scenario(scenario) if scenario else None
+    environ = sc.environ(os.environ) if sc else os.environ
+    cfg = resolve(settings, sc.run if sc else None, environ=environ)
+    total = len(plan_steps(cfg, sc))
+    console = ConsoleReporter(None, verbosity, file=out, total_steps=total, progress=None if not as_json else False)
+    sinks, starts = [], []
+    if not as_json:
+        sinks.append(console)
+        starts.append(console.start)
+    writer = JsonlWriter(events_path) if events_path else None
+    if writer is not None:
+        sinks.append(writer)
+        starts.append(writer.start)
+    span_sinks = []
+    if cfg.nvtx:
+        from .report.nvtx_sink import NvtxSink
+        nv = NvtxSink()
+        if nv.enabled:
+            span_sinks.append(nv)
+    try:
+        result = run(cfg, sc, sinks, span_sinks, on_header=lambda h: [f(h) for f in starts])
+    finally:
+        console.close()
+        if writer is not None:
+            writer.close()
+    summary = summarize(result.header, result.events)
+    failures = list(result.failures)
+    if sc is not None:
+        failures += [f"scenario {sc.name}: {f}" for f in check_expectations(sc, summary)]
+    if as_json:
+        import json
+        d = json.loads(summary.to_json())
+        d["failures"] = failures
+        out.write(json.dumps(d, indent=2) + "\n")
+    else:
+        render_summary(summary, file=out)
+        for f in failures:
+            out.write(f"FAILED: {f}\n")
+        if sc is not None and not failures:
+            out.write(f"scenario {sc.name}: every expectation holds\n")
+    return 1 if failures else 0

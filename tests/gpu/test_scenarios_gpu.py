@@ -1,0 +1,30 @@
+"""Every shipped scenario on the H200: the same expectations as on the simulated driver, plus the oracle."""
+
+import pytest
+
+from graphdiag import events as E
+from graphdiag.config import resolve
+from graphdiag.errors import NoDeviceError
+from graphdiag.report.summary import summarize
+from graphdiag.runner import run
+from graphdiag.scenario import check_expectations, list_scenarios
+
+pytestmark = pytest.mark.gpu
+
+
+@pytest.fixture(scope="module", autouse=True)
+def gpu_present():
+    from graphdiag.backends.drivers.cuda import CudaDriver
+    try:
+        CudaDriver.open().close()
+    except NoDeviceError as exc:
+        pytest.skip(f"no GPU: {exc}")
+
+
+@pytest.mark.parametrize("scenario", list_scenarios(), ids=lambda s: s.name)
+def test_scenario_on_gpu(scenario):
+    cfg = resolve({"backend": "cuda", "oracle": True}, scenario.run, environ=scenario.environ({}))
+    r = run(cfg, scenario)
+    assert r.header["backend"] == "cuda"
+    assert check_expectations(scenario, summarize(r.header, r.events)) == []
+    assert all(c.ok for c in r.events if isinstance(c, E.OracleCheck)), r.failures
