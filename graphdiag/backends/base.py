@@ -34,8 +34,12 @@ class Backend(abc.ABC):
     def graph_compute(self, graph: Graph, split: int) -> None:
         """Compute every node of `graph` (a split: nodes without the COMPUTE flag are skipped)."""
 
-    def graph_optimize(self, graph: Graph, split: int) -> None:
-        """Called once per split each time the scheduler splits the graph (ggml_backend_graph_optimize)."""
+    def graph_optimize(self, graph: Graph, split: int) -> list[tuple[int, int]]:
+        """Called once per split each time the scheduler splits the graph (ggml_backend_graph_optimize).
+
+        Returns node ranges [first, last] (indices in `graph`) that run concurrently: the allocator must not
+        reuse, inside such a range, memory freed inside it (branches on other streams may still read it)."""
+        return []
 
     def synchronize(self) -> None:
         """Wait for queued work."""

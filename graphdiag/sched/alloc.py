@@ -75,6 +75,7 @@ class GraphAllocator:
 
     def __init__(self, backends: list[Backend], bus: E.EventBus | None = None):
         self.backends = backends
+        self.hold: list[tuple[int, int]] = []   # concurrent node ranges [first, last] (set by the scheduler)
         self.bus = bus
         self.buffers: list[tuple[int, int] | None] = [None] * len(backends)   # (address, bytes)
         self.need: list[int] = [0] * len(backends)
@@ -131,14 +132,25 @@ class GraphAllocator:
             t = Tensor(g.arena, int(idx))
             if t.flags & TensorFlag.INPUT:
                 place(t)
-        for node in g.iter_nodes():
+        # inside a concurrent range, freed memory is only returned after its last node (the join): branches on
+        # other streams may still be reading it
+        hold_end = {a: b for a, b in self.hold}
+        deferred: list[Tensor] = []
+        until = -1
+        for pos, node in enumerate(g.iter_nodes()):
+            until = max(until, hold_end.get(pos, -1))
+            free = deferred.append if pos < until else release
             for s in node.src:
                 if s is not None:
                     place(s)
             place(node)
             for s in node.src:
                 if s is not None:
-                    self._done_with(s, children, views, release)
+                    self._done_with(s, children, views, free)
+            if pos == until:
+                for t in deferred:
+                    release(t)
+                deferred.clear()
         self.nodes = [plan.get(int(i)) for i in g.nodes]
         self.leafs = [plan.get(int(i)) for i in g.leafs]
         self._grow([fl.high for fl in lists])

@@ -187,3 +187,28 @@ def test_alternating_variants_under_one_key_never_replay():
     assert len(keys) == 1
     diffs = [d for d in of(r, E.PropertyDiff) if d.step >= 2]
     assert len(diffs) >= 10 and {d.field for d in diffs} == {"ne[1]"}
+
+
+def test_concurrent_branches_never_share_memory():
+    """What llama.cpp's concurrent_event::is_valid checks: no write range of one branch overlaps another's
+    (the allocator must not hand memory freed in one branch to a node of another running at the same time)."""
+    cfg = resolve({"backend": "sim", "steps": 0, "prompt_tokens": 4, "concurrent_streams": True}, environ={})
+    s = Session(cfg, E.EventBus())
+    try:
+        Stepper(s, RunResult({}, [], Counters())).step(StepPlan("decode", batch=1))
+        g = s.ctx.sched.splits[0].graph
+        regions = s.gpu._regions_for(g)
+        assert len(regions) == 4
+        for r in regions:
+            spans = {b: [] for b in range(1, r.n_branches + 1)}
+            for i, b in r.stream_of.items():
+                t = g.node(i)
+                if t.view_src is None:
+                    spans[b].append((t.data, t.data + t.nbytes()))
+            for b1 in spans:
+                for b2 in spans:
+                    if b1 < b2:
+                        for lo1, hi1 in spans[b1]:
+                            assert all(hi1 <= lo2 or hi2 <= lo1 for lo2, hi2 in spans[b2]), (r.fork, b1, b2)
+    finally:
+        s.close()

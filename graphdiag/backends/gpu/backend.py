@@ -68,11 +68,12 @@ class GpuBackend(Backend):
             self.driver.stream_synchronize(s)
 
     # -- concurrency (graph_optimize) -------------------------------------------------------------------
-    def graph_optimize(self, graph: Graph, split: int) -> None:
-        """Find concurrent regions once per scheduler alloc (GGML_CUDA_GRAPH_OPT=1, graphs enabled)."""
+    def graph_optimize(self, graph: Graph, split: int) -> list[tuple[int, int]]:
+        """Find concurrent regions once per scheduler alloc (GGML_CUDA_GRAPH_OPT=1, graphs enabled); their
+        node ranges go back to the scheduler so no memory is reused across streams inside a region."""
         opt = self.runtime.opt
         if not opt.concurrent_streams or opt.graphs_disabled or self.driver.cc < CC_VOLTA or graph.n_nodes == 0:
-            return
+            return []
         regions = find_regions(graph)
         # stored with the split's node list: graph_optimize runs before the splits get their uids
         self.regions[graph.first_node_addr] = (graph.nodes.copy(), regions)
@@ -85,6 +86,7 @@ class GpuBackend(Backend):
         while len(self.streams) < min(need, MAX_STREAMS):
             self.streams.append(self.driver.stream_create())
             self.join_events.append(self.driver.event_create())
+        return [(r.fork, r.join) for r in regions]
 
     def fork(self, r: Region) -> None:
         self.driver.event_record(self.fork_event, self.stream0)
