@@ -65,6 +65,8 @@ class Session:
         self.cfg, self.bus = cfg, bus
         self.clock = clock or Clock()
         self.driver, self.note = open_driver(cfg)
+        if self.driver is not None:
+            self.driver.preload()
         self.cpu = CpuBackend()
         self.gpu = None
         if self.driver is not None:

@@ -137,7 +137,7 @@ def _describe_chunk(ev: E.Event) -> str:
 # Fixed levels; PhaseDecided, WarmupTransition and the cause events are decided in EventLog.
 LEVEL = {
     E.Evicted: 0, E.PoolInvalidated: 0,
-    E.ContextDecision: 1, E.SchedRealloc: 1, E.GraphSplit: 1, E.UidMiss: 1, E.FusionApplied: 1,
+    E.ContextDecision: 1, E.SchedRealloc: 1, E.GraphSplit: 1, E.UidMiss: 1, E.FusionApplied: 2,
     E.ConcurrentRegion: 1, E.ChunkBoundary: 1, E.ChunkInstantiated: 1, E.ChunkUpdated: 1,
     E.UpdateRefused: 1, E.ChunksDestroyed: 1, E.WarmupTransition: 1, E.NodeCountChanged: 1,
     E.PropertyDiff: 1, E.Incompatible: 1, E.GraphsDisabled: 1,

@@ -147,5 +147,8 @@ class Driver(abc.ABC):
     @abc.abstractmethod
     def memcpy_dtod(self, dst: int, src: int, nbytes: int, stream=None) -> None: ...
 
+    def preload(self) -> None:
+        """Compile/load every catalogue kernel now, so no step pays for it (timings stay clean)."""
+
     def close(self) -> None:
         """Release everything the driver still holds."""

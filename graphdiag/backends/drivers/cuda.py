@@ -209,6 +209,11 @@ class CudaDriver(Driver):
         if err:
             raise _error(err, f"cuLaunchKernel({launch.kernel})")
 
+    def preload(self) -> None:
+        from ..kernels import KERNELS
+        for name in KERNELS:
+            self._function(name)
+
     def _function(self, name: str):
         fn = self._functions.get(name)
         if fn is None:
