@@ -28,6 +28,13 @@ def completed(activities):
                         "name": getattr(a, "name", None), "domain": getattr(a, "domain", None)})
 cupti.activity_register_callbacks(requested, completed)
 cupti.activity_enable(cupti.ActivityKind.MARKER)
+# NVTX must inject the very libcupti this process loaded (another copy would be another CUPTI instance whose
+# records never reach these callbacks); NVTX reads the variable at its first call, which comes later
+import os
+loaded = [l.split()[-1] for l in open("/proc/self/maps") if "libcupti" in l and l.split()[-1].startswith("/")]
+if loaded:
+    os.environ["NVTX_INJECTION64_PATH"] = loaded[0]
+print("injection", os.environ.get("NVTX_INJECTION64_PATH"), file=sys.stderr)
 from graphdiag.config import resolve
 from graphdiag.report.nvtx_sink import NvtxSink
 from graphdiag.runner import run
@@ -70,6 +77,7 @@ def test_nvtx_ranges_through_cupti(tmp_path):
     p = subprocess.run([sys.executable, "-c", SCRIPT, str(out)], env=env, capture_output=True, text=True,
                        timeout=300)
     assert p.returncode == 0, p.stderr[-3000:]
+    print(p.stderr[-2000:])
     data = json.loads(out.read_text())
     dump = os.environ.get("GRAPHDIAG_CUPTI_DUMP")
     if dump:
