@@ -91,3 +91,21 @@ def test_report_e2e_live_sinks_wired_through_the_header_hook(tmp_path):
     assert events == result.events and header == RunHeader.from_dict(result.header)
     text = buf.getvalue()
     assert text.startswith("graphdiag ") and "chunk 0 · nodes 0–" in text
+
+
+def test_diff_cli_on_batch_change_runs_with_different_chunk_sizes(tmp_path):
+    """Two records of the batch-change scenario: chunk 512 vs 64 diverge (exit 1, named); a rerun is equal."""
+    from graphdiag.cli.main import main
+    from graphdiag.scenario import load_scenario
+    sc = load_scenario("batch-change")
+    paths = {}
+    for name, chunk in (("a", 512), ("b", 64), ("a2", 512)):
+        h, r = _run(sc, chunk_size=chunk, steps=16)
+        paths[name] = tmp_path / f"{name}.jsonl"
+        write_record(paths[name], h, r.events)
+    runner_ = CliRunner()
+    res = runner_.invoke(diff, [str(paths["a"]), str(paths["b"])])
+    assert res.exit_code == 1
+    assert "chunk_size" in res.output and "step 2" in res.output
+    assert runner_.invoke(diff, [str(paths["a"]), str(paths["a2"])]).exit_code == 0
+    assert main(["diff", str(paths["a"]), str(paths["a2"])]) == 0
