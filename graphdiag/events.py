@@ -33,8 +33,7 @@ class Event:
     def to_dict(self) -> dict[str, Any]:
         d = {"kind": self.kind}
         for f in dataclasses.fields(self):
-            v = getattr(self, f.name)
-            d[f.name] = list(v) if isinstance(v, tuple) else v
+            d[f.name] = getattr(self, f.name)      # tuples serialise as JSON arrays
         return d
 
     @staticmethod
@@ -42,12 +41,13 @@ class Event:
         cls = EVENT_TYPES.get(d.get("kind", ""))
         if cls is None:
             raise KeyError(f"unknown event kind {d.get('kind')!r}")
-        kw = {}
-        for f in dataclasses.fields(cls):
-            if f.name in d:
-                v = d[f.name]
-                kw[f.name] = tuple(tuple(x) if isinstance(x, list) else x for x in v) if isinstance(v, list) else v
+        kw = {f.name: _tuplify(d[f.name]) for f in dataclasses.fields(cls) if f.name in d}
         return cls(**kw)
+
+
+def _tuplify(v):
+    """JSON lists back to the tuples events hold (recursively)."""
+    return tuple(_tuplify(x) for x in v) if isinstance(v, list) else v
 
 
 # -- run / step level ---------------------------------------------------------------------------------------
@@ -152,6 +152,16 @@ class PropertyDiff(Event):
     old: str = ""
     new: str = ""
     n_changed_nodes: int = 0
+    changed: tuple = ()            # indices of every changed node (at most 512)
+
+
+@dataclass(frozen=True)
+class LedgerCaptured(Event):
+    """The node-property ledger a capture was taken from, one row per node, for node-level diffs between
+    runs or steps. Each row: (index, name, op, type, ne, nb, op_params digest, flags, data, sources), where
+    addresses are written as `bN+0xOFF` (N: the backend buffer's allocation order) so runs compare."""
+    kind: ClassVar[str] = "ledger_captured"
+    nodes: tuple = ()
 
 
 @dataclass(frozen=True)

@@ -15,6 +15,7 @@ from .capture import CaptureLoop, lower_graph
 from .concurrency import Region, find_regions
 from .entry import Clock, GraphEntry
 from .fusion import fusion_plan
+from .ledger_rows import AddressNamer, ledger_rows
 from .pool import TempPool
 from .runtime import CC_VOLTA, GraphRuntime, RuntimeOptions
 
@@ -32,6 +33,7 @@ class GpuBackend(Backend):
         self.runtime = GraphRuntime(driver, bus, options, clock)
         self.loop = CaptureLoop(self)
         self.pool = TempPool(driver, self.runtime.invalidate_all, pool_cap, pool_max_buffers)
+        self.pool.on_alloc = lambda addr: self.addresses.add(addr)
         self.stream0 = driver.stream_create()
         self.streams = [self.stream0]
         self.fork_event = driver.event_create()
@@ -39,6 +41,7 @@ class GpuBackend(Backend):
         self.regions: dict[int, tuple[np.ndarray, list[Region]]] = {}  # key -> (nodes, regions), per alloc
         self.buffers: set[int] = set()
         self.force_eager = False
+        self.addresses = AddressNamer()       # buffer allocation order, for comparable ledger rows
         self._timers: list[tuple] = []        # (start, end) timing events per split index
         self._timed: list[int] = []           # split indices timed since the last collect
 
@@ -46,6 +49,7 @@ class GpuBackend(Backend):
     def buffer_alloc(self, nbytes: int) -> int:
         addr = self.driver.mem_alloc(nbytes)
         self.buffers.add(addr)
+        self.addresses.add(addr)
         return addr
 
     def buffer_free(self, addr: int) -> None:
@@ -182,6 +186,7 @@ class GpuBackend(Backend):
             if use_graph:
                 rt.emit(E.CaptureRun, split, entry.key, graph.uid, n_chunks=n_chunks, n_launches=n_launches,
                         duration_ns=dt)
+                rt.emit(E.LedgerCaptured, split, entry.key, graph.uid, nodes=ledger_rows(entry.props, self.addresses))
             else:
                 rt.emit(E.EagerRun, split, entry.key, graph.uid, n_launches=n_launches, duration_ns=dt)
 

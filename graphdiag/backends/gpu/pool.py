@@ -27,6 +27,7 @@ class TempPool:
         self.cached: list[tuple[int, int]] = []   # (addr, size) free buffers kept for reuse
         self.pool_size = 0                        # bytes allocated from the device (cached + in use)
         self.n_device_allocs = 0
+        self.on_alloc: Callable[[int], None] | None = None   # told of every new device buffer
 
     def alloc(self, size: int) -> tuple[int, int]:
         """(addr, actual size) of a buffer of at least `size` bytes: best fit from the cache, else new."""
@@ -67,6 +68,8 @@ class TempPool:
         if self.cap is not None and self.pool_size + size > self.cap:
             raise OutOfDeviceMemory(size, "pool alloc (capped)")
         addr = self.driver.mem_alloc(size)
+        if self.on_alloc is not None:
+            self.on_alloc(addr)
         self.pool_size += size
         self.n_device_allocs += 1
         return addr, size
