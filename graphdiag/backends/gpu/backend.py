@@ -40,6 +40,7 @@ class GpuBackend(Backend):
         self.join_events: list = []
         self.regions: dict[int, tuple[np.ndarray, list[Region]]] = {}  # key -> (nodes, regions), per alloc
         self.buffers: set[int] = set()
+        self._pending_host: list[np.ndarray] = []   # host sources of queued copies
         self.force_eager = False
         self.addresses = AddressNamer()       # buffer allocation order, for comparable ledger rows
         self._timers: list[tuple] = []        # (start, end) timing events per split index
@@ -57,12 +58,14 @@ class GpuBackend(Backend):
         self.driver.mem_free(addr)
 
     def tensor_set(self, addr: int, data: np.ndarray) -> None:
+        """Ordered on stream 0 before the work that reads it; no synchronisation per input (the host array
+        is kept alive until the next synchronize, in case the driver copies it lazily)."""
         data = np.ascontiguousarray(data)
         self.driver.memcpy_htod(addr, data, self.stream0)
-        self.driver.stream_synchronize(self.stream0)
+        self._pending_host.append(data)
 
     def tensor_get(self, addr: int, nbytes: int) -> np.ndarray:
-        self.driver.stream_synchronize(self.stream0)
+        self.synchronize()
         out = np.empty(nbytes, np.uint8)
         self.driver.memcpy_dtoh(out, addr)
         return out
@@ -70,6 +73,7 @@ class GpuBackend(Backend):
     def synchronize(self) -> None:
         for s in self.streams:
             self.driver.stream_synchronize(s)
+        self._pending_host.clear()
 
     # -- concurrency (graph_optimize) -------------------------------------------------------------------
     def graph_optimize(self, graph: Graph, split: int) -> list[tuple[int, int]]:
