@@ -13,7 +13,8 @@ from .model.presets import get_preset, weight_type
 from .model.weights import create_model
 
 
-def _median_ns(fn, reps: int, warmup: int = 3) -> float:
+def median_ns(fn, reps: int, warmup: int = 3) -> float:
+    """Median host time of fn() in ns over `reps` calls, after `warmup` calls."""
     for _ in range(warmup):
         fn()
     times = []
@@ -34,9 +35,9 @@ def ledger_bench(model: str = "7b", batch: int = 1, n_kv: int = 4096, reps: int 
     m.arena.rec["data"][: m.arena.top] = rng.integers(1, 1 << 40, m.arena.top, dtype=np.uint64)  # real pointers
     stored = snapshot(m.arena, g.nodes)
     scratch = snapshot(m.arena, g.nodes)
-    gather = _median_ns(lambda: snapshot(m.arena, g.nodes, out=scratch), reps)
-    compare = _median_ns(lambda: changed_nodes(stored, scratch), reps)
-    both = _median_ns(lambda: changed_nodes(stored, snapshot(m.arena, g.nodes, out=scratch)), reps)
+    gather = median_ns(lambda: snapshot(m.arena, g.nodes, out=scratch), reps)
+    compare = median_ns(lambda: changed_nodes(stored, scratch), reps)
+    both = median_ns(lambda: changed_nodes(stored, snapshot(m.arena, g.nodes, out=scratch)), reps)
     return {"model": model, "n_nodes": g.n_nodes, "snapshot_bytes": stored.nbytes, "gather_us": gather / 1e3,
             "compare_us": compare / 1e3, "check_us": both / 1e3, "reps": reps}
 

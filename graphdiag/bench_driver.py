@@ -22,6 +22,7 @@ import time
 import numpy as np
 
 from .backends.abi import new_params, set_desc
+from .bench import median_ns
 from .backends.drivers.base import Launch
 from .backends.geometry import launch_geometry
 from .ir.build import contiguous_nb
@@ -40,14 +41,7 @@ def _prepared(drv, name, slots, fp=()):
 
 
 def _median_ms(fn, reps: int, warmup: int = 2) -> float:
-    for _ in range(warmup):
-        fn()
-    times = []
-    for _ in range(reps):
-        t0 = time.perf_counter_ns()
-        fn()
-        times.append((time.perf_counter_ns() - t0) / 1e6)
-    return statistics.median(times)
+    return median_ns(fn, reps, warmup) / 1e6
 
 
 def _gpu_ms(drv, stream, fn, reps: int) -> float:

@@ -38,3 +38,13 @@ def error_log():
     if path and errors:
         with open(path, "w") as f:
             json.dump(errors, f, indent=1, sort_keys=True)
+
+
+@pytest.fixture(scope="session")
+def require_gpu():
+    """Skip (never fail) tests that open their own CudaDriver where there is no usable GPU."""
+    from graphdiag.backends.drivers.cuda import CudaDriver
+    try:
+        CudaDriver.open().close()
+    except NoDeviceError as exc:
+        pytest.skip(f"no GPU: {exc}")

@@ -8,19 +8,9 @@ import pytest
 
 from graphdiag import events as E
 from graphdiag.config import resolve
-from graphdiag.errors import NoDeviceError
 from graphdiag.runner import run
 
-pytestmark = pytest.mark.gpu
-
-
-@pytest.fixture(scope="module", autouse=True)
-def gpu_present():
-    from graphdiag.backends.drivers.cuda import CudaDriver
-    try:
-        CudaDriver.open().close()
-    except NoDeviceError as exc:
-        pytest.skip(f"no GPU: {exc}")
+pytestmark = [pytest.mark.gpu, pytest.mark.usefixtures("require_gpu")]
 
 
 def run_gpu(timeline=(), env=None, **settings):

@@ -4,21 +4,11 @@ import pytest
 
 from graphdiag import events as E
 from graphdiag.config import resolve
-from graphdiag.errors import NoDeviceError
 from graphdiag.report.summary import summarize
 from graphdiag.runner import run
 from graphdiag.scenario import check_expectations, list_scenarios
 
-pytestmark = pytest.mark.gpu
-
-
-@pytest.fixture(scope="module", autouse=True)
-def gpu_present():
-    from graphdiag.backends.drivers.cuda import CudaDriver
-    try:
-        CudaDriver.open().close()
-    except NoDeviceError as exc:
-        pytest.skip(f"no GPU: {exc}")
+pytestmark = [pytest.mark.gpu, pytest.mark.usefixtures("require_gpu")]
 
 
 @pytest.mark.parametrize("scenario", list_scenarios(), ids=lambda s: s.name)
