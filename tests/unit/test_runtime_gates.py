@@ -1,0 +1,56 @@
+"""Gates tested in isolation: the uid assertion, and --verify catching a replay that computes something else."""
+
+import pytest
+
+from graphdiag import events as E
+from graphdiag.backends.drivers.sim import SimDriver
+from graphdiag.backends.gpu.runtime import GraphRuntime, RuntimeOptions
+from graphdiag.cli.main import main
+from graphdiag.errors import InternalError
+from graphdiag.ir import Arena, GGMLType, Graph
+from graphdiag.ir.build import Ctx
+
+
+def _graph(arena, n_layers):
+    ctx = Ctx(arena)
+    x = ctx.new_input(GGMLType.F32, (64, 1), "x")
+    for i in range(n_layers):
+        x = ctx.rms_norm(x, 1e-5, f"norm-{i}")
+    g = Graph(arena)
+    g.build_forward_expand(x)
+    return g
+
+
+def test_same_uid_with_another_node_count_is_an_internal_error():
+    bus = E.EventBus()
+    rt = GraphRuntime(SimDriver(), bus, RuntimeOptions())
+    arena = Arena()
+    g = _graph(arena, 3)
+    g.uid = 41
+    entry = rt.lookup(g, 0)
+    assert rt.update_required(entry, g, 0) is True      # first sight: recorded
+    assert rt.update_required(entry, g, 0) is False     # uid hit
+    arena.reset()
+    g2 = _graph(arena, 4)
+    g2.uid = 41
+    with pytest.raises(InternalError, match="uid 41 reused with 4 nodes but 3 recorded"):
+        rt.update_required(entry, g2, 0)
+
+
+def test_verify_reports_a_replay_that_differs_from_eager(monkeypatch, capsys):
+    """A driver whose replay skips the last kernel node computes stale logits: --verify must say so."""
+    real_launch = SimDriver.graph_launch
+
+    def lossy_launch(self, exec_, stream):
+        order = exec_.order
+        exec_.order = order[:-1]
+        try:
+            real_launch(self, exec_, stream)
+        finally:
+            exec_.order = order
+
+    monkeypatch.setattr(SimDriver, "graph_launch", lossy_launch)
+    rc = main(["run", "--backend", "sim", "--steps", "4", "--prompt-tokens", "4", "--verify"])
+    out = capsys.readouterr().out
+    assert rc == 1
+    assert "FAILED: step 3: replay differs from eager (max |diff|" in out
