@@ -135,6 +135,12 @@ class Stepper:
         self.s, self.r = s, result
         self.rng = np.random.default_rng(s.cfg.seed + 1)
         self.next_tok: dict[int, int] = {}
+        self.phases: set[str] = set()          # phases the GPU splits took in the current step
+        s.bus.subscribe(self._on_event)
+
+    def _on_event(self, ev: E.Event) -> None:
+        if isinstance(ev, E.PhaseDecided):
+            self.phases.add(ev.phase)
 
     def run(self, plan: list[StepPlan]) -> None:
         for p in plan:
@@ -145,6 +151,7 @@ class Stepper:
     def step(self, p: StepPlan) -> None:
         s, bus = self.s, self.s.bus
         step = s.ctx.step
+        self.phases.clear()
         t0 = time.perf_counter_ns()
         with bus.span("step", "run/step", step, step):
             if p.kind == "prefill":
@@ -160,21 +167,13 @@ class Stepper:
         out = logits.argmax(axis=1).tolist()
         for q, t in zip(seqs[-len(out):], out):
             self.next_tok[q] = int(t)
-        mode = self._mode(step)
+        mode = next((m for m in ("eager", "capture", "replay") if m in self.phases), "cpu")
         bus.emit(E.StepFinished(step=step, duration_ns=dt, gpu_ns=gpu_ns, tokens=tuple(out), mode=mode))
         self.r.tokens.append(out)
         if s.cfg.verify and mode == "replay":
             self._verify(step, logits)
         if s.reference is not None:
             self._oracle(step, p, batch, logits)
-
-    def _mode(self, step: int) -> str:
-        """The step's worst GPU phase (eager > capture > replay), or 'cpu' without a GPU backend."""
-        phases = {e.phase for e in reversed(self.r.events[-400:]) if isinstance(e, E.PhaseDecided) and e.step == step}
-        for m in ("eager", "capture", "replay"):
-            if m in phases:
-                return m
-        return "cpu"
 
     def _verify(self, step: int, logits: np.ndarray) -> None:
         ctx = self.s.ctx

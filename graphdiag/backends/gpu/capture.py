@@ -76,8 +76,7 @@ class CaptureLoop:
         capturing = use_graph and update
         chunk_size = rt.opt.chunk_size
         key, uid, n = entry.key, graph.uid, graph.n_nodes
-        flags = graph.arena.rec["flags"][graph.nodes]
-        region_at = {r.fork: r for r in regions}
+        forks = _fork_triggers(regions, plan)
         active: Region | None = None
         n_chunks = n_launches = chunk_start = 0
         chunk_end = chunk_size
@@ -111,7 +110,7 @@ class CaptureLoop:
                     if capturing and chunk_size > 0 and i >= chunk_end:
                         moved_by = "concurrent region"
             op = lowered[i]
-            if op is None or not (flags[i] & TensorFlag.COMPUTE):
+            if op is None:                      # view/no-op, not COMPUTE, or absorbed by a fusion
                 i += 1
                 continue
             op.run(drv, stream, b.pool)
@@ -120,7 +119,7 @@ class CaptureLoop:
             skip = f.absorbed if f is not None else 0
             if capturing and chunk_size > 0 and i < chunk_end <= i + skip and not moved_by:
                 moved_by = "fusion"
-            r = region_at.get(i) or next((region_at[j] for j in range(i + 1, i + skip + 1) if j in region_at), None)
+            r = forks.get(i)
             if r is not None:
                 b.fork(r)
                 active = r
@@ -141,6 +140,17 @@ class CaptureLoop:
         for inst in entry.instances:
             drv.graph_launch(inst, s)
         return len(entry.instances)
+
+
+def _fork_triggers(regions: list[Region], plan: dict[int, Fusion]) -> dict[int, Region]:
+    """The node after whose launch each region forks: its fork node, or the fusion that absorbed it."""
+    out = {r.fork: r for r in regions}
+    for i, f in plan.items():
+        for r in regions:
+            if i < r.fork <= i + f.absorbed:
+                out.pop(r.fork, None)
+                out[i] = r
+    return out
 
 
 def lower_graph(graph: Graph, plan: dict[int, Fusion], cc: int, driver) -> list:
