@@ -246,7 +246,9 @@ def run_cli(settings: dict, scenario: str | None = None, events_path: str | None
         d["failures"] = failures
         out.write(json.dumps(d, indent=2) + "\n")
     else:
+        from .report.steps import render_steps
         render_summary(summary, file=out)
+        render_steps(result.events, file=out, simulated=bool(result.header.get("simulated")))
         for f in failures:
             out.write(f"FAILED: {f}\n")
         if sc is not None and not failures:

@@ -33,6 +33,9 @@ def test_run_without_gpu_falls_back_to_the_announced_simulated_driver(capsys, mo
     assert main(["run", "--steps", "4", "--prompt-tokens", "4"]) == 0
     out = capsys.readouterr().out
     assert "SIMULATED" in out and "replay" in out and "graphs reused" in out
+    assert "sim device" in out                      # per-step table, device time labelled simulated
+    gen = [l for l in out.splitlines() if l.startswith("generated (seq 0): ")]
+    assert gen and len(gen[0].split(": ")[1].split()) == 4
 
 
 def test_run_json_summary_and_events_file(capsys, tmp_path):

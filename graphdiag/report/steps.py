@@ -1,0 +1,61 @@
+"""The per-step table of a run: kind, tokens in the ubatch, phase, synchronised wall time, GPU time and the
+greedy tokens produced; long runs show their first and last steps."""
+
+from __future__ import annotations
+
+from typing import Iterable, TextIO
+
+from rich.table import Table
+
+from .. import events as E
+from .console import make_console
+
+
+def step_rows(events: Iterable[E.Event]) -> list[tuple]:
+    """(step, kind, n_tokens, mode, wall_ns, gpu_ns, tokens) per finished step."""
+    started: dict[int, E.StepStarted] = {}
+    rows = []
+    for ev in events:
+        if isinstance(ev, E.StepStarted):
+            started[ev.step] = ev
+        elif isinstance(ev, E.StepFinished):
+            st = started.get(ev.step)
+            rows.append((ev.step, st.phase if st else "?", st.n_tokens if st else 0, ev.mode, ev.duration_ns,
+                         ev.gpu_ns, tuple(ev.tokens)))
+    return rows
+
+
+def generated(events: Iterable[E.Event]) -> dict[int, list[int]]:
+    """Greedy tokens per sequence over the decode steps (sequence = position in the step's batch)."""
+    out: dict[int, list[int]] = {}
+    for row in step_rows(events):
+        if row[1] == "decode":
+            for seq, tok in enumerate(row[6]):
+                out.setdefault(seq, []).append(tok)
+    return out
+
+
+def render_steps(events: list[E.Event], file: TextIO | None = None, head: int = 8, tail: int = 4,
+                 simulated: bool = False) -> None:
+    """The steps table then the generated tokens. On the simulated driver the device column is host time."""
+    rows = step_rows(events)
+    if not rows:
+        return
+    con = make_console(file)
+    t = Table(title="Steps", title_justify="left", box=None, pad_edge=False)
+    gpu_col = "sim device" if simulated else "gpu"
+    for col in ("step", "kind", "tokens in", "phase", "wall", gpu_col, "tokens out"):
+        t.add_column(col, justify="right" if col in ("step", "tokens in", "wall", gpu_col) else "left")
+    shown = rows if len(rows) <= head + tail else rows[:head] + [None] + rows[-tail:]
+    for r in shown:
+        if r is None:
+            t.add_row("…", f"{len(rows) - head - tail} more", "", "", "", "", "")
+            continue
+        step, kind, n_in, mode, wall, gpu, toks = r
+        out = " ".join(map(str, toks[:8])) + (" …" if len(toks) > 8 else "")
+        t.add_row(str(step), kind, str(n_in), mode, f"{wall / 1e6:.2f} ms", f"{gpu / 1e6:.3f} ms" if gpu else "-", out)
+    con.print("")
+    con.print(t)
+    for seq, toks in generated(events).items():
+        shown_toks = " ".join(map(str, toks[:32])) + (" …" if len(toks) > 32 else "")
+        con.print(f"generated (seq {seq}): {shown_toks}", markup=False)
