@@ -20,7 +20,9 @@ from ..errors import GraphdiagError, UsageError
 @click.pass_context
 def diff(ctx: click.Context, control: Path, test: Path | None, steps: tuple[int, ...], as_json: bool) -> None:
     """Compare CONTROL and TEST records: settings, counters, timings, the first step where decisions
-    diverge, and node-level facts of captured graphs. Exit 0 when equal, 1 when different, 2 on error."""
+    diverge, capture facts, and node by node the ledger rows of each captured graph (per key and capture;
+    with --step I --step J, the captures in force at the two steps). --json keeps every differing field.
+    Exit 0 when equal, 1 when different, 2 on error."""
     try:
         equal = _compare(control, test, steps, as_json)
     except GraphdiagError as e:

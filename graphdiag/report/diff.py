@@ -3,8 +3,10 @@
 Decisions are compared as per-step sequences of events with what differs by run or by time taken out:
 timestamps, durations, tokens, and addresses. Graph keys and uids become first-seen ordinals per run
 (k1, k2… / u1, u2…) and hex addresses inside values become a1, a2…, so two runs that took the same decisions
-on differently placed structs compare equal. `equal` means: same decisions at every step, same counters, and
-the same node-level ledger facts at every capture; settings and timings are reported but never decide it.
+on differently placed structs compare equal. `equal` means: same decisions at every step, same counters, the
+same capture facts (ledger.py) and the same node rows at every capture (node_diff.py: the LedgerCaptured
+rows, which are data rather than decisions and so are compared there, not as events); settings and timings
+are reported but never decide it.
 """
 
 from __future__ import annotations
@@ -20,6 +22,7 @@ from .. import events as E
 from ..errors import UsageError
 from .eventlog import describe
 from .ledger import LedgerChange, compare_ledgers
+from .node_diff import CaptureNodeDiff, compare_run_captures, compare_step_captures
 from .record import RunHeader
 from .summary import summarize
 
@@ -74,15 +77,17 @@ class Change:
 
 @dataclass
 class StepDiff:
-    """Decisions of step `step_control` (control) against `step_test` (test)."""
+    """Decisions of step `step_control` (control) against `step_test` (test), and per key the node rows of
+    the captures in force at each step."""
 
     step_control: int
     step_test: int
     changes: list[Change] = field(default_factory=list)
+    nodes: list[CaptureNodeDiff] = field(default_factory=list)
 
     @property
     def equal(self) -> bool:
-        return not self.changes
+        return not self.changes and not self.nodes
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self) | {"equal": self.equal}
@@ -124,11 +129,12 @@ class RunDiff:
     timings: list[Delta] = field(default_factory=list)
     first_divergence: StepDiff | None = None
     ledger: list[LedgerChange] = field(default_factory=list)
+    nodes: list[CaptureNodeDiff] = field(default_factory=list)
     tokens_differ_at: int | None = None
 
     @property
     def equal(self) -> bool:
-        return (self.first_divergence is None and not self.ledger
+        return (self.first_divergence is None and not self.ledger and not self.nodes
                 and all(d.delta == 0 for d in self.counters))
 
     def to_dict(self) -> dict[str, Any]:
@@ -143,7 +149,8 @@ class RunDiff:
 
 
 def _decisions(events: list[E.Event]) -> list[E.Event]:
-    return [e for e in events if not isinstance(e, (E.SpanBegin, E.SpanEnd))]
+    """Events that are decisions: no spans, and no ledger rows (node_diff.py compares those)."""
+    return [e for e in events if not isinstance(e, (E.SpanBegin, E.SpanEnd, E.LedgerCaptured))]
 
 
 def _by_step(events: list[E.Event], canon: Canon) -> dict[int, list[tuple[tuple, E.Event]]]:
@@ -190,23 +197,34 @@ def _distinct_lines(old: E.Event, new: E.Event) -> tuple[str, str]:
         return a, b
     da, db = old.to_dict(), new.to_dict()
     names = [n for n in da if n not in IGNORED and da[n] != db.get(n)]
-    return (a + "".join(f" [{n} {da[n]}]" for n in names), b + "".join(f" [{n} {db.get(n)}]" for n in names))
+    return (a + "".join(f" [{n} {_short(da[n])}]" for n in names),
+            b + "".join(f" [{n} {_short(db.get(n))}]" for n in names))
+
+
+def _short(v, most: int = 8) -> str:
+    """A field value for a line: long tuples (PropertyDiff.changed) cut to their first `most` items."""
+    if isinstance(v, tuple) and len(v) > most:
+        return f"({', '.join(map(str, v[:most]))}, … {len(v) - most} more)"
+    return str(v)
 
 
 def diff_steps(events: list[E.Event], step_i: int, step_j: int) -> StepDiff:
-    """Compare the decisions of two steps of one run (same renaming for both)."""
-    steps = _by_step(_decisions(events), Canon())
+    """Compare the decisions of two steps of one run (same renaming for both), and per key the node rows
+    of the captures in force at each step."""
+    canon = Canon()
+    steps = _by_step(_decisions(events), canon)
     for s in (step_i, step_j):
         if s not in steps:
             raise UsageError(f"step {s} is not in the record (steps {min(steps, default=0)}–{max(steps, default=0)})")
-    return StepDiff(step_i, step_j, compare_sequences(steps[step_i], steps[step_j]))
+    return StepDiff(step_i, step_j, compare_sequences(steps[step_i], steps[step_j]),
+                    compare_step_captures(events, canon.key, step_i, step_j))
 
 
 def diff_runs(control: tuple[RunHeader, list[E.Event]], test: tuple[RunHeader, list[E.Event]],
               names: tuple[str, str] = ("control", "test")) -> RunDiff:
-    """Compare two runs: settings, counters, timings, first divergent step, capture-time ledgers."""
-    (ha, ea), (hb, eb) = control, test
-    ea, eb = _decisions(ea), _decisions(eb)
+    """Compare two runs: settings, counters, timings, first divergent step, capture facts, node rows."""
+    (ha, a_all), (hb, b_all) = control, test
+    ea, eb = _decisions(a_all), _decisions(b_all)
     ca, cb = Canon(), Canon()
     d = RunDiff(*names)
     d.settings = _settings(ha, hb)
@@ -215,6 +233,7 @@ def diff_runs(control: tuple[RunHeader, list[E.Event]], test: tuple[RunHeader, l
     d.counters = [Delta(n, sa.counters[n], sb.counters[n]) for n in sa.counters if n != "refusals_by_reason"]
     d.timings = [Delta(n, _median(sa, n), _median(sb, n)) for n in dict.fromkeys([*sa.timings, *sb.timings])]
     d.ledger = compare_ledgers(ea, ca, eb, cb)
+    d.nodes = compare_run_captures(a_all, ca.key, b_all, cb.key)
     d.tokens_differ_at = _tokens_differ_at(ea, eb)
     return d
 

@@ -7,10 +7,14 @@ from typing import TextIO
 from .console import make_console, table
 from .diff import Change, Delta, RunDiff, StepDiff
 from .eventlog import fmt_ns
+from .node_diff import CaptureNodeDiff, CaptureRef
+
+MOST_FIELDS = 20     # differing fields rendered per capture; the JSON output keeps all of them
 
 
 def render_run_diff(d: RunDiff, file: TextIO | None = None) -> None:
-    """Settings, result line, counters and timings that differ, first divergent step, ledger facts."""
+    """Settings, result line, counters and timings that differ, capture facts, node rows of captured
+    graphs (the first MOST_FIELDS differing fields per capture), first divergent step, tokens."""
     con = make_console(file)
     con.print(f"graphdiag diff · control: {d.control} · test: {d.test}", markup=False)
     con.print(_verdict(d), markup=False)
@@ -18,6 +22,8 @@ def render_run_diff(d: RunDiff, file: TextIO | None = None) -> None:
         if t is not None:
             con.print("")
             con.print(t)
+    render_node_diffs(con, d.nodes, "Captured graphs: node rows that differ (LedgerCaptured; key by first-seen "
+                                    "order, captures numbered per phase)")
     if d.first_divergence is not None:
         con.print("")
         con.print(f"First divergent step: {d.first_divergence.step_control}", markup=False)
@@ -34,10 +40,53 @@ def render_step_diff(d: StepDiff, source: str, file: TextIO | None = None) -> No
     con = make_console(file)
     con.print(f"graphdiag diff · {source} · step {d.step_control} (control) vs step {d.step_test} (test)",
               markup=False)
-    con.print("result: EQUAL (same decisions)" if d.equal else
-              f"result: DIFFERENT ({len(d.changes)} decisions differ)", markup=False)
+    con.print(_step_verdict(d), markup=False)
     for line in change_lines(d.changes):
         con.print(line, markup=False)
+    render_node_diffs(con, d.nodes, f"Captured graphs in force at step {d.step_control} (control) and step "
+                                    f"{d.step_test} (test): node rows that differ")
+
+
+def _step_verdict(d: StepDiff) -> str:
+    if d.equal:
+        return "result: EQUAL (same decisions, same captured graphs in force)"
+    parts = [f"{len(d.changes)} decisions differ"] if d.changes else []
+    if d.nodes:
+        parts.append(f"{len(d.nodes)} captured graphs in force differ")
+    return f"result: DIFFERENT ({'; '.join(parts)})"
+
+
+def render_node_diffs(con, diffs: list[CaptureNodeDiff], title: str, most: int = MOST_FIELDS) -> None:
+    """Per pair of captures a headline (key, which captures, how many fields differ), then a table of the
+    first `most` differing fields and a '… N more' line for the rest."""
+    if not diffs:
+        return
+    con.print("")
+    con.print(title, markup=False)
+    for c in diffs:
+        con.print(_capture_headline(c), markup=False)
+        if not c.changes:
+            continue
+        t = table("", "node", "field", "control", "test", "change", left=("node", "control", "test"))
+        for ch in c.changes[:most]:
+            t.add_row(f"{ch.node} {ch.name}", ch.field, _value(ch.control), _value(ch.test), ch.change)
+        con.print(t)
+        if len(c.changes) > most:
+            con.print(f"  … {len(c.changes) - most} more (every field is in --json)", markup=False)
+
+
+def _capture_headline(c: CaptureNodeDiff) -> str:
+    def side(ref: CaptureRef | None) -> str:
+        return "none" if ref is None else f"{ref.label} at step {ref.step}, {ref.n_nodes} nodes"
+    if c.control is None or c.test is None:
+        what = "test only" if c.control is None else "control only"
+    else:
+        what = f"{len(c.changes)} field{'s' if len(c.changes) != 1 else ''} differ"
+    return f"{c.key} · control: {side(c.control)} · test: {side(c.test)} · {what}"
+
+
+def _value(v) -> str:
+    return "-" if v is None else str(v)
 
 
 def change_lines(changes: list[Change]) -> list[str]:
@@ -64,6 +113,9 @@ def _verdict(d: RunDiff) -> str:
         parts.append(f"{n} counters differ")
     if d.ledger:
         parts.append(f"{len(d.ledger)} capture ledger facts differ")
+    if d.nodes:
+        n = sum(len(c.changes) for c in d.nodes)
+        parts.append(f"{n} node fields differ in {len(d.nodes)} captures")
     return f"result: DIFFERENT ({'; '.join(parts)})"
 
 
@@ -119,8 +171,9 @@ def _percent(m: Delta) -> str:
 def _ledger_table(d: RunDiff):
     if not d.ledger:
         return None
-    t = table("Captured graphs: node-level facts that differ (key by first-seen order, capture #)", "key",
-              "capture", "node", "field", "control", "test", "change", left=("control", "test"))
+    t = table("Captured graphs: facts that differ (key by first-seen order, captures numbered per phase)", "key",
+              "capture", "node", "field", "control", "test", "change", left=("capture", "control", "test"))
     for c in d.ledger:
-        t.add_row(c.key, str(c.capture), c.node, c.field, c.control or "-", c.test or "-", c.change)
+        t.add_row(c.key, f"{c.phase} #{c.capture}".lstrip(), c.node, c.field, c.control or "-", c.test or "-",
+                  c.change)
     return t

@@ -4,8 +4,9 @@ Level 0 (default): phase transitions of each key and every recapture with its ca
     step 257 · split 0 · key 0x5eed0000a8f0 · node 41 __fattn__-3 src[1].ne[1] 256→512 · warmup reset
 plus evictions, pool invalidations and verify mismatches.
 Level 1 (-v): chunk boundaries, fusions, concurrent regions, updates, instantiates, refusals with reasons,
-property diffs that changed no phase, uid misses, context rebuilds and scheduler reallocations.
-Level 2 (-vv): every step, uid hit, lookup and launch.
+property diffs (with the indices of the other changed nodes) that changed no phase, uid misses, context
+rebuilds and scheduler reallocations.
+Level 2 (-vv): every step, uid hit, lookup, launch and recorded capture ledger.
 """
 
 from __future__ import annotations
@@ -130,8 +131,20 @@ def _describe_chunk(ev: E.Event) -> str:
             return f"captured and ran {ev.n_chunks} chunks · {fmt_ns(ev.duration_ns)}"
         case E.ReplayLaunched():
             return f"replay · {ev.n_chunks} chunks · {fmt_ns(ev.duration_ns)}"
+        case E.LedgerCaptured():
+            return f"ledger: {len(ev.nodes)} nodes recorded"
         case _:
             return ev.kind
+
+
+def property_diff_line(ev: E.PropertyDiff, most: int = 8) -> str:
+    """describe() of a PropertyDiff, naming up to `most` of the other changed nodes when the event lists
+    them: 'node 3 inp_embd ne[1] 16→1 (+95 more nodes: 4, 5, 7, …)'."""
+    others = [i for i in ev.changed if i != ev.node]
+    if ev.n_changed_nodes <= 1 or not others:
+        return describe(ev)
+    shown = ", ".join(map(str, others[:most])) + (", …" if ev.n_changed_nodes - 1 > most else "")
+    return describe(ev).replace(" more nodes)", f" more nodes: {shown})")
 
 
 # Fixed levels; PhaseDecided, WarmupTransition and the cause events are decided in EventLog.
@@ -142,7 +155,7 @@ LEVEL = {
     E.UpdateRefused: 1, E.ChunksDestroyed: 1, E.WarmupTransition: 1, E.NodeCountChanged: 1,
     E.PropertyDiff: 1, E.Incompatible: 1, E.GraphsDisabled: 1,
     E.StepStarted: 2, E.StepFinished: 2, E.KeyLookup: 2, E.UidHit: 2, E.ChunkCaptured: 2, E.EagerRun: 2,
-    E.CaptureRun: 2, E.ReplayLaunched: 2,
+    E.CaptureRun: 2, E.ReplayLaunched: 2, E.LedgerCaptured: 2,
 }
 CAUSES = (E.PropertyDiff, E.NodeCountChanged, E.Incompatible, E.GraphsDisabled)
 
@@ -172,6 +185,8 @@ class EventLog:
             self.phase.pop(ev.key, None)
         elif isinstance(ev, E.VerifyResult):
             return [(1 if ev.ok else 0, f"{prefix(ev)} · {describe(ev)}")]
+        if isinstance(ev, E.PropertyDiff):
+            return [(LEVEL[E.PropertyDiff], f"{prefix(ev)} · {property_diff_line(ev)}")]
         return [(LEVEL.get(type(ev), 2), f"{prefix(ev)} · {describe(ev)}")]
 
     def _phase(self, ev: E.PhaseDecided) -> list[tuple[int, str]]:

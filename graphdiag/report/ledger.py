@@ -4,7 +4,9 @@ The runtime reports the identity ledger only through what changed (PropertyDiff:
 its field and the new value; NodeCountChanged; KeyLookup's node count) and through what each capture did
 (ChunkBoundary, FusionApplied, ConcurrentRegion, chunk outcomes). `capture_ledgers` folds these into one
 fact table per capture: {(node, field): value}; `compare_ledgers` lists the facts that differ between two
-runs, capture by capture, for keys matched by first-seen order.
+runs, capture by capture, for keys matched by first-seen order. Captures are numbered per key and per step
+phase ("decode #0"), as node_diff.py numbers them, so a run that also captured its prefill graph still
+compares decode captures with decode captures.
 """
 
 from __future__ import annotations
@@ -15,11 +17,12 @@ from typing import Any
 from .. import events as E
 
 Facts = dict[tuple[str, str], str]
+CaptureId = tuple[str, int]          # (phase of the step, capture number of that key in that phase)
 
 
 @dataclass
 class LedgerChange:
-    """One fact of the `capture`-th capture of key `key` (ordinal k1, k2…) that differs."""
+    """One fact of the `capture`-th `phase` capture of key `key` (ordinal k1, k2…) that differs."""
 
     key: str
     capture: int
@@ -27,6 +30,7 @@ class LedgerChange:
     field: str
     control: str | None
     test: str | None
+    phase: str = ""
 
     @property
     def change(self) -> str:
@@ -64,14 +68,17 @@ def _capture_facts(ev: E.Event) -> Facts:
     return {}
 
 
-def capture_ledgers(events: list[E.Event], key_name) -> dict[str, list[Facts]]:
-    """Per key (named by `key_name(key)`), one fact table per capture, in order. A pool invalidation or
-    an eviction forgets what was known about the entries it dropped."""
+def capture_ledgers(events: list[E.Event], key_name) -> dict[str, dict[CaptureId, Facts]]:
+    """Per key (named by `key_name(key)`), one fact table per capture, in order, by (phase, number). A pool
+    invalidation or an eviction forgets what was known about the entries it dropped."""
     known: dict[int, Facts] = {}
     during: dict[int, Facts] = {}
-    out: dict[str, list[Facts]] = {}
+    phase: dict[int, str] = {}
+    out: dict[str, dict[CaptureId, Facts]] = {}
     for ev in events:
-        if isinstance(ev, E.PoolInvalidated):
+        if isinstance(ev, E.StepStarted):
+            phase[ev.step] = ev.phase
+        elif isinstance(ev, E.PoolInvalidated):
             known.clear()
         elif isinstance(ev, E.Evicted):
             known.pop(ev.key, None)
@@ -82,7 +89,9 @@ def capture_ledgers(events: list[E.Event], key_name) -> dict[str, list[Facts]]:
         known.setdefault(ev.key, {}).update(_known_facts(ev))
         during.setdefault(ev.key, {}).update(_capture_facts(ev))
         if isinstance(ev, E.CaptureRun):
-            out.setdefault(key_name(ev.key), []).append(known[ev.key] | during.pop(ev.key))
+            caps = out.setdefault(key_name(ev.key), {})
+            p = phase.get(ev.step, "")
+            caps[(p, sum(q == p for q, _ in caps))] = known[ev.key] | during.pop(ev.key)
     return out
 
 
@@ -92,29 +101,31 @@ def compare_ledgers(a_events: list[E.Event], a_canon, b_events: list[E.Event], b
     lb = _canonical(capture_ledgers(b_events, b_canon.key), b_canon)
     changes: list[LedgerChange] = []
     for key in dict.fromkeys([*la, *lb]):
-        ca, cb = la.get(key, []), lb.get(key, [])
-        for i in range(max(len(ca), len(cb))):
-            if i >= len(ca) or i >= len(cb):
-                changes.append(LedgerChange(key, i, "-", "captured", "yes" if i < len(ca) else None,
-                                            "yes" if i < len(cb) else None))
+        ca, cb = la.get(key, {}), lb.get(key, {})
+        for (phase, i) in dict.fromkeys([*ca, *cb]):
+            if (phase, i) not in ca or (phase, i) not in cb:
+                changes.append(LedgerChange(key, i, "-", "captured", "yes" if (phase, i) in ca else None,
+                                            "yes" if (phase, i) in cb else None, phase))
                 continue
-            changes += _compare_facts(key, i, ca[i], cb[i])
+            changes += _compare_facts(key, (phase, i), ca[(phase, i)], cb[(phase, i)])
     return changes
 
 
-def _canonical(ledgers: dict[str, list[Facts]], canon) -> dict[str, list[Facts]]:
+def _canonical(ledgers: dict[str, dict[CaptureId, Facts]], canon) -> dict[str, dict[CaptureId, Facts]]:
     """Addresses in values become the run's ordinals (a1, a2…), as in the decision comparison."""
     def value(fld: str, v: str) -> str:
         return canon.name("a", v) if fld.endswith("data") and not v.startswith("0x") else canon.text(v)
-    return {k: [{nf: value(nf[1], v) for nf, v in facts.items()} for facts in caps] for k, caps in ledgers.items()}
+    return {k: {c: {nf: value(nf[1], v) for nf, v in facts.items()} for c, facts in caps.items()}
+            for k, caps in ledgers.items()}
 
 
-def _compare_facts(key: str, capture: int, a: Facts, b: Facts) -> list[LedgerChange]:
+def _compare_facts(key: str, capture: CaptureId, a: Facts, b: Facts) -> list[LedgerChange]:
+    phase, number = capture
     out = []
     for node_field in sorted(set(a) | set(b), key=_order):
         va, vb = a.get(node_field), b.get(node_field)
         if va != vb:
-            out.append(LedgerChange(key, capture, node_field[0], node_field[1], va, vb))
+            out.append(LedgerChange(key, number, node_field[0], node_field[1], va, vb, phase))
     return out
 
 

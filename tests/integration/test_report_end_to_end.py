@@ -2,9 +2,13 @@
 
 from __future__ import annotations
 
+import json
+import re
+
 import pytest
 from click.testing import CliRunner
 
+from graphdiag import events as E
 from graphdiag import runner
 from graphdiag.cli.diff import diff
 from graphdiag.cli.report import report
@@ -14,6 +18,7 @@ from graphdiag.report.nvtx_sink import NvtxSink
 from graphdiag.report.record import RunHeader, read_record, write_record
 from graphdiag.report.summary import summarize
 from graphdiag.scenario import check_expectations, list_scenarios
+from support.simrun import run_sim
 
 
 def _run(scenario=None, **cli):
@@ -60,6 +65,9 @@ def test_diff_e2e_two_runs_of_one_config_are_equal_and_chunking_is_not(steady, t
     chunked = _run(chunk_size=64)
     write_record(c, chunked[0], chunked[1].events)
     assert CliRunner().invoke(diff, [str(a), str(b)]).exit_code == 0
+    rows_a, rows_b = ([e.nodes for e in read_record(p)[1] if isinstance(e, E.LedgerCaptured)] for p in (a, b))
+    assert rows_a and rows_a[0] and rows_a == rows_b                   # ledger rows are deterministic
+    assert diff_runs(read_record(a), read_record(b)).nodes == []
     d = diff_runs(read_record(a), read_record(c))
     assert not d.equal and [s.name for s in d.settings] == ["chunk_size"]
     assert any(ch.field == "nodes" and ch.node == "chunk 1" for ch in d.ledger)
@@ -109,3 +117,42 @@ def test_diff_cli_on_batch_change_runs_with_different_chunk_sizes(tmp_path):
     assert "chunk_size" in res.output and "step 2" in res.output
     assert runner_.invoke(diff, [str(paths["a"]), str(paths["a2"])]).exit_code == 0
     assert main(["diff", str(paths["a"]), str(paths["a2"])]) == 0
+
+
+def _node_line(field: str, control, test) -> re.Pattern:
+    """A rendered node-row line: 'N inp_embd   FIELD   CONTROL   TEST   changed'."""
+    return re.compile(rf"^\d+ inp_embd +{re.escape(field)} +{control} +{test} +changed *$", re.M)
+
+
+def test_diff_e2e_node_rows_of_batch_1_and_batch_2(steady, tmp_path):
+    """Steady decode at batch 1 and at batch 2: the decode captures differ in inp_embd's ne[1] (1 vs 2);
+    the batch-2 run also captured its prefill graph, which the batch-1 run never did."""
+    a, b = tmp_path / "b1.jsonl", tmp_path / "b2.jsonl"
+    write_record(a, steady[0], steady[1].events)
+    h2, r2 = _run(batch=2)
+    write_record(b, h2, r2.events)
+    d = diff_runs(read_record(a), read_record(b))
+    assert not d.equal and [s.name for s in d.settings] == ["batch"]
+    decode = next(c for c in d.nodes if c.control and c.test)
+    assert (decode.control.label, decode.test.label) == ("decode #0", "decode #0")
+    assert ("inp_embd", "ne[1]", 1, 2) in [(ch.name, ch.field, ch.control, ch.test) for ch in decode.changes]
+    assert [(c.control, c.test.label) for c in d.nodes if not c.control] == [(None, "prefill #0")]
+    res = CliRunner().invoke(diff, [str(a), str(b)])
+    assert res.exit_code == 1 and _node_line("ne[1]", 1, 2).search(res.output)
+    assert "more (every field is in --json)" in res.output
+    j = json.loads(CliRunner().invoke(diff, [str(a), str(b), "--json"]).output)
+    assert sum(len(c["changes"]) for c in j["nodes"]) == sum(len(c.changes) for c in d.nodes) > 20
+
+
+def test_diff_e2e_steps_across_a_batch_change_name_the_node_change(tmp_path):
+    """One run, batch 1 then 2 from step 5: the capture in force at step 7 differs from the one at step 4."""
+    result = run_sim(timeline=[{"at_step": 5, "batch": 2}], steps=10)
+    path = tmp_path / "run.jsonl"
+    write_record(path, RunHeader.from_dict(result.header), result.events)
+    d = diff_steps(read_record(path)[1], 4, 7)
+    (c,) = d.nodes
+    assert c.control.step < 5 <= c.test.step
+    assert ("inp_embd", "ne[1]", 1, 2) in [(ch.name, ch.field, ch.control, ch.test) for ch in c.changes]
+    res = CliRunner().invoke(diff, [str(path), "--step", "4", "--step", "7"])
+    assert res.exit_code == 1 and _node_line("ne[1]", 1, 2).search(res.output)
+    assert CliRunner().invoke(diff, [str(path), "--step", "3", "--step", "4"]).exit_code == 0

@@ -3,10 +3,16 @@
 `Synth` is a small script writer: each method appends the events of one decision, stamping t_ns from
 a deterministic clock and durations from fixed tables, so reports of these runs are reproducible.
 The ready-made runs (`steady_decode`, `batch_change`, `moe_offload`, `pressure_and_idle`) are what the
-golden files show.
+golden files show. Every capture records its ledger rows (`ledger`: a small llama-like graph whose
+activations follow the batch) as the runtime's LedgerCaptured does; `edit_ledger` changes one field of one
+node in every recorded ledger of a run.
 """
 
 from __future__ import annotations
+
+import dataclasses
+import re
+import zlib
 
 from graphdiag import events as E
 from graphdiag.report.record import RunHeader
@@ -41,6 +47,7 @@ class Synth:
         self.next_uid = 1
         self.step_no = -1
         self.nodes: dict[int, int] = {}      # key -> node count last seen
+        self.n_tokens = 1                    # tokens of the current step's ubatch
         self.last_uid: dict[int, int] = {}   # key -> uid stored in the entry
 
     def emit(self, ev_type, **kw) -> None:
@@ -52,6 +59,7 @@ class Synth:
               splits=(("CUDA0", 120),)) -> list[int]:
         """Start a step; when the graph is not reused, the scheduler reallocates and splits anew."""
         self.step_no += 1
+        self.n_tokens = n_tokens
         self.emit(E.StepStarted, phase=phase, n_tokens=n_tokens, n_seqs=n_seqs, n_kv=n_kv)
         self.emit(E.ContextDecision, reused=reused, reason=reason)
         if not reused:
@@ -79,8 +87,10 @@ class Synth:
         self.nodes[key] = n_nodes
 
     def diff(self, split, key, node, name, op, fld, old, new, n_changed=1) -> None:
+        """The first changed node; the changed ones are taken to be it and the nodes right after it."""
         self.emit(E.PropertyDiff, split=split, key=key, uid=self.uids[split], node=node, node_name=name,
-                  op=op, field=fld, old=str(old), new=str(new), n_changed_nodes=n_changed)
+                  op=op, field=fld, old=str(old), new=str(new), n_changed_nodes=n_changed,
+                  changed=tuple(range(node, node + n_changed)))
 
     def phase(self, split, key, phase, why, warm=None) -> None:
         """Gate 4: an optional warmup transition ("warm" or "cold"), then the phase decision."""
@@ -117,6 +127,7 @@ class Synth:
         if destroyed:
             self.emit(E.ChunksDestroyed, first=len(bounds), count=destroyed, **ids)
         self.emit(E.CaptureRun, n_chunks=len(bounds), n_launches=len(bounds), duration_ns=CAPTURE_NS, **ids)
+        self.emit(E.LedgerCaptured, nodes=ledger(self.nodes[key], batch=self.n_tokens), **ids)
 
     def replay(self, split, key, n_chunks) -> None:
         self.emit(E.ReplayLaunched, split=split, key=key, uid=self.uids[split], n_chunks=n_chunks,
@@ -248,3 +259,59 @@ def _replays_after_reset(s: Synth) -> None:
     s.capture(0, KEY_A, ((0, 120, ""),), ["instantiate"])
     s.end("capture")
     _replays(s, KEY_A, 1)
+
+
+# -- ledger rows ----------------------------------------------------------------------------------------------
+LAYER = (("attn_norm", "RMS_NORM"), ("Qcur", "MUL_MAT"), ("Kcur", "MUL_MAT"), ("Vcur", "MUL_MAT"),
+         ("kqv_out", "MUL_MAT"), ("ffn_inp", "ADD"), ("ffn_norm", "RMS_NORM"), ("ffn_gate", "MUL_MAT"),
+         ("ffn_up", "MUL_MAT"), ("ffn_out", "MUL_MAT"), ("l_out", "ADD"), ("l_out_view", "VIEW"))
+NAMED = {3: ("inp_embd", "GET_ROWS"), 41: ("__fattn__-3", "FLASH_ATTN_EXT")}   # as the PropertyDiffs name them
+
+
+def ledger(n_nodes=120, batch=1, n_kv=256) -> tuple:
+    """LedgerCaptured rows of a synthetic graph: weights in buffer b0, activations in three rotating slots
+    of the compute buffer b1 (slot size follows the batch), the KV cache in b2."""
+    def act(i: int) -> str:
+        return f"b1+{0x800 * batch * (i % 3):#x}"
+
+    ne, nb = (512, batch, 1, 1), (4, 2048, 2048 * batch, 2048 * batch)
+    rows = []
+    for i in range(n_nodes):
+        name, op = NAMED.get(i) or (f"{LAYER[i % 12][0]}-{i // 12}", LAYER[i % 12][1])
+        srcs = ((0, ne, nb, act(i - 1)),) if i else ()
+        if op == "MUL_MAT":
+            srcs = ((0, (512, 512, 1, 1), (2, 1024, 524288, 524288), f"b0+{0x80000 * i:#x}"), (1, ne, nb, act(i - 1)))
+        elif op == "FLASH_ATTN_EXT":
+            srcs += ((1, (n_kv, batch, 1, 1), (2, 2 * n_kv, 2 * n_kv * batch, 2 * n_kv * batch), "b2+0x0"),)
+        rows.append((i, name, op, "F32", ne, nb, f"{zlib.crc32(op.encode()):08x}", 16, act(i), srcs))
+    return tuple(rows)
+
+
+_PATH = re.compile(r"(?:src\[(\d+)\]\.)?(ne|nb|data)(?:\[(\d+)\])?")
+
+
+def _put(item: tuple, pos: int, value) -> tuple:
+    return item[:pos] + (value,) + item[pos + 1:]
+
+
+def _set_field(item: tuple, at: int, k: str | None, value) -> tuple:
+    """item[at] = value, or item[at][k] = value when the path names an element."""
+    return _put(item, at, value if k is None else _put(item[at], int(k), value))
+
+
+def edit_ledger(run, node: int, path: str, value):
+    """The run with field `path` ("ne[1]", "nb[2]", "data", "src[1].data", "src[0].ne[0]") of node `node`
+    set to `value` in every recorded ledger."""
+    header, events = run
+    src, fld, k = _PATH.fullmatch(path).groups()
+
+    def edit(row: tuple) -> tuple:
+        if row[0] != node:
+            return row
+        if src is None:
+            return _set_field(row, {"ne": 4, "nb": 5, "data": 8}[fld], k, value)
+        at = {"ne": 1, "nb": 2, "data": 3}[fld]
+        return _put(row, 9, tuple(_set_field(s, at, k, value) if s[0] == int(src) else s for s in row[9]))
+
+    return header, [dataclasses.replace(e, nodes=tuple(edit(r) for r in e.nodes))
+                    if isinstance(e, E.LedgerCaptured) else e for e in events]
