@@ -72,3 +72,14 @@ def test_field_paths_for_data_src_data_name_and_op_params():
     s4 = snapshot(a, g.nodes)
     d = first_field_diff(s3, s4, 0)
     assert (d.field, d.old, d.new) == ("name", "y", "renamed")
+
+
+def test_address_namer_names_by_allocation_order_and_forgets_freed_buffers():
+    from graphdiag.backends.gpu.ledger_rows import AddressNamer
+    n = AddressNamer()
+    n.add(0x9000)
+    n.add(0x1000)
+    assert n.name(0x9010) == "b0+0x10" and n.name(0x1004) == "b1+0x4" and n.name(0) == "NULL"
+    n.remove(0x9000)
+    n.add(0x8000)                      # a new buffer below the freed one, extending past its base
+    assert n.name(0x9010) == "b2+0x1010"

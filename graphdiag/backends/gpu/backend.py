@@ -34,6 +34,7 @@ class GpuBackend(Backend):
         self.loop = CaptureLoop(self)
         self.pool = TempPool(driver, self.runtime.invalidate_all, pool_cap, pool_max_buffers)
         self.pool.on_alloc = lambda addr: self.addresses.add(addr)
+        self.pool.on_free = lambda addr: self.addresses.remove(addr)
         self.stream0 = driver.stream_create()
         self.streams = [self.stream0]
         self.fork_event = driver.event_create()
@@ -55,6 +56,7 @@ class GpuBackend(Backend):
 
     def buffer_free(self, addr: int) -> None:
         self.buffers.discard(addr)
+        self.addresses.remove(addr)
         self.driver.mem_free(addr)
 
     def tensor_set(self, addr: int, data: np.ndarray) -> None:

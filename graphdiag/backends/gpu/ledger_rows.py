@@ -21,11 +21,20 @@ class AddressNamer:
     def __init__(self):
         self.bases: list[int] = []
         self.order: dict[int, int] = {}
+        self.count = 0
 
     def add(self, base: int) -> None:
-        if base not in self.order:
-            self.order[base] = len(self.order)
-            bisect.insort(self.bases, base)
+        """A new buffer at `base`: it gets the next ordinal (a base reused after a free is a new buffer)."""
+        if base in self.order:
+            self.remove(base)
+        self.order[base] = self.count
+        self.count += 1
+        bisect.insort(self.bases, base)
+
+    def remove(self, base: int) -> None:
+        """A freed buffer: addresses are no longer named after it."""
+        if self.order.pop(base, None) is not None:
+            self.bases.pop(bisect.bisect_left(self.bases, base))
 
     def name(self, addr: int) -> str:
         if addr == 0:

@@ -28,6 +28,7 @@ class TempPool:
         self.pool_size = 0                        # bytes allocated from the device (cached + in use)
         self.n_device_allocs = 0
         self.on_alloc: Callable[[int], None] | None = None   # told of every new device buffer
+        self.on_free: Callable[[int], None] | None = None    # and of every buffer really freed
 
     def alloc(self, size: int) -> tuple[int, int]:
         """(addr, actual size) of a buffer of at least `size` bytes: best fit from the cache, else new."""
@@ -50,7 +51,7 @@ class TempPool:
         if len(self.cached) < self.max_buffers:
             self.cached.append((addr, size))
             return
-        self.driver.mem_free(addr)
+        self._device_free(addr)
         self.pool_size -= size
         self.invalidate("free into full pool", size)
 
@@ -58,7 +59,7 @@ class TempPool:
         """Free every cached buffer; returns the bytes freed."""
         freed = 0
         for addr, sz in self.cached:
-            self.driver.mem_free(addr)
+            self._device_free(addr)
             freed += sz
         self.pool_size -= freed
         self.cached.clear()
@@ -73,6 +74,11 @@ class TempPool:
         self.pool_size += size
         self.n_device_allocs += 1
         return addr, size
+
+    def _device_free(self, addr: int) -> None:
+        self.driver.mem_free(addr)
+        if self.on_free is not None:
+            self.on_free(addr)
 
     def close(self) -> None:
         self.clear()
