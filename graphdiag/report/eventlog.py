@@ -199,7 +199,8 @@ class EventLog:
         if reset:
             return [(0, f"{head} · {cause} · warmup reset" if cause else f"{head} · warmup reset")]
         if prev != ev.phase:
-            why = f" · {ev.why}" if ev.why else ""
+            # the cause line already says why when it starts with the same word ("incompatible: node ...")
+            why = f" · {ev.why}" if ev.why and not cause.startswith(ev.why) else ""
             tail = f" · {cause}" if cause else ""
             return [(0, f"{head} · {prev or 'new'} → {ev.phase}{why}{tail}")]
         level = 2 if ev.phase == "replay" else 1
