@@ -114,3 +114,14 @@ def resolve(cli: Mapping[str, Any], scenario: Mapping[str, Any] | None = None,
             setattr(cfg, k, v)
             cfg.sources[k] = label
     return cfg.validate()
+
+
+def kernel_cache_dir(environ: Mapping[str, str] | None = None) -> "Path":
+    """Where compiled CUBINs are cached: $GRAPHDIAG_CACHE_DIR, else $XDG_CACHE_HOME/graphdiag/kernels,
+    else ~/.cache/graphdiag/kernels."""
+    from pathlib import Path
+    environ = os.environ if environ is None else environ
+    if environ.get("GRAPHDIAG_CACHE_DIR"):
+        return Path(environ["GRAPHDIAG_CACHE_DIR"])
+    xdg = environ.get("XDG_CACHE_HOME")
+    return (Path(xdg) if xdg else Path.home() / ".cache") / "graphdiag" / "kernels"

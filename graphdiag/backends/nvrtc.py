@@ -29,11 +29,8 @@ BASE_OPTIONS = ("-std=c++17",)
 
 def default_cache_dir() -> Path:
     """$GRAPHDIAG_CACHE_DIR, else $XDG_CACHE_HOME/graphdiag/kernels, else ~/.cache/graphdiag/kernels."""
-    env = os.environ.get("GRAPHDIAG_CACHE_DIR")
-    if env:
-        return Path(env)
-    xdg = os.environ.get("XDG_CACHE_HOME")
-    return (Path(xdg) if xdg else Path.home() / ".cache") / "graphdiag" / "kernels"
+    from ..config import kernel_cache_dir
+    return kernel_cache_dir()
 
 
 def arch_for(cc: tuple[int, int]) -> str:
