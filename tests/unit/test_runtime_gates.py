@@ -54,3 +54,40 @@ def test_verify_reports_a_replay_that_differs_from_eager(monkeypatch, capsys):
     out = capsys.readouterr().out
     assert rc == 1
     assert "FAILED: step 3: replay differs from eager (max |diff|" in out
+
+
+def test_verify_keeps_the_step_timers_and_close_destroys_every_event(monkeypatch):
+    """--verify's eager recompute must neither drop the timing events (leaked: never destroyed) nor the splits
+    timed since the last collect."""
+    from graphdiag.config import resolve
+    from graphdiag.counters import Counters
+    from graphdiag.plan import StepPlan
+    from graphdiag.runner import RunResult, Session, Stepper
+
+    made = []
+    real_create = SimDriver.event_create
+
+    def tracked_create(self, timing=False):
+        ev = real_create(self, timing)
+        made.append(ev)
+        return ev
+
+    monkeypatch.setattr(SimDriver, "event_create", tracked_create)
+    cfg = resolve({"backend": "sim", "steps": 0, "prompt_tokens": 4, "verify": True}, environ={})
+    s = Session(cfg, E.EventBus())
+    try:
+        st = Stepper(s, RunResult({}, [], Counters()))
+        for _ in range(4):                      # eager, eager, capture, replay (verified)
+            st.step(StepPlan("decode", batch=1))
+        timers = list(s.gpu._timers)
+        assert timers
+        with s.gpu.verifying():
+            s.ctx.sched.graph_compute(s.ctx.res.graph)
+        assert s.gpu._timers == timers
+        s.gpu.graph_compute(s.ctx.sched.splits[0].graph, 0)
+        with s.gpu.verifying():
+            pass
+        assert s.gpu._timed == [0]
+    finally:
+        s.close()
+    assert made and not [ev for ev in made if ev.alive]

@@ -132,8 +132,6 @@ class GpuBackend(Backend):
             yield
         finally:
             self.force_eager = False
-        self._timers: list[tuple] = []        # (start, end) timing events per split index
-        self._timed: list[int] = []           # split indices timed since the last collect
 
     def _compute_unrecorded(self, graph: Graph, split: int) -> None:
         entry = GraphEntry(graph.first_node_addr)
