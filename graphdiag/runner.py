@@ -65,17 +65,21 @@ class Session:
         self.cfg, self.bus = cfg, bus
         self.clock = clock or Clock()
         self.driver, self.note = open_driver(cfg)
-        if self.driver is not None:
-            self.driver.preload()
-        self.cpu = CpuBackend()
-        self.gpu = None
-        if self.driver is not None:
-            opts = RuntimeOptions(cfg.chunk_size, cfg.fusion, cfg.concurrent_streams, cfg.graphs_disabled)
-            self.gpu = GpuBackend(self.driver, bus, opts, self.clock, cfg.pool_cap, cfg.pool_max_buffers)
-        self.model = create_model(get_preset(cfg.model), weight_type(cfg.wtype), seed=cfg.seed)
-        backends = [self.gpu, self.cpu] if self.gpu is not None else [self.cpu]
-        self.ctx = make_context(self.model, backends, bus, cfg.n_cpu_moe, cfg.reuse_disabled)
-        self.reference = Reference(self.model) if cfg.oracle else None
+        self.cpu, self.gpu, self.ctx = None, None, None
+        try:
+            if self.driver is not None:
+                self.driver.preload()
+            self.cpu = CpuBackend()
+            if self.driver is not None:
+                opts = RuntimeOptions(cfg.chunk_size, cfg.fusion, cfg.concurrent_streams, cfg.graphs_disabled)
+                self.gpu = GpuBackend(self.driver, bus, opts, self.clock, cfg.pool_cap, cfg.pool_max_buffers)
+            self.model = create_model(get_preset(cfg.model), weight_type(cfg.wtype), seed=cfg.seed)
+            backends = [self.gpu, self.cpu] if self.gpu is not None else [self.cpu]
+            self.ctx = make_context(self.model, backends, bus, cfg.n_cpu_moe, cfg.reuse_disabled)
+            self.reference = Reference(self.model) if cfg.oracle else None
+        except BaseException:
+            self.close()           # a half-built session (bad preset, weights that do not fit) releases the device
+            raise
 
     @property
     def backend_name(self) -> str:
@@ -90,10 +94,12 @@ class Session:
         return f"{name} (cc {major}.{minor})"
 
     def close(self) -> None:
-        self.ctx.sched.close()
+        if self.ctx is not None:
+            self.ctx.sched.close()
         if self.gpu is not None:
             self.gpu.close()
-        self.cpu.close()
+        if self.cpu is not None:
+            self.cpu.close()
         if self.driver is not None:
             self.driver.close()
 

@@ -94,3 +94,20 @@ def test_scenario_expectation_failure_exits_1(capsys, tmp_path):
     rc = main(["run", "--scenario", str(sc)])
     out = capsys.readouterr().out
     assert rc == 1 and "FAILED: scenario strict" in out and "replays" in out
+
+
+def test_a_session_that_fails_to_build_releases_its_driver(monkeypatch):
+    """A bad preset (or weights that do not fit) after the driver is open: the driver and backends are closed."""
+    from graphdiag import events as E
+    from graphdiag.backends.drivers.sim import SimDriver
+    from graphdiag.config import resolve
+    from graphdiag.errors import UsageError
+    from graphdiag.runner import Session
+
+    closed = []
+    real_close = SimDriver.close
+    monkeypatch.setattr(SimDriver, "close", lambda self: (closed.append(self), real_close(self))[1])
+    cfg = resolve({"backend": "sim", "model": "nope"}, environ={})
+    with pytest.raises(UsageError, match="unknown model preset"):
+        Session(cfg, E.EventBus())
+    assert len(closed) == 1
