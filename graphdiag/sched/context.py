@@ -60,9 +60,10 @@ class KvCells:
 
 def _reuse_blocker(prev: GraphParams, new: GraphParams) -> str:
     """Why a graph built for `prev` cannot serve `new` ("" if it can): llm_graph_params::allow_reuse plus
-    the inputs' can_reuse (the KQ mask's ne[0] must equal n_kv)."""
-    for field, label in (("gtype", "graph type"), ("n_tokens", "n_tokens"), ("n_seqs", "n_seqs"),
-                         ("n_outputs", "n_outputs"), ("n_kv", "n_kv")):
+    the inputs' can_reuse (the KQ mask's ne[0] must equal n_kv). Prefill and decode are not different graph
+    types in llama.cpp (both LLM_GRAPH_TYPE_DEFAULT): only their shapes tell them apart."""
+    for field, label in (("n_tokens", "n_tokens"), ("n_seqs", "n_seqs"), ("n_outputs", "n_outputs"),
+                         ("n_kv", "n_kv")):
         a, b = getattr(prev, field), getattr(new, field)
         if a != b:
             return f"{label} {a}→{b}"

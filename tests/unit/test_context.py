@@ -62,7 +62,7 @@ def test_same_batch_decode_reuses_the_graph_and_its_uids(model):
     assert [s.graph.uid for s in ctx.sched.splits] == uids and ctx.n_reused == 2
     ctx.decode({0: 3})
     assert reasons(rec) == [(0, False, "first graph"), (1, False, "n_tokens 3→2"),
-                            (2, False, "graph type prefill→decode"), (3, True, ""), (4, True, ""),
+                            (2, False, "n_seqs 1→2"), (3, True, ""), (4, True, ""),
                             (5, False, "n_tokens 2→1")]
     started = rec.of(E.StepStarted)
     assert [(e.step, e.phase, e.n_tokens, e.n_seqs, e.n_kv) for e in started][1:3] == [
@@ -89,7 +89,15 @@ def test_crossing_a_256_cell_boundary_forces_a_rebuild(model):
     ctx.prefill(list(range(1, 255)))          # cells 0..253
     for t in (1, 2, 3):                       # cells 254, 255, then 256: n_kv 256 -> 512
         ctx.decode([t])
-    assert reasons(rec)[1:] == [(1, False, "graph type prefill→decode"), (2, True, ""),
+    assert reasons(rec)[1:] == [(1, False, "n_tokens 254→1"), (2, True, ""),
                                 (3, False, "n_kv 256→512")]
     assert rec.of(E.StepStarted)[-1].n_kv == 512 and ctx.res.inputs.kq_mask.ne[0] == 512
     assert counters.reallocs_changed >= 2
+
+
+def test_one_token_prefill_then_decode_reuses_the_graph(model):
+    """llama.cpp's graph type is the same for prefill and decode: equal shapes reuse the graph."""
+    ctx, rec, counters = context(model)
+    ctx.prefill([5])
+    with counters.expect(graphs_reused=1, graphs_rebuilt=0):
+        ctx.decode([6])

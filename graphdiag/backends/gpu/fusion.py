@@ -28,7 +28,7 @@ class Fusion:
 
 
 def consumer_counts(graph: Graph) -> dict[int, int]:
-    """How many nodes of the graph read each struct (by arena index), counting src and view_src edges."""
+    """How many nodes of the graph read each struct (by arena index), through their src pointers."""
     rec = graph.arena.rec
     src = rec["src"][graph.nodes]
     addrs = src[src != 0]
