@@ -91,3 +91,38 @@ def test_verify_keeps_the_step_timers_and_close_destroys_every_event(monkeypatch
     finally:
         s.close()
     assert made and not [ev for ev in made if ev.alive]
+
+
+def test_a_failure_mid_capture_ends_the_capture_and_the_key_warms_up_again(monkeypatch):
+    """A kernel launch that fails while capturing: the half-captured graph is dropped (the stream is not
+    left capturing), the entry must warm up again, and later steps work."""
+    from graphdiag.config import resolve
+    from graphdiag.counters import Counters
+    from graphdiag.errors import CudaError
+    from graphdiag.plan import StepPlan
+    from graphdiag.runner import RunResult, Session, Stepper
+    real_launch = SimDriver.launch
+    fail = {"on": True}
+
+    def failing_launch(self, stream, launch):
+        if fail["on"] and self.is_capturing(stream):
+            raise CudaError("CUDA_ERROR_LAUNCH_OUT_OF_RESOURCES", "cuLaunchKernel(" + launch.kernel + ")")
+        return real_launch(self, stream, launch)
+
+    monkeypatch.setattr(SimDriver, "launch", failing_launch)
+    s = Session(resolve({"backend": "sim", "steps": 0, "prompt_tokens": 4}, environ={}), E.EventBus())
+    try:
+        rec = E.Recorder()
+        s.bus.subscribe(rec)
+        st = Stepper(s, RunResult({}, [], Counters()))
+        st.step(StepPlan("decode", batch=1))            # eager (first call for the key)
+        with pytest.raises(CudaError, match="LAUNCH_OUT_OF_RESOURCES"):
+            st.step(StepPlan("decode", batch=1))        # capture fails
+        assert not s.driver.is_capturing(s.gpu.stream0)
+        fail["on"] = False
+        for _ in range(3):
+            st.step(StepPlan("decode", batch=1))
+        phases = [e.phase for e in rec.of(E.PhaseDecided)][-3:]
+        assert phases == ["capture", "replay", "replay"]     # properties unchanged: warm again at once
+    finally:
+        s.close()

@@ -8,6 +8,7 @@ import time
 import numpy as np
 
 from ... import events as E
+from ...errors import GraphdiagError
 from ...ir.graph import Graph
 from ..base import Backend
 from ..drivers.base import Driver
@@ -184,8 +185,12 @@ class GpuBackend(Backend):
             cold = not entry.warmup_complete and not use_graph and entry.props is not None
             name = "capture" if use_graph else ("warmup" if cold else "eager")
             with self.bus.span(name, f"graph/{name}", graph.uid, rt.step, split, entry.key, graph.uid):
-                n_chunks, n_launches = self.loop.evaluate(entry, graph, split, use_graph, update, lowered, plan,
-                                                          self._regions_for(graph))
+                try:
+                    n_chunks, n_launches = self.loop.evaluate(entry, graph, split, use_graph, update, lowered,
+                                                              plan, self._regions_for(graph))
+                except BaseException:
+                    self._abandon_capture(entry)
+                    raise
             dt = time.perf_counter_ns() - t0
             if use_graph:
                 rt.emit(E.CaptureRun, split, entry.key, graph.uid, n_chunks=n_chunks, n_launches=n_launches,
@@ -193,6 +198,16 @@ class GpuBackend(Backend):
                 rt.emit(E.LedgerCaptured, split, entry.key, graph.uid, nodes=ledger_rows(entry.props, self.addresses))
             else:
                 rt.emit(E.EagerRun, split, entry.key, graph.uid, n_launches=n_launches, duration_ns=dt)
+
+    def _abandon_capture(self, entry) -> None:
+        """A failure mid-capture: end and drop the half-captured graph so the streams stay usable and
+        close() can release everything; the entry must warm up again before it is trusted."""
+        entry.warmup_complete = False
+        if self.driver.is_capturing(self.stream0):
+            try:
+                self.driver.graph_destroy(self.driver.end_capture(self.stream0))
+            except GraphdiagError:
+                pass                     # an invalidated capture ends in an error: nothing left to destroy
 
     def close(self) -> None:
         for e in self.runtime.cache.clear():
