@@ -85,3 +85,32 @@ def test_concurrent_streams_and_small_chunks_on_gpu():
     r = run_gpu(steps=5, chunk_size=8, concurrent_streams=True, oracle=True, verify=True)
     assert_oracle(r)
     assert of(r, E.ConcurrentRegion) and max(e.n_chunks for e in of(r, E.CaptureRun)) > 4
+
+
+def test_failure_mid_capture_on_the_gpu_ends_the_capture_and_recovers(monkeypatch):
+    from graphdiag.backends.drivers.cuda import CudaDriver
+    from graphdiag.counters import Counters
+    from graphdiag.errors import CudaError
+    from graphdiag.plan import StepPlan
+    from graphdiag.runner import RunResult, Session, Stepper
+    real_launch = CudaDriver.launch
+    fail = {"on": True}
+
+    def failing_launch(self, stream, launch):
+        if fail["on"] and self.is_capturing(stream):
+            raise CudaError("CUDA_ERROR_LAUNCH_OUT_OF_RESOURCES", "injected")
+        return real_launch(self, stream, launch)
+
+    monkeypatch.setattr(CudaDriver, "launch", failing_launch)
+    s = Session(resolve({"backend": "cuda", "steps": 0, "prompt_tokens": 4}, environ={}), E.EventBus())
+    try:
+        st = Stepper(s, RunResult({}, [], Counters()))
+        st.step(StepPlan("decode", batch=1))
+        with pytest.raises(CudaError, match="injected"):
+            st.step(StepPlan("decode", batch=1))
+        assert not s.driver.is_capturing(s.gpu.stream0)
+        fail["on"] = False
+        for _ in range(3):
+            st.step(StepPlan("decode", batch=1))
+    finally:
+        s.close()
