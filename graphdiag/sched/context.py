@@ -130,9 +130,7 @@ class Context:
     def read_logits(self) -> np.ndarray:
         """The last computed logits: (n_outputs, n_vocab) float32, read from the backend holding them."""
         t = self.res.logits
-        be = self.sched.backend_of(t)
-        be.synchronize()
-        raw = be.tensor_get(t.data, t.nbytes())
+        raw = self.sched.backend_of(t).tensor_get(t.data, t.nbytes())   # synchronous: waits for the backend
         return raw.view(np.float32).reshape(t.ne[1], t.ne[0]).copy()
 
     _logits = read_logits  # the runner's name for it

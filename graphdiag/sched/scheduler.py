@@ -216,6 +216,6 @@ class Scheduler:
         return [(c.idx, s_idx, slot_b[s_idx]) for s_idx, c in made.items()]
 
     def _copy_input(self, src: Tensor, dst: Tensor, src_be: Backend, dst_be: Backend) -> None:
-        """ggml_backend_tensor_copy of a split input: read on the producer's backend, write on the split's."""
-        src_be.synchronize()
+        """ggml_backend_tensor_copy of a split input: read on the producer's backend (tensor_get waits for
+        it), write on the split's."""
         dst_be.tensor_set(dst.data, src_be.tensor_get(src.data, src.nbytes()))
