@@ -14,6 +14,8 @@ from typing import Any, Mapping
 from .errors import UsageError
 
 DEFAULT_CHUNK_SIZE = 512
+MAX_SEED = 2**63 - 1
+CC_MAJOR = (1, 15)          # compute capabilities a CUDA device could report (sm_10 .. sm_15x)
 
 # name -> (RunConfig field, parser). Semantics follow llama.cpp exactly.
 ENV_KNOBS = {
@@ -65,22 +67,40 @@ class RunConfig:
     sources: dict[str, str] = field(default_factory=dict)  # field -> "default" | "env NAME" | "cli" | "scenario"
 
     def validate(self) -> "RunConfig":
+        """Each setting on its own (combinations and the plan: `validate_run`). A bad value's message names
+        where it came from when that was not the command line (an environment variable, a scenario)."""
         if self.backend not in ("auto", "cuda", "sim", "cpu"):
-            raise UsageError(f"unknown backend {self.backend!r} (choose cuda, sim or cpu)")
+            self._fail("backend", f"unknown backend {self.backend!r} (choose cuda, sim or cpu)")
         if self.chunk_size < 0:
-            raise UsageError(f"invalid chunk size {self.chunk_size}: must be >= 0 (0 = one graph per split)")
+            self._fail("chunk_size", f"invalid chunk size {self.chunk_size}: must be >= 0 (0 = one graph per split)")
         if self.wtype not in ("f16", "q8_0"):
-            raise UsageError(f"unknown weight type {self.wtype!r} (choose f16 or q8_0)")
+            self._fail("wtype", f"unknown weight type {self.wtype!r} (choose f16 or q8_0)")
         for name in ("prompt_tokens", "batch"):
             if getattr(self, name) < 1:
-                raise UsageError(f"{name.replace('_', '-')} must be >= 1")
-        if self.steps < 0 or self.n_cpu_moe < 0:
-            raise UsageError("steps and n-cpu-moe must be >= 0")
+                self._fail(name, f"{name.replace('_', '-')} must be >= 1, not {getattr(self, name)}")
+        for name in ("steps", "n_cpu_moe", "pool_max_buffers"):
+            if getattr(self, name) < 0:
+                self._fail(name, f"{name.replace('_', '-')} must be >= 0, not {getattr(self, name)}")
+        if not 0 <= self.seed <= MAX_SEED:
+            self._fail("seed", f"seed must be between 0 and {MAX_SEED}, not {self.seed}")
+        if self.pool_cap is not None and self.pool_cap < 0:
+            self._fail("pool_cap", f"pool-cap must be >= 0 bytes, not {self.pool_cap}")
         try:
             major, minor = (int(x) for x in self.compute_capability.split("."))
         except ValueError:
-            raise UsageError(f"compute capability {self.compute_capability!r} is not MAJOR.MINOR") from None
+            self._fail("compute_capability",
+                       f"compute capability {self.compute_capability!r} is not MAJOR.MINOR")
+        if not (CC_MAJOR[0] <= major <= CC_MAJOR[1] and 0 <= minor <= 9):
+            self._fail("compute_capability", f"compute capability {self.compute_capability} is not a plausible "
+                       f"CUDA device (major {CC_MAJOR[0]}–{CC_MAJOR[1]}, minor 0–9, e.g. 6.1 or 9.0)")
         return self
+
+    def _fail(self, name: str, msg: str):
+        src = self.sources.get(name, "default")
+        if src.startswith("env "):
+            origin = getattr(self, "env_origins", {}).get(src[4:])
+            raise UsageError(f"{msg} (from {src}{', set in ' + origin if origin else ''})")
+        raise UsageError(msg)
 
     @property
     def cc_tuple(self) -> tuple[int, int]:
@@ -95,10 +115,13 @@ class RunConfig:
 
 
 def resolve(cli: Mapping[str, Any], scenario: Mapping[str, Any] | None = None,
-            environ: Mapping[str, str] | None = None) -> RunConfig:
-    """Build a RunConfig: CLI values (None = not given) win over the scenario, which wins over the env."""
+            environ: Mapping[str, str] | None = None, env_origins: Mapping[str, str] | None = None) -> RunConfig:
+    """Build a RunConfig: CLI values (None = not given) win over the scenario, which wins over the env.
+    `env_origins` says where an environment variable was set when not by the user (a scenario's [env]
+    line), so a bad value's message can name it."""
     environ = os.environ if environ is None else environ
     cfg = RunConfig()
+    cfg.env_origins = dict(env_origins or {})
     fields = {f.name for f in dataclasses.fields(RunConfig)} - {"sources"}
     cfg.sources = {f: "default" for f in fields}
     for name, (fld, parse) in ENV_KNOBS.items():
@@ -125,3 +148,110 @@ def kernel_cache_dir(environ: Mapping[str, str] | None = None) -> "Path":
         return Path(environ["GRAPHDIAG_CACHE_DIR"])
     xdg = environ.get("XDG_CACHE_HOME")
     return (Path(xdg) if xdg else Path.home() / ".cache") / "graphdiag" / "kernels"
+
+
+def debug_requested(environ: Mapping[str, str] | None = None) -> bool:
+    """GRAPHDIAG_DEBUG set to anything but "", "0": internal errors show their traceback."""
+    environ = os.environ if environ is None else environ
+    return environ.get("GRAPHDIAG_DEBUG", "") not in ("", "0")
+
+
+# options that only act on the CUDA-graph runtime: on --backend cpu they would do nothing
+GPU_ONLY = {"verify": "--verify", "chunk_size": "--chunk-size", "compute_capability": "--cc",
+            "concurrent_streams": "--concurrent-streams", "fusion": "--no-fusion", "graphs_disabled": "--no-graphs",
+            "pool_cap": "--pool-cap", "pool_max_buffers": "--pool-max-buffers"}
+
+
+def validate_run(cfg: RunConfig, scenario=None, as_json: bool = False, verbosity: int = 0) -> list[str]:
+    """Every check a run needs before anything is built: the model preset, options that cannot act on the
+    chosen backend, the scenario's timeline against the resolved steps, the KV cells the plan needs, the
+    smallest pool cap that can work. Raises UsageError; returns warnings (one line each)."""
+    from .model.presets import get_preset
+    from .plan import kv_demand, plan_steps
+
+    warnings: list[str] = []
+    if verbosity and as_json:
+        raise UsageError("-v prints the event log, which --json does not print: drop one "
+                         "(--events FILE keeps every event)")
+    model = get_preset(cfg.model)
+    if cfg.n_cpu_moe and not model.is_moe:
+        raise UsageError(f"{_named(cfg, scenario, 'n_cpu_moe', '--n-cpu-moe')} {cfg.n_cpu_moe}: model {cfg.model} "
+                         f"has no experts (a MoE preset: moe-tiny)")
+    if cfg.n_cpu_moe > model.n_layer:
+        raise UsageError(f"{_named(cfg, scenario, 'n_cpu_moe', '--n-cpu-moe')} {cfg.n_cpu_moe}: model "
+                         f"{cfg.model} has {model.n_layer} layers")
+    warnings += _backend_options(cfg, scenario)
+    _check_timeline(cfg, scenario)
+    demand = kv_demand(plan_steps(cfg, scenario), model.n_ctx)
+    if demand.overflow_step is not None:
+        raise UsageError(f"the run needs more KV cells than model {cfg.model} has (n_ctx {model.n_ctx}): step "
+                         f"{demand.overflow_step} would need {demand.cells} (prompt-tokens {cfg.prompt_tokens} × "
+                         f"batch {cfg.batch} prefilled, then one cell per sequence per decode step); lower "
+                         f"--steps, --batch or --prompt-tokens")
+    if cfg.backend != "cpu" and cfg.pool_cap is not None:
+        need, step = min_pool_cap(demand, model)
+        if cfg.pool_cap < need:
+            raise UsageError(f"{_named(cfg, scenario, 'pool_cap', '--pool-cap')} {cfg.pool_cap} is below the "
+                             f"smallest cap that can work for this run: {need} bytes (the attention scratch "
+                             f"buffer of step {step}, with the pool's 5 % look-ahead)")
+    if cfg.verify and cfg.graphs_disabled:
+        warnings.append(f"{_named(cfg, scenario, 'verify', '--verify')} checks replayed steps, and graphs are "
+                        f"disabled ({_named(cfg, scenario, 'graphs_disabled', '--no-graphs')}): nothing to verify")
+    return warnings
+
+
+def min_pool_cap(demand, model) -> tuple[int, int]:
+    """(bytes, step): the largest pool buffer one step asks for. The pool frees every cached buffer and
+    retries when a request does not fit, so the run works iff the cap holds its largest single request:
+    the flash-attention scratch, 4 * n_kv * n_head * n_tokens bytes, over-allocated by LOOK_AHEAD."""
+    from .backends.gpu.pool import LOOK_AHEAD
+    from .model.build import padded_n_kv
+
+    best, at = 0, -1
+    for step, p, cells in demand.steps:
+        size = 4 * padded_n_kv(cells, model.n_ctx) * model.n_head * p.tokens
+        want = max(int(size * LOOK_AHEAD + 255) // 256 * 256, 256)
+        if want > best:
+            best, at = want, step
+    return best, at
+
+
+def _named(cfg: RunConfig, scenario, name: str, flag: str) -> str:
+    """How a message names a setting: the flag, or the scenario line or env variable that set it."""
+    src = cfg.sources.get(name, "default")
+    if src == "scenario" and scenario is not None:
+        return f"{name} ({scenario.where('run.' + name)})"
+    if src.startswith("env "):
+        return f"{name} ({src})"
+    return flag
+
+
+def _backend_options(cfg: RunConfig, scenario) -> list[str]:
+    """On --backend cpu, a GPU-only option given on the command line is an error; set by a scenario, a
+    warning (the environment's knobs apply to every backend, as in llama.cpp, and pass silently)."""
+    warnings = []
+    if cfg.backend == "cuda" and cfg.sources.get("compute_capability") == "cli":
+        raise UsageError("--cc sets the SIMULATED GPU's compute capability; --backend cuda uses the real "
+                         "device's (use --backend sim)")
+    if cfg.backend != "cpu":
+        return warnings
+    for name, flag in GPU_ONLY.items():
+        src = cfg.sources.get(name, "default")
+        if src == "cli":
+            raise UsageError(f"{flag} does nothing on --backend cpu (no CUDA graphs there): drop it or choose "
+                             f"--backend sim or cuda")
+        if src == "scenario":
+            warnings.append(f"{_named(cfg, scenario, name, flag)} does nothing on --backend cpu (ignored)")
+    return warnings
+
+
+def _check_timeline(cfg: RunConfig, scenario) -> None:
+    """A timeline entry must fall on a decode step of the resolved run (CLI options can move them)."""
+    first, last = cfg.batch, cfg.batch + cfg.steps - 1
+    for i, change in enumerate(getattr(scenario, "timeline", ()) or (), start=1):
+        if not first <= change.at_step <= last:
+            given = ", ".join(f"--{k.replace('_', '-')} {getattr(cfg, k)}" for k in ("steps", "batch")
+                              if cfg.sources.get(k) == "cli")
+            raise UsageError(f"{scenario.path}:{change.line or 1}: timeline entry {i} (at_step {change.at_step}) "
+                             f"is outside this run's decode steps {first}–{last}"
+                             + (f" (set by {given})" if given else ""))

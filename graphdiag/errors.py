@@ -51,10 +51,29 @@ class KernelCompileError(GraphdiagError):
     """NVRTC rejected a kernel file; the message carries the file and NVRTC's log."""
 
 
-class InternalError(GraphdiagError):
-    """A broken invariant: what llama.cpp would GGML_ASSERT/abort on (e.g. uid hit with another node count)."""
+INTERNAL_EXIT = 3     # a bug in graphdiag (or a broken llama.cpp invariant), never bad input
+INTERRUPTED_EXIT = 130  # Ctrl-C (128 + SIGINT)
 
-    exit_code = 3
+
+class InternalError(GraphdiagError):
+    """A broken invariant: what llama.cpp would GGML_ASSERT/abort on (e.g. uid hit with another node count).
+    Reported like any unexpected exception: as a bug, with its own exit code."""
+
+    exit_code = INTERNAL_EXIT
+
+
+class EventWriteError(GraphdiagError):
+    """The JSON-lines record could not be written (missing directory, full disk, no permission)."""
+
+
+class RunInterrupted(GraphdiagError):
+    """The run was stopped (Ctrl-C) at `step`; the summary so far was printed and the record says so."""
+
+    exit_code = INTERRUPTED_EXIT
+
+    def __init__(self, step: int):
+        self.step = step
+        super().__init__(f"interrupted at step {step}")
 
 
 class VerifyMismatch(GraphdiagError):

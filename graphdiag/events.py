@@ -70,6 +70,17 @@ class StepFinished(Event):
 
 
 @dataclass(frozen=True)
+class RunEnded(Event):
+    """The last event of every run: how it ended. `step` is the step in progress when it stopped (the step
+    after the last one when complete); status: "complete" | "interrupted" | "failed"; reason: why it
+    stopped ("" when complete): "Ctrl-C", the CUDA error, "output closed (broken pipe)"."""
+    kind: ClassVar[str] = "run_ended"
+    status: str = "complete"
+    steps_done: int = 0            # steps finished
+    reason: str = ""
+
+
+@dataclass(frozen=True)
 class ContextDecision(Event):
     kind: ClassVar[str] = "context"
     reused: bool = False

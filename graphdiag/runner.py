@@ -21,7 +21,7 @@ from .backends.gpu.entry import Clock
 from .backends.gpu.runtime import RuntimeOptions
 from .config import RunConfig
 from .counters import Counters
-from .errors import NoDeviceError
+from .errors import GraphdiagError, NoDeviceError, RunInterrupted
 from .model.presets import get_preset, weight_type
 from .model.reference import Reference
 from .model.weights import create_model
@@ -128,10 +128,37 @@ def run(cfg: RunConfig, scenario=None, sinks=(), span_sinks=(), on_header=None) 
         on_header(header)
     result = RunResult(header, rec.events, counters)
     try:
-        Stepper(session, result).run(plan_steps(cfg, scenario))
+        walk_recorded(session, result, plan_steps(cfg, scenario))
     finally:
         session.close()
     return result
+
+
+def walk_recorded(session: "Session", result: RunResult, plan) -> None:
+    """Walk the plan and end the record with a RunEnded event however the run ends (complete, Ctrl-C,
+    an error, a closed stdout); the exception, if any, goes on to the caller."""
+    status, reason = "complete", ""
+    try:
+        Stepper(session, result).run(plan)
+    except KeyboardInterrupt:
+        status, reason = "interrupted", "Ctrl-C"
+        raise
+    except BrokenPipeError:
+        status, reason = "interrupted", "output closed (broken pipe)"
+        raise
+    except GraphdiagError as e:
+        status, reason = "failed", f"{type(e).__name__}: {e}"
+        raise
+    except BaseException as e:
+        status, reason = "failed", f"internal error: {type(e).__name__}: {e}"
+        raise
+    finally:
+        step = session.ctx.step if session.ctx is not None else 0
+        ended = E.RunEnded(step=step, status=status, steps_done=len(result.tokens), reason=reason)
+        try:
+            session.bus.emit(ended)
+        except (GraphdiagError, OSError):
+            pass                  # a sink that failed (full disk, closed pipe) already reported why
 
 
 class Stepper:
@@ -203,30 +230,52 @@ class Stepper:
 
 
 def run_cli(settings: dict, scenario: str | None = None, events_path: str | None = None, as_json: bool = False,
-            verbosity: int = 0, out=None) -> int:
-    """`graphdiag run`: resolve settings (CLI > scenario > env), run with live sinks, render the summary.
+            verbosity: int = 0, out=None, err=None) -> int:
+    """`graphdiag run`: resolve settings (CLI > scenario > env), validate everything before anything is
+    built, run with live sinks, render the summary.
 
-    Exit status: 0, or 1 when a check failed (--verify, --oracle, a scenario's expectations)."""
+    Exit status: 0, or 1 when a check failed (--verify, --oracle, a scenario's expectations). Ctrl-C prints
+    the summary so far and raises RunInterrupted (130); the record ends with a RunEnded event either way."""
     import os
     import sys
 
-    from .config import resolve
-    from .report.console import ConsoleReporter, render_summary
-    from .report.record import JsonlWriter
-    from .report.summary import summarize
-    from .scenario import check_expectations, load_scenario
+    from .config import resolve, validate_run
+    from .scenario import load_scenario
 
-    out = out or sys.stdout
+    out, err = out or sys.stdout, err or sys.stderr
     sc = load_scenario(scenario) if scenario else None
     environ = sc.environ(os.environ) if sc else os.environ
-    cfg = resolve(settings, sc.run if sc else None, environ=environ)
-    total = len(plan_steps(cfg, sc))
-    console = ConsoleReporter(None, verbosity, file=out, total_steps=total, progress=None if not as_json else False)
-    sinks, starts = [], []
+    cfg = resolve(settings, sc.run if sc else None, environ=environ, env_origins=sc.env_origins() if sc else None)
+    for w in validate_run(cfg, sc, as_json=as_json, verbosity=verbosity):
+        err.write(f"graphdiag: warning: {w}\n")
+    header, events = {}, E.Recorder()
+    try:
+        result = _run_with_sinks(cfg, sc, events_path, as_json, verbosity, out, header, events)
+    except KeyboardInterrupt:
+        partial = RunResult(header, events.events, Counters())
+        _render_result(partial, sc, as_json, out)
+        ended = next((e for e in reversed(events.events) if isinstance(e, E.RunEnded)), None)
+        step = ended.step if ended is not None else 0
+        if not as_json:
+            out.write(f"interrupted at step {step} (summary of the steps so far)\n")
+        raise RunInterrupted(step) from None
+    return _render_result(result, sc, as_json, out)
+
+
+def _run_with_sinks(cfg: RunConfig, sc, events_path, as_json: bool, verbosity: int, out, header: dict,
+                    recorder) -> RunResult:
+    """Open the record (before any model is built: a path that cannot be written fails first), wire the
+    console, the record and NVTX, run. `header` and `recorder` keep what an interrupted run leaves."""
+    from .report.console import ConsoleReporter
+    from .report.record import JsonlWriter
+
+    writer = JsonlWriter(events_path) if events_path else None
+    console = ConsoleReporter(None, verbosity, file=out, total_steps=len(plan_steps(cfg, sc)),
+                              progress=None if not as_json else False)
+    sinks, starts = [recorder], [header.update]
     if not as_json:
         sinks.append(console)
         starts.append(console.start)
-    writer = JsonlWriter(events_path) if events_path else None
     if writer is not None:
         sinks.append(writer)
         starts.append(writer.start)
@@ -237,17 +286,26 @@ def run_cli(settings: dict, scenario: str | None = None, events_path: str | None
         if nv.enabled:
             span_sinks.append(nv)
     try:
-        result = run(cfg, sc, sinks, span_sinks, on_header=lambda h: [f(h) for f in starts])
+        return run(cfg, sc, sinks, span_sinks, on_header=lambda h: [f(h) for f in starts])
     finally:
         console.close()
         if writer is not None:
             writer.close()
+
+
+def _render_result(result: RunResult, sc, as_json: bool, out) -> int:
+    """The summary (tables or JSON), the steps table, failures and the scenario's verdict; 1 if any failed."""
+    import json
+
+    from .report.console import render_summary
+    from .report.summary import summarize
+    from .scenario import check_expectations
+
     summary = summarize(result.header, result.events)
     failures = list(result.failures)
-    if sc is not None:
+    if sc is not None and summary.ended is not None and summary.ended.status == "complete":
         failures += [f"scenario {sc.name}: {f}" for f in check_expectations(sc, summary)]
     if as_json:
-        import json
         d = json.loads(summary.to_json())
         d["failures"] = failures
         out.write(json.dumps(d, indent=2) + "\n")
@@ -257,6 +315,6 @@ def run_cli(settings: dict, scenario: str | None = None, events_path: str | None
         render_steps(result.events, file=out, simulated=bool(result.header.get("simulated")))
         for f in failures:
             out.write(f"FAILED: {f}\n")
-        if sc is not None and not failures:
+        if sc is not None and not failures and summary.ended is not None and summary.ended.status == "complete":
             out.write(f"scenario {sc.name}: every expectation holds\n")
     return 1 if failures else 0

@@ -55,6 +55,7 @@ class TimelineChange:
     idle_s: float | None = None
     prefill: int | None = None
     alternate_batches: tuple[int, ...] | None = None
+    line: int = field(default=0, compare=False)     # where the entry is in its file (for messages)
 
     # Read-only mapping view of the fields that are set, so step planners can treat it as the TOML table.
     def keys(self) -> list[str]:
@@ -81,6 +82,15 @@ class Scenario:
     env: dict[str, str] = field(default_factory=dict)
     timeline: tuple[TimelineChange, ...] = ()
     expect: dict[str, Any] = field(default_factory=dict)
+    lines: dict[str, int] = field(default_factory=dict, compare=False)   # "run.steps", "env.NAME" -> line
+
+    def where(self, key: str) -> str:
+        """`file:line` of a [run] or [env] key ("run.steps", "env.GGML_CUDA_GRAPH_CHUNK_SIZE")."""
+        return f"{self.path}:{self.lines.get(key, 1)}"
+
+    def env_origins(self) -> dict[str, str]:
+        """Environment variable -> `file:line` for every knob this scenario's [env] sets."""
+        return {k: self.where(f"env.{k}") for k in self.env}
 
     def environ(self, base: Mapping[str, str] | None = None) -> dict[str, str]:
         """The environment a run of this scenario sees: `base` (os.environ) with [env] on top."""
@@ -165,7 +175,10 @@ class _Validator:
                         env=self.env(data.get("env", {})),
                         timeline=self.timeline(data.get("timeline", []), run.get("batch", RunConfig.batch),
                                                run.get("steps", RunConfig.steps)),
-                        expect=self.expect(data.get("expect", {})))
+                        expect=self.expect(data.get("expect", {})), lines=self.lines(data))
+
+    def lines(self, data: dict) -> dict[str, int]:
+        return {f"{t}.{k}": line_of(self.text, t, k, None) for t in ("run", "env") for k in data.get(t, {})}
 
     def run(self, run: dict) -> dict:
         self.known(run, RUN_FIELDS, "[run]", "run")
@@ -205,7 +218,8 @@ class _Validator:
             if len(change) != 1:
                 self.fail(f"timeline entry {i + 1} must set exactly one of {', '.join(CHANGES)}",
                           "timeline", "at_step", i)
-            out.append(TimelineChange(at, **{change[0]: self.change(change[0], e[change[0]], i)}))
+            out.append(TimelineChange(at, **{change[0]: self.change(change[0], e[change[0]], i)},
+                                      line=line_of(self.text, "timeline", "at_step", i)))
         return tuple(out)
 
     def change(self, key: str, value, index: int):

@@ -1,17 +1,35 @@
-"""The `graphdiag` command group and the one place errors become messages and exit codes."""
+"""The `graphdiag` command group and the one place errors become messages and exit codes.
+
+Exit codes: 0 ok; 1 a check failed (or `diff`: the runs differ); 2 bad input (one line on stderr);
+3 an internal error, i.e. a bug (one line asking for a report; the traceback with --debug or
+GRAPHDIAG_DEBUG=1); 130 interrupted (Ctrl-C); 141 stdout closed early (e.g. piped into `head`), quietly.
+"""
 
 from __future__ import annotations
 
+import os
 import sys
+import traceback
 
 import click
 
 from .. import __version__
-from ..errors import GraphdiagError
+from ..errors import INTERNAL_EXIT, GraphdiagError, InternalError, RunInterrupted
+
+BROKEN_PIPE_EXIT = 141       # 128 + SIGPIPE, as a shell reports a reader that went away
+
+_debug = False
+
+
+def _set_debug(ctx: click.Context, param: click.Parameter, value: bool) -> None:
+    global _debug
+    _debug = _debug or value
 
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})
 @click.version_option(__version__, prog_name="graphdiag")
+@click.option("--debug", is_flag=True, expose_value=False, is_eager=True, callback=_set_debug,
+              help="Show the Python traceback of an internal error (also: GRAPHDIAG_DEBUG=1).")
 def cli() -> None:
     """Profile and diagnose CUDA-graph capture/replay in LLM decode, the way llama.cpp does it.
 
@@ -35,11 +53,19 @@ def _register() -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """Entry point: run the group; GraphdiagError and click usage errors end in one line and a status."""
-    _register()
+    """Entry point: run the group; every error ends in one line on stderr and an exit status."""
+    from ..config import debug_requested
+
+    global _debug
+    _debug = debug_requested(os.environ)
     try:
+        _register()
         rv = cli.main(args=argv, prog_name="graphdiag", standalone_mode=False)
+        sys.stdout.flush()                      # a closed pipe shows here, not at interpreter exit
         return rv if isinstance(rv, int) else 0
+    except BrokenPipeError:
+        _silence_stdout()
+        return BROKEN_PIPE_EXIT
     except click.exceptions.Exit as e:
         return e.exit_code
     except click.exceptions.Abort:
@@ -48,12 +74,43 @@ def main(argv: list[str] | None = None) -> int:
     except click.ClickException as e:
         click.echo(f"graphdiag: error: {e.format_message()}", err=True)
         return e.exit_code
+    except RunInterrupted as e:
+        click.echo(f"graphdiag: {e}", err=True)
+        return e.exit_code
+    except InternalError as e:
+        return _internal(e)
     except GraphdiagError as e:
         click.echo(f"graphdiag: error: {e}", err=True)
         return e.exit_code
     except KeyboardInterrupt:
         click.echo("graphdiag: interrupted", err=True)
         return 130
+    except MemoryError:
+        click.echo("graphdiag: error: out of host memory (a size asked for is too large for this machine)",
+                   err=True)
+        return 2
+    except Exception as e:                      # anything else is a bug in graphdiag, not bad input
+        return _internal(e)
+
+
+def _internal(e: BaseException) -> int:
+    """One line that says it is a bug and asks for a report; the traceback only when debugging."""
+    if _debug:
+        traceback.print_exception(e, file=sys.stderr)
+    what = str(e) if isinstance(e, InternalError) else f"{type(e).__name__}: {e}"
+    hint = "" if _debug else " (rerun with --debug or GRAPHDIAG_DEBUG=1 for the traceback)"
+    click.echo(f"graphdiag: internal error: {what} — this is a bug, please report it with the command line{hint}",
+               err=True)
+    return INTERNAL_EXIT
+
+
+def _silence_stdout() -> None:
+    """The reader went away: point stdout at /dev/null so the interpreter's final flush stays quiet."""
+    try:
+        fd = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(fd, sys.stdout.fileno())
+    except (OSError, ValueError, AttributeError):
+        pass
 
 
 if __name__ == "__main__":

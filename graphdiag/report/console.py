@@ -6,6 +6,7 @@ no colour and no terminal features, which is what tests and redirected output ge
 
 from __future__ import annotations
 
+import dataclasses
 import sys
 from typing import Iterable, TextIO
 
@@ -17,7 +18,7 @@ from rich.table import Table
 from .. import events as E
 from .eventlog import EventLog, fmt_ns
 from .record import RunHeader, as_header
-from .summary import Summary
+from .summary import Summary, disabled_cause
 
 WIDTH = 120          # fixed width of plain (non-terminal) output
 
@@ -86,12 +87,15 @@ class ConsoleReporter:
             progress = self.console.is_terminal and bool(total_steps)
         self._want_progress, self._total = progress, total_steps
         self.progress: Progress | None = None
+        self._header: RunHeader | None = None
+        self._broken = False
         if header is not None:
             self.start(header)
 
     def start(self, header: RunHeader | dict) -> None:
         """Print the run header and start the progress bar (when wanted)."""
-        for line in header_lines(as_header(header)):
+        self._header = as_header(header)
+        for line in header_lines(self._header):
             self.console.print(line, markup=False)
         if self._want_progress and self.progress is None:
             self.progress = self._start_progress(self._total)
@@ -104,17 +108,28 @@ class ConsoleReporter:
         return p
 
     def __call__(self, ev: E.Event) -> None:
-        for level, line in self.log.feed(ev):
-            if level <= self.verbosity:
-                self.console.print(line, markup=False)
-        if self.progress is not None and isinstance(ev, E.StepFinished):
-            self.progress.advance(self._task)
+        if self._broken:
+            return
+        if isinstance(ev, E.GraphsDisabled) and self._header is not None:
+            ev = dataclasses.replace(ev, reason=disabled_cause(self._header, ev.reason))
+        try:
+            for level, line in self.log.feed(ev):
+                if level <= self.verbosity:
+                    self.console.print(line, markup=False)
+            if self.progress is not None and isinstance(ev, E.StepFinished):
+                self.progress.advance(self._task)
+        except BrokenPipeError:
+            self._broken = True            # the reader went away: say nothing more, let the run end
+            raise
 
     def close(self) -> None:
         """Stop the progress bar (idempotent)."""
         if self.progress is not None:
-            self.progress.stop()
-            self.progress = None
+            p, self.progress = self.progress, None
+            try:
+                p.stop()
+            except BrokenPipeError:
+                pass
 
     def __enter__(self) -> "ConsoleReporter":
         return self
@@ -179,14 +194,25 @@ def _key_table(s: Summary) -> Table:
     return t
 
 
+SIMULATED_TIMES = "SIMULATED driver: host times, not GPU times"
+
+
+def timing_title(what: str, simulated: bool) -> str:
+    """A timing table's title, saying so when its numbers come from the simulated driver."""
+    return f"{what} — {SIMULATED_TIMES}" if simulated else what
+
+
 def _timing_table(s: Summary) -> Table:
-    t = table("Timing (medians)", "what", "median", "samples")
+    sim = s.header.simulated and s.header.backend != "cpu"
+    t = table(timing_title("Timing (medians)", sim), "what", "median", "samples")
     for name, tm in s.timings.items():
-        t.add_row(name, fmt_ns(tm.median_ns), str(tm.n))
-    # synchronised step times: split times are host submission times, and a replay submits asynchronously
-    eager, replay = s.timings.get("step (eager)"), s.timings.get("step (replay)")
+        t.add_row("step sim device" if sim and name == "step gpu" else name, fmt_ns(tm.median_ns), str(tm.n))
+    # like with like: synchronised decode steps, eager (warmup, graphs not used) against replayed; prefill
+    # steps are eager too but process many tokens, so they are not in the comparison
+    eager, replay = s.timings.get("step (eager decode)"), s.timings.get("step (replay)")
     if eager and replay and replay.median_ns:
-        t.add_row("replay speedup (step eager ÷ step replay)", f"{eager.median_ns / replay.median_ns:.1f}×", "")
+        t.add_row("replay speedup (eager decode step ÷ replay step)",
+                  f"{eager.median_ns / replay.median_ns:.1f}×", f"{eager.n}/{replay.n}")
     return t
 
 
@@ -218,4 +244,19 @@ def _notes(s: Summary) -> list[str]:
     notes += [f"incompatible: {r}" for r in s.incompatible]
     if s.verify_checks:
         notes.append(f"verify: {s.verify_checks} checks, {s.verify_mismatches} mismatches")
+    if s.oracle_checks:
+        notes.append(f"oracle: {s.oracle_checks} checks, max relative error {s.oracle_max_rel_err:.3g} "
+                     f"(bound {s.oracle_bound:g}), {s.oracle_failures} over the bound")
+    notes += end_lines(s)
     return notes
+
+
+def end_lines(s: Summary) -> list[str]:
+    """How the run ended, when it did not simply complete."""
+    e = s.ended
+    if e is None:
+        return ["run end not recorded: the record stops early (the run was killed, or an older record)"]
+    if e.status == "complete":
+        return []
+    why = f": {e.reason}" if e.reason else ""
+    return [f"run {e.status.upper()} at step {e.step} ({e.steps_done} steps finished){why}"]

@@ -131,6 +131,7 @@ class RunDiff:
     ledger: list[LedgerChange] = field(default_factory=list)
     nodes: list[CaptureNodeDiff] = field(default_factory=list)
     tokens_differ_at: int | None = None
+    simulated: tuple[bool, bool] = (False, False)   # whose timings are the simulated driver's host times
 
     @property
     def equal(self) -> bool:
@@ -235,6 +236,7 @@ def diff_runs(control: tuple[RunHeader, list[E.Event]], test: tuple[RunHeader, l
     d.ledger = compare_ledgers(ea, ca, eb, cb)
     d.nodes = compare_run_captures(a_all, ca.key, b_all, cb.key)
     d.tokens_differ_at = _tokens_differ_at(ea, eb)
+    d.simulated = (ha.simulated and ha.backend != "cpu", hb.simulated and hb.backend != "cpu")
     return d
 
 

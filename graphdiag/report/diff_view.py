@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import TextIO
 
-from .console import make_console, table
+from .console import SIMULATED_TIMES, make_console, table
 from .diff import Change, Delta, RunDiff, StepDiff
 from .eventlog import fmt_ns
 from .node_diff import CaptureNodeDiff, CaptureRef
@@ -18,6 +18,8 @@ def render_run_diff(d: RunDiff, file: TextIO | None = None) -> None:
     con = make_console(file)
     con.print(f"graphdiag diff · control: {d.control} · test: {d.test}", markup=False)
     con.print(_verdict(d), markup=False)
+    if d.simulated[0] != d.simulated[1]:
+        con.print(f"note: {timing_note(d)}", markup=False)
     for t in (_settings_table(d), _counter_table(d), _timing_table(d), _ledger_table(d)):
         if t is not None:
             con.print("")
@@ -143,10 +145,23 @@ def _counter_table(d: RunDiff):
     return t
 
 
+def timing_note(d: RunDiff) -> str:
+    """What the timing comparison is worth when a simulated run is involved ("" when both are real)."""
+    a, b = d.simulated
+    if a and b:
+        return SIMULATED_TIMES
+    if a or b:
+        sim, real = ("control", "test") if a else ("test", "control")
+        return f"{sim} is SIMULATED (host times), {real} ran on a GPU: these timings do not compare"
+    return ""
+
+
 def _timing_table(d: RunDiff):
     if not d.timings:
         return None
-    t = table("Timing (medians)", "what", "control", "test", "delta", "change")
+    note = timing_note(d)
+    t = table(f"Timing (medians) — {note}" if note else "Timing (medians)", "what", "control", "test", "delta",
+              "change")
     for m in d.timings:
         t.add_row(m.name, _ns(m.control), _ns(m.test), _signed_ns(m), _percent(m))
     return t

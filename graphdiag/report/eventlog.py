@@ -98,6 +98,11 @@ def _describe_gate(ev: E.Event) -> str:
                     f"{ev.n_captured} executables destroyed, {fmt_bytes(ev.nbytes)}")
         case E.VerifyResult():
             return f"verify {'ok' if ev.ok else 'MISMATCH'} · max |diff| {ev.max_abs_diff:.3g}"
+        case E.OracleCheck():
+            return f"oracle {'ok' if ev.ok else 'OVER BOUND'} · rel err {ev.rel_err:.3g} (bound {ev.bound:g})"
+        case E.RunEnded():
+            why = f": {ev.reason}" if ev.reason else ""
+            return f"run {ev.status} ({ev.steps_done} steps finished){why}"
         case _:
             return _describe_chunk(ev)
 
@@ -183,8 +188,10 @@ class EventLog:
             self.phase.clear()
         elif isinstance(ev, E.Evicted):
             self.phase.pop(ev.key, None)
-        elif isinstance(ev, E.VerifyResult):
+        elif isinstance(ev, (E.VerifyResult, E.OracleCheck)):
             return [(1 if ev.ok else 0, f"{prefix(ev)} · {describe(ev)}")]
+        elif isinstance(ev, E.RunEnded):
+            return [(2 if ev.status == "complete" else 0, f"{prefix(ev)} · {describe(ev)}")]
         if isinstance(ev, E.PropertyDiff):
             return [(LEVEL[E.PropertyDiff], f"{prefix(ev)} · {property_diff_line(ev)}")]
         return [(LEVEL.get(type(ev), 2), f"{prefix(ev)} · {describe(ev)}")]

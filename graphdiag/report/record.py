@@ -20,7 +20,7 @@ from typing import Any, TextIO
 
 from .. import __version__
 from .. import events as E
-from ..errors import EventFileError
+from ..errors import EventFileError, EventWriteError
 
 SCHEMA_NAME = "graphdiag-events"
 
@@ -68,25 +68,53 @@ class JsonlWriter:
     """An event sink writing the record. Subscribe it WITHOUT spans; call `close()` (or use `with`).
 
     The header line is written by the constructor, or later by `start(header)` (the runner's on_header
-    hook) when it is not known yet; events that arrive before it are held back until then. Events are
-    buffered by the file object and flushed at close."""
+    hook) when it is not known yet; events that arrive before it are held back until then. The header is
+    flushed at once (a full disk shows before the first step), events are buffered and flushed at close.
+    Any failure to open or write is an EventWriteError naming the file; after one, the writer stays shut."""
 
     def __init__(self, path: str | Path, header: RunHeader | dict[str, Any] | None = None):
         self.path = Path(path)
-        self._f: TextIO | None = self.path.open("w", encoding="utf-8")
+        try:
+            self._f: TextIO | None = self.path.open("w", encoding="utf-8")
+        except OSError as e:
+            raise self._error(e) from None
         self._early: list[E.Event] | None = []
         if header is not None:
             self.start(header)
 
+    def _error(self, e: OSError) -> EventWriteError:
+        return EventWriteError(f"cannot write the event record {self.path}: {e.strerror or e}")
+
     def start(self, header: RunHeader | dict[str, Any]) -> None:
         """Write the header line, then any events held back."""
         self._write(as_header(header).to_dict())
+        self._flush()
         early, self._early = self._early or [], None
         for ev in early:
             self(ev)
 
     def _write(self, obj: dict[str, Any]) -> None:
-        self._f.write(json.dumps(obj, separators=(",", ":")) + "\n")
+        if self._f is None:
+            return
+        try:
+            self._f.write(json.dumps(obj, separators=(",", ":")) + "\n")
+        except OSError as e:
+            self._abandon()
+            raise self._error(e) from None
+
+    def _flush(self) -> None:
+        try:
+            self._f.flush()
+        except OSError as e:
+            self._abandon()
+            raise self._error(e) from None
+
+    def _abandon(self) -> None:
+        f, self._f = self._f, None
+        try:
+            f.close()
+        except OSError:
+            pass                      # the buffered rest cannot be written either: the error says so
 
     def __call__(self, ev: E.Event) -> None:
         if self._f is None or isinstance(ev, (E.SpanBegin, E.SpanEnd)):
@@ -100,8 +128,9 @@ class JsonlWriter:
         """Flush and close the file (idempotent). A writer never started writes a header-less file,
         which read_record rejects: that is a bug in the caller, not a record."""
         if self._f is not None:
-            self._f.close()
-            self._f = None
+            self._flush()
+            f, self._f = self._f, None
+            f.close()
 
     def __enter__(self) -> "JsonlWriter":
         return self
@@ -159,6 +188,9 @@ def _read_header(path: Path, line: str, last: bool) -> RunHeader:
     if obj.get("version") != E.SCHEMA_VERSION:
         raise EventFileError(f"{path}: unsupported schema version {obj.get('version')!r} "
                              f"(this graphdiag reads version {E.SCHEMA_VERSION})")
+    bad = _wrong_type(RunHeader, obj)
+    if bad:
+        raise EventFileError(f"{path}:1: malformed header ({bad})")
     return RunHeader.from_dict(obj)
 
 
@@ -169,7 +201,49 @@ def _read_event(path: Path, lineno: int, line: str, last: bool) -> E.Event:
     kind = obj.get("kind")
     if kind not in E.EVENT_TYPES or kind in ("span_begin", "span_end"):
         raise EventFileError(f"{path}:{lineno}: unknown event kind {kind!r}")
+    bad = _wrong_type(E.EVENT_TYPES[kind], obj)
+    if bad:
+        raise EventFileError(f"{path}:{lineno}: malformed {kind} event ({bad})")
     try:
         return E.Event.from_dict(obj)
     except (TypeError, ValueError) as e:
         raise EventFileError(f"{path}:{lineno}: malformed {kind} event ({e})") from None
+
+
+# annotation (as written in the dataclass) -> (check, what the message calls it)
+_TYPES = {
+    "int": (lambda v: isinstance(v, int) and not isinstance(v, bool), "an integer"),
+    "float": (lambda v: isinstance(v, (int, float)) and not isinstance(v, bool), "a number"),
+    "str": (lambda v: isinstance(v, str), "a string"),
+    "bool": (lambda v: isinstance(v, bool), "true or false"),
+    "tuple": (lambda v: isinstance(v, list), "an array"),
+    "str | None": (lambda v: v is None or isinstance(v, str), "a string or null"),
+    "dict[str, Any]": (lambda v: isinstance(v, dict), "an object"),
+    "dict[str, str]": (lambda v: isinstance(v, dict) and all(isinstance(x, str) for x in v.values()),
+                       "an object of strings"),
+}
+# array fields whose items the reports use as numbers
+_INT_ITEMS = {("step_finished", "tokens"), ("graph_split", "uids"), ("graph_split", "n_nodes"),
+              ("property_diff", "changed"), ("concurrent_region", "branch_sizes")}
+
+
+def _wrong_type(cls, obj: dict[str, Any]) -> str:
+    """'' when every known field of `obj` has its dataclass's type, else what is wrong with the first."""
+    kind = obj.get("kind", "")
+    for f in dataclasses.fields(cls):
+        if f.name not in obj or f.type not in _TYPES:
+            continue
+        ok, want = _TYPES[f.type]
+        v = obj[f.name]
+        if not ok(v):
+            return f"{f.name} must be {want}, not {json.dumps(v)[:40]}"
+        if (kind, f.name) in _INT_ITEMS and not all(_TYPES["int"][0](x) for x in v):
+            return f"{f.name} must be an array of integers"
+        if f.type == "tuple" and kind == "ledger_captured" and not all(_ledger_row(r) for r in v):
+            return f"{f.name} must be ledger rows"
+    return ""
+
+
+def _ledger_row(r) -> bool:
+    """(index, name, op, type, ne, nb, op_params digest, flags, data, sources): the shape node_diff reads."""
+    return isinstance(r, list) and len(r) == 10 and isinstance(r[0], int) and isinstance(r[9], list)

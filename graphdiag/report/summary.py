@@ -72,6 +72,11 @@ class Summary:
     incompatible: list[str] = field(default_factory=list)           # "node 12 ffn_moe-0 (MUL_MAT_ID): rule"
     verify_checks: int = 0
     verify_mismatches: int = 0
+    oracle_checks: int = 0                                # --oracle: steps checked against the numpy forward
+    oracle_failures: int = 0
+    oracle_max_rel_err: float = 0.0                       # max over the checks of max|a-b| / max|b|
+    oracle_bound: float = 0.0
+    ended: E.RunEnded | None = None                       # how the run ended (None: not recorded, cut short)
 
     @property
     def distinct_keys(self) -> int:
@@ -91,6 +96,8 @@ class Summary:
             k["key"] = f"{k['key']:#x}"
         d["distinct_keys"] = self.distinct_keys
         d["llama_counters"] = self.llama_counters
+        d["ended"] = self.ended.to_dict() if self.ended is not None else None
+        d["timings_simulated"] = self.header.simulated and self.header.backend != "cpu"
         return d
 
     def to_json(self) -> str:
@@ -118,7 +125,25 @@ def summarize(header: RunHeader | dict[str, Any], events: Iterable[E.Event]) -> 
                              for e in events if isinstance(e, E.Incompatible)})
     checks = [e for e in events if isinstance(e, E.VerifyResult)]
     s.verify_checks, s.verify_mismatches = len(checks), sum(not e.ok for e in checks)
+    oracle = [e for e in events if isinstance(e, E.OracleCheck)]
+    s.oracle_checks, s.oracle_failures = len(oracle), sum(not e.ok for e in oracle)
+    s.oracle_max_rel_err = max((e.rel_err for e in oracle), default=0.0)
+    s.oracle_bound = max((e.bound for e in oracle), default=0.0)
+    s.ended = next((e for e in reversed(events) if isinstance(e, E.RunEnded)), None)
+    s.disabled_reasons = sorted({disabled_cause(header, r) for r in s.disabled_reasons})
     return s
+
+
+def disabled_cause(header: RunHeader, reason: str) -> str:
+    """The runtime says the environment disabled graphs (it only sees the option); name the real source."""
+    src = header.sources.get("graphs_disabled", "default")
+    if not reason.startswith("env GGML_CUDA_DISABLE_GRAPHS") or src.startswith("env"):
+        return reason
+    if src == "cli":
+        return "--no-graphs on the command line"
+    if src == "scenario":
+        return f"graphs_disabled = true in scenario {header.scenario}"
+    return reason
 
 
 def _key_summaries(events: list[E.Event]) -> list[KeySummary]:
@@ -167,6 +192,9 @@ def _timings(events: list[E.Event]) -> dict[str, Timing]:
     finished = [e for e in events if isinstance(e, E.StepFinished)]
     for mode in ("eager", "capture", "replay", "cpu"):
         samples[f"step ({mode})"] = [e.duration_ns for e in finished if e.mode == mode]
+    phase = {e.step: e.phase for e in events if isinstance(e, E.StepStarted)}
+    samples["step (eager decode)"] = [e.duration_ns for e in finished
+                                      if e.mode == "eager" and phase.get(e.step) == "decode"]
     samples["step"] = [e.duration_ns for e in finished]
     samples["step gpu"] = [e.gpu_ns for e in finished if e.gpu_ns]
     return {k: Timing(int(statistics.median(v)), len(v)) for k, v in samples.items() if v}

@@ -133,6 +133,12 @@ class Synth:
         self.emit(E.ReplayLaunched, split=split, key=key, uid=self.uids[split], n_chunks=n_chunks,
                   duration_ns=REPLAY_NS + 100 * self.step_no)
 
+    def finished(self) -> list[E.Event]:
+        """The events with the run's RunEnded (complete) appended, as the runner ends every record."""
+        done = sum(isinstance(e, E.StepFinished) for e in self.events)
+        return self.events + [E.RunEnded(step=self.step_no + 1, t_ns=self.t + 1_000, status="complete",
+                                         steps_done=done)]
+
     def end(self, mode, tokens=(7,)) -> None:
         self.emit(E.StepFinished, duration_ns={"eager": 5_000_000, "capture": 11_000_000, "replay": 900_000,
                                                "cpu": 3_000_000}[mode] + 1000 * self.step_no,
@@ -177,7 +183,7 @@ def steady_decode(n_replays=5, chunk_size=512) -> tuple[RunHeader, list[E.Event]
         tuple((a, min(a + chunk_size, 120), "") for a in range(0, 120, chunk_size))
     _warm_up(s, KEY_A, bounds=bounds, fusions=fusions)
     _replays(s, KEY_A, n_replays, n_chunks=len(bounds))
-    return header(steps=3 + n_replays, chunk_size=chunk_size), s.events
+    return header(steps=3 + n_replays, chunk_size=chunk_size), s.finished()
 
 
 def batch_change() -> tuple[RunHeader, list[E.Event]]:
@@ -199,7 +205,7 @@ def batch_change() -> tuple[RunHeader, list[E.Event]]:
     s.capture(0, KEY_A, ((0, 62, ""), (62, 120, "")), ["refused:TOPOLOGY_CHANGED", "update"])
     s.end("capture", tokens=(7,) * 9)
     _replays(s, KEY_A, 2, n_chunks=2, batch=9)
-    return header(batch=8, steps=len({e.step for e in s.events})), s.events
+    return header(batch=8, steps=len({e.step for e in s.events})), s.finished()
 
 
 def moe_offload() -> tuple[RunHeader, list[E.Event]]:
@@ -228,7 +234,7 @@ def moe_offload() -> tuple[RunHeader, list[E.Event]]:
                 s.phase(split, key, "replay", "warm, unchanged")
                 s.replay(split, key, 1)
         s.end(("eager", "capture", "replay", "replay")[step])
-    return header(model="moe-tiny", n_cpu_moe=2, steps=5), s.events
+    return header(model="moe-tiny", n_cpu_moe=2, steps=5), s.finished()
 
 
 def pressure_and_idle() -> tuple[RunHeader, list[E.Event]]:
@@ -243,7 +249,7 @@ def pressure_and_idle() -> tuple[RunHeader, list[E.Event]]:
     s.emit(E.Evicted, step=s.step_no + 1, key=KEY_A, idle_ns=11_000_000_000, n_chunks=1)
     s.nodes.clear()
     _replays_after_reset(s)
-    return header(pool_cap=8 << 20, steps=len({e.step for e in s.events})), s.events
+    return header(pool_cap=8 << 20, steps=len({e.step for e in s.events})), s.finished()
 
 
 def _replays_after_reset(s: Synth) -> None:
