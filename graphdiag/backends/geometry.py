@@ -115,6 +115,8 @@ def _table() -> dict[str, Callable[[np.ndarray], Geometry]]:
         "rope_f32": _elementwise(1, per=2),
         "set_rows_f16": _elementwise(1), "set_rows_f32": _elementwise(1),
         "flash_attn_ext_f16": _flash_attn, "top_k_f32": _top_k,
+        # rng.cu: one thread per element (Q8_0: a warp per 32-block, the same thread count)
+        **{f"rng_fill_{w}": _elementwise(0) for w in ("f32", "f16", "q8_0")},
     })
     # rope_set_rows walks x's (D/2, Hkv, T) pairs; its ne3 is 1 by the catalogue.
     t["rope_set_rows_f16"] = _elementwise(1, per=2)

@@ -81,6 +81,11 @@ def _specs() -> dict[str, KernelSpec]:
         KernelSpec("glu_swiglu_f32", ("dst", "gate", "up"), doc="silu(gate) * up"),
         KernelSpec("cpy_f32_f32", ("dst", "src"), doc="element-wise copy between strided layouts, same ne"),
         KernelSpec("cpy_f32_f16", ("dst F16", "src F32"), doc="copy with conversion"),
+        *(KernelSpec(f"rng_fill_{w}", (f"dst {w}, contiguous (a weight)",),
+                     ip=("seed low 32 bits", "seed high 32 bits", "tensor index"), fp=("mul", "add"),
+                     doc="dst[i] = store(f32(c(seed, index, i)) * mul + add), the counter-based generator of "
+                         "graphdiag.backends.rng (Q8_0: quantised per 32-block as memory.quantize_q8_0)")
+          for w in W_TYPES),
     ]
     return {k.name: k for k in s}
 

@@ -162,6 +162,20 @@ def _cpy(name: str, dt: GGMLType) -> Kernel:
     return k
 
 
+def _rng_fill(name: str, wt: GGMLType) -> Kernel:
+    """The numpy twin of rng.cu: the same integer hash and f32 conversion, then the same storage rounding."""
+    def k(space, p):
+        from ..memory import quantize_q8_0
+        from .rng import draw_f32
+        _check_type(p, 0, wt, name)
+        seed = (int(p["ip"][0]) & 0xFFFFFFFF) | (int(p["ip"][1]) & 0xFFFFFFFF) << 32
+        dst = view(space, p, 0)
+        x = draw_f32(seed, int(p["ip"][2]) & 0xFFFFFFFF, int(np.prod(p["t"][0]["ne"])), p["fp"][0], p["fp"][1])
+        x = x.reshape(*dst.shape[:-1], -1)
+        dst[...] = quantize_q8_0(x) if wt == GGMLType.Q8_0 else x.astype(dst.dtype)
+    return k
+
+
 def _build() -> dict[str, Kernel]:
     k: dict[str, Kernel] = {}
     for w in W_TYPES:
@@ -172,6 +186,7 @@ def _build() -> dict[str, Kernel]:
         k[f"mul_mat_vec_glu_{w}"] = _mul_mat_vec_glu(f"mul_mat_vec_glu_{w}", wt)
         k[f"mul_mat_id_vec_{w}"] = _mul_mat_id_vec(f"mul_mat_id_vec_{w}", wt)
         k[f"mul_mat_id_gathered_{w}"] = _mul_mat_id_gathered(f"mul_mat_id_gathered_{w}", wt)
+        k[f"rng_fill_{w}"] = _rng_fill(f"rng_fill_{w}", wt)
     k.update({
         "rms_norm_f32": _rms_norm, "rms_norm_mul_f32": _rms_norm_mul, "mul_f32": _mul, "add_f32": _add,
         "rope_f32": _rope, "set_rows_f16": _set_rows("set_rows_f16", GGMLType.F16),

@@ -1,21 +1,35 @@
-"""The model's persistent tensors: weight and KV-cache structs in the arena, random host data, loading.
+"""The model's persistent tensors: weight and KV-cache structs in the arena, their values, loading.
 
-Weights are random (numpy Generator from a seed) with scale 1/sqrt(fan_in), so activations stay O(1) and greedy
-tokens depend on the input. Host arrays are in ggml layout, numpy axes outermost first: a ggml weight of
-ne = (K, M) is a numpy (M, K) array, an expert stack ne = (K, M, E) is (E, M, K). Stored types: the run's weight
-type (F16 or Q8_0; F32 for tests) for mat-mul weights and the token embedding table, F32 for norm weights and the
-MoE router. The KV cache is F16, ne = (head_dim * n_head_kv, n_ctx) per layer, K and V alike (flash attention).
+Weights come from a counter-based generator (graphdiag.backends.rng): element i of the tensor at arena index
+j under the run's seed is a pure function of (seed, j, i), drawn where the tensor lives — by the rng_fill
+kernel on a GPU (kernels/rng.cu; the simulated driver runs its numpy twin) — and reproduced on the host only
+when something there reads it (`Model.host`: the CPU backend, the oracle), to the bit. Scales follow fan-in:
+standard deviation 1/sqrt(ne0) for mat-mul weights, 1 for the token embedding, 1 + 0.1 noise for norm
+weights (a pure 1 would hide a missing MUL), so activations stay O(1) and greedy tokens depend on the input.
+Host arrays are in ggml layout, numpy axes outermost first: a ggml weight of ne = (K, M) is a numpy (M, K)
+array, an expert stack ne = (K, M, E) is (E, M, K). Stored types: the run's weight type (F16 or Q8_0; F32 for
+tests) for mat-mul weights and the token embedding table, F32 for norm weights and the MoE router. The KV
+cache is F16, ne = (head_dim * n_head_kv, n_ctx) per layer, K and V alike (flash attention), zeroed on load.
 """
 
 from __future__ import annotations
 
+import contextvars
+import os
+from collections.abc import Mapping
 from dataclasses import dataclass, field
+from typing import Callable, Iterator
 
 import numpy as np
 
+from ..backends import rng
+from ..backends.abi import new_params, set_desc
 from ..backends.base import Backend
+from ..backends.drivers.base import Launch
+from ..backends.geometry import launch_geometry
+from ..errors import UsageError
 from ..ir.arena import Arena
-from ..ir.build import Ctx
+from ..ir.build import Ctx, contiguous_nb
 from ..ir.dtypes import GGMLType
 from ..ir.tensor import Tensor
 from ..memory import ALIGN, dequantize_q8_0, quantize_q8_0
@@ -55,7 +69,8 @@ class Model:
     output_norm: Tensor
     output: Tensor
     layers: list[Layer]
-    host: dict[str, np.ndarray] = field(default_factory=dict)
+    host: Mapping[str, np.ndarray] = field(default_factory=dict)   # HostWeights when the model has values
+    seed: int | None = None   # None: a structure-only model (weights load as zeros)
     _dense: dict[str, np.ndarray] = field(default_factory=dict, repr=False)
 
     def tensors(self) -> list[Tensor]:
@@ -99,7 +114,8 @@ def _layer_structs(ctx: Ctx, cfg: ModelConfig, wt: GGMLType, il: int) -> Layer:
 
 def create_model(cfg: ModelConfig, wtype: GGMLType = GGMLType.F16, seed: int = 0, arena: Arena | None = None,
                  with_data: bool = True) -> Model:
-    """Build the persistent structs in `arena` (then freeze it) and, if `with_data`, random host weights."""
+    """Build the persistent structs in `arena` (then freeze it). `with_data`: the weights have values (drawn
+    from `seed` where they are loaded, and on the host on first read); else they load as zeros."""
     arena = arena if arena is not None else Arena()
     if arena.top != 0:
         raise ValueError("create_model needs an empty arena: the model is its persistent region")
@@ -115,7 +131,8 @@ def create_model(cfg: ModelConfig, wtype: GGMLType = GGMLType.F16, seed: int = 0
     arena.freeze()
     model = Model(cfg, wt, arena, tok_embd, output_norm, output, layers)
     if with_data:
-        model.host = random_weights(model, seed)
+        model.seed = seed
+        model.host = HostWeights(model, seed)   # nothing drawn until the host reads a weight
     return model
 
 
@@ -125,28 +142,60 @@ def _store(x: np.ndarray, t: GGMLType) -> np.ndarray:
     return x.astype(np.float16) if t == GGMLType.F16 else x.astype(np.float32)
 
 
-def random_weights(model: Model, seed: int) -> dict[str, np.ndarray]:
-    """Stored host arrays for every weight (not the caches), drawn in struct order from one Generator."""
-    rng = np.random.default_rng(seed)
-    out: dict[str, np.ndarray] = {}
-    for t in model.tensors():
-        name = t.name
-        if name.startswith("cache_"):
-            continue
-        ne = list(t.ne)
-        while len(ne) > 1 and ne[-1] == 1:
-            ne.pop()
-        shape = tuple(reversed(ne))  # numpy order, outermost first
-        if t.type == GGMLType.F32 and name.endswith("norm.weight"):
-            # near 1 (a pure 1 would hide a missing MUL)
-            x = 1.0 + 0.1 * rng.standard_normal(shape, dtype=np.float32)
-        elif name == "token_embd.weight":
-            x = rng.standard_normal(shape, dtype=np.float32)
-        else:
-            x = rng.standard_normal(shape, dtype=np.float32) / np.float32(np.sqrt(t.ne[0]))
-        out[name] = _store(x, t.type)
-    return out
+def value_spec(t: Tensor) -> tuple[np.float32, np.float32]:
+    """(mul, add) of the generator for weight `t`: the scale and centre of its values."""
+    if t.type == GGMLType.F32 and t.name.endswith("norm.weight"):
+        return rng.multiplier(0.1), np.float32(1.0)
+    if t.name == "token_embd.weight":
+        return rng.multiplier(1.0), np.float32(0.0)
+    return rng.multiplier(1.0 / np.sqrt(t.ne[0])), np.float32(0.0)
 
+
+def host_shape(t: Tensor) -> tuple[int, ...]:
+    """numpy shape (outermost first) of weight `t`, trailing ggml dims of 1 dropped."""
+    ne = list(t.ne)
+    while len(ne) > 1 and ne[-1] == 1:
+        ne.pop()
+    return tuple(reversed(ne))
+
+
+def draw_host(t: Tensor, seed: int) -> np.ndarray:
+    """The stored host array of weight `t`, bit-identical to what rng_fill writes on a device."""
+    mul, add = value_spec(t)
+    x = rng.draw_f32(seed, t.idx, int(np.prod(t.ne)), mul, add).reshape(host_shape(t))
+    return _store(x, t.type)
+
+
+class HostWeights(Mapping):
+    """name -> stored host array of every weight (not the caches), drawn on first read and cached."""
+
+    def __init__(self, model: "Model", seed: int):
+        self._seed = seed
+        self._tensors = {t.name: t for t in model.tensors() if not t.name.startswith("cache_")}
+        self._cache: dict[str, np.ndarray] = {}
+        self.n_drawn = 0   # host draws so far (a GPU load makes none)
+
+    def __getitem__(self, name: str) -> np.ndarray:
+        if name not in self._cache:
+            self._cache[name] = self.draw(name)
+        return self._cache[name]
+
+    def draw(self, name: str) -> np.ndarray:
+        """The array without caching it (a cached one if already drawn): loading needs it only once."""
+        got = self._cache.get(name)
+        if got is None:
+            self.n_drawn += 1
+            got = draw_host(self._tensors[name], self._seed)
+        return got
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._tensors)
+
+    def __len__(self) -> int:
+        return len(self._tensors)
+
+    def __contains__(self, name) -> bool:
+        return name in self._tensors
 
 def is_expert_tensor(name: str) -> bool:
     return name.endswith(EXPERT_SUFFIXES)
@@ -173,33 +222,140 @@ def _aligned(n: int) -> int:
     return (n + ALIGN - 1) // ALIGN * ALIGN
 
 
-def load_model(model: Model, gpu: Backend, cpu: Backend | None = None, n_cpu_moe: int = 0) -> list[WeightBuffer]:
-    """Allocate each persistent tensor in one buffer of its backend and upload it (KV caches are zeroed).
+# A callback (bytes done, bytes in all) that shows loading progress; set by a caller that draws its own
+# progress (the benchmark), else load_model shows a rich bar on stderr for models of LOUD_BYTES or more.
+Progress = Callable[[int, int], None]
+LOAD_PROGRESS: contextvars.ContextVar[Progress | None] = contextvars.ContextVar("load_progress", default=None)
+LOUD_BYTES = 1 << 30
+HOST_MARGIN = 512 << 20          # host bytes kept free beyond the model (activations, temporaries)
+SIM_HEADROOM = 1 << 30           # simulated device bytes beyond the model (compute buffers, the pool)
+
+
+def available_host_bytes() -> int:
+    """MemAvailable from /proc/meminfo, else free physical pages (os.sysconf)."""
+    try:
+        with open("/proc/meminfo") as f:
+            for line in f:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    return os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+
+
+def _device(backend: Backend):
+    """(driver, stream) of a GPU backend (weights are drawn there), None for a host backend."""
+    driver = getattr(backend, "driver", None)
+    return (driver, backend.stream0) if backend.is_gpu and driver is not None else None
+
+
+def _gb(n: int) -> str:
+    return f"{n:,} bytes ({n / 1e9:.1f} GB)"
+
+
+def check_fits(model: Model, groups: dict[int, list[Tensor]], gpu: Backend) -> None:
+    """Refuse, in one line and before any allocation, a model this machine cannot hold; size a simulated
+    device for it. Host memory holds the CPU backend's tensors and, for a simulated device, the device's."""
+    need = {gi: sum(_aligned(t.nbytes()) for t in ts) for gi, ts in groups.items()}
+    dev = _device(gpu)
+    what = f"model {model.cfg.name} ({model.wtype.name})"
+    if dev is not None and not dev[0].simulated:
+        total = dev[0].info.total_memory
+        if total and need[0] > total:
+            raise UsageError(f"{what} needs {_gb(need[0])} of GPU memory; {dev[0].info.name} has {_gb(total)}")
+        host = need[1]
+    else:
+        host = need[0] + need[1]
+    avail = available_host_bytes()
+    if host + HOST_MARGIN > avail:
+        where = "host memory (the simulated device lives there)" if dev is not None else "host memory"
+        raise UsageError(f"{what} needs {_gb(host)} of {where}; this machine has {_gb(avail)} available "
+                         f"(use a GPU, a smaller --model or --wtype q8_0)")
+    if dev is not None and dev[0].simulated:
+        dev[0].reserve(need[0] + SIM_HEADROOM)
+
+
+def load_model(model: Model, gpu: Backend, cpu: Backend | None = None, n_cpu_moe: int = 0,
+               progress: Progress | None = None) -> list[WeightBuffer]:
+    """Allocate each persistent tensor in one buffer of its backend and fill it: weights drawn where they live
+    (the rng_fill kernel on a GPU backend, the host twin for a CPU one), KV caches zeroed.
 
     Sets each struct's `data` (address) and `buffer` (the buffer's base address). Returns the buffers,
-    GPU first; the scheduler learns from them which backend owns which memory."""
+    GPU first; the scheduler learns from them which backend owns which memory. A model that cannot fit is
+    refused up front (UsageError naming the bytes); progress goes to `progress`, LOAD_PROGRESS, or stderr."""
     if n_cpu_moe and cpu is None:
         raise ValueError("n_cpu_moe needs a CPU backend")
     groups: dict[int, list[Tensor]] = {0: [], 1: []}
     for t in model.tensors():
         groups[1 if on_cpu(t.name, n_cpu_moe) else 0].append(t)
-    buffers = []
-    for gi, backend in ((0, gpu), (1, cpu)):
-        if groups[gi]:
-            buffers.append(_upload_group(model, backend, groups[gi]))
+    check_fits(model, groups, gpu)
+    total = sum(t.nbytes() for t in model.tensors())
+    with _progress(progress, total, f"{model.cfg.name} {model.wtype.name} weights") as tick:
+        buffers = []
+        for gi, backend in ((0, gpu), (1, cpu)):
+            if groups[gi]:
+                buffers.append(_upload_group(model, backend, groups[gi], tick))
     return buffers
 
 
-def _upload_group(model: Model, backend: Backend, tensors: list[Tensor]) -> WeightBuffer:
+class _progress:
+    """Context manager yielding tick(nbytes): the caller's callback, or a rich bar on stderr (big models)."""
+
+    def __init__(self, fn: Progress | None, total: int, label: str):
+        self.fn, self.total, self.label, self.done, self.bar = fn or LOAD_PROGRESS.get(), total, label, 0, None
+
+    def __enter__(self) -> Callable[[int], None]:
+        if self.fn is None and self.total >= LOUD_BYTES:
+            from rich.console import Console
+            from rich.progress import BarColumn, DownloadColumn, Progress as Bar, TextColumn, TimeElapsedColumn
+            self.bar = Bar(TextColumn("{task.description}"), BarColumn(), DownloadColumn(), TimeElapsedColumn(),
+                           console=Console(stderr=True), transient=False)
+            self.bar.start()
+            self.task = self.bar.add_task(f"loading {self.label}", total=self.total)
+        return self.tick
+
+    def tick(self, n: int) -> None:
+        self.done += n
+        if self.fn is not None:
+            self.fn(self.done, self.total)
+        elif self.bar is not None:
+            self.bar.update(self.task, completed=self.done)
+
+    def __exit__(self, *exc) -> None:
+        if self.bar is not None:
+            self.bar.stop()
+
+
+def _fill_on_device(driver, stream, t: Tensor, seed: int) -> None:
+    """Launch rng_fill for weight `t` (already placed at t.data) on `stream`."""
+    p = new_params()
+    set_desc(p, 0, t.data, int(t.type), t.ne, contiguous_nb(int(t.type), t.ne))
+    lo, hi = rng.seed_words(seed)
+    p["ip"][:3] = (lo, hi, t.idx)
+    p["fp"][:2] = value_spec(t)
+    name = f"rng_fill_{t.type.name.lower()}"
+    grid, block, shmem = launch_geometry(name, p)
+    driver.launch(stream, driver.prepare(Launch(name, grid, block, p, shmem)))
+
+
+def _upload_group(model: Model, backend: Backend, tensors: list[Tensor], tick) -> WeightBuffer:
     total = sum(_aligned(t.nbytes()) for t in tensors)
     base = backend.buffer_alloc(total)
+    dev = _device(backend)
     off = 0
     for t in tensors:
         t.data, t.buffer = base + off, base
-        if t.name in model.host:
-            backend.tensor_set(t.data, model.host[t.name])
-        else:
+        weight = model.seed is not None and t.name in model.host
+        if dev is not None and weight:
+            _fill_on_device(*dev, t, model.seed)
+        elif dev is not None:
             # ggml clears the KV buffers: unwritten cells are masked, but 0 * NaN garbage would still poison
+            dev[0].memset_d8(t.data, 0, t.nbytes(), dev[1])
+        elif weight:
+            backend.tensor_set(t.data, model.host.draw(t.name))
+        else:
             backend.tensor_set(t.data, np.zeros(t.nbytes(), np.uint8))
         off += _aligned(t.nbytes())
+        tick(t.nbytes())
+    backend.synchronize()   # loaded means on the device: a fill error surfaces here, not in step 0
     return WeightBuffer(backend, base, total, tuple(t.name for t in tensors))

@@ -197,9 +197,21 @@ def top_k_cases() -> list[Case]:
     return out
 
 
+def rng_fill_cases() -> list[Case]:
+    """The weight generator: bit-exact (bound 0) against its numpy twin, several blocks of 256 threads."""
+    from graphdiag.backends import rng
+    out = []
+    for w in W_TYPES:
+        for ne, seed, index in (((4096, 3), 0, 0), ((64, 5, 2), 0x1_2345_6789, 41)):
+            c = Case(f"rng_fill_{w}", f"{'x'.join(map(str, ne))}-s{seed}-t{index}", 0.0)
+            out.append(c.set(c.output(WT[w], *ne), ip=(*rng.seed_words(seed), index),
+                             fp=(rng.multiplier(0.02), 0.5)))
+    return out
+
+
 def all_cases() -> list[Case]:
     cases = (mat_vec_cases() + mat_mat_cases() + glu_cases() + moe_cases() + get_rows_cases() + norm_cases()
-             + elementwise_cases() + rope_cases() + set_rows_cases() + flash_attn_cases() + top_k_cases())
+             + elementwise_cases() + rope_cases() + set_rows_cases() + flash_attn_cases() + top_k_cases() + rng_fill_cases())
     missing = set(KERNELS) - {c.kernel for c in cases}
     assert not missing, f"kernels without a test case: {sorted(missing)}"
     return cases

@@ -23,7 +23,7 @@ from graphdiag.backends.sim_kernels import run_kernel
 from graphdiag.ir.build import contiguous_nb
 from graphdiag.ir.dtypes import GGMLType as G
 from graphdiag.ir.dtypes import NUMPY
-from graphdiag.memory import AddressSpace, quantize_q8_0
+from graphdiag.memory import AddressSpace, dequantize_q8_0, quantize_q8_0
 
 # Bounds, as a fraction of max |reference|, set from errors measured on the H200 (2 runs, identical figures).
 # The simulator dequantises the same F16 / Q8_0 bytes exactly, so weight types do not widen the bound: only
@@ -151,6 +151,8 @@ def _elements(buf: np.ndarray, d: Desc) -> tuple[np.ndarray, np.ndarray]:
     for axis, (n, stride) in enumerate(zip(vals.shape, d.nb[::-1])):
         idx += (np.arange(n) * stride).reshape([n if a == axis else 1 for a in range(4)])
     covered[(idx.reshape(-1)[:, None] + np.arange(vals.dtype.itemsize)).reshape(-1)] = True
+    if d.type == G.Q8_0:   # a Q8_0 destination (rng_fill_q8_0): compared dequantised (poison: NaN scales)
+        return dequantize_q8_0(vals).astype(np.float64), covered
     if d.type == G.I32:
         return vals.astype(np.int64), covered
     return vals.astype(np.float64), covered

@@ -147,6 +147,13 @@ class Driver(abc.ABC):
     @abc.abstractmethod
     def memcpy_dtod(self, dst: int, src: int, nbytes: int, stream=None) -> None: ...
 
+    def memset_d8(self, dst: int, value: int, nbytes: int, stream=None) -> None:
+        """Set nbytes at `dst` to the byte `value` (synchronous when stream is None). This default copies a
+        host buffer; drivers override it with a device memset."""
+        chunk = np.full(min(int(nbytes), 64 << 20), value, np.uint8)
+        for off in range(0, int(nbytes), len(chunk)):
+            self.memcpy_htod(dst + off, chunk[: min(len(chunk), int(nbytes) - off)])
+
     def preload(self) -> None:
         """Compile/load every catalogue kernel now, so no step pays for it (timings stay clean)."""
 

@@ -257,6 +257,12 @@ class CudaDriver(Driver):
         else:
             _check(D.cuMemcpyDtoDAsync(dst, src, nbytes, stream), "cuMemcpyDtoDAsync")
 
+    def memset_d8(self, dst: int, value: int, nbytes: int, stream=None) -> None:
+        if stream is None:
+            _check(D.cuMemsetD8(dst, value, nbytes), "cuMemsetD8")
+        else:
+            _check(D.cuMemsetD8Async(dst, value, nbytes, stream), "cuMemsetD8Async")
+
     def close(self) -> None:
         """Wait for the device, then release everything this driver created, and the primary context."""
         if self._closed:

@@ -10,6 +10,7 @@ Timings (event_elapsed_ms) are host wall-clock differences: simulated, not devic
 
 from __future__ import annotations
 
+import dataclasses
 import time
 from dataclasses import dataclass
 
@@ -289,6 +290,20 @@ class SimDriver(Driver):
 
     def memcpy_dtod(self, dst: int, src: int, nbytes: int, stream=None) -> None:
         self._memcpy("memcpy_dtod", int(dst), int(src), int(nbytes), stream, True)
+
+    def memset_d8(self, dst: int, value: int, nbytes: int, stream=None) -> None:
+        """Outside capture only (nothing captures a memset here)."""
+        if self._captures:
+            self._fail_capture(list(self._captures), "memset_d8")
+        self.space.bytes(int(dst), int(nbytes))[:] = value
+
+    def reserve(self, nbytes: int) -> None:
+        """Size the simulated device so `nbytes` more fit (it is sized for the model it is given); an
+        unbounded device stays unbounded. Host memory is the caller's to check (it backs this device)."""
+        cap = self.space.capacity
+        if cap is not None and self.space.used + nbytes > cap:
+            self.space.capacity = self.space.used + int(nbytes)
+            self.info = dataclasses.replace(self.info, total_memory=self.space.capacity)
 
     def close(self) -> None:
         """Free all device memory still allocated."""
