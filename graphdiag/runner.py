@@ -273,12 +273,12 @@ def _run_with_sinks(cfg: RunConfig, sc, events_path, as_json: bool, verbosity: i
     console = ConsoleReporter(None, verbosity, file=out, total_steps=len(plan_steps(cfg, sc)),
                               progress=None if not as_json else False)
     sinks, starts = [recorder], [header.update]
-    if writer is not None:                   # the record first: it must get every event, whatever the console does
-        sinks.append(writer)
-        starts.append(writer.start)
     if not as_json:
         sinks.append(console)
         starts.append(console.start)
+    if writer is not None:
+        sinks.append(writer)
+        starts.append(writer.start)
     span_sinks = []
     if cfg.nvtx:
         from .report.nvtx_sink import NvtxSink

@@ -129,6 +129,24 @@ template <int T> __device__ void mmv_glu(const kparams &p) {
     }
 }
 
+// dst[.., n, m] = W[m] . x[.., n] + r[.., n, m] (the residual ADD fused into the mat-vec).
+template <int T> __device__ void mmv_add(const kparams &p) {
+    const tdesc &D = p.t[0], &W = p.t[1], &X = p.t[2], &R = p.t[3];
+    const i64 m = (i64)blockIdx.x * MMV_WARPS + (threadIdx.x >> 5);
+    if (m >= D.ne[0]) return;
+    const int lane = threadIdx.x & 31;
+    const i64 i2 = blockIdx.y % D.ne[2], i3 = blockIdx.y / D.ne[2];
+    const char *w = row_ptr(W, m, i2 / (D.ne[2] / W.ne[2]), i3 / (D.ne[3] / W.ne[3]));
+    for (i64 n0 = 0; n0 < D.ne[1]; n0 += MMV_NC) {
+        const int nc = (int)min((i64)MMV_NC, D.ne[1] - n0);
+        float acc[MMV_NC] = {0, 0, 0, 0, 0, 0, 0, 0};
+        row_dots<T>(w, W.nb[0], W.ne[0], row_ptr(X, n0, i2, i3), X.nb[0], X.nb[1], nc, acc);
+#pragma unroll
+        for (int n = 0; n < MMV_NC; ++n)
+            if (n < nc && lane == n) store_f(D, m, n0 + n, i2, i3, acc[n] + load_f(R, m, n0 + n, i2, i3));
+    }
+}
+
 // dst[t, s, m] = experts[ids[t, s]][m] . x[t, s or 0]. Grid (ceil(M/4), n_used, T).
 template <int T> __device__ void mmv_id(const kparams &p) {
     const tdesc &D = p.t[0], &W = p.t[1], &X = p.t[2], &I = p.t[3];
@@ -164,6 +182,9 @@ KERNEL_LB(mul_mat_vec_q8_0, 128) { mmv<GGML_Q8_0>(p); }
 KERNEL_LB(mul_mat_vec_glu_f32, 128) { mmv_glu<GGML_F32>(p); }
 KERNEL_LB(mul_mat_vec_glu_f16, 128) { mmv_glu<GGML_F16>(p); }
 KERNEL_LB(mul_mat_vec_glu_q8_0, 128) { mmv_glu<GGML_Q8_0>(p); }
+KERNEL_LB(mul_mat_vec_add_f32, 128) { mmv_add<GGML_F32>(p); }
+KERNEL_LB(mul_mat_vec_add_f16, 128) { mmv_add<GGML_F16>(p); }
+KERNEL_LB(mul_mat_vec_add_q8_0, 128) { mmv_add<GGML_Q8_0>(p); }
 KERNEL_LB(mul_mat_id_vec_f32, 128) { mmv_id<GGML_F32>(p); }
 KERNEL_LB(mul_mat_id_vec_f16, 128) { mmv_id<GGML_F16>(p); }
 KERNEL_LB(mul_mat_id_vec_q8_0, 128) { mmv_id<GGML_Q8_0>(p); }

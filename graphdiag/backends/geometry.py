@@ -105,6 +105,7 @@ def _table() -> dict[str, Callable[[np.ndarray], Geometry]]:
         t[f"get_rows_{w}"] = _per_row(0)
         t[f"mul_mat_vec_{w}"] = _mmv
         t[f"mul_mat_vec_glu_{w}"] = _mmv
+        t[f"mul_mat_vec_add_{w}"] = _mmv
         t[f"mul_mat_{w}"] = _mm
         t[f"mul_mat_id_vec_{w}"] = _mmv_id
         t[f"mul_mat_id_gathered_{w}"] = _mmv_gathered

@@ -40,6 +40,9 @@ def _specs() -> dict[str, KernelSpec]:
                             ("dst (M, N)", f"W_gate {w} (K, M)", f"W_up {w} (K, M)", "x F32 (K, N)"),
                             ip=("glu op (2 = SWIGLU)",),
                             doc="fused gate/up mat-vec + GLU: dst = silu(W_gate x) * (W_up x); N <= 8"))
+        s.append(KernelSpec(f"mul_mat_vec_add_{w}",
+                            ("dst (M, N)", f"W {w} (K, M)", "x F32 (K, N)", "r F32 (M, N), same shape as dst"),
+                            doc="fused mat-vec + ADD (the residual): dst = W x + r; N == 1 (the fusion's condition)"))
         s.append(KernelSpec(f"mul_mat_id_vec_{w}",
                             ("dst (M, n_used, T)", f"experts {w} (K, M, E)", "x F32 (K, n_b, T), n_b in {1, n_used}",
                              "ids I32 (n_used, T)"),

@@ -79,6 +79,15 @@ def _mul_mat_vec_glu(name: str, wt: GGMLType) -> Kernel:
     return k
 
 
+def _mul_mat_vec_add(name: str, wt: GGMLType) -> Kernel:
+    def k(space, p):
+        _check_type(p, 1, wt, name)
+        x = view(space, p, 2)
+        _check(x.shape[2] <= MMV_MAX_N, name, f"N = {x.shape[2]} > {MMV_MAX_N} on the mat-vec path")
+        view(space, p, 0)[...] = ops.mul_mat(view(space, p, 1), x) + view(space, p, 3)
+    return k
+
+
 def _mul_mat_id_vec(name: str, wt: GGMLType) -> Kernel:
     def k(space, p):
         _check_type(p, 1, wt, name)
@@ -184,6 +193,7 @@ def _build() -> dict[str, Kernel]:
         k[f"mul_mat_vec_{w}"] = _mul_mat(f"mul_mat_vec_{w}", wt, MMV_MAX_N)
         k[f"mul_mat_{w}"] = _mul_mat(f"mul_mat_{w}", wt, None)
         k[f"mul_mat_vec_glu_{w}"] = _mul_mat_vec_glu(f"mul_mat_vec_glu_{w}", wt)
+        k[f"mul_mat_vec_add_{w}"] = _mul_mat_vec_add(f"mul_mat_vec_add_{w}", wt)
         k[f"mul_mat_id_vec_{w}"] = _mul_mat_id_vec(f"mul_mat_id_vec_{w}", wt)
         k[f"mul_mat_id_gathered_{w}"] = _mul_mat_id_gathered(f"mul_mat_id_gathered_{w}", wt)
         k[f"rng_fill_{w}"] = _rng_fill(f"rng_fill_{w}", wt)

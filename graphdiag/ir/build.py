@@ -135,6 +135,12 @@ class Ctx:
         x.set_param_i32(0, int(op))
         return x
 
+    def cast(self, a: Tensor, t: int, name: str) -> Tensor:
+        """a converted to type t (ggml_cast: a CPY node into a new tensor of a's shape). ggml also points the
+        result's src[1] at itself; graphdiag leaves src[1] empty (a pointer that never changes decides
+        nothing in the ledger)."""
+        return self.new_tensor(t, a.ne, name, Op.CPY, (a,))
+
     def cpy(self, a: Tensor, b: Tensor, name: str) -> Tensor:
         """Copy a into b; the result is a view of b (ggml_cpy)."""
         return self.new_tensor(b.type, b.ne, name, Op.CPY, (a, b), b, 0, b.nb)

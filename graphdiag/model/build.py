@@ -9,7 +9,6 @@ that writes the cache); ffn_gate, ffn_up, GLU are consecutive (fused gate/up mat
 
 from __future__ import annotations
 
-import dataclasses
 
 import math
 from dataclasses import dataclass
@@ -45,14 +44,15 @@ class GraphParams:
 
 @dataclass(frozen=True)
 class GraphInputs:
-    """Input tensors (flag INPUT); set_inputs fills them each step. `out_ids` only when n_outputs < n_tokens."""
+    """Input tensors (flag INPUT); set_inputs fills them each step."""
 
     tokens: Tensor    # I32 (n_tokens)
     pos: Tensor       # I32 (n_tokens)
     kq_mask: Tensor   # F32 (n_kv, n_tokens padded to KQ_MASK_PAD): 0 = visible, -inf = masked
+    kq_mask_cnv: Tensor  # the mask cast to F16 for flash attention (a CPY node, as llama.cpp builds it)
     k_idxs: Tensor    # I32 (n_tokens): cache cell each token's K row is written to
     v_idxs: Tensor    # I32 (n_tokens)
-    out_ids: Tensor | None  # I32 (n_outputs): token rows whose logits are computed
+    out_ids: Tensor   # I32 (n_outputs): token rows whose logits are computed (always built, as llama.cpp)
 
 
 @dataclass(frozen=True)
@@ -72,21 +72,27 @@ class _Builder:
         self.m, self.cfg, self.p = model, model.cfg, params
         self.ctx = Ctx(model.arena)
         self.g = Graph(model.arena)
-        self.out_ids: Tensor | None = None
 
     def inputs(self, tokens: Tensor) -> GraphInputs:
         """The inputs made after the embedding, in llama.cpp's order: inputs are created where first used, so
         the first node (inp_embd) sits at the same address for every graph type (prefill and decode share the
-        key); `inp_out_ids` is made later, at the last layer."""
+        key)."""
         c, p = self.ctx, self.p
         t = p.n_tokens
+        pos = c.new_input(GGMLType.I32, (t,), "inp_pos")
+        mask = c.new_input(GGMLType.F32, (p.n_kv, _pad(t, KQ_MASK_PAD)), "kq_mask")
         return GraphInputs(
             tokens=tokens,
-            pos=c.new_input(GGMLType.I32, (t,), "inp_pos"),
-            kq_mask=c.new_input(GGMLType.F32, (p.n_kv, _pad(t, KQ_MASK_PAD)), "kq_mask"),
+            pos=pos,
+            kq_mask=mask,
+            # made with the mask (build_attn_inp_kv), entered into the graph where layer 0's attention first
+            # reads it: between that layer's Q/K/V fork and its join
+            kq_mask_cnv=c.cast(mask, GGMLType.F16, f"{mask.name} (copy)"),
+            # llama.cpp builds inp_out_ids even when every token is an output ("this would make the graph
+            # topology depend on the number of output tokens"): the last layer always has two GET_ROWS
+            out_ids=c.new_input(GGMLType.I32, (p.n_outputs,), "inp_out_ids"),
             k_idxs=c.new_input(GGMLType.I32, (t,), "k_idxs"),
             v_idxs=c.new_input(GGMLType.I32, (t,), "v_idxs"),
-            out_ids=None,
         )
 
     def norm(self, x: Tensor, w: Tensor, name: str, il: int | None) -> Tensor:
@@ -114,7 +120,7 @@ class _Builder:
         g.build_forward_expand(v_set)
         k_all = self.cache_view(k_set, f"k-{il}")
         v_all = self.cache_view(v_set, f"v-{il}")
-        fa = c.flash_attn_ext(q, k_all, v_all, inp.kq_mask, 1.0 / math.sqrt(hd), f"__fattn__-{il}")
+        fa = c.flash_attn_ext(q, k_all, v_all, inp.kq_mask_cnv, 1.0 / math.sqrt(hd), f"__fattn__-{il}")
         kqv = c.reshape(fa, (cfg.n_embd, t), f"kqv_out-{il}")
         return c.mul_mat(lay.wo, kqv, f"attn_out-{il}")
 
@@ -162,11 +168,10 @@ class _Builder:
     def layer(self, lay: Layer, il: int, x: Tensor, inp: GraphInputs) -> Tensor:
         c = self.ctx
         cur = self.attention(lay, il, self.norm(x, lay.attn_norm, "attn_norm", il), inp)
-        if il == self.cfg.n_layer - 1 and self.p.n_outputs < self.p.n_tokens:
+        if il == self.cfg.n_layer - 1:
             # only the output rows go on past the last attention (llama.cpp's inp_out_ids)
-            self.out_ids = c.new_input(GGMLType.I32, (self.p.n_outputs,), "inp_out_ids")
-            cur = c.get_rows(cur, self.out_ids, f"attn_out_rows-{il}")
-            x = c.get_rows(x, self.out_ids, f"inp_rows-{il}")
+            cur = c.get_rows(cur, inp.out_ids, f"attn_out_rows-{il}")
+            x = c.get_rows(x, inp.out_ids, f"inp_rows-{il}")
         ffn_inp = c.add(cur, x, f"ffn_inp-{il}")
         cur = self.norm(ffn_inp, lay.ffn_norm, "ffn_norm", il)
         cur = self.ffn_moe(lay, il, cur) if self.cfg.is_moe else self.ffn_dense(lay, il, cur)
@@ -184,7 +189,6 @@ class _Builder:
         logits = self.ctx.mul_mat(self.m.output, x, "result_output")
         logits.flags = logits.flags | TensorFlag.OUTPUT
         self.g.build_forward_expand(logits)
-        inp = dataclasses.replace(inp, out_ids=self.out_ids)
         return BuiltGraph(self.g, self.p, inp, logits)
 
 

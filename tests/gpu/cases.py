@@ -68,6 +68,17 @@ def glu_cases() -> list[Case]:
     return out
 
 
+def mmv_add_cases() -> list[Case]:
+    """The fused mat-vec + residual ADD (1 token in the graphs; the kernel takes up to 8 columns)."""
+    out = []
+    for w in W_TYPES:
+        for k, m, n in ((2048, 512, 1), (512, 77, 1), (256, 40, 3)):
+            c = Case(f"mul_mat_vec_add_{w}", f"K{k}-M{m}-N{n}", F32_DOT)
+            out.append(c.set(c.output(G.F32, m, n), c.randn(WT[w], k, m), c.randn(G.F32, k, n),
+                             c.randn(G.F32, m, n)))
+    return out
+
+
 def moe_cases() -> list[Case]:
     out = []
     for w in W_TYPES:
@@ -210,7 +221,7 @@ def rng_fill_cases() -> list[Case]:
 
 
 def all_cases() -> list[Case]:
-    cases = (mat_vec_cases() + mat_mat_cases() + glu_cases() + moe_cases() + get_rows_cases() + norm_cases()
+    cases = (mat_vec_cases() + mat_mat_cases() + glu_cases() + mmv_add_cases() + moe_cases() + get_rows_cases() + norm_cases()
              + elementwise_cases() + rope_cases() + set_rows_cases() + flash_attn_cases() + top_k_cases() + rng_fill_cases())
     missing = set(KERNELS) - {c.kernel for c in cases}
     assert not missing, f"kernels without a test case: {sorted(missing)}"

@@ -92,7 +92,9 @@ def test_crossing_a_256_cell_boundary_forces_a_rebuild(model):
     assert reasons(rec)[1:] == [(1, False, "n_tokens 254→1"), (2, True, ""),
                                 (3, False, "n_kv 256→512")]
     assert rec.of(E.StepStarted)[-1].n_kv == 512 and ctx.res.inputs.kq_mask.ne[0] == 512
-    assert counters.reallocs_changed >= 2
+    # the prefill's plan covers both decode graphs (same node count, every node no larger; the K/V cache
+    # views move, not grow): as ggml_gallocr_needs_realloc, no realloc after the first
+    assert counters.reallocs_changed == 1
 
 
 def test_one_token_prefill_then_decode_reuses_the_graph(model):

@@ -13,7 +13,7 @@ from graphdiag.model.build import DECODE, PREFILL, GraphParams, build_graph, pad
 from graphdiag.model.presets import PRESETS, get_preset, weight_type
 from graphdiag.model.weights import create_model, on_cpu
 
-N_7B_DECODE_NODES = 868
+N_7B_DECODE_NODES = 871   # 32 layers x 27 + 7: the mask cast and the two out_ids GET_ROWS included
 
 
 @pytest.fixture(scope="module")
@@ -92,7 +92,12 @@ def test_decode_layer_order_matches_what_the_runtime_fuses(tiny):
     k, v, mask = fa.src[1], fa.src[2], fa.src[3]
     assert k.ne[:3] == (64, 8, 256) and k.src[0].name == "cache_k_l0 (set_rows)"
     assert v.src[0].name == "cache_v_l0 (set_rows)" and at["cache_v_l0 (set_rows)"] < at["__fattn__-0"]
-    assert mask.name == "kq_mask" and mask.type == GGMLType.F32 and mask.ne[:2] == (256, 4)
+    # flash attention reads the mask cast to F16 (a CPY node of its own, as llama.cpp builds it), placed
+    # inside layer 0's Q/K/V fork-join range, where it is first used
+    assert mask.name == "kq_mask (copy)" and mask.op == Op.CPY and mask.type == GGMLType.F16
+    assert mask.src[0].name == "kq_mask" and mask.src[0].type == GGMLType.F32 and mask.ne[:2] == (256, 4)
+    assert at["cache_v_l0 (set_rows)"] < at["kq_mask (copy)"] < at["__fattn__-0"]
+    assert "kq_mask (copy)" not in [g.node(i).name for i in range(at["__fattn__-0"] + 1, g.n_nodes)]
     assert abs(fa.param_f32(0) - 1 / 8) < 1e-7
     assert names[-3:] == ["norm", "result_norm", "result_output"]
     for n in ("attn_out-0", "ffn_inp-0", "ffn_norm-0", "ffn_down-0", "l_out-3", "inp_embd"):
@@ -105,7 +110,9 @@ def test_inputs_and_output_flags(tiny):
     for t, ty in ((inp.tokens, GGMLType.I32), (inp.pos, GGMLType.I32), (inp.kq_mask, GGMLType.F32),
                   (inp.k_idxs, GGMLType.I32), (inp.v_idxs, GGMLType.I32)):
         assert t.flags & TensorFlag.INPUT and t.type == ty and t.idx in set(b.graph.leafs.tolist())
-    assert inp.out_ids is None
+    # llama.cpp builds inp_out_ids even when every token is an output: the topology must not depend on it
+    assert inp.out_ids.flags & TensorFlag.INPUT and inp.out_ids.ne[0] == 2
+    assert [g for g in b.graph.iter_nodes() if g.op == Op.GET_ROWS and g.src[1] == inp.out_ids]
     assert b.logits.flags & TensorFlag.OUTPUT and b.logits.ne[:2] == (4096, 2)
 
 

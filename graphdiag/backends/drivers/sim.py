@@ -108,8 +108,10 @@ class SimDriver(Driver):
         s.deps = (s.capture.add(node, s.deps),)
 
     def is_capturing(self, stream) -> bool:
+        """As cuStreamIsCapturing: an invalidated capture still counts (the stream stays in capture mode
+        until EndCapture, which then fails)."""
         s = self._stream(stream, "is_capturing")
-        return s.capture is not None and not s.capture.invalidated
+        return s.capture is not None
 
     def begin_capture(self, stream) -> None:
         s = self._stream(stream, "begin_capture")

@@ -143,15 +143,17 @@ def topological_order(nodes: list[Node]) -> list[int]:
 
 
 def compare_graphs(old: list[Node], new: list[Node]) -> UpdateOutcome:
-    """cuGraphExecUpdate's checks (CUDA 12+), nodes paired in order: count and dependencies (in order) must
-    match (else TOPOLOGY_CHANGED), node types too (NODE_TYPE_CHANGED), and a memcpy keeps its direction
-    (PARAMETERS_CHANGED). Kernel function, grid, block and parameters may change."""
+    """cuGraphExecUpdate's checks (CUDA 12+), nodes paired in order: the count must match (else
+    TOPOLOGY_CHANGED naming no node, as the driver reports it), node types too (NODE_TYPE_CHANGED), each
+    node's set of dependencies (edges have no order: a fork/join captured with its branches joined in the
+    other order updates; else TOPOLOGY_CHANGED), and a memcpy keeps its direction (PARAMETERS_CHANGED).
+    Kernel function, grid, block and parameters may change."""
     if len(old) != len(new):
-        return UpdateOutcome(False, UpdateResult.TOPOLOGY_CHANGED, f"node count {len(old)} -> {len(new)}")
+        return UpdateOutcome(False, UpdateResult.TOPOLOGY_CHANGED, None)
     for i, (a, b) in enumerate(zip(old, new)):
         if a.type != b.type:
             return UpdateOutcome(False, UpdateResult.NODE_TYPE_CHANGED, f"{b.describe(i)}, was {a.type} {a.name}")
-        if a.deps != b.deps:
+        if set(a.deps) != set(b.deps):
             return UpdateOutcome(False, UpdateResult.TOPOLOGY_CHANGED,
                                  f"{b.describe(i)}: depends on {list(b.deps)}, was {list(a.deps)}")
         if a.type == "memcpy" and a.name != b.name:

@@ -40,7 +40,8 @@ class GpuBackend(Backend):
         self.streams = [self.stream0]
         self.fork_event = driver.event_create()
         self.join_events: list = []
-        self.regions: dict[int, tuple[np.ndarray, list[Region]]] = {}  # key -> (nodes, regions), per alloc
+        self.concurrent: tuple[np.ndarray, list[Region]] | None = None  # (split nodes, regions), last optimize
+        self.n_devices = 1                    # devices this process uses (concurrency needs exactly one)
         self.buffers: set[int] = set()
         self._pending_host: list[np.ndarray] = []   # host sources of queued copies
         self.force_eager = False
@@ -80,14 +81,21 @@ class GpuBackend(Backend):
 
     # -- concurrency (graph_optimize) -------------------------------------------------------------------
     def graph_optimize(self, graph: Graph, split: int) -> list[tuple[int, int]]:
-        """Find concurrent regions once per scheduler alloc (GGML_CUDA_GRAPH_OPT=1, graphs enabled); their
-        node ranges go back to the scheduler so no memory is reused across streams inside a region."""
+        """ggml_backend_cuda_graph_optimize, called by the scheduler for each GPU split at every alloc.
+
+        With GGML_CUDA_GRAPH_OPT=1 the backend's one map of concurrent events is reset at every call (so,
+        as upstream, only the split optimised last keeps its regions), then filled when graphs are enabled
+        and the process sees one device. The node ranges go back to the scheduler so no memory is reused
+        across streams inside a region."""
         opt = self.runtime.opt
-        if not opt.concurrent_streams or opt.graphs_disabled or self.driver.cc < CC_VOLTA or graph.n_nodes == 0:
+        if not opt.concurrent_streams:
+            return []
+        self.concurrent = None
+        if opt.graphs_disabled or self.driver.cc < CC_VOLTA or self.n_devices != 1 or graph.n_nodes == 0:
             return []
         regions = find_regions(graph)
         # stored with the split's node list: graph_optimize runs before the splits get their uids
-        self.regions[graph.first_node_addr] = (graph.nodes.copy(), regions)
+        self.concurrent = (graph.nodes.copy(), regions)
         for r in regions:
             self.bus.emit(E.ConcurrentRegion(step=self.runtime.step, split=split, key=graph.first_node_addr,
                                              uid=graph.uid, t_ns=time.perf_counter_ns(), fork_node=r.fork,
@@ -110,14 +118,14 @@ class GpuBackend(Backend):
             self.driver.stream_wait_event(self.stream0, self.join_events[s - 1])
 
     def _regions_for(self, graph: Graph) -> list[Region]:
-        got = self.regions.get(graph.first_node_addr)
+        got = self.concurrent
         return got[1] if got is not None and np.array_equal(got[0], graph.nodes) else []
 
     # -- graph_compute ----------------------------------------------------------------------------------
     def _lowered(self, entry, graph: Graph, split: int) -> tuple[dict, list]:
         """Fusion plan and prepared launches, rebuilt only when the graph identity (uid) changed."""
         if entry.lowered is None or entry.lowered_uid != graph.uid or graph.uid == 0:
-            plan = fusion_plan(graph) if self.runtime.opt.fusion else {}
+            plan = fusion_plan(graph, self.driver.cc) if self.runtime.opt.fusion else {}
             entry.plan, entry.lowered = plan, lower_graph(graph, plan, self.driver.cc, self.driver)
             entry.lowered_uid = graph.uid
             for i, f in sorted(plan.items()):
@@ -136,13 +144,11 @@ class GpuBackend(Backend):
 
     def _compute_unrecorded(self, graph: Graph, split: int) -> None:
         entry = GraphEntry(graph.first_node_addr)
-        plan = fusion_plan(graph) if self.runtime.opt.fusion else {}
+        plan = fusion_plan(graph, self.driver.cc) if self.runtime.opt.fusion else {}
         lowered = lower_graph(graph, plan, self.driver.cc, self.driver)
-        bus, self.runtime.bus = self.runtime.bus, E.EventBus()
-        try:
-            self.loop.evaluate(entry, graph, split, False, False, lowered, plan, [])
-        finally:
-            self.runtime.bus = bus
+        # no decisions are taken here (eager, nothing captured), but what the pool does while the
+        # recompute runs (an invalidation) is reported on the bus like anything else
+        self.loop.evaluate(entry, graph, split, False, False, lowered, plan, [])
 
     def graph_compute(self, graph: Graph, split: int) -> None:
         rt = self.runtime

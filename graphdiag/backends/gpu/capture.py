@@ -76,7 +76,7 @@ class CaptureLoop:
         capturing = use_graph and update
         chunk_size = rt.opt.chunk_size
         key, uid, n = entry.key, graph.uid, graph.n_nodes
-        forks = _fork_triggers(regions, plan)
+        forks = {r.fork: r for r in regions}   # fork node -> region (the concurrent_events map)
         active: Region | None = None
         n_chunks = n_launches = chunk_start = 0
         chunk_end = chunk_size
@@ -87,8 +87,10 @@ class CaptureLoop:
             span.__enter__()
             drv.begin_capture(b.stream0)
         stream = b.stream0
+        prev_i = 0
         i = 0
         while i < n:
+            # (1) the chunk boundary, before the fork/join handling of node i (the article's order)
             if capturing and chunk_size > 0 and i >= chunk_end and active is None:
                 self.launch_chunk(entry, n_chunks, split, uid, began)
                 span.__exit__(None, None, None)
@@ -101,14 +103,20 @@ class CaptureLoop:
                 began = time.perf_counter_ns()
                 drv.begin_capture(b.stream0)
                 chunk_end = i + chunk_size
+            # (2) fork / join: a fork absorbed by the previous node's fusion starts its region here
             if active is not None:
                 if i == active.join:
                     b.join(active)
                     active, stream = None, b.stream0
                 else:
-                    stream = b.streams[active.stream_of[i]] if i in active.stream_of else b.stream0
+                    stream = b.streams[active.stream_of[i]]
                     if capturing and chunk_size > 0 and i >= chunk_end:
                         moved_by = "concurrent region"
+            elif i - prev_i > 1 and (i - 1) in forks:
+                active = forks[i - 1]
+                b.fork(active)
+                stream = b.streams[active.stream_of[i]] if i != active.join else b.stream0
+            prev_i = i
             op = lowered[i]
             if op is None:                      # view/no-op, not COMPUTE, or absorbed by a fusion
                 i += 1
@@ -119,10 +127,9 @@ class CaptureLoop:
             skip = f.absorbed if f is not None else 0
             if capturing and chunk_size > 0 and i < chunk_end <= i + skip and not moved_by:
                 moved_by = "fusion"
-            r = forks.get(i)
-            if r is not None:
-                b.fork(r)
-                active = r
+            if skip == 0 and active is None and i in forks:
+                active = forks[i]
+                b.fork(active)
             i += 1 + skip
         if capturing:
             self.launch_chunk(entry, n_chunks, split, uid, began)
@@ -140,17 +147,6 @@ class CaptureLoop:
         for inst in entry.instances:
             drv.graph_launch(inst, s)
         return len(entry.instances)
-
-
-def _fork_triggers(regions: list[Region], plan: dict[int, Fusion]) -> dict[int, Region]:
-    """The node after whose launch each region forks: its fork node, or the fusion that absorbed it."""
-    out = {r.fork: r for r in regions}
-    for i, f in plan.items():
-        for r in regions:
-            if i < r.fork <= i + f.absorbed:
-                out.pop(r.fork, None)
-                out[i] = r
-    return out
 
 
 def lower_graph(graph: Graph, plan: dict[int, Fusion], cc: int, driver) -> list:

@@ -3,51 +3,106 @@
 Only a MUL_MAT_ID whose kernel would take the sorted fallback (ids copied to the host, stream synchronised)
 makes a split ineligible — the whole split, not just the node. The same rule picks the kernel path in the
 lowering, so the gate guards something real: the fallback really synchronises.
+
+The rule is upstream ggml's `ggml_cuda_mul_mat_id_needs_sync` over its path predicates for NVIDIA devices
+(the MMVQ per-type batch limits, `ggml_cuda_should_use_mmq`, `ggml_cuda_should_use_mmf` with
+`mul_mat_id=true`), with kernels compiled for the device's own architecture. Each predicate returns the
+reason it refuses ('' when the path applies), so a fallback names the rule that failed on every path.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
-from ...ir.dtypes import GGMLType, is_quantized
+from ...ir.dtypes import GGMLType, is_quantized, type_size
 from ...ir.graph import Graph
 from ...ir.ops import Op, is_view_or_noop
 from ...ir.tensor import Tensor
 
-MMVQ_MAX_BATCH_SIZE = 8     # rows the quantized mat-vec path takes (ggml: MMVQ_MAX_BATCH_SIZE)
-MMF_MAX_BATCH_SIZE = 16     # rows the F16/F32 tensor-core mat-mul path takes for MUL_MAT_ID (Turing+)
-CC_VOLTA, CC_TURING = 700, 750
+MMVQ_MAX_BATCH_SIZE = 8       # columns the mat-vec paths take (ggml: MMVQ_MAX_BATCH_SIZE = MMVF_MAX_BATCH_SIZE)
+MMQ_DP4A_MAX_BATCH_SIZE = 64  # columns below which dp4a MMQ is used when FP16 tensor cores exist (Volta)
+MMF_ROWS_PER_BLOCK = 32       # src0 rows per MMF block: the expert's row count must be a multiple
+WARP_SIZE = 32
+CC_PASCAL, CC_DP4A, CC_VOLTA, CC_TURING, CC_AMPERE, CC_ADA = 600, 610, 700, 750, 800, 890
+
+# Per-type MMVQ MUL_MAT_ID batch limits below MMVQ_MAX_BATCH_SIZE, for the types graphdiag has
+# (ggml's get_mmvq_mmid_max_batch_* tables; every other type of these tables uses the default).
+_MMVQ_MMID_PASCAL_OLDER = {GGMLType.Q8_0: 4}
+_MMVQ_MMID_TURING_PLUS: dict[int, int] = {}
 
 
 def mmvq_mmid_max_batch(t: int, cc: int) -> int:
-    """Rows the MUL_MAT_ID mat-vec fast path accepts for a quantized expert type."""
-    return MMVQ_MAX_BATCH_SIZE
+    """Columns the MUL_MAT_ID mat-vec fast path accepts for a quantized expert type on an NVIDIA device."""
+    if cc == CC_VOLTA or cc >= CC_ADA:
+        return MMVQ_MAX_BATCH_SIZE
+    if cc >= CC_TURING:
+        return _MMVQ_MMID_TURING_PLUS.get(t, MMVQ_MAX_BATCH_SIZE)
+    return _MMVQ_MMID_PASCAL_OLDER.get(t, MMVQ_MAX_BATCH_SIZE)
 
 
-def should_use_mmq(t: int, cc: int) -> bool:
-    """The quantized mat-mul path: any quantized type on Volta or newer (dp4a / tensor cores)."""
-    return is_quantized(t) and cc >= CC_VOLTA
+def mmq_refusal(t: int, cc: int, ncols: int) -> str:
+    """'' when ggml_cuda_should_use_mmq(t, cc, ncols, n_experts) holds on NVIDIA, else why not."""
+    if not is_quantized(t):
+        return "MMQ: not quantized"
+    if cc >= CC_TURING:
+        return ""                                      # turing_mma_available
+    if cc < CC_DP4A:
+        return f"MMQ: cc {cc // 100}.{cc % 100 // 10} < 6.1 (no dp4a)"
+    if cc >= CC_VOLTA and ncols >= MMQ_DP4A_MAX_BATCH_SIZE:   # FP16 tensor cores: dp4a MMQ only for few columns
+        return f"MMQ: {ncols} columns >= {MMQ_DP4A_MAX_BATCH_SIZE} with FP16 tensor cores (Volta)"
+    return ""
 
 
-def should_use_mmf(t: int, cc: int, rows: int) -> bool:
-    """The float tensor-core mat-mul path: F16/F32 experts on Turing or newer, up to MMF_MAX_BATCH_SIZE rows."""
-    return t in (GGMLType.F16, GGMLType.F32) and cc >= CC_TURING and rows <= MMF_MAX_BATCH_SIZE
+def mmf_refusal(t: int, cc: int, src0: Tensor, ncols: int, mul_mat_id: bool = True) -> str:
+    """'' when ggml_cuda_should_use_mmf(t, cc, warp, src0 ne/nb, ncols, mul_mat_id) holds on NVIDIA."""
+    if is_quantized(t):
+        return "MMF: quantized"
+    ts = type_size(t)
+    ne, nb = src0.ne, src0.nb
+    if ne[0] % (WARP_SIZE * (4 // ts)) != 0:
+        return f"MMF: row of {ne[0]} not a multiple of {WARP_SIZE * (4 // ts)}"
+    if nb[0] != ts or any(nb[i] % (2 * ts) for i in (1, 2, 3)):
+        return "MMF: rows not contiguous or not aligned"
+    if ne[1] % MMF_ROWS_PER_BLOCK != 0:
+        return f"MMF: {ne[1]} rows not a multiple of {MMF_ROWS_PER_BLOCK}"
+    if mul_mat_id:
+        limit = 512 if ne[1] <= 1024 else 128
+        if ncols > limit:
+            return (f"MMF: {ncols} columns > {limit} (the limit for experts of "
+                    f"{'<=' if ne[1] <= 1024 else '>'} 1024 rows)")
+    elif ncols > 16:
+        return f"MMF: {ncols} columns > 16"
+    if t == GGMLType.F32 and cc < CC_AMPERE:
+        return "MMF: F32 needs cc >= 8.0"
+    if t == GGMLType.F16 and cc < CC_VOLTA:
+        return "MMF: F16 needs cc >= 7.0"
+    if t not in (GGMLType.F16, GGMLType.F32):
+        return f"MMF: {GGMLType(t).name}"
+    return ""
 
 
 def mul_mat_id_sync_reason(node: Tensor, cc: int) -> str:
-    """'' when a fast path applies (no sync), else the rule that sends it to the synchronising fallback."""
+    """'' when a fast path applies (no sync), else every path's refusal (the sorted fallback synchronises)."""
     src0, src1 = node.src[0], node.src[1]
     if src1.type != GGMLType.F32 or node.type != GGMLType.F32:
-        return "src1 or dst not F32"
-    rows = node.ne[2]
-    if rows <= MMVQ_MAX_BATCH_SIZE and is_quantized(src0.type) and rows <= mmvq_mmid_max_batch(src0.type, cc):
+        return "src1 or dst not F32: the sorted fallback synchronises the stream"
+    rows, ncols, t = node.ne[2], src1.ne[2], src0.type
+    if rows <= MMVQ_MAX_BATCH_SIZE:
+        if is_quantized(t):
+            if rows <= mmvq_mmid_max_batch(t, cc):
+                return ""
+            mmv = f"MMVQ: {rows} tokens > {mmvq_mmid_max_batch(t, cc)} for {GGMLType(t).name} on this cc"
+        else:
+            mmv = "MMVQ: not quantized"
+    else:
+        mmv = f"MMVQ: {rows} tokens > {MMVQ_MAX_BATCH_SIZE}"
+    mmq = mmq_refusal(t, cc, ncols)
+    if not mmq:
         return ""
-    if should_use_mmq(src0.type, cc):
+    mmf = mmf_refusal(t, cc, src0, ncols)
+    if not mmf:
         return ""
-    if should_use_mmf(src0.type, cc, src1.ne[2]):
-        return ""
-    return (f"{src0.type.name} experts, {rows} rows: no mat-vec (quantized, <= {MMVQ_MAX_BATCH_SIZE}), "
-            f"MMQ (quantized) or MMF ({'cc < 7.5' if cc < CC_TURING else f'<= {MMF_MAX_BATCH_SIZE} rows'}) path; "
+    return (f"{GGMLType(t).name} experts ({src0.ne[1]} rows), {rows} tokens: {mmv}; {mmq}; {mmf}; "
             f"the sorted fallback synchronises the stream")
 
 

@@ -1,9 +1,18 @@
 """Runtime fusion (ggml_cuda_try_fuse): which nodes a fused kernel absorbs.
 
 `try_fuse` returns how many FOLLOWING nodes the fusion at node i absorbed (0 = none); the capture loop skips
-them, so a chunk boundary never falls inside a fusion. Fusions never change the node list; one of them
-depends on the batch (gate/up mat-vec + GLU only while the mat-vec path applies, n_tokens <= 8), which is
-why a batch change can change the captured CUDA graph's topology.
+them, so a chunk boundary never falls inside a fusion. Fusions never change the node list. The patterns and
+their conditions are upstream ggml's, in try_fuse's order, for the ops graphdiag's graphs contain:
+
+  rope+view+set_rows     any batch (the K cache write)
+  mul_mat_vec+glu        gate/up mat-vec + GLU, only when the mat-vec writes ONE column (1 token)
+  mul_mat_vec+add        a mat-vec and the ADD of a same-shaped operand (the residual), only at 1 token
+  rms_norm+mul           any batch
+
+So a decode step at 1 token fuses more (and launches fewer kernels) than at 2: a 1 <-> 2 token change
+changes the captured CUDA graph's topology (the update is refused), 8 <-> 9 does not.
+llama.cpp's set_rows indices are I64 (its fusion requires it); graphdiag's index tensors are I32 and stand
+in for them, so that condition always holds here as it always does in llama.cpp.
 """
 
 from __future__ import annotations
@@ -12,13 +21,19 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from ...ir.dtypes import GGMLType, is_quantized, type_size
 from ...ir.graph import Graph
-from ...ir.ops import GluOp, Op
-from .compat import MMVQ_MAX_BATCH_SIZE
+from ...ir.ops import GluOp, Op, TensorFlag
+from ...ir.tensor import Tensor
+from .compat import CC_AMPERE, CC_PASCAL, MMVQ_MAX_BATCH_SIZE
 
 RMS_NORM_MUL = "rms_norm+mul"
 MMV_GLU = "mul_mat_vec+glu"
+MMV_ADD = "mul_mat_vec+add"
 ROPE_SET_ROWS = "rope+view+set_rows"
+
+ROPE_NORMAL, ROPE_NEOX = 0, 2
+_GLU_FUSABLE = (GluOp.SWIGLU, GluOp.GEGLU)
 
 
 @dataclass(frozen=True)
@@ -37,40 +52,139 @@ def consumer_counts(graph: Graph) -> dict[int, int]:
     return dict(zip(uniq.tolist(), cnt.tolist()))
 
 
-def try_fuse(graph: Graph, i: int, consumers: dict[int, int]) -> Fusion | None:
-    """The fusion starting at node i, if one matches."""
-    n = graph.n_nodes
-    node = graph.node(i)
-    op = node.op
-    if op == Op.RMS_NORM and i + 1 < n:
-        nxt = graph.node(i + 1)
-        if nxt.op == Op.MUL and nxt.src[0] == node and consumers.get(node.idx, 0) == 1:
-            return Fusion(RMS_NORM_MUL, 1)
-    elif op == Op.MUL_MAT and i + 2 < n:
-        up, glu = graph.node(i + 1), graph.node(i + 2)
-        if (up.op == Op.MUL_MAT and glu.op == Op.GLU and glu.param_i32(0) == GluOp.SWIGLU
-                and glu.src[0] == node and glu.src[1] == up and up.src[1] == node.src[1]
-                and up.src[0].type == node.src[0].type
-                and node.src[1].ne[1] <= MMVQ_MAX_BATCH_SIZE and node.src[1].ne[2] == 1
-                and consumers.get(node.idx, 0) == 1 and consumers.get(up.idx, 0) == 1):
+def _single_use(t: Tensor, consumers: dict[int, int]) -> bool:
+    """ggml_node_has_n_uses(.., 1): one reader, not a view, not an output."""
+    return consumers.get(t.idx, 0) == 1 and t.view_src is None and not t.flags & TensorFlag.OUTPUT
+
+
+def _can_fuse(graph: Graph, i: int, ops: tuple[Op, ...], consumers: dict[int, int]) -> bool:
+    """ggml_can_fuse: consecutive nodes with these ops, each (but the last) read once and by the next,
+    all of the same shape and all COMPUTE."""
+    if i + len(ops) > graph.n_nodes:
+        return False
+    prev = None
+    for k, op in enumerate(ops):
+        t = graph.node(i + k)
+        if t.op != op or not t.flags & TensorFlag.COMPUTE:
+            return False
+        if k < len(ops) - 1 and not _single_use(t, consumers):
+            return False
+        if prev is not None and (prev not in (t.src[0], t.src[1]) or t.ne != prev.ne):
+            return False
+        prev = t
+    return True
+
+
+def _mmvf_ok(mm: Tensor, cc: int) -> bool:
+    """ggml_cuda_should_fuse_mul_mat_vec_f on NVIDIA: a float mat-vec (should_use_mmvf) writing 1 column."""
+    w, x = mm.src[0], mm.src[1]
+    if w.type not in (GGMLType.F32, GGMLType.F16) or x.type != GGMLType.F32 or mm.type != GGMLType.F32:
+        return False
+    ts = type_size(w.type)
+    if w.ne[0] % 2 or w.nb[0] != ts or any(w.nb[k] % (2 * ts) for k in (1, 2, 3)):
+        return False
+    ncols = x.ne[1]
+    if w.type == GGMLType.F32:
+        ok = ncols <= (3 if cc >= CC_AMPERE else 4 if cc >= 750 else 3)
+    else:
+        small = w.ne[1] <= 512 or w.ne[2] * w.ne[3] == 1
+        ok = small and (ncols == 1 if cc >= CC_AMPERE else ncols <= 4 if cc >= 890 else ncols <= 3
+                        if cc >= 700 else ncols <= 8)
+    return ok and mm.ne[1] == 1
+
+
+def _mmvq_ok(mm: Tensor, cc: int) -> bool:
+    """ggml_cuda_should_fuse_mul_mat_vec_q: a quantized mat-vec writing 1 column, not on Pascal or older."""
+    w, x = mm.src[0], mm.src[1]
+    return (is_quantized(w.type) and x.type == GGMLType.F32 and mm.type == GGMLType.F32
+            and x.ne[1] <= MMVQ_MAX_BATCH_SIZE and cc > CC_PASCAL and mm.ne[1] == 1)
+
+
+def _mat_vec_fusable(mm: Tensor, cc: int) -> bool:
+    return _mmvf_ok(mm, cc) or _mmvq_ok(mm, cc)
+
+
+def _rope_set_rows(graph: Graph, i: int, consumers) -> bool:
+    if i + 2 >= graph.n_nodes:
+        return False
+    rope, view, sr = graph.node(i), graph.node(i + 1), graph.node(i + 2)
+    if rope.op != Op.ROPE or view.op != Op.VIEW or sr.op != Op.SET_ROWS:
+        return False
+    if not (consumers.get(rope.idx, 0) == 1 and consumers.get(view.idx, 0) == 1 and view.src[0] == rope
+            and sr.src[1] == view and sr.flags & TensorFlag.COMPUTE):
+        return False
+    return (rope.src[0].ne[3] == 1 and sr.type in (GGMLType.F32, GGMLType.F16)
+            and view.ne[0] == rope.ne[0] * rope.ne[1] and rope.param_i32(2) in (ROPE_NORMAL, ROPE_NEOX))
+
+
+def _mmv_glu(graph: Graph, i: int, consumers, cc: int) -> bool:
+    if i + 2 >= graph.n_nodes:
+        return False
+    gate, up, glu = graph.node(i), graph.node(i + 1), graph.node(i + 2)
+    if (gate.op, up.op, glu.op) != (Op.MUL_MAT, Op.MUL_MAT, Op.GLU):
+        return False
+    if not all(t.flags & TensorFlag.COMPUTE for t in (gate, up, glu)):
+        return False
+    if not (_single_use(gate, consumers) and _single_use(up, consumers)):
+        return False            # ggml_can_fuse_subgraph: gate and up are read only by the GLU
+    if glu.src[0] != gate or glu.src[1] != up or glu.param_i32(0) not in _GLU_FUSABLE or glu.param_i32(1):
+        return False
+    wg, wu = gate.src[0], up.src[0]
+    if wg.type != wu.type or wg.ne != wu.ne or wg.nb != wu.nb or gate.src[1] != up.src[1]:
+        return False
+    return _mat_vec_fusable(up, cc)
+
+
+def _mmv_add(graph: Graph, i: int, consumers, cc: int) -> bool:
+    if not _can_fuse(graph, i, (Op.MUL_MAT, Op.ADD), consumers):
+        return False
+    mm, add = graph.node(i), graph.node(i + 1)
+    if add.src[0].ne != add.src[1].ne:
+        return False            # no broadcasting add
+    return _mat_vec_fusable(mm, cc)
+
+
+def _rms_norm_mul(graph: Graph, i: int, consumers) -> bool:
+    if not _can_fuse(graph, i, (Op.RMS_NORM, Op.MUL), consumers):
+        return False
+    norm, mul = graph.node(i), graph.node(i + 1)
+    a, b = mul.src[0], mul.src[1]
+    if GGMLType.F32 != mul.type or a.type != GGMLType.F32 or b.type != GGMLType.F32:
+        return False
+    if norm == b and a.ne != norm.ne:
+        return False            # rms_norm as the B operand: no broadcast
+    return all(t.nb[0] == type_size(t.type) for t in (a, b))
+
+
+def try_fuse(graph: Graph, i: int, consumers: dict[int, int], cc: int = 900) -> Fusion | None:
+    """The fusion starting at node i, if one matches (upstream's order of attempts)."""
+    op = graph.node(i).op
+    if op == Op.ROPE and _rope_set_rows(graph, i, consumers):
+        return Fusion(ROPE_SET_ROWS, 2)
+    if op == Op.MUL_MAT:
+        if _mmv_glu(graph, i, consumers, cc):
             return Fusion(MMV_GLU, 2)
-    elif op == Op.ROPE and i + 2 < n:
-        view, sr = graph.node(i + 1), graph.node(i + 2)
-        if (view.op in (Op.VIEW, Op.RESHAPE) and view.src[0] == node and sr.op == Op.SET_ROWS
-                and sr.src[1] == view and consumers.get(node.idx, 0) == 1 and consumers.get(view.idx, 0) == 1):
-            return Fusion(ROPE_SET_ROWS, 2)
+        if _mmv_add(graph, i, consumers, cc):
+            return Fusion(MMV_ADD, 1)
+    if op == Op.RMS_NORM and _rms_norm_mul(graph, i, consumers):
+        return Fusion(RMS_NORM_MUL, 1)
     return None
 
 
-def fusion_plan(graph: Graph) -> dict[int, Fusion]:
-    """try_fuse evaluated at every node the loop can reach (a node absorbed by a fusion is never tried)."""
+def fusion_plan(graph: Graph, cc: int = 900) -> dict[int, Fusion]:
+    """try_fuse evaluated at every node the loop can reach (a node absorbed by a fusion is never tried;
+    views/no-ops and nodes without COMPUTE are skipped before try_fuse, as in the capture loop)."""
+    from ...ir.ops import is_view_or_noop
     consumers = consumer_counts(graph)
+    rec = graph.arena.rec
     plan: dict[int, Fusion] = {}
     i = 0
     while i < graph.n_nodes:
-        f = try_fuse(graph, i, consumers)
-        if f:
-            plan[i] = f
-            i += f.absorbed
+        idx = int(graph.nodes[i])
+        if not is_view_or_noop(int(rec["op"][idx]), rec["ne"][idx]) and rec["flags"][idx] & TensorFlag.COMPUTE:
+            f = try_fuse(graph, i, consumers, cc)
+            if f:
+                plan[i] = f
+                i += f.absorbed
         i += 1
     return plan

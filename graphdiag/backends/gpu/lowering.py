@@ -17,7 +17,7 @@ from ...ir.tensor import Tensor
 from .. import abi
 from ..drivers.base import Driver, Launch
 from .compat import MMVQ_MAX_BATCH_SIZE, mul_mat_id_needs_sync
-from .fusion import MMV_GLU, RMS_NORM_MUL, ROPE_SET_ROWS, Fusion
+from .fusion import MMV_ADD, MMV_GLU, RMS_NORM_MUL, ROPE_SET_ROWS, Fusion
 from .pool import TempPool
 
 _W = {GGMLType.F32: "f32", GGMLType.F16: "f16", GGMLType.Q8_0: "q8_0"}
@@ -177,6 +177,10 @@ def _lower_fused(graph: Graph, i: int, f: Fusion) -> Launch:
         up, glu = graph.node(i + 1), graph.node(i + 2)
         return _launch(f"mul_mat_vec_glu_{_W[node.src[0].type]}", [glu, node.src[0], up.src[0], node.src[1]],
                        ip=(glu.param_i32(0),))
+    if f.pattern == MMV_ADD:
+        add = graph.node(i + 1)
+        resid = add.src[1] if add.src[0] == node else add.src[0]
+        return _launch(f"mul_mat_vec_add_{_W[node.src[0].type]}", [add, node.src[0], node.src[1], resid])
     if f.pattern == ROPE_SET_ROWS:
         sr = graph.node(i + 2)
         if sr.type != GGMLType.F16:
