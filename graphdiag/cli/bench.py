@@ -1,10 +1,13 @@
-"""`graphdiag bench`: measurements (the ledger check; step times by phase on the chosen backend)."""
+"""`graphdiag bench`: measurements (the ledger check; decode and prefill step times against the HBM roofline
+and, where it can run, PyTorch)."""
 
 from __future__ import annotations
 
 import json
 
 import click
+
+POSITIVE = click.IntRange(min=1)
 
 
 @click.group()
@@ -14,11 +17,13 @@ def bench() -> None:
 
 @bench.command("ledger")
 @click.option("--model", default="7b", help="Preset whose decode graph is checked (built without data).")
-@click.option("--batch", type=int, default=1)
-@click.option("--reps", type=int, default=50)
+@click.option("--batch", type=POSITIVE, default=1, help="Sequences in the decode graph (>= 1).")
+@click.option("--reps", type=POSITIVE, default=50, help="Timed repetitions (>= 1).")
 def ledger(model, batch, reps):
     """Time the full node-property ledger comparison (a uid miss) for a decode graph."""
     from ..bench import ledger_bench
+    from ..model.presets import get_preset
+    get_preset(model)   # an unknown preset is a one-line error before anything is built
     r = ledger_bench(model, batch, reps=reps)
     click.echo(f"{r['model']} decode graph: {r['n_nodes']} nodes, snapshot {r['snapshot_bytes'] / 1e6:.2f} MB")
     click.echo(f"  snapshot gather  {r['gather_us']:9.1f} us (median of {reps})")
@@ -26,29 +31,39 @@ def ledger(model, batch, reps):
     click.echo(f"  gather + compare {r['check_us']:9.1f} us")
 
 
+def _names(value: str, known, what: str) -> tuple[str, ...]:
+    names = tuple(v.strip() for v in value.split(",") if v.strip())
+    bad = [n for n in names if n not in known]
+    if not names or bad:
+        from ..errors import UsageError
+        raise UsageError(f"unknown {what} {', '.join(bad) or repr(value)} (known: {', '.join(known)})")
+    return names
+
+
 @bench.command("steps")
 @click.option("--backend", type=click.Choice(["auto", "cuda", "sim", "cpu"]), default=None)
-@click.option("--model", default=None)
-@click.option("--wtype", type=click.Choice(["f16", "q8_0"]), default=None)
-@click.option("--steps", type=int, default=64)
-@click.option("--batch", type=int, default=None)
-@click.option("--chunk-size", type=int, default=None)
-@click.option("--prompt-tokens", type=int, default=None)
-@click.option("--json", "as_json", is_flag=True)
-def steps(as_json, **settings):
-    """Median eager / capture / replay step times (graphs on) and eager steps with graphs off."""
-    from ..bench import step_times
-    from ..config import resolve
-    from ..runner import run
-    out = {}
-    for label, extra in (("graphs", {}), ("no-graphs", {"graphs_disabled": True})):
-        cfg = resolve({**settings, **extra, "nvtx": False})
-        r = run(cfg)
-        out[label] = {"device": r.header["device"], **step_times(r.events)}
+@click.option("--model", "models", default="tiny", help="Presets, comma-separated (tiny,1b,7b).")
+@click.option("--wtype", "wtypes", default="f16", help="Weight types, comma-separated (f16,q8_0).")
+@click.option("--steps", type=click.IntRange(min=8), default=64, help="Decode steps per run (>= 8).")
+@click.option("--prompt-tokens", type=POSITIVE, default=None)
+@click.option("--chunk-size", type=click.IntRange(min=0), default=None)
+@click.option("--prefill", type=click.IntRange(min=0), default=0,
+              help="Also time prefills of this many tokens (e.g. 512), against PyTorch's (0: none).")
+@click.option("--no-torch", is_flag=True, help="Skip the PyTorch peer even where torch is importable.")
+@click.option("--json", "as_json", is_flag=True, help="One JSON row per line instead of the table.")
+def steps(backend, models, wtypes, steps, prompt_tokens, chunk_size, prefill, no_torch, as_json):
+    """Decode step times per preset and weight type: replay and eager (median, p90), GPU time, kernels per
+    step, host time of a replayed step, the HBM roofline and step ÷ roofline, and PyTorch eager / CUDA graph
+    on the same shapes when torch is importable. Progress goes to stderr."""
+    from ..bench import StepsOptions, bench_steps
+    from ..bench.display import RichProgress, render
+    from ..model.presets import PRESETS, WEIGHT_TYPES
+    opts = StepsOptions(_names(models, PRESETS, "preset"), _names(wtypes, [w for w in WEIGHT_TYPES if w != "f32"],
+                        "weight type"), backend, steps, prompt_tokens, chunk_size, prefill, not no_torch)
+    with RichProgress() as progress:
+        rows = bench_steps(opts, progress)
     if as_json:
-        click.echo(json.dumps(out, indent=2))
-        return
-    for label, res in out.items():
-        click.echo(f"[{label}] {res.pop('device')}")
-        for k, v in res.items():
-            click.echo(f"  {k:22s} {v}")
+        for r in rows:
+            click.echo(json.dumps(r))
+    else:
+        render(rows)

@@ -1,4 +1,4 @@
-"""Micro benchmark of the CUDA driver layer (needs a GPU): python -m graphdiag.bench_driver [--json PATH]
+"""Micro benchmark of the CUDA driver layer (needs a GPU): python -m graphdiag.bench.driver [--json PATH]
 
 Measures, as medians after warm-up:
   launch_host_us        host time of one cuLaunchKernel with pre-packed params (tiny kernel, no sync)
@@ -21,13 +21,13 @@ import time
 
 import numpy as np
 
-from .backends.abi import new_params, set_desc
-from .bench import median_ns
-from .backends.drivers.base import Launch
-from .backends.geometry import launch_geometry
-from .ir.build import contiguous_nb
-from .ir.dtypes import GGMLType as G
-from .memory import quantize_q8_0
+from ..backends.abi import new_params, set_desc
+from ..backends.drivers.base import Launch
+from ..backends.geometry import launch_geometry
+from ..ir.build import contiguous_nb
+from ..ir.dtypes import GGMLType as G
+from ..memory import quantize_q8_0
+from .timing import median_ns
 
 
 def _prepared(drv, name, slots, fp=()):
@@ -140,12 +140,12 @@ def bench_mat_vec(drv, stream, reps: int = 50) -> list[dict]:
 
 
 def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m graphdiag.bench_driver", description=__doc__.splitlines()[0])
+    ap = argparse.ArgumentParser(prog="python -m graphdiag.bench.driver", description=__doc__.splitlines()[0])
     ap.add_argument("--kernels", type=int, default=300, help="kernels in the captured graph (default 300)")
     ap.add_argument("--json", help="also write the figures to this JSON file")
     args = ap.parse_args(argv)
-    from .backends.drivers.cuda import CudaDriver
-    from .errors import GraphdiagError
+    from ..backends.drivers.cuda import CudaDriver
+    from ..errors import GraphdiagError
     try:
         drv = CudaDriver.open()
     except GraphdiagError as exc:

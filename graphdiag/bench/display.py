@@ -1,0 +1,96 @@
+"""Rendering of `bench steps`: a rich table of the rows (simulated timings labelled so) and a rich progress
+display on stderr. Only draws what bench_steps returned."""
+
+from __future__ import annotations
+
+from rich.console import Console
+from rich.progress import BarColumn, MofNCompleteColumn, Progress as Bar, TextColumn, TimeElapsedColumn
+from rich.table import Table
+
+from .steps import Progress
+
+
+def _ms(v) -> str:
+    return "—" if v is None else f"{v:.3f}"
+
+
+def _x(v) -> str:
+    return "—" if v is None else f"{v:.2f}×"
+
+
+def decode_table(rows: list[dict]) -> Table:
+    sim = any(r["simulated"] for r in rows)
+    t = Table(title="decode step, batch 1 (ms, medians after warm-up; p90 in brackets)"
+                    + (" — SIMULATED: host times of numpy kernels, not GPU results" if sim else ""))
+    for col in ("preset", "replay", "eager", "graphs ×", "GPU replay", "host/replay", "kernels", "roofline",
+                "÷ roofline", "torch graph", "torch eager", "replay ÷ torch graph"):
+        t.add_column(col, justify="left" if col == "preset" else "right")
+    for r in rows:
+        label = f"{r['model']} {r['wtype']}" + (" (sim)" if r["simulated"] else "")
+        t.add_row(label, f"{_ms(r['replay_ms'])} ({_ms(r['replay_p90_ms'])})",
+                  f"{_ms(r['eager_ms'])} ({_ms(r['eager_p90_ms'])})", _x(r["graph_speedup"]),
+                  _ms(r["replay_gpu_ms"]), _ms(r["replay_host_ms"]), str(r["kernels_per_step"] or "—"),
+                  _ms(r["roofline_ms"]), _x(r["replay_over_roofline"]), _ms(r.get("torch_graph_ms")),
+                  _ms(r.get("torch_eager_ms")), _x(r.get("replay_vs_torch_graph")))
+    return t
+
+
+def prefill_table(rows: list[dict]) -> Table:
+    t = Table(title="prefill (ms, median of the timed prefills)")
+    for col in ("preset", "tokens", "graphdiag", "torch", "graphdiag ÷ torch"):
+        t.add_column(col, justify="left" if col == "preset" else "right")
+    for r in rows:
+        label = f"{r['model']} {r['wtype']}" + (" (sim)" if r["simulated"] else "")
+        t.add_row(label, str(r["n_tokens"]), _ms(r["prefill_ms"]), _ms(r.get("torch_prefill_ms")),
+                  _x(r.get("prefill_vs_torch")))
+    return t
+
+
+def render(rows: list[dict], file=None) -> None:
+    """The tables, then the copy bandwidth and the PyTorch peer's state, to `file` (stdout)."""
+    console = Console(file=file)
+    if not console.is_terminal:
+        console.width = 180   # a file or a pipe: one table row per line
+    dec = [r for r in rows if r["kind"] == "decode"]
+    pre = [r for r in rows if r["kind"] == "prefill"]
+    if dec:
+        console.print(decode_table(dec))
+        bw = dec[0].get("copy_GBps")
+        console.print(f"roofline: (weight bytes + KV bytes read) / device-to-device copy "
+                      f"{'—' if bw is None else f'{bw:.0f} GB/s'} measured in this run"
+                      + (" (simulated: a host memcpy)" if dec[0]["simulated"] else ""))
+    if pre:
+        console.print(prefill_table(pre))
+    peers = {r.get("torch") for r in rows if r.get("torch")}
+    if peers:
+        console.print("PyTorch: " + ", ".join(sorted(peers)))
+    elif rows and rows[0]["simulated"]:
+        console.print("PyTorch peer: skipped (simulated run)")
+
+
+class RichProgress(Progress):
+    """A bar per phase on stderr, with the weights' loading shown in the phase's line."""
+
+    def __init__(self):
+        self.bar = Bar(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
+                       console=Console(stderr=True))
+        self.task, self.label = None, ""
+
+    def __enter__(self) -> "RichProgress":
+        self.bar.start()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.bar.stop()
+
+    def start(self, label: str, total: int) -> None:
+        if self.task is not None:
+            self.bar.update(self.task, completed=self.bar.tasks[-1].total)
+        self.label = label
+        self.task = self.bar.add_task(label, total=total)
+
+    def note(self, text: str) -> None:
+        self.bar.update(self.task, description=f"{self.label} · {text}")
+
+    def advance(self, n: int = 1) -> None:
+        self.bar.update(self.task, advance=n, description=self.label)

@@ -1,0 +1,201 @@
+"""`bench steps`: decode step times per preset and weight type — replay (graphs on) and eager (graphs off),
+median and p90 after warm-up, GPU time, kernels per step, the host share of a replayed step — against the
+HBM roofline from a copy measured in the same run and, where PyTorch can run, the same step in PyTorch."""
+
+from __future__ import annotations
+
+import statistics
+from dataclasses import dataclass, field
+from types import SimpleNamespace
+
+from .. import events as E
+from ..config import resolve
+from ..model.build import padded_n_kv
+from ..model.presets import get_preset, weight_type
+from ..model.weights import LOAD_PROGRESS, create_model
+from . import roofline as R
+from .timing import percentile
+
+WARMUP = 2                     # decode steps of each mode dropped before the statistics
+PREFILL_REPS = 3               # timed prefills after the first (each at the next positions)
+
+
+@dataclass(frozen=True)
+class StepsOptions:
+    models: tuple[str, ...] = ("tiny",)
+    wtypes: tuple[str, ...] = ("f16",)
+    backend: str | None = None
+    steps: int = 64
+    prompt_tokens: int | None = None
+    chunk_size: int | None = None
+    prefill: int = 0            # also time prefills of this many tokens (0: none)
+    torch: bool = True          # the PyTorch peer, where torch and a CUDA device are there
+    settings: dict = field(default_factory=dict)   # further RunConfig settings
+
+
+class Progress:
+    """What the benchmark tells its progress display (the CLI draws it; this one shows nothing)."""
+
+    def start(self, label: str, total: int) -> None:
+        """A new phase: `total` steps to come."""
+
+    def note(self, text: str) -> None:
+        """A passing remark on the current phase (weights loading)."""
+
+    def advance(self, n: int = 1) -> None: ...
+
+
+def step_times(events) -> dict:
+    """Medians of synchronised step wall times and GPU times by the step's mode, and per-chunk update vs
+    instantiate times, from a run's events (first step of each mode excluded when there are more)."""
+    by_mode: dict[str, list] = {}
+    for e in events:
+        if isinstance(e, E.StepFinished):
+            by_mode.setdefault(e.mode, []).append((e.duration_ns, e.gpu_ns))
+    out = {}
+    for mode, xs in by_mode.items():
+        xs = xs[1:] if len(xs) > 2 else xs
+        out[mode] = {"steps": len(xs), "wall_ms": statistics.median(x[0] for x in xs) / 1e6,
+                     "gpu_ms": statistics.median(x[1] for x in xs) / 1e6}
+    for name, cls in (("update", E.ChunkUpdated), ("instantiate", E.ChunkInstantiated), ("refused", E.UpdateRefused)):
+        xs = [e.duration_ns for e in events if isinstance(e, cls)]
+        if xs:
+            out[f"chunk_{name}_ms"] = {"count": len(xs), "median": statistics.median(xs) / 1e6}
+    return out
+
+
+def decode_stats(events, mode: str) -> dict:
+    """Wall/GPU/host figures (ms) and kernels per step of the decode steps in `mode`, after WARMUP."""
+    phase, launches, rows = {}, {}, []
+    for e in events:
+        if isinstance(e, E.StepStarted):
+            phase[e.step] = (e.phase, e.n_kv)
+        elif isinstance(e, (E.EagerRun, E.CaptureRun)):
+            launches[e.step] = launches.get(e.step, 0) + e.n_launches
+        elif isinstance(e, E.StepFinished) and e.mode == mode and phase.get(e.step, ("",))[0] == "decode":
+            rows.append((e.duration_ns / 1e6, e.gpu_ns / 1e6, launches.get(e.step), phase[e.step][1]))
+    rows = rows[WARMUP:] if len(rows) > WARMUP + 2 else rows
+    if not rows:
+        return {}
+    wall = [r[0] for r in rows]
+    kernels = [r[2] for r in rows if r[2] is not None]
+    return {"ms": statistics.median(wall), "p90_ms": percentile(wall, 90),
+            "gpu_ms": statistics.median(r[1] for r in rows),
+            "host_ms": statistics.median(max(r[0] - r[1], 0.0) for r in rows),
+            "kernels": int(statistics.median(kernels)) if kernels else None,
+            "n_kv": int(statistics.median(r[3] for r in rows)), "steps": len(rows)}
+
+
+def prefill_ms(events, skip_first: bool = True) -> list[float]:
+    """Wall times (ms) of the prefill steps, the first (cold) one dropped."""
+    kinds = {e.step: e.phase for e in events if isinstance(e, E.StepStarted)}
+    xs = [e.duration_ns / 1e6 for e in events if isinstance(e, E.StepFinished) and kinds.get(e.step) == "prefill"]
+    return xs[1:] if skip_first and len(xs) > 1 else xs
+
+
+class _StepSink:
+    def __init__(self, progress: Progress):
+        self.progress = progress
+
+    def __call__(self, ev) -> None:
+        if isinstance(ev, E.StepFinished):
+            self.progress.advance()
+
+
+def _run(settings: dict, progress: Progress, label: str, scenario=None):
+    from ..runner import run
+    cfg = resolve({**settings, "nvtx": False})
+    progress.start(label, cfg.batch + cfg.steps)
+    token = LOAD_PROGRESS.set(lambda done, total: progress.note(f"weights {done / 1e9:.2f}/{total / 1e9:.2f} GB"))
+    try:
+        return run(cfg, scenario, sinks=[_StepSink(progress)])
+    finally:
+        LOAD_PROGRESS.reset(token)
+
+
+def measure_bandwidth(backend: str | None, progress: Progress) -> tuple[float, bool, str]:
+    """(copy bytes/s, simulated, device) through the driver the runs get (1 GiB on a GPU, 32 MiB simulated)."""
+    from ..runner import open_driver
+    cfg = resolve({"backend": backend, "nvtx": False})
+    progress.start("device-to-device copy", 1)
+    driver, _ = open_driver(cfg)
+    if driver is None:
+        return float("nan"), True, "CPU (numpy)"
+    try:
+        nbytes = (32 << 20) if driver.simulated else (1 << 30)
+        bw = R.copy_bandwidth(driver, nbytes)
+        return bw, driver.simulated, driver.info.name
+    finally:
+        progress.advance()
+        driver.close()
+
+
+def _ratio(a, b):
+    return a / b if a and b else None
+
+
+def decode_row(opts: StepsOptions, model: str, wtype: str, bandwidth: float, progress: Progress) -> dict:
+    base = {"backend": opts.backend, "model": model, "wtype": wtype, "steps": opts.steps,
+            "prompt_tokens": opts.prompt_tokens, "chunk_size": opts.chunk_size, **opts.settings}
+    on = _run(base, progress, f"{model} {wtype} graphs on")
+    off = _run({**base, "graphs_disabled": True}, progress, f"{model} {wtype} graphs off")
+    rep, eag = decode_stats(on.events, "replay"), decode_stats(off.events, "eager")
+    cfg = get_preset(model)
+    n_kv = rep.get("n_kv") or eag.get("n_kv") or padded_n_kv(resolve(base).prompt_tokens, cfg.n_ctx)
+    m = create_model(cfg, weight_type(wtype), with_data=False)
+    wb, kvb = R.weight_bytes_read(m), R.kv_bytes_read(cfg, n_kv)
+    roof = R.roofline_ms(wb, kvb, bandwidth) if bandwidth == bandwidth else None
+    row = {"kind": "decode", "model": model, "wtype": wtype, "backend": on.header.get("backend"),
+           "device": on.header.get("device"), "simulated": bool(on.header.get("simulated")), "n_kv": n_kv,
+           "replay_ms": rep.get("ms"), "replay_p90_ms": rep.get("p90_ms"), "replay_gpu_ms": rep.get("gpu_ms"),
+           "replay_host_ms": rep.get("host_ms"), "eager_ms": eag.get("ms"), "eager_p90_ms": eag.get("p90_ms"),
+           "eager_gpu_ms": eag.get("gpu_ms"), "kernels_per_step": eag.get("kernels"),
+           "replay_steps": rep.get("steps", 0), "eager_steps": eag.get("steps", 0),
+           "weight_bytes": wb, "kv_bytes": kvb, "copy_GBps": bandwidth / 1e9 if roof else None,
+           "roofline_ms": roof}
+    row["graph_speedup"] = _ratio(row["eager_ms"], row["replay_ms"])
+    row["replay_over_roofline"] = _ratio(row["replay_ms"], roof)
+    if opts.torch and not row["simulated"] and not cfg.is_moe:
+        from .torch_peer import torch_decode
+        progress.start(f"{model} PyTorch peer", 1)
+        peer = torch_decode(cfg, n_kv, pos=n_kv // 2)
+        progress.advance()
+        row.update(peer)
+        row["replay_vs_torch_graph"] = _ratio(row["replay_ms"], peer.get("torch_graph_ms"))
+        row["eager_vs_torch_eager"] = _ratio(row["eager_ms"], peer.get("torch_eager_ms"))
+    return row
+
+
+def prefill_row(opts: StepsOptions, model: str, wtype: str, progress: Progress) -> dict:
+    """Prefills of opts.prefill tokens, one after another in one sequence (positions 0, P, 2P, ...); the
+    first is dropped as warm-up, so both sides time prefills at positions P .. PREFILL_REPS * P."""
+    p = opts.prefill
+    timeline = [{"at_step": k, "prefill": p} for k in range(1, PREFILL_REPS + 1)]
+    settings = {"backend": opts.backend, "model": model, "wtype": wtype, "steps": PREFILL_REPS,
+                "prompt_tokens": p, "chunk_size": opts.chunk_size, **opts.settings}
+    r = _run(settings, progress, f"{model} {wtype} prefill {p}", SimpleNamespace(name=None, timeline=timeline))
+    xs = prefill_ms(r.events)
+    cfg = get_preset(model)
+    row = {"kind": "prefill", "model": model, "wtype": wtype, "backend": r.header.get("backend"),
+           "device": r.header.get("device"), "simulated": bool(r.header.get("simulated")), "n_tokens": p,
+           "prefill_ms": statistics.median(xs) if xs else None, "prefill_reps": len(xs)}
+    if opts.torch and not row["simulated"] and not cfg.is_moe:
+        from .torch_peer import torch_prefill
+        progress.start(f"{model} PyTorch prefill", 1)
+        row.update(torch_prefill(cfg, p, [k * p for k in range(1, PREFILL_REPS + 1)]))
+        progress.advance()
+        row["prefill_vs_torch"] = _ratio(row["prefill_ms"], row.get("torch_prefill_ms"))
+    return row
+
+
+def bench_steps(opts: StepsOptions, progress: Progress | None = None) -> list[dict]:
+    """One decode row per (model, weight type), and a prefill row each when opts.prefill is set."""
+    progress = progress or Progress()
+    bandwidth, _, _ = measure_bandwidth(opts.backend, progress)
+    rows = []
+    for model in opts.models:
+        for wtype in opts.wtypes:
+            rows.append(decode_row(opts, model, wtype, bandwidth, progress))
+            if opts.prefill:
+                rows.append(prefill_row(opts, model, wtype, progress))
+    return rows

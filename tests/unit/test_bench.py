@@ -1,0 +1,98 @@
+"""`graphdiag bench`: one-line errors for impossible values, step rows on the simulated driver, the roofline's
+byte counts, the statistics over a run's events, and the PyTorch peer skipping cleanly without torch."""
+
+import json
+import sys
+
+import pytest
+
+from graphdiag import events as E
+from graphdiag.bench import percentile, roofline as R
+from graphdiag.bench.steps import decode_stats, prefill_ms
+from graphdiag.cli.main import main
+from graphdiag.model.presets import PRESETS
+from graphdiag.model.weights import create_model
+
+
+def _one_line_error(capsys, argv):
+    rc = main(argv)
+    err = capsys.readouterr().err
+    lines = [l for l in err.splitlines() if l.strip()]
+    assert rc == 2 and len(lines) == 1 and lines[0].startswith("graphdiag: error:"), err
+    return lines[0]
+
+
+@pytest.mark.parametrize("argv", [["bench", "ledger", "--reps", "0"], ["bench", "ledger", "--batch", "0"],
+                                  ["bench", "ledger", "--reps", "-3"], ["bench", "ledger", "--model", "nope"],
+                                  ["bench", "steps", "--steps", "2"], ["bench", "steps", "--model", "tiny,nope"],
+                                  ["bench", "steps", "--wtype", "q4"], ["bench", "steps", "--prefill", "-1"]])
+def test_impossible_values_are_one_line_errors(capsys, argv):
+    _one_line_error(capsys, argv)
+
+
+def test_bench_steps_json_rows_on_the_simulated_driver(capsys):
+    rc = main(["bench", "steps", "--backend", "sim", "--model", "tiny", "--wtype", "q8_0", "--steps", "8",
+               "--prompt-tokens", "4", "--prefill", "8", "--json"])
+    out = capsys.readouterr()
+    assert rc == 0, out.err
+    rows = [json.loads(l) for l in out.out.splitlines()]
+    dec, pre = rows
+    assert dec["kind"] == "decode" and dec["simulated"] is True and dec["model"] == "tiny"
+    for k in ("replay_ms", "eager_ms", "roofline_ms", "replay_p90_ms", "replay_host_ms", "replay_over_roofline"):
+        assert dec[k] > 0, k
+    assert dec["kernels_per_step"] > 10 and dec["n_kv"] == 256 and "torch_graph_ms" not in dec
+    assert pre["kind"] == "prefill" and pre["n_tokens"] == 8 and pre["prefill_ms"] > 0 and pre["prefill_reps"] == 3
+    assert "tiny q8_0 graphs on" in out.err      # progress on stderr
+
+
+def test_bench_steps_table_labels_simulated_timings(capsys):
+    assert main(["bench", "steps", "--backend", "sim", "--wtype", "q8_0", "--steps", "8", "--prompt-tokens", "4"]) == 0
+    out = capsys.readouterr().out
+    assert "SIMULATED" in out and "tiny q8_0 (sim)" in out and "roofline" in out
+
+
+def test_roofline_bytes_count_every_weight_once_but_one_embedding_row():
+    cfg = PRESETS["1b"]
+    m = create_model(cfg, with_data=False)
+    d, dkv, f = cfg.n_embd, cfg.n_embd_kv, cfg.n_ff
+    per_layer = 2 * (2 * d * d + 2 * d * dkv + 3 * d * f) + 4 * 2 * d
+    want = cfg.n_layer * per_layer + 2 * d * cfg.n_vocab + 4 * d + 2 * d
+    assert R.weight_bytes_read(m) == want
+    assert R.kv_bytes_read(cfg, 256) == 2 * cfg.n_layer * dkv * 256 * 2
+    assert R.roofline_ms(2 * 10**9, 0, 4e12) == pytest.approx(0.5)   # the 1b figure of the notes: ~0.49 ms
+
+
+def test_copy_bandwidth_through_the_simulated_driver():
+    from graphdiag.backends.drivers.sim import SimDriver
+    drv = SimDriver()
+    assert R.copy_bandwidth(drv, 1 << 20, reps=3) > 0
+    assert drv.space.used == 0
+
+
+def _step(step, phase, mode, wall_ms, gpu_ms, launches, n_kv=256):
+    return [E.StepStarted(step=step, phase=phase, n_tokens=1, n_seqs=1, n_kv=n_kv),
+            E.EagerRun(step=step, n_launches=launches),
+            E.StepFinished(step=step, duration_ns=int(wall_ms * 1e6), gpu_ns=int(gpu_ms * 1e6), mode=mode)]
+
+
+def test_decode_stats_drop_the_warm_up_and_skip_prefills():
+    evs = _step(0, "prefill", "eager", 50, 40, 100)
+    for i in range(1, 9):
+        evs += _step(i, "decode", "eager", 100 if i < 3 else i, 1, 60)
+    s = decode_stats(evs, "eager")
+    assert s["steps"] == 6 and s["ms"] == pytest.approx(5.5) and s["kernels"] == 60 and s["n_kv"] == 256
+    assert s["host_ms"] == pytest.approx(4.5) and s["p90_ms"] == pytest.approx(percentile(range(3, 9), 90))
+    assert decode_stats(evs, "replay") == {}
+    assert prefill_ms(evs + _step(9, "prefill", "eager", 7, 1, 100)) == [7.0]
+
+
+def test_percentile():
+    assert percentile([1, 2, 3, 4, 5], 50) == 3 and percentile([1, 2], 90) == pytest.approx(1.9)
+    assert percentile([], 50) != percentile([], 50)   # nan
+
+
+def test_the_torch_peer_skips_cleanly_without_torch(monkeypatch):
+    monkeypatch.setitem(sys.modules, "torch", None)   # import torch -> ImportError
+    from graphdiag.bench.torch_peer import torch_decode, torch_prefill
+    assert torch_decode(PRESETS["tiny"], 256, 100) == {"torch": "absent"}
+    assert torch_prefill(PRESETS["tiny"], 8, [8, 16]) == {"torch": "absent"}
