@@ -30,10 +30,10 @@ ENV_KNOBS = {
 
 def _atoi(v: str) -> int:
     """C atoi: leading integer, 0 when there is none."""
-    v = v.strip()
+    v = v.lstrip(" \t\n\v\f\r")
     n = ""
     for i, ch in enumerate(v):
-        if ch.isdigit() or (i == 0 and ch in "+-"):
+        if ch in "0123456789" or (i == 0 and ch in "+-"):
             n += ch
         else:
             break
@@ -71,7 +71,9 @@ class RunConfig:
         where it came from when that was not the command line (an environment variable, a scenario)."""
         if self.backend not in ("auto", "cuda", "sim", "cpu"):
             self._fail("backend", f"unknown backend {self.backend!r} (choose cuda, sim or cpu)")
-        if self.chunk_size < 0:
+        if self.chunk_size < 0 and not self.sources.get("chunk_size", "").startswith("env "):
+            # GGML_CUDA_GRAPH_CHUNK_SIZE is atoi'd and only tested `> 0` (a negative value: one graph per
+            # split, as 0); only an explicit --chunk-size / scenario value is refused
             self._fail("chunk_size", f"invalid chunk size {self.chunk_size}: must be >= 0 (0 = one graph per split)")
         if self.wtype not in ("f16", "q8_0"):
             self._fail("wtype", f"unknown weight type {self.wtype!r} (choose f16 or q8_0)")

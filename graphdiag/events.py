@@ -250,6 +250,16 @@ class UpdateRefused(Event):
 
 
 @dataclass(frozen=True)
+class CaptureAbandoned(Event):
+    """A capture ended and dropped before it completed (the pool invalidated every graph meanwhile);
+    the split finished eagerly from node `node`'s chunk."""
+    kind: ClassVar[str] = "capture_abandoned"
+    chunk: int = 0
+    node: int = 0
+    reason: str = ""
+
+
+@dataclass(frozen=True)
 class ChunksDestroyed(Event):
     kind: ClassVar[str] = "chunks_destroyed"
     first: int = 0

@@ -64,6 +64,15 @@ class SimDriver(Driver):
     """A CUDA driver over numpy. `space` is the device memory (memory_bytes=None: unbounded, reported as
     total_memory 0); `counters` the calls seen; `null_stream` stands for stream=None (never captures)."""
 
+    # Modelled time (ns) each operation takes: the simulated clock that drives the graph cache's eviction
+    # sweep advances by these, never by the host's speed, so identical runs decide identically.
+    LAUNCH_NS = 5_000                 # a kernel launched eagerly, or recorded into a capture
+    GRAPH_NODE_NS = 2_000             # a kernel node run by a graph launch
+    MEMCPY_NS = 5_000
+    INSTANTIATE_NS, INSTANTIATE_NODE_NS = 100_000, 1_000
+    UPDATE_NS, UPDATE_NODE_NS = 20_000, 500
+    EPOCH_US = 100_000_000            # CLOCK_MONOTONIC counts from boot: a process starts long after it
+
     def __init__(self, compute_capability=(9, 0), memory_bytes: int | None = 8 << 30, name="simulated GPU"):
         self.info = DeviceInfo(name if "simulated" in name else f"{name} (simulated)", tuple(compute_capability),
                                memory_bytes or 0, True)
@@ -72,6 +81,11 @@ class SimDriver(Driver):
         self.null_stream = SimStream()
         self._captures: list[Capture] = []  # captures in progress
         self._allocs: set[int] = set()
+        self.modelled_ns = 0                # simulated time spent so far (see LAUNCH_NS ...)
+
+    def now_us(self) -> int:
+        """The simulated clock (µs), ggml_time_us's stand-in on this driver."""
+        return self.EPOCH_US + self.modelled_ns // 1000
 
     # -- handles ---------------------------------------------------------------------------------------
     def _stream(self, stream, call: str) -> SimStream:
@@ -196,6 +210,7 @@ class SimDriver(Driver):
     def instantiate(self, graph) -> SimExec:
         g = SimHandle.check(graph, SimGraph, "instantiate")
         self.counters.instantiates += 1
+        self.modelled_ns += self.INSTANTIATE_NS + self.INSTANTIATE_NODE_NS * len(g.nodes)
         return SimExec([n.copy() for n in g.nodes])
 
     def exec_update(self, exec_, graph) -> UpdateOutcome:
@@ -203,6 +218,7 @@ class SimDriver(Driver):
         x = SimHandle.check(exec_, SimExec, "exec_update")
         g = SimHandle.check(graph, SimGraph, "exec_update")
         outcome = compare_graphs(x.nodes, g.nodes)
+        self.modelled_ns += self.UPDATE_NS + self.UPDATE_NODE_NS * len(g.nodes)
         if not outcome.ok:
             self.counters.update_refusals += 1
             return outcome
@@ -220,6 +236,7 @@ class SimDriver(Driver):
         if self._capturing(s, "graph_launch"):
             raise CudaError("CUDA_ERROR_NOT_SUPPORTED", "graph_launch", "child graphs are not simulated")
         self.counters.graph_launches += 1
+        self.modelled_ns += self.GRAPH_NODE_NS * len(x.order)
         for i in x.order:
             self._run_node(x.nodes[i])
 
@@ -243,6 +260,7 @@ class SimDriver(Driver):
         if launch.handle is None or launch.handle is not SIM_KERNELS.get(launch.kernel):
             raise CudaError("CUDA_ERROR_INVALID_HANDLE", "launch", f"{launch.kernel!r} is not prepared")
         self.counters.launches += 1
+        self.modelled_ns += self.LAUNCH_NS
         if self._capturing(s, "launch"):
             self.counters.captured_launches += 1
             self._record(s, Node("kernel", launch.kernel, tuple(launch.grid), tuple(launch.block),
@@ -275,6 +293,7 @@ class SimDriver(Driver):
         if stream is None and self._captures:  # a synchronous copy waits on every stream, capturing ones too
             self._fail_capture(list(self._captures), call)
         s = self._stream(stream, call)
+        self.modelled_ns += self.MEMCPY_NS
         if self._capturing(s, call):
             if not recordable:
                 self._fail_capture(s.capture, call)

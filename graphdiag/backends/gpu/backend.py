@@ -34,6 +34,8 @@ class GpuBackend(Backend):
         self.runtime = GraphRuntime(driver, bus, options, clock)
         self.loop = CaptureLoop(self)
         self.pool = TempPool(driver, self.runtime.invalidate_all, pool_cap, pool_max_buffers)
+        self.pool.before_flush = self.end_capture_for_pool
+        self.capture_aborted = False          # set when the pool ended the capture in progress
         self.pool.on_alloc = lambda addr: self.addresses.add(addr)
         self.pool.on_free = lambda addr: self.addresses.remove(addr)
         self.stream0 = driver.stream_create()
@@ -198,12 +200,27 @@ class GpuBackend(Backend):
                     self._abandon_capture(entry)
                     raise
             dt = time.perf_counter_ns() - t0
-            if use_graph:
+            if use_graph and self.capture_aborted:
+                self.capture_aborted = False
+                entry.warmup_complete = False
+                rt.emit(E.EagerRun, split, entry.key, graph.uid, n_launches=n_launches, duration_ns=dt)
+            elif use_graph:
                 rt.emit(E.CaptureRun, split, entry.key, graph.uid, n_chunks=n_chunks, n_launches=n_launches,
                         duration_ns=dt)
                 rt.emit(E.LedgerCaptured, split, entry.key, graph.uid, nodes=ledger_rows(entry.props, self.addresses))
             else:
                 rt.emit(E.EagerRun, split, entry.key, graph.uid, n_launches=n_launches, duration_ns=dt)
+
+    def end_capture_for_pool(self) -> None:
+        """The pool is about to synchronise and invalidate every graph (llama.cpp: "invalidate
+        everything"): a capture in progress cannot survive that, so it is ended and dropped first (nothing
+        leaks); the capture loop then finishes the split eagerly and the entry warms up again."""
+        if self.driver.is_capturing(self.stream0):
+            self.capture_aborted = True
+            try:
+                self.driver.graph_destroy(self.driver.end_capture(self.stream0))
+            except GraphdiagError:
+                pass                     # an invalidated capture ends in an error: nothing left to destroy
 
     def _abandon_capture(self, entry) -> None:
         """A failure mid-capture: end and drop the half-captured graph so the streams stay usable and

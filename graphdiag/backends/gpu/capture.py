@@ -51,7 +51,14 @@ class CaptureLoop:
                     rt.emit(E.UpdateRefused, split, entry.key, uid, chunk=idx, reason=out.result.name,
                             error_node=out.error_node or "", duration_ns=dt)
                     drv.exec_destroy(entry.instances[idx])
-                    entry.instances[idx] = self._instantiate(entry, idx, cuda_graph, split, uid, True)
+                    try:
+                        entry.instances[idx] = self._instantiate(entry, idx, cuda_graph, split, uid, True)
+                    except BaseException:
+                        # never leave a destroyed executable in the entry; the later chunks' executables
+                        # no longer line up with a capture that failed here: release them too
+                        del entry.instances[idx]
+                        rt.destroy_instances(entry, idx)
+                        raise
             else:
                 assert idx == len(entry.instances)
                 entry.instances.append(self._instantiate(entry, idx, cuda_graph, split, uid, False))
@@ -88,6 +95,8 @@ class CaptureLoop:
             drv.begin_capture(b.stream0)
         stream = b.stream0
         prev_i = 0
+        prev_at_chunk = 0                   # prev_i when the current chunk began (to re-run it eagerly)
+        b.capture_aborted = False
         i = 0
         while i < n:
             # (1) the chunk boundary, before the fork/join handling of node i (the article's order)
@@ -103,6 +112,7 @@ class CaptureLoop:
                 began = time.perf_counter_ns()
                 drv.begin_capture(b.stream0)
                 chunk_end = i + chunk_size
+                prev_at_chunk = prev_i
             # (2) fork / join: a fork absorbed by the previous node's fusion starts its region here
             if active is not None:
                 if i == active.join:
@@ -123,6 +133,16 @@ class CaptureLoop:
                 continue
             op.run(drv, stream, b.pool)
             n_launches += op.n_launches
+            if capturing and b.capture_aborted:
+                # the pool invalidated every graph while this chunk was being captured: the capture was
+                # ended and dropped (backend.end_capture_for_pool); this chunk's nodes were only recorded,
+                # so the split goes on eagerly from the chunk's first node
+                capturing, active, stream, moved_by = False, None, b.stream0, ""
+                span.__exit__(None, None, None)
+                rt.emit(E.CaptureAbandoned, split, key, uid, chunk=n_chunks, node=i,
+                        reason="pool invalidated during capture")
+                i, prev_i = chunk_start, prev_at_chunk
+                continue
             f = plan.get(i)
             skip = f.absorbed if f is not None else 0
             if capturing and chunk_size > 0 and i < chunk_end <= i + skip and not moved_by:
@@ -131,6 +151,8 @@ class CaptureLoop:
                 active = forks[i]
                 b.fork(active)
             i += 1 + skip
+        if b.capture_aborted:
+            return n_chunks, n_launches
         if capturing:
             self.launch_chunk(entry, n_chunks, split, uid, began)
             span.__exit__(None, None, None)

@@ -53,7 +53,7 @@ class GraphCache:
     def __init__(self, clock: Clock):
         self.clock = clock
         self.entries: dict[int, GraphEntry] = {}
-        self.last_sweep_us = clock.now_us()
+        self.last_sweep_us = 0          # as ggml's last_graph_eviction_sweep: the first lookup sweeps
 
     def lookup(self, key: int) -> tuple[GraphEntry, bool, list[tuple[GraphEntry, int]]]:
         """(entry, created, evicted [(entry, idle_us)]). Evicted entries still hold their instances:

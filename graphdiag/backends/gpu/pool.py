@@ -29,6 +29,7 @@ class TempPool:
         self.n_device_allocs = 0
         self.on_alloc: Callable[[int], None] | None = None   # told of every new device buffer
         self.on_free: Callable[[int], None] | None = None    # and of every buffer really freed
+        self.before_flush: Callable[[], None] | None = None  # told before the pool invalidates graphs
 
     def alloc(self, size: int) -> tuple[int, int]:
         """(addr, actual size) of a buffer of at least `size` bytes: best fit from the cache, else new."""
@@ -42,6 +43,8 @@ class TempPool:
         try:
             return self._device_alloc(want)
         except OutOfDeviceMemory:
+            if self.before_flush is not None:
+                self.before_flush()
             self.driver.synchronize()
             freed = self.clear()
             self.invalidate("alloc failure", freed)
@@ -51,6 +54,8 @@ class TempPool:
         if len(self.cached) < self.max_buffers:
             self.cached.append((addr, size))
             return
+        if self.before_flush is not None:
+            self.before_flush()
         self._device_free(addr)
         self.pool_size -= size
         self.invalidate("free into full pool", size)

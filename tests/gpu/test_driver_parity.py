@@ -1,0 +1,51 @@
+"""The simulated driver is the CUDA driver's twin: the same run takes the same decisions on both.
+
+Every shipped scenario, plus chunk sizes 1 and 8, concurrent streams, graph reuse off and MoE expert
+offload, is run on the simulated driver and on the H200 with identical settings, and the decision streams
+(every decision event without times or driver wording; see tests/support/decisions.py) must be equal."""
+
+from types import SimpleNamespace
+
+import pytest
+
+from graphdiag.config import resolve
+from graphdiag.runner import run
+from graphdiag.scenario import list_scenarios
+from support.decisions import decision_stream, first_difference
+
+pytestmark = [pytest.mark.gpu, pytest.mark.usefixtures("require_gpu")]
+
+EXTRA = {
+    "chunk-1": {"chunk_size": 1, "steps": 6},
+    "chunk-8": {"chunk_size": 8, "steps": 8, "batch": 2},
+    "concurrent-streams": {"concurrent_streams": True, "steps": 8, "chunk_size": 16},
+    "reuse-off": {"reuse_disabled": True, "steps": 8},
+    "moe-offload": {"model": "moe-tiny", "n_cpu_moe": 2, "steps": 8},
+    "batch-1-2-8-9": {"steps": 24, "prompt_tokens": 1},
+}
+TIMELINES = {"batch-1-2-8-9": [{"at_step": 6, "batch": 2}, {"at_step": 12, "batch": 8},
+                               {"at_step": 30, "batch": 9}]}
+
+
+def _both(settings, scenario):
+    out = []
+    for backend in ("sim", "cuda"):
+        cfg = resolve({**settings, "backend": backend}, scenario.run if hasattr(scenario, "run") else None,
+                      environ=scenario.environ({}) if hasattr(scenario, "environ") else {})
+        r = run(cfg, scenario)
+        assert r.header["backend"] == backend
+        out.append(decision_stream(r.events))
+    return out
+
+
+@pytest.mark.parametrize("scenario", list_scenarios(), ids=lambda s: s.name)
+def test_scenario_decides_identically_on_both_drivers(scenario):
+    sim, cuda = _both({}, scenario)
+    assert sim == cuda, first_difference(sim, cuda)
+
+
+@pytest.mark.parametrize("name", sorted(EXTRA))
+def test_configuration_decides_identically_on_both_drivers(name):
+    sc = SimpleNamespace(name=name, timeline=TIMELINES.get(name, []))
+    sim, cuda = _both({"prompt_tokens": 8, **EXTRA[name]}, sc)
+    assert sim == cuda, first_difference(sim, cuda)

@@ -1,0 +1,94 @@
+"""Lifetimes under faults (issue 8.6): nothing destroyed stays in an entry, nothing captured leaks, and the
+--verify recompute hides no pool event."""
+
+import pytest
+
+from graphdiag import events as E
+from graphdiag.config import resolve
+from graphdiag.counters import Counters
+from graphdiag.errors import CudaError
+from graphdiag.plan import StepPlan
+from graphdiag.runner import RunResult, Session, Stepper
+
+
+def _session(**kw):
+    cfg = resolve({"backend": "sim", "steps": 0, "prompt_tokens": 4, **kw}, environ={})
+    bus = E.EventBus()
+    s = Session(cfg, bus)
+    return s, bus, Stepper(s, RunResult({}, [], Counters()))
+
+
+def test_a_refused_update_whose_reinstantiate_fails_leaves_no_destroyed_executable():
+    s, bus, st = _session(chunk_size=8)
+    refused = []
+    bus.subscribe(lambda e: refused.append(e) if isinstance(e, E.UpdateRefused) else None)
+    try:
+        for _ in range(3):                                   # eager, capture, replay at 1 token
+            st.step(StepPlan("decode", batch=1))
+        entry = next(iter(s.gpu.runtime.cache.entries.values()))
+        assert len(entry.instances) > 2
+        real = s.driver.instantiate
+
+        def failing(graph):
+            raise CudaError("CUDA_ERROR_OUT_OF_MEMORY", "instantiate", "injected")
+        s.driver.instantiate = failing
+        st.step(StepPlan("decode", batch=2))                 # 2 sequences: eager (properties changed)
+        with pytest.raises(CudaError):
+            st.step(StepPlan("decode", batch=2))             # capture: chunk 0 refused, re-instantiate fails
+        s.driver.instantiate = real
+        assert refused
+        assert all(x.alive for x in entry.instances)          # the chunks before the refused one survive
+        assert len(entry.instances) == refused[0].chunk and not s.driver.is_capturing(s.gpu.stream0)
+    finally:
+        s.close()
+
+
+def test_a_pool_invalidation_during_a_capture_ends_it_and_the_run_goes_on_correctly():
+    """A free into a full pool during the capture step invalidates every graph: the capture in progress is
+    ended and dropped, the split finishes eagerly (the oracle checks what it computed) and the key warms
+    up again: eager, capture, replay."""
+    s, bus, st = _session(oracle=True)
+    seen = []
+    bus.subscribe(lambda e: seen.append(e))
+    try:
+        st.step(StepPlan("decode", batch=1))                 # eager: the pool caches its buffers
+        s.gpu.pool.max_buffers = 0                           # the capture step's frees cannot be cached
+        st.step(StepPlan("decode", batch=1))
+        s.gpu.pool.max_buffers = 256
+        for _ in range(3):
+            st.step(StepPlan("decode", batch=1))
+        ab = [e for e in seen if isinstance(e, E.CaptureAbandoned)]
+        assert len(ab) == 1 and ab[0].reason == "pool invalidated during capture"
+        step = ab[0].step
+        assert any(isinstance(e, E.PoolInvalidated) and e.step == step for e in seen)
+        assert any(isinstance(e, E.EagerRun) and e.step == step for e in seen)
+        assert not any(isinstance(e, E.CaptureRun) and e.step == step for e in seen)
+        phases = [e.phase for e in seen if isinstance(e, E.PhaseDecided) and e.step > step]
+        assert phases == ["eager", "capture", "replay"]
+        checks = [e for e in seen if isinstance(e, E.OracleCheck)]
+        assert len(checks) == 5 and all(c.ok for c in checks)
+        assert not s.driver._captures and not s.driver.is_capturing(s.gpu.stream0)
+    finally:
+        s.close()
+
+
+def test_the_verify_recompute_reports_a_pool_invalidation():
+    s, bus, st = _session()
+    seen = []
+    bus.subscribe(lambda e: seen.append(e))
+    try:
+        for _ in range(3):
+            st.step(StepPlan("decode", batch=1))
+        pool = s.gpu.pool
+        real = pool.alloc
+
+        def flushing(size):
+            pool.invalidate("alloc failure", 0)
+            return real(size)
+        pool.alloc = flushing
+        g = s.ctx.res.graph
+        with s.gpu.verifying():
+            s.ctx.sched.graph_compute(g)
+        assert any(isinstance(e, E.PoolInvalidated) for e in seen)
+    finally:
+        s.close()

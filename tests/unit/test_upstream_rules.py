@@ -1,0 +1,102 @@
+"""The decision rules taken from upstream ggml (issue 8): MUL_MAT_ID needs-sync, runtime fusion, concurrent
+regions, the chunk-size variable, the eviction sweep clock, and the capture loop's order around a fork."""
+
+import pytest
+
+from graphdiag.backends.gpu.compat import mul_mat_id_sync_reason
+from graphdiag.backends.gpu.concurrency import find_regions
+from graphdiag.backends.gpu.entry import Clock, GraphCache
+from graphdiag.backends.gpu.fusion import MMV_ADD, MMV_GLU, ROPE_SET_ROWS, RMS_NORM_MUL, fusion_plan
+from graphdiag.config import resolve
+from graphdiag.ir.dtypes import GGMLType
+from graphdiag.ir.ops import Op
+from graphdiag.model.build import DECODE, PREFILL, GraphParams, build_graph
+from graphdiag.model.presets import PRESETS
+from graphdiag.model.weights import create_model
+
+
+def graph(preset="tiny", wtype=GGMLType.F16, n_tokens=1, n_seqs=None, gtype=DECODE):
+    m = create_model(PRESETS[preset], wtype, with_data=False)
+    n_seqs = n_tokens if n_seqs is None else n_seqs
+    return build_graph(m, GraphParams(n_tokens, n_seqs, n_seqs if gtype == DECODE else 1, gtype, 256)).graph
+
+
+def first_mmid(g):
+    return next(g.node(i) for i in range(g.n_nodes) if g.node(i).op == Op.MUL_MAT_ID)
+
+
+@pytest.mark.parametrize("wtype,tokens,cc,syncs", [
+    (GGMLType.F16, 17, 900, False),      # MMF takes up to 512 columns for experts of <= 1024 rows
+    (GGMLType.F16, 512, 900, False),
+    (GGMLType.F16, 513, 900, True),
+    (GGMLType.F16, 64, 700, False),      # F16 MMF from Volta
+    (GGMLType.F16, 16, 610, True),       # Pascal: no MMF
+    (GGMLType.Q8_0, 63, 700, False),     # Volta: dp4a MMQ below 64 columns
+    (GGMLType.Q8_0, 64, 700, True),
+    (GGMLType.Q8_0, 600, 900, False),    # Turing+: MMQ for any quantized batch
+    (GGMLType.Q8_0, 4, 610, False),      # Pascal: MMVQ takes Q8_0 up to 4 tokens...
+    (GGMLType.Q8_0, 5, 610, False),      # ...and dp4a MMQ the rest
+    (GGMLType.F32, 1, 750, True),        # F32 experts: MMF only from Ampere, no mat-vec path for MUL_MAT_ID
+    (GGMLType.F32, 1, 800, False),
+])
+def test_mul_mat_id_needs_sync_as_upstream(wtype, tokens, cc, syncs):
+    g = graph("moe-tiny", wtype, tokens, n_seqs=1, gtype=PREFILL)
+    why = mul_mat_id_sync_reason(first_mmid(g), cc)
+    assert bool(why) == syncs, why
+    if syncs:
+        assert "the sorted fallback synchronises the stream" in why and "MMF" in why and "MMQ" in why
+
+
+def test_q8_0_mmvq_limit_per_cc():
+    g = graph("moe-tiny", GGMLType.Q8_0, 5, n_seqs=1, gtype=PREFILL)
+    # 5 tokens on cc 7.2 (pascal_older table: Q8_0 <= 4): MMVQ refuses, dp4a MMQ takes it
+    assert "MMVQ: 5 tokens > 4" not in mul_mat_id_sync_reason(first_mmid(g), 720)
+    assert mul_mat_id_sync_reason(first_mmid(g), 720) == ""
+
+
+def _patterns(g, cc=900):
+    plan = fusion_plan(g, cc)
+    return [f.pattern for _, f in sorted(plan.items())]
+
+
+def test_one_token_fuses_mat_vec_glu_and_residual_adds_two_tokens_do_not():
+    one, two, nine = _patterns(graph(n_tokens=1)), _patterns(graph(n_tokens=2)), _patterns(graph(n_tokens=9))
+    assert one.count(MMV_GLU) == 4 and one.count(MMV_ADD) == 7 and len(one) == 24
+    assert MMV_GLU not in two and MMV_ADD not in two and len(two) == 13
+    assert two.count(RMS_NORM_MUL) == 9 and two.count(ROPE_SET_ROWS) == 4
+    assert nine == two                    # 8 <-> 9 changes no fusion
+
+
+def test_quantized_mat_vec_fusion_not_on_pascal():
+    g = graph(wtype=GGMLType.Q8_0, n_tokens=1)
+    assert MMV_GLU in _patterns(g, 700) and MMV_GLU not in _patterns(g, 600)
+
+
+def test_concurrent_regions_only_at_one_token_and_not_around_the_mask_cast():
+    regions = find_regions(graph(n_tokens=1))
+    g = graph(n_tokens=1)
+    assert [g.node(r.fork).name for r in regions] == ["attn_norm-1", "attn_norm-2", "attn_norm-3"]
+    assert find_regions(graph(n_tokens=2)) == []
+
+
+def test_chunk_size_variable_is_atoi_and_negative_means_one_graph():
+    for value, want in (("64abc", 64), ("  +8", 8), ("abc", 0), ("-5", -5), ("٣", 0)):
+        cfg = resolve({}, environ={"GGML_CUDA_GRAPH_CHUNK_SIZE": value})
+        assert cfg.chunk_size == want, value
+
+
+def test_negative_chunk_size_from_the_environment_captures_one_graph():
+    from support.simrun import of, run_sim
+    from graphdiag import events as E
+    r = run_sim(steps=4, env={"GGML_CUDA_GRAPH_CHUNK_SIZE": "-5"})
+    assert [e.n_chunks for e in of(r, E.ReplayLaunched)][0] == 1
+
+
+def test_the_first_lookup_sweeps():
+    t = [100_000_000]
+    cache = GraphCache(Clock(lambda: t[0]))
+    cache.lookup(1)
+    assert cache.last_sweep_us == 100_000_000        # swept at the first lookup (the sweep clock starts at 0)
+    t[0] += 4_000_000
+    cache.lookup(2)
+    assert cache.last_sweep_us == 100_000_000
