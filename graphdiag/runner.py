@@ -63,11 +63,8 @@ class Session:
 
     def __init__(self, cfg: RunConfig, bus: E.EventBus, clock: Clock | None = None):
         self.cfg, self.bus = cfg, bus
+        self.clock = clock or Clock()
         self.driver, self.note = open_driver(cfg)
-        # the eviction clock: wall time on CUDA (ggml_time_us); on the simulated driver its modelled time,
-        # so a run's decisions never depend on the host's speed or load
-        sim = self.driver is not None and self.driver.simulated
-        self.clock = clock or (Clock(self.driver.now_us) if sim else Clock())
         self.cpu, self.gpu, self.ctx = None, None, None
         try:
             if self.driver is not None:
@@ -276,12 +273,12 @@ def _run_with_sinks(cfg: RunConfig, sc, events_path, as_json: bool, verbosity: i
     console = ConsoleReporter(None, verbosity, file=out, total_steps=len(plan_steps(cfg, sc)),
                               progress=None if not as_json else False)
     sinks, starts = [recorder], [header.update]
+    if writer is not None:                   # the record first: it must get every event, whatever the console does
+        sinks.append(writer)
+        starts.append(writer.start)
     if not as_json:
         sinks.append(console)
         starts.append(console.start)
-    if writer is not None:
-        sinks.append(writer)
-        starts.append(writer.start)
     span_sinks = []
     if cfg.nvtx:
         from .report.nvtx_sink import NvtxSink

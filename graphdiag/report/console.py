@@ -29,9 +29,16 @@ def make_console(file: TextIO | None = None, plain: bool | None = None) -> Conso
     if plain is None:
         plain = not (hasattr(file, "isatty") and file.isatty())
     if plain:
-        return Console(file=file, width=WIDTH, color_system=None, force_terminal=False, highlight=False,
-                       emoji=False, soft_wrap=True, no_color=True)
-    return Console(file=file, highlight=False, soft_wrap=True)
+        con = Console(file=file, width=WIDTH, color_system=None, force_terminal=False, highlight=False,
+                      emoji=False, soft_wrap=True, no_color=True)
+    else:
+        con = Console(file=file, highlight=False, soft_wrap=True)
+    con.on_broken_pipe = _broken_pipe        # rich would exit the process (SystemExit 1) before the record ends
+    return con
+
+
+def _broken_pipe() -> None:
+    raise BrokenPipeError("output closed")
 
 
 def header_lines(header: RunHeader) -> list[str]:
@@ -88,15 +95,19 @@ class ConsoleReporter:
         self._want_progress, self._total = progress, total_steps
         self.progress: Progress | None = None
         self._header: RunHeader | None = None
-        self._broken = False
+        self._broken = self._told = False
         if header is not None:
             self.start(header)
 
     def start(self, header: RunHeader | dict) -> None:
         """Print the run header and start the progress bar (when wanted)."""
         self._header = as_header(header)
-        for line in header_lines(self._header):
-            self.console.print(line, markup=False)
+        try:
+            for line in header_lines(self._header):
+                self.console.print(line, markup=False)
+        except BrokenPipeError:
+            self._broken = True
+            return
         if self._want_progress and self.progress is None:
             self.progress = self._start_progress(self._total)
 
@@ -109,6 +120,9 @@ class ConsoleReporter:
 
     def __call__(self, ev: E.Event) -> None:
         if self._broken:
+            if not self._told:             # the header found the pipe closed: end the run at its first event
+                self._told = True
+                raise BrokenPipeError("output closed")
             return
         if isinstance(ev, E.GraphsDisabled) and self._header is not None:
             ev = dataclasses.replace(ev, reason=disabled_cause(self._header, ev.reason))
@@ -119,7 +133,7 @@ class ConsoleReporter:
             if self.progress is not None and isinstance(ev, E.StepFinished):
                 self.progress.advance(self._task)
         except BrokenPipeError:
-            self._broken = True            # the reader went away: say nothing more, let the run end
+            self._broken = self._told = True   # the reader went away: say nothing more, let the run end
             raise
 
     def close(self) -> None:

@@ -199,7 +199,7 @@ def _read_event(path: Path, lineno: int, line: str, last: bool) -> E.Event:
     if not isinstance(obj, dict):
         raise EventFileError(f"{path}:{lineno}: not an event (a JSON {type(obj).__name__})")
     kind = obj.get("kind")
-    if kind not in E.EVENT_TYPES or kind in ("span_begin", "span_end"):
+    if not isinstance(kind, str) or kind not in E.EVENT_TYPES or kind in ("span_begin", "span_end"):
         raise EventFileError(f"{path}:{lineno}: unknown event kind {kind!r}")
     bad = _wrong_type(E.EVENT_TYPES[kind], obj)
     if bad:
@@ -229,7 +229,7 @@ _INT_ITEMS = {("step_finished", "tokens"), ("graph_split", "uids"), ("graph_spli
 
 def _wrong_type(cls, obj: dict[str, Any]) -> str:
     """'' when every known field of `obj` has its dataclass's type, else what is wrong with the first."""
-    kind = obj.get("kind", "")
+    kind = getattr(cls, "kind", "")
     for f in dataclasses.fields(cls):
         if f.name not in obj or f.type not in _TYPES:
             continue
