@@ -63,8 +63,11 @@ class Session:
 
     def __init__(self, cfg: RunConfig, bus: E.EventBus, clock: Clock | None = None):
         self.cfg, self.bus = cfg, bus
-        self.clock = clock or Clock()
         self.driver, self.note = open_driver(cfg)
+        # the eviction clock: wall time on CUDA (ggml_time_us); on the simulated driver its modelled time,
+        # so a run's decisions never depend on the host's speed or load
+        sim = self.driver is not None and self.driver.simulated
+        self.clock = clock or (Clock(self.driver.now_us) if sim else Clock())
         self.cpu, self.gpu, self.ctx = None, None, None
         try:
             if self.driver is not None:
