@@ -224,7 +224,8 @@ def _named(cfg: RunConfig, scenario, name: str, flag: str) -> str:
     if src == "scenario" and scenario is not None:
         return f"{name} ({scenario.where('run.' + name)})"
     if src.startswith("env "):
-        return f"{name} ({src})"
+        origin = getattr(cfg, "env_origins", {}).get(src[4:])
+        return f"{name} ({src}{', set in ' + origin if origin else ''})"
     return flag
 
 

@@ -154,19 +154,20 @@ def test_the_timeline_error_names_the_scenario_line(capsys, no_model):
     assert re.search(r"batch-change\.toml:\d+: timeline entry 1", line) and "--steps 5" in line
 
 
-def test_a_bad_value_names_its_environment_variable(capsys, monkeypatch, no_model):
-    monkeypatch.setenv("GGML_CUDA_GRAPH_CHUNK_SIZE", "-3")
-    line = _one_line(capsys, ["run", "--backend", "sim"])
-    assert "env GGML_CUDA_GRAPH_CHUNK_SIZE" in line
+def test_a_setting_from_the_environment_is_named_by_its_variable(capsys, monkeypatch):
+    monkeypatch.setenv("GGML_CUDA_DISABLE_GRAPHS", "1")
+    assert main(["run", *QUICK, "--steps", "1", "--verify"]) == 0
+    assert "graphs_disabled (env GGML_CUDA_DISABLE_GRAPHS)" in capsys.readouterr().err
 
 
-def test_a_bad_value_from_a_scenario_env_names_file_and_line(capsys, tmp_path, monkeypatch, no_model):
-    monkeypatch.delenv("GGML_CUDA_GRAPH_CHUNK_SIZE", raising=False)
-    sc = tmp_path / "envbad.toml"
-    sc.write_text('name = "envbad"\ndescription = "a negative chunk size from [env]"\n[env]\n'
-                  'GGML_CUDA_GRAPH_CHUNK_SIZE = "-3"\n')
-    line = _one_line(capsys, ["run", "--scenario", str(sc)])
-    assert "env GGML_CUDA_GRAPH_CHUNK_SIZE" in line and "envbad.toml:4" in line
+def test_a_setting_from_a_scenario_env_names_file_and_line(capsys, tmp_path, monkeypatch):
+    monkeypatch.delenv("GGML_CUDA_DISABLE_GRAPHS", raising=False)
+    sc = tmp_path / "envoff.toml"
+    sc.write_text('name = "envoff"\ndescription = "graphs off from [env]"\n[run]\nsteps = 1\nprompt_tokens = 4\n'
+                  '[env]\nGGML_CUDA_DISABLE_GRAPHS = "1"\n')
+    assert main(["run", "--scenario", str(sc), "--backend", "sim", "--verify"]) == 0
+    err = capsys.readouterr().err
+    assert "env GGML_CUDA_DISABLE_GRAPHS, set in" in err and "envoff.toml:7" in err
 
 
 def test_a_gpu_only_option_from_a_scenario_on_cpu_is_a_loud_warning(capsys, tmp_path):
