@@ -9,6 +9,7 @@
 #define GGML_F32 0
 #define GGML_F16 1
 #define GGML_Q8_0 8
+#define GGML_Q8_1 9   // activations quantised for the Q8_0 integer-dot kernels (quantize.cu), 36-byte blocks
 #define GGML_I32 26
 #define QK8_0 32
 
@@ -145,5 +146,6 @@ __device__ __forceinline__ float glu(int op, float g, float u) {
 // Every kernel: `extern "C" __global__ void NAME(const kparams p)`. __grid_constant__ keeps the record in
 // the parameter bank when helpers take references into it (no 576-byte local copy); the ABI is unchanged.
 #define KERNEL(name) extern "C" __global__ void name(const __grid_constant__ kparams p)
-#define KERNEL_LB(name, threads) \
-    extern "C" __global__ void __launch_bounds__(threads) name(const __grid_constant__ kparams p)
+// KERNEL_LB(name, threads[, min blocks per SM]): the bounds cap the registers the kernel may use.
+#define KERNEL_LB(name, ...) \
+    extern "C" __global__ void __launch_bounds__(__VA_ARGS__) name(const __grid_constant__ kparams p)

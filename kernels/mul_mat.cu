@@ -1,9 +1,22 @@
-// Tiled mat-mul for N > 8 (prefill): 16x16 output tiles, one output per thread, K stepped 16 at a time
-// through shared memory (weights dequantised to F32 on load). Grid (ceil(M/16), ceil(N/16), B2*B3),
-// block 256, static shmem 2 * 16 * 17 floats.
+// Mat-mul for N > 8 (prefill).
+//
+// mul_mat_f16 and mul_mat_q8_0 run on tensor cores with mma.sync (PTX, so NVRTC needs no <mma.h>):
+// block tile 128 (weight rows m) x 64 (columns n) x 32 (k), 256 threads = 8 warps as 4 (m) x 2 (n), each
+// warp 32 x 32. Two shared-memory stages; the next k tile is loaded into registers while the current one is
+// multiplied, so one barrier per k step. Rows padded so fragment reads are bank-conflict free.
+//   f16:  A = W (F16), B = x rounded to F16 on load (as ggml's cuBLAS path converts src1), fp32 accumulate,
+//         mma.m16n8k16 with ldmatrix.
+//   q8_0: A = W's int8 quants, B = x as Q8_1 blocks (quantize.cu), mma.m16n8k32 s8 -> s32 per 32-block,
+//         then acc += d_w * d_x * sum (the mat-vec's formula, so both paths compute the same thing).
+// mul_mat_f32 keeps the CUDA-core tiled kernel: 16x16 output tiles, K stepped 16 at a time in shmem.
+// Grid (ceil(M / BM), ceil(N / BN), B2 * B3); W's dims 2/3 broadcast by division, as ggml's mul_mat.
 #include "common.cuh"
 
 #define TILE 16
+#define MM_BM 128
+#define MM_BN 64
+#define MM_BK 32
+#define MM_PAD 8   // halves of padding per shmem row (row stride 80 bytes)
 
 template <int T> __device__ void mm_tiled(const kparams &p) {
     __shared__ float ws[TILE][TILE + 1];   // +1: column reads ws[tx][kk] hit distinct banks
@@ -31,5 +44,247 @@ template <int T> __device__ void mm_tiled(const kparams &p) {
 }
 
 KERNEL_LB(mul_mat_f32, 256) { mm_tiled<GGML_F32>(p); }
-KERNEL_LB(mul_mat_f16, 256) { mm_tiled<GGML_F16>(p); }
-KERNEL_LB(mul_mat_q8_0, 256) { mm_tiled<GGML_Q8_0>(p); }
+
+// ---- tensor-core helpers --------------------------------------------------------------------------------
+__device__ __forceinline__ unsigned smem_u32(const void *ptr) {
+    unsigned a;
+    asm("{ .reg .u64 t; cvta.to.shared.u64 t, %1; cvt.u32.u64 %0, t; }" : "=r"(a) : "l"(ptr));
+    return a;
+}
+
+__device__ __forceinline__ void ldmatrix_x4(unsigned *r, const void *ptr) {
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];"
+                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3]) : "r"(smem_u32(ptr)));
+}
+
+__device__ __forceinline__ void mma_f16(float *c, const unsigned *a, const unsigned *b) {
+    asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, "
+                 "{%8, %9}, {%0, %1, %2, %3};"
+                 : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]));
+}
+
+__device__ __forceinline__ void mma_s8(int *c, const int *a, const int *b) {
+    asm volatile("mma.sync.aligned.m16n8k32.row.col.s32.s8.s8.s32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, "
+                 "{%8, %9}, {%0, %1, %2, %3};"
+                 : "+r"(c[0]), "+r"(c[1]), "+r"(c[2]), "+r"(c[3])
+                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]));
+}
+
+__device__ __forceinline__ unsigned pack_h2(unsigned short lo, unsigned short hi) {
+    return (unsigned)lo | ((unsigned)hi << 16);
+}
+
+__device__ __forceinline__ bool vec16(const tdesc &d) {
+    return ((d.data | (u64)d.nb[1] | (u64)d.nb[2] | (u64)d.nb[3]) & 15) == 0;
+}
+
+// Store accumulator fragments: c[mi][ni][0..3] at rows m0w + mi*16 + g (+8), columns n0w + ni*8 + 2*tig (+1).
+__device__ __forceinline__ void store_acc(const tdesc &D, const float (*acc)[4][4], i64 m0w, i64 n0w, i64 i2, i64 i3) {
+    const int lane = threadIdx.x & 31, g = lane >> 2, tig = lane & 3;
+#pragma unroll
+    for (int mi = 0; mi < 2; ++mi)
+#pragma unroll
+        for (int ni = 0; ni < 4; ++ni)
+#pragma unroll
+            for (int c = 0; c < 4; ++c) {
+                const i64 m = m0w + mi * 16 + g + (c >= 2 ? 8 : 0), n = n0w + ni * 8 + 2 * tig + (c & 1);
+                if (m < D.ne[0] && n < D.ne[1]) store_f(D, m, n, i2, i3, acc[mi][ni][c]);
+            }
+}
+
+// ---- F16 weights x F32 activations (rounded to F16) ----------------------------------------------------
+KERNEL_LB(mul_mat_f16, 256) {
+    __shared__ __align__(16) unsigned short As[2][MM_BM][MM_BK + MM_PAD];
+    __shared__ __align__(16) unsigned short Bs[2][MM_BN][MM_BK + MM_PAD];
+    const tdesc &D = p.t[0], &W = p.t[1], &X = p.t[2];
+    const i64 M = D.ne[0], N = D.ne[1], K = W.ne[0];
+    const i64 m0 = (i64)blockIdx.x * MM_BM, n0 = (i64)blockIdx.y * MM_BN;
+    const i64 i2 = blockIdx.z % D.ne[2], i3 = blockIdx.z / D.ne[2];
+    const i64 w2 = i2 / (D.ne[2] / W.ne[2]), w3 = i3 / (D.ne[3] / W.ne[3]);
+    const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, wm = warp & 3, wn = warp >> 2;
+    const bool wvec = W.nb[0] == 2 && vec16(W), xvec = X.nb[0] == 4 && vec16(X);
+
+    uint4 ra[2];
+    uint2 rb[2];
+    auto load = [&](i64 k0) {
+#pragma unroll
+        for (int i = 0; i < 2; ++i) {   // A: 128 rows x 4 chunks of 8 halves
+            const int idx = tid + 256 * i, row = idx >> 2, c = idx & 3;
+            const i64 m = m0 + row, k = k0 + c * 8;
+            uint4 v = make_uint4(0, 0, 0, 0);
+            if (m < M) {
+                const char *wr = row_ptr(W, m, w2, w3);
+                if (wvec && k + 8 <= K) {
+                    v = *(const uint4 *)(wr + k * 2);
+                } else {
+                    unsigned short h[8];
+#pragma unroll
+                    for (int e = 0; e < 8; ++e) h[e] = k + e < K ? *(const unsigned short *)(wr + (k + e) * W.nb[0]) : 0;
+                    v = make_uint4(pack_h2(h[0], h[1]), pack_h2(h[2], h[3]), pack_h2(h[4], h[5]), pack_h2(h[6], h[7]));
+                }
+            }
+            ra[i] = v;
+        }
+#pragma unroll
+        for (int i = 0; i < 2; ++i) {   // B: 64 columns x 8 chunks of 4 floats, rounded to F16
+            const int idx = tid + 256 * i, row = idx >> 3, c = idx & 7;
+            const i64 n = n0 + row, k = k0 + c * 4;
+            float f[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+            if (n < N) {
+                const char *xr = row_ptr(X, n, i2, i3);
+                if (xvec && k + 4 <= K) {
+                    const float4 v = *(const float4 *)(xr + k * 4);
+                    f[0] = v.x; f[1] = v.y; f[2] = v.z; f[3] = v.w;
+                } else {
+#pragma unroll
+                    for (int e = 0; e < 4; ++e) f[e] = k + e < K ? *(const float *)(xr + (k + e) * X.nb[0]) : 0.0f;
+                }
+            }
+            rb[i] = make_uint2(pack_h2(f2h(f[0]), f2h(f[1])), pack_h2(f2h(f[2]), f2h(f[3])));
+        }
+    };
+    auto store = [&](int s) {
+#pragma unroll
+        for (int i = 0; i < 2; ++i) {
+            const int idx = tid + 256 * i;
+            *(uint4 *)&As[s][idx >> 2][(idx & 3) * 8] = ra[i];
+            *(uint2 *)&Bs[s][idx >> 3][(idx & 7) * 4] = rb[i];
+        }
+    };
+
+    float acc[2][4][4];
+#pragma unroll
+    for (int mi = 0; mi < 2; ++mi)
+#pragma unroll
+        for (int ni = 0; ni < 4; ++ni)
+#pragma unroll
+            for (int c = 0; c < 4; ++c) acc[mi][ni][c] = 0.0f;
+
+    const i64 nk = (K + MM_BK - 1) / MM_BK;
+    load(0);
+    store(0);
+    __syncthreads();
+    for (i64 kt = 0; kt < nk; ++kt) {
+        const int s = (int)(kt & 1);
+        if (kt + 1 < nk) load((kt + 1) * MM_BK);
+#pragma unroll
+        for (int kk = 0; kk < MM_BK; kk += 16) {
+            unsigned af[2][4], bf[4][2];
+#pragma unroll
+            for (int mi = 0; mi < 2; ++mi)
+                ldmatrix_x4(af[mi], &As[s][wm * 32 + mi * 16 + (lane & 15)][kk + (lane >> 4) * 8]);
+#pragma unroll
+            for (int nj = 0; nj < 2; ++nj) {
+                unsigned r[4];
+                ldmatrix_x4(r, &Bs[s][wn * 32 + nj * 16 + (lane & 7) + (lane >> 4) * 8][kk + ((lane >> 3) & 1) * 8]);
+                bf[2 * nj][0] = r[0]; bf[2 * nj][1] = r[1];
+                bf[2 * nj + 1][0] = r[2]; bf[2 * nj + 1][1] = r[3];
+            }
+#pragma unroll
+            for (int mi = 0; mi < 2; ++mi)
+#pragma unroll
+                for (int ni = 0; ni < 4; ++ni) mma_f16(acc[mi][ni], af[mi], bf[ni]);
+        }
+        if (kt + 1 < nk) store(s ^ 1);
+        __syncthreads();
+    }
+    store_acc(D, acc, m0 + wm * 32, n0 + wn * 32, i2, i3);
+}
+
+// ---- Q8_0 weights x Q8_1 activations, integer tensor cores ---------------------------------------------
+KERNEL_LB(mul_mat_q8_0, 256) {
+    __shared__ __align__(16) int Aq[2][MM_BM][12];   // 32 quants (8 ints) + 4 ints padding: 48-byte rows
+    __shared__ __align__(16) int Bq[2][MM_BN][12];
+    __shared__ float Ad[2][MM_BM], Bd[2][MM_BN];
+    const tdesc &D = p.t[0], &W = p.t[1], &X = p.t[2];
+    const i64 M = D.ne[0], N = D.ne[1], nkb = W.ne[0] / QK8_0;
+    const i64 m0 = (i64)blockIdx.x * MM_BM, n0 = (i64)blockIdx.y * MM_BN;
+    const i64 i2 = blockIdx.z % D.ne[2], i3 = blockIdx.z / D.ne[2];
+    const i64 w2 = i2 / (D.ne[2] / W.ne[2]), w3 = i3 / (D.ne[3] / W.ne[3]);
+    const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, wm = warp & 3, wn = warp >> 2;
+    const int g = lane >> 2, tig = lane & 3;
+
+    int ra[4], rb[4];
+    float rad = 0.0f, rbd = 0.0f;
+    auto load = [&](i64 kb) {
+        {   // A: 128 rows x 2 halves of a 34-byte block (16 quants each)
+            const int row = tid >> 1, half = tid & 1;
+            const i64 m = m0 + row;
+            ra[0] = ra[1] = ra[2] = ra[3] = 0;
+            rad = 0.0f;
+            if (m < M) {
+                const char *blk = row_ptr(W, m, w2, w3) + kb * W.nb[0];
+                const unsigned short *q = (const unsigned short *)(blk + 2 + half * 16);
+#pragma unroll
+                for (int i = 0; i < 4; ++i) ra[i] = (int)pack_h2(q[2 * i], q[2 * i + 1]);
+                rad = h2f(*(const unsigned short *)blk);
+            }
+        }
+        if (tid < 2 * MM_BN) {   // B: 64 columns x 2 halves of a 36-byte Q8_1 block
+            const int row = tid >> 1, half = tid & 1;
+            const i64 n = n0 + row;
+            rb[0] = rb[1] = rb[2] = rb[3] = 0;
+            rbd = 0.0f;
+            if (n < N) {
+                const char *blk = row_ptr(X, n, i2, i3) + kb * 36;
+                const int *q = (const int *)(blk + 4 + half * 16);
+#pragma unroll
+                for (int i = 0; i < 4; ++i) rb[i] = q[i];
+                rbd = h2f(*(const unsigned short *)blk);
+            }
+        }
+    };
+    auto store = [&](int s) {
+        const int row = tid >> 1, half = tid & 1;
+        *(int4 *)&Aq[s][row][half * 4] = make_int4(ra[0], ra[1], ra[2], ra[3]);
+        if (half == 0) Ad[s][row] = rad;
+        if (tid < 2 * MM_BN) {
+            *(int4 *)&Bq[s][row][half * 4] = make_int4(rb[0], rb[1], rb[2], rb[3]);
+            if (half == 0) Bd[s][row] = rbd;
+        }
+    };
+
+    float acc[2][4][4];
+#pragma unroll
+    for (int mi = 0; mi < 2; ++mi)
+#pragma unroll
+        for (int ni = 0; ni < 4; ++ni)
+#pragma unroll
+            for (int c = 0; c < 4; ++c) acc[mi][ni][c] = 0.0f;
+
+    load(0);
+    store(0);
+    __syncthreads();
+    for (i64 kb = 0; kb < nkb; ++kb) {
+        const int s = (int)(kb & 1);
+        if (kb + 1 < nkb) load(kb + 1);
+        int af[2][4], bf[4][2];
+        float da[2][2], db[4][2];
+#pragma unroll
+        for (int mi = 0; mi < 2; ++mi) {
+            const int r = wm * 32 + mi * 16 + g;
+            af[mi][0] = Aq[s][r][tig]; af[mi][1] = Aq[s][r + 8][tig];
+            af[mi][2] = Aq[s][r][4 + tig]; af[mi][3] = Aq[s][r + 8][4 + tig];
+            da[mi][0] = Ad[s][r]; da[mi][1] = Ad[s][r + 8];
+        }
+#pragma unroll
+        for (int ni = 0; ni < 4; ++ni) {
+            const int c = wn * 32 + ni * 8;
+            bf[ni][0] = Bq[s][c + g][tig]; bf[ni][1] = Bq[s][c + g][4 + tig];
+            db[ni][0] = Bd[s][c + 2 * tig]; db[ni][1] = Bd[s][c + 2 * tig + 1];
+        }
+#pragma unroll
+        for (int mi = 0; mi < 2; ++mi)
+#pragma unroll
+            for (int ni = 0; ni < 4; ++ni) {
+                int sum[4] = {0, 0, 0, 0};
+                mma_s8(sum, af[mi], bf[ni]);
+#pragma unroll
+                for (int c = 0; c < 4; ++c) acc[mi][ni][c] += da[mi][c >> 1] * db[ni][c & 1] * (float)sum[c];
+            }
+        if (kb + 1 < nkb) store(s ^ 1);
+        __syncthreads();
+    }
+    store_acc(D, acc, m0 + wm * 32, n0 + wn * 32, i2, i3);
+}

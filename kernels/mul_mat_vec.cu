@@ -1,10 +1,17 @@
 // Mat-vec kernels (decode's hot path): one warp per weight row, 4 warps per block, up to 8 x columns per
-// pass so each weight row is read once. Weight reads are coalesced (16 bytes per lane on the fast paths)
-// and partial sums reduced with warp shuffles. Grid: (ceil(M / 4), batch..., ...), block 128, no shmem.
+// pass so each weight row is read once. Grid: (ceil(M / 4), batch...), block 128, no shmem.
+//
+// F16 / F32 weights take F32 x: each lane reads 16 bytes of the row per load and keeps MMV_ILP loads in
+// flight (the row is consumed 32 * MMV_ILP * 16 bytes per step), so enough bytes are outstanding per SM to
+// run near HBM bandwidth. Q8_0 weights take x already quantised to Q8_1 blocks (quantize.cu, pool scratch):
+// integer dot products (dp4a) per 32-block, scaled by both blocks' f16 scales, as ggml's mmvq:
+//   dst = sum_b d_w[b] * d_x[b] * sum_i q_w[b, i] * q_x[b, i]
+// The MoE kernels (mul_mat_id_*) keep F32 x for every weight type.
 #include "common.cuh"
 
 #define MMV_WARPS 4
-#define MMV_NC 8   // x columns per pass (N <= 8 is ggml's mat-vec path; larger N loops)
+#define MMV_NC 8    // x columns per pass (N <= 8 is ggml's mat-vec path; larger N loops)
+#define MMV_ILP 4   // 16-byte weight loads in flight per lane (one column; 2 columns or more: 1)
 
 // 8 halves (one uint4) -> floats
 __device__ __forceinline__ void h8(const uint4 v, float *f) {
@@ -18,42 +25,69 @@ __device__ __forceinline__ void h8(const uint4 v, float *f) {
 
 __device__ __forceinline__ bool aligned16(const void *p) { return ((u64)p & 15) == 0; }
 
+__device__ __forceinline__ int dp4a(int a, int b, int c) {
+    int d;
+    asm("dp4a.s32.s32 %0, %1, %2, %3;" : "=r"(d) : "r"(a), "r"(b), "r"(c));
+    return d;
+}
+
 // acc[n] += this lane's share of  sum_k w[k] * x_n[k]  for n < nc; x_n = xb + n * xnb1 (F32).
-template <int T>
+template <int T, int NC = MMV_NC>
 __device__ __forceinline__ void row_dots(const char *w, i64 wnb0, i64 K, const char *xb, i64 xnb0, i64 xnb1,
                                          int nc, float *acc) {
+    constexpr int ILP = NC == 1 ? MMV_ILP : 1;
     const int lane = threadIdx.x & 31;
     // Fast paths need contiguous, 16-byte aligned rows (true for weights from the allocator and for
     // contiguous activations); anything else (views, odd strides) takes the generic strided loop.
     const bool xfast = xnb0 == 4 && aligned16(xb) && (xnb1 & 15) == 0;
     if (T == GGML_F16 && xfast && wnb0 == 2 && K % 8 == 0 && aligned16(w)) {
-        for (i64 k = lane * 8; k < K; k += 32 * 8) {
-            float wf[8];
-            h8(*(const uint4 *)(w + k * 2), wf);
+        for (i64 k0 = lane * 8; k0 < K; k0 += 32 * 8 * ILP) {
+            uint4 wv[ILP];
 #pragma unroll
-            for (int n = 0; n < MMV_NC; ++n) {
-                if (n < nc) {
-                    const float4 a = *(const float4 *)(xb + n * xnb1 + k * 4);
-                    const float4 b = *(const float4 *)(xb + n * xnb1 + k * 4 + 16);
-                    acc[n] += wf[0] * a.x + wf[1] * a.y + wf[2] * a.z + wf[3] * a.w +
-                              wf[4] * b.x + wf[5] * b.y + wf[6] * b.z + wf[7] * b.w;
+            for (int u = 0; u < ILP; ++u) {
+                const i64 k = k0 + u * 256;
+                wv[u] = k < K ? *(const uint4 *)(w + k * 2) : make_uint4(0, 0, 0, 0);
+            }
+#pragma unroll
+            for (int u = 0; u < ILP; ++u) {
+                const i64 k = k0 + u * 256;
+                if (k >= K) break;
+                float wf[8];
+                h8(wv[u], wf);
+#pragma unroll
+                for (int n = 0; n < NC; ++n) {
+                    if (n < nc) {
+                        const float4 a = *(const float4 *)(xb + n * xnb1 + k * 4);
+                        const float4 b = *(const float4 *)(xb + n * xnb1 + k * 4 + 16);
+                        acc[n] += wf[0] * a.x + wf[1] * a.y + wf[2] * a.z + wf[3] * a.w +
+                                  wf[4] * b.x + wf[5] * b.y + wf[6] * b.z + wf[7] * b.w;
+                    }
                 }
             }
         }
     } else if (T == GGML_F32 && xfast && wnb0 == 4 && K % 4 == 0 && aligned16(w)) {
-        for (i64 k = lane * 4; k < K; k += 32 * 4) {
-            const float4 wv = *(const float4 *)(w + k * 4);
+        for (i64 k0 = lane * 4; k0 < K; k0 += 32 * 4 * ILP) {
+            float4 wv[ILP];
 #pragma unroll
-            for (int n = 0; n < MMV_NC; ++n) {
-                if (n < nc) {
-                    const float4 a = *(const float4 *)(xb + n * xnb1 + k * 4);
-                    acc[n] += wv.x * a.x + wv.y * a.y + wv.z * a.z + wv.w * a.w;
+            for (int u = 0; u < ILP; ++u) {
+                const i64 k = k0 + u * 128;
+                wv[u] = k < K ? *(const float4 *)(w + k * 4) : make_float4(0, 0, 0, 0);
+            }
+#pragma unroll
+            for (int u = 0; u < ILP; ++u) {
+                const i64 k = k0 + u * 128;
+                if (k >= K) break;
+#pragma unroll
+                for (int n = 0; n < NC; ++n) {
+                    if (n < nc) {
+                        const float4 a = *(const float4 *)(xb + n * xnb1 + k * 4);
+                        acc[n] += wv[u].x * a.x + wv[u].y * a.y + wv[u].z * a.z + wv[u].w * a.w;
+                    }
                 }
             }
         }
     } else if (T == GGML_Q8_0 && xfast && wnb0 == 34 && ((u64)w & 1) == 0) {
-        // 4 lanes per 34-byte block, 8 quants each: a warp reads 8 consecutive blocks per step.
-        // Blocks are only 2-byte aligned, so quants are read as 4 ushorts.
+        // F32 x (the MoE kernels): 4 lanes per 34-byte block, 8 quants each (blocks are 2-byte aligned).
         const int sub = lane & 3;
         const i64 nblk = K / QK8_0;
         for (i64 b = lane >> 2; b < nblk; b += 8) {
@@ -69,7 +103,7 @@ __device__ __forceinline__ void row_dots(const char *w, i64 wnb0, i64 K, const c
             }
             const i64 k = b * QK8_0 + sub * 8;
 #pragma unroll
-            for (int n = 0; n < MMV_NC; ++n) {
+            for (int n = 0; n < NC; ++n) {
                 if (n < nc) {
                     const float4 a = *(const float4 *)(xb + n * xnb1 + k * 4);
                     const float4 c = *(const float4 *)(xb + n * xnb1 + k * 4 + 16);
@@ -82,34 +116,100 @@ __device__ __forceinline__ void row_dots(const char *w, i64 wnb0, i64 K, const c
         for (i64 k = lane; k < K; k += 32) {
             const float wv = row_elem<T>(w, k, wnb0);
 #pragma unroll
-            for (int n = 0; n < MMV_NC; ++n)
+            for (int n = 0; n < NC; ++n)
                 if (n < nc) acc[n] += wv * *(const float *)(xb + n * xnb1 + k * xnb0);
         }
     }
 #pragma unroll
-    for (int n = 0; n < MMV_NC; ++n) acc[n] = warp_sum(acc[n]);
+    for (int n = 0; n < NC; ++n) acc[n] = warp_sum(acc[n]);
 }
 
-// dst[.., n, m] = W[m] . x[.., n]; W's dims 2/3 broadcast over dst's by division, as ggml's mul_mat.
-template <int T> __device__ void mmv(const kparams &p) {
-    const tdesc &D = p.t[0], &W = p.t[1], &X = p.t[2];
+// Q8_0 row . Q8_1 x rows (xq + n * xnb1: K / 32 blocks of 36 bytes: f16 d, f16 s, 32 int8). 4 lanes per
+// weight block (8 quants = 2 ints each), 8 blocks per warp step, ILP steps in flight.
+template <int NC>
+__device__ __forceinline__ void row_dots_q8_1(const char *w, i64 wnb0, i64 K, const char *xq, i64 xnb1, int nc,
+                                              float *acc) {
+    constexpr int ILP = NC == 1 ? MMV_ILP : 1;
+    const int lane = threadIdx.x & 31, sub = lane & 3;
+    const i64 nblk = K / QK8_0;
+    for (i64 b0 = lane >> 2; b0 < nblk; b0 += 8 * ILP) {
+        int wq[ILP][2];
+        float wd[ILP];
+#pragma unroll
+        for (int u = 0; u < ILP; ++u) {
+            const i64 b = b0 + 8 * u;
+            if (b < nblk) {
+                const char *blk = w + b * wnb0;
+                const unsigned short *qs = (const unsigned short *)(blk + 2 + sub * 8);
+                wd[u] = h2f(*(const unsigned short *)blk);
+                wq[u][0] = (int)((unsigned)qs[0] | ((unsigned)qs[1] << 16));
+                wq[u][1] = (int)((unsigned)qs[2] | ((unsigned)qs[3] << 16));
+            } else {
+                wd[u] = 0.0f; wq[u][0] = wq[u][1] = 0;
+            }
+        }
+#pragma unroll
+        for (int u = 0; u < ILP; ++u) {
+            const i64 b = b0 + 8 * u;
+            if (b >= nblk) break;
+#pragma unroll
+            for (int n = 0; n < NC; ++n) {
+                if (n < nc) {
+                    const char *xb = xq + n * xnb1 + b * 36;
+                    const float dx = h2f(*(const unsigned short *)xb);
+                    const int *xi = (const int *)(xb + 4 + sub * 8);
+                    const int s = dp4a(wq[u][1], xi[1], dp4a(wq[u][0], xi[0], 0));
+                    acc[n] += wd[u] * dx * (float)s;
+                }
+            }
+        }
+    }
+#pragma unroll
+    for (int n = 0; n < NC; ++n) acc[n] = warp_sum(acc[n]);
+}
+
+// One column pass of W[m] . x[n0 .. n0 + nc): F32 x for float weights, Q8_1 x for Q8_0 weights.
+template <int T, int NC>
+__device__ __forceinline__ void dots(const char *w, const tdesc &W, const tdesc &X, i64 n0, i64 i2, i64 i3, int nc,
+                                     float *acc) {
+    if (T == GGML_Q8_0) row_dots_q8_1<NC>(w, W.nb[0], W.ne[0], row_ptr(X, n0, i2, i3), X.nb[1], nc, acc);
+    else row_dots<T, NC>(w, W.nb[0], W.ne[0], row_ptr(X, n0, i2, i3), X.nb[0], X.nb[1], nc, acc);
+}
+
+// dst[.., n, m] = W[m] . x[.., n] (+ r[.., n, m] when `add`: the residual ADD fused into the mat-vec).
+// W's dims 2/3 broadcast over dst's by division, as ggml's mul_mat; r broadcasts by modulo, as ggml's add.
+// NC = 1 (one column, decode at batch 1) is its own instantiation: no registers for 8 columns.
+template <int T, bool add, int NC> __device__ __forceinline__ void mmv_cols(const kparams &p) {
+    const tdesc &D = p.t[0], &W = p.t[1], &X = p.t[2], &R = p.t[3];
     const i64 m = (i64)blockIdx.x * MMV_WARPS + (threadIdx.x >> 5);
     if (m >= D.ne[0]) return;   // whole warps leave; no block-wide sync below
     const int lane = threadIdx.x & 31;
     const i64 i2 = blockIdx.y % D.ne[2], i3 = blockIdx.y / D.ne[2];
     const char *w = row_ptr(W, m, i2 / (D.ne[2] / W.ne[2]), i3 / (D.ne[3] / W.ne[3]));
-    for (i64 n0 = 0; n0 < D.ne[1]; n0 += MMV_NC) {
-        const int nc = (int)min((i64)MMV_NC, D.ne[1] - n0);
-        float acc[MMV_NC] = {0, 0, 0, 0, 0, 0, 0, 0};
-        row_dots<T>(w, W.nb[0], W.ne[0], row_ptr(X, n0, i2, i3), X.nb[0], X.nb[1], nc, acc);
+    for (i64 n0 = 0; n0 < D.ne[1]; n0 += NC) {
+        const int nc = (int)min((i64)NC, D.ne[1] - n0);
+        float acc[NC];
 #pragma unroll
-        for (int n = 0; n < MMV_NC; ++n)
-            if (n < nc && lane == n) store_f(D, m, n0 + n, i2, i3, acc[n]);
+        for (int n = 0; n < NC; ++n) acc[n] = 0.0f;
+        dots<T, NC>(w, W, X, n0, i2, i3, nc, acc);
+#pragma unroll
+        for (int n = 0; n < NC; ++n) {
+            if (n < nc && lane == n) {
+                float v = acc[n];
+                if (add) v += load_f(R, m % R.ne[0], (n0 + n) % R.ne[1], i2 % R.ne[2], i3 % R.ne[3]);
+                store_f(D, m, n0 + n, i2, i3, v);
+            }
+        }
     }
 }
 
+template <int T, bool add> __device__ void mmv(const kparams &p) {
+    if (p.t[0].ne[1] == 1) mmv_cols<T, add, 1>(p);
+    else mmv_cols<T, add, MMV_NC>(p);
+}
+
 // dst[n, m] = glu(W_gate[m] . x[n], W_up[m] . x[n]) (ip[0]: 0 REGLU, 1 GEGLU, 2 SWIGLU).
-template <int T> __device__ void mmv_glu(const kparams &p) {
+template <int T, int NC> __device__ __forceinline__ void mmv_glu_cols(const kparams &p) {
     const tdesc &D = p.t[0], &G = p.t[1], &U = p.t[2], &X = p.t[3];
     const i64 m = (i64)blockIdx.x * MMV_WARPS + (threadIdx.x >> 5);
     if (m >= D.ne[0]) return;
@@ -117,34 +217,22 @@ template <int T> __device__ void mmv_glu(const kparams &p) {
     const i64 i2 = blockIdx.y % D.ne[2], i3 = blockIdx.y / D.ne[2];
     const char *g = row_ptr(G, m, i2 / (D.ne[2] / G.ne[2]), i3 / (D.ne[3] / G.ne[3]));
     const char *u = row_ptr(U, m, i2 / (D.ne[2] / U.ne[2]), i3 / (D.ne[3] / U.ne[3]));
-    for (i64 n0 = 0; n0 < D.ne[1]; n0 += MMV_NC) {
-        const int nc = (int)min((i64)MMV_NC, D.ne[1] - n0);
-        float ag[MMV_NC] = {0, 0, 0, 0, 0, 0, 0, 0}, au[MMV_NC] = {0, 0, 0, 0, 0, 0, 0, 0};
-        const char *xb = row_ptr(X, n0, i2, i3);
-        row_dots<T>(g, G.nb[0], G.ne[0], xb, X.nb[0], X.nb[1], nc, ag);
-        row_dots<T>(u, U.nb[0], U.ne[0], xb, X.nb[0], X.nb[1], nc, au);
+    for (i64 n0 = 0; n0 < D.ne[1]; n0 += NC) {
+        const int nc = (int)min((i64)NC, D.ne[1] - n0);
+        float ag[NC], au[NC];
 #pragma unroll
-        for (int n = 0; n < MMV_NC; ++n)
+        for (int n = 0; n < NC; ++n) ag[n] = au[n] = 0.0f;
+        dots<T, NC>(g, G, X, n0, i2, i3, nc, ag);
+        dots<T, NC>(u, U, X, n0, i2, i3, nc, au);
+#pragma unroll
+        for (int n = 0; n < NC; ++n)
             if (n < nc && lane == n) store_f(D, m, n0 + n, i2, i3, glu(p.ip[0], ag[n], au[n]));
     }
 }
 
-// dst[.., n, m] = W[m] . x[.., n] + r[.., n, m] (the residual ADD fused into the mat-vec).
-template <int T> __device__ void mmv_add(const kparams &p) {
-    const tdesc &D = p.t[0], &W = p.t[1], &X = p.t[2], &R = p.t[3];
-    const i64 m = (i64)blockIdx.x * MMV_WARPS + (threadIdx.x >> 5);
-    if (m >= D.ne[0]) return;
-    const int lane = threadIdx.x & 31;
-    const i64 i2 = blockIdx.y % D.ne[2], i3 = blockIdx.y / D.ne[2];
-    const char *w = row_ptr(W, m, i2 / (D.ne[2] / W.ne[2]), i3 / (D.ne[3] / W.ne[3]));
-    for (i64 n0 = 0; n0 < D.ne[1]; n0 += MMV_NC) {
-        const int nc = (int)min((i64)MMV_NC, D.ne[1] - n0);
-        float acc[MMV_NC] = {0, 0, 0, 0, 0, 0, 0, 0};
-        row_dots<T>(w, W.nb[0], W.ne[0], row_ptr(X, n0, i2, i3), X.nb[0], X.nb[1], nc, acc);
-#pragma unroll
-        for (int n = 0; n < MMV_NC; ++n)
-            if (n < nc && lane == n) store_f(D, m, n0 + n, i2, i3, acc[n] + load_f(R, m, n0 + n, i2, i3));
-    }
+template <int T> __device__ void mmv_glu(const kparams &p) {
+    if (p.t[0].ne[1] == 1) mmv_glu_cols<T, 1>(p);
+    else mmv_glu_cols<T, MMV_NC>(p);
 }
 
 // dst[t, s, m] = experts[ids[t, s]][m] . x[t, s or 0]. Grid (ceil(M/4), n_used, T).
@@ -176,15 +264,15 @@ template <int T> __device__ void mmv_gathered(const kparams &p) {
 }
 
 // One wrapper per (operation, weight type): plain names so the driver can find each kernel's file.
-KERNEL_LB(mul_mat_vec_f32, 128) { mmv<GGML_F32>(p); }
-KERNEL_LB(mul_mat_vec_f16, 128) { mmv<GGML_F16>(p); }
-KERNEL_LB(mul_mat_vec_q8_0, 128) { mmv<GGML_Q8_0>(p); }
-KERNEL_LB(mul_mat_vec_glu_f32, 128) { mmv_glu<GGML_F32>(p); }
-KERNEL_LB(mul_mat_vec_glu_f16, 128) { mmv_glu<GGML_F16>(p); }
-KERNEL_LB(mul_mat_vec_glu_q8_0, 128) { mmv_glu<GGML_Q8_0>(p); }
-KERNEL_LB(mul_mat_vec_add_f32, 128) { mmv_add<GGML_F32>(p); }
-KERNEL_LB(mul_mat_vec_add_f16, 128) { mmv_add<GGML_F16>(p); }
-KERNEL_LB(mul_mat_vec_add_q8_0, 128) { mmv_add<GGML_Q8_0>(p); }
+KERNEL_LB(mul_mat_vec_f32, 128, 8) { mmv<GGML_F32, false>(p); }
+KERNEL_LB(mul_mat_vec_f16, 128, 8) { mmv<GGML_F16, false>(p); }
+KERNEL_LB(mul_mat_vec_q8_0, 128, 8) { mmv<GGML_Q8_0, false>(p); }
+KERNEL_LB(mul_mat_vec_add_f32, 128, 8) { mmv<GGML_F32, true>(p); }
+KERNEL_LB(mul_mat_vec_add_f16, 128, 8) { mmv<GGML_F16, true>(p); }
+KERNEL_LB(mul_mat_vec_add_q8_0, 128, 8) { mmv<GGML_Q8_0, true>(p); }
+KERNEL_LB(mul_mat_vec_glu_f32, 128, 8) { mmv_glu<GGML_F32>(p); }
+KERNEL_LB(mul_mat_vec_glu_f16, 128, 8) { mmv_glu<GGML_F16>(p); }
+KERNEL_LB(mul_mat_vec_glu_q8_0, 128, 8) { mmv_glu<GGML_Q8_0>(p); }
 KERNEL_LB(mul_mat_id_vec_f32, 128) { mmv_id<GGML_F32>(p); }
 KERNEL_LB(mul_mat_id_vec_f16, 128) { mmv_id<GGML_F16>(p); }
 KERNEL_LB(mul_mat_id_vec_q8_0, 128) { mmv_id<GGML_Q8_0>(p); }

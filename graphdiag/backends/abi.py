@@ -17,6 +17,8 @@ from __future__ import annotations
 import numpy as np
 
 N_DESC = 6
+Q8_1 = 9          # descriptor type of Q8_1 activations (quantize_q8_1's pool scratch; not a tensor type)
+Q8_1_BYTES = 36   # one Q8_1 block: f16 d, f16 d * sum(q), 32 int8
 
 TDESC = np.dtype([("data", "<u8"), ("type", "<i4"), ("pad", "<i4"), ("ne", "<i8", (4,)), ("nb", "<i8", (4,))])
 KPARAMS = np.dtype([("t", TDESC, (N_DESC,)), ("ip", "<i4", (16,)), ("fp", "<f4", (8,))])

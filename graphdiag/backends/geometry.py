@@ -19,11 +19,18 @@ Geometry = tuple[Dim3, Dim3, int]
 
 MMV_WARPS = 4            # mul_mat_vec*.cu: one warp per weight row, 4 rows per block
 MMV_BLOCK = 32 * MMV_WARPS
-TILE = 16                # mul_mat.cu: 16x16 output tile per 256-thread block
+TILE = 16                # mul_mat.cu mul_mat_f32: 16x16 output tile per 256-thread block
+MM_BM, MM_BN = 128, 64   # mul_mat.cu tensor-core kernels (f16, q8_0): 128 x 64 output tile, 256 threads
+MM_BLOCK = 256
+QUANT_WARPS = 8          # quantize.cu: one warp per 32-block, 8 warps per block
 ELEMENTWISE_BLOCK = 256  # element-wise / rope kernels: one thread per element or pair, grid-stride loop
 MAX_GRID_X = 1 << 20     # cap on grid-stride grids: plenty of blocks to fill 132 SMs, no overflow
 GRID_YZ_MAX = 65535      # CUDA's limit on grid.y and grid.z
-FA_BLOCK = 128           # flash_attn.cu
+FA_MAX_WARPS = 4         # flash_attn.cu: up to 4 warps per block, each owning query rows
+FA_SUB = 32              # positions per sub-chunk (one per lane); a split's chunk is a multiple of it
+FA_MAX_ROWS = 32         # query rows (heads sharing a kv head x tokens) per block
+FA_TARGET_BLOCKS = 264   # splits are added until about 2 blocks per SM of an H200 (132 SMs)
+FA_HEAD_DIMS = (32, 64, 128)
 TOPK_BLOCK = 128         # top_k.cu
 TOPK_SHMEM_MAX = 49152   # top_k.cu stages the row in shmem up to this many bytes (the default limit)
 
@@ -88,9 +95,67 @@ def _elementwise(slot: int, per: int = 1) -> Callable[[np.ndarray], Geometry]:
     return geom
 
 
+def fa_tokens_per_block(n_head: int, n_head_kv: int, n_tokens: int) -> int:
+    """Tokens one flash_attn_ext_f16 block takes: its rows are (heads sharing a kv head) x tokens, <= 32."""
+    g = n_head // n_head_kv
+    return max(1, min(n_tokens, FA_MAX_ROWS // g))
+
+
+def fa_split(n_kv: int, other_blocks: int, max_split: int | None = None) -> tuple[int, int]:
+    """(n_split, chunk): the KV range cut into n_split chunks of `chunk` positions (a multiple of 32), enough
+    to bring other_blocks (kv heads x token tiles) to ~FA_TARGET_BLOCKS, at most max_split; none is empty."""
+    want = max(1, -(-FA_TARGET_BLOCKS // max(other_blocks, 1)))
+    n_split = max(1, min(_cdiv(n_kv, FA_SUB), want, max_split or want))
+    chunk = _cdiv(_cdiv(n_kv, n_split), FA_SUB) * FA_SUB
+    return _cdiv(n_kv, chunk), chunk
+
+
+def fa_plan(head_dim: int, n_head: int, n_head_kv: int, n_kv: int, n_tokens: int, n_batch: int = 1):
+    """(tokens per block, n_split, chunk, scratch bytes) of one FLASH_ATTN_EXT node.
+
+    The pool request stays the size the attention scratch always had, 4 * n_kv * n_head * n_tokens bytes
+    (what a capped pool is sized by): with more than one token the splits are capped so the partials
+    (head_dim + 2 floats per split, head and token) fit in it; at one token (decode, where splits fill the
+    GPU) the request grows to the partials when they are larger."""
+    tq = fa_tokens_per_block(n_head, n_head_kv, n_tokens)
+    rows = n_head * n_tokens * n_batch
+    legacy = 4 * n_kv * rows
+    cap = None if n_tokens == 1 else max(1, n_kv // (head_dim + 2))
+    n_split, chunk = fa_split(n_kv, n_head_kv * -(-n_tokens // tq) * n_batch, cap)
+    return tq, n_split, chunk, max(legacy, 4 * (head_dim + 2) * n_split * rows)
+
+
+def _fa_warps(p) -> tuple[int, int]:
+    """(warps, rows per warp rounded up to 1/2/4/8) of a flash_attn_ext_f16 block (as the kernel derives)."""
+    q, k = _ne(p, 1), _ne(p, 2)
+    rows = (q[1] // max(k[1], 1)) * max(int(p["ip"][1]), 1)
+    nw = 1 if rows == 1 else 2 if rows == 2 else FA_MAX_WARPS
+    per = -(-rows // nw)
+    return nw, 1 if per <= 1 else 2 if per <= 2 else 4 if per <= 4 else 8
+
+
 def _flash_attn(p) -> Geometry:
-    q = _ne(p, 1)   # (D, H, T, B)
-    return (max(q[1], 1), max(q[2], 1), max(q[3], 1)), (FA_BLOCK, 1, 1), 4 * q[0]
+    q, k, part = _ne(p, 1), _ne(p, 2), _ne(p, 0)   # q (D, H, T, B), k (D, Hkv, n_kv, B), partials
+    tq = max(int(p["ip"][1]), 1)
+    nw, nr = _fa_warps(p)
+    grid = (max(part[1], 1), max(k[1], 1), _cdiv(q[2], tq) * max(q[3], 1))
+    return grid, (32 * nw, 1, 1), 4 * nw * nr * (q[0] + FA_SUB)
+
+
+def _fa_combine(p) -> Geometry:
+    d, part = _ne(p, 0), _ne(p, 1)   # dst (Dv, H, T, B); partials (Dv + 2, n_split, H, T * B)
+    return (max(d[1], 1), max(part[3], 1), 1), (min(256, max(32, -(-d[0] // 32) * 32)), 1, 1), 0
+
+
+def _mm_tc(p) -> Geometry:
+    d = _ne(p, 0)
+    return (_cdiv(d[0], MM_BM), _cdiv(d[1], MM_BN), max(d[2] * d[3], 1)), (MM_BLOCK, 1, 1), 0
+
+
+def _quantize(p) -> Geometry:
+    x = _ne(p, 1)
+    blocks = (x[0] // 32) * x[1] * x[2] * x[3]
+    return (min(_cdiv(blocks, QUANT_WARPS), MAX_GRID_X), 1, 1), (32 * QUANT_WARPS, 1, 1), 0
 
 
 def _top_k(p) -> Geometry:
@@ -106,7 +171,7 @@ def _table() -> dict[str, Callable[[np.ndarray], Geometry]]:
         t[f"mul_mat_vec_{w}"] = _mmv
         t[f"mul_mat_vec_glu_{w}"] = _mmv
         t[f"mul_mat_vec_add_{w}"] = _mmv
-        t[f"mul_mat_{w}"] = _mm
+        t[f"mul_mat_{w}"] = _mm if w == "f32" else _mm_tc
         t[f"mul_mat_id_vec_{w}"] = _mmv_id
         t[f"mul_mat_id_gathered_{w}"] = _mmv_gathered
     t.update({
@@ -115,7 +180,8 @@ def _table() -> dict[str, Callable[[np.ndarray], Geometry]]:
         "cpy_f32_f32": _elementwise(1), "cpy_f32_f16": _elementwise(1),
         "rope_f32": _elementwise(1, per=2),
         "set_rows_f16": _elementwise(1), "set_rows_f32": _elementwise(1),
-        "flash_attn_ext_f16": _flash_attn, "top_k_f32": _top_k,
+        "flash_attn_ext_f16": _flash_attn, "flash_attn_combine_f32": _fa_combine, "top_k_f32": _top_k,
+        "quantize_q8_1": _quantize,
         # rng.cu: one thread per element (Q8_0: a warp per 32-block, the same thread count)
         **{f"rng_fill_{w}": _elementwise(0) for w in ("f32", "f16", "q8_0")},
     })

@@ -7,7 +7,9 @@ This is the contract between three implementations of each kernel:
 
 Conventions (ggml's): a tensor (ne0, ne1, ne2, ne3) with byte strides nb; ne0 is the innermost (row) dim.
 t[0] is always the destination. All activations are F32; weights are F16, Q8_0 (blocks of 32: f16 scale +
-32 int8) or F32; the KV cache is F16; ids and positions are I32. Every kernel honours the descriptors' nb
+32 int8) or F32; the KV cache is F16; ids and positions are I32. The Q8_0 mat-vec / mat-mul kernels read x
+quantised by quantize_q8_1 into pool scratch (Q8_1 = type 9: blocks of 32, f16 d, f16 d*sum, 32 int8), as
+ggml's mmvq / mmq; a node's launch count never depends on n_kv or on which path its batch takes. Every kernel honours the descriptors' nb
 (views are strided). Broadcasting follows ggml: a source dim of 1 (or dividing the destination dim) repeats.
 """
 
@@ -32,17 +34,23 @@ def _specs() -> dict[str, KernelSpec]:
     for w in W_TYPES:
         s.append(KernelSpec(f"get_rows_{w}", ("dst F32 (ne0, n_ids, ...)", f"table {w} (ne0, n_rows)", "ids I32"),
                             doc="dst[i2, i1, :] = dequant(table[ids[i2, i1], :])"))
-        s.append(KernelSpec(f"mul_mat_vec_{w}", ("dst (M, N, B2, B3)", f"W {w} (K, M)", "x F32 (K, N, B2, B3)"),
-                            doc="dst[.., n, m] = sum_k W[m, k] * x[.., n, k]; N <= 8 (the mat-vec path)"))
-        s.append(KernelSpec(f"mul_mat_{w}", ("dst (M, N, B2, B3)", f"W {w} (K, M)", "x F32 (K, N, B2, B3)"),
-                            doc="same as mul_mat_vec, any N (tiled)"))
+        x = "xq Q8_1 (K, N) from quantize_q8_1" if w == "q8_0" else "x F32 (K, N, B2, B3)"
+        dot = ("sum_b d_w[m, b] * d_x[n, b] * (integer dot of block b's quants)" if w == "q8_0"
+               else "sum_k W[m, k] * x[.., n, k]")
+        s.append(KernelSpec(f"mul_mat_vec_{w}", ("dst (M, N, B2, B3)", f"W {w} (K, M)", x),
+                            doc=f"dst[.., n, m] = {dot}; N <= 8 (the mat-vec path)"))
+        s.append(KernelSpec(f"mul_mat_{w}", ("dst (M, N, B2, B3)", f"W {w} (K, M)", x),
+                            doc={"f32": "same as mul_mat_vec, any N (tiled, CUDA cores)",
+                                 "f16": "any N on tensor cores: x rounded to F16, then sum_k W[m, k] * x16[n, k] "
+                                        "accumulated in F32 (as ggml's cuBLAS path converts src1)",
+                                 "q8_0": "same as mul_mat_vec_q8_0, any N (int8 tensor cores)"}[w]))
         s.append(KernelSpec(f"mul_mat_vec_glu_{w}",
-                            ("dst (M, N)", f"W_gate {w} (K, M)", f"W_up {w} (K, M)", "x F32 (K, N)"),
+                            ("dst (M, N)", f"W_gate {w} (K, M)", f"W_up {w} (K, M)", x),
                             ip=("glu op (2 = SWIGLU)",),
                             doc="fused gate/up mat-vec + GLU: dst = silu(W_gate x) * (W_up x); N <= 8"))
         s.append(KernelSpec(f"mul_mat_vec_add_{w}",
-                            ("dst (M, N)", f"W {w} (K, M)", "x F32 (K, N)", "r F32 (M, N), same shape as dst"),
-                            doc="fused mat-vec + ADD (the residual): dst = W x + r; N == 1 (the fusion's condition)"))
+                            ("dst (M, N)", f"W {w} (K, M)", x, "r F32 (M, N), same shape as dst"),
+                            doc="fused mat-vec + ADD (the residual): dst = W x + r; N <= 8 (1 in the graphs)"))
         s.append(KernelSpec(f"mul_mat_id_vec_{w}",
                             ("dst (M, n_used, T)", f"experts {w} (K, M, E)", "x F32 (K, n_b, T), n_b in {1, n_used}",
                              "ids I32 (n_used, T)"),
@@ -73,11 +81,20 @@ def _specs() -> dict[str, KernelSpec]:
                    doc="fused ROPE + VIEW + SET_ROWS: dst[idx[t], :] = f16(rope(x)[t] flattened); "
                        "the ROPE node's own output is not written"),
         KernelSpec("flash_attn_ext_f16",
-                   ("dst (D, H, T)", "q F32 (D, H, T)", "k F16 view (D, Hkv, n_kv)", "v F16 view (D, Hkv, n_kv)",
-                    "mask F32 (n_kv, T_pad)", "scratch F32 (n_kv, H, T) from the pool"),
-                   fp=("scale",),
-                   doc="per head h (kv head h // (H // Hkv)) and token t: "
-                       "p = softmax(scale * q . k + mask[t]); dst = p . v; masked entries are -inf"),
+                   ("partials F32 (Dv + 2, n_split, H, T * B), pool scratch", "q F32 (D, H, T, B)",
+                    "k F16 view (D, Hkv, n_kv)", "v F16 view (Dv, Hkv, n_kv)",
+                    "mask F32 or F16 (n_kv, T_pad, M2, M3), optional"),
+                   ip=("chunk: positions per split (multiple of 32)", "tokens per block"), fp=("scale",),
+                   doc="split s covers positions [s * chunk, (s + 1) * chunk) of n_kv; per head h (kv head "
+                       "h // (H // Hkv)), token t, split s: x_j = scale * q . k_j + mask[t, j], m = max_j x_j, "
+                       "p_j = exp(x_j - m), partial = (sum_j p_j v_j, m, sum_j p_j); an empty or fully "
+                       "masked split gives (0, -inf, 0)"),
+        KernelSpec("flash_attn_combine_f32", ("dst (Dv, H, T, B)", "partials of flash_attn_ext_f16"),
+                   doc="M = max_s m_s, w_s = exp(m_s - M): dst = sum_s w_s O_s / sum_s w_s l_s (splits in order); "
+                       "all splits -inf (a fully masked row) gives zeros"),
+        KernelSpec("quantize_q8_1", ("dst Q8_1 (K, N, B2, B3), contiguous pool scratch", "x F32 (K, N, B2, B3)"),
+                   doc="per 32-block of x: d = max|x| / 127, q = rint(x / d) (0 if d == 0), stored as "
+                       "{f16 d, f16 d * sum(q), int8 q[32]} (36 bytes)"),
         KernelSpec("soft_max_f32", ("dst", "x"), fp=("scale",), doc="per row: softmax(scale * x)"),
         KernelSpec("top_k_f32", ("dst I32 (k, rows)", "x F32 (n, rows)"), ip=("k",),
                    doc="indices of the k largest per row, descending; ties: lower index first"),

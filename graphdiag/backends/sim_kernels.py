@@ -2,7 +2,9 @@
 
 Each kernel reads the descriptors of a KPARAMS record (t[0] = destination, t[1..] = sources, ip, fp), builds
 strided views of the simulated device memory and writes the destination in place. The semantics are the
-catalogue's, built on cpu_ops; fused kernels compose the unfused ops. Preconditions a real kernel would rely
+catalogue's, built on cpu_ops; fused kernels compose the unfused ops. Where the GPU kernel rounds on
+purpose (Q8_1 activations and integer dots for Q8_0 weights, F16 x on the tensor-core F16 mat-mul, the
+split-KV attention partials), the twin does the same, so results agree to float rounding. Preconditions a real kernel would rely
 on (weight type matching the kernel's suffix, N <= 8 on the mat-vec paths) are checked and reported as
 CudaError("CUDA_ERROR_INVALID_VALUE"), so a lowering bug surfaces here rather than as garbage on the GPU.
 """
@@ -18,17 +20,66 @@ from ..ir.dtypes import GGMLType
 from ..ir.ops import GluOp
 from ..memory import AddressSpace
 from . import cpu_ops as ops
+from .abi import Q8_1
 from .kernels import KERNELS, W_TYPES
 
 Kernel = Callable[[AddressSpace, np.ndarray], None]
 MMV_MAX_N = 8
 _WTYPE = {"f32": GGMLType.F32, "f16": GGMLType.F16, "q8_0": GGMLType.Q8_0}
+F32 = np.float32
+
+# Q8_1 (abi.Q8_1): the activations the Q8_0 kernels read, written by quantize_q8_1 into pool scratch.
+Q8_1_BLOCK = np.dtype([("d", "<f2"), ("s", "<f2"), ("qs", "i1", (32,))])
+_DOT_CHUNK = 1 << 23   # elements of the (blocks, columns, rows) integer-dot temporary per pass
 
 
 def view(space: AddressSpace, p: np.ndarray, slot: int) -> np.ndarray:
-    """The strided view of descriptor t[slot]: shape (ne3, ne2, ne1, ne0) (Q8_0: block records)."""
+    """The strided view of descriptor t[slot]: shape (ne3, ne2, ne1, ne0) (Q8_0 / Q8_1: block records)."""
     d = p["t"][slot]
+    if int(d["type"]) == Q8_1:
+        ne, nb = [int(x) for x in d["ne"]], [int(x) for x in d["nb"]]
+        shape, strides = (ne[3], ne[2], ne[1], ne[0] // 32), (nb[3], nb[2], nb[1], nb[0])
+        extent = sum((n - 1) * st for n, st in zip(shape, strides)) + Q8_1_BLOCK.itemsize
+        buf, off = space.locate(int(d["data"]), extent)
+        return np.ndarray(shape, Q8_1_BLOCK, buffer=buf, offset=off, strides=strides)
     return space.ndarray(int(d["data"]), int(d["type"]), d["ne"], d["nb"])
+
+
+def quantize_q8_1(x: np.ndarray) -> np.ndarray:
+    """(..., K) float32 -> (..., K / 32) Q8_1 records, byte for byte as quantize.cu: d = max|x| / 127,
+    q = rint(x / d) (round half to even, 0 when d == 0), s = d * sum(q), both stored as f16."""
+    b = np.asarray(x, F32).reshape(*x.shape[:-1], x.shape[-1] // 32, 32)
+    amax = np.abs(b).max(axis=-1)
+    d = amax / F32(127)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        q = np.where(amax[..., None] != 0, np.rint(b / d[..., None]), F32(0))
+    out = np.empty(b.shape[:-1], Q8_1_BLOCK)
+    out["qs"] = q.astype(np.int8)
+    out["d"] = d.astype(np.float16)
+    out["s"] = (d * q.sum(axis=-1, dtype=F32)).astype(np.float16)
+    return out
+
+
+def q8_dot(w: np.ndarray, xq: np.ndarray) -> np.ndarray:
+    """dst[b3, b2, n, m] = sum_b d_w[m, b] * d_x[n, b] * sum_i q_w[m, b, i] * q_x[n, b, i] (float32; the
+    integer sums are exact: float32 holds every partial sum of 32 int8 products).
+
+    w: (W3, W2, M, nb) Q8_0 records, broadcast over x's batch dims by division; xq: (B3, B2, N, nb) Q8_1."""
+    b3n, b2n, n, nb = xq.shape
+    m = w.shape[2]
+    out = np.zeros((b3n, b2n, n, m), F32)
+    step = max(1, _DOT_CHUNK // max(nb * m, 1))
+    for b3 in range(b3n):
+        for b2 in range(b2n):
+            wb = w[b3 // (b3n // w.shape[0]), b2 // (b2n // w.shape[1])]
+            qw, dw = wb["qs"].astype(F32).transpose(1, 2, 0), wb["d"].astype(F32).T   # (nb, 32, M), (nb, M)
+            xb = xq[b3, b2]
+            for n0 in range(0, n, step):
+                qx = xb["qs"][n0:n0 + step].astype(F32).transpose(1, 0, 2)             # (nb, Nc, 32)
+                dx = xb["d"][n0:n0 + step].astype(F32).T                              # (nb, Nc)
+                sums = np.matmul(qx, qw)                                              # (nb, Nc, M), exact
+                out[b3, b2, n0:n0 + step] = ((dx[:, :, None] * dw[:, None, :]) * sums).sum(axis=0, dtype=F32)
+    return out
 
 
 def _fp(p: np.ndarray, i: int) -> float:
@@ -44,9 +95,13 @@ def _check(cond: bool, kernel: str, detail: str) -> None:
         raise CudaError("CUDA_ERROR_INVALID_VALUE", kernel, detail)
 
 
-def _check_type(p: np.ndarray, slot: int, want: GGMLType, kernel: str) -> None:
+def _type_name(t: int) -> str:
+    return "Q8_1" if t == Q8_1 else GGMLType(t).name if t in GGMLType._value2member_map_ else f"type {t}"
+
+
+def _check_type(p: np.ndarray, slot: int, want: int, kernel: str) -> None:
     got = int(p["t"][slot]["type"])
-    _check(got == want, kernel, f"t[{slot}] is {GGMLType(got).name}, the kernel reads {want.name}")
+    _check(got == want, kernel, f"t[{slot}] is {_type_name(got)}, the kernel reads {_type_name(int(want))}")
 
 
 # -- weight-typed kernels (one per W_TYPES entry) ---------------------------------------------------------
@@ -57,35 +112,51 @@ def _get_rows(name: str, wt: GGMLType) -> Kernel:
     return k
 
 
+def _product(name: str, wt: GGMLType, space, p, wslot: int, xslot: int, max_n: int | None,
+             tensor_cores: bool = False) -> np.ndarray:
+    """W (t[wslot]) . x (t[xslot]) as the kernel computes it: Q8_0 weights read Q8_1 x (integer dots); the
+    F16 tensor-core kernel rounds x to F16; otherwise float32 products of the stored values."""
+    _check_type(p, wslot, wt, name)
+    _check_type(p, xslot, Q8_1 if wt == GGMLType.Q8_0 else GGMLType.F32, name)
+    x = view(space, p, xslot)
+    _check(max_n is None or x.shape[2] <= max_n, name, f"N = {x.shape[2]} > {max_n} on the mat-vec path")
+    w = view(space, p, wslot)
+    if wt == GGMLType.Q8_0:
+        return q8_dot(w, x)
+    if tensor_cores:
+        with np.errstate(over="ignore"):
+            x = x.astype(np.float16)
+    return ops.mul_mat(w, x)
+
+
 def _mul_mat(name: str, wt: GGMLType, max_n: int | None) -> Kernel:
+    tc = max_n is None and wt == GGMLType.F16
     def k(space, p):
-        _check_type(p, 1, wt, name)
-        x = view(space, p, 2)
-        _check(max_n is None or x.shape[2] <= max_n, name, f"N = {x.shape[2]} > {max_n} on the mat-vec path")
-        view(space, p, 0)[...] = ops.mul_mat(view(space, p, 1), x)
+        view(space, p, 0)[...] = _product(name, wt, space, p, 1, 2, max_n, tc)
     return k
 
 
 def _mul_mat_vec_glu(name: str, wt: GGMLType) -> Kernel:
     def k(space, p):
-        _check_type(p, 1, wt, name)
         _check_type(p, 2, wt, name)
         _check(_ip(p, 0) == GluOp.SWIGLU, name, f"glu op {_ip(p, 0)} (only SWIGLU = 2 is implemented)")
-        x = view(space, p, 3)
-        _check(x.shape[2] <= MMV_MAX_N, name, f"N = {x.shape[2]} > {MMV_MAX_N} on the mat-vec path")
-        gate = ops.mul_mat(view(space, p, 1), x)
-        up = ops.mul_mat(view(space, p, 2), x)
+        gate = _product(name, wt, space, p, 1, 3, MMV_MAX_N)
+        up = _product(name, wt, space, p, 2, 3, MMV_MAX_N)
         view(space, p, 0)[...] = ops.swiglu(gate, up)
     return k
 
 
 def _mul_mat_vec_add(name: str, wt: GGMLType) -> Kernel:
     def k(space, p):
-        _check_type(p, 1, wt, name)
-        x = view(space, p, 2)
-        _check(x.shape[2] <= MMV_MAX_N, name, f"N = {x.shape[2]} > {MMV_MAX_N} on the mat-vec path")
-        view(space, p, 0)[...] = ops.mul_mat(view(space, p, 1), x) + view(space, p, 3)
+        dst = view(space, p, 0)
+        prod = _product(name, wt, space, p, 1, 2, MMV_MAX_N)
+        dst[...] = prod + ops.repeat_to(ops.to_f32(view(space, p, 3)), dst.shape)
     return k
+
+
+def _quantize_q8_1(space, p):
+    _check_type(p, 0, Q8_1, "quantize_q8_1")
+    view(space, p, 0)[...] = quantize_q8_1(ops.to_f32(view(space, p, 1)))
 
 
 def _mul_mat_id_vec(name: str, wt: GGMLType) -> Kernel:
@@ -145,11 +216,45 @@ def _rope_set_rows(space, p):
     ops.set_rows(view(space, p, 0), _rope_of(space, p), view(space, p, 3))
 
 
-def _flash_attn(space, p):
-    """t[4] (mask) may be absent (data 0); t[5] (scratch) is the real kernel's workspace: not written here."""
-    mask = view(space, p, 4) if int(p["t"][4]["data"]) else None
-    view(space, p, 0)[...] = ops.flash_attn_ext(view(space, p, 1), view(space, p, 2), view(space, p, 3),
-                                                mask, _fp(p, 0))
+def _flash_attn_partial(space, p):
+    """The split-KV partials (flash_attn.cu): per split of ip[0] positions, (sum_j p_j v_j, m, sum_j p_j)
+    with p_j = exp(x_j - m), m the split's max; t[4] (mask, F32 or F16) may be absent (data 0)."""
+    part = view(space, p, 0)                                   # (T * B, H, n_split, Dv + 2)
+    q, k, v = (ops.to_f32(view(space, p, i)) for i in (1, 2, 3))
+    b_, t_, h, _ = q.shape
+    n_kv, hkv, dv = k.shape[1], k.shape[2], v.shape[3]
+    n_split, chunk = part.shape[2], _ip(p, 0)
+    _check(part.shape[3] == dv + 2 and n_split * chunk >= n_kv, "flash_attn_ext_f16", "partials shape")
+    s = np.matmul(q.transpose(0, 2, 1, 3), np.repeat(k.transpose(0, 2, 3, 1), h // hkv, axis=1)) * F32(_fp(p, 0))
+    if int(p["t"][4]["data"]):
+        mask = ops.to_f32(view(space, p, 4))[:, :, :t_, :]
+        s = s + ops.repeat_to(mask, (b_, h, t_, n_kv))
+    pad = n_split * chunk - n_kv
+    s = np.concatenate([s, np.full((b_, h, t_, pad), -np.inf, F32)], axis=-1).reshape(b_, h, t_, n_split, chunk)
+    vh = np.repeat(v.transpose(0, 2, 1, 3), h // hkv, axis=1)  # (B, H, n_kv, Dv)
+    vh = np.concatenate([vh, np.zeros((b_, h, pad, dv), F32)], axis=2).reshape(b_, h, n_split, chunk, dv)
+    m = s.max(axis=-1)                                         # (B, H, T, S); -inf: nothing visible
+    e = np.exp(s - np.where(np.isfinite(m), m, F32(0))[..., None])
+    o = np.matmul(e.transpose(0, 1, 3, 2, 4), vh)              # (B, H, S, T, Dv)
+    out = np.empty((b_, t_, h, n_split, dv + 2), F32)
+    out[..., :dv] = o.transpose(0, 3, 1, 2, 4)
+    out[..., dv] = m.transpose(0, 2, 1, 3)
+    out[..., dv + 1] = e.sum(axis=-1, dtype=F32).transpose(0, 2, 1, 3)
+    part[...] = out.reshape(b_ * t_, h, n_split, dv + 2)
+
+
+def _flash_attn_combine(space, p):
+    dst = view(space, p, 0)                                    # (B, T, H, Dv)
+    part = view(space, p, 1)                                   # (T * B, H, n_split, Dv + 2)
+    dv = part.shape[3] - 2
+    o, m, l = part[..., :dv], part[..., dv], part[..., dv + 1]
+    mx = m.max(axis=2)
+    with np.errstate(invalid="ignore"):
+        w = np.where(np.isfinite(m), np.exp(m - np.where(np.isfinite(mx), mx, F32(0))[..., None]), F32(0))
+    den = (l * w).sum(axis=2, dtype=F32)
+    acc = (o * w[..., None]).sum(axis=2, dtype=F32)
+    res = np.divide(acc, den[..., None], out=np.zeros_like(acc), where=den[..., None] > 0)
+    dst[...] = res.reshape(dst.shape)
 
 
 def _soft_max(space, p):
@@ -201,7 +306,8 @@ def _build() -> dict[str, Kernel]:
         "rms_norm_f32": _rms_norm, "rms_norm_mul_f32": _rms_norm_mul, "mul_f32": _mul, "add_f32": _add,
         "rope_f32": _rope, "set_rows_f16": _set_rows("set_rows_f16", GGMLType.F16),
         "set_rows_f32": _set_rows("set_rows_f32", GGMLType.F32), "rope_set_rows_f16": _rope_set_rows,
-        "flash_attn_ext_f16": _flash_attn, "soft_max_f32": _soft_max, "top_k_f32": _top_k,
+        "flash_attn_ext_f16": _flash_attn_partial, "flash_attn_combine_f32": _flash_attn_combine,
+        "quantize_q8_1": _quantize_q8_1, "soft_max_f32": _soft_max, "top_k_f32": _top_k,
         "glu_swiglu_f32": _swiglu, "cpy_f32_f32": _cpy("cpy_f32_f32", GGMLType.F32),
         "cpy_f32_f16": _cpy("cpy_f32_f16", GGMLType.F16),
     })

@@ -5,9 +5,11 @@ from __future__ import annotations
 
 import numpy as np
 
+from graphdiag.backends.abi import Q8_1
+from graphdiag.backends.geometry import fa_split, fa_tokens_per_block
 from graphdiag.backends.kernels import KERNELS, W_TYPES
 from graphdiag.ir.dtypes import GGMLType as G
-from kernel_cases import F16_OUT, F32_DOT, F32_ELEM, ROPE, Case
+from kernel_cases import F16_OUT, F32_DOT, F32_ELEM, ROPE, TC_DOT, Case
 
 WT = {"f32": G.F32, "f16": G.F16, "q8_0": G.Q8_0}
 
@@ -27,6 +29,17 @@ def _weights(c: Case, w: str, k: int, m: int, e: int = 1, layout: str = "contig"
     return c.view(base, (k, m), base.nb[:2], off=off)
 
 
+def _x(c: Case, w: str, k: int, *cols, xpad: int = 0):
+    """The x operand (K, cols...): F32 for float weights (rows padded by `xpad` floats: generic x path),
+    Q8_1 blocks for Q8_0 weights (as quantize_q8_1 writes them; xpad: one spare block per row)."""
+    if w == "q8_0":
+        return c.q8_1(k, *cols, pad_blocks=1 if xpad else 0)
+    if xpad:
+        xb = c.randn(G.F32, k + xpad, *cols)
+        return c.view(xb, (k, *cols), xb.nb[:len(cols) + 1])
+    return c.randn(G.F32, k, *cols)
+
+
 def mat_vec_cases() -> list[Case]:
     out = []
     for w in W_TYPES:
@@ -38,23 +51,23 @@ def mat_vec_cases() -> list[Case]:
                 continue
             c = Case(f"mul_mat_vec_{w}", f"K{k}-M{m}-N{n}-{layout}-xpad{xpad}", F32_DOT)
             W = _weights(c, w, k, m, layout=layout)
-            if xpad:   # x rows padded by 3 floats: not 16-byte aligned -> generic x path
-                xb = c.randn(G.F32, k + xpad, n)
-                x = c.view(xb, (k, n), xb.nb[:2])
-            else:
-                x = c.randn(G.F32, k, n)
-            out.append(c.set(c.output(G.F32, m, n), W, x))
+            out.append(c.set(c.output(G.F32, m, n), W, _x(c, w, k, n, xpad=xpad)))
         c = Case(f"mul_mat_vec_{w}", "batch-broadcast", F32_DOT)   # W (K, M, 1) over x (K, N, 2)
-        out.append(c.set(c.output(G.F32, 100, 2, 2), c.randn(WT[w], 256, 100), c.randn(G.F32, 256, 2, 2)))
+        out.append(c.set(c.output(G.F32, 100, 2, 2), c.randn(WT[w], 256, 100), _x(c, w, 256, 2, 2)))
     return out
 
 
 def mat_mat_cases() -> list[Case]:
+    """Tensor-core tiles (128 x 64) with partial edges, several k steps, W broadcast over batches."""
     out = []
     for w in W_TYPES:
-        for k, m, n, b, wb in ((160, 50, 37, 1, 1), (256, 64, 16, 2, 1), (96, 33, 20, 2, 2)):
-            c = Case(f"mul_mat_{w}", f"K{k}-M{m}-N{n}-B{b}-W{wb}", F32_DOT)
-            out.append(c.set(c.output(G.F32, m, n, b), c.randn(WT[w], k, m, wb), c.randn(G.F32, k, n, b)))
+        shapes = [(160, 50, 37, 1, 1), (256, 64, 16, 2, 1), (96, 33, 20, 2, 2), (256, 300, 130, 1, 1),
+                  (1408, 512, 250, 1, 1)]
+        if w != "q8_0":
+            shapes.append((72, 40, 24, 1, 1))   # K not a multiple of the 32-wide k step
+        for k, m, n, b, wb in shapes:
+            c = Case(f"mul_mat_{w}", f"K{k}-M{m}-N{n}-B{b}-W{wb}", TC_DOT if w == "f16" else F32_DOT)
+            out.append(c.set(c.output(G.F32, m, n, b), c.randn(WT[w], k, m, wb), _x(c, w, k, n, b)))
     return out
 
 
@@ -64,7 +77,7 @@ def glu_cases() -> list[Case]:
         for k, m, n in ((1024, 300, 1), (512, 77, 5)):
             c = Case(f"mul_mat_vec_glu_{w}", f"K{k}-M{m}-N{n}", F32_DOT)
             out.append(c.set(c.output(G.F32, m, n), c.randn(WT[w], k, m), c.randn(WT[w], k, m),
-                             c.randn(G.F32, k, n), ip=(2,)))
+                             _x(c, w, k, n), ip=(2,)))
     return out
 
 
@@ -74,8 +87,21 @@ def mmv_add_cases() -> list[Case]:
     for w in W_TYPES:
         for k, m, n in ((2048, 512, 1), (512, 77, 1), (256, 40, 3)):
             c = Case(f"mul_mat_vec_add_{w}", f"K{k}-M{m}-N{n}", F32_DOT)
-            out.append(c.set(c.output(G.F32, m, n), c.randn(WT[w], k, m), c.randn(G.F32, k, n),
+            out.append(c.set(c.output(G.F32, m, n), c.randn(WT[w], k, m), _x(c, w, k, n),
                              c.randn(G.F32, m, n)))
+    return out
+
+
+def quantize_cases() -> list[Case]:
+    """Q8_1 bytes must match the simulator exactly (the integer-dot kernels' inputs)."""
+    out = []
+    c = Case("quantize_q8_1", "rows-with-a-zero-block", 0.0)
+    x = c.rng.standard_normal((3, 96)).astype(np.float32) * 3
+    x[1, 32:64] = 0.0
+    out.append(c.set(c.output(Q8_1, 96, 3), c.put(G.F32, x)))
+    c = Case("quantize_q8_1", "strided-view", 0.0)
+    xb = c.randn(G.F32, 70, 4, 2)
+    out.append(c.set(c.output(Q8_1, 64, 4, 2), c.view(xb, (64, 4, 2), xb.nb[:3], off=8)))
     return out
 
 
@@ -176,25 +202,53 @@ def set_rows_cases() -> list[Case]:
     return out
 
 
+def _causal_mask(c: Case, t: int, n_kv: int, t_pad: int, visible: int | None = None) -> np.ndarray:
+    """Random finite mask values, causal over the last t of `visible` positions (the rest -inf)."""
+    visible = n_kv if visible is None else visible
+    m = c.rng.standard_normal((t_pad, n_kv)).astype(np.float32) * 0.5
+    m[:, visible:] = -np.inf
+    for i in range(t):
+        m[i, visible - t + i + 1:] = -np.inf
+    return m
+
+
 def flash_attn_cases() -> list[Case]:
+    """Split-KV partials: GQA groups, decode (1 token, many splits), prefill tiles (up to 32 rows per block),
+    F32 / F16 / no mask, a fully masked row, splits whose positions are all masked."""
     out = []
-    for d, h, hkv, t, n_kv, masked in ((64, 8, 2, 3, 40, True), (128, 4, 4, 1, 300, False), (64, 2, 1, 2, 7, True)):
-        c = Case("flash_attn_ext_f16", f"D{d}-H{h}-Hkv{hkv}-T{t}-kv{n_kv}", F32_DOT)
+    for d, h, hkv, t, n_kv, mask_t, vis in ((64, 8, 2, 3, 40, G.F32, None), (128, 4, 4, 1, 300, None, None),
+                                           (64, 2, 1, 2, 7, G.F16, None), (64, 32, 8, 1, 256, G.F16, 201),
+                                           (64, 8, 2, 40, 64, G.F32, None), (32, 4, 4, 2, 50, G.F16, None),
+                                           (64, 4, 4, 40, 80, G.F16, 72), (64, 8, 8, 250, 256, G.F16, 250),
+                                           (64, 8, 8, 1, 512, G.F16, 260), (128, 32, 32, 1, 256, G.F16, 230)):
+        c = Case("flash_attn_ext_f16", f"D{d}-H{h}-Hkv{hkv}-T{t}-kv{n_kv}-{'nomask' if mask_t is None else mask_t.name}",
+                 F32_DOT)
         n_cache = n_kv + 5
         kc = c.randn(G.F16, d * hkv, n_cache)     # caches as the model stores them: one row per position
         vc = c.randn(G.F16, d * hkv, n_cache)
         kview = c.view(kc, (d, hkv, n_kv), (2, 2 * d, kc.nb[1]))
         vview = c.view(vc, (d, hkv, n_kv), (2, 2 * d, vc.nb[1]))
         mask = None
-        if masked:
-            t_pad = -(-t // 8) * 8
-            m = c.rng.standard_normal((t_pad, n_kv)).astype(np.float32) * 0.5
-            for i in range(t):   # causal over the last t positions
-                m[i, n_kv - t + i + 1:] = -np.inf
-            mask = c.put(G.F32, m)
-        scratch = c.output(G.F32, n_kv, h, t)
-        out.append(c.set(c.output(G.F32, d, h, t), c.randn(G.F32, d, h, t), kview, vview, mask, scratch,
-                         fp=(1.0 / np.sqrt(d),)))
+        if mask_t is not None:
+            m = _causal_mask(c, t, n_kv, -(-t // 8) * 8, vis)
+            if t == 2:
+                m[0, :] = -np.inf   # a fully masked row: its partials are (0, -inf, 0)
+            mask = c.put(mask_t, m)
+        tq = fa_tokens_per_block(h, hkv, t)
+        n_split, chunk = fa_split(n_kv, hkv * -(-t // tq))
+        out.append(c.set(c.output(G.F32, d + 2, n_split, h, t), c.randn(G.F32, d, h, t), kview, vview, mask,
+                         ip=(chunk, tq), fp=(1.0 / np.sqrt(d),)))
+    for dv, ns, h, t in ((64, 5, 4, 3), (128, 1, 2, 2), (64, 8, 32, 1)):
+        c = Case("flash_attn_combine_f32", f"Dv{dv}-splits{ns}-H{h}-T{t}", F32_DOT)
+        part = c.rng.standard_normal((t, h, ns, dv + 2)).astype(np.float32)
+        part[..., dv] *= 3.0
+        part[..., dv + 1] = c.rng.uniform(0.5, 10.0, (t, h, ns))
+        empty = c.rng.random((t, h, ns)) < 0.3          # splits that saw nothing: (0, -inf, 0)
+        part[empty] = 0.0
+        part[..., dv][empty] = -np.inf
+        part[0, -1, :, :] = 0.0                          # a fully masked row: zeros
+        part[0, -1, :, dv] = -np.inf
+        out.append(c.set(c.output(G.F32, dv, h, t), c.put(G.F32, part)))
     return out
 
 
@@ -221,7 +275,7 @@ def rng_fill_cases() -> list[Case]:
 
 
 def all_cases() -> list[Case]:
-    cases = (mat_vec_cases() + mat_mat_cases() + glu_cases() + mmv_add_cases() + moe_cases() + get_rows_cases() + norm_cases()
+    cases = (mat_vec_cases() + mat_mat_cases() + glu_cases() + mmv_add_cases() + quantize_cases() + moe_cases() + get_rows_cases() + norm_cases()
              + elementwise_cases() + rope_cases() + set_rows_cases() + flash_attn_cases() + top_k_cases() + rng_fill_cases())
     missing = set(KERNELS) - {c.kernel for c in cases}
     assert not missing, f"kernels without a test case: {sorted(missing)}"

@@ -17,9 +17,9 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from graphdiag.backends.abi import new_params, set_desc
+from graphdiag.backends.abi import Q8_1, Q8_1_BYTES, new_params, set_desc
 from graphdiag.backends.geometry import launch_geometry
-from graphdiag.backends.sim_kernels import run_kernel
+from graphdiag.backends.sim_kernels import quantize_q8_1, run_kernel
 from graphdiag.ir.build import contiguous_nb
 from graphdiag.ir.dtypes import GGMLType as G
 from graphdiag.ir.dtypes import NUMPY
@@ -32,6 +32,7 @@ F32_DOT = 2e-6     # dot products, any weight type, K <= 2048; measured <= 7.5e-
 F32_ELEM = 1e-6    # norms, softmax, silu: measured <= 1.4e-7; add/mul/get_rows/copies are exact (0)
 ROPE = 1e-5        # positions < 100: theta's float32 rounding grows with the position; measured 2.5e-6
 F16_OUT = 1e-3     # F16 results: one F16 ulp (2^-10) of the largest value; measured 0 (same rounding)
+TC_DOT = 1e-5      # tensor-core F32 accumulation (not IEEE round-to-nearest per add) vs numpy; K <= 256
 
 
 @dataclass(frozen=True)
@@ -69,6 +70,18 @@ class Case:
         self.bufs.append(np.frombuffer(data, np.uint8).copy())
         return Desc(len(self.bufs) - 1, 0, int(t), ne, contiguous_nb(t, ne))
 
+    def q8_1(self, *ne, pad_blocks: int = 0) -> Desc:
+        """Standard-normal x (ne, innermost first) quantised to Q8_1 blocks, as quantize_q8_1 writes them;
+        `pad_blocks` spare blocks at the end of every row (a strided view)."""
+        x = self.rng.standard_normal(ne[::-1]).astype(np.float32)
+        q = quantize_q8_1(x)
+        if pad_blocks:
+            q = np.concatenate([q, np.zeros(q.shape[:-1] + (pad_blocks,), q.dtype)], axis=-1)
+        self.bufs.append(np.frombuffer(q.tobytes(), np.uint8).copy())
+        ne4 = tuple(ne) + (1,) * (4 - len(ne))
+        row = Q8_1_BYTES * (ne4[0] // 32 + pad_blocks)
+        return Desc(len(self.bufs) - 1, 0, Q8_1, ne4, (Q8_1_BYTES, row, row * ne4[1], row * ne4[1] * ne4[2]))
+
     def randn(self, t: G, *ne, scale: float = 1.0) -> Desc:
         """Standard-normal values of shape ne (innermost first)."""
         return self.put(t, scale * self.rng.standard_normal(ne[::-1]).astype(np.float32))
@@ -80,7 +93,11 @@ class Case:
     def output(self, t: G, *ne, nbytes: int | None = None) -> Desc:
         """A poisoned (0xFF) contiguous destination; `nbytes` makes the buffer larger (for views)."""
         ne4 = tuple(ne) + (1,) * (4 - len(ne))
-        nb = contiguous_nb(t, ne4)
+        if t == Q8_1:
+            row = Q8_1_BYTES * (ne4[0] // 32)
+            nb = (Q8_1_BYTES, row, row * ne4[1], row * ne4[1] * ne4[2])
+        else:
+            nb = contiguous_nb(t, ne4)
         self.bufs.append(np.full(nbytes or nb[3] * ne4[3], 0xFF, np.uint8))
         return Desc(len(self.bufs) - 1, 0, int(t), ne4, nb)
 
@@ -141,7 +158,10 @@ class SimDevice:
 
 
 def _elements(buf: np.ndarray, d: Desc) -> tuple[np.ndarray, np.ndarray]:
-    """(values of the view as float64 / int, byte mask of the bytes the view covers)."""
+    """(values of the view as float64 / int, byte mask of the bytes the view covers). Q8_1 blocks compare
+    as their 9 32-bit words, exactly."""
+    if d.type == Q8_1:
+        d = Desc(d.buf, d.off, int(G.I32), (d.ne[0] // 32 * 9,) + d.ne[1:], (4,) + d.nb[1:])
     space = AddressSpace(0x1000)
     base = space.alloc(len(buf))
     space.bytes(base, len(buf))[...] = buf
@@ -167,7 +187,7 @@ def compare(case: Case, ref: np.ndarray, got: np.ndarray, check_bound: bool = Tr
     outside = np.nonzero((ref != got) & ~covered)[0]
     assert outside.size == 0, f"{case.kernel}[{case.id}]: {outside.size} bytes written outside the view " \
                               f"(first at byte {outside[0]})"
-    if d.type == G.I32:
+    if d.type in (G.I32, Q8_1):
         bad = np.argwhere(r != g)
         assert bad.size == 0, f"{case.kernel}[{case.id}]: {len(bad)} indices differ, first at {bad[0]}: " \
                               f"{g[tuple(bad[0])]} != {r[tuple(bad[0])]}"

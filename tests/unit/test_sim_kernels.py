@@ -4,13 +4,13 @@ import numpy as np
 import pytest
 
 from graphdiag.backends import cpu_ops as ops
-from graphdiag.backends.abi import new_params, set_desc
+from graphdiag.backends.abi import Q8_1, Q8_1_BYTES, new_params, set_desc
 from graphdiag.backends.kernels import KERNELS
-from graphdiag.backends.sim_kernels import SIM_KERNELS, run_kernel
+from graphdiag.backends.sim_kernels import SIM_KERNELS, quantize_q8_1, run_kernel
 from graphdiag.errors import CudaError
 from graphdiag.ir.build import contiguous_nb
 from graphdiag.ir.dtypes import GGMLType as G
-from graphdiag.memory import AddressSpace, quantize_q8_0
+from graphdiag.memory import AddressSpace, dequantize_q8_0, quantize_q8_0
 
 RNG = np.random.default_rng(1)
 
@@ -48,7 +48,7 @@ def rand(*shape):
 
 def test_every_catalogue_kernel_has_a_sim_implementation():
     assert set(SIM_KERNELS) == set(KERNELS)
-    assert len([k for k in SIM_KERNELS if not k.startswith("rng_fill_")]) == 35
+    assert len([k for k in SIM_KERNELS if not k.startswith("rng_fill_")]) == 37
 
 
 def test_unknown_kernel_is_not_found():
@@ -66,19 +66,58 @@ def test_rms_norm_and_add_follow_cpu_ops():
     np.testing.assert_array_equal(m.view(dst), x + w)
 
 
-def test_mul_mat_vec_q8_0_follows_cpu_ops_and_checks_its_preconditions():
+def q8_1_desc(m: Mem, x: np.ndarray):
+    """x (1, 1, N, K) quantised by the quantize_q8_1 kernel into simulated memory: its Q8_1 descriptor."""
+    k, n = x.shape[-1], x.shape[-2]
+    dx = m.put(G.F32, (k, n, 1, 1), x)
+    row = Q8_1_BYTES * (k // 32)
+    dq = (m.space.alloc(row * n), Q8_1, (k, n, 1, 1), (Q8_1_BYTES, row, row * n, row * n))
+    run_kernel(m.space, "quantize_q8_1", params(dq, dx))
+    return dq
+
+
+def test_quantize_q8_1_rounds_half_to_even_and_keeps_zero_blocks():
+    x = np.zeros((1, 1, 1, 64), np.float32)
+    x[..., :32] = np.linspace(-2.54, 2.54, 32)   # d = 0.02: x / d lands on .5 for some elements
+    q = quantize_q8_1(x)
+    d = np.float32(2.54) / np.float32(127)
+    np.testing.assert_array_equal(q["qs"][0, 0, 0, 0], np.rint(x[0, 0, 0, :32] / d).astype(np.int8))
+    assert q["d"][0, 0, 0, 1] == 0 and not q["qs"][0, 0, 0, 1].any()
+    assert q["s"][0, 0, 0, 0] == np.float16(d * q["qs"][0, 0, 0, 0].sum())
+
+
+def test_mul_mat_vec_q8_0_is_an_integer_dot_on_q8_1_x_and_checks_its_preconditions():
     m = Mem()
     wq = quantize_q8_0(rand(1, 1, 8, 64))
-    dw, dx = m.put(G.Q8_0, (64, 8, 1, 1), wq), m.put(G.F32, (64, 2, 1, 1), rand(1, 1, 2, 64))
+    x = rand(1, 1, 2, 64)
+    dw, dq = m.put(G.Q8_0, (64, 8, 1, 1), wq), q8_1_desc(m, x)
     dst = m.put(G.F32, (8, 2, 1, 1))
-    run_kernel(m.space, "mul_mat_vec_q8_0", params(dst, dw, dx))
-    np.testing.assert_array_equal(m.view(dst), ops.mul_mat(wq, m.view(dx)))
+    run_kernel(m.space, "mul_mat_vec_q8_0", params(dst, dw, dq))
+    xq = quantize_q8_1(x)
+    want = (dequantize_q8_0(wq)[0, 0] @ (xq["qs"].astype(np.float32) * xq["d"].astype(np.float32)[..., None])
+            .reshape(2, 64).T).T
+    np.testing.assert_allclose(m.view(dst)[0, 0], want, rtol=1e-5, atol=1e-5)
+    assert np.abs(m.view(dst) - ops.mul_mat(wq, x)).max() < 0.05 * np.abs(want).max()   # Q8_1 rounding only
     with pytest.raises(CudaError, match="reads F16"):
-        run_kernel(m.space, "mul_mat_vec_f16", params(dst, dw, dx))
-    big_x, big_dst = m.put(G.F32, (64, 9, 1, 1)), m.put(G.F32, (8, 9, 1, 1))
+        run_kernel(m.space, "mul_mat_vec_f16", params(dst, dw, dq))
+    with pytest.raises(CudaError, match="t\\[2\\] is F32, the kernel reads Q8_1"):
+        run_kernel(m.space, "mul_mat_vec_q8_0", params(dst, dw, m.put(G.F32, (64, 2, 1, 1), x)))
+    big_x, big_dst = q8_1_desc(m, rand(1, 1, 9, 64)), m.put(G.F32, (8, 9, 1, 1))
     with pytest.raises(CudaError, match="N = 9"):
         run_kernel(m.space, "mul_mat_vec_q8_0", params(big_dst, dw, big_x))
-    run_kernel(m.space, "mul_mat_q8_0", params(big_dst, dw, big_x))  # the tiled kernel takes any N
+    run_kernel(m.space, "mul_mat_q8_0", params(big_dst, dw, big_x))  # the mat-mul kernel takes any N
+    small = m.put(G.F32, (8, 2, 1, 1))
+    run_kernel(m.space, "mul_mat_q8_0", params(small, dw, dq))
+    np.testing.assert_allclose(m.view(small), m.view(dst), rtol=1e-6, atol=1e-6)   # both paths: one formula
+
+
+def test_mul_mat_f16_rounds_x_to_f16_as_the_tensor_cores_read_it():
+    m = Mem()
+    w = rand(1, 1, 16, 64).astype(np.float16)
+    x = rand(1, 1, 12, 64) * np.float32(1 + 2 ** -13)
+    dw, dx, dst = m.put(G.F16, (64, 16, 1, 1), w), m.put(G.F32, (64, 12, 1, 1), x), m.put(G.F32, (16, 12, 1, 1))
+    run_kernel(m.space, "mul_mat_f16", params(dst, dw, dx))
+    np.testing.assert_array_equal(m.view(dst), ops.mul_mat(w, x.astype(np.float16)))
 
 
 def test_top_k_and_get_rows_f16():
@@ -109,7 +148,8 @@ def test_mul_mat_vec_glu_equals_two_mat_vecs_then_swiglu(w):
     t = G.F16 if w == "f16" else G.Q8_0
     conv = (lambda a: a.astype(np.float16)) if w == "f16" else quantize_q8_0
     dg, du = m.put(t, (64, 16, 1, 1), conv(rand(1, 1, 16, 64))), m.put(t, (64, 16, 1, 1), conv(rand(1, 1, 16, 64)))
-    dx = m.put(G.F32, (64, 3, 1, 1), rand(1, 1, 3, 64))
+    x = rand(1, 1, 3, 64)
+    dx = q8_1_desc(m, x) if w == "q8_0" else m.put(G.F32, (64, 3, 1, 1), x)
     fused, gate, up, unfused = (m.put(G.F32, (16, 3, 1, 1)) for _ in range(4))
     run_kernel(m.space, f"mul_mat_vec_glu_{w}", params(fused, dg, du, dx, ip=(2,)))
     run_kernel(m.space, f"mul_mat_vec_{w}", params(gate, dg, dx))
@@ -153,20 +193,43 @@ def test_mul_mat_id_gathered_over_every_expert_equals_the_vec_path():
     np.testing.assert_array_equal(m.view(vec), ops.mul_mat_id(m.view(dex), m.view(dx), ids))
 
 
-def test_flash_attn_ext_follows_cpu_ops_with_and_without_mask():
+def _attention(m: Mem, dq, dk, dv, dm, chunk: int, n_split: int, D: int, H: int, T: int, scale: float):
+    """flash_attn_ext_f16 (split-KV partials) then flash_attn_combine_f32, as the lowering issues them."""
+    ne = (D + 2, n_split, H, T)
+    part = m.put(G.F32, ne)
+    run_kernel(m.space, "flash_attn_ext_f16", params(part, dq, dk, dv, dm, ip=(chunk, 1), fp=(scale,)))
+    dst = m.put(G.F32, (D, H, T, 1))
+    run_kernel(m.space, "flash_attn_combine_f32", params(dst, part))
+    return m.view(dst), m.view(part)
+
+
+@pytest.mark.parametrize("mask_type", [G.F32, G.F16])
+def test_split_kv_attention_then_combine_follows_cpu_ops(mask_type):
     m = Mem()
-    D, H, Hkv, T, n_kv = 8, 4, 2, 2, 6
+    D, H, Hkv, T, n_kv = 8, 4, 2, 2, 70
     dq = m.put(G.F32, (D, H, T, 1), rand(1, T, H, D))
     dk = m.put(G.F16, (D, Hkv, n_kv, 1), rand(1, n_kv, Hkv, D).astype(np.float16))
     dv = m.put(G.F16, (D, Hkv, n_kv, 1), rand(1, n_kv, Hkv, D).astype(np.float16))
     mask = np.zeros((1, 1, 4, n_kv), np.float32)
-    mask[0, 0, 1, 4:] = -np.inf
-    dm, dst = m.put(G.F32, (n_kv, 4, 1, 1), mask), m.put(G.F32, (D, H, T, 1))
-    run_kernel(m.space, "flash_attn_ext_f16", params(dst, dq, dk, dv, dm, fp=(0.5,)))
-    ref = ops.flash_attn_ext(m.view(dq), m.view(dk), m.view(dv), mask, 0.5)
-    np.testing.assert_array_equal(m.view(dst), ref)
-    run_kernel(m.space, "flash_attn_ext_f16", params(dst, dq, dk, dv, None, fp=(0.5,)))
-    assert not np.allclose(m.view(dst), ref)
+    mask[0, 0, 1, 20:] = -np.inf     # token 1 sees only split 0: splits 1 and 2 are empty for it
+    mask[0, 0, 0, :] = rand(n_kv) * 0.3
+    dm = m.put(mask_type, (n_kv, 4, 1, 1), mask.astype(np.float16 if mask_type == G.F16 else np.float32))
+    got, part = _attention(m, dq, dk, dv, dm, 32, 3, D, H, T, 0.5)
+    ref = ops.flash_attn_ext(m.view(dq), m.view(dk), m.view(dv), m.view(dm), 0.5)
+    np.testing.assert_allclose(got, ref, rtol=2e-6, atol=2e-6)
+    assert np.isneginf(part[1, :, 1:, D]).all() and not part[1, :, 1:, D + 1].any()
+    nomask, _ = _attention(m, dq, dk, dv, None, 32, 3, D, H, T, 0.5)
+    assert not np.allclose(nomask, ref)
+
+
+def test_attention_of_a_fully_masked_row_is_zero():
+    m = Mem()
+    D, H, T, n_kv = 8, 2, 1, 40
+    dq, dk, dv = m.put(G.F32, (D, H, T, 1), rand(1, T, H, D)), *(
+        m.put(G.F16, (D, H, n_kv, 1), rand(1, n_kv, H, D).astype(np.float16)) for _ in range(2))
+    dm = m.put(G.F16, (n_kv, 1, 1, 1), np.full((1, 1, 1, n_kv), -np.inf, np.float16))
+    got, _ = _attention(m, dq, dk, dv, dm, 32, 2, D, H, T, 1.0)
+    assert not got.any()
 
 
 def test_cpy_f32_f16_converts_and_checks_the_destination_type():

@@ -2,15 +2,21 @@
 
 Each lowered op is prepared once (parameters packed once) and reused while the graph's identity holds;
 `run(stream)` issues it. Kernel choice follows ggml's dispatch: mat-vec while the batch fits the mat-vec
-path, tiled mat-mul otherwise; MUL_MAT_ID takes the fast path unless the needs-sync rule sends it to the
-sorted fallback, which copies the ids to the host and synchronises the stream.
+path, mat-mul (tensor cores for F16 / Q8_0) otherwise; MUL_MAT_ID takes the fast path unless the needs-sync
+rule sends it to the sorted fallback, which copies the ids to the host and synchronises the stream.
+
+A node's launch count depends only on its op and weight type, never on n_kv or on which path its batch
+takes, so those changes keep the captured topology (cudaGraphExecUpdate applies them), as on real ggml:
+  Q8_0 MUL_MAT (mat-vec or mat-mul, fused or not)  2: quantize_q8_1 into pool scratch, then the kernel
+  FLASH_ATTN_EXT                                   2: split-KV partials into pool scratch, then combine
+  everything else                                  1
 """
 
 from __future__ import annotations
 
 import numpy as np
 
-from ...ir.dtypes import GGMLType
+from ...ir.dtypes import QK8_0, GGMLType
 from ...ir.graph import Graph
 from ...ir.ops import Op
 from ...ir.tensor import Tensor
@@ -18,21 +24,26 @@ from .. import abi
 from ..drivers.base import Driver, Launch
 from .compat import MMVQ_MAX_BATCH_SIZE, mul_mat_id_needs_sync
 from .fusion import MMV_ADD, MMV_GLU, RMS_NORM_MUL, ROPE_SET_ROWS, Fusion
+from ..abi import Q8_1, Q8_1_BYTES
+from ..geometry import FA_HEAD_DIMS, FA_MAX_ROWS, fa_plan, launch_geometry
 from .pool import TempPool
 
 _W = {GGMLType.F32: "f32", GGMLType.F16: "f16", GGMLType.Q8_0: "q8_0"}
 
 
 def _geometry(name: str, params: np.ndarray):
-    from ..geometry import launch_geometry
     return launch_geometry(name, params)
 
 
-def _launch(name: str, tensors: list[Tensor | None], ip=(), fp=()) -> Launch:
+def _launch(name: str, tensors: list[Tensor | None], ip=(), fp=(), scratch=None) -> Launch:
+    """One launch; `scratch` = (slot, type, ne, nb) describes pool scratch in that slot (address 0 until
+    the op runs and takes a buffer)."""
     p = abi.new_params()
     for slot, t in enumerate(tensors):
         if t is not None:
             abi.set_desc_from_record(p, slot, t.arena.rec[t.idx])
+    if scratch is not None:
+        abi.set_desc(p, scratch[0], 0, scratch[1], scratch[2], scratch[3])
     for k, v in enumerate(ip):
         p["ip"][k] = v
     for k, v in enumerate(fp):
@@ -57,22 +68,29 @@ class KernelOp:
         driver.launch(stream, self.launch)
 
 
-class ScratchKernelOp(KernelOp):
-    """A launch whose descriptor `slot` is scratch memory taken from the pool around the launch."""
+class ScratchLaunchesOp:
+    """Launches sharing one scratch buffer taken from the pool around them: `slots[i]` is the descriptor of
+    launches[i] that holds the buffer's address (re-packed only when the pool hands out another buffer)."""
 
-    __slots__ = ("slot", "nbytes", "addr")
+    __slots__ = ("launches", "slots", "nbytes", "addr", "n_launches")
 
-    def __init__(self, launch: Launch, slot: int, nbytes: int):
-        super().__init__(launch)
-        self.slot, self.nbytes, self.addr = slot, nbytes, 0
+    def __init__(self, launches: list[Launch], slots: list[int], nbytes: int):
+        self.launches, self.slots, self.nbytes, self.addr = launches, slots, nbytes, 0
+        self.n_launches = len(launches)
+
+    def prepare(self, driver: Driver) -> None:
+        for launch in self.launches:
+            driver.prepare(launch)
 
     def run(self, driver: Driver, stream, pool: TempPool) -> None:
         addr, size = pool.alloc(self.nbytes)
-        if addr != self.addr:                    # re-pack only when the pool handed out another buffer
-            self.launch.params["t"][self.slot]["data"] = addr
-            driver.prepare(self.launch)
+        if addr != self.addr:
+            for launch, slot in zip(self.launches, self.slots):
+                launch.params["t"][slot]["data"] = addr
+                driver.prepare(launch)
             self.addr = addr
-        driver.launch(stream, self.launch)
+        for launch in self.launches:
+            driver.launch(stream, launch)
         pool.free(addr, size)
 
 
@@ -124,7 +142,7 @@ def lower_node(graph: Graph, i: int, fusion: Fusion | None, cc: int):
     """The lowered op for node i (with `fusion` absorbing the following nodes)."""
     node = graph.node(i)
     if fusion is not None:
-        return KernelOp(_lower_fused(graph, i, fusion))
+        return _lower_fused(graph, i, fusion)
     op = node.op
     s = node.src
     if op == Op.GET_ROWS:
@@ -135,7 +153,7 @@ def lower_node(graph: Graph, i: int, fusion: Fusion | None, cc: int):
         return KernelOp(_launch("mul_f32" if op == Op.MUL else "add_f32", [node, s[0], s[1]]))
     if op == Op.MUL_MAT:
         path = "mul_mat_vec" if s[1].ne[1] <= MMVQ_MAX_BATCH_SIZE else "mul_mat"
-        return KernelOp(_launch(f"{path}_{_W[s[0].type]}", [node, s[0], s[1]]))
+        return _mat_product(f"{path}_{_W[s[0].type]}", [node, s[0], s[1]], x_slot=2)
     if op == Op.MUL_MAT_ID:
         if mul_mat_id_needs_sync(node, cc):
             return SortedMulMatIdOp(node)
@@ -158,33 +176,57 @@ def lower_node(graph: Graph, i: int, fusion: Fusion | None, cc: int):
     raise NotImplementedError(f"the GPU backend has no kernel for {op.name} (node {i} {node.name})")
 
 
-def _lower_attention(node: Tensor) -> ScratchKernelOp:
+def _mat_product(name: str, tensors: list[Tensor | None], x_slot: int, ip=()):
+    """A mat-vec / mat-mul launch; for Q8_0 weights x (tensors[x_slot]) is first quantised to Q8_1 blocks in
+    pool scratch (quantize_q8_1), which the kernel then reads in that slot: two launches, as ggml's mmvq."""
+    w, x = tensors[1], tensors[x_slot]
+    if w.type != GGMLType.Q8_0:
+        return KernelOp(_launch(name, tensors, ip=ip))
+    if x.type != GGMLType.F32 or x.ne[0] % QK8_0:
+        raise NotImplementedError(f"{name}: x must be F32 with rows of whole 32-blocks")
+    nbk = x.ne[0] // QK8_0
+    nb = (Q8_1_BYTES, Q8_1_BYTES * nbk, Q8_1_BYTES * nbk * x.ne[1], Q8_1_BYTES * nbk * x.ne[1] * x.ne[2])
+    nbytes = nb[3] * x.ne[3]
+    quant = _launch("quantize_q8_1", [None, x], scratch=(0, Q8_1, x.ne, nb))
+    kernel = _launch(name, tensors, ip=ip, scratch=(x_slot, Q8_1, x.ne, nb))
+    return ScratchLaunchesOp([quant, kernel], [0, x_slot], nbytes)
+
+
+def _lower_attention(node: Tensor) -> ScratchLaunchesOp:
+    """Split-KV partials into pool scratch, then the combine: two launches whatever n_kv (grids vary)."""
     q, k, v, mask = node.src[:4]
-    n_kv, n_head, n_tok = k.ne[2], q.ne[1], q.ne[2]
-    launch = _launch("flash_attn_ext_f16", [node, q, k, v, mask], fp=(node.param_f32(0),))
-    nbytes = 4 * n_kv * n_head * n_tok
-    abi.set_desc(launch.params, 5, 0, int(GGMLType.F32), (n_kv, n_head, n_tok, 1),
-                 (4, 4 * n_kv, 4 * n_kv * n_head, nbytes))
-    return ScratchKernelOp(launch, 5, nbytes)
+    hd, n_head, n_tok, nb3 = q.ne
+    n_head_kv, n_kv, dv = k.ne[1], k.ne[2], v.ne[0]
+    if hd not in FA_HEAD_DIMS or dv != hd or n_head % n_head_kv or n_head // n_head_kv > FA_MAX_ROWS:
+        raise NotImplementedError(f"flash attention: head dims {hd}/{dv}, {n_head}/{n_head_kv} heads")
+    tq, n_split, chunk, nbytes = fa_plan(hd, n_head, n_head_kv, n_kv, n_tok, nb3)
+    ne = (dv + 2, n_split, n_head, n_tok * nb3)
+    nb = (4, 4 * ne[0], 4 * ne[0] * ne[1], 4 * ne[0] * ne[1] * ne[2])
+    part = _launch("flash_attn_ext_f16", [None, q, k, v, mask], ip=(chunk, tq), fp=(node.param_f32(0),),
+                   scratch=(0, int(GGMLType.F32), ne, nb))
+    comb = _launch("flash_attn_combine_f32", [node, None], scratch=(1, int(GGMLType.F32), ne, nb))
+    return ScratchLaunchesOp([part, comb], [0, 1], nbytes)
 
 
-def _lower_fused(graph: Graph, i: int, f: Fusion) -> Launch:
+def _lower_fused(graph: Graph, i: int, f: Fusion):
     node = graph.node(i)
     if f.pattern == RMS_NORM_MUL:
         mul = graph.node(i + 1)
-        return _launch("rms_norm_mul_f32", [mul, node.src[0], mul.src[1]], fp=(node.param_f32(0),))
+        return KernelOp(_launch("rms_norm_mul_f32", [mul, node.src[0], mul.src[1]], fp=(node.param_f32(0),)))
     if f.pattern == MMV_GLU:
         up, glu = graph.node(i + 1), graph.node(i + 2)
-        return _launch(f"mul_mat_vec_glu_{_W[node.src[0].type]}", [glu, node.src[0], up.src[0], node.src[1]],
-                       ip=(glu.param_i32(0),))
+        return _mat_product(f"mul_mat_vec_glu_{_W[node.src[0].type]}", [glu, node.src[0], up.src[0], node.src[1]],
+                            x_slot=3, ip=(glu.param_i32(0),))
     if f.pattern == MMV_ADD:
         add = graph.node(i + 1)
         resid = add.src[1] if add.src[0] == node else add.src[0]
-        return _launch(f"mul_mat_vec_add_{_W[node.src[0].type]}", [add, node.src[0], node.src[1], resid])
+        return _mat_product(f"mul_mat_vec_add_{_W[node.src[0].type]}", [add, node.src[0], node.src[1], resid],
+                            x_slot=2)
     if f.pattern == ROPE_SET_ROWS:
         sr = graph.node(i + 2)
         if sr.type != GGMLType.F16:
             raise NotImplementedError("rope+set_rows fusion needs an F16 cache")
-        return _launch("rope_set_rows_f16", [sr, node.src[0], node.src[1], sr.src[2]],
-                       ip=(node.param_i32(1), node.param_i32(2)), fp=(node.param_f32(5), node.param_f32(6)))
+        return KernelOp(_launch("rope_set_rows_f16", [sr, node.src[0], node.src[1], sr.src[2]],
+                                ip=(node.param_i32(1), node.param_i32(2)),
+                                fp=(node.param_f32(5), node.param_f32(6))))
     raise ValueError(f"unknown fusion {f.pattern}")

@@ -1,0 +1,178 @@
+"""Kernel microbenchmark on the real GPU: the decode and prefill shapes of tiny / 1b / 7b.
+
+    PYTHONPATH=. python tests/gpu/kernel_bench.py [--json FILE] [--only SUBSTRING]
+
+Each row launches a node's kernels as the lowering does (Q8_0: quantize_q8_1 then the kernel; attention:
+partials then combine) on random data, times `batch` back-to-back repetitions between CUDA events after a
+warm-up, and reports the median over `reps` windows: microseconds per node, GB/s of weight (+ KV) bytes,
+TFLOP/s for the mat-muls. Not a test (no gpu-marked asserts): a measurement for the kernel author.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+
+import numpy as np
+
+from graphdiag.backends.abi import Q8_1, Q8_1_BYTES, new_params, set_desc
+from graphdiag.backends.drivers.base import Launch
+from graphdiag.backends.geometry import fa_plan, launch_geometry
+from graphdiag.ir.build import contiguous_nb
+from graphdiag.ir.dtypes import GGMLType as G
+from graphdiag.memory import quantize_q8_0
+
+RNG = np.random.default_rng(0)
+
+
+class Bench:
+    def __init__(self, drv):
+        self.drv, self.stream = drv, drv.stream_create()
+        self.e0, self.e1 = drv.event_create(timing=True), drv.event_create(timing=True)
+        self.bufs: list[int] = []
+
+    def buf(self, host: np.ndarray | None = None, nbytes: int = 0) -> int:
+        n = host.nbytes if host is not None else nbytes
+        a = self.drv.mem_alloc(max(n, 256))
+        if host is not None:
+            self.drv.memcpy_htod(a, np.frombuffer(host.tobytes(), np.uint8))
+        self.bufs.append(a)
+        return a
+
+    def tensor(self, t, ne, values=None):
+        ne = tuple(ne) + (1,) * (4 - len(ne))
+        nb = contiguous_nb(t, ne)
+        if values is None:
+            shape = ne[::-1]
+            x = RNG.standard_normal(shape).astype(np.float32)
+            values = quantize_q8_0(x) if t == G.Q8_0 else x.astype({G.F16: np.float16, G.F32: np.float32}[t])
+        return (self.buf(values), int(t), ne, nb)
+
+    def q8_1(self, k, n):
+        row = Q8_1_BYTES * (k // 32)
+        return (self.buf(nbytes=row * n), Q8_1, (k, n, 1, 1), (Q8_1_BYTES, row, row * n, row * n))
+
+    def launch(self, name, descs, ip=(), fp=()):
+        p = new_params()
+        for i, d in enumerate(descs):
+            if d is not None:
+                set_desc(p, i, *d)
+        p["ip"][: len(ip)] = ip
+        p["fp"][: len(fp)] = fp
+        grid, block, shmem = launch_geometry(name, p)
+        return self.drv.prepare(Launch(name, grid, block, p, shmem))
+
+    def time_us(self, launches, batch=20, reps=15) -> float:
+        for _ in range(3):
+            for l in launches:
+                self.drv.launch(self.stream, l)
+        self.drv.stream_synchronize(self.stream)
+        times = []
+        for _ in range(reps):
+            self.drv.event_record(self.e0, self.stream)
+            for _ in range(batch):
+                for l in launches:
+                    self.drv.launch(self.stream, l)
+            self.drv.event_record(self.e1, self.stream)
+            self.drv.stream_synchronize(self.stream)
+            times.append(self.drv.event_elapsed_ms(self.e0, self.e1) * 1e3 / batch)
+        return statistics.median(times)
+
+    def free(self):
+        for a in self.bufs:
+            self.drv.mem_free(a)
+        self.bufs.clear()
+
+
+def mat_vec_rows(b: Bench, only: str):
+    shapes = {"tiny": [(512, 512), (512, 1408), (1408, 512), (512, 4096)],
+              "1b": [(2048, 2048), (2048, 512), (2048, 8192), (8192, 2048), (2048, 32000)],
+              "7b": [(4096, 4096), (4096, 11008), (11008, 4096), (4096, 32000)]}
+    for preset, ks in shapes.items():
+        for w, t in (("f16", G.F16), ("q8_0", G.Q8_0)):
+            for k, m in ks:
+                name = f"mmv {w} {preset} K{k} M{m}"
+                if only not in name:
+                    continue
+                W, x, d = b.tensor(t, (k, m)), b.tensor(G.F32, (k, 1)), b.tensor(G.F32, (m, 1), np.zeros(m, np.float32))
+                if t == G.Q8_0:
+                    xq = b.q8_1(k, 1)
+                    ls = [b.launch("quantize_q8_1", [xq, x]), b.launch("mul_mat_vec_q8_0", [d, W, xq])]
+                else:
+                    ls = [b.launch("mul_mat_vec_f16", [d, W, x])]
+                us = b.time_us(ls)
+                wbytes = k * m * (2 if t == G.F16 else 34 / 32)
+                yield {"row": name, "us": round(us, 2), "GB_s": round(wbytes / us / 1e3, 1)}
+                b.free()
+
+
+def attention_rows(b: Bench, only: str):
+    for name, d, h, hkv, t, n_kv in (("fa decode tiny", 64, 8, 8, 1, 256), ("fa decode 1b", 64, 32, 8, 1, 256),
+                                     ("fa decode 7b", 128, 32, 32, 1, 256), ("fa decode 1b kv4096", 64, 32, 8, 1, 4096),
+                                     ("fa prefill tiny T200", 64, 8, 8, 200, 256),
+                                     ("fa prefill 1b T512", 64, 32, 8, 512, 512)):
+        if only not in name:
+            continue
+        tq, n_split, chunk, nbytes = fa_plan(d, h, hkv, n_kv, t)
+        q = b.tensor(G.F32, (d, h, t))
+        kc, vc = b.tensor(G.F16, (d, hkv, n_kv)), b.tensor(G.F16, (d, hkv, n_kv))
+        m = np.zeros((t, n_kv), np.float32)
+        for i in range(t):
+            m[i, n_kv - t + i + 1:] = -np.inf
+        mask = b.tensor(G.F16, (n_kv, t), m.astype(np.float16))
+        ne = (d + 2, n_split, h, t)
+        part = (b.buf(nbytes=nbytes), int(G.F32), ne, contiguous_nb(G.F32, ne))
+        dst = b.tensor(G.F32, (d, h, t), np.zeros((t, h, d), np.float32))
+        ls = [b.launch("flash_attn_ext_f16", [part, q, kc, vc, mask], ip=(chunk, tq), fp=(0.125,)),
+              b.launch("flash_attn_combine_f32", [dst, part])]
+        us = b.time_us(ls, batch=10)
+        us_part = b.time_us(ls[:1], batch=10)
+        flop = 4 * d * h * t * n_kv / (2 if t > 1 else 1)
+        yield {"row": name, "us": round(us, 2), "partials_us": round(us_part, 2), "n_split": n_split,
+               "chunk": chunk, "TFLOP_s": round(flop / us / 1e6, 2)}
+        b.free()
+
+
+def mat_mul_rows(b: Bench, only: str):
+    for w, t in (("f16", G.F16), ("q8_0", G.Q8_0)):
+        for k, m, n in ((2048, 2048, 512), (2048, 8192, 512), (8192, 2048, 512), (4096, 11008, 512),
+                        (512, 1408, 200)):
+            name = f"mm {w} K{k} M{m} N{n}"
+            if only not in name:
+                continue
+            W, x = b.tensor(t, (k, m)), b.tensor(G.F32, (k, n))
+            d = b.tensor(G.F32, (m, n), np.zeros((n, m), np.float32))
+            if t == G.Q8_0:
+                xq = b.q8_1(k, n)
+                ls = [b.launch("quantize_q8_1", [xq, x]), b.launch("mul_mat_q8_0", [d, W, xq])]
+            else:
+                ls = [b.launch("mul_mat_f16", [d, W, x])]
+            us = b.time_us(ls, batch=5, reps=9)
+            yield {"row": name, "us": round(us, 1), "TFLOP_s": round(2 * k * m * n / us / 1e6, 1)}
+            b.free()
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--json")
+    ap.add_argument("--only", default="")
+    args = ap.parse_args(argv)
+    from graphdiag.backends.drivers.cuda import CudaDriver
+    drv = CudaDriver.open()
+    b = Bench(drv)
+    rows = []
+    for gen in (mat_vec_rows, attention_rows, mat_mul_rows):
+        for row in gen(b, args.only):
+            print(json.dumps(row), flush=True)
+            rows.append(row)
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(rows, f, indent=1)
+    drv.close()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
