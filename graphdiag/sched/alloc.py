@@ -16,11 +16,14 @@ from dataclasses import dataclass
 from .. import events as E
 from ..backends.base import Backend
 from ..ir.graph import Graph
-from ..ir.ops import TensorFlag
+from ..ir.ops import Op, TensorFlag
 from ..ir.tensor import Tensor
 from ..memory import ALIGN
 
 _KEEP = TensorFlag.INPUT | TensorFlag.OUTPUT
+# ggml_op_can_inplace, for the ops graphdiag's graphs have: such a node takes over its parent's memory
+# when it is that parent's last reader (ggml_gallocr_allocate_node)
+INPLACE_OPS = frozenset({Op.ADD, Op.MUL, Op.SCALE, Op.ROPE, Op.RMS_NORM, Op.SOFT_MAX})
 
 
 def _aligned(n: int) -> int:
@@ -117,14 +120,21 @@ class GraphAllocator:
         backend_of = dict(zip((int(i) for i in g.nodes), node_backend))
         backend_of.update(zip((int(i) for i in g.leafs), leaf_backend))
 
+        moved: set[int] = set()          # parents whose memory a node took over in place
+
         def place(t: Tensor) -> None:
             if t.idx not in plan and self._owned(t):
                 b, size = backend_of[t.idx], _aligned(t.nbytes())
+                parent = self._inplace_parent(t, plan, children, views, moved)
+                if parent is not None and plan[parent.idx].backend == b and plan[parent.idx].size >= size:
+                    plan[t.idx] = plan[parent.idx]
+                    moved.add(parent.idx)
+                    return
                 plan[t.idx] = Placement(b, lists[b].alloc(size), size)
 
         def release(t: Tensor) -> None:
             p = plan.get(t.idx)
-            if p is not None and not (t.flags & _KEEP):
+            if p is not None and not (t.flags & _KEEP) and t.idx not in moved:
                 lists[p.backend].free(p.offset, p.size)
 
         # graph inputs first, so nothing is ever placed over them (as ggml-alloc)
@@ -154,6 +164,29 @@ class GraphAllocator:
         self.nodes = [plan.get(int(i)) for i in g.nodes]
         self.leafs = [plan.get(int(i)) for i in g.leafs]
         self._grow([fl.high for fl in lists])
+
+    def _inplace_parent(self, node: Tensor, plan, children, views, moved) -> Tensor | None:
+        """The parent whose memory `node` reuses (ggml-alloc's in-place rule), if any: the first src that
+        is ours, not an output, of the same layout, read by this node alone and viewed by nothing; a view
+        parent only when it is its view_src's one view, at offset 0, and nothing else reads that tensor."""
+        if node.op not in INPLACE_OPS or node.flags & _KEEP:
+            return None
+        for parent in node.src:
+            if parent is None or parent.idx in moved:
+                continue
+            base = parent.view_src if parent.view_src is not None else parent
+            if base.idx not in plan or base.flags & _KEEP or not self._owned(base):
+                continue
+            if (parent.type, parent.ne, parent.nb) != (node.type, node.ne, node.nb):
+                continue
+            if children.get(parent.idx, 0) != 1 or views.get(parent.idx, 0):
+                continue
+            if parent.view_src is not None:
+                if views.get(base.idx, 0) != 1 or children.get(base.idx, 0) or parent.view_offs:
+                    continue
+                return base
+            return parent
+        return None
 
     @staticmethod
     def _counts(g: Graph) -> tuple[dict[int, int], dict[int, int]]:

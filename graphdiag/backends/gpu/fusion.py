@@ -75,6 +75,26 @@ def _can_fuse(graph: Graph, i: int, ops: tuple[Op, ...], consumers: dict[int, in
     return True
 
 
+def _memory_ranges_ok(graph: Graph, i: int, n: int, out: int) -> bool:
+    """ggml_cuda_check_fusion_memory_ranges: the fused kernel writes node `out`; no source of the n fused
+    nodes (other than a node the fusion elides, i.e. an earlier node of the group) may overlap that output,
+    or the kernel would overwrite what it still reads. Sources without an op (weights, inputs) are skipped."""
+    dst = graph.node(out)
+    lo = dst.data
+    if lo == 0:
+        return True             # not allocated (a graph built without memory): nothing can overlap
+    hi = lo + dst.nbytes()
+    group = {graph.node(k).idx: k for k in range(i, i + n)}
+    for j in range(i, i + n):
+        for s in graph.node(j).src:
+            if s is None or s.op == Op.NONE:
+                continue
+            s_lo = s.data
+            if s_lo < hi and lo < s_lo + s.nbytes() and not (s.idx in group and group[s.idx] < j):
+                return False
+    return True
+
+
 def _mmvf_ok(mm: Tensor, cc: int) -> bool:
     """ggml_cuda_should_fuse_mul_mat_vec_f on NVIDIA: a float mat-vec (should_use_mmvf) writing 1 column."""
     w, x = mm.src[0], mm.src[1]
@@ -114,7 +134,8 @@ def _rope_set_rows(graph: Graph, i: int, consumers) -> bool:
             and sr.src[1] == view and sr.flags & TensorFlag.COMPUTE):
         return False
     return (rope.src[0].ne[3] == 1 and sr.type in (GGMLType.F32, GGMLType.F16)
-            and view.ne[0] == rope.ne[0] * rope.ne[1] and rope.param_i32(2) in (ROPE_NORMAL, ROPE_NEOX))
+            and view.ne[0] == rope.ne[0] * rope.ne[1] and rope.param_i32(2) in (ROPE_NORMAL, ROPE_NEOX)
+            and _memory_ranges_ok(graph, i, 3, i + 2))
 
 
 def _mmv_glu(graph: Graph, i: int, consumers, cc: int) -> bool:
@@ -132,7 +153,7 @@ def _mmv_glu(graph: Graph, i: int, consumers, cc: int) -> bool:
     wg, wu = gate.src[0], up.src[0]
     if wg.type != wu.type or wg.ne != wu.ne or wg.nb != wu.nb or gate.src[1] != up.src[1]:
         return False
-    return _mat_vec_fusable(up, cc)
+    return _memory_ranges_ok(graph, i, 3, i + 2) and _mat_vec_fusable(up, cc)
 
 
 def _mmv_add(graph: Graph, i: int, consumers, cc: int) -> bool:
@@ -141,6 +162,8 @@ def _mmv_add(graph: Graph, i: int, consumers, cc: int) -> bool:
     mm, add = graph.node(i), graph.node(i + 1)
     if add.src[0].ne != add.src[1].ne:
         return False            # no broadcasting add
+    # no memory-range check upstream: the ADD reuses the mat-vec's memory in place (ggml-alloc, and
+    # graphdiag's allocator, give a node its single-use parent's buffer), so it never overlaps x
     return _mat_vec_fusable(mm, cc)
 
 
@@ -153,6 +176,7 @@ def _rms_norm_mul(graph: Graph, i: int, consumers) -> bool:
         return False
     if norm == b and a.ne != norm.ne:
         return False            # rms_norm as the B operand: no broadcast
+    # no memory-range check upstream: the fused kernel reads a row whole before it writes it (in place is safe)
     return all(t.nb[0] == type_size(t.type) for t in (a, b))
 
 
