@@ -4,6 +4,8 @@ Every shipped scenario, plus chunk sizes 1 and 8, concurrent streams, graph reus
 offload, is run on the simulated driver and on the H200 with identical settings, and the decision streams
 (every decision event without times or driver wording; see tests/support/decisions.py) must be equal."""
 
+import os
+from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
@@ -27,6 +29,21 @@ TIMELINES = {"batch-1-2-8-9": [{"at_step": 6, "batch": 2}, {"at_step": 12, "batc
                                {"at_step": 30, "batch": 9}]}
 
 
+def _report(name: str, sim, cuda) -> str:
+    """The first difference; with $GRAPHDIAG_PARITY_DIR set, both streams are written there too."""
+    msg = first_difference(sim, cuda)
+    out = os.environ.get("GRAPHDIAG_PARITY_DIR")
+    if out and msg:
+        Path(out).mkdir(parents=True, exist_ok=True)
+        with open(Path(out) / "parity.txt", "a") as f:
+            f.write(f"== {name}: {msg}\n")
+            i = next((k for k, (x, y) in enumerate(zip(sim, cuda)) if x != y), min(len(sim), len(cuda)))
+            for k in range(max(0, i - 3), min(i + 4, max(len(sim), len(cuda)))):
+                f.write(f"  sim  {k}: {dict(sim[k]) if k < len(sim) else '-'}\n")
+                f.write(f"  cuda {k}: {dict(cuda[k]) if k < len(cuda) else '-'}\n")
+    return msg
+
+
 def _both(settings, scenario):
     out = []
     for backend in ("sim", "cuda"):
@@ -41,11 +58,11 @@ def _both(settings, scenario):
 @pytest.mark.parametrize("scenario", list_scenarios(), ids=lambda s: s.name)
 def test_scenario_decides_identically_on_both_drivers(scenario):
     sim, cuda = _both({}, scenario)
-    assert sim == cuda, first_difference(sim, cuda)
+    assert sim == cuda, _report(scenario.name, sim, cuda)
 
 
 @pytest.mark.parametrize("name", sorted(EXTRA))
 def test_configuration_decides_identically_on_both_drivers(name):
     sc = SimpleNamespace(name=name, timeline=TIMELINES.get(name, []))
     sim, cuda = _both({"prompt_tokens": 8, **EXTRA[name]}, sc)
-    assert sim == cuda, first_difference(sim, cuda)
+    assert sim == cuda, _report(name, sim, cuda)
