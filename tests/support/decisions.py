@@ -36,6 +36,8 @@ def decision_stream(events) -> list[tuple]:
             d["backends"] = tuple(_gpu_name(n) for n in d["backends"])
         if isinstance(d.get("backend"), str):
             d["backend"] = _gpu_name(d["backend"])
+        if "node_name" in d:
+            d["node_name"] = _gpu_name(d["node_name"])   # scheduler copies are named after their backend
         if isinstance(ev, E.PropertyDiff) and _is_address(d["field"]):
             d["old"] = d["new"] = "<address>"         # device addresses differ between drivers
         out.append(tuple((k, v) for k, v in d.items() if k not in IGNORED))

@@ -83,3 +83,21 @@ def test_address_namer_names_by_allocation_order_and_forgets_freed_buffers():
     n.remove(0x9000)
     n.add(0x8000)                      # a new buffer below the freed one, extending past its base
     assert n.name(0x9010) == "b2+0x1010"
+
+
+def test_the_reported_field_prefers_the_shape_over_a_moved_address():
+    """A realloc moves the buffer and the data while ne changes: the report names ne (the cause); an
+    address is named only when nothing else differs (addresses are the allocator's, and differ by driver)."""
+    a = Arena()
+    g, w, x, y, z = _graph(a, 1)
+    y.buffer, y.data = 0x100, 0x3000
+    old = snapshot(a, g.nodes)
+    a.reset()
+    g, w, x, y, z = _graph(a, 2)
+    y.buffer, y.data = 0x200, 0x5000
+    d = first_field_diff(old, snapshot(a, g.nodes), 0)
+    assert (d.field, d.old, d.new) == ("ne[1]", "1", "2")
+    a.reset()
+    g, w, x, y, z = _graph(a, 1)
+    y.buffer, y.data = 0x200, 0x3000
+    assert first_field_diff(old, snapshot(a, g.nodes), 0).field == "buffer"

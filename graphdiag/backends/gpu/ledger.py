@@ -113,23 +113,24 @@ def _node_field_diffs(o, n):
             yield f, ov, nv
 
 
+def is_device_address(path: str) -> bool:
+    """Snapshot fields that hold device memory or buffer handles (they depend on the driver's allocator)."""
+    return path in ("data", "buffer", "extra") or path.endswith("].data")
+
+
 def first_field_diff(old: np.ndarray, new: np.ndarray, i: int) -> FieldDiff:
-    """Decode the first differing field of node i (struct fields first, then sources' data/ne/nb)."""
-    o, n = old[i], new[i]
+    """The field of node i that forced the update: the first differing field in snapshot order (struct
+    fields, then sources' data/ne/nb), preferring one that is not a device address — an address that moved
+    is the consequence of the shape change beside it, and addresses are the allocator's, not the graph's.
+    Only implicit padding differing is reported as "padding" (memcmp sees it too)."""
+    n = new[i]
     name = n["node"]["name"].decode(errors="replace")
     op = Op(int(n["node"]["op"])).name
-    for path, ov, nv in _node_field_diffs(o["node"], n["node"]):
-        return FieldDiff(i, name, op, path, _fmt(path, ov), _fmt(path, nv))
-    for j in range(MAX_SRC):
-        if o["src_data"][j] != n["src_data"][j]:
-            p = f"src[{j}].data"
-            return FieldDiff(i, name, op, p, _fmt(p, o["src_data"][j]), _fmt(p, n["src_data"][j]))
-        for fld in ("ne", "nb"):
-            ov, nv = o[f"src_{fld}"][j], n[f"src_{fld}"][j]
-            for k in np.flatnonzero(ov != nv):
-                return FieldDiff(i, name, op, f"src[{j}].{fld}[{k}]", str(int(ov[k])), str(int(nv[k])))
-    # only implicit padding differs: still a byte difference, as memcmp would see it
-    return FieldDiff(i, name, op, "padding", "", "")
+    diffs = all_field_diffs(old, new, i)
+    if not diffs:
+        return FieldDiff(i, name, op, "padding", "", "")
+    path, ov, nv = next((d for d in diffs if not is_device_address(d[0])), diffs[0])
+    return FieldDiff(i, name, op, path, ov, nv)
 
 
 def all_field_diffs(old: np.ndarray, new: np.ndarray, i: int) -> list[tuple[str, str, str]]:
