@@ -92,3 +92,30 @@ def test_the_verify_recompute_reports_a_pool_invalidation():
         assert any(isinstance(e, E.PoolInvalidated) for e in seen)
     finally:
         s.close()
+
+
+def test_close_releases_everything_after_a_step_failed_mid_capture():
+    s, bus, st = _session(chunk_size=8)
+    execs, streams = [], []
+    real_inst, real_stream, real_launch = s.driver.instantiate, s.driver.stream_create, s.driver.launch
+    s.driver.instantiate = lambda g: execs.append(real_inst(g)) or execs[-1]
+    n = {"launches": 0}
+
+    def launch(stream, l):
+        if s.driver.is_capturing(stream):
+            n["launches"] += 1
+            if n["launches"] == 40:                     # well into the capture, after some chunks
+                raise CudaError("CUDA_ERROR_LAUNCH_OUT_OF_RESOURCES", "launch", "injected")
+        return real_launch(stream, l)
+    s.driver.launch = launch
+    streams = list(s.gpu.streams)
+    try:
+        st.step(StepPlan("decode", batch=1))
+        with pytest.raises(CudaError):
+            st.step(StepPlan("decode", batch=1))
+        assert execs                                     # chunks before the failure were instantiated
+    finally:
+        s.close()
+    assert all(not x.alive for x in execs)
+    assert all(not x.alive for x in streams)
+    assert not s.driver._allocs and not s.driver._captures
