@@ -5,9 +5,9 @@
 // the positions [s * chunk, (s + 1) * chunk) (chunk = ip[0], a multiple of 32) of split s. Its R = G * TQ
 // query rows (G = H / Hkv heads sharing the kv head: K/V rows are loaded once for all of them) are dealt
 // to NW warps (blockDim.x / 32), row r to warp r % NW; each warp runs independently (no block barrier):
-//   per 32-position sub-chunk, lane j owns position j: s = scale * q . k_j + mask (K row read as uint4),
-//   online softmax per row with warp max / sum, p to the warp's shmem; then lane owns Dv/32 consecutive
-//   output dims and accumulates p_j * v_j (V rows read coalesced). A sub-chunk whose mask is -inf for
+//   per 32-position sub-chunk, lane j owns position j: s = scale * q . k_j + mask (K row read as uint4,
+//   issued with the mask loads), online softmax per row with warp max / sum, p to the warp's shmem; then
+//   lane owns Dv/32 consecutive output dims and accumulates p_j * v_j (V rows read coalesced, 8 in flight). A sub-chunk whose mask is -inf for
 //   every row of the warp is skipped (the result is identical: it would add exp(-inf) = 0).
 // It writes per (split, head, token) the unnormalised O (Dv floats), the running max m and the sum l into
 // the pool scratch t[0] (Dv + 2, n_split, H, T * B).
@@ -107,23 +107,13 @@ template <int NR, int ND> __device__ void fa_warp(const kparams &p, float *qs, f
         for (int e = 0; e < ND; ++e) o[i][e] = 0.0f;
     }
 
-    // V rows of a sub-chunk are loaded VG at a time; the first VG are issued before the mask and K loads,
-    // so at one token (decode: one sub-chunk per warp) the K, mask and V latencies overlap.
-    constexpr int VG = NR > 2 ? (ND <= 2 ? 8 : 4) : (ND <= 2 ? 32 : 16);
+    // Loops are kept rolled where unrolling buys no memory parallelism: each warp runs this code about once
+    // per call (decode), so its instruction footprint is fetched cold from L2 every layer.
+    constexpr int VG = 8;   // V rows in flight per step
     for (i64 c0 = j0; c0 < j1; c0 += 32) {
         const i64 j = c0 + lane;
         const bool jin = j < j1;
         const int nj = (int)min((i64)32, j1 - c0);
-        float vpre[VG][ND];
-#pragma unroll
-        for (int u = 0; u < VG; ++u) {
-            if (u < nj) {
-                load_hn<ND>(vbase + (c0 + u) * V.nb[2], (i64)lane * ND, V.nb[0], vvec, vpre[u]);
-            } else {
-#pragma unroll
-                for (int e = 0; e < ND; ++e) vpre[u][e] = 0.0f;
-            }
-        }
         float s[NR];
         bool live = false;
 #pragma unroll
@@ -137,8 +127,8 @@ template <int NR, int ND> __device__ void fa_warp(const kparams &p, float *qs, f
         for (int i = 0; i < NR; ++i) dot[i] = 0.0f;
         if (jin) {
             const char *kr = kbase + j * Kc.nb[2];
-            constexpr int KG = (NR <= 2 && ND <= 2) ? D : 8;   // K elements in flight per lane
-#pragma unroll
+            constexpr int KG = ND <= 2 ? D : D / 2;   // K elements in flight per lane
+#pragma unroll 1
             for (int d0 = 0; d0 < D; d0 += KG) {
                 float kf[KG];
 #pragma unroll
@@ -176,14 +166,12 @@ template <int NR, int ND> __device__ void fa_warp(const kparams &p, float *qs, f
         }
         __syncwarp();
         // p . V: lane owns dims [lane * ND, lane * ND + ND)
+#pragma unroll 1
         for (int jj = 0; jj < nj; jj += VG) {
             float vf[VG][ND];
 #pragma unroll
             for (int u = 0; u < VG; ++u) {
-                if (jj == 0) {
-#pragma unroll
-                    for (int e = 0; e < ND; ++e) vf[u][e] = vpre[u][e];
-                } else if (jj + u < nj) {
+                if (jj + u < nj) {
                     load_hn<ND>(vbase + (c0 + jj + u) * V.nb[2], (i64)lane * ND, V.nb[0], vvec, vf[u]);
                 } else {
 #pragma unroll
