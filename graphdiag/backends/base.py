@@ -26,6 +26,11 @@ class Backend(abc.ABC):
     def tensor_set(self, addr: int, data: np.ndarray) -> None:
         """Write the bytes of `data` at `addr` (synchronous)."""
 
+    def tensor_set_many(self, items: list[tuple[int, np.ndarray]]) -> None:
+        """Write several (addr, data) pairs: a step's inputs (backends may batch the copies)."""
+        for addr, data in items:
+            self.tensor_set(addr, data)
+
     @abc.abstractmethod
     def tensor_get(self, addr: int, nbytes: int) -> np.ndarray:
         """A uint8 copy of [addr, addr + nbytes) (synchronous)."""

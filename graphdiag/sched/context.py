@@ -143,19 +143,20 @@ class Context:
             return "reuse disabled"
         return _reuse_blocker(self.res.params, params)
 
-    def _put(self, t: Tensor, a: np.ndarray) -> None:
-        self.sched.backend_of(t).tensor_set(t.data, a)
-
     def _set_inputs(self, tokens, seqs, pos, cells) -> None:
-        """llm_graph_result::set_inputs: write this step's input tensors."""
+        """llm_graph_result::set_inputs: write this step's input tensors (one batch per backend)."""
         inp, p = self.res.inputs, self.res.params
-        self._put(inp.tokens, tokens.astype(np.int32))
-        self._put(inp.pos, pos.astype(np.int32))
-        self._put(inp.kq_mask, self.kv.mask(seqs, pos, p.n_kv, inp.kq_mask.ne[1]))
-        self._put(inp.k_idxs, cells)
-        self._put(inp.v_idxs, cells)
+        writes = [(inp.tokens, tokens.astype(np.int32)), (inp.pos, pos.astype(np.int32)),
+                  (inp.kq_mask, self.kv.mask(seqs, pos, p.n_kv, inp.kq_mask.ne[1])),
+                  (inp.k_idxs, cells), (inp.v_idxs, cells)]
         if inp.out_ids is not None:
-            self._put(inp.out_ids, np.arange(p.n_tokens - p.n_outputs, p.n_tokens, dtype=np.int32))
+            writes.append((inp.out_ids, np.arange(p.n_tokens - p.n_outputs, p.n_tokens, dtype=np.int32)))
+        by_backend: dict[int, tuple] = {}
+        for t, a in writes:
+            be = self.sched.backend_of(t)
+            by_backend.setdefault(id(be), (be, []))[1].append((t.data, a))
+        for be, items in by_backend.values():
+            be.tensor_set_many(items)
 
 
 def make_context(model: Model, backends: list[Backend], bus: E.EventBus | None = None, n_cpu_moe: int = 0,

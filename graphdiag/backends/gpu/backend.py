@@ -9,6 +9,7 @@ import numpy as np
 
 from ... import events as E
 from ...errors import GraphdiagError
+from ...memory import ALIGN
 from ...ir.graph import Graph
 from ..base import Backend
 from ..drivers.base import Driver
@@ -21,6 +22,11 @@ from .pool import TempPool
 from .runtime import CC_VOLTA, GraphRuntime, RuntimeOptions
 
 MAX_STREAMS = 8
+
+
+def _block(nbytes: int) -> int:
+    """The allocator block a tensor of nbytes occupies (graph allocator alignment)."""
+    return (nbytes + ALIGN - 1) // ALIGN * ALIGN
 
 
 class GpuBackend(Backend):
@@ -46,6 +52,7 @@ class GpuBackend(Backend):
         self.n_devices = 1                    # devices this process uses (concurrency needs exactly one)
         self.buffers: set[int] = set()
         self._pending_host: list[np.ndarray] = []   # host sources of queued copies
+        self._staging: np.ndarray | None = None     # tensor_set_many's host buffer, reused every step
         self.force_eager = False
         self.addresses = AddressNamer()       # buffer allocation order, for comparable ledger rows
         self._timers: list[tuple] = []        # (start, end) timing events per split index
@@ -69,6 +76,32 @@ class GpuBackend(Backend):
         data = np.ascontiguousarray(data)
         self.driver.memcpy_htod(addr, data, self.stream0)
         self._pending_host.append(data)
+
+    def tensor_set_many(self, items: list[tuple[int, np.ndarray]]) -> None:
+        """A step's inputs in as few copies as their placement allows: tensors whose allocator blocks are
+        adjacent (the allocator places a graph's inputs first, one aligned block after another) go in one
+        copy from a staging buffer kept between steps (the previous step's read-back synchronised, so it is
+        free again); the padding between them is each block's own."""
+        items = sorted(((a, np.ascontiguousarray(d).view(np.uint8).reshape(-1)) for a, d in items),
+                       key=lambda x: x[0])
+        runs: list[list[tuple[int, np.ndarray]]] = []
+        for addr, raw in items:
+            if runs and runs[-1][-1][0] + _block(runs[-1][-1][1].nbytes) == addr:
+                runs[-1].append((addr, raw))
+            else:
+                runs.append([(addr, raw)])
+        for run in runs:
+            if len(run) == 1:
+                self.tensor_set(*run[0])
+                continue
+            start = run[0][0]
+            total = run[-1][0] - start + run[-1][1].nbytes
+            if self._staging is None or self._staging.nbytes < total:
+                self._staging = np.zeros(max(total, 4096), np.uint8)
+            buf = self._staging[:total]
+            for addr, raw in run:
+                buf[addr - start: addr - start + raw.nbytes] = raw
+            self.driver.memcpy_htod(start, buf, self.stream0)
 
     def tensor_get(self, addr: int, nbytes: int) -> np.ndarray:
         self.synchronize()

@@ -41,6 +41,8 @@ class GraphEntry:
     lowered: list | None = None
     plan: dict | None = None
     reported: set = field(default_factory=set)
+    compat_uid: int = -1                # the uid the compatibility verdict below was taken for
+    compat: object = None
 
     @property
     def n_nodes(self) -> int:

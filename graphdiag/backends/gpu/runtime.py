@@ -85,7 +85,13 @@ class GraphRuntime:
 
     # -- gate 3: compatibility --------------------------------------------------------------------------
     def compatible(self, entry: GraphEntry, graph: Graph, split: int) -> bool:
-        inc = check_compatibility(graph, self.driver.cc)
+        """ggml_cuda_graph_check_compability. Its verdict is kept with the uid it was taken for: the same
+        uid is the same graph (the fast path trusts that too), so a replayed step does not walk the nodes."""
+        if graph.uid != 0 and entry.compat_uid == graph.uid:
+            inc = entry.compat
+        else:
+            inc = check_compatibility(graph, self.driver.cc)
+            entry.compat_uid, entry.compat = graph.uid, inc
         if inc is None:
             entry.reported.discard("incompatible")
             return True
