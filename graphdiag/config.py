@@ -191,27 +191,33 @@ def validate_run(cfg: RunConfig, scenario=None, as_json: bool = False, verbosity
                          f"batch {cfg.batch} prefilled, then one cell per sequence per decode step); lower "
                          f"--steps, --batch or --prompt-tokens")
     if cfg.backend != "cpu" and cfg.pool_cap is not None:
-        need, step = min_pool_cap(demand, model)
+        need, step = min_pool_cap(demand, model, cfg.wtype)
         if cfg.pool_cap < need:
             raise UsageError(f"{_named(cfg, scenario, 'pool_cap', '--pool-cap')} {cfg.pool_cap} is below the "
-                             f"smallest cap that can work for this run: {need} bytes (the attention scratch "
-                             f"buffer of step {step}, with the pool's 5 % look-ahead)")
+                             f"smallest cap that can work for this run: {need} bytes (the largest scratch "
+                             f"request, at step {step}, with the pool's 5 % look-ahead)")
     if cfg.verify and cfg.graphs_disabled:
         warnings.append(f"{_named(cfg, scenario, 'verify', '--verify')} checks replayed steps, and graphs are "
                         f"disabled ({_named(cfg, scenario, 'graphs_disabled', '--no-graphs')}): nothing to verify")
     return warnings
 
 
-def min_pool_cap(demand, model) -> tuple[int, int]:
+def min_pool_cap(demand, model, wtype: str = "f16") -> tuple[int, int]:
     """(bytes, step): the largest pool buffer one step asks for. The pool frees every cached buffer and
-    retries when a request does not fit, so the run works iff the cap holds its largest single request:
-    the flash-attention scratch, 4 * n_kv * n_head * n_tokens bytes, over-allocated by LOOK_AHEAD."""
+    retries when a request does not fit, so the run works iff the cap holds its largest single request,
+    over-allocated by LOOK_AHEAD: the flash-attention scratch (geometry.fa_plan: the split-KV partials) or,
+    with Q8_0 weights, the Q8_1 copy of a mat-mul's activations (36 bytes per 32 values)."""
+    from .backends.geometry import fa_plan
     from .backends.gpu.pool import LOOK_AHEAD
     from .model.build import padded_n_kv
 
     best, at = 0, -1
+    widest = max(model.n_embd, model.n_ff, model.n_ff_exp)
     for step, p, cells in demand.steps:
-        size = 4 * padded_n_kv(cells, model.n_ctx) * model.n_head * p.tokens
+        n_kv = padded_n_kv(cells, model.n_ctx)
+        size = fa_plan(model.head_dim, model.n_head, model.n_head_kv, n_kv, p.tokens)[3]
+        if wtype == "q8_0":
+            size = max(size, 36 * (widest // 32) * p.tokens)
         want = max(int(size * LOOK_AHEAD + 255) // 256 * 256, 256)
         if want > best:
             best, at = want, step

@@ -79,7 +79,7 @@ class Session:
             self.model = create_model(get_preset(cfg.model), weight_type(cfg.wtype), seed=cfg.seed)
             backends = [self.gpu, self.cpu] if self.gpu is not None else [self.cpu]
             self.ctx = make_context(self.model, backends, bus, cfg.n_cpu_moe, cfg.reuse_disabled)
-            self.reference = Reference(self.model) if cfg.oracle else None
+            self.reference = Reference(self.model, q8_1_activations=self.gpu is not None) if cfg.oracle else None
         except BaseException:
             self.close()           # a half-built session (bad preset, weights that do not fit) releases the device
             raise

@@ -26,6 +26,16 @@ def _rms_norm(x: np.ndarray, w: np.ndarray, eps: float) -> np.ndarray:
     return x / np.sqrt(np.mean(x * x, axis=-1, keepdims=True) + eps) * w
 
 
+def _q8_1_rounded(x: np.ndarray) -> np.ndarray:
+    """x (..., K) with every block of 32 replaced by its Q8_1 value d_f16 * q (float64)."""
+    b = x.astype(np.float32).reshape(*x.shape[:-1], x.shape[-1] // 32, 32)
+    amax = np.abs(b).max(axis=-1, keepdims=True)
+    d = amax / np.float32(127)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        q = np.where(amax != 0, np.rint(b / d), np.float32(0))
+    return (q.astype(F64) * d.astype(np.float16).astype(F64)).reshape(x.shape)
+
+
 def _silu(x: np.ndarray) -> np.ndarray:
     return x / (1.0 + np.exp(-x))
 
@@ -67,10 +77,14 @@ class _SeqCache:
 class Reference:
     """Forward passes over ubatches, with a KV cache per sequence (positions continue where they left off)."""
 
-    def __init__(self, model: Model):
+    def __init__(self, model: Model, q8_1_activations: bool = False):
+        """q8_1_activations: the backend rounds x to Q8_1 before Q8_0 products (the GPU backend, as ggml's
+        quantized paths); the numpy CPU backend multiplies plain floats."""
         self.m, self.cfg = model, model.cfg
+        self.q8_1 = q8_1_activations
         self.seqs: dict[int, _SeqCache] = {}
         self._w: dict[str, np.ndarray] = {}   # float64 weights: 8 bytes a parameter, for small presets
+        self._q8: set[str] = set()            # weights stored as Q8_0
 
     def seq_len(self, seq: int) -> int:
         return self.seqs[seq].n_pos if seq in self.seqs else 0
@@ -79,6 +93,8 @@ class Reference:
         """The stored weight dequantised, as float64 (numpy axes outermost first); cached."""
         if name not in self._w:
             a = self.m.host[name]
+            if a.dtype.names:
+                self._q8.add(name)
             self._w[name] = (dequantize_q8_0(a) if a.dtype.names else a).astype(F64)
         return self._w[name]
 
@@ -110,12 +126,15 @@ class Reference:
             h = _rms_norm(x, self.w(p + "ffn_norm.weight"), cfg.norm_eps)
             x = x + (self._moe(il, h) if cfg.is_moe else self._ffn(il, h))
         h = _rms_norm(x[out_rows], self.w("output_norm.weight"), cfg.norm_eps)
-        return (h @ self.w("output.weight").T).astype(np.float32)
+        return self._mm(h, "output.weight").astype(np.float32)
 
     # -- blocks --------------------------------------------------------------------------------------------
     def _mm(self, x: np.ndarray, name: str) -> np.ndarray:
-        """x @ W^T for a stored (out, in) weight."""
-        return x @ self.w(name).T
+        """x @ W^T for a stored (out, in) weight. Against a Q8_0 weight, x is first rounded to Q8_1 as ggml's
+        quantized mat-vec and mat-mul paths do (per 32 values: d = max|x| / 127 stored as f16, q = rint(x/d))
+        — the arithmetic llama.cpp defines, so the oracle bound stays tight for Q8_0 runs (GPU backend)."""
+        w = self.w(name)
+        return (_q8_1_rounded(x) if self.q8_1 and name in self._q8 else x) @ w.T
 
     def _attention(self, il: int, h: np.ndarray, seqs: np.ndarray, pos: np.ndarray) -> np.ndarray:
         cfg, p, t = self.cfg, f"blk.{il}.", h.shape[0]

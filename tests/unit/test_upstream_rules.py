@@ -100,3 +100,17 @@ def test_the_first_lookup_sweeps():
     t[0] += 4_000_000
     cache.lookup(2)
     assert cache.last_sweep_us == 100_000_000
+
+
+def test_the_smallest_pool_cap_counts_the_split_kv_partials_and_the_q8_1_copy():
+    from graphdiag.backends.geometry import fa_plan
+    from graphdiag.config import min_pool_cap
+    from graphdiag.plan import StepPlan
+    cfg = PRESETS["tiny"]
+
+    class Demand:
+        steps = [(0, StepPlan("decode", batch=1), 8)]     # (step, plan, cells in use)
+    f16, _ = min_pool_cap(Demand, cfg, "f16")
+    q8, _ = min_pool_cap(Demand, cfg, "q8_0")
+    assert f16 >= fa_plan(cfg.head_dim, cfg.n_head, cfg.n_head_kv, 256, 1)[3] > 4 * 256 * cfg.n_head
+    assert q8 >= f16 and q8 >= 36 * (cfg.n_ff // 32)

@@ -39,11 +39,9 @@ class GpuBackend(Backend):
         self.bus = bus
         self.runtime = GraphRuntime(driver, bus, options, clock)
         self.loop = CaptureLoop(self)
-        self.pool = TempPool(driver, self.runtime.invalidate_all, pool_cap, pool_max_buffers)
-        self.pool.before_flush = self.end_capture_for_pool
-        self.capture_aborted = False          # set when the pool ended the capture in progress
-        self.pool.on_alloc = lambda addr: self.addresses.add(addr)
-        self.pool.on_free = lambda addr: self.addresses.remove(addr)
+        self._pool_args = (pool_cap, pool_max_buffers)
+        self.pools: dict[int, TempPool] = {}  # one per stream, as ggml's pools[device][stream]
+        self.capture_aborted = False          # set when a pool ended the capture in progress
         self.stream0 = driver.stream_create()
         self.streams = [self.stream0]
         self.fork_event = driver.event_create()
@@ -57,6 +55,26 @@ class GpuBackend(Backend):
         self.addresses = AddressNamer()       # buffer allocation order, for comparable ledger rows
         self._timers: list[tuple] = []        # (start, end) timing events per split index
         self._timed: list[int] = []           # split indices timed since the last collect
+
+    # -- temporary pools ----------------------------------------------------------------------------------
+    def pool_of(self, stream) -> TempPool:
+        """The temporary pool of `stream` (ggml_backend_cuda_context::pool(): one per device and stream, so
+        branches on concurrent streams never hand each other a buffer still in use). Any pool's flush
+        invalidates every graph of the context."""
+        key = id(stream)
+        pool = self.pools.get(key)
+        if pool is None:
+            pool = TempPool(self.driver, self.runtime.invalidate_all, *self._pool_args)
+            pool.before_flush = self.end_capture_for_pool
+            pool.on_alloc = self.addresses.add
+            pool.on_free = self.addresses.remove
+            self.pools[key] = pool
+        return pool
+
+    @property
+    def pool(self) -> TempPool:
+        """Stream 0's pool (where every node runs outside concurrent regions)."""
+        return self.pool_of(self.stream0)
 
     # -- buffers and tensors --------------------------------------------------------------------------------
     def buffer_alloc(self, nbytes: int) -> int:
@@ -268,7 +286,9 @@ class GpuBackend(Backend):
     def close(self) -> None:
         for e in self.runtime.cache.clear():
             self.runtime.destroy_instances(e, 0)
-        self.pool.close()
+        for pool in self.pools.values():
+            pool.close()
+        self.pools.clear()
         for addr in list(self.buffers):
             self.buffer_free(addr)
         for ev in [self.fork_event, *self.join_events, *(e for pair in self._timers for e in pair)]:

@@ -131,7 +131,7 @@ class CaptureLoop:
             if op is None:                      # view/no-op, not COMPUTE, or absorbed by a fusion
                 i += 1
                 continue
-            op.run(drv, stream, b.pool)
+            op.run(drv, stream, b.pool_of(stream))
             n_launches += op.n_launches
             if capturing and b.capture_aborted:
                 # the pool invalidated every graph while this chunk was being captured: the capture was
