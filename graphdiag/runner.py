@@ -28,7 +28,13 @@ from .model.weights import create_model
 from .plan import StepPlan, plan_steps
 from .sched.context import make_context
 
-ORACLE_BOUND = {"f16": 1e-3, "q8_0": 1e-3}  # max|a-b|/max|b| (measured ~6e-5 on the sim)
+# max|a-b|/max|b| of a step's logits against the oracle. F16: ~1e-4 measured (the F16 KV cache's rounding).
+# Q8_0 on a GPU backend: ggml rounds every activation to Q8_1 before the integer dot; the oracle does too,
+# but a value on a rounding midpoint (float32 vs float64 apart by 1e-7) sends the two runs 8-bit-noise apart,
+# and from then on they differ by the Q8_1 noise itself, 1-2e-2 (measured over 64 seeded runs); the CPU
+# backend's plain float products stay within 1e-3.
+ORACLE_BOUND = {"f16": 1e-3, "q8_0": 1e-3}
+ORACLE_BOUND_Q8_1 = 3e-2
 
 
 @dataclass
@@ -227,6 +233,8 @@ class Stepper:
         want = ref.prefill(batch[p.seq], seq=p.seq) if p.kind == "prefill" else ref.decode(batch)
         err = float(np.max(np.abs(logits - want)) / max(np.max(np.abs(want)), 1e-30))
         bound = ORACLE_BOUND[self.s.cfg.wtype]
+        if self.s.cfg.wtype == "q8_0" and self.s.gpu is not None:
+            bound = ORACLE_BOUND_Q8_1
         self.s.bus.emit(E.OracleCheck(step=step, ok=err <= bound, rel_err=err, bound=bound))
         if err > bound:
             self.r.failures.append(f"step {step}: logits differ from the oracle (rel err {err:.3g} > {bound})")

@@ -73,3 +73,14 @@ def test_the_oracle_rounds_activations_to_q8_1_only_for_the_gpu_backend():
     assert max(c.rel_err for c in of(sim, E.OracleCheck)) < 1e-5      # the GPU path's own arithmetic
     cpu = run_sim(wtype="q8_0", steps=2, prompt_tokens=1, oracle=True, backend="cpu")
     assert max(c.rel_err for c in of(cpu, E.OracleCheck)) < 1e-3      # plain float products
+    assert {c.bound for c in of(cpu, E.OracleCheck)} == {1e-3}
+
+
+def test_a_q8_0_gpu_run_is_checked_within_the_q8_1_noise():
+    """8 prompt tokens: one activation on a Q8_1 rounding midpoint sends the run ~1e-2 from the oracle
+    (the quantisation noise itself); the bound says so and the run passes."""
+    from support.simrun import of, run_sim
+    r = run_sim(wtype="q8_0", steps=2, prompt_tokens=8, oracle=True)
+    checks = of(r, E.OracleCheck)
+    assert {c.bound for c in checks} == {3e-2} and all(c.ok for c in checks) and not r.failures
+    assert max(c.rel_err for c in checks) > 1e-3
