@@ -173,6 +173,7 @@ def _table() -> dict[str, Callable[[np.ndarray], Geometry]]:
         t[f"mul_mat_vec_add_{w}"] = _mmv
         t[f"mul_mat_{w}"] = _mm if w == "f32" else _mm_tc
         t[f"mul_mat_id_vec_{w}"] = _mmv_id
+        t[f"mul_mat_id_vec_glu_{w}"] = _mmv_id
         t[f"mul_mat_id_gathered_{w}"] = _mmv_gathered
     t.update({
         "rms_norm_f32": _per_row(1), "rms_norm_mul_f32": _per_row(1), "soft_max_f32": _per_row(1),

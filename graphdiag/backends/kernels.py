@@ -55,6 +55,12 @@ def _specs() -> dict[str, KernelSpec]:
                             ("dst (M, n_used, T)", f"experts {w} (K, M, E)", "x F32 (K, n_b, T), n_b in {1, n_used}",
                              "ids I32 (n_used, T)"),
                             doc="dst[t, s, :] = experts[ids[t, s]] . x[t, s if n_b > 1 else 0]; fast path, no sync"))
+        s.append(KernelSpec(f"mul_mat_id_vec_glu_{w}",
+                            ("dst (M, n_used, 1)", f"gate experts {w} (K, M, E)", f"up experts {w} (K, M, E)",
+                             "x F32 (K, n_b, 1), n_b in {1, n_used}", "ids I32 (n_used, 1)"),
+                            ip=("glu op (2 = SWIGLU)",),
+                            doc="fused expert gate/up mat-vec + GLU of one token: dst[s] = silu(G[ids[s]] x) * "
+                                "(U[ids[s]] x) (kernels/mul_mat_id_glu.cu)"))
         s.append(KernelSpec(f"mul_mat_id_gathered_{w}",
                             ("dst (M, n_used, T)", f"experts {w} (K, M, E)", "x F32 (K, n_b, T)",
                              "row map I32 pairs (slot, token), device memory written by the host"),

@@ -159,6 +159,18 @@ def _quantize_q8_1(space, p):
     view(space, p, 0)[...] = quantize_q8_1(ops.to_f32(view(space, p, 1)))
 
 
+def _mul_mat_id_vec_glu(name: str, wt: GGMLType) -> Kernel:
+    def k(space, p):
+        _check_type(p, 1, wt, name)
+        _check_type(p, 2, wt, name)
+        _check(_ip(p, 0) == GluOp.SWIGLU, name, f"glu op {_ip(p, 0)} (only SWIGLU = 2 is implemented)")
+        x, ids = view(space, p, 3), view(space, p, 4)
+        gate = ops.mul_mat_id(view(space, p, 1), x, ids)
+        up = ops.mul_mat_id(view(space, p, 2), x, ids)
+        view(space, p, 0)[...] = ops.swiglu(gate, up)
+    return k
+
+
 def _mul_mat_id_vec(name: str, wt: GGMLType) -> Kernel:
     def k(space, p):
         _check_type(p, 1, wt, name)
@@ -300,6 +312,7 @@ def _build() -> dict[str, Kernel]:
         k[f"mul_mat_vec_glu_{w}"] = _mul_mat_vec_glu(f"mul_mat_vec_glu_{w}", wt)
         k[f"mul_mat_vec_add_{w}"] = _mul_mat_vec_add(f"mul_mat_vec_add_{w}", wt)
         k[f"mul_mat_id_vec_{w}"] = _mul_mat_id_vec(f"mul_mat_id_vec_{w}", wt)
+        k[f"mul_mat_id_vec_glu_{w}"] = _mul_mat_id_vec_glu(f"mul_mat_id_vec_glu_{w}", wt)
         k[f"mul_mat_id_gathered_{w}"] = _mul_mat_id_gathered(f"mul_mat_id_gathered_{w}", wt)
         k[f"rng_fill_{w}"] = _rng_fill(f"rng_fill_{w}", wt)
     k.update({

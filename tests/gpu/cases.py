@@ -114,6 +114,11 @@ def moe_cases() -> list[Case]:
             ids = c.ints(c.rng.permutation(e * t)[: n_used * t] % e, (n_used, t))
             out.append(c.set(c.output(G.F32, m, n_used, t), c.randn(WT[w], k, m, e),
                              c.randn(G.F32, k, n_b, t), ids))
+        for n_b in (1, n_used):
+            c = Case(f"mul_mat_id_vec_glu_{w}", f"E{e}-nb{n_b}", F32_DOT)
+            ids = c.ints(c.rng.permutation(e)[:n_used], (n_used, 1))
+            out.append(c.set(c.output(G.F32, m, n_used, 1), c.randn(WT[w], k, m, e), c.randn(WT[w], k, m, e),
+                             c.randn(G.F32, k, n_b, 1), ids, ip=(2,)))
         c = Case(f"mul_mat_id_gathered_{w}", "rows-1..4", F32_DOT)
         pairs = c.ints([[0, 0], [1, 0], [0, 1], [1, 2], [0, 2], [1, 1]], (2, 6))   # (slot, token) pairs
         out.append(c.set(c.output(G.F32, m, n_used, t), c.randn(WT[w], k, m, e), c.randn(G.F32, k, n_used, t),

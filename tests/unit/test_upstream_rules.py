@@ -114,3 +114,12 @@ def test_the_smallest_pool_cap_counts_the_split_kv_partials_and_the_q8_1_copy():
     q8, _ = min_pool_cap(Demand, cfg, "q8_0")
     assert f16 >= fa_plan(cfg.head_dim, cfg.n_head, cfg.n_head_kv, 256, 1)[3] > 4 * 256 * cfg.n_head
     assert q8 >= f16 and q8 >= 36 * (cfg.n_ff // 32)
+
+
+def test_expert_gate_up_glu_fuses_at_one_token_only():
+    from graphdiag.backends.gpu.fusion import MMID_GLU
+    one = _patterns(graph("moe-tiny", GGMLType.F16, 1))
+    two = _patterns(graph("moe-tiny", GGMLType.F16, 2))
+    assert one.count(MMID_GLU) == 4 and MMID_GLU not in two
+    assert MMID_GLU in _patterns(graph("moe-tiny", GGMLType.Q8_0, 1), 700)
+    assert MMID_GLU not in _patterns(graph("moe-tiny", GGMLType.Q8_0, 1), 600)   # no quantized fusion on Pascal

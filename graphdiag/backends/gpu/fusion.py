@@ -7,6 +7,7 @@ their conditions are upstream ggml's, in try_fuse's order, for the ops graphdiag
   rope+view+set_rows     any batch (the K cache write)
   mul_mat_vec+glu        gate/up mat-vec + GLU, only when the mat-vec writes ONE column (1 token)
   mul_mat_vec+add        a mat-vec and the ADD of a same-shaped operand (the residual), only at 1 token
+  mul_mat_id_vec+glu     the experts' gate/up mat-vec + GLU (MoE), only at 1 token
   rms_norm+mul           any batch
 
 So a decode step at 1 token fuses more (and launches fewer kernels) than at 2: a 1 <-> 2 token change
@@ -30,6 +31,7 @@ from .compat import CC_AMPERE, CC_PASCAL, MMVQ_MAX_BATCH_SIZE
 RMS_NORM_MUL = "rms_norm+mul"
 MMV_GLU = "mul_mat_vec+glu"
 MMV_ADD = "mul_mat_vec+add"
+MMID_GLU = "mul_mat_id_vec+glu"
 ROPE_SET_ROWS = "rope+view+set_rows"
 
 ROPE_NORMAL, ROPE_NEOX = 0, 2
@@ -96,13 +98,19 @@ def _memory_ranges_ok(graph: Graph, i: int, n: int, out: int) -> bool:
 
 
 def _mmvf_ok(mm: Tensor, cc: int) -> bool:
-    """ggml_cuda_should_fuse_mul_mat_vec_f on NVIDIA: a float mat-vec (should_use_mmvf) writing 1 column."""
+    """ggml_cuda_should_fuse_mul_mat_vec_f on NVIDIA: a float mat-vec (should_use_mmvf) writing 1 column
+    (for MUL_MAT_ID: one token, its columns counted along src1's ne[2])."""
     w, x = mm.src[0], mm.src[1]
     if w.type not in (GGMLType.F32, GGMLType.F16) or x.type != GGMLType.F32 or mm.type != GGMLType.F32:
         return False
     ts = type_size(w.type)
     if w.ne[0] % 2 or w.nb[0] != ts or any(w.nb[k] % (2 * ts) for k in (1, 2, 3)):
         return False
+    if mm.op == Op.MUL_MAT_ID:
+        small = w.ne[1] <= 512 or w.ne[2] * w.ne[3] == 1
+        ncols = x.ne[2]
+        ok = ncols <= 3 if w.type == GGMLType.F32 else small and (ncols == 1 if cc >= CC_AMPERE else ncols <= 3)
+        return ok and mm.ne[2] == 1
     ncols = x.ne[1]
     if w.type == GGMLType.F32:
         ok = ncols <= (3 if cc >= CC_AMPERE else 4 if cc >= 750 else 3)
@@ -116,8 +124,9 @@ def _mmvf_ok(mm: Tensor, cc: int) -> bool:
 def _mmvq_ok(mm: Tensor, cc: int) -> bool:
     """ggml_cuda_should_fuse_mul_mat_vec_q: a quantized mat-vec writing 1 column, not on Pascal or older."""
     w, x = mm.src[0], mm.src[1]
+    one = mm.ne[2] == 1 if mm.op == Op.MUL_MAT_ID else mm.ne[1] == 1
     return (is_quantized(w.type) and x.type == GGMLType.F32 and mm.type == GGMLType.F32
-            and x.ne[1] <= MMVQ_MAX_BATCH_SIZE and cc > CC_PASCAL and mm.ne[1] == 1)
+            and x.ne[1] <= MMVQ_MAX_BATCH_SIZE and cc > CC_PASCAL and one)
 
 
 def _mat_vec_fusable(mm: Tensor, cc: int) -> bool:
@@ -138,11 +147,14 @@ def _rope_set_rows(graph: Graph, i: int, consumers) -> bool:
             and _memory_ranges_ok(graph, i, 3, i + 2))
 
 
-def _mmv_glu(graph: Graph, i: int, consumers, cc: int) -> bool:
+def _mmv_glu(graph: Graph, i: int, consumers, cc: int, op: Op = Op.MUL_MAT) -> bool:
+    """gate, up, GLU (MUL_MAT, or MUL_MAT_ID over the same ids) fused into one mat-vec kernel."""
     if i + 2 >= graph.n_nodes:
         return False
     gate, up, glu = graph.node(i), graph.node(i + 1), graph.node(i + 2)
-    if (gate.op, up.op, glu.op) != (Op.MUL_MAT, Op.MUL_MAT, Op.GLU):
+    if (gate.op, up.op, glu.op) != (op, op, Op.GLU):
+        return False
+    if op == Op.MUL_MAT_ID and gate.src[2] != up.src[2]:
         return False
     if not all(t.flags & TensorFlag.COMPUTE for t in (gate, up, glu)):
         return False
@@ -190,6 +202,8 @@ def try_fuse(graph: Graph, i: int, consumers: dict[int, int], cc: int = 900) -> 
             return Fusion(MMV_GLU, 2)
         if _mmv_add(graph, i, consumers, cc):
             return Fusion(MMV_ADD, 1)
+    if op == Op.MUL_MAT_ID and _mmv_glu(graph, i, consumers, cc, Op.MUL_MAT_ID):
+        return Fusion(MMID_GLU, 2)
     if op == Op.RMS_NORM and _rms_norm_mul(graph, i, consumers):
         return Fusion(RMS_NORM_MUL, 1)
     return None

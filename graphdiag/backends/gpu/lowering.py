@@ -23,7 +23,7 @@ from ...ir.tensor import Tensor
 from .. import abi
 from ..drivers.base import Driver, Launch
 from .compat import MMVQ_MAX_BATCH_SIZE, mul_mat_id_needs_sync
-from .fusion import MMV_ADD, MMV_GLU, RMS_NORM_MUL, ROPE_SET_ROWS, Fusion
+from .fusion import MMID_GLU, MMV_ADD, MMV_GLU, RMS_NORM_MUL, ROPE_SET_ROWS, Fusion
 from ..abi import Q8_1, Q8_1_BYTES
 from ..geometry import FA_HEAD_DIMS, FA_MAX_ROWS, fa_plan, launch_geometry
 from .pool import TempPool
@@ -217,6 +217,10 @@ def _lower_fused(graph: Graph, i: int, f: Fusion):
         up, glu = graph.node(i + 1), graph.node(i + 2)
         return _mat_product(f"mul_mat_vec_glu_{_W[node.src[0].type]}", [glu, node.src[0], up.src[0], node.src[1]],
                             x_slot=3, ip=(glu.param_i32(0),))
+    if f.pattern == MMID_GLU:      # experts read float x, as the unfused MUL_MAT_ID here
+        up, glu = graph.node(i + 1), graph.node(i + 2)
+        return KernelOp(_launch(f"mul_mat_id_vec_glu_{_W[node.src[0].type]}",
+                                [glu, node.src[0], up.src[0], node.src[1], node.src[2]], ip=(glu.param_i32(0),)))
     if f.pattern == MMV_ADD:
         add = graph.node(i + 1)
         resid = add.src[1] if add.src[0] == node else add.src[0]
