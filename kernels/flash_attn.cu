@@ -228,6 +228,208 @@ KERNEL_LB(flash_attn_ext_f16, 32 * FA_MAX_WARPS) {
     }
 }
 
+// ---- decode: flash_attn_vec_f16 --------------------------------------------------------------------------
+// The same partials as flash_attn_ext_f16 for one token per block (decode, T <= 8): grid (n_split, Hkv, T * B),
+// 128 threads. A block owns kv head hk, token t, and positions [s * chunk, (s + 1) * chunk), walked in tiles
+// of 32; its G = H / Hkv query heads (G <= 8) share every K/V load. Thread (pg, r) = (tid / R, tid % R),
+// R = D / 8: it holds 8 dims [8r, 8r + 8) of the K and V rows of the tile positions pg + PG * i (PG = 128 / R)
+// as uint4, loaded one tile ahead (K, V and the mask of a tile are all in flight together: one memory round
+// trip per tile, none serialised behind the softmax). Scores: the R lanes of a row reduce their partial
+// dots by shuffles; the softmax of a tile runs one warp per head (lane = position), online across tiles
+// (m, l per head); p.V accumulates in registers, and the PG row groups are summed in order at the end
+// (deterministic). An empty or fully masked split gives (0, -inf, 0), as flash_attn_ext_f16.
+#define FAV_THREADS 128
+#define FAV_TILE 32
+#define FAV_MAX_G 8
+
+__device__ __forceinline__ uint4 fav_load8(const char *row, i64 d, i64 nb0, bool vec) {
+    if (vec) return *(const uint4 *)(row + d * 2);
+    unsigned short h[8];
+#pragma unroll
+    for (int e = 0; e < 8; ++e) h[e] = *(const unsigned short *)(row + (d + e) * nb0);
+    return make_uint4(h[0] | ((unsigned)h[1] << 16), h[2] | ((unsigned)h[3] << 16), h[4] | ((unsigned)h[5] << 16),
+                      h[6] | ((unsigned)h[7] << 16));
+}
+
+__device__ __forceinline__ void fav_h8(const uint4 v, float *f) {
+    const unsigned int w[4] = {v.x, v.y, v.z, v.w};
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+        f[2 * i] = h2f((unsigned short)(w[i] & 0xffffu));
+        f[2 * i + 1] = h2f((unsigned short)(w[i] >> 16));
+    }
+}
+
+template <int D, int GM> __device__ void fa_vec(const kparams &p, float *smem) {
+    constexpr int R = D / 8, PG = FAV_THREADS / R, PPT = FAV_TILE / PG;
+    const tdesc &P = p.t[0], &Q = p.t[1], &Kc = p.t[2], &V = p.t[3], &Mk = p.t[4];
+    const int tid = threadIdx.x, lane = tid & 31, w = tid >> 5, pg = tid / R, r = tid % R;
+    const i64 H = Q.ne[1], T = Q.ne[2], G = H / Kc.ne[1], nkv = Kc.ne[2];
+    const i64 hk = blockIdx.y, t = blockIdx.z % T, b = blockIdx.z / T;
+    const bool has_mask = Mk.data != 0;
+    const float scale = p.fp[0];
+    const i64 j0 = (i64)blockIdx.x * p.ip[0], j1 = min(j0 + (i64)p.ip[0], nkv);
+
+    float *qs = smem;                      // [GM][D]
+    float *ss = qs + GM * D;               // [GM][32] scores, then p
+    float *al = ss + GM * FAV_TILE;        // [GM] alpha of the tile
+    float *red = al + FAV_MAX_G;           // [PG][GM][D] for the final sum over row groups
+
+    const i64 kb = b % Kc.ne[3], vb = b % V.ne[3];
+    const bool kvec = Kc.nb[0] == 2 && ((Kc.data | (u64)Kc.nb[1] | (u64)Kc.nb[2] | (u64)Kc.nb[3]) & 15) == 0;
+    const bool vvec = V.nb[0] == 2 && ((V.data | (u64)V.nb[1] | (u64)V.nb[2] | (u64)V.nb[3]) & 15) == 0;
+    const char *kbase = (const char *)Kc.data + hk * Kc.nb[1] + kb * Kc.nb[3];
+    const char *vbase = (const char *)V.data + hk * V.nb[1] + vb * V.nb[3];
+
+    // the mask is read per position when it broadcasts over heads (llama.cpp's), per head otherwise
+    const bool mhead = has_mask && Mk.ne[2] > 1;
+    uint4 kr[PPT], vr[PPT];
+    float mk[PPT];
+    auto load_tile = [&](i64 c0) {
+#pragma unroll
+        for (int i = 0; i < PPT; ++i) {
+            const i64 j = c0 + pg + PG * i;
+            const bool in = j < j1;
+            kr[i] = in ? fav_load8(kbase + j * Kc.nb[2], (i64)r * 8, Kc.nb[0], kvec) : make_uint4(0, 0, 0, 0);
+            vr[i] = in ? fav_load8(vbase + j * V.nb[2], (i64)r * 8, V.nb[0], vvec) : make_uint4(0, 0, 0, 0);
+            mk[i] = !in ? F32_NEG_INF : (has_mask && !mhead && r == 0) ? mask_at(Mk, j, t, hk * G, b) : 0.0f;
+        }
+    };
+    load_tile(j0);
+
+    // q rows of the G heads into shmem (unscaled)
+    for (int e = tid; e < GM * D; e += FAV_THREADS) {
+        const int g = e / D, d = e % D;
+        qs[e] = g < G ? load_f(Q, d, hk * G + g, t, b) : 0.0f;
+    }
+    float m = F32_NEG_INF, l = 0.0f;   // of head w (and w + 4), kept by warp w
+    float m2 = F32_NEG_INF, l2 = 0.0f;
+    float o[GM][8];
+#pragma unroll
+    for (int g = 0; g < GM; ++g)
+#pragma unroll
+        for (int e = 0; e < 8; ++e) o[g][e] = 0.0f;
+    __syncthreads();
+
+    for (i64 c0 = j0; c0 < j1; c0 += FAV_TILE) {
+        uint4 kc[PPT], vc[PPT];
+        float mc[PPT];
+#pragma unroll
+        for (int i = 0; i < PPT; ++i) { kc[i] = kr[i]; vc[i] = vr[i]; mc[i] = mk[i]; }
+        if (c0 + FAV_TILE < j1) load_tile(c0 + FAV_TILE);   // the next tile in flight while this one computes
+
+        // scores of the tile: lane r of row group pg holds dims [8r, 8r + 8) of position c0 + pg + PG * i
+#pragma unroll
+        for (int i = 0; i < PPT; ++i) {
+            float kf[8];
+            fav_h8(kc[i], kf);
+#pragma unroll
+            for (int g = 0; g < GM; ++g) {
+                if (g >= G) break;
+                const float4 a = *(const float4 *)(qs + g * D + r * 8);
+                const float4 c = *(const float4 *)(qs + g * D + r * 8 + 4);
+                float dot = kf[0] * a.x + kf[1] * a.y + kf[2] * a.z + kf[3] * a.w +
+                            kf[4] * c.x + kf[5] * c.y + kf[6] * c.z + kf[7] * c.w;
+#pragma unroll
+                for (int off = R / 2; off > 0; off >>= 1) dot += __shfl_xor_sync(0xffffffffu, dot, off);
+                if (r == 0) {
+                    const i64 j = c0 + pg + PG * i;
+                    const float s = (mhead && j < j1) ? mask_at(Mk, j, t, hk * G + g, b) : mc[i];
+                    ss[g * FAV_TILE + pg + PG * i] = s == F32_NEG_INF ? s : s + scale * dot;
+                }
+            }
+        }
+        __syncthreads();
+        // online softmax, one warp per head
+#pragma unroll
+        for (int k = 0; k < 2; ++k) {
+            const int g = w + 4 * k;
+            if (g < G && g < GM) {
+                float &mm = k == 0 ? m : m2, &ll = k == 0 ? l : l2;
+                const float x = ss[g * FAV_TILE + lane];
+                const float mn = fmaxf(mm, warp_max(x));
+                float pj = 0.0f, alpha = 1.0f;
+                if (mn != F32_NEG_INF) {
+                    pj = x == F32_NEG_INF ? 0.0f : expf(x - mn);
+                    alpha = mm == F32_NEG_INF ? 0.0f : expf(mm - mn);
+                }
+                ll = ll * alpha + warp_sum(pj);
+                mm = mn;
+                __syncwarp();
+                ss[g * FAV_TILE + lane] = pj;
+                if (lane == 0) al[g] = alpha;
+            }
+        }
+        __syncthreads();
+        // p . V into this thread's 8 dims of each head
+#pragma unroll
+        for (int g = 0; g < GM; ++g) {
+            if (g >= G) break;
+            const float a = al[g];
+            float acc[8];
+#pragma unroll
+            for (int e = 0; e < 8; ++e) acc[e] = o[g][e] * a;
+#pragma unroll
+            for (int i = 0; i < PPT; ++i) {
+                const float pv = ss[g * FAV_TILE + pg + PG * i];
+                float vf[8];
+                fav_h8(vc[i], vf);
+#pragma unroll
+                for (int e = 0; e < 8; ++e) acc[e] += pv * vf[e];
+            }
+#pragma unroll
+            for (int e = 0; e < 8; ++e) o[g][e] = acc[e];
+        }
+        __syncthreads();   // ss / al are rewritten by the next tile
+    }
+
+    // sum the PG row groups in order
+#pragma unroll
+    for (int g = 0; g < GM; ++g) {
+        if (g >= G) break;
+        float4 *dst = (float4 *)(red + ((i64)pg * GM + g) * D + r * 8);
+        dst[0] = make_float4(o[g][0], o[g][1], o[g][2], o[g][3]);
+        dst[1] = make_float4(o[g][4], o[g][5], o[g][6], o[g][7]);
+    }
+    __syncthreads();
+    const i64 tb = b * T + t;
+    for (int e = tid; e < G * D; e += FAV_THREADS) {
+        const int g = e / D, d = e % D;
+        float acc = 0.0f;
+        for (int q = 0; q < PG; ++q) acc += red[((i64)q * GM + g) * D + d];
+        float *out = (float *)((char *)P.data + blockIdx.x * P.nb[1] + (hk * G + g) * P.nb[2] + tb * P.nb[3]);
+        out[d] = acc;
+    }
+#pragma unroll
+    for (int k = 0; k < 2; ++k) {
+        const int g = w + 4 * k;
+        if (g < G && g < GM && lane == 0) {
+            float *out = (float *)((char *)P.data + blockIdx.x * P.nb[1] + (hk * G + g) * P.nb[2] + tb * P.nb[3]);
+            out[D] = k == 0 ? m : m2;
+            out[D + 1] = k == 0 ? l : l2;
+        }
+    }
+}
+
+template <int D> __device__ void fa_vec_g(const kparams &p, float *smem, int g) {
+    if (g <= 1) fa_vec<D, 1>(p, smem);
+    else if (g <= 2) fa_vec<D, 2>(p, smem);
+    else if (g <= 4) fa_vec<D, 4>(p, smem);
+    else fa_vec<D, 8>(p, smem);
+}
+
+KERNEL_LB(flash_attn_vec_f16, FAV_THREADS) {
+    extern __shared__ __align__(16) float fav_smem[];
+    const tdesc &Q = p.t[1], &Kc = p.t[2];
+    const int g = (int)(Q.ne[1] / Kc.ne[1]);
+    switch (Q.ne[0]) {
+    case 32: fa_vec_g<32>(p, fav_smem, g); break;
+    case 64: fa_vec_g<64>(p, fav_smem, g); break;
+    case 128: fa_vec_g<128>(p, fav_smem, g); break;
+    default: break;   // the lowering refuses other head sizes
+    }
+}
+
 KERNEL_LB(flash_attn_combine_f32, 256) {
     const tdesc &O = p.t[0], &P = p.t[1];
     const i64 h = blockIdx.x, tb = blockIdx.y, Dv = P.ne[0] - 2, ns = P.ne[1], T = O.ne[2];

@@ -11,7 +11,9 @@
 
 #define MMV_WARPS 4
 #define MMV_NC 8    // x columns per pass (N <= 8 is ggml's mat-vec path; larger N loops)
-#define MMV_ILP 4   // 16-byte weight loads in flight per lane (one column; 2 columns or more: 1)
+#define MMV_ILP 4   // 16-byte weight loads in flight per lane (one column; 2 columns or more: 1); 8 measured
+                    // slower on the H200 (1b/7b shapes, 2026-12)
+#define MMV_ILP_Q 4 // Q8_0 steps of 8 blocks in flight per warp (one column)
 
 // 8 halves (one uint4) -> floats
 __device__ __forceinline__ void h8(const uint4 v, float *f) {
@@ -124,12 +126,46 @@ __device__ __forceinline__ void row_dots(const char *w, i64 wnb0, i64 K, const c
     for (int n = 0; n < NC; ++n) acc[n] = warp_sum(acc[n]);
 }
 
+// Two F16 rows against one F32 column (the gate/up pair of the fused GLU at batch 1): both rows' loads are
+// interleaved, MMV_ILP per row in flight, so the pair costs one row's round trips. Caller checks the
+// fast-path conditions of row_dots (contiguous, 16-byte aligned, K % 8 == 0).
+__device__ __forceinline__ void row_dots2_f16(const char *w1, const char *w2, i64 K, const char *xb, float &a1,
+                                              float &a2) {
+    constexpr int ILP = MMV_ILP;   // per row: 2 * MMV_ILP loads in flight
+    const int lane = threadIdx.x & 31;
+    for (i64 k0 = lane * 8; k0 < K; k0 += 32 * 8 * ILP) {
+        uint4 v1[ILP], v2[ILP];
+#pragma unroll
+        for (int u = 0; u < ILP; ++u) {
+            const i64 k = k0 + u * 256;
+            v1[u] = k < K ? *(const uint4 *)(w1 + k * 2) : make_uint4(0, 0, 0, 0);
+            v2[u] = k < K ? *(const uint4 *)(w2 + k * 2) : make_uint4(0, 0, 0, 0);
+        }
+#pragma unroll
+        for (int u = 0; u < ILP; ++u) {
+            const i64 k = k0 + u * 256;
+            if (k >= K) break;
+            float f1[8], f2[8];
+            h8(v1[u], f1);
+            h8(v2[u], f2);
+            const float4 a = *(const float4 *)(xb + k * 4);
+            const float4 b = *(const float4 *)(xb + k * 4 + 16);
+            a1 += f1[0] * a.x + f1[1] * a.y + f1[2] * a.z + f1[3] * a.w + f1[4] * b.x + f1[5] * b.y + f1[6] * b.z +
+                  f1[7] * b.w;
+            a2 += f2[0] * a.x + f2[1] * a.y + f2[2] * a.z + f2[3] * a.w + f2[4] * b.x + f2[5] * b.y + f2[6] * b.z +
+                  f2[7] * b.w;
+        }
+    }
+    a1 = warp_sum(a1);
+    a2 = warp_sum(a2);
+}
+
 // Q8_0 row . Q8_1 x rows (xq + n * xnb1: K / 32 blocks of 36 bytes: f16 d, f16 s, 32 int8). 4 lanes per
 // weight block (8 quants = 2 ints each), 8 blocks per warp step, ILP steps in flight.
 template <int NC>
 __device__ __forceinline__ void row_dots_q8_1(const char *w, i64 wnb0, i64 K, const char *xq, i64 xnb1, int nc,
                                               float *acc) {
-    constexpr int ILP = NC == 1 ? MMV_ILP : 1;
+    constexpr int ILP = NC == 1 ? MMV_ILP_Q : 1;
     const int lane = threadIdx.x & 31, sub = lane & 3;
     const i64 nblk = K / QK8_0;
     for (i64 b0 = lane >> 2; b0 < nblk; b0 += 8 * ILP) {
@@ -222,8 +258,15 @@ template <int T, int NC> __device__ __forceinline__ void mmv_glu_cols(const kpar
         float ag[NC], au[NC];
 #pragma unroll
         for (int n = 0; n < NC; ++n) ag[n] = au[n] = 0.0f;
-        dots<T, NC>(g, G, X, n0, i2, i3, nc, ag);
-        dots<T, NC>(u, U, X, n0, i2, i3, nc, au);
+        const char *xb = row_ptr(X, n0, i2, i3);
+        const i64 K = G.ne[0];
+        if (T == GGML_F16 && NC == 1 && G.nb[0] == 2 && U.nb[0] == 2 && X.nb[0] == 4 && K % 8 == 0 &&
+            aligned16(g) && aligned16(u) && aligned16(xb)) {
+            row_dots2_f16(g, u, K, xb, ag[0], au[0]);
+        } else {
+            dots<T, NC>(g, G, X, n0, i2, i3, nc, ag);
+            dots<T, NC>(u, U, X, n0, i2, i3, nc, au);
+        }
 #pragma unroll
         for (int n = 0; n < NC; ++n)
             if (n < nc && lane == n) store_f(D, m, n0 + n, i2, i3, glu(p.ip[0], ag[n], au[n]));

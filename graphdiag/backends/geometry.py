@@ -31,6 +31,11 @@ FA_SUB = 32              # positions per sub-chunk (one per lane); a split's chu
 FA_MAX_ROWS = 32         # query rows (heads sharing a kv head x tokens) per block
 FA_TARGET_BLOCKS = 264   # splits are added until about 2 blocks per SM of an H200 (132 SMs)
 FA_HEAD_DIMS = (32, 64, 128)
+FAV_THREADS = 128        # flash_attn.cu flash_attn_vec_f16: one token per block, 128 threads, tiles of 32
+FAV_TILE = 32
+FAV_MAX_G = 8            # query heads per kv head the vec kernel takes
+FAV_MAX_TOKENS = 8       # the vec kernel serves batches up to ggml's mat-vec bound (decode)
+RMS_MAX_BLOCK = 1024     # norm.cu rms_norm*: n / 4 threads per row, at most this many
 TOPK_BLOCK = 128         # top_k.cu
 TOPK_SHMEM_MAX = 49152   # top_k.cu stages the row in shmem up to this many bytes (the default limit)
 
@@ -86,6 +91,14 @@ def _per_row(slot: int) -> Callable[[np.ndarray], Geometry]:
     return geom
 
 
+def _rms_rows(p) -> Geometry:
+    """rms_norm*: one block per row of x, a float4 of the row per thread (32..1024 threads, norm.cu)."""
+    n = _ne(p, 1)
+    quads = -(-n[0] // 4)
+    threads = min(RMS_MAX_BLOCK, max(32, -(-quads // 32) * 32))
+    return (max(n[1], 1), max(n[2], 1), max(n[3], 1)), (threads, 1, 1), 0
+
+
 def _elementwise(slot: int, per: int = 1) -> Callable[[np.ndarray], Geometry]:
     """One thread per element of `slot` (or per `per` elements of ne0), grid-stride loop."""
     def geom(p) -> Geometry:
@@ -99,6 +112,11 @@ def fa_tokens_per_block(n_head: int, n_head_kv: int, n_tokens: int) -> int:
     """Tokens one flash_attn_ext_f16 block takes: its rows are (heads sharing a kv head) x tokens, <= 32."""
     g = n_head // n_head_kv
     return max(1, min(n_tokens, FA_MAX_ROWS // g))
+
+
+def fa_vec(n_head: int, n_head_kv: int, n_tokens: int) -> bool:
+    """Whether a FLASH_ATTN_EXT node takes the decode kernel flash_attn_vec_f16 (one token per block)."""
+    return n_tokens <= FAV_MAX_TOKENS and n_head // max(n_head_kv, 1) <= FAV_MAX_G
 
 
 def fa_split(n_kv: int, other_blocks: int, max_split: int | None = None) -> tuple[int, int]:
@@ -117,7 +135,7 @@ def fa_plan(head_dim: int, n_head: int, n_head_kv: int, n_kv: int, n_tokens: int
     (what a capped pool is sized by): with more than one token the splits are capped so the partials
     (head_dim + 2 floats per split, head and token) fit in it; at one token (decode, where splits fill the
     GPU) the request grows to the partials when they are larger."""
-    tq = fa_tokens_per_block(n_head, n_head_kv, n_tokens)
+    tq = 1 if fa_vec(n_head, n_head_kv, n_tokens) else fa_tokens_per_block(n_head, n_head_kv, n_tokens)
     rows = n_head * n_tokens * n_batch
     legacy = 4 * n_kv * rows
     cap = None if n_tokens == 1 else max(1, n_kv // (head_dim + 2))
@@ -140,6 +158,19 @@ def _flash_attn(p) -> Geometry:
     nw, nr = _fa_warps(p)
     grid = (max(part[1], 1), max(k[1], 1), _cdiv(q[2], tq) * max(q[3], 1))
     return grid, (32 * nw, 1, 1), 4 * nw * nr * (q[0] + FA_SUB)
+
+
+def _fa_vec_groups(g: int) -> int:
+    return 1 if g <= 1 else 2 if g <= 2 else 4 if g <= 4 else 8
+
+
+def _flash_attn_vec(p) -> Geometry:
+    q, k, part = _ne(p, 1), _ne(p, 2), _ne(p, 0)
+    d = q[0]
+    gm = _fa_vec_groups(q[1] // max(k[1], 1))
+    pg = FAV_THREADS // max(d // 8, 1)
+    shmem = 4 * (gm * d + gm * FAV_TILE + FAV_MAX_G + pg * gm * d)
+    return (max(part[1], 1), max(k[1], 1), max(q[2] * q[3], 1)), (FAV_THREADS, 1, 1), shmem
 
 
 def _fa_combine(p) -> Geometry:
@@ -176,12 +207,13 @@ def _table() -> dict[str, Callable[[np.ndarray], Geometry]]:
         t[f"mul_mat_id_vec_glu_{w}"] = _mmv_id
         t[f"mul_mat_id_gathered_{w}"] = _mmv_gathered
     t.update({
-        "rms_norm_f32": _per_row(1), "rms_norm_mul_f32": _per_row(1), "soft_max_f32": _per_row(1),
+        "rms_norm_f32": _rms_rows, "rms_norm_mul_f32": _rms_rows, "soft_max_f32": _per_row(1),
         "mul_f32": _elementwise(0), "add_f32": _elementwise(0), "glu_swiglu_f32": _elementwise(0),
         "cpy_f32_f32": _elementwise(1), "cpy_f32_f16": _elementwise(1),
         "rope_f32": _elementwise(1, per=2),
         "set_rows_f16": _elementwise(1), "set_rows_f32": _elementwise(1),
-        "flash_attn_ext_f16": _flash_attn, "flash_attn_combine_f32": _fa_combine, "top_k_f32": _top_k,
+        "flash_attn_ext_f16": _flash_attn, "flash_attn_vec_f16": _flash_attn_vec,
+        "flash_attn_combine_f32": _fa_combine, "top_k_f32": _top_k,
         "quantize_q8_1": _quantize,
         # rng.cu: one thread per element (Q8_0: a warp per 32-block, the same thread count)
         **{f"rng_fill_{w}": _elementwise(0) for w in ("f32", "f16", "q8_0")},

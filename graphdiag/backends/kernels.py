@@ -95,6 +95,13 @@ def _specs() -> dict[str, KernelSpec]:
                        "h // (H // Hkv)), token t, split s: x_j = scale * q . k_j + mask[t, j], m = max_j x_j, "
                        "p_j = exp(x_j - m), partial = (sum_j p_j v_j, m, sum_j p_j); an empty or fully "
                        "masked split gives (0, -inf, 0)"),
+        KernelSpec("flash_attn_vec_f16",
+                   ("partials F32 (Dv + 2, n_split, H, T * B), pool scratch", "q F32 (D, H, T, B)",
+                    "k F16 view (D, Hkv, n_kv)", "v F16 view (Dv, Hkv, n_kv)",
+                    "mask F32 or F16 (n_kv, T_pad, M2, M3), optional"),
+                   ip=("chunk: positions per split (multiple of 32)", "1 (one token per block)"), fp=("scale",),
+                   doc="the partials of flash_attn_ext_f16 (same formula and layout), one token per block: the "
+                       "decode kernel (T <= 8, H / Hkv <= 8)"),
         KernelSpec("flash_attn_combine_f32", ("dst (Dv, H, T, B)", "partials of flash_attn_ext_f16"),
                    doc="M = max_s m_s, w_s = exp(m_s - M): dst = sum_s w_s O_s / sum_s w_s l_s (splits in order); "
                        "all splits -inf (a fully masked row) gives zeros"),

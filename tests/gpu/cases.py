@@ -6,7 +6,7 @@ from __future__ import annotations
 import numpy as np
 
 from graphdiag.backends.abi import Q8_1
-from graphdiag.backends.geometry import fa_split, fa_tokens_per_block
+from graphdiag.backends.geometry import fa_split, fa_tokens_per_block, fa_vec
 from graphdiag.backends.kernels import KERNELS, W_TYPES
 from graphdiag.ir.dtypes import GGMLType as G
 from kernel_cases import F16_OUT, F32_DOT, F32_ELEM, ROPE, TC_DOT, Case
@@ -145,6 +145,18 @@ def norm_cases() -> list[Case]:
     out.append(c.set(c.output(G.F32, 40, 3), c.view(xb, (40, 3), (4, 2 * xb.nb[1]), off=8), fp=(1e-6,)))
     c = Case("rms_norm_mul_f32", "w-broadcast", F32_ELEM)
     out.append(c.set(c.output(G.F32, 2048, 2), c.randn(G.F32, 2048, 2), c.randn(G.F32, 2048), fp=(1e-5,)))
+    # the one-round-trip path: decode rows (one float4 per thread, up to 4 per thread), w rows broadcast by
+    # modulo, and widths that take the strided loop (n % 4 != 0, w narrower than the row)
+    c = Case("rms_norm_mul_f32", "decode-4096", F32_ELEM)
+    out.append(c.set(c.output(G.F32, 4096, 1), c.randn(G.F32, 4096, 1), c.randn(G.F32, 4096), fp=(1e-5,)))
+    c = Case("rms_norm_mul_f32", "wide-16384-w-rows", F32_ELEM)
+    out.append(c.set(c.output(G.F32, 16384, 4), c.randn(G.F32, 16384, 4), c.randn(G.F32, 16384, 2), fp=(1e-5,)))
+    c = Case("rms_norm_f32", "wide-9000", F32_ELEM)
+    out.append(c.set(c.output(G.F32, 9000, 2), c.randn(G.F32, 9000, 2), fp=(1e-5,)))
+    c = Case("rms_norm_f32", "odd-1002", F32_ELEM)
+    out.append(c.set(c.output(G.F32, 1002, 2), c.randn(G.F32, 1002, 2), fp=(1e-5,)))
+    c = Case("rms_norm_mul_f32", "w-period-4", F32_ELEM)
+    out.append(c.set(c.output(G.F32, 64, 2), c.randn(G.F32, 64, 2), c.randn(G.F32, 4), fp=(1e-5,)))
     c = Case("soft_max_f32", "scaled", F32_ELEM)
     out.append(c.set(c.output(G.F32, 300, 4), c.randn(G.F32, 300, 4), fp=(0.7,)))
     c = Case("soft_max_f32", "masked", F32_ELEM)
@@ -221,12 +233,19 @@ def flash_attn_cases() -> list[Case]:
     """Split-KV partials: GQA groups, decode (1 token, many splits), prefill tiles (up to 32 rows per block),
     F32 / F16 / no mask, a fully masked row, splits whose positions are all masked."""
     out = []
-    for d, h, hkv, t, n_kv, mask_t, vis in ((64, 8, 2, 3, 40, G.F32, None), (128, 4, 4, 1, 300, None, None),
+    cfgs = [("flash_attn_ext_f16", *x) for x in ((64, 8, 2, 3, 40, G.F32, None), (128, 4, 4, 1, 300, None, None),
                                            (64, 2, 1, 2, 7, G.F16, None), (64, 32, 8, 1, 256, G.F16, 201),
                                            (64, 8, 2, 40, 64, G.F32, None), (32, 4, 4, 2, 50, G.F16, None),
                                            (64, 4, 4, 40, 80, G.F16, 72), (64, 8, 8, 250, 256, G.F16, 250),
-                                           (64, 8, 8, 1, 512, G.F16, 260), (128, 32, 32, 1, 256, G.F16, 230)):
-        c = Case("flash_attn_ext_f16", f"D{d}-H{h}-Hkv{hkv}-T{t}-kv{n_kv}-{'nomask' if mask_t is None else mask_t.name}",
+                                           (64, 8, 8, 1, 512, G.F16, 260), (128, 32, 32, 1, 256, G.F16, 230))]
+    # the decode kernel: every head size and GQA group up to 8, F32 / F16 / per-head / no mask, several tiles
+    # per split (long n_kv), a ragged last tile, small batches (T <= 8), a fully masked row
+    cfgs += [("flash_attn_vec_f16", *x) for x in (
+        (64, 8, 8, 1, 256, G.F16, 201), (64, 32, 8, 1, 256, G.F16, 201), (128, 32, 32, 1, 256, G.F16, 230),
+        (32, 4, 4, 2, 50, G.F16, None), (64, 8, 1, 1, 300, None, None), (128, 8, 4, 3, 40, G.F32, None),
+        (64, 32, 8, 1, 4096, G.F16, 3000), (64, 16, 8, 8, 520, G.F16, 500), (128, 6, 2, 2, 70, G.F32, 65))]
+    for name, d, h, hkv, t, n_kv, mask_t, vis in cfgs:
+        c = Case(name, f"D{d}-H{h}-Hkv{hkv}-T{t}-kv{n_kv}-{'nomask' if mask_t is None else mask_t.name}",
                  F32_DOT)
         n_cache = n_kv + 5
         kc = c.randn(G.F16, d * hkv, n_cache)     # caches as the model stores them: one row per position
@@ -239,10 +258,30 @@ def flash_attn_cases() -> list[Case]:
             if t == 2:
                 m[0, :] = -np.inf   # a fully masked row: its partials are (0, -inf, 0)
             mask = c.put(mask_t, m)
-        tq = fa_tokens_per_block(h, hkv, t)
+        tq = 1 if name == "flash_attn_vec_f16" else fa_tokens_per_block(h, hkv, t)
+        assert name == "flash_attn_ext_f16" or fa_vec(h, hkv, t)
         n_split, chunk = fa_split(n_kv, hkv * -(-t // tq))
         out.append(c.set(c.output(G.F32, d + 2, n_split, h, t), c.randn(G.F32, d, h, t), kview, vview, mask,
                          ip=(chunk, tq), fp=(1.0 / np.sqrt(d),)))
+    # the vec kernel with a per-head mask (ne2 = H) and with K/V views that are not 16-byte aligned (the
+    # element-wise load path)
+    for tag, d, h, hkv, n_kv in (("per-head-mask", 64, 8, 2, 100), ("unaligned", 64, 4, 2, 70)):
+        c = Case("flash_attn_vec_f16", f"D{d}-H{h}-Hkv{hkv}-T1-kv{n_kv}-{tag}", F32_DOT)
+        off = 2 if tag == "unaligned" else 0
+        width = d * hkv + (1 if tag == "unaligned" else 0)   # odd rows: no 16-byte alignment
+        kc = c.randn(G.F16, width, n_kv + 1)
+        vc = c.randn(G.F16, width, n_kv + 1)
+        kview = c.view(kc, (d, hkv, n_kv), (2, 2 * d, kc.nb[1]), off)
+        vview = c.view(vc, (d, hkv, n_kv), (2, 2 * d, vc.nb[1]), off)
+        if tag == "per-head-mask":
+            m = np.stack([_causal_mask(c, 1, n_kv, 1, n_kv - 3 * i) for i in range(h)])   # (H, 1, n_kv)
+            m[1, :, :] = -np.inf
+            mask = c.put(G.F16, m)
+        else:
+            mask = c.put(G.F32, _causal_mask(c, 1, n_kv, 1, n_kv - 9))
+        n_split, chunk = fa_split(n_kv, hkv)
+        out.append(c.set(c.output(G.F32, d + 2, n_split, h, 1), c.randn(G.F32, d, h, 1), kview, vview, mask,
+                         ip=(chunk, 1), fp=(1.0 / np.sqrt(d),)))
     for dv, ns, h, t in ((64, 5, 4, 3), (128, 1, 2, 2), (64, 8, 32, 1)):
         c = Case("flash_attn_combine_f32", f"Dv{dv}-splits{ns}-H{h}-T{t}", F32_DOT)
         part = c.rng.standard_normal((t, h, ns, dv + 2)).astype(np.float32)

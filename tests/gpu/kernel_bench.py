@@ -20,6 +20,10 @@ import numpy as np
 from graphdiag.backends.abi import Q8_1, Q8_1_BYTES, new_params, set_desc
 from graphdiag.backends.drivers.base import Launch
 from graphdiag.backends.geometry import fa_plan, launch_geometry
+try:
+    from graphdiag.backends.geometry import fa_vec
+except ImportError:   # older trees: one partial kernel
+    fa_vec = None
 from graphdiag.ir.build import contiguous_nb
 from graphdiag.ir.dtypes import GGMLType as G
 from graphdiag.memory import quantize_q8_0
@@ -108,6 +112,25 @@ def mat_vec_rows(b: Bench, only: str):
                 b.free()
 
 
+def glu_rows(b: Bench, only: str):
+    for preset, k, m in (("tiny", 512, 1408), ("1b", 2048, 8192), ("7b", 4096, 11008)):
+        for w, t in (("f16", G.F16), ("q8_0", G.Q8_0)):
+            name = f"mmv glu {w} {preset} K{k} M{m}"
+            if only not in name:
+                continue
+            Wg, Wu, x = b.tensor(t, (k, m)), b.tensor(t, (k, m)), b.tensor(G.F32, (k, 1))
+            d = b.tensor(G.F32, (m, 1), np.zeros(m, np.float32))
+            if t == G.Q8_0:
+                xq = b.q8_1(k, 1)
+                ls = [b.launch("quantize_q8_1", [xq, x]), b.launch("mul_mat_vec_glu_q8_0", [d, Wg, Wu, xq], ip=(2,))]
+            else:
+                ls = [b.launch("mul_mat_vec_glu_f16", [d, Wg, Wu, x], ip=(2,))]
+            us = b.time_us(ls)
+            wbytes = 2 * k * m * (2 if t == G.F16 else 34 / 32)
+            yield {"row": name, "us": round(us, 2), "GB_s": round(wbytes / us / 1e3, 1)}
+            b.free()
+
+
 def attention_rows(b: Bench, only: str):
     for name, d, h, hkv, t, n_kv in (("fa decode tiny", 64, 8, 8, 1, 256), ("fa decode 1b", 64, 32, 8, 1, 256),
                                      ("fa decode 7b", 128, 32, 32, 1, 256), ("fa decode 1b kv4096", 64, 32, 8, 1, 4096),
@@ -125,12 +148,13 @@ def attention_rows(b: Bench, only: str):
         ne = (d + 2, n_split, h, t)
         part = (b.buf(nbytes=nbytes), int(G.F32), ne, contiguous_nb(G.F32, ne))
         dst = b.tensor(G.F32, (d, h, t), np.zeros((t, h, d), np.float32))
-        ls = [b.launch("flash_attn_ext_f16", [part, q, kc, vc, mask], ip=(chunk, tq), fp=(0.125,)),
+        kernel = "flash_attn_vec_f16" if fa_vec is not None and fa_vec(h, hkv, t) else "flash_attn_ext_f16"
+        ls = [b.launch(kernel, [part, q, kc, vc, mask], ip=(chunk, tq), fp=(0.125,)),
               b.launch("flash_attn_combine_f32", [dst, part])]
         us = b.time_us(ls, batch=10)
         us_part = b.time_us(ls[:1], batch=10)
         flop = 4 * d * h * t * n_kv / (2 if t > 1 else 1)
-        yield {"row": name, "us": round(us, 2), "partials_us": round(us_part, 2), "n_split": n_split,
+        yield {"row": name, "kernel": kernel, "us": round(us, 2), "partials_us": round(us_part, 2), "n_split": n_split,
                "chunk": chunk, "TFLOP_s": round(flop / us / 1e6, 2)}
         b.free()
 
@@ -157,16 +181,17 @@ def mat_mul_rows(b: Bench, only: str):
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("--json")
-    ap.add_argument("--only", default="")
+    ap.add_argument("--only", default="", help="substring(s) of the row names, comma-separated")
     args = ap.parse_args(argv)
     from graphdiag.backends.drivers.cuda import CudaDriver
     drv = CudaDriver.open()
     b = Bench(drv)
     rows = []
-    for gen in (mat_vec_rows, attention_rows, mat_mul_rows):
-        for row in gen(b, args.only):
-            print(json.dumps(row), flush=True)
-            rows.append(row)
+    for gen in (mat_vec_rows, glu_rows, attention_rows, mat_mul_rows):
+        for only in args.only.split(","):
+            for row in gen(b, only):
+                print(json.dumps(row), flush=True)
+                rows.append(row)
     if args.json:
         with open(args.json, "w") as f:
             json.dump(rows, f, indent=1)

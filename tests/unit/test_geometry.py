@@ -62,7 +62,10 @@ def test_flash_attn_block_shape_follows_the_rows_of_a_kv_head():
 
 def test_row_kernels_scale_their_block_with_the_row():
     assert launch_geometry("rms_norm_f32", _p((64, 5, 1, 1), (64, 5, 1, 1)))[1] == (32, 1, 1)
-    assert launch_geometry("rms_norm_f32", _p((2048, 5, 1, 1), (2048, 5, 1, 1)))[1] == (256, 1, 1)
+    assert launch_geometry("rms_norm_f32", _p((2048, 5, 1, 1), (2048, 5, 1, 1)))[1] == (512, 1, 1)   # a float4 each
+    assert launch_geometry("rms_norm_mul_f32", _p((4096, 1, 1, 1), (4096, 1, 1, 1)))[1] == (1024, 1, 1)
+    assert launch_geometry("rms_norm_f32", _p((16384, 2, 1, 1), (16384, 2, 1, 1)))[:2] == ((2, 1, 1), (1024, 1, 1))
+    assert launch_geometry("soft_max_f32", _p((2048, 5, 1, 1), (2048, 5, 1, 1)))[1] == (256, 1, 1)
 
 
 def test_grid_y_over_the_cuda_limit_is_refused():
@@ -73,3 +76,14 @@ def test_grid_y_over_the_cuda_limit_is_refused():
 def test_unknown_kernel():
     with pytest.raises(KeyError, match="nope"):
         launch_geometry("nope", new_params())
+
+
+def test_decode_attention_takes_the_vec_kernel_one_token_per_block():
+    from graphdiag.backends.geometry import fa_plan, fa_vec
+    assert fa_vec(32, 8, 1) and fa_vec(32, 32, 8) and not fa_vec(32, 8, 9) and not fa_vec(32, 2, 1)
+    assert fa_plan(64, 32, 8, 256, 1)[:3] == (1, 8, 32)       # 1b decode: 8 kv heads x 8 splits
+    assert fa_plan(64, 32, 8, 256, 4)[0] == 1                 # a small batch: still one token per block
+    assert fa_plan(64, 32, 8, 512, 512)[0] == 8               # prefill: the tiled kernel's token tiles
+    # grid (n_split, Hkv, T * B); shmem: q, scores, alphas and the row-group sums of GM (G rounded to 2^k) heads
+    p = _p((66, 8, 32, 1), (64, 32, 1, 1), (64, 8, 256, 1))
+    assert launch_geometry("flash_attn_vec_f16", p) == ((8, 8, 1), (128, 1, 1), 4 * (4 * 64 + 4 * 32 + 8 + 16 * 4 * 64))
