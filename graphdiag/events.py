@@ -31,9 +31,12 @@ class Event:
         EVENT_TYPES[cls.kind] = cls
 
     def to_dict(self) -> dict[str, Any]:
+        names = _FIELD_NAMES.get(type(self))
+        if names is None:
+            names = _FIELD_NAMES[type(self)] = tuple(f.name for f in dataclasses.fields(self))
         d = {"kind": self.kind}
-        for f in dataclasses.fields(self):
-            d[f.name] = getattr(self, f.name)      # tuples serialise as JSON arrays
+        for n in names:
+            d[n] = getattr(self, n)                # tuples serialise as JSON arrays
         return d
 
     @staticmethod
@@ -43,6 +46,9 @@ class Event:
             raise KeyError(f"unknown event kind {d.get('kind')!r}")
         kw = {f.name: _tuplify(d[f.name]) for f in dataclasses.fields(cls) if f.name in d}
         return cls(**kw)
+
+
+_FIELD_NAMES: dict[type, tuple[str, ...]] = {}   # per event class, filled on first to_dict
 
 
 def _tuplify(v):

@@ -79,6 +79,7 @@ class Context:
         self.reuse_disabled = reuse_disabled
         self.kv = KvCells(model.cfg.n_ctx)
         self.res: BuiltGraph | None = None
+        self._input_places: tuple | None = None   # (res, [(backend, addr)] per input, mask rows)
         self.step = 0
         self.n_reused = 0
 
@@ -144,17 +145,20 @@ class Context:
         return _reuse_blocker(self.res.params, params)
 
     def _set_inputs(self, tokens, seqs, pos, cells) -> None:
-        """llm_graph_result::set_inputs: write this step's input tensors (one batch per backend)."""
+        """llm_graph_result::set_inputs: write this step's input tensors (one batch per backend). Where each
+        input lives is looked up once per built graph (a reused graph keeps its placement)."""
         inp, p = self.res.inputs, self.res.params
-        writes = [(inp.tokens, tokens.astype(np.int32)), (inp.pos, pos.astype(np.int32)),
-                  (inp.kq_mask, self.kv.mask(seqs, pos, p.n_kv, inp.kq_mask.ne[1])),
-                  (inp.k_idxs, cells), (inp.v_idxs, cells)]
-        if inp.out_ids is not None:
-            writes.append((inp.out_ids, np.arange(p.n_tokens - p.n_outputs, p.n_tokens, dtype=np.int32)))
+        places = self._input_places
+        if places is None or places[0] is not self.res or places[1][2][1] != inp.kq_mask.data:
+            tensors = [inp.tokens, inp.pos, inp.kq_mask, inp.k_idxs, inp.v_idxs, inp.out_ids]
+            self._input_places = (self.res, [(self.sched.backend_of(t), t.data) for t in tensors],
+                                  inp.kq_mask.ne[1])
+        _, places, mask_rows = self._input_places
+        arrays = (tokens.astype(np.int32), pos.astype(np.int32), self.kv.mask(seqs, pos, p.n_kv, mask_rows),
+                  cells, cells, np.arange(p.n_tokens - p.n_outputs, p.n_tokens, dtype=np.int32))
         by_backend: dict[int, tuple] = {}
-        for t, a in writes:
-            be = self.sched.backend_of(t)
-            by_backend.setdefault(id(be), (be, []))[1].append((t.data, a))
+        for (be, addr), a in zip(places, arrays):
+            by_backend.setdefault(id(be), (be, []))[1].append((addr, a))
         for be, items in by_backend.values():
             be.tensor_set_many(items)
 
