@@ -64,6 +64,9 @@ def as_header(header: "RunHeader | dict[str, Any]") -> RunHeader:
     return header if isinstance(header, RunHeader) else RunHeader.from_dict(header)
 
 
+_ENCODER = json.JSONEncoder(separators=(",", ":"))   # made once: json.dumps(separators=...) builds one a call
+
+
 class JsonlWriter:
     """An event sink writing the record. Subscribe it WITHOUT spans; call `close()` (or use `with`).
 
@@ -97,7 +100,7 @@ class JsonlWriter:
         if self._f is None:
             return
         try:
-            self._f.write(json.dumps(obj, separators=(",", ":")) + "\n")
+            self._f.write(_ENCODER.encode(obj) + "\n")
         except OSError as e:
             self._abandon()
             raise self._error(e) from None

@@ -80,6 +80,7 @@ class Context:
         self.kv = KvCells(model.cfg.n_ctx)
         self.res: BuiltGraph | None = None
         self._input_places: tuple | None = None   # (res, [(backend, addr)] per input, mask rows)
+        self._logits_place: tuple | None = None   # (res, backend, addr, nbytes, shape)
         self.step = 0
         self.n_reused = 0
 
@@ -107,7 +108,7 @@ class Context:
         """One step: place in the cache, reuse or rebuild, set inputs, compute; logits (n_outputs, n_vocab)."""
         step = self.step
         cells = self.kv.place(seqs, pos)
-        params = GraphParams(len(tokens), len(np.unique(seqs)), n_outputs, gtype, self.kv.n_kv())
+        params = GraphParams(len(tokens), len(set(seqs.tolist())), n_outputs, gtype, self.kv.n_kv())
         self.bus.emit(E.StepStarted(step=step, phase=gtype, n_tokens=params.n_tokens, n_seqs=params.n_seqs,
                                     n_kv=params.n_kv))
         self.sched.step = step
@@ -129,10 +130,15 @@ class Context:
         return self.res is not None and not _reuse_blocker(self.res.params, params)
 
     def read_logits(self) -> np.ndarray:
-        """The last computed logits: (n_outputs, n_vocab) float32, read from the backend holding them."""
+        """The last computed logits: (n_outputs, n_vocab) float32, read from the backend holding them (where
+        they live is looked up once per built graph, as the inputs)."""
         t = self.res.logits
-        raw = self.sched.backend_of(t).tensor_get(t.data, t.nbytes())   # synchronous: waits for the backend
-        return raw.view(np.float32).reshape(t.ne[1], t.ne[0]).copy()
+        place = self._logits_place
+        if place is None or place[0] is not self.res or place[2] != t.data:
+            place = self._logits_place = (self.res, self.sched.backend_of(t), t.data, t.nbytes(), (t.ne[1], t.ne[0]))
+        _, be, addr, nbytes, shape = place
+        raw = be.tensor_get(addr, nbytes)              # synchronous: waits for the backend
+        return raw.view(np.float32).reshape(shape).copy()
 
     _logits = read_logits  # the runner's name for it
 
