@@ -40,11 +40,11 @@ class Tensor:
 
     @property
     def ne(self) -> tuple[int, int, int, int]:
-        return tuple(int(x) for x in self.arena.rec["ne"][self.idx])
+        return tuple(self.arena.rec["ne"][self.idx].tolist())   # tolist: Python ints in one C call
 
     @property
     def nb(self) -> tuple[int, int, int, int]:
-        return tuple(int(x) for x in self.arena.rec["nb"][self.idx])
+        return tuple(self.arena.rec["nb"][self.idx].tolist())
 
     @property
     def op(self) -> Op:
