@@ -147,8 +147,16 @@ class UidHit(Event):
 
 @dataclass(frozen=True)
 class UidMiss(Event):
+    """The graph was not the entry's last one (by uid): its ledger was taken. The digests identify the
+    graph offline (thrash detection, whatif): props_digest covers every ledger byte (equal digests: the
+    ledger comparison finds no change), shape_digest each node's op, type, ne and sources' ne (no addresses);
+    first_ne is the first node's ne (what a key of first node + shape adds)."""
     kind: ClassVar[str] = "uid_miss"
     old_uid: int = 0
+    n_nodes: int = 0
+    props_digest: str = ""
+    shape_digest: str = ""
+    first_ne: tuple = ()
 
 
 @dataclass(frozen=True)
@@ -194,6 +202,7 @@ class PhaseDecided(Event):
     kind: ClassVar[str] = "phase"
     phase: str = ""                # "eager" | "capture" | "replay" | "disabled" | "incompatible"
     why: str = ""
+    clock_us: int = 0              # the eviction clock at this key's lookup (µs; modelled on the sim driver)
 
 
 @dataclass(frozen=True)
@@ -237,6 +246,8 @@ class ChunkInstantiated(Event):
     chunk: int = 0
     duration_ns: int = 0
     after_refusal: bool = False
+    mem_bytes: int = 0             # device memory the executable took: free memory before - after (cuMemGetInfo;
+                                   # modelled on the simulated driver)
 
 
 @dataclass(frozen=True)

@@ -3,7 +3,11 @@
 Steps are numbered from 0 over every ubatch (prefills included), as the events number them. Timeline items
 apply from their `at_step`: `batch` (sequences decoded together), `idle_s` (clock advanced before the step),
 `prefill` (a prefill ubatch of that many tokens for sequence 0 instead of a decode step),
-`alternate_batches` (the decode batch cycles through the list, one step each).
+`alternate_batches` (the decode batch cycles through the list, one step each), `new_arena_every` (the
+graph's structs move to a new place every N steps, as when each request builds its graph in a fresh
+metadata buffer: node pointers, hence graph keys, keep changing), `separate_arena_batch` (decode steps of
+that batch, or prefills of that many tokens, build their graph in a separate arena, as a draft model's own
+context: graph keys of their own).
 
 The plan is lazy: `plan_steps` returns a sequence whose length is known at once and whose steps are made
 as they are walked, so ten million steps cost nothing before the run starts.
@@ -15,6 +19,10 @@ from dataclasses import dataclass
 from typing import Iterator
 
 
+ARENA_SHIFT = 8             # slots a graph moves by each time node pointers change (new_arena_every)
+DRAFT_ARENA_SLOT = 1 << 14  # where a separate arena's graphs start (separate_arena_batch): far from the rest
+
+
 @dataclass(frozen=True)
 class StepPlan:
     kind: str            # "prefill" | "decode"
@@ -22,6 +30,7 @@ class StepPlan:
     seq: int = 0         # prefill: the sequence
     batch: int = 1       # decode: sequences 0..batch-1 each get one token
     idle_s: float = 0.0  # advance the runtime's clock by this much before the step
+    arena_slot: int = 0  # where the step's graph structs start (0: the context's own metadata buffer)
 
     @property
     def tokens(self) -> int:
@@ -46,6 +55,7 @@ class Plan:
         for q in range(self.batch):
             yield StepPlan("prefill", n_tokens=self.prompt_tokens, seq=q)
         batch, cycle, k = self.batch, None, 0
+        every, since, own = 0, 0, 0        # new_arena_every, its start step; separate_arena_batch
         for step in range(self.batch, self.batch + self.steps):
             idle, prefill = 0.0, 0
             for item in self.by_step.get(step, ()):
@@ -53,14 +63,23 @@ class Plan:
                     batch, cycle = int(item["batch"]), None
                 if "alternate_batches" in item:
                     cycle, k = [int(b) for b in item["alternate_batches"]], 0
+                if "new_arena_every" in item:
+                    every, since = int(item["new_arena_every"]), step
+                if "separate_arena_batch" in item:
+                    own = int(item["separate_arena_batch"])
                 idle += float(item.get("idle_s", 0.0))
                 prefill = int(item.get("prefill", 0)) or prefill
+            slot = ARENA_SHIFT * (1 + (step - since) // every) if every else 0
+            if own and prefill == own:
+                slot = DRAFT_ARENA_SLOT
             if prefill:
-                yield StepPlan("prefill", n_tokens=prefill, seq=0, idle_s=idle)
+                yield StepPlan("prefill", n_tokens=prefill, seq=0, idle_s=idle, arena_slot=slot)
                 continue
             if cycle:
                 batch, k = cycle[k % len(cycle)], k + 1
-            yield StepPlan("decode", batch=batch, idle_s=idle)
+            if own and batch == own:
+                slot = DRAFT_ARENA_SLOT
+            yield StepPlan("decode", batch=batch, idle_s=idle, arena_slot=slot)
 
 
 def plan_steps(cfg, scenario=None) -> Plan:

@@ -188,7 +188,16 @@ class Stepper:
         for p in plan:
             if p.idle_s:
                 self.s.clock.advance(p.idle_s)
+            self._place_graph(p.arena_slot)
             self.step(p)
+
+    def _place_graph(self, slot: int) -> None:
+        """A timeline that moves the graph's structs (new_arena_every, separate_arena_batch): the next graph
+        is built there, so the kept one is dropped (reuse would keep the old pointers)."""
+        arena = self.s.model.arena
+        if arena.skip != slot:
+            arena.skip = slot
+            self.s.ctx.invalidate()
 
     def step(self, p: StepPlan) -> None:
         s, bus = self.s, self.s.bus
@@ -241,7 +250,7 @@ class Stepper:
 
 
 def run_cli(settings: dict, scenario: str | None = None, events_path: str | None = None, as_json: bool = False,
-            verbosity: int = 0, out=None, err=None) -> int:
+            verbosity: int = 0, out=None, err=None, strict: bool = False) -> int:
     """`graphdiag run`: resolve settings (CLI > scenario > env), validate everything before anything is
     built, run with live sinks, render the summary.
 
@@ -264,13 +273,13 @@ def run_cli(settings: dict, scenario: str | None = None, events_path: str | None
         result = _run_with_sinks(cfg, sc, events_path, as_json, verbosity, out, header, events)
     except KeyboardInterrupt:
         partial = RunResult(header, events.events, Counters())
-        _render_result(partial, sc, as_json, out)
+        _render_result(partial, sc, as_json, out, strict)
         ended = next((e for e in reversed(events.events) if isinstance(e, E.RunEnded)), None)
         step = ended.step if ended is not None else 0
         if not as_json:
             out.write(f"interrupted at step {step} (summary of the steps so far)\n")
         raise RunInterrupted(step) from None
-    return _render_result(result, sc, as_json, out)
+    return _render_result(result, sc, as_json, out, strict)
 
 
 def _run_with_sinks(cfg: RunConfig, sc, events_path, as_json: bool, verbosity: int, out, header: dict,
@@ -304,7 +313,7 @@ def _run_with_sinks(cfg: RunConfig, sc, events_path, as_json: bool, verbosity: i
             writer.close()
 
 
-def _render_result(result: RunResult, sc, as_json: bool, out) -> int:
+def _render_result(result: RunResult, sc, as_json: bool, out, strict: bool = False) -> int:
     """The summary (tables or JSON), the steps table, failures and the scenario's verdict; 1 if any failed."""
     import json
 
@@ -316,9 +325,13 @@ def _render_result(result: RunResult, sc, as_json: bool, out) -> int:
     failures = list(result.failures)
     if sc is not None and summary.ended is not None and summary.ended.status == "complete":
         failures += [f"scenario {sc.name}: {f}" for f in check_expectations(sc, summary)]
+    if strict and summary.ended is not None and summary.ended.status == "complete":
+        failures += [f"strict: {f}" for f in summary.strict]     # --strict: each cause fails the run
     if as_json:
         d = json.loads(summary.to_json())
         d["failures"] = failures
+        if sc is not None and getattr(sc, "cause", ""):
+            d["cause"] = sc.cause
         out.write(json.dumps(d, indent=2) + "\n")
     else:
         from .report.steps import render_steps
@@ -328,4 +341,6 @@ def _render_result(result: RunResult, sc, as_json: bool, out) -> int:
             out.write(f"FAILED: {f}\n")
         if sc is not None and not failures and summary.ended is not None and summary.ended.status == "complete":
             out.write(f"scenario {sc.name}: every expectation holds\n")
+        if sc is not None and getattr(sc, "cause", ""):
+            out.write(f"cause: {sc.cause}\n")
     return 1 if failures else 0

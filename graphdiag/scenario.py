@@ -2,12 +2,15 @@
 
     name = "batch-change"                      # must equal the file's stem
     description = "one line"
+    cause = "one line"                         # optional: the cause the run shows (printed with its verdict)
     [run]        # RunConfig fields: model, wtype, prompt_tokens, steps, batch, chunk_size, fusion, ...
     [env]        # llama.cpp / ggml environment knobs the scenario sets, values as strings
     timeline = [ { at_step = 4, batch = 2 }, { at_step = 9, idle_s = 11 },
                  { at_step = 12, prefill = 32 }, { at_step = 2, alternate_batches = [1, 2] } ]
     [expect]     # COUNTER, COUNTER_min, COUNTER_max (any Counters name, plus chunks and distinct_keys),
-                 # refusal_reasons, property_diff_fields (lists of str), no_replay, graphs_disabled (bool)
+                 # refusal_reasons, property_diff_fields (lists of str), no_replay, graphs_disabled (bool);
+                 # diagnoses: thrash_keys, never_replayed, graph_bytes_peak, stale_replays_prevented,
+                 # strict_failures (each also _min/_max)
 
 Loading validates strictly: every error is a ScenarioError naming the file and the line.
 """
@@ -33,10 +36,12 @@ RUN_FIELDS: dict[str, type] = {
     "fusion": bool, "concurrent_streams": bool, "n_cpu_moe": int, "pool_cap": int, "pool_max_buffers": int,
     "compute_capability": str, "reuse_disabled": bool, "graphs_disabled": bool,
 }
-CHANGES: dict[str, type] = {"batch": int, "idle_s": float, "prefill": int, "alternate_batches": list}
-TOP_LEVEL: dict[str, type] = {"name": str, "description": str, "run": dict, "env": dict, "timeline": list,
-                              "expect": dict}
-BOUNDED = (*COUNTER_NAMES, "chunks", "distinct_keys")
+CHANGES: dict[str, type] = {"batch": int, "idle_s": float, "prefill": int, "alternate_batches": list,
+                            "new_arena_every": int, "separate_arena_batch": int}
+TOP_LEVEL: dict[str, type] = {"name": str, "description": str, "cause": str, "run": dict, "env": dict,
+                              "timeline": list, "expect": dict}
+DIAGNOSES = ("thrash_keys", "never_replayed", "graph_bytes_peak", "stale_replays_prevented", "strict_failures")
+BOUNDED = (*COUNTER_NAMES, "chunks", "distinct_keys", *DIAGNOSES)
 EXPECT: dict[str, type] = ({n + s: int for n in BOUNDED for s in ("", "_min", "_max")}
                            | {"refusal_reasons": list, "property_diff_fields": list, "no_replay": bool,
                               "graphs_disabled": bool})
@@ -48,13 +53,17 @@ class TimelineChange:
 
     batch: sequences decoded from this step on; idle_s: seconds the runtime's clock advances first;
     prefill: a prefill ubatch of this many tokens at this step; alternate_batches: cycle through these
-    batch sizes, one per step, from this step on."""
+    batch sizes, one per step, from this step on; new_arena_every: the graph's structs (node pointers, the
+    CUDA graph key) move every N steps; separate_arena_batch: steps of that batch build their graph in an
+    arena of their own (a draft model's context), so they get keys of their own."""
 
     at_step: int
     batch: int | None = None
     idle_s: float | None = None
     prefill: int | None = None
     alternate_batches: tuple[int, ...] | None = None
+    new_arena_every: int | None = None        # node pointers move every N steps from here on
+    separate_arena_batch: int | None = None   # steps of this batch build their graph in their own arena
     line: int = field(default=0, compare=False)     # where the entry is in its file (for messages)
 
     # Read-only mapping view of the fields that are set, so step planners can treat it as the TOML table.
@@ -78,6 +87,7 @@ class Scenario:
     name: str
     description: str
     path: Path
+    cause: str = ""                   # one line: what the scenario reproduces goes wrong, and why
     run: dict[str, Any] = field(default_factory=dict)
     env: dict[str, str] = field(default_factory=dict)
     timeline: tuple[TimelineChange, ...] = ()
@@ -171,7 +181,10 @@ class _Validator:
         if not data["description"].strip() or "\n" in data["description"].strip():
             self.fail("description must be one non-empty line", None, "description")
         run = self.run(data.get("run", {}))
-        return Scenario(name=data["name"], description=data["description"].strip(), path=self.path, run=run,
+        if "\n" in data.get("cause", "").strip():
+            self.fail("cause must be one line", None, "cause")
+        return Scenario(name=data["name"], description=data["description"].strip(), path=self.path,
+                        cause=data.get("cause", "").strip(), run=run,
                         env=self.env(data.get("env", {})),
                         timeline=self.timeline(data.get("timeline", []), run.get("batch", RunConfig.batch),
                                                run.get("steps", RunConfig.steps)),
@@ -265,6 +278,8 @@ def _observed(k: str, s):
     if k == "graphs_disabled":
         return s.counters["disabled"]
     name = re.sub(r"_(min|max)$", "", k)
+    if name in DIAGNOSES:
+        return s.diagnoses[name]
     return {"chunks": s.max_chunks, "distinct_keys": s.distinct_keys}.get(name, s.counters.get(name))
 
 

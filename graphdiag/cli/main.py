@@ -42,7 +42,8 @@ def cli() -> None:
 def _register() -> None:
     from .run import run
     cli.add_command(run)
-    for mod, name in (("report", "report"), ("diff", "diff"), ("scenarios", "scenarios"), ("bench", "bench")):
+    for mod, name in (("report", "report"), ("diff", "diff"), ("scenarios", "scenarios"), ("bench", "bench"),
+                      ("whatif", "whatif")):
         try:
             module = __import__(f"graphdiag.cli.{mod}", fromlist=[name])
         except ModuleNotFoundError as e:

@@ -35,8 +35,11 @@ import click
 @click.option("--events", "events_path", type=click.Path(dir_okay=False, writable=True), default=None,
               help="Write every event as JSON lines to this file.")
 @click.option("--json", "as_json", is_flag=True, help="Print the summary as JSON.")
+@click.option("--strict", is_flag=True, help="Fail (exit 1, the cause named) on an unexplained eager fallback, "
+              "key thrash, a capture never replayed or a flood of update refusals.")
 @click.option("-v", "--verbose", count=True, help="-v: chunks, updates, instantiates; -vv: every uid hit and launch.")
-def run(events_path, as_json, verbose, scenario, **settings):
+def run(events_path, as_json, verbose, scenario, strict, **settings):
     """Run prefill and decode steps through the CUDA-graph runtime and report every decision."""
     from ..runner import run_cli
-    return run_cli(settings, scenario=scenario, events_path=events_path, as_json=as_json, verbosity=verbose)
+    return run_cli(settings, scenario=scenario, events_path=events_path, as_json=as_json, verbosity=verbose,
+                   strict=strict)

@@ -37,6 +37,7 @@ class Arena:
         self.rec = np.zeros(capacity, TENSOR_DTYPE)
         self.top = 0
         self.mark = 0
+        self.skip = 0          # slots left unused after the persistent region (a graph built elsewhere)
 
     @property
     def capacity(self) -> int:
@@ -62,8 +63,14 @@ class Arena:
         self.mark = self.top
 
     def reset(self) -> None:
-        """Rewind the compute region (ggml_init over the same buf_compute_meta)."""
-        self.top = self.mark
+        """Rewind the compute region (ggml_init over the same buf_compute_meta). With `skip` slots the
+        region starts that much later: the graph's structs, hence its first node's address (the CUDA graph
+        key), are elsewhere, as when the metadata buffer is a fresh allocation or another context's."""
+        while len(self.rec) < self.mark + self.skip:
+            grown = np.zeros(len(self.rec) * 2, TENSOR_DTYPE)
+            grown[: len(self.rec)] = self.rec
+            self.rec = grown
+        self.top = self.mark + self.skip
 
     def addr(self, idx) -> int | np.ndarray:
         return self.base + np.asarray(idx, dtype=np.uint64) * np.uint64(TENSOR_SIZE) if not isinstance(idx, int) \

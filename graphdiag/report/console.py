@@ -18,6 +18,7 @@ from rich.table import Table
 from .. import events as E
 from .eventlog import EventLog, fmt_ns
 from .record import RunHeader, as_header
+from .diagnoses_view import diagnosis_lines
 from .summary import Summary, disabled_cause
 
 WIDTH = 120          # fixed width of plain (non-terminal) output
@@ -256,6 +257,7 @@ def _notes(s: Summary) -> list[str]:
         notes.append("fields that changed: " + ", ".join(s.property_diff_fields))
     notes += [f"graphs disabled: {r}" for r in s.disabled_reasons]
     notes += [f"incompatible: {r}" for r in s.incompatible]
+    notes += diagnosis_lines(s)
     if s.verify_checks:
         notes.append(f"verify: {s.verify_checks} checks, {s.verify_mismatches} mismatches")
     if s.oracle_checks:

@@ -26,7 +26,9 @@ from .node_diff import CaptureNodeDiff, compare_run_captures, compare_step_captu
 from .record import RunHeader
 from .summary import summarize
 
-IGNORED = {"t_ns", "step", "duration_ns", "gpu_ns", "capture_ns", "idle_ns", "max_abs_diff", "tokens"}
+# clock_us (the eviction clock), mem_bytes (measured) and props_digest (covers addresses) vary between runs
+IGNORED = {"t_ns", "step", "duration_ns", "gpu_ns", "capture_ns", "idle_ns", "max_abs_diff", "tokens", "clock_us",
+           "mem_bytes", "props_digest"}
 HEX = re.compile(r"0x[0-9a-fA-F]+")
 
 

@@ -15,7 +15,10 @@ from typing import Any, Iterable
 
 from .. import events as E
 from ..counters import Counters
+from .graph_memory import GraphMemory, graph_memory
 from .record import RunHeader, as_header
+from .strict import strict_findings
+from .thrash import KeyThrash, find_thrash
 
 
 @dataclass
@@ -77,6 +80,17 @@ class Summary:
     oracle_max_rel_err: float = 0.0                       # max over the checks of max|a-b| / max|b|
     oracle_bound: float = 0.0
     ended: E.RunEnded | None = None                       # how the run ended (None: not recorded, cut short)
+    thrash: list[KeyThrash] = field(default_factory=list)  # keys alternating between graph variants
+    graph_memory: GraphMemory = field(default_factory=GraphMemory)   # executables' device memory per key
+    strict: list[str] = field(default_factory=list)       # what `run --strict` fails on (empty: clean)
+
+    @property
+    def diagnoses(self) -> dict[str, int]:
+        """The numbers scenarios bound in [expect] (thrash_keys_min = 1, ...)."""
+        gm = self.graph_memory
+        return {"thrash_keys": len(self.thrash), "never_replayed": len(gm.never_replayed),
+                "graph_bytes_peak": gm.peak_bytes, "stale_replays_prevented": gm.stale_replays_prevented,
+                "strict_failures": len(self.strict)}
 
     @property
     def distinct_keys(self) -> int:
@@ -98,6 +112,7 @@ class Summary:
         d["llama_counters"] = self.llama_counters
         d["ended"] = self.ended.to_dict() if self.ended is not None else None
         d["timings_simulated"] = self.header.simulated and self.header.backend != "cpu"
+        d["diagnoses"] = self.diagnoses
         return d
 
     def to_json(self) -> str:
@@ -131,6 +146,9 @@ def summarize(header: RunHeader | dict[str, Any], events: Iterable[E.Event]) -> 
     s.oracle_bound = max((e.bound for e in oracle), default=0.0)
     s.ended = next((e for e in reversed(events) if isinstance(e, E.RunEnded)), None)
     s.disabled_reasons = sorted({disabled_cause(header, r) for r in s.disabled_reasons})
+    s.thrash = find_thrash(events)
+    s.graph_memory = graph_memory(header.simulated, events)
+    s.strict = strict_findings(events, s.thrash, s.graph_memory)
     return s
 
 

@@ -10,7 +10,7 @@ DECISION_EVENTS = (
     E.UpdateRefused, E.ChunksDestroyed, E.PoolInvalidated,
 )
 # timings, and the wording of the node a driver blames for a refusal (CUDA describes its own node)
-IGNORED = {"t_ns", "duration_ns", "capture_ns", "idle_ns", "error_node"}
+IGNORED = {"t_ns", "duration_ns", "capture_ns", "idle_ns", "error_node", "clock_us", "mem_bytes", "props_digest"}
 UID_FIELDS = ("uid", "old_uid")
 
 

@@ -140,6 +140,10 @@ class Driver(abc.ABC):
     @abc.abstractmethod
     def mem_free(self, addr: int) -> None: ...
     @abc.abstractmethod
+    def mem_get_info(self) -> tuple[int, int]:
+        """(free, total) device memory in bytes (cuMemGetInfo). The graph runtime reads it around each
+        instantiate to see what an executable holds."""
+    @abc.abstractmethod
     def memcpy_htod(self, dst: int, src: np.ndarray, stream=None) -> None:
         """Synchronous when stream is None; else ordered on `stream` (src must stay alive until done)."""
     @abc.abstractmethod

@@ -237,6 +237,10 @@ class CudaDriver(Driver):
     def mem_free(self, addr: int) -> None:
         _check(D.cuMemFree(self._disown("mem", addr)), "cuMemFree")
 
+    def mem_get_info(self) -> tuple[int, int]:
+        free, total = _check(D.cuMemGetInfo(), "cuMemGetInfo")
+        return int(free), int(total)
+
     def memcpy_htod(self, dst: int, src: np.ndarray, stream=None) -> None:
         src = _contiguous(src)
         if stream is None:

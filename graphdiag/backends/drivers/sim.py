@@ -72,6 +72,9 @@ class SimDriver(Driver):
     INSTANTIATE_NS, INSTANTIATE_NODE_NS = 100_000, 1_000
     UPDATE_NS, UPDATE_NODE_NS = 20_000, 500
     EPOCH_US = 100_000_000            # CLOCK_MONOTONIC counts from boot: a process starts long after it
+    # Modelled device memory an executable holds (mem_get_info sees it): CUDA keeps ~10 KiB of device
+    # memory per kernel node of an instantiated graph (a MODEL, labelled so in reports; CUDA is measured)
+    EXEC_KERNEL_NODE_BYTES = 10 << 10
 
     def __init__(self, compute_capability=(9, 0), memory_bytes: int | None = 8 << 30, name="simulated GPU"):
         self.info = DeviceInfo(name if "simulated" in name else f"{name} (simulated)", tuple(compute_capability),
@@ -82,6 +85,7 @@ class SimDriver(Driver):
         self._captures: list[Capture] = []  # captures in progress
         self._allocs: set[int] = set()
         self.modelled_ns = 0                # simulated time spent so far (see LAUNCH_NS ...)
+        self.exec_bytes = 0                 # modelled device memory held by live executables
 
     def now_us(self) -> int:
         """The simulated clock (µs), ggml_time_us's stand-in on this driver."""
@@ -211,7 +215,10 @@ class SimDriver(Driver):
         g = SimHandle.check(graph, SimGraph, "instantiate")
         self.counters.instantiates += 1
         self.modelled_ns += self.INSTANTIATE_NS + self.INSTANTIATE_NODE_NS * len(g.nodes)
-        return SimExec([n.copy() for n in g.nodes])
+        x = SimExec([n.copy() for n in g.nodes])
+        x.mem_bytes = self.EXEC_KERNEL_NODE_BYTES * sum(n.type == "kernel" for n in g.nodes)
+        self.exec_bytes += x.mem_bytes
+        return x
 
     def exec_update(self, exec_, graph) -> UpdateOutcome:
         """cuGraphExecUpdate (CUDA 12+): same node count, types and dependencies (in order) -> params replaced."""
@@ -227,7 +234,9 @@ class SimDriver(Driver):
         return outcome
 
     def exec_destroy(self, exec_) -> None:
-        SimHandle.check(exec_, SimExec, "exec_destroy").alive = False
+        x = SimHandle.check(exec_, SimExec, "exec_destroy")
+        x.alive = False
+        self.exec_bytes -= getattr(x, "mem_bytes", 0)
 
     def graph_launch(self, exec_, stream) -> None:
         """Run the executable's nodes in a topological order of its edges (ties: capture order)."""
@@ -280,6 +289,12 @@ class SimDriver(Driver):
             raise CudaError("CUDA_ERROR_INVALID_VALUE", "mem_free", f"{addr:#x} is not an allocation")
         self._allocs.discard(addr)
         self.space.free(addr)
+
+    def mem_get_info(self) -> tuple[int, int]:
+        """(free, total): allocations plus the executables' modelled memory are in use; an unbounded
+        device reports 1 TiB total."""
+        total = self.space.capacity if self.space.capacity is not None else 1 << 40
+        return max(total - self.space.used - self.exec_bytes, 0), total
 
     def _copy(self, dst, src, nbytes: int) -> None:
         """Copy nbytes; dst/src are device addresses (int) or host uint8 arrays."""

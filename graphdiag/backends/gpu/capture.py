@@ -68,11 +68,14 @@ class CaptureLoop:
 
     def _instantiate(self, entry, idx, cuda_graph, split, uid, after_refusal):
         rt = self.b.runtime
+        drv = self.b.driver
         t0 = time.perf_counter_ns()
         with self.b.bus.span("instantiate", "graph/instantiate", idx, rt.step, split, entry.key, uid):
-            inst = self.b.driver.instantiate(cuda_graph)
+            free0 = drv.mem_get_info()[0]
+            inst = drv.instantiate(cuda_graph)
+            free1 = drv.mem_get_info()[0]
         rt.emit(E.ChunkInstantiated, split, entry.key, uid, chunk=idx, duration_ns=time.perf_counter_ns() - t0,
-                after_refusal=after_refusal)
+                after_refusal=after_refusal, mem_bytes=max(free0 - free1, 0))
         return inst
 
     # -- gate 5 -------------------------------------------------------------------------------------------

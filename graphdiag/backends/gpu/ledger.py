@@ -8,6 +8,7 @@ comparison of the records as 64-bit words; only then is the first differing node
 
 from __future__ import annotations
 
+import hashlib
 import re
 from dataclasses import dataclass
 
@@ -69,6 +70,21 @@ def changed_nodes(old: np.ndarray, new: np.ndarray) -> np.ndarray:
     a = old.view(np.uint64).reshape(len(old), _WORDS)
     b = new.view(np.uint64).reshape(len(new), _WORDS)
     return np.flatnonzero((a != b).any(axis=1))
+
+
+def props_digest(snap: np.ndarray) -> str:
+    """16 hex digits over every byte of a snapshot: two snapshots compare equal iff their digests do."""
+    return hashlib.blake2b(memoryview(np.ascontiguousarray(snap)).cast("B"), digest_size=8).hexdigest()
+
+
+def shape_digest(snap: np.ndarray) -> str:
+    """16 hex digits over each node's op, type and ne and its sources' ne: what the graph computes,
+    without any address (a content hash a graph cache can key on)."""
+    h = hashlib.blake2b(digest_size=8)
+    node = snap["node"]
+    for a in (node["op"], node["type"], node["ne"], snap["src_ne"]):
+        h.update(np.ascontiguousarray(a).tobytes())
+    return h.hexdigest()
 
 
 @dataclass(frozen=True)

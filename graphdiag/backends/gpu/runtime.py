@@ -17,7 +17,7 @@ from ...ir.graph import Graph
 from ..drivers.base import Driver
 from .compat import check_compatibility
 from .entry import Clock, GraphCache, GraphEntry
-from .ledger import changed_nodes, first_field_diff, snapshot
+from .ledger import changed_nodes, first_field_diff, props_digest, shape_digest, snapshot
 
 CC_VOLTA = 700
 
@@ -112,9 +112,11 @@ class GraphRuntime:
                                     f"== n_nodes)")
             self.emit(E.UidHit, split, entry.key, graph.uid)
             return False
-        self.emit(E.UidMiss, split, entry.key, graph.uid, old_uid=entry.uid)
-        entry.uid = graph.uid
+        old_uid, entry.uid = entry.uid, graph.uid
         snap = snapshot(graph.arena, graph.nodes)
+        self.emit(E.UidMiss, split, entry.key, graph.uid, old_uid=old_uid, n_nodes=len(snap),
+                  props_digest=props_digest(snap), shape_digest=shape_digest(snap),
+                  first_ne=tuple(int(x) for x in snap["node"]["ne"][0]) if len(snap) else ())
         old = entry.props
         entry.props = snap
         if old is None or len(old) != len(snap):
@@ -136,10 +138,10 @@ class GraphRuntime:
         use_graph = update = False
         key, uid = entry.key, graph.uid
         if not self.enabled(entry, graph, split):
-            self.emit(E.PhaseDecided, split, key, uid, phase="eager", why="graphs disabled")
+            self.emit(E.PhaseDecided, split, key, uid, phase="eager", why="graphs disabled", clock_us=entry.last_used_us)
             return False, False
         if not self.compatible(entry, graph, split):
-            self.emit(E.PhaseDecided, split, key, uid, phase="eager", why="incompatible")
+            self.emit(E.PhaseDecided, split, key, uid, phase="eager", why="incompatible", clock_us=entry.last_used_us)
             return False, False
         new_key = entry.props is None
         changed = self.update_required(entry, graph, split)
@@ -162,7 +164,7 @@ class GraphRuntime:
             update = not entry.instances
             why = "no executables" if update else "unchanged"
         phase = "replay" if use_graph and not update else "capture" if use_graph else "eager"
-        self.emit(E.PhaseDecided, split, key, uid, phase=phase, why=why)
+        self.emit(E.PhaseDecided, split, key, uid, phase=phase, why=why, clock_us=entry.last_used_us)
         return use_graph, update
 
     def invalidate_all(self, reason: str, nbytes: int) -> None:

@@ -1,0 +1,51 @@
+"""`graphdiag whatif`: a recorded run's graph sequence replayed offline under another graph-key policy."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+import click
+
+ROWS = ("captures", "instantiates", "updates", "update_refusals", "replays", "eager_runs", "warmup_resets",
+        "evictions", "distinct_keys", "graphs_held_peak", "graphs_held_end")
+
+
+@click.command()
+@click.argument("record", type=click.Path(dir_okay=False, path_type=Path))
+@click.option("--key", "policy", required=True, metavar="POLICY",
+              help="first-node (llama.cpp's), first-node+shape or content-hash.")
+@click.option("--max-graphs", type=int, default=0, help="Cap the cache at N entries, least recently used "
+              "evicted first (0: no cap, as llama.cpp).")
+@click.option("--json", "as_json", is_flag=True, help="Print the comparison as JSON.")
+def whatif(record: Path, policy: str, max_graphs: int, as_json: bool) -> None:
+    """Replay RECORD's graph_compute calls under another key POLICY, with the same warmup, ledger and
+    eviction rules, and compare captures, instantiates, updates, replays, eager runs and graphs held with
+    the recorded run (first-node is replayed too: it should reproduce the record)."""
+    from ..report.record import read_record
+    from ..report.whatif import POLICIES, what_if
+    from ..errors import UsageError
+
+    if policy not in POLICIES:
+        raise UsageError(f"unknown key policy {policy!r} (known: {', '.join(POLICIES)})")
+    header, events = read_record(record)
+    chunk = header.settings.get("chunk_size", 512)
+    pols = ("first-node",) if policy == "first-node" else ("first-node", policy)
+    w = what_if(events, pols, max_graphs, chunk if isinstance(chunk, int) else 512)
+    if as_json:
+        click.echo(json.dumps(w.to_dict(policy), indent=2))
+        return
+    out = sys.stdout
+    names = ["recorded"] + [o.policy + (f" (max {max_graphs})" if max_graphs else "") for o in w.outcomes]
+    width = max(len(n) for n in names) + 2
+    out.write(f"whatif {record}: key policy {policy}" + (f", at most {max_graphs} graphs" if max_graphs else "")
+              + "\n")
+    out.write(f"{'':18}" + "".join(f"{n:>{width}}" for n in names) + "\n")
+    for r in ROWS:
+        vals = [w.baseline[r]] + [getattr(o, r) for o in w.outcomes]
+        out.write(f"{r:18}" + "".join(f"{v:>{width}}" for v in vals) + "\n")
+    for o in w.outcomes:
+        if o.modelled_updates or o.estimated_chunks:
+            out.write(f"{o.policy}: {o.modelled_updates} update outcomes modelled (not in the record), "
+                      f"{o.estimated_chunks} chunk counts estimated\n")

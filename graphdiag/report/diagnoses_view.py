@@ -1,0 +1,26 @@
+"""Lines for the diagnoses a Summary carries (thrash, graph memory, strict findings): drawing only."""
+
+from __future__ import annotations
+
+
+def _mib(n: int) -> str:
+    return f"{n / (1 << 20):.2f} MiB"
+
+
+def diagnosis_lines(s) -> list[str]:
+    """Thrash causes, graph memory (peak, end, per key), never-replayed executables, prevented stale replays."""
+    out = [f"thrash: {t.cause}; fields that differ: {', '.join(t.differing_fields) or 'none named'}"
+           for t in s.thrash]
+    gm = s.graph_memory
+    if gm.executables:
+        per_key = "; ".join(f"{k.key} {k.executables} exec, peak {_mib(k.peak_bytes)}, end {_mib(k.end_bytes)}"
+                            + (f", {k.never_replayed} never replayed" if k.never_replayed else "")
+                            for k in gm.keys[:6])
+        more = f" (+{len(gm.keys) - 6} more keys)" if len(gm.keys) > 6 else ""
+        out.append(f"graph memory ({gm.source}): peak {_mib(gm.peak_bytes)}, {_mib(gm.end_bytes)} at the end "
+                   f"over {gm.executables} executables; {per_key}{more}")
+    if gm.never_replayed:
+        more = f" (+{len(gm.never_replayed) - 3} more)" if len(gm.never_replayed) > 3 else ""
+        out.append(f"captured but never replayed: {len(gm.never_replayed)}: {'; '.join(gm.never_replayed[:3])}{more}")
+    out += [f"stale replay prevented: {x}" for x in gm.stale[:3]]
+    return out
