@@ -123,8 +123,11 @@ def make_header(cfg: RunConfig, s: Session, scenario: str | None) -> dict:
     }
 
 
-def run(cfg: RunConfig, scenario=None, sinks=(), span_sinks=(), on_header=None) -> RunResult:
-    """Run the plan; every event reaches `sinks` live. Returns the header, the events and the counters."""
+def run(cfg: RunConfig, scenario=None, sinks=(), span_sinks=(), on_header=None, device_sinks=(),
+        cupti: bool = False, warn=None) -> RunResult:
+    """Run the plan; every event reaches `sinks` live. Returns the header, the events and the counters.
+    Each step's device records (modelled on the simulated driver; CUPTI's on CUDA when `cupti`) go to
+    `device_sinks`; `warn(line)` hears why there are none where they were asked for."""
     bus = E.EventBus()
     rec, counters = E.Recorder(), Counters()
     for s in (rec, counters, *sinks):
@@ -132,6 +135,7 @@ def run(cfg: RunConfig, scenario=None, sinks=(), span_sinks=(), on_header=None) 
     for s in span_sinks:
         bus.subscribe(s, spans=True)
     session = Session(cfg, bus)
+    session.device_source, session.device_sinks = _open_device(session, cupti, warn), list(device_sinks)
     header = make_header(cfg, session, getattr(scenario, "name", None))
     if on_header is not None:
         on_header(header)
@@ -139,8 +143,21 @@ def run(cfg: RunConfig, scenario=None, sinks=(), span_sinks=(), on_header=None) 
     try:
         walk_recorded(session, result, plan_steps(cfg, scenario))
     finally:
+        if session.device_source is not None:
+            session.device_source.close()
         session.close()
     return result
+
+
+def _open_device(session: Session, cupti: bool, warn):
+    """The session's device activity source, or None (with a warning when CUPTI was asked for)."""
+    from .report.device import DeviceSourceUnavailable, open_device_source
+    try:
+        return open_device_source(session.driver, cupti)
+    except DeviceSourceUnavailable as e:
+        if warn is not None:
+            warn(f"no device activity: {e}")
+        return None
 
 
 def walk_recorded(session: "Session", result: RunResult, plan) -> None:
@@ -203,6 +220,9 @@ class Stepper:
         s, bus = self.s, self.s.bus
         step = s.ctx.step
         self.phases.clear()
+        device = getattr(s, "device_source", None)
+        if device is not None:
+            device.begin_step()
         t0 = time.perf_counter_ns()
         with bus.span("step", "run/step", step, step):
             if p.kind == "prefill":
@@ -214,6 +234,8 @@ class Stepper:
                 logits = s.ctx.decode(batch)
         dt = time.perf_counter_ns() - t0
         gpu_ns = s.gpu.collect_gpu_ns() if s.gpu is not None else 0
+        if device is not None:
+            self._device_time(step, device)
         seqs = list(batch)
         out = logits.argmax(axis=1).tolist()
         for q, t in zip(seqs[-len(out):], out):
@@ -225,6 +247,13 @@ class Stepper:
             self._verify(step, logits)
         if s.reference is not None:
             self._oracle(step, p, batch, logits)
+
+    def _device_time(self, step: int, device) -> None:
+        from .report.device import device_time
+        records = device.end_step()
+        self.s.bus.emit(device_time(step, device.source, records))
+        for sink in self.s.device_sinks:
+            sink(records)
 
     def _verify(self, step: int, logits: np.ndarray) -> None:
         ctx = self.s.ctx
@@ -250,7 +279,7 @@ class Stepper:
 
 
 def run_cli(settings: dict, scenario: str | None = None, events_path: str | None = None, as_json: bool = False,
-            verbosity: int = 0, out=None, err=None, strict: bool = False) -> int:
+            verbosity: int = 0, out=None, err=None, timeline_path: str | None = None, cupti: bool = False, strict: bool = False) -> int:
     """`graphdiag run`: resolve settings (CLI > scenario > env), validate everything before anything is
     built, run with live sinks, render the summary.
 
@@ -270,7 +299,8 @@ def run_cli(settings: dict, scenario: str | None = None, events_path: str | None
         err.write(f"graphdiag: warning: {w}\n")
     header, events = {}, E.Recorder()
     try:
-        result = _run_with_sinks(cfg, sc, events_path, as_json, verbosity, out, header, events)
+        result = _run_with_sinks(cfg, sc, events_path, as_json, verbosity, out, header, events,
+                                 timeline_path=timeline_path, cupti=cupti, err=err)
     except KeyboardInterrupt:
         partial = RunResult(header, events.events, Counters())
         _render_result(partial, sc, as_json, out, strict)
@@ -283,7 +313,7 @@ def run_cli(settings: dict, scenario: str | None = None, events_path: str | None
 
 
 def _run_with_sinks(cfg: RunConfig, sc, events_path, as_json: bool, verbosity: int, out, header: dict,
-                    recorder) -> RunResult:
+                    recorder, timeline_path=None, cupti: bool = False, err=None) -> RunResult:
     """Open the record (before any model is built: a path that cannot be written fails first), wire the
     console, the record and NVTX, run. `header` and `recorder` keep what an interrupted run leaves."""
     from .report.console import ConsoleReporter
@@ -299,15 +329,26 @@ def _run_with_sinks(cfg: RunConfig, sc, events_path, as_json: bool, verbosity: i
     if not as_json:
         sinks.append(console)
         starts.append(console.start)
-    span_sinks = []
+    span_sinks, device_sinks = [], []
+    timeline = None
+    if timeline_path:                        # the trace-event timeline: every event, spans and device records
+        from .report.timeline import TimelineWriter
+        timeline = TimelineWriter(timeline_path)
+        span_sinks.append(timeline)
+        device_sinks.append(timeline.add_device)
+        starts.append(timeline.start)
     if cfg.nvtx:
         from .report.nvtx_sink import NvtxSink
         nv = NvtxSink()
         if nv.enabled:
             span_sinks.append(nv)
     try:
-        return run(cfg, sc, sinks, span_sinks, on_header=lambda h: [f(h) for f in starts])
+        return run(cfg, sc, sinks, span_sinks, on_header=lambda h: [f(h) for f in starts], device_sinks=device_sinks,
+                   cupti=cupti or timeline is not None,
+                   warn=lambda w: (err or sys.stderr).write(f"graphdiag: warning: {w}\n"))
     finally:
+        if timeline is not None:
+            timeline.close()
         console.close()
         if writer is not None:
             writer.close()

@@ -13,7 +13,10 @@ import click
 @click.option("--json", "as_json", is_flag=True, help="Print the summary as JSON instead of tables.")
 @click.option("-v", "--verbose", count=True,
               help="-v: chunk boundaries, updates, instantiates, refusals; -vv: every uid hit and launch.")
-def report(record: Path, as_json: bool, verbose: int) -> None:
+@click.option("--plot", "plot_path", type=click.Path(dir_okay=False, path_type=Path), default=None,
+              help="Also draw per-step time by phase, recaptures and chunk costs to FILE.png or FILE.svg "
+                   "(needs graphdiag[plot]).")
+def report(record: Path, as_json: bool, verbose: int, plot_path: Path | None = None) -> None:
     """Render the report of RECORD, a JSON-lines event file written by `graphdiag run --events`."""
     from ..report.console import render_report
     from ..report.record import read_record
@@ -21,6 +24,10 @@ def report(record: Path, as_json: bool, verbose: int) -> None:
 
     header, events = read_record(record)
     summary = summarize(header, events)
+    if plot_path is not None:
+        from ..report.plot import plot
+        plot(summary.accounting, events, plot_path, title=f"{record.name}: {summary.header.model} on "
+             f"{summary.header.device}" + (" (SIMULATED)" if summary.header.simulated else ""))
     if as_json:
         click.echo(summary.to_json())
     else:

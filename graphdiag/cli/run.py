@@ -34,12 +34,17 @@ import click
 @click.option("--scenario", default=None, help="Run a scenario (name or .toml path) and check its expectations.")
 @click.option("--events", "events_path", type=click.Path(dir_okay=False, writable=True), default=None,
               help="Write every event as JSON lines to this file.")
+@click.option("--timeline", "timeline_path", type=click.Path(dir_okay=False, writable=True), default=None,
+              help="Write a Chrome trace-event timeline (open it in ui.perfetto.dev): host scopes, decisions, "
+                   "device kernels (CUPTI on CUDA, modelled on the simulated driver).")
+@click.option("--cupti", is_flag=True, help="Record device activity with CUPTI on CUDA for the time accounting "
+                                            "(implied by --timeline; needs graphdiag[gpu]).")
 @click.option("--json", "as_json", is_flag=True, help="Print the summary as JSON.")
 @click.option("--strict", is_flag=True, help="Fail (exit 1, the cause named) on an unexplained eager fallback, "
               "key thrash, a capture never replayed or a flood of update refusals.")
 @click.option("-v", "--verbose", count=True, help="-v: chunks, updates, instantiates; -vv: every uid hit and launch.")
-def run(events_path, as_json, verbose, scenario, strict, **settings):
+def run(events_path, as_json, verbose, scenario, timeline_path, cupti, strict, **settings):
     """Run prefill and decode steps through the CUDA-graph runtime and report every decision."""
     from ..runner import run_cli
-    return run_cli(settings, scenario=scenario, events_path=events_path, as_json=as_json, verbosity=verbose,
+    return run_cli(settings, timeline_path=timeline_path, cupti=cupti, scenario=scenario, events_path=events_path, as_json=as_json, verbosity=verbose,
                    strict=strict)

@@ -160,6 +160,8 @@ def render_summary(summary: Summary, file: TextIO | None = None, console: Consol
     con.print(_overview(summary), markup=False)
     tables = [_key_table(summary)] if summary.keys else []
     tables += [_timing_table(summary)] if summary.timings else []
+    from .accounting_view import accounting_tables
+    tables += accounting_tables(summary.accounting, summary.header.simulated and summary.header.backend != "cpu")
     for t in tables + [_llama_table(summary), _counter_table(summary)]:
         con.print("")
         con.print(t)
@@ -200,12 +202,16 @@ def table(title: str, *cols: str, left: tuple[str, ...] = ()) -> Table:
 
 
 def _key_table(s: Summary) -> Table:
-    t = table("Per graph key (steps per phase; chunk outcomes)", "key", "splits", "eager", "capture",
-               "replay", "chunks", "updated", "instantiated", "refused", "resets", "evicted")
-    for k in s.keys:
-        t.add_row(f"{k.key:#x}", ",".join(map(str, k.splits)), str(k.steps_eager), str(k.steps_capture),
+    """Fits 80 columns: keys as k1, k2… (the legend below gives their addresses), the number of splits."""
+    t = table("Per graph key (steps per phase; chunk outcomes)", "key", "splits", "eager", "capt", "replay",
+              "chunks", "upd", "inst", "refused", "resets", "evict")
+    for i, k in enumerate(s.keys, 1):
+        t.add_row(f"k{i}", str(len(k.splits)), str(k.steps_eager), str(k.steps_capture),
                   str(k.steps_replay), str(k.chunks), str(k.updates), str(k.instantiates),
                   str(sum(k.refusals.values())), str(k.warmup_resets), str(k.evictions))
+    t.padding = (0, 1, 0, 0)
+    t.caption = "  ".join(f"k{i} = {k.key:#x}" for i, k in enumerate(s.keys, 1))
+    t.caption_justify = "left"
     return t
 
 

@@ -153,7 +153,7 @@ class RunDiff:
 
 def _decisions(events: list[E.Event]) -> list[E.Event]:
     """Events that are decisions: no spans, and no ledger rows (node_diff.py compares those)."""
-    return [e for e in events if not isinstance(e, (E.SpanBegin, E.SpanEnd, E.LedgerCaptured))]
+    return [e for e in events if not isinstance(e, (E.SpanBegin, E.SpanEnd, E.LedgerCaptured, E.DeviceTime))]
 
 
 def _by_step(events: list[E.Event], canon: Canon) -> dict[int, list[tuple[tuple, E.Event]]]:

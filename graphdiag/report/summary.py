@@ -16,6 +16,7 @@ from typing import Any, Iterable
 from .. import events as E
 from ..counters import Counters
 from .graph_memory import GraphMemory, graph_memory
+from .accounting import Accounting, account
 from .record import RunHeader, as_header
 from .strict import strict_findings
 from .thrash import KeyThrash, find_thrash
@@ -80,6 +81,7 @@ class Summary:
     oracle_max_rel_err: float = 0.0                       # max over the checks of max|a-b| / max|b|
     oracle_bound: float = 0.0
     ended: E.RunEnded | None = None                       # how the run ended (None: not recorded, cut short)
+    accounting: Accounting = field(default_factory=Accounting)   # where the time goes (accounting.py)
     thrash: list[KeyThrash] = field(default_factory=list)  # keys alternating between graph variants
     graph_memory: GraphMemory = field(default_factory=GraphMemory)   # executables' device memory per key
     strict: list[str] = field(default_factory=list)       # what `run --strict` fails on (empty: clean)
@@ -146,6 +148,7 @@ def summarize(header: RunHeader | dict[str, Any], events: Iterable[E.Event]) -> 
     s.oracle_bound = max((e.bound for e in oracle), default=0.0)
     s.ended = next((e for e in reversed(events) if isinstance(e, E.RunEnded)), None)
     s.disabled_reasons = sorted({disabled_cause(header, r) for r in s.disabled_reasons})
+    s.accounting = account(events)
     s.thrash = find_thrash(events)
     s.graph_memory = graph_memory(header.simulated, events)
     s.strict = strict_findings(events, s.thrash, s.graph_memory)

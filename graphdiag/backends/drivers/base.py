@@ -52,6 +52,7 @@ class Launch:
     params: np.ndarray
     shmem: int = 0
     handle: object = field(default=None, repr=False)
+    label: str = ""       # the graphdiag node(s) this launch computes ("attn_norm-0+attn_norm_mul-0")
 
 
 @dataclass(frozen=True)
@@ -66,6 +67,13 @@ class Driver(abc.ABC):
     """Streams, events, capture, graphs, kernel launches and device memory."""
 
     info: DeviceInfo
+    # a LaunchLog (launch_log.py) told what the host issues, for naming device records by graph node;
+    # None (the default) costs one attribute test per call
+    tracer = None
+
+    def graph_kernel_nodes(self, graph) -> list[tuple[int, int]]:
+        """(node handle, tools id) of each kernel node of a captured graph, in the graph's node order."""
+        return []
 
     @property
     def simulated(self) -> bool:

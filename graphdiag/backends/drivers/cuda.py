@@ -149,9 +149,32 @@ class CudaDriver(Driver):
     def begin_capture(self, stream) -> None:
         mode = D.CUstreamCaptureMode.CU_STREAM_CAPTURE_MODE_RELAXED
         _check(D.cuStreamBeginCapture(self._s(stream), mode), "cuStreamBeginCapture")
+        if self.tracer is not None:
+            self.tracer.on_begin_capture()
 
     def end_capture(self, stream):
-        return self._own("graph", _check(D.cuStreamEndCapture(self._s(stream)), "cuStreamEndCapture"))
+        graph = self._own("graph", _check(D.cuStreamEndCapture(self._s(stream)), "cuStreamEndCapture"))
+        if self.tracer is not None:
+            self.tracer.on_end_capture(int(graph), self.graph_kernel_nodes(graph))
+        return graph
+
+    def graph_kernel_nodes(self, graph) -> list[tuple[int, int]]:
+        """(node handle, tools id) per kernel node, in cuGraphGetNodes order (the capture's order); the
+        tools id is cuGraphNodeGetToolsId's, or cuGraphNodeGetLocalId's, or 0 where the driver has neither."""
+        _, nodes, n = D.cuGraphGetNodes(graph, self.graph_num_nodes(graph))
+        out = []
+        for node in nodes[:n]:
+            if _check(D.cuGraphNodeGetType(node), "cuGraphNodeGetType") != D.CUgraphNodeType.CU_GRAPH_NODE_TYPE_KERNEL:
+                continue
+            tools_id = 0
+            for name in ("cuGraphNodeGetToolsId", "cuGraphNodeGetLocalId"):
+                fn = getattr(D, name, None)
+                got = fn(node) if fn is not None else (1,)
+                if not got[0]:
+                    tools_id = int(got[1])
+                    break
+            out.append((int(node), tools_id))
+        return out
 
     def is_capturing(self, stream) -> bool:
         status = _check(D.cuStreamIsCapturing(self._s(stream)), "cuStreamIsCapturing")
@@ -164,7 +187,10 @@ class CudaDriver(Driver):
         return int(_check(D.cuGraphGetNodes(graph, 0), "cuGraphGetNodes")[1])
 
     def instantiate(self, graph):
-        return self._own("exec", _check(D.cuGraphInstantiate(graph, 0), "cuGraphInstantiate"))
+        x = self._own("exec", _check(D.cuGraphInstantiate(graph, 0), "cuGraphInstantiate"))
+        if self.tracer is not None:
+            self.tracer.on_instantiate(int(graph), int(x))
+        return x
 
     def exec_update(self, exec_, graph) -> UpdateOutcome:
         """cuGraphExecUpdate_v2 through ctypes, to read the refusal reason. The driver API keeps no sticky
@@ -173,6 +199,8 @@ class CudaDriver(Driver):
         info = _UpdateResultInfo()
         rc = self._exec_update(int(exec_), int(graph), ctypes.byref(info))
         if rc == 0:
+            if self.tracer is not None:
+                self.tracer.on_update(int(exec_), int(graph))
             return UpdateOutcome(True)
         if rc != D.CUresult.CUDA_ERROR_GRAPH_EXEC_UPDATE_FAILURE:
             raise _error(D.CUresult(rc), "cuGraphExecUpdate")
@@ -188,6 +216,8 @@ class CudaDriver(Driver):
 
     def graph_launch(self, exec_, stream) -> None:
         _check(D.cuGraphLaunch(exec_, self._s(stream)), "cuGraphLaunch")
+        if self.tracer is not None:
+            self.tracer.on_graph_launch(int(exec_))
 
     # kernels
     def prepare(self, launch: Launch) -> Launch:
@@ -208,6 +238,8 @@ class CudaDriver(Driver):
         (err,) = D.cuLaunchKernel(*h.args, self._s(stream), h.argv_addr, 0)
         if err:
             raise _error(err, f"cuLaunchKernel({launch.kernel})")
+        if self.tracer is not None:
+            self.tracer.on_launch(launch.kernel, launch.label)
 
     def preload(self) -> None:
         from ..kernels import KERNELS

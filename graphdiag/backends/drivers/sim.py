@@ -11,6 +11,7 @@ Timings (event_elapsed_ms) are host wall-clock differences: simulated, not devic
 from __future__ import annotations
 
 import dataclasses
+import itertools
 import time
 from dataclasses import dataclass
 
@@ -23,6 +24,7 @@ from .base import DeviceInfo, Driver, Launch, UpdateOutcome
 from .sim_graph import Capture, Node, SimExec, SimGraph, SimHandle, compare_graphs
 
 DEVICE_BASE = 0x7000_0000_0000
+_node_ids = itertools.count(1)         # graph node ids, unique in the process (as CUDA's tools ids)
 
 
 @dataclass
@@ -85,6 +87,7 @@ class SimDriver(Driver):
         self._captures: list[Capture] = []  # captures in progress
         self._allocs: set[int] = set()
         self.modelled_ns = 0                # simulated time spent so far (see LAUNCH_NS ...)
+        self.activity = None                # a SimActivity: the modelled device timeline (report/device.py)
         self.exec_bytes = 0                 # modelled device memory held by live executables
 
     def now_us(self) -> int:
@@ -138,6 +141,8 @@ class SimDriver(Driver):
         s.capture, s.deps = Capture(origin=s), ()
         self._captures.append(s.capture)
         self.counters.captures += 1
+        if self.tracer is not None:
+            self.tracer.on_begin_capture()
 
     def end_capture(self, stream) -> SimGraph:
         s = self._stream(stream, "end_capture")
@@ -156,7 +161,15 @@ class SimDriver(Driver):
         if unjoined:
             raise CaptureError("CUDA_ERROR_STREAM_CAPTURE_UNJOINED", "end_capture",
                                f"{len(unjoined)} forked stream(s) not joined back")
-        return SimGraph(cap.nodes)
+        g = SimGraph(cap.nodes)
+        if self.tracer is not None:
+            self.tracer.on_end_capture(g.id, self.graph_kernel_nodes(g))
+        return g
+
+    def graph_kernel_nodes(self, graph) -> list[tuple[int, int]]:
+        """(node id, node id) per kernel node, in capture order (CUDA: handle and tools id)."""
+        g = SimHandle.check(graph, SimGraph, "graph_kernel_nodes")
+        return [(n.node_id, n.node_id) for n in g.nodes if n.type == "kernel"]
 
     # -- streams and events ----------------------------------------------------------------------------
     def stream_synchronize(self, stream) -> None:
@@ -216,6 +229,8 @@ class SimDriver(Driver):
         self.counters.instantiates += 1
         self.modelled_ns += self.INSTANTIATE_NS + self.INSTANTIATE_NODE_NS * len(g.nodes)
         x = SimExec([n.copy() for n in g.nodes])
+        if self.tracer is not None:
+            self.tracer.on_instantiate(g.id, x.id)
         x.mem_bytes = self.EXEC_KERNEL_NODE_BYTES * sum(n.type == "kernel" for n in g.nodes)
         self.exec_bytes += x.mem_bytes
         return x
@@ -229,8 +244,10 @@ class SimDriver(Driver):
         if not outcome.ok:
             self.counters.update_refusals += 1
             return outcome
-        x.nodes = [n.copy() for n in g.nodes]
+        x.nodes = [dataclasses.replace(n.copy(), node_id=o.node_id) for n, o in zip(g.nodes, x.nodes)]
         self.counters.updates += 1
+        if self.tracer is not None:
+            self.tracer.on_update(x.id, g.id)
         return outcome
 
     def exec_destroy(self, exec_) -> None:
@@ -245,6 +262,10 @@ class SimDriver(Driver):
         if self._capturing(s, "graph_launch"):
             raise CudaError("CUDA_ERROR_NOT_SUPPORTED", "graph_launch", "child graphs are not simulated")
         self.counters.graph_launches += 1
+        if self.tracer is not None:
+            self.tracer.on_graph_launch(x.id)
+        if self.activity is not None:
+            self.activity.graph(x.nodes, x.order, x.id, s.id, self.modelled_ns)
         self.modelled_ns += self.GRAPH_NODE_NS * len(x.order)
         for i in x.order:
             self._run_node(x.nodes[i])
@@ -270,13 +291,18 @@ class SimDriver(Driver):
             raise CudaError("CUDA_ERROR_INVALID_HANDLE", "launch", f"{launch.kernel!r} is not prepared")
         self.counters.launches += 1
         self.modelled_ns += self.LAUNCH_NS
+        if self.tracer is not None:
+            self.tracer.on_launch(launch.kernel, launch.label)
         if self._capturing(s, "launch"):
             self.counters.captured_launches += 1
             self._record(s, Node("kernel", launch.kernel, tuple(launch.grid), tuple(launch.block),
-                                 launch.params.copy(), fn=launch.handle))
+                                 launch.params.copy(), fn=launch.handle, label=launch.label,
+                                 node_id=next(_node_ids)))
             return
         launch.handle(self.space, launch.params)
         self.counters.kernels_run += 1
+        if self.activity is not None:
+            self.activity.kernel(launch.kernel, launch.grid, s.id, self.modelled_ns)
 
     # -- memory ----------------------------------------------------------------------------------------
     def mem_alloc(self, nbytes: int) -> int:
@@ -312,9 +338,11 @@ class SimDriver(Driver):
         if self._capturing(s, call):
             if not recordable:
                 self._fail_capture(s.capture, call)
-            self._record(s, Node("memcpy", call, dst=dst, src=src, nbytes=nbytes))
+            self._record(s, Node("memcpy", call, dst=dst, src=src, nbytes=nbytes, node_id=next(_node_ids)))
             return
         self._copy(dst, src, nbytes)
+        if self.activity is not None:
+            self.activity.memcpy(call, nbytes, s.id, self.modelled_ns)
 
     def memcpy_htod(self, dst: int, src: np.ndarray, stream=None) -> None:
         """A captured copy reads `src` at each replay (the host pointer is baked into the graph)."""

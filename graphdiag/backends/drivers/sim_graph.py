@@ -54,6 +54,8 @@ class Node:
     src: object = None
     nbytes: int = 0
     deps: tuple[int, ...] = field(default=())
+    label: str = ""                 # the graphdiag node(s) a kernel node computes (Launch.label)
+    node_id: int = 0                # unique per captured node, kept by executables (as CUDA's node ids)
 
     def copy(self) -> "Node":
         return replace(self, params=None if self.params is None else self.params.copy())

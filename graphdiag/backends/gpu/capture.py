@@ -176,7 +176,7 @@ class CaptureLoop:
 
 def lower_graph(graph: Graph, plan: dict[int, Fusion], cc: int, driver) -> list:
     """Lowered op per node index (None where the loop launches nothing), prepared once."""
-    from .lowering import lower_node
+    from .lowering import lower_node, op_launches
     rec = graph.arena.rec
     out: list = [None] * graph.n_nodes
     i = 0
@@ -185,6 +185,9 @@ def lower_graph(graph: Graph, plan: dict[int, Fusion], cc: int, driver) -> list:
         f = plan.get(i)
         if not is_view_or_noop(int(rec["op"][idx]), rec["ne"][idx]) and rec["flags"][idx] & TensorFlag.COMPUTE:
             op = lower_node(graph, i, f, cc)
+            label = "+".join(graph.node(j).name for j in range(i, i + 1 + (f.absorbed if f is not None else 0)))
+            for launch in op_launches(op):
+                launch.label = label
             op.prepare(driver)
             out[i] = op
         i += 1 + (f.absorbed if f is not None else 0)

@@ -134,9 +134,16 @@ class SortedMulMatIdOp:
             p["t"][3]["nb"] = (4, 8, 8 * len(pairs), 8 * len(pairs))
             p["ip"][:3] = (int(experts[lo]), int(hi - lo), int(lo))
             grid, block, shmem = _geometry(self.kernel, p)
-            launch = driver.prepare(Launch(self.kernel, grid, block, p, shmem))
+            launch = driver.prepare(Launch(self.kernel, grid, block, p, shmem, label=self.template.label))
             driver.launch(stream, launch)
         pool.free(addr, size)
+
+
+def op_launches(op) -> list[Launch]:
+    """The prepared launches of a lowered op (the sorted MUL_MAT_ID fallback: its template)."""
+    if isinstance(op, ScratchLaunchesOp):
+        return op.launches
+    return [op.template] if isinstance(op, SortedMulMatIdOp) else [op.launch]
 
 
 def lower_node(graph: Graph, i: int, fusion: Fusion | None, cc: int):

@@ -1,0 +1,46 @@
+"""Tables of the time accounting (accounting.py): per phase, graph management, top kernels. Only draws."""
+
+from __future__ import annotations
+
+from rich.table import Table
+
+from .accounting import MGMT, Accounting
+from .eventlog import fmt_ns
+
+
+def _us(ns: int) -> str:
+    return f"{ns / 1e3:.1f}"
+
+
+def _t(title: str, *cols: str) -> Table:
+    from .console import table
+    return table(title, *cols, left=("phase", "kernel", "nodes", "bound"))
+
+
+def accounting_tables(acc: Accounting, simulated: bool) -> list[Table]:
+    """Where the time goes, per phase (µs, medians per step), and the top kernels; none without steps."""
+    if not acc.phases:
+        return []
+    dev = {"modelled": "device MODELLED by the simulated driver", "cupti": "device from CUPTI"}.get(
+        acc.source, "no device records (run --cupti on CUDA)")
+    host = "; host times of numpy kernels" if simulated else ""
+    t = _t(f"Time per step (µs, medians; {dev}{host})", "phase", "steps", "wall", "dev busy", "dev idle",
+           "bound", "graph mgmt", *MGMT)
+    for p in acc.phases:
+        t.add_row(p.phase, str(p.steps), _us(p.wall_ns), _us(p.busy_ns), _us(p.idle_ns), p.bound or "-",
+                  _us(p.mgmt_ns), *(_us(p.mgmt[k]) for k in MGMT))
+    t.caption = (f"graph management per token: {fmt_ns(acc.mgmt_per_token_ns)} "
+                 f"({fmt_ns(acc.mgmt_total_ns)} over {acc.tokens} tokens)"
+                 + ("; simulated: a graph launch runs the numpy kernels" if simulated else ""))
+    t.caption_justify = "left"
+    out = [t]
+    if acc.top_kernels:
+        k = _t(f"Top kernels by device time ({'MODELLED' if acc.source == 'modelled' else 'CUPTI'}; "
+               f"{acc.attributed}/{acc.kernels} kernels named by graph node)", "kernel", "calls", "total µs",
+               "µs/call", "nodes")
+        k.columns[-1].max_width, k.columns[-1].overflow = 56, "ellipsis"
+        for row in acc.top_kernels:
+            k.add_row(row.kernel, str(row.count), _us(row.total_ns), _us(row.total_ns // max(row.count, 1)),
+                      row.nodes)
+        out.append(k)
+    return out

@@ -1,0 +1,215 @@
+"""The Chrome trace-event JSON timeline (`graphdiag run --timeline FILE`): opens in ui.perfetto.dev and
+chrome://tracing.
+
+A sink fed with every event, spans included (subscribe with spans=True), plus each step's device records
+(`add_device`). Process 1 is the host runtime: one track of graphdiag's timed scopes (a `step N` slice per
+step, graph_compute, capture chunk, instantiate, update, replay, ...), one of instant events for every
+decision, and the counters of graph entries and executables held. Process 2 is the device: a track per
+CUDA stream and one of graph launches, kernels named by the graphdiag node(s) they compute; on the
+simulated driver it is the modelled timeline, labelled SIMULATED in its process and track names. Track ids
+are small integers in order of first use (as py-spy writes them); slices still open when the run ends or
+is interrupted are closed at write time. Times are µs from the first event.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from .. import events as E
+from ..errors import EventWriteError
+from .eventlog import describe
+
+HOST_PID, DEVICE_PID = 1, 2
+HOST_TID, DECISION_TID, COUNTER_TID = 1, 2, 3
+
+
+def decision_of(ev: E.Event) -> tuple[str, dict] | None:
+    """(instant name, args) for the decisions a timeline marks; None for the others."""
+    match ev:
+        case E.WarmupTransition():
+            name = "warmup complete" if ev.to_state == "warm" else "warmup reset"
+            return name, {"why": ev.why}
+        case E.PropertyDiff():
+            return "recapture", {"cause": f"node {ev.node} {ev.node_name} {ev.field} {ev.old}→{ev.new}",
+                                 "changed_nodes": ev.n_changed_nodes}
+        case E.NodeCountChanged():
+            return "recapture", {"cause": f"node count {ev.old}→{ev.new}"}
+        case E.PhaseDecided():
+            return f"phase {ev.phase}", {"why": ev.why}
+        case E.ChunkUpdated():
+            return "update", {"chunk": ev.chunk, "us": ev.duration_ns / 1e3}
+        case E.ChunkInstantiated():
+            return "instantiate", {"chunk": ev.chunk, "us": ev.duration_ns / 1e3, "after_refusal": ev.after_refusal}
+        case E.UpdateRefused():
+            return f"update refused: {ev.reason}", {"chunk": ev.chunk, "reason": ev.reason,
+                                                    "error_node": ev.error_node}
+        case E.Evicted():
+            return "evicted", {"idle_us": ev.idle_ns / 1e3, "chunks": ev.n_chunks}
+        case E.PoolInvalidated():
+            return f"pool invalidated: {ev.reason}", {"graphs": ev.n_graphs, "executables": ev.n_captured}
+        case E.CaptureAbandoned():
+            return "capture abandoned", {"reason": ev.reason}
+        case E.GraphsDisabled() | E.Incompatible():
+            return ev.kind.replace("_", " "), {"what": describe(ev)}
+    return None
+
+
+class TimelineWriter:
+    """Collects trace events; `close()` writes the file (idempotent). `simulated` labels the device."""
+
+    def __init__(self, path: str | Path, simulated: bool = False):
+        self.path = Path(path)
+        try:
+            self.path.open("w").close()       # a path that cannot be written fails before the run
+        except OSError as e:
+            raise EventWriteError(f"cannot write the timeline {self.path}: {e.strerror or e}") from None
+        self.simulated = simulated
+        self.out: list[dict] = []
+        self._last = 0
+        self._open: list[E.SpanBegin] = []
+        self._tids: dict[tuple[int, str], int] = {}
+        self.entries = self.executables = 0
+        self._phase: dict[int, str] = {}
+        self._closed = False
+
+    def start(self, header: dict) -> None:
+        """The runner's on_header hook: the device is simulated or not."""
+        self.simulated = bool(header.get("simulated")) and header.get("backend") != "cpu"
+
+    # -- time and tracks ------------------------------------------------------------------------------
+    def _us(self, t_ns: int) -> int:
+        """Kept in ns until close() moves every time to µs from the earliest (device records of a step may
+        start before the host's first event)."""
+        self._last = max(self._last, t_ns)
+        return t_ns
+
+    def _tid(self, pid: int, name: str) -> int:
+        """A small integer per (process, track name), in order of first use, after the fixed host ones."""
+        key = (pid, name)
+        if key not in self._tids:
+            base = 3 if pid == HOST_PID else 0
+            self._tids[key] = base + 1 + sum(1 for p, _ in self._tids if p == pid)
+        return self._tids[key]
+
+    # -- host events ----------------------------------------------------------------------------------
+    def __call__(self, ev: E.Event) -> None:
+        if isinstance(ev, E.SpanBegin):
+            self._us(ev.t_ns)
+            self._open.append(ev)
+        elif isinstance(ev, E.SpanEnd):
+            for i in range(len(self._open) - 1, -1, -1):
+                if self._open[i].name == ev.name:
+                    self._slice(self._open.pop(i), ev.t_ns)
+                    break
+        else:
+            self._decision(ev)
+
+    def _slice(self, b: E.SpanBegin, end_ns: int) -> None:
+        name = f"step {b.step}" if b.name == "step" else b.name
+        ts = self._us(b.t_ns)
+        args = {"step": b.step, "payload": b.payload}
+        if b.split >= 0:
+            args["split"] = b.split
+        if b.key:
+            args["key"] = f"{b.key:#x}"
+        self.out.append({"ph": "X", "name": name, "cat": b.category, "pid": HOST_PID, "tid": HOST_TID, "ts": ts,
+                         "dur": self._us(end_ns) - ts, "args": args})
+
+    def _decision(self, ev: E.Event) -> None:
+        t = ev.t_ns
+        if not t:
+            return
+        got = decision_of(ev)
+        if isinstance(ev, E.PhaseDecided):           # a phase is marked when it changes, not every step
+            if self._phase.get(ev.key) == ev.phase:
+                got = None
+            self._phase[ev.key] = ev.phase
+        if got is not None:
+            name, args = got
+            args = {"step": ev.step, **({"split": ev.split} if ev.split >= 0 else {}),
+                    **({"key": f"{ev.key:#x}"} if ev.key else {}), **args}
+            self.out.append({"ph": "i", "s": "t", "name": name, "cat": "decision", "pid": HOST_PID,
+                             "tid": DECISION_TID, "ts": self._us(t), "args": args})
+        if self._count(ev):
+            self.out.append({"ph": "C", "name": "graphs held", "pid": HOST_PID, "tid": COUNTER_TID,
+                             "ts": self._us(t), "args": {"entries": self.entries, "executables": self.executables}})
+
+    def _count(self, ev: E.Event) -> bool:
+        """Track graph entries and executables held; True when they changed."""
+        before = (self.entries, self.executables)
+        match ev:
+            case E.KeyLookup() if ev.new_entry:
+                self.entries += 1
+            case E.Evicted():
+                self.entries -= 1
+                self.executables -= ev.n_chunks
+            case E.ChunkInstantiated() if not ev.after_refusal:
+                self.executables += 1
+            case E.ChunksDestroyed():
+                self.executables -= ev.count
+            case E.PoolInvalidated():
+                self.entries -= ev.n_graphs
+                self.executables -= ev.n_captured
+        self.entries, self.executables = max(self.entries, 0), max(self.executables, 0)
+        return (self.entries, self.executables) != before
+
+    # -- device records -------------------------------------------------------------------------------
+    def add_device(self, records) -> None:
+        """A step's device records (launch_log.ActivityRecord, host clock, attributed)."""
+        sim = " (SIMULATED)" if self.simulated else ""
+        groups: dict[int, list] = {}
+        for r in records:
+            tid = self._tid(DEVICE_PID, f"stream {r.stream}{sim}")
+            ts = self._us(r.start_ns)
+            name = r.label or r.name
+            args = {"kernel": r.name} if r.kind == "kernel" else {"bytes": r.nbytes}
+            if r.label:
+                args["nodes"], args["named via"] = r.label, r.via
+            if r.graph_id:
+                args["graph_id"], args["graph_node_id"] = r.graph_id, r.node_id
+                groups.setdefault(r.correlation, []).append(r)
+            self.out.append({"ph": "X", "name": name, "cat": r.kind, "pid": DEVICE_PID, "tid": tid, "ts": ts,
+                             "dur": self._us(r.end_ns) - ts, "args": args})
+        for corr, rs in groups.items():
+            tid = self._tid(DEVICE_PID, f"graph launches{sim}")
+            a, b = min(r.start_ns for r in rs), max(r.end_ns for r in rs)
+            ts = self._us(a)
+            self.out.append({"ph": "X", "name": f"graph launch ({len(rs)} nodes)", "cat": "graph", "pid": DEVICE_PID,
+                             "tid": tid, "ts": ts, "dur": self._us(b) - ts,
+                             "args": {"graph_id": rs[0].graph_id, "correlation": corr}})
+
+    # -- writing --------------------------------------------------------------------------------------
+    def _metadata(self) -> list[dict]:
+        sim = self.simulated
+        dev = "SIMULATED device (modelled timeline, not a GPU)" if sim else "GPU (CUPTI)"
+        meta = [{"ph": "M", "name": "process_name", "pid": HOST_PID, "args": {"name": "graphdiag host runtime"}},
+                {"ph": "M", "name": "process_sort_index", "pid": HOST_PID, "args": {"sort_index": 1}}]
+        for tid, name in ((HOST_TID, "host: graphdiag scopes"), (DECISION_TID, "decisions"),
+                          (COUNTER_TID, "graphs held")):
+            meta.append({"ph": "M", "name": "thread_name", "pid": HOST_PID, "tid": tid, "args": {"name": name}})
+        if any(p == DEVICE_PID for p, _ in self._tids):
+            meta += [{"ph": "M", "name": "process_name", "pid": DEVICE_PID, "args": {"name": dev}},
+                     {"ph": "M", "name": "process_sort_index", "pid": DEVICE_PID, "args": {"sort_index": 2}}]
+        for (pid, name), tid in self._tids.items():
+            meta.append({"ph": "M", "name": "thread_name", "pid": pid, "tid": tid, "args": {"name": name}})
+        return meta
+
+    def close(self) -> None:
+        """Close the slices still open at the last time seen, then write the file (once)."""
+        if self._closed:
+            return
+        self._closed = True
+        while self._open:
+            self._slice(self._open.pop(), self._last)
+        t0 = min((e["ts"] for e in self.out), default=0)
+        for e in self.out:
+            e["ts"] = round((e["ts"] - t0) / 1e3, 3)
+            if "dur" in e:
+                e["dur"] = round(e["dur"] / 1e3, 3)
+        doc = {"traceEvents": self._metadata() + self.out, "displayTimeUnit": "ms",
+               "otherData": {"generator": "graphdiag", "simulated_device": self.simulated}}
+        try:
+            self.path.write_text(json.dumps(doc, separators=(",", ":")), encoding="utf-8")
+        except OSError as e:
+            raise EventWriteError(f"cannot write the timeline {self.path}: {e.strerror or e}") from None
