@@ -13,7 +13,7 @@ from __future__ import annotations
 import time
 
 from ..backends.drivers.launch_log import ActivityRecord, LaunchLog
-from .device import SOURCE_CUPTI, DeviceSourceUnavailable, attribute
+from .device import SOURCE_CUPTI, DeviceSourceUnavailable, attributed_on_host_clock
 
 try:
     from cupti import cupti
@@ -63,11 +63,7 @@ class CuptiSource:
     def end_step(self) -> list[ActivityRecord]:
         cupti.activity_flush_all(1)
         records, self._records = self._records, []
-        attribute(records, self.log.take())
-        for r in records:
-            r.start_ns += self._offset
-            r.end_ns += self._offset
-        return records
+        return attributed_on_host_clock(records, self.log, self._offset)
 
     def close(self) -> None:
         self.driver.tracer = None

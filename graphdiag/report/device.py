@@ -18,6 +18,16 @@ from ..backends.drivers.launch_log import ActivityRecord, GraphLaunch, KernelLau
 SOURCE_MODELLED, SOURCE_CUPTI = "modelled", "cupti"
 
 
+def attributed_on_host_clock(records: list[ActivityRecord], log: LaunchLog, offset_ns: int) -> list[ActivityRecord]:
+    """A step's device records named by what the host issued (the log) and moved by offset_ns onto the
+    host's perf_counter_ns clock; both device sources end a step with this."""
+    attribute(records, log.take())
+    for r in records:
+        r.start_ns += offset_ns
+        r.end_ns += offset_ns
+    return records
+
+
 def attribute(records: list[ActivityRecord], issued: list) -> None:
     """Fill `label` and `via` of each kernel record in place from what the host issued."""
     eager: dict[str, deque] = defaultdict(deque)
@@ -108,12 +118,7 @@ class SimDeviceSource:
 
     def end_step(self) -> list[ActivityRecord]:
         """The step's records, attributed, on the host's perf_counter_ns clock."""
-        records = self.activity.take()
-        attribute(records, self.log.take())
-        for r in records:
-            r.start_ns += self._offset
-            r.end_ns += self._offset
-        return records
+        return attributed_on_host_clock(self.activity.take(), self.log, self._offset)
 
     def close(self) -> None:
         self.driver.tracer = self.driver.activity = None
