@@ -65,6 +65,7 @@ def graph_memory(simulated: bool, events) -> GraphMemory:
     captured: dict[int, str] = {}                     # key -> the digest its executables were captured from
     flushed: dict[int, tuple[int, str, int]] = {}      # key -> (step, props digest, executables) at a flush
     total = 0
+    last_step = -1
 
     def drop(x: Executable, step: int, why: str) -> None:
         nonlocal total
@@ -74,6 +75,8 @@ def graph_memory(simulated: bool, events) -> GraphMemory:
         done.append(x)
 
     for ev in events:
+        if isinstance(ev, E.StepStarted):
+            last_step = max(last_step, ev.step)
         match ev:
             case E.ChunkInstantiated():
                 old = held.pop((ev.key, ev.chunk), None)
@@ -121,9 +124,10 @@ def graph_memory(simulated: bool, events) -> GraphMemory:
     gm.keys = list(keys.values())
     everything = done + list(held.values())
     gm.executables = len(everything)
-    gm.never_replayed = [x.describe() for x in sorted(everything, key=lambda x: (x.step, x.key, x.chunk))
-                         if not x.replayed]
-    for x in everything:
-        if not x.replayed:
-            keys[x.key].never_replayed += 1
+    # an executable made at the run's last step and still held had no later step to replay in: not a finding
+    idle = [x for x in sorted(everything, key=lambda x: (x.step, x.key, x.chunk))
+            if not x.replayed and not (x.gone_step < 0 and x.step == last_step)]
+    gm.never_replayed = [x.describe() for x in idle]
+    for x in idle:
+        keys[x.key].never_replayed += 1
     return gm

@@ -109,3 +109,14 @@ def test_thread_scenarios_hold_and_name_their_cause(name, capsys):
     out = capsys.readouterr().out
     assert f"scenario {name}: every expectation holds" in out
     assert sum(line.startswith("cause: ") for line in out.splitlines()) == 1
+
+
+def test_an_executable_made_at_the_last_step_is_not_a_never_replayed_finding():
+    """A run that ends on a capture step (e.g. a batch change one step before the end) is strict-clean."""
+    from support.simrun import run_sim
+    from graphdiag.report.graph_memory import graph_memory
+    r = run_sim(steps=5, timeline=[{"at_step": 4, "batch": 2}])   # ends with the 2-sequence graph's capture
+    gm = graph_memory(True, r.events)
+    last = max(e.step for e in r.events if isinstance(e, E.StepStarted))
+    assert any(isinstance(e, E.ChunkInstantiated) and e.step == last for e in r.events)
+    assert not gm.never_replayed
