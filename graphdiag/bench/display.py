@@ -11,7 +11,8 @@ from .steps import Progress
 
 
 def _ms(v) -> str:
-    return "—" if v is None else f"{v:.3f}"
+    """A time given in ms, shown in µs (the unit of every graphdiag table)."""
+    return "—" if v is None else f"{v * 1000:.1f}"
 
 
 def _x(v) -> str:
@@ -20,7 +21,7 @@ def _x(v) -> str:
 
 def decode_table(rows: list[dict]) -> Table:
     sim = any(r["simulated"] for r in rows)
-    t = Table(title="decode step, batch 1 (ms, medians after warm-up; p90 in brackets)"
+    t = Table(title="decode step, batch 1 (µs, medians after warm-up; p90 in brackets)"
                     + (" — SIMULATED: host times of numpy kernels, not GPU results" if sim else ""))
     for col in ("preset", "replay", "eager", "graphs ×", "GPU replay", "host/replay", "kernels", "roofline",
                 "÷ roofline", "torch graph", "torch eager", "replay ÷ torch graph"):
@@ -36,7 +37,7 @@ def decode_table(rows: list[dict]) -> Table:
 
 
 def prefill_table(rows: list[dict]) -> Table:
-    t = Table(title="prefill (ms, median of the timed prefills)")
+    t = Table(title="prefill (µs, median of the timed prefills)")
     for col in ("preset", "tokens", "graphdiag", "torch", "graphdiag ÷ torch"):
         t.add_column(col, justify="left" if col == "preset" else "right")
     for r in rows:

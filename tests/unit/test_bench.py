@@ -96,3 +96,17 @@ def test_the_torch_peer_skips_cleanly_without_torch(monkeypatch):
     from graphdiag.bench.torch_peer import torch_decode, torch_prefill
     assert torch_decode(PRESETS["tiny"], 256, 100) == {"torch": "absent"}
     assert torch_prefill(PRESETS["tiny"], 8, [8, 16]) == {"torch": "absent"}
+
+
+def test_bench_tables_show_microseconds():
+    import io
+    from graphdiag.bench.display import render
+    row = {"kind": "decode", "model": "tiny", "wtype": "f16", "simulated": False, "replay_ms": 0.385,
+           "replay_p90_ms": 0.444, "eager_ms": 0.705, "eager_p90_ms": 0.71, "graph_speedup": 1.83,
+           "replay_gpu_ms": 0.192, "replay_host_ms": 0.192, "kernels_per_step": 59, "roofline_ms": 0.0076,
+           "replay_over_roofline": 50.6, "torch_graph_ms": None, "torch_eager_ms": None,
+           "replay_vs_torch_graph": None}
+    out = io.StringIO()
+    render([row], file=out)
+    text = out.getvalue()
+    assert "µs" in text and "385.0 (444.0)" in text and "0.385" not in text
