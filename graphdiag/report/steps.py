@@ -53,7 +53,8 @@ def render_steps(events: list[E.Event], file: TextIO | None = None, head: int = 
             continue
         step, kind, n_in, mode, wall, gpu, toks = r
         out = " ".join(map(str, toks[:8])) + (" …" if len(toks) > 8 else "")
-        t.add_row(str(step), kind, str(n_in), mode, f"{wall / 1e6:.2f} ms", f"{gpu / 1e6:.3f} ms" if gpu else "-", out)
+        t.add_row(str(step), kind, str(n_in), mode, f"{wall / 1e3:.1f} µs", f"{gpu / 1e3:.1f} µs" if gpu else "-",
+                  out)
     con.print("")
     con.print(t)
     for seq, toks in generated(events).items():

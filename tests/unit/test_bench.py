@@ -110,3 +110,14 @@ def test_bench_tables_show_microseconds():
     render([row], file=out)
     text = out.getvalue()
     assert "µs" in text and "385.0 (444.0)" in text and "0.385" not in text
+
+
+def test_the_steps_table_shows_microseconds():
+    import io
+    from graphdiag.report.steps import render_steps
+    from support.simrun import run_sim
+    r = run_sim(steps=2)
+    out = io.StringIO()
+    render_steps(r.events, file=out, simulated=True)
+    text = out.getvalue()
+    assert " µs" in text and " ms" not in text
