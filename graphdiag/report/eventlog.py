@@ -15,15 +15,11 @@ from .. import events as E
 
 
 def fmt_ns(ns: int) -> str:
-    """A duration for people: 850 ns, 12.5 µs, 610 µs, 2.70 ms, 11.0 s."""
-    if ns < 1_000:
-        return f"{ns} ns"
-    if ns < 100_000:
-        return f"{ns / 1e3:.1f} µs"
+    """A duration in µs, the unit of every table: 0.9 µs, 12.5 µs, 610.0 µs, 2700 µs; 11.0 s from a second on."""
     if ns < 1_000_000:
-        return f"{ns / 1e3:.0f} µs"
+        return f"{ns / 1e3:.1f} µs"
     if ns < 1_000_000_000:
-        return f"{ns / 1e6:.2f} ms"
+        return f"{ns / 1e3:.0f} µs"
     return f"{ns / 1e9:.1f} s"
 
 

@@ -121,3 +121,9 @@ def test_the_steps_table_shows_microseconds():
     render_steps(r.events, file=out, simulated=True)
     text = out.getvalue()
     assert " µs" in text and " ms" not in text
+
+
+def test_durations_are_shown_in_microseconds_below_a_second():
+    from graphdiag.report.eventlog import fmt_ns
+    assert [fmt_ns(n) for n in (850, 12_500, 610_000, 2_700_000, 53_090_000, 11_000_000_000)] == \
+        ["0.8 µs", "12.5 µs", "610.0 µs", "2700 µs", "53090 µs", "11.0 s"]
