@@ -23,22 +23,26 @@ def accounting_tables(acc: Accounting, simulated: bool) -> list[Table]:
         return []
     dev = {"modelled": "device MODELLED by the simulated driver", "cupti": "device from CUPTI"}.get(
         acc.source, "no device records (run --cupti on CUDA)")
-    host = "; host times of numpy kernels" if simulated else ""
-    t = _t(f"Time per step (µs, medians; {dev}{host})", "phase", "steps", "wall", "dev busy", "dev idle",
-           "bound", "graph mgmt", *MGMT)
+    host = ";\nhost times of numpy kernels" if simulated else ""
+    t = _t("Time per step (µs, medians)", "phase", "steps", "wall", "dev busy", "dev idle", "bound",
+           "graph mgmt")
+    t.caption, t.caption_justify = f"{dev}{host}", "left"
     for p in acc.phases:
         t.add_row(p.phase, str(p.steps), _us(p.wall_ns), _us(p.busy_ns), _us(p.idle_ns), p.bound or "-",
-                  _us(p.mgmt_ns), *(_us(p.mgmt[k]) for k in MGMT))
-    t.caption = (f"graph management per token: {fmt_ns(acc.mgmt_per_token_ns)} "
+                  _us(p.mgmt_ns))
+    m = _t("Graph management per step (µs, medians)", "phase", *MGMT)
+    for p in acc.phases:
+        m.add_row(p.phase, *(_us(p.mgmt[k]) for k in MGMT))
+    m.caption = (f"graph management per token: {fmt_ns(acc.mgmt_per_token_ns)} "
                  f"({fmt_ns(acc.mgmt_total_ns)} over {acc.tokens} tokens)"
-                 + ("; simulated: a graph launch runs the numpy kernels" if simulated else ""))
-    t.caption_justify = "left"
-    out = [t]
+                 + ("\nsimulated: a graph launch runs the numpy kernels" if simulated else ""))
+    m.caption_justify = "left"
+    out = [t, m]
     if acc.top_kernels:
-        k = _t(f"Top kernels by device time ({'MODELLED' if acc.source == 'modelled' else 'CUPTI'}; "
-               f"{acc.attributed}/{acc.kernels} kernels named by graph node)", "kernel", "calls", "total µs",
-               "µs/call", "nodes")
-        k.columns[-1].max_width, k.columns[-1].overflow = 56, "ellipsis"
+        k = _t(f"Top kernels by device time ({'MODELLED' if acc.source == 'modelled' else 'CUPTI'})", "kernel",
+               "calls", "total µs", "µs/call", "nodes")
+        k.caption, k.caption_justify = f"{acc.attributed}/{acc.kernels} kernels named by graph node", "left"
+        k.columns[-1].max_width, k.columns[-1].overflow = 26, "ellipsis"
         for row in acc.top_kernels:
             k.add_row(row.kernel, str(row.count), _us(row.total_ns), _us(row.total_ns // max(row.count, 1)),
                       row.nodes)

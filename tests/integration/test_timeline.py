@@ -121,3 +121,16 @@ def test_run_cli_timeline_flag(tmp_path):
     assert "Time per step" in r.output and "graph management per token" in r.output
     doc = json.loads(out.read_text())
     assert sum(e["ph"] == "X" and e["name"].startswith("step ") for e in doc["traceEvents"]) == 4
+
+
+def test_accounting_tables_fit_80_columns(traced):
+    import io
+    from rich.console import Console
+    from graphdiag.report.accounting_view import accounting_tables
+    _, result = traced
+    out = io.StringIO()
+    con = Console(file=out, width=80, color_system=None)
+    for t in accounting_tables(account(result.events), simulated=True):
+        con.print(t)
+    lines = out.getvalue().splitlines()
+    assert lines and max(len(l.rstrip()) for l in lines) <= 80
