@@ -13,12 +13,13 @@ def diagnosis_lines(s) -> list[str]:
            for t in s.thrash]
     gm = s.graph_memory
     if gm.executables:
-        per_key = "; ".join(f"{k.key} {k.executables} exec, peak {_mib(k.peak_bytes)}, end {_mib(k.end_bytes)}"
-                            + (f", {k.never_replayed} never replayed" if k.never_replayed else "")
-                            for k in gm.keys[:6])
-        more = f" (+{len(gm.keys) - 6} more keys)" if len(gm.keys) > 6 else ""
-        out.append(f"graph memory ({gm.source}): peak {_mib(gm.peak_bytes)}, {_mib(gm.end_bytes)} at the end "
-                   f"over {gm.executables} executables; {per_key}{more}")
+        out.append(f"graph memory ({gm.source}):")
+        out.append(f"  peak {_mib(gm.peak_bytes)}, {_mib(gm.end_bytes)} at the end, over {gm.executables} "
+                   f"executables")
+        out += [f"  key {k.key}: {k.executables} exec, peak {_mib(k.peak_bytes)}, end {_mib(k.end_bytes)}"
+                + (f", {k.never_replayed} never replayed" if k.never_replayed else "") for k in gm.keys[:6]]
+        if len(gm.keys) > 6:
+            out.append(f"  (+{len(gm.keys) - 6} more keys)")
     if gm.never_replayed:
         more = f" (+{len(gm.never_replayed) - 3} more)" if len(gm.never_replayed) > 3 else ""
         out.append(f"captured but never replayed: {len(gm.never_replayed)}: {'; '.join(gm.never_replayed[:3])}{more}")
