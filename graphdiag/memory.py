@@ -16,6 +16,11 @@ from .ir.dtypes import GGMLType, NUMPY, Q8_0_BLOCK, QK8_0
 ALIGN = 256
 
 
+def aligned(n: int) -> int:
+    """n bytes rounded up to the buffer alignment (the block a tensor of n bytes occupies)."""
+    return (n + ALIGN - 1) // ALIGN * ALIGN
+
+
 class AddressSpace:
     """Allocations at increasing addresses from `base`; `capacity` bytes in all (None = unbounded)."""
 

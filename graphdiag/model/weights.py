@@ -32,7 +32,7 @@ from ..ir.arena import Arena
 from ..ir.build import Ctx, contiguous_nb
 from ..ir.dtypes import GGMLType
 from ..ir.tensor import Tensor
-from ..memory import ALIGN, dequantize_q8_0, quantize_q8_0
+from ..memory import aligned, dequantize_q8_0, quantize_q8_0
 from .presets import ModelConfig
 
 # Tensor-name suffixes of the expert stacks: the ops using them run where they live (--n-cpu-moe).
@@ -218,10 +218,6 @@ class WeightBuffer:
     names: tuple[str, ...]
 
 
-def _aligned(n: int) -> int:
-    return (n + ALIGN - 1) // ALIGN * ALIGN
-
-
 # A callback (bytes done, bytes in all) that shows loading progress; set by a caller that draws its own
 # progress (the benchmark), else load_model shows a rich bar on stderr for models of LOUD_BYTES or more.
 Progress = Callable[[int, int], None]
@@ -256,7 +252,7 @@ def _gb(n: int) -> str:
 def check_fits(model: Model, groups: dict[int, list[Tensor]], gpu: Backend) -> None:
     """Refuse, in one line and before any allocation, a model this machine cannot hold; size a simulated
     device for it. Host memory holds the CPU backend's tensors and, for a simulated device, the device's."""
-    need = {gi: sum(_aligned(t.nbytes()) for t in ts) for gi, ts in groups.items()}
+    need = {gi: sum(aligned(t.nbytes()) for t in ts) for gi, ts in groups.items()}
     dev = _device(gpu)
     what = f"model {model.cfg.name} ({model.wtype.name})"
     if dev is not None and not dev[0].simulated:
@@ -339,7 +335,7 @@ def _fill_on_device(driver, stream, t: Tensor, seed: int) -> None:
 
 
 def _upload_group(model: Model, backend: Backend, tensors: list[Tensor], tick) -> WeightBuffer:
-    total = sum(_aligned(t.nbytes()) for t in tensors)
+    total = sum(aligned(t.nbytes()) for t in tensors)
     base = backend.buffer_alloc(total)
     dev = _device(backend)
     off = 0
@@ -355,7 +351,7 @@ def _upload_group(model: Model, backend: Backend, tensors: list[Tensor], tick) -
             backend.tensor_set(t.data, model.host.draw(t.name))
         else:
             backend.tensor_set(t.data, np.zeros(t.nbytes(), np.uint8))
-        off += _aligned(t.nbytes())
+        off += aligned(t.nbytes())
         tick(t.nbytes())
     backend.synchronize()   # loaded means on the device: a fill error surfaces here, not in step 0
     return WeightBuffer(backend, base, total, tuple(t.name for t in tensors))

@@ -18,16 +18,12 @@ from ..backends.base import Backend
 from ..ir.graph import Graph
 from ..ir.ops import Op, TensorFlag
 from ..ir.tensor import Tensor
-from ..memory import ALIGN
+from ..memory import aligned
 
 _KEEP = TensorFlag.INPUT | TensorFlag.OUTPUT
 # ggml_op_can_inplace, for the ops graphdiag's graphs have: such a node takes over its parent's memory
 # when it is that parent's last reader (ggml_gallocr_allocate_node)
 INPLACE_OPS = frozenset({Op.ADD, Op.MUL, Op.SCALE, Op.ROPE, Op.RMS_NORM, Op.SOFT_MAX})
-
-
-def _aligned(n: int) -> int:
-    return (n + ALIGN - 1) // ALIGN * ALIGN
 
 
 class FreeList:
@@ -39,7 +35,7 @@ class FreeList:
         self.high = 0
 
     def alloc(self, size: int) -> int:
-        size = _aligned(size)
+        size = aligned(size)
         for i, (off, n) in enumerate(self.blocks):
             if n >= size:
                 if n == size:
@@ -52,7 +48,7 @@ class FreeList:
         return off
 
     def free(self, off: int, size: int) -> None:
-        size = _aligned(size)
+        size = aligned(size)
         self.blocks.append([off, size])
         self.blocks.sort()
         merged: list[list[int]] = []
@@ -124,7 +120,7 @@ class GraphAllocator:
 
         def place(t: Tensor) -> None:
             if t.idx not in plan and self._owned(t):
-                b, size = backend_of[t.idx], _aligned(t.nbytes())
+                b, size = backend_of[t.idx], aligned(t.nbytes())
                 parent = self._inplace_parent(t, plan, children, views, moved)
                 if parent is not None and plan[parent.idx].backend == b and plan[parent.idx].size >= size:
                     plan[t.idx] = plan[parent.idx]

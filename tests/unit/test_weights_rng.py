@@ -11,6 +11,7 @@ from graphdiag.backends.drivers.sim import SimDriver
 from graphdiag.backends.gpu.backend import GpuBackend
 from graphdiag.backends.gpu.runtime import RuntimeOptions
 from graphdiag.backends.sim_kernels import run_kernel
+from graphdiag.memory import aligned
 from graphdiag.cli.main import main
 from graphdiag.errors import UsageError
 from graphdiag.ir.build import contiguous_nb
@@ -125,7 +126,7 @@ def test_a_model_that_cannot_fit_is_refused_up_front_naming_the_bytes(monkeypatc
     with pytest.raises(UsageError) as exc:
         load_model(m, gpu)
     msg = str(exc.value)
-    need = sum(W._aligned(t.nbytes()) for t in m.tensors())
+    need = sum(aligned(t.nbytes()) for t in m.tensors())
     assert f"{need:,} bytes" in msg and "1b" in msg and "\n" not in msg
     assert drv.space.used == 0 and m.host.n_drawn == 0   # refused before any allocation or draw
     gpu.close()

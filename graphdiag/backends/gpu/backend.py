@@ -9,7 +9,7 @@ import numpy as np
 
 from ... import events as E
 from ...errors import GraphdiagError
-from ...memory import ALIGN
+from ...memory import aligned
 from ...ir.graph import Graph
 from ..base import Backend
 from ..drivers.base import Driver
@@ -22,11 +22,6 @@ from .pool import TempPool
 from .runtime import CC_VOLTA, GraphRuntime, RuntimeOptions
 
 MAX_STREAMS = 8
-
-
-def _block(nbytes: int) -> int:
-    """The allocator block a tensor of nbytes occupies (graph allocator alignment)."""
-    return (nbytes + ALIGN - 1) // ALIGN * ALIGN
 
 
 class GpuBackend(Backend):
@@ -104,7 +99,7 @@ class GpuBackend(Backend):
                        key=lambda x: x[0])
         runs: list[list[tuple[int, np.ndarray]]] = []
         for addr, raw in items:
-            if runs and runs[-1][-1][0] + _block(runs[-1][-1][1].nbytes) == addr:
+            if runs and runs[-1][-1][0] + aligned(runs[-1][-1][1].nbytes) == addr:
                 runs[-1].append((addr, raw))
             else:
                 runs.append([(addr, raw)])

@@ -24,7 +24,7 @@ import numpy as np
 
 from ...ir.dtypes import GGMLType, is_quantized, type_size
 from ...ir.graph import Graph
-from ...ir.ops import GluOp, Op, TensorFlag
+from ...ir.ops import GluOp, Op, TensorFlag, is_view_or_noop
 from ...ir.tensor import Tensor
 from .compat import CC_AMPERE, CC_PASCAL, MMVQ_MAX_BATCH_SIZE
 
@@ -212,7 +212,6 @@ def try_fuse(graph: Graph, i: int, consumers: dict[int, int], cc: int = 900) -> 
 def fusion_plan(graph: Graph, cc: int = 900) -> dict[int, Fusion]:
     """try_fuse evaluated at every node the loop can reach (a node absorbed by a fusion is never tried;
     views/no-ops and nodes without COMPUTE are skipped before try_fuse, as in the capture loop)."""
-    from ...ir.ops import is_view_or_noop
     consumers = consumer_counts(graph)
     rec = graph.arena.rec
     plan: dict[int, Fusion] = {}
