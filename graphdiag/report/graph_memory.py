@@ -16,7 +16,8 @@ from dataclasses import dataclass, field
 from .. import events as E
 
 SIM_MODEL = "modelled: ~10 KiB of device memory per kernel node (simulated driver)"
-CUDA_MEASURED = "measured: free device memory before - after each instantiate (cuMemGetInfo)"
+CUDA_MEASURED = ("measured: free device memory before - after each instantiate (cuMemGetInfo, which moves in "
+                 "the chunks the driver reserves: a small executable may show 0, the next the whole chunk)")
 
 
 @dataclass

@@ -52,7 +52,7 @@ def test_1b_timeline(require_gpu, tmp_path):
     result, steps, doc = _run({"model": "1b", "steps": 8, "prompt_tokens": 32}, tmp_path, "1b")
     evs = doc["traceEvents"]
     assert doc["otherData"]["simulated_device"] is False
-    names = {e["args"]["name"] for e in evs if e["ph"] == "M"}
+    names = {e["args"]["name"] for e in evs if e["ph"] == "M" and e["name"].endswith("_name")}
     assert "GPU (CUPTI)" in names and any(n.startswith("stream") for n in names)
     n_steps = sum(isinstance(e, E.StepFinished) for e in result.events)
     assert sum(e["ph"] == "X" and e["name"].startswith("step ") for e in evs) == n_steps

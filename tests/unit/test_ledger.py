@@ -101,3 +101,7 @@ def test_the_reported_field_prefers_the_shape_over_a_moved_address():
     g, w, x, y, z = _graph(a, 1)
     y.buffer, y.data = 0x200, 0x3000
     assert first_field_diff(old, snapshot(a, g.nodes), 0).field == "buffer"
+    a.reset()
+    g, w, x, y, z = _graph(a, 1)       # buffer and data both moved: `data`, whether or not the base moved
+    y.buffer, y.data = 0x200, 0x5000
+    assert first_field_diff(old, snapshot(a, g.nodes), 0).field == "data"

@@ -94,17 +94,7 @@ class CudaDriver(Driver):
     @classmethod
     def open(cls, device: int = 0, compiler: KernelCompiler | None = None) -> "CudaDriver":
         """Retain `device`'s primary context; NoDeviceError (one line) without cuda-python, driver or GPU."""
-        if D is None:
-            raise NoDeviceError("CUDA backend unavailable: cuda-python (cuda.bindings) is not installed")
-        try:
-            (err,) = D.cuInit(0)
-        except Exception as exc:   # cuda.pathfinder's DynamicLibNotFoundError when libcuda is absent
-            raise NoDeviceError(f"no CUDA driver: {str(exc).splitlines()[0]}") from exc
-        if err:
-            raise NoDeviceError(f"no usable CUDA driver: cuInit returned {_err_name(err)}")
-        err, count = D.cuDeviceGetCount()
-        if err or count == 0:
-            raise NoDeviceError("no CUDA device: the driver reports 0 devices")
+        count = device_count()
         if not 0 <= device < count:
             raise NoDeviceError(f"no CUDA device {device}: the driver reports {count}")
         dev = _check(D.cuDeviceGet(device), "cuDeviceGet")
@@ -166,15 +156,26 @@ class CudaDriver(Driver):
         for node in nodes[:n]:
             if _check(D.cuGraphNodeGetType(node), "cuGraphNodeGetType") != D.CUgraphNodeType.CU_GRAPH_NODE_TYPE_KERNEL:
                 continue
-            tools_id = 0
-            for name in ("cuGraphNodeGetToolsId", "cuGraphNodeGetLocalId"):
-                fn = getattr(D, name, None)
-                got = fn(node) if fn is not None else (1,)
-                if not got[0]:
-                    tools_id = int(got[1])
-                    break
-            out.append((int(node), tools_id))
+            out.append((int(node), self._node_tools_id(node)))
         return out
+
+    _NODE_ID_FUNCTIONS = ("cuGraphNodeGetToolsId", "cuGraphNodeGetLocalId")
+
+    def _node_tools_id(self, node) -> int:
+        """The node's id as CUPTI reports it, through the first of _NODE_ID_FUNCTIONS this driver has: the
+        bindings may name a function the installed driver lacks (cuGraphNodeGetToolsId on 580 raises
+        "Function not found"), so a missing one is dropped for the session."""
+        fns = getattr(self, "_node_id_fns", None)
+        if fns is None:
+            fns = self._node_id_fns = [getattr(D, n) for n in self._NODE_ID_FUNCTIONS if hasattr(D, n)]
+        while fns:
+            try:
+                err, value = fns[0](node)
+            except RuntimeError:            # not exported by this driver
+                fns.pop(0)
+                continue
+            return int(value) if not err else 0
+        return 0
 
     def is_capturing(self, stream) -> bool:
         status = _check(D.cuStreamIsCapturing(self._s(stream)), "cuStreamIsCapturing")
@@ -316,6 +317,28 @@ class CudaDriver(Driver):
         self._functions.clear()
         D.cuDevicePrimaryCtxRelease(self._dev)
 
+    # several devices (a layer split): the context made current around work, peer access, copies between them
+    def make_current(self) -> None:
+        _check(D.cuCtxSetCurrent(self._ctx), "cuCtxSetCurrent")
+
+    def can_access_peer(self, other: "CudaDriver") -> bool:
+        """Whether this device can map `other`'s memory (cuDeviceCanAccessPeer)."""
+        return bool(_check(D.cuDeviceCanAccessPeer(self._dev, other._dev), "cuDeviceCanAccessPeer"))
+
+    def enable_peer_access(self, other: "CudaDriver") -> None:
+        """Let this device's context reach `other`'s memory (cuCtxEnablePeerAccess, this context current);
+        access already enabled (a primary context shared in the process) is not an error."""
+        self.make_current()
+        (err,) = D.cuCtxEnablePeerAccess(other._ctx, 0)
+        if err and _err_name(err) != "CUDA_ERROR_PEER_ACCESS_ALREADY_ENABLED":
+            raise _error(err, "cuCtxEnablePeerAccess")
+
+    def memcpy_peer(self, dst: int, src_driver: "CudaDriver", src: int, nbytes: int, stream=None) -> None:
+        """Copy nbytes from `src` on src_driver's device to `dst` on this one, ordered on `stream` (this
+        device's); direct where peer access is enabled, staged by the driver otherwise."""
+        _check(D.cuMemcpyPeerAsync(dst, self._ctx, src, src_driver._ctx, nbytes, self._s(stream)),
+               "cuMemcpyPeerAsync")
+
     def __enter__(self) -> "CudaDriver":
         return self
 
@@ -348,6 +371,22 @@ class CudaDriver(Driver):
             return f"node {index} of {n}: {text}" if index is not None else text
         except Exception as exc:   # a description is a courtesy; never let it mask the refusal
             return f"node {addr:#x} (not described: {exc})"
+
+
+def device_count() -> int:
+    """CUDA devices visible to this process; NoDeviceError (one line) without cuda-python, driver or GPU."""
+    if D is None:
+        raise NoDeviceError("CUDA backend unavailable: cuda-python (cuda.bindings) is not installed")
+    try:
+        (err,) = D.cuInit(0)
+    except Exception as exc:   # cuda.pathfinder's DynamicLibNotFoundError when libcuda is absent
+        raise NoDeviceError(f"no CUDA driver: {str(exc).splitlines()[0]}") from exc
+    if err:
+        raise NoDeviceError(f"no usable CUDA driver: cuInit returned {_err_name(err)}")
+    err, count = D.cuDeviceGetCount()
+    if err or count == 0:
+        raise NoDeviceError("no CUDA device: the driver reports 0 devices")
+    return int(count)
 
 
 def _device_info(dev) -> DeviceInfo:

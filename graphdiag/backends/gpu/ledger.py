@@ -138,6 +138,9 @@ def first_field_diff(old: np.ndarray, new: np.ndarray, i: int) -> FieldDiff:
     """The field of node i that forced the update: the first differing field in snapshot order (struct
     fields, then sources' data/ne/nb), preferring one that is not a device address — an address that moved
     is the consequence of the shape change beside it, and addresses are the allocator's, not the graph's.
+    Among addresses `data` goes before `buffer`: a moved buffer always moves `data`, but whether a buffer
+    freed and reallocated bigger keeps its base is the allocator's choice (on the H200 it kept it, where the
+    simulator's bump allocator moves it), so naming `data` decides the same on both drivers.
     Only implicit padding differing is reported as "padding" (memcmp sees it too)."""
     n = new[i]
     name = n["node"]["name"].decode(errors="replace")
@@ -145,7 +148,8 @@ def first_field_diff(old: np.ndarray, new: np.ndarray, i: int) -> FieldDiff:
     diffs = all_field_diffs(old, new, i)
     if not diffs:
         return FieldDiff(i, name, op, "padding", "", "")
-    path, ov, nv = next((d for d in diffs if not is_device_address(d[0])), diffs[0])
+    path, ov, nv = next((d for d in diffs if not is_device_address(d[0])),
+                        next((d for d in diffs if d[0] != "buffer"), diffs[0]))
     return FieldDiff(i, name, op, path, ov, nv)
 
 
