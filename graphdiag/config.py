@@ -58,6 +58,8 @@ class RunConfig:
     graphs_disabled: bool = False
     reuse_disabled: bool = False
     n_cpu_moe: int = 0
+    devices: int = 1                 # GPUs the layers are split across (llama.cpp --split-mode layer)
+    tensor_split: tuple | None = None  # share of the layers per device (--tensor-split); None: by free memory
     pool_cap: int | None = None      # bytes the temporary pool may hold on the device (None: unlimited)
     pool_max_buffers: int = 256      # cached buffers in the pool (ggml's MAX_BUFFERS)
     compute_capability: str = "9.0"  # simulated driver only
@@ -83,6 +85,7 @@ class RunConfig:
         for name in ("steps", "n_cpu_moe", "pool_max_buffers"):
             if getattr(self, name) < 0:
                 self._fail(name, f"{name.replace('_', '-')} must be >= 0, not {getattr(self, name)}")
+        self._check_devices()
         if not 0 <= self.seed <= MAX_SEED:
             self._fail("seed", f"seed must be between 0 and {MAX_SEED}, not {self.seed}")
         if self.pool_cap is not None and self.pool_cap < 0:
@@ -96,6 +99,29 @@ class RunConfig:
             self._fail("compute_capability", f"compute capability {self.compute_capability} is not a plausible "
                        f"CUDA device (major {CC_MAJOR[0]}–{CC_MAJOR[1]}, minor 0–9, e.g. 6.1 or 9.0)")
         return self
+
+    def _check_devices(self) -> None:
+        """--devices N >= 1; --tensor-split only with N > 1: N shares, none negative, a positive sum."""
+        if self.devices < 1:
+            self._fail("devices", f"devices must be >= 1, not {self.devices}")
+        if self.tensor_split is None:
+            return
+        shares = parse_tensor_split(self.tensor_split)
+        if shares is None:
+            self._fail("tensor_split", f"tensor-split {self.tensor_split!r} is not a list of numbers (e.g. 3,1)")
+        self.tensor_split = shares
+        given = ",".join(f"{x:g}" for x in shares)
+        if self.devices < 2:
+            self._fail("tensor_split", f"tensor-split {given} needs devices 2 or more (it shares the layers "
+                       f"between devices)")
+        if len(shares) != self.devices:
+            self._fail("tensor_split", f"tensor-split {given} has {len(shares)} values for devices "
+                       f"{self.devices} (one share per device)")
+        if any(x < 0 for x in shares):
+            self._fail("tensor_split", f"tensor-split {given}: shares must not be negative")
+        if sum(shares) <= 0:
+            self._fail("tensor_split", f"tensor-split {given}: the shares sum to 0 (omit it to split by free "
+                       f"memory, as llama.cpp does)")
 
     def _fail(self, name: str, msg: str):
         src = self.sources.get(name, "default")
@@ -113,7 +139,21 @@ class RunConfig:
         """Plain settings (no sources), for the run header and the diff."""
         d = dataclasses.asdict(self)
         d.pop("sources")
+        if self.tensor_split is not None:       # as given: "3,1"
+            d["tensor_split"] = ",".join(f"{x:g}" for x in self.tensor_split)
         return d
+
+
+def parse_tensor_split(value) -> tuple[float, ...] | None:
+    """"3,1" (the CLI, llama.cpp's comma list) or [3, 1] (a scenario) -> (3.0, 1.0); None if not numbers."""
+    items = value.split(",") if isinstance(value, str) else value
+    try:
+        shares = tuple(float(x) for x in items if not isinstance(x, bool))
+    except (TypeError, ValueError):
+        return None
+    if not shares or len(shares) != len(items) or any(x != x or x in (float("inf"), float("-inf")) for x in shares):
+        return None
+    return shares
 
 
 def resolve(cli: Mapping[str, Any], scenario: Mapping[str, Any] | None = None,
@@ -161,7 +201,8 @@ def debug_requested(environ: Mapping[str, str] | None = None) -> bool:
 # options that only act on the CUDA-graph runtime: on --backend cpu they would do nothing
 GPU_ONLY = {"verify": "--verify", "chunk_size": "--chunk-size", "compute_capability": "--cc",
             "concurrent_streams": "--concurrent-streams", "fusion": "--no-fusion", "graphs_disabled": "--no-graphs",
-            "pool_cap": "--pool-cap", "pool_max_buffers": "--pool-max-buffers"}
+            "pool_cap": "--pool-cap", "pool_max_buffers": "--pool-max-buffers", "devices": "--devices",
+            "tensor_split": "--tensor-split"}
 
 
 def validate_run(cfg: RunConfig, scenario=None, as_json: bool = False, verbosity: int = 0) -> list[str]:

@@ -1,7 +1,9 @@
 """Every decision is an event: small frozen dataclasses, an in-process bus, JSON round-trip.
 
 Each event carries the step, the split index, the graph key (first node's struct address, 0 where none),
-the split's uid and an integer-ns timestamp (time.perf_counter_ns unless a clock is injected).
+the split's uid and an integer-ns timestamp (time.perf_counter_ns unless a clock is injected), and the
+device whose graph runtime took it (0 on one device; written to a record only when not 0, so one-device
+records read as before and records written before there was a device field load with device 0).
 Sinks (counters, the terminal report, the JSON-lines record, NVTX, diff) subscribe to the bus.
 """
 
@@ -25,6 +27,7 @@ class Event:
     key: int = 0
     uid: int = 0
     t_ns: int = 0
+    device: int = 0
 
     def __init_subclass__(cls, **kw):
         super().__init_subclass__(**kw)
@@ -33,10 +36,12 @@ class Event:
     def to_dict(self) -> dict[str, Any]:
         names = _FIELD_NAMES.get(type(self))
         if names is None:
-            names = _FIELD_NAMES[type(self)] = tuple(f.name for f in dataclasses.fields(self))
+            names = _FIELD_NAMES[type(self)] = tuple(f.name for f in dataclasses.fields(self) if f.name != "device")
         d = {"kind": self.kind}
         for n in names:
             d[n] = getattr(self, n)                # tuples serialise as JSON arrays
+        if self.device:
+            d["device"] = self.device
         return d
 
     @staticmethod
@@ -100,6 +105,28 @@ class GraphSplit(Event):
     backends: tuple = ()           # backend name per split
     uids: tuple = ()               # uid per split
     n_nodes: tuple = ()            # node count per split
+    devices: tuple = ()            # device per split (-1: the CPU backend); () in older records
+
+
+@dataclass(frozen=True)
+class DeviceLayout(Event):
+    """The layer split of a run on several devices (llama.cpp --split-mode layer), once before step 0."""
+    kind: ClassVar[str] = "device_layout"
+    names: tuple = ()              # device name per device
+    layers: tuple = ()             # device of each repeating layer, then of the output layer
+    split_points: tuple = ()       # cumulative normalised shares (float32, as llama.cpp's `splits`)
+    shares_from: str = ""          # "--tensor-split" | "free memory"
+    simulated: bool = False
+
+
+@dataclass(frozen=True)
+class PeerLink(Event):
+    """How split inputs go from `device` to `to_device`: "peer" (direct, peer access enabled) or "host"
+    (read back to the host, written to the other device); `reason` says why."""
+    kind: ClassVar[str] = "peer_link"
+    to_device: int = 0
+    mode: str = "host"
+    reason: str = ""
 
 
 @dataclass(frozen=True)

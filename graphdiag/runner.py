@@ -69,26 +69,56 @@ class Session:
 
     def __init__(self, cfg: RunConfig, bus: E.EventBus, clock: Clock | None = None):
         self.cfg, self.bus = cfg, bus
-        self.driver, self.note = open_driver(cfg)
+        if cfg.devices > 1 and cfg.backend != "cpu":   # a layer split: one driver per device
+            from .backends.device_set import open_drivers
+            drivers, self.note = open_drivers(cfg)
+            self.driver, self.extra_drivers = drivers[0], drivers[1:]
+        else:
+            self.driver, self.note = open_driver(cfg)
+            self.extra_drivers = []
         # the eviction clock: wall time on CUDA (ggml_time_us); on the simulated driver its modelled time,
         # so a run's decisions never depend on the host's speed or load
         sim = self.driver is not None and self.driver.simulated
         self.clock = clock or (Clock(self.driver.now_us) if sim else Clock())
-        self.cpu, self.gpu, self.ctx = None, None, None
+        self.cpu, self.gpu, self.ctx, self.devices, self.split = None, None, None, None, None
         try:
             if self.driver is not None:
+                for d in self.extra_drivers:
+                    d.preload()
                 self.driver.preload()
             self.cpu = CpuBackend()
             if self.driver is not None:
                 opts = RuntimeOptions(cfg.chunk_size, cfg.fusion, cfg.concurrent_streams, cfg.graphs_disabled)
-                self.gpu = GpuBackend(self.driver, bus, opts, self.clock, cfg.pool_cap, cfg.pool_max_buffers)
+                make = lambda d, name=None: GpuBackend(d, bus, opts, self.clock, cfg.pool_cap, cfg.pool_max_buffers, name)
+                self._open_gpus(make)
             self.model = create_model(get_preset(cfg.model), weight_type(cfg.wtype), seed=cfg.seed)
-            backends = [self.gpu, self.cpu] if self.gpu is not None else [self.cpu]
-            self.ctx = make_context(self.model, backends, bus, cfg.n_cpu_moe, cfg.reuse_disabled)
+            gpus = self.devices.gpus if self.devices is not None else [self.gpu] if self.gpu is not None else []
+            self.ctx = make_context(self.model, [*gpus, self.cpu], bus, cfg.n_cpu_moe, cfg.reuse_disabled,
+                                    self.split, self.devices.copy if self.devices is not None else None)
             self.reference = Reference(self.model, q8_1_activations=self.gpu is not None) if cfg.oracle else None
         except BaseException:
             self.close()           # a half-built session (bad preset, weights that do not fit) releases the device
             raise
+
+    def _open_gpus(self, make) -> None:
+        """One GPU backend, or with --devices N one per device and the layer split over them."""
+        if not self.extra_drivers:
+            self.gpu = make(self.driver)
+            return
+        from .backends.device_set import DeviceSet, GpuGroup
+        from .sched.devices import LayerSplit
+        self.devices = DeviceSet([self.driver, *self.extra_drivers], make)
+        n_layer = get_preset(self.cfg.model).n_layer
+        if self.cfg.tensor_split is not None:
+            self.split = LayerSplit.of(n_layer, self.cfg.tensor_split)
+        else:
+            self.split = LayerSplit.of(n_layer, self.devices.free_memory(), "free memory")
+        self.gpu = GpuGroup(self.devices.gpus)
+
+    def announce(self) -> None:
+        """Events a run states before its first step (after its header): the devices' layout and links."""
+        if self.devices is not None:
+            self.devices.announce(self.bus, self.split)
 
     @property
     def backend_name(self) -> str:
@@ -98,19 +128,25 @@ class Session:
     def device(self) -> str:
         if self.driver is None:
             return "CPU (numpy)"
-        name = self.driver.info.name
-        major, minor = self.driver.info.compute_capability
-        return f"{name} (cc {major}.{minor})"
+        names = []
+        for d in (self.driver, *self.extra_drivers):
+            major, minor = d.info.compute_capability
+            names.append(f"{d.info.name} (cc {major}.{minor})")
+        return ", ".join(names)
 
     def close(self) -> None:
         if self.ctx is not None:
             self.ctx.sched.close()
-        if self.gpu is not None:
+        if self.devices is not None:
+            self.devices.close()                   # every device's backend, then its driver
+        elif self.gpu is not None:
             self.gpu.close()
         if self.cpu is not None:
             self.cpu.close()
-        if self.driver is not None:
-            self.driver.close()
+        if self.devices is None:
+            for d in (self.driver, *self.extra_drivers):
+                if d is not None:
+                    d.close()
 
 
 def make_header(cfg: RunConfig, s: Session, scenario: str | None) -> dict:
@@ -139,6 +175,7 @@ def run(cfg: RunConfig, scenario=None, sinks=(), span_sinks=(), on_header=None, 
     header = make_header(cfg, session, getattr(scenario, "name", None))
     if on_header is not None:
         on_header(header)
+    session.announce()
     result = RunResult(header, rec.events, counters)
     try:
         walk_recorded(session, result, plan_steps(cfg, scenario))
@@ -153,7 +190,7 @@ def _open_device(session: Session, cupti: bool, warn):
     """The session's device activity source, or None (with a warning when CUPTI was asked for)."""
     from .report.device import DeviceSourceUnavailable, open_device_source
     try:
-        return open_device_source(session.driver, cupti)
+        return open_device_source(session.driver, cupti, session.extra_drivers)
     except DeviceSourceUnavailable as e:
         if warn is not None:
             warn(f"no device activity: {e}")

@@ -25,6 +25,10 @@ import click
 @click.option("--no-reuse", "reuse_disabled", flag_value=True, default=None,
               help="Disable llama.cpp's graph reuse. Env: LLAMA_GRAPH_REUSE_DISABLE.")
 @click.option("--n-cpu-moe", type=int, default=None, help="Put the experts of the first N MoE layers on the CPU.")
+@click.option("--devices", type=int, default=None,
+              help="Split the layers across N GPUs (llama.cpp --split-mode layer), each with its own graph cache.")
+@click.option("--tensor-split", default=None,
+              help="Share of the layers per device, comma-separated (e.g. 3,1; default: by free memory).")
 @click.option("--pool-cap", type=int, default=None, help="Bytes the temporary pool may hold on the device.")
 @click.option("--pool-max-buffers", type=int, default=None, help="Buffers the pool caches (ggml: 256).")
 @click.option("--cc", "compute_capability", default=None, help="Compute capability of the simulated GPU (e.g. 6.1).")

@@ -249,46 +249,53 @@ def _gb(n: int) -> str:
     return f"{n:,} bytes ({n / 1e9:.1f} GB)"
 
 
-def check_fits(model: Model, groups: dict[int, list[Tensor]], gpu: Backend) -> None:
-    """Refuse, in one line and before any allocation, a model this machine cannot hold; size a simulated
-    device for it. Host memory holds the CPU backend's tensors and, for a simulated device, the device's."""
+def check_fits(model: Model, groups: dict[int, list[Tensor]], gpu: Backend | list[Backend]) -> None:
+    """Refuse, in one line and before any allocation, a model this machine cannot hold; size each simulated
+    device for it. Host memory holds the CPU backend's tensors and, for a simulated device, the device's.
+    `groups[i]` are the tensors of `gpu[i]` (one backend or a list, one per device), the last the CPU's."""
+    gpus = gpu if isinstance(gpu, list) else [gpu]
     need = {gi: sum(aligned(t.nbytes()) for t in ts) for gi, ts in groups.items()}
-    dev = _device(gpu)
     what = f"model {model.cfg.name} ({model.wtype.name})"
-    if dev is not None and not dev[0].simulated:
-        total = dev[0].info.total_memory
-        if total and need[0] > total:
-            raise UsageError(f"{what} needs {_gb(need[0])} of GPU memory; {dev[0].info.name} has {_gb(total)}")
-        host = need[1]
-    else:
-        host = need[0] + need[1]
+    host, devs = need[len(gpus)], [_device(g) for g in gpus]
+    for gi, dev in enumerate(devs):
+        if dev is not None and not dev[0].simulated:
+            total = dev[0].info.total_memory
+            if total and need[gi] > total:
+                raise UsageError(f"{what} needs {_gb(need[gi])} of GPU memory; {dev[0].info.name} has {_gb(total)}")
+        else:
+            host += need[gi]
     avail = available_host_bytes()
     if host + HOST_MARGIN > avail:
-        where = "host memory (the simulated device lives there)" if dev is not None else "host memory"
+        where = "host memory (the simulated device lives there)" if devs[0] is not None else "host memory"
         raise UsageError(f"{what} needs {_gb(host)} of {where}; this machine has {_gb(avail)} available "
                          f"(use a GPU, a smaller --model or --wtype q8_0)")
-    if dev is not None and dev[0].simulated:
-        dev[0].reserve(need[0] + SIM_HEADROOM)
+    for gi, dev in enumerate(devs):
+        if dev is not None and dev[0].simulated:
+            dev[0].reserve(need[gi] + SIM_HEADROOM)
 
 
-def load_model(model: Model, gpu: Backend, cpu: Backend | None = None, n_cpu_moe: int = 0,
-               progress: Progress | None = None) -> list[WeightBuffer]:
+def load_model(model: Model, gpu: Backend | list[Backend], cpu: Backend | None = None, n_cpu_moe: int = 0,
+               progress: Progress | None = None, device_of: Callable[[str], int] | None = None) -> list[WeightBuffer]:
     """Allocate each persistent tensor in one buffer of its backend and fill it: weights drawn where they live
     (the rng_fill kernel on a GPU backend, the host twin for a CPU one), KV caches zeroed.
 
-    Sets each struct's `data` (address) and `buffer` (the buffer's base address). Returns the buffers,
-    GPU first; the scheduler learns from them which backend owns which memory. A model that cannot fit is
-    refused up front (UsageError naming the bytes); progress goes to `progress`, LOAD_PROGRESS, or stderr."""
+    `gpu` is one backend, or one per device with `device_of(name)` choosing the device of each tensor (a
+    layer split: sched/devices.py). Sets each struct's `data` (address) and `buffer` (the buffer's base
+    address). Returns the buffers, GPU first; the scheduler learns from them which backend owns which
+    memory. A model that cannot fit is refused up front (UsageError naming the bytes); progress goes to
+    `progress`, LOAD_PROGRESS, or stderr."""
     if n_cpu_moe and cpu is None:
         raise ValueError("n_cpu_moe needs a CPU backend")
-    groups: dict[int, list[Tensor]] = {0: [], 1: []}
+    gpus = gpu if isinstance(gpu, list) else [gpu]
+    groups: dict[int, list[Tensor]] = {gi: [] for gi in range(len(gpus) + 1)}
     for t in model.tensors():
-        groups[1 if on_cpu(t.name, n_cpu_moe) else 0].append(t)
+        dev = device_of(t.name) if device_of is not None else 0
+        groups[len(gpus) if on_cpu(t.name, n_cpu_moe) else dev].append(t)
     check_fits(model, groups, gpu)
     total = sum(t.nbytes() for t in model.tensors())
     with _progress(progress, total, f"{model.cfg.name} {model.wtype.name} weights") as tick:
         buffers = []
-        for gi, backend in ((0, gpu), (1, cpu)):
+        for gi, backend in enumerate([*gpus, cpu]):
             if groups[gi]:
                 buffers.append(_upload_group(model, backend, groups[gi], tick))
     return buffers

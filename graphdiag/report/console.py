@@ -159,6 +159,9 @@ def render_summary(summary: Summary, file: TextIO | None = None, console: Consol
     con = console or make_console(file)
     con.print(_overview(summary), markup=False)
     tables = [_key_table(summary)] if summary.keys else []
+    if summary.devices is not None:
+        from .devices_view import device_table
+        tables.append(device_table(summary.devices))
     tables += [_timing_table(summary)] if summary.timings else []
     from .accounting_view import accounting_tables
     tables += accounting_tables(summary.accounting, summary.header.simulated and summary.header.backend != "cpu")
@@ -203,10 +206,11 @@ def table(title: str, *cols: str, left: tuple[str, ...] = ()) -> Table:
 
 def _key_table(s: Summary) -> Table:
     """Fits 80 columns: keys as k1, k2… (the legend below gives their addresses), the number of splits."""
-    t = table("Per graph key (steps per phase; chunk outcomes)", "key", "splits", "eager", "capt", "replay",
+    dev = ("dev",) if s.devices is not None else ()      # several devices: whose cache holds the key
+    t = table("Per graph key (steps per phase; chunk outcomes)", "key", *dev, "splits", "eager", "capt", "replay",
               "chunks", "upd", "inst", "refused", "resets", "evict")
     for i, k in enumerate(s.keys, 1):
-        t.add_row(f"k{i}", str(len(k.splits)), str(k.steps_eager), str(k.steps_capture),
+        t.add_row(f"k{i}", *((str(k.device),) if dev else ()), str(len(k.splits)), str(k.steps_eager), str(k.steps_capture),
                   str(k.steps_replay), str(k.chunks), str(k.updates), str(k.instantiates),
                   str(sum(k.refusals.values())), str(k.warmup_resets), str(k.evictions))
     t.padding = (0, 1, 0, 0)
@@ -263,6 +267,9 @@ def _notes(s: Summary) -> list[str]:
         notes.append("fields that changed: " + ", ".join(s.property_diff_fields))
     notes += [f"graphs disabled: {r}" for r in s.disabled_reasons]
     notes += [f"incompatible: {r}" for r in s.incompatible]
+    if s.devices is not None:
+        from .devices_view import link_lines
+        notes += link_lines(s.devices)
     notes += diagnosis_lines(s)
     if s.verify_checks:
         notes.append(f"verify: {s.verify_checks} checks, {s.verify_mismatches} mismatches")

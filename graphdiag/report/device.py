@@ -128,13 +128,42 @@ class DeviceSourceUnavailable(Exception):
     """No device activity here (one line saying why, e.g. cupti-python is not installed)."""
 
 
-def open_device_source(driver, want_cupti: bool):
-    """The device source for `driver`: modelled on the simulated driver, CUPTI on CUDA when asked for
-    (DeviceSourceUnavailable when cupti-python is missing), None for the CPU backend."""
+class MultiDeviceSource:
+    """The simulated devices of a layer split: one modelled source each, a step's records tagged with
+    their device."""
+
+    source = SOURCE_MODELLED
+    simulated = True
+
+    def __init__(self, drivers):
+        self.sources = [SimDeviceSource(d) for d in drivers]
+
+    def begin_step(self) -> None:
+        for s in self.sources:
+            s.begin_step()
+
+    def end_step(self) -> list[ActivityRecord]:
+        out = []
+        for device, s in enumerate(self.sources):
+            records = s.end_step()
+            for r in records:
+                r.device = device
+            out += records
+        return out
+
+    def close(self) -> None:
+        for s in self.sources:
+            s.close()
+
+
+def open_device_source(driver, want_cupti: bool, more_drivers=()):
+    """The device source for `driver` (and the other devices of a layer split): modelled on the simulated
+    driver, CUPTI on CUDA when asked for (DeviceSourceUnavailable when cupti-python is missing; on several
+    devices its records are all filed under device 0), None for the CPU backend."""
     if driver is None:
         return None
     if driver.simulated:
-        return SimDeviceSource(driver)
+        return MultiDeviceSource([driver, *more_drivers]) if more_drivers else SimDeviceSource(driver)
     if not want_cupti:
         return None
     from .cupti_source import CuptiSource

@@ -17,6 +17,7 @@ from .. import events as E
 from ..counters import Counters
 from .graph_memory import GraphMemory, graph_memory
 from .accounting import Accounting, account
+from .devices import DeviceReport, device_report
 from .record import RunHeader, as_header
 from .strict import strict_findings
 from .thrash import KeyThrash, find_thrash
@@ -28,6 +29,7 @@ class KeySummary:
 
     key: int
     splits: list[int] = field(default_factory=list)   # split indices this key was seen at
+    device: int = 0                                     # the device whose cache holds it
     steps_eager: int = 0
     steps_capture: int = 0
     steps_replay: int = 0
@@ -85,6 +87,7 @@ class Summary:
     thrash: list[KeyThrash] = field(default_factory=list)  # keys alternating between graph variants
     graph_memory: GraphMemory = field(default_factory=GraphMemory)   # executables' device memory per key
     strict: list[str] = field(default_factory=list)       # what `run --strict` fails on (empty: clean)
+    devices: DeviceReport | None = None                   # per device, on several (--devices N); else None
 
     @property
     def diagnoses(self) -> dict[str, int]:
@@ -152,6 +155,7 @@ def summarize(header: RunHeader | dict[str, Any], events: Iterable[E.Event]) -> 
     s.thrash = find_thrash(events)
     s.graph_memory = graph_memory(header.simulated, events)
     s.strict = strict_findings(events, s.thrash, s.graph_memory)
+    s.devices = device_report(events)
     return s
 
 
@@ -175,7 +179,7 @@ def _key_summaries(events: list[E.Event]) -> list[KeySummary]:
             continue
         ks = keys.get(ev.key)
         if ks is None:
-            ks = keys[ev.key] = KeySummary(key=ev.key, first_step=ev.step)
+            ks = keys[ev.key] = KeySummary(key=ev.key, first_step=ev.step, device=ev.device)
         if ev.split >= 0 and ev.split not in ks.splits:
             ks.splits.append(ev.split)
         ks.last_step = max(ks.last_step, ev.step)

@@ -6,7 +6,9 @@ A sink fed with every event, spans included (subscribe with spans=True), plus ea
 step, graph_compute, capture chunk, instantiate, update, replay, ...), one of instant events for every
 decision, and the counters of graph entries and executables held. Process 2 is the device: a track per
 CUDA stream and one of graph launches, kernels named by the graphdiag node(s) they compute; on the
-simulated driver it is the modelled timeline, labelled SIMULATED in its process and track names. Track ids
+simulated driver it is the modelled timeline, labelled SIMULATED in its process and track names. On several
+devices (--devices N) each has its own track set: device d is process 2 + d, and its decisions have their
+own host track ("decisions (device d)"). Track ids
 are small integers in order of first use (as py-spy writes them); slices still open when the run ends or
 is interrupted are closed at write time. Times are µs from the first event.
 """
@@ -65,6 +67,7 @@ class TimelineWriter:
         except OSError as e:
             raise EventWriteError(f"cannot write the timeline {self.path}: {e.strerror or e}") from None
         self.simulated = simulated
+        self.n_devices = 1
         self.out: list[dict] = []
         self._last = 0
         self._open: list[E.SpanBegin] = []
@@ -76,6 +79,7 @@ class TimelineWriter:
     def start(self, header: dict) -> None:
         """The runner's on_header hook: the device is simulated or not."""
         self.simulated = bool(header.get("simulated")) and header.get("backend") != "cpu"
+        self.n_devices = int(header.get("settings", {}).get("devices", 1) or 1)
 
     # -- time and tracks ------------------------------------------------------------------------------
     def _us(self, t_ns: int) -> int:
@@ -129,8 +133,11 @@ class TimelineWriter:
             name, args = got
             args = {"step": ev.step, **({"split": ev.split} if ev.split >= 0 else {}),
                     **({"key": f"{ev.key:#x}"} if ev.key else {}), **args}
+            tid = DECISION_TID if not ev.device else self._tid(HOST_PID, f"decisions (device {ev.device})")
+            if ev.device:
+                args["device"] = ev.device
             self.out.append({"ph": "i", "s": "t", "name": name, "cat": "decision", "pid": HOST_PID,
-                             "tid": DECISION_TID, "ts": self._us(t), "args": args})
+                             "tid": tid, "ts": self._us(t), "args": args})
         if self._count(ev):
             self.out.append({"ph": "C", "name": "graphs held", "pid": HOST_PID, "tid": COUNTER_TID,
                              "ts": self._us(t), "args": {"entries": self.entries, "executables": self.executables}})
@@ -160,7 +167,8 @@ class TimelineWriter:
         sim = " (SIMULATED)" if self.simulated else ""
         groups: dict[int, list] = {}
         for r in records:
-            tid = self._tid(DEVICE_PID, f"stream {r.stream}{sim}")
+            pid = DEVICE_PID + r.device
+            tid = self._tid(pid, f"stream {r.stream}{sim}")
             ts = self._us(r.start_ns)
             name = r.label or r.name
             args = {"kernel": r.name} if r.kind == "kernel" else {"bytes": r.nbytes}
@@ -169,13 +177,14 @@ class TimelineWriter:
             if r.graph_id:
                 args["graph_id"], args["graph_node_id"] = r.graph_id, r.node_id
                 groups.setdefault(r.correlation, []).append(r)
-            self.out.append({"ph": "X", "name": name, "cat": r.kind, "pid": DEVICE_PID, "tid": tid, "ts": ts,
+            self.out.append({"ph": "X", "name": name, "cat": r.kind, "pid": pid, "tid": tid, "ts": ts,
                              "dur": self._us(r.end_ns) - ts, "args": args})
         for corr, rs in groups.items():
-            tid = self._tid(DEVICE_PID, f"graph launches{sim}")
+            pid = DEVICE_PID + rs[0].device
+            tid = self._tid(pid, f"graph launches{sim}")
             a, b = min(r.start_ns for r in rs), max(r.end_ns for r in rs)
             ts = self._us(a)
-            self.out.append({"ph": "X", "name": f"graph launch ({len(rs)} nodes)", "cat": "graph", "pid": DEVICE_PID,
+            self.out.append({"ph": "X", "name": f"graph launch ({len(rs)} nodes)", "cat": "graph", "pid": pid,
                              "tid": tid, "ts": ts, "dur": self._us(b) - ts,
                              "args": {"graph_id": rs[0].graph_id, "correlation": corr}})
 
@@ -188,9 +197,10 @@ class TimelineWriter:
         for tid, name in ((HOST_TID, "host: graphdiag scopes"), (DECISION_TID, "decisions"),
                           (COUNTER_TID, "graphs held")):
             meta.append({"ph": "M", "name": "thread_name", "pid": HOST_PID, "tid": tid, "args": {"name": name}})
-        if any(p == DEVICE_PID for p, _ in self._tids):
-            meta += [{"ph": "M", "name": "process_name", "pid": DEVICE_PID, "args": {"name": dev}},
-                     {"ph": "M", "name": "process_sort_index", "pid": DEVICE_PID, "args": {"sort_index": 2}}]
+        for pid in sorted({p for p, _ in self._tids if p >= DEVICE_PID}):
+            name = dev if pid == DEVICE_PID and self.n_devices == 1 else f"device {pid - DEVICE_PID}: {dev}"
+            meta += [{"ph": "M", "name": "process_name", "pid": pid, "args": {"name": name}},
+                     {"ph": "M", "name": "process_sort_index", "pid": pid, "args": {"sort_index": pid}}]
         for (pid, name), tid in self._tids.items():
             meta.append({"ph": "M", "name": "thread_name", "pid": pid, "tid": tid, "args": {"name": name}})
         return meta

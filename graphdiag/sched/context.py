@@ -17,6 +17,7 @@ from ..errors import UsageError
 from ..ir.tensor import Tensor
 from ..model.build import DECODE, PREFILL, BuiltGraph, GraphParams, build_graph, padded_n_kv
 from ..model.weights import Model, load_model
+from .devices import LayerSplit
 from .scheduler import Scheduler
 
 
@@ -170,12 +171,19 @@ class Context:
 
 
 def make_context(model: Model, backends: list[Backend], bus: E.EventBus | None = None, n_cpu_moe: int = 0,
-                 reuse_disabled: bool = False) -> Context:
-    """Load the model (backends[0] default, backends[-1] the CPU for --n-cpu-moe), wire scheduler and context."""
+                 reuse_disabled: bool = False, split: LayerSplit | None = None, copier=None) -> Context:
+    """Load the model (backends[0] default, backends[-1] the CPU for --n-cpu-moe), wire scheduler and context.
+    With a layer `split` the GPU backends come first, one per device in device order (backend index =
+    device), and `copier` moves split inputs between them."""
     bus = bus if bus is not None else E.EventBus()
     cpu = backends[-1] if len(backends) > 1 else None
-    buffers = load_model(model, backends[0], cpu, n_cpu_moe)
-    sched = Scheduler(backends, model.arena, bus)
+    gpus = [b for b in backends if b.is_gpu]
+    if split is not None and len(gpus) > 1:
+        buffers = load_model(model, gpus, cpu, n_cpu_moe, device_of=split.tensor_device)
+        pin = split.node_device
+    else:
+        buffers, pin = load_model(model, backends[0], cpu, n_cpu_moe), None
+    sched = Scheduler(backends, model.arena, bus, pin=pin, copier=copier)
     for wb in buffers:
         sched.register_buffer(wb.addr, wb.nbytes, wb.backend)
     return Context(model, sched, bus, reuse_disabled)

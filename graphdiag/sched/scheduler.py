@@ -2,8 +2,10 @@
 
 Backends are in priority order (GPU first, CPU last); backend 0 is the default. A node runs where the persistent
 tensors it reads live (weights pin their ops: with --n-cpu-moe the expert stacks are in CPU memory, so their
-MUL_MAT_ID run on the CPU); otherwise where all its computed sources run (the GLU between two CPU expert
-mat-muls); otherwise on the default backend. Splits are maximal runs of nodes on one backend. A split that reads
+MUL_MAT_ID run on the CPU); otherwise where `pin` puts it by name (a layer split's norms, sched/devices.py);
+otherwise on the CPU when its computed sources all run there (the GLU between two CPU expert mat-muls);
+otherwise on the GPU backend of the last node placed on one (ggml's "expand gpu down"; on one GPU, the
+default backend). Splits are maximal runs of nodes on one backend. A split that reads
 a tensor produced on another backend gets, at its start, a CPY node (src[0] = the producer, no COMPUTE flag: the
 scheduler copies before computing the split, as ggml's split inputs) and its consumers are rewired to the copy.
 Splitting gives the whole graph a uid and every split a fresh uid (ggml_graph_next_uid); it happens only when the
@@ -44,7 +46,9 @@ def is_sched_copy(t: Tensor) -> bool:
 
 
 class Scheduler:
-    def __init__(self, backends: list[Backend], arena: Arena, bus: E.EventBus | None = None):
+    def __init__(self, backends: list[Backend], arena: Arena, bus: E.EventBus | None = None, pin=None, copier=None):
+        """`pin(name)`: a backend index for a node by name, or None; `copier(src, dst, src_be, dst_be)`: copies
+        a split input between two devices and returns True (False: the default copy through the host)."""
         if not backends:
             raise ValueError("a scheduler needs at least one backend")
         self.backends = list(backends)
@@ -60,6 +64,7 @@ class Scheduler:
         self._slot_backend: dict[int, int] = {}
         self._leaf_backends: list[int] = []
         self.step = -1
+        self.pin, self.copier = pin, copier
 
     # -- setup ----------------------------------------------------------------------------------------------
     def register_buffer(self, addr: int, nbytes: int, backend: Backend) -> None:
@@ -92,7 +97,13 @@ class Scheduler:
                 step=self.step, n_splits=len(self.splits),
                 backends=tuple(self.backends[s.backend].name for s in self.splits),
                 uids=tuple(s.graph.uid for s in self.splits),
-                n_nodes=tuple(s.graph.n_nodes for s in self.splits)))
+                n_nodes=tuple(s.graph.n_nodes for s in self.splits),
+                devices=tuple(self._device_of(self.backends[s.backend]) for s in self.splits)))
+
+    @staticmethod
+    def _device_of(be: Backend) -> int:
+        """The device a backend's work runs on; -1 for the CPU backend."""
+        return be.runtime.device if be.is_gpu else -1
 
     def graph_compute(self, graph: Graph) -> None:
         """ggml_backend_sched_graph_compute: (re)allocate if needed, then copy inputs and compute each split."""
@@ -167,16 +178,21 @@ class Scheduler:
             t = Tensor(self.arena, int(idx))
             if t.data and (b := self.owner(t.data)) is not None:
                 slot_b[t.idx] = b
+        last_gpu = 0
         for node in graph.iter_nodes():
             srcs = [s for s in node.src if s is not None]
             pinned = [slot_b[s.idx] for s in srcs if s.idx < mark and s.idx in slot_b]
             computed = {slot_b[s.idx] for s in srcs if s.idx >= mark and s.idx in slot_b}
             if pinned:
                 slot_b[node.idx] = pinned[0]
-            elif len(computed) == 1:
-                slot_b[node.idx] = computed.pop()
+            elif self.pin is not None and (b := self.pin(node.name)) is not None:
+                slot_b[node.idx] = b
+            elif len(computed) == 1 and not self.backends[b := next(iter(computed))].is_gpu:
+                slot_b[node.idx] = b
             else:
-                slot_b[node.idx] = 0
+                slot_b[node.idx] = last_gpu
+            if self.backends[slot_b[node.idx]].is_gpu:
+                last_gpu = slot_b[node.idx]
         for node in graph.iter_nodes():          # inputs live where they are first read
             for s in node.src:
                 if s is not None and s.idx not in slot_b:
@@ -217,5 +233,7 @@ class Scheduler:
 
     def _copy_input(self, src: Tensor, dst: Tensor, src_be: Backend, dst_be: Backend) -> None:
         """ggml_backend_tensor_copy of a split input: read on the producer's backend (tensor_get waits for
-        it), write on the split's."""
+        it), write on the split's; between two devices the copier chooses (peer, or through the host)."""
+        if self.copier is not None and self.copier(src, dst, src_be, dst_be):
+            return
         dst_be.tensor_set(dst.data, src_be.tensor_get(src.data, src.nbytes()))

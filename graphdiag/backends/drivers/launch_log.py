@@ -30,6 +30,7 @@ class ActivityRecord:
     nbytes: int = 0
     label: str = ""
     via: str = ""              # "eager order" | "node id" | "node order" | "" (not attributed)
+    device: int = 0            # which device of a layer split (--devices N) ran it
 
 
 @dataclass

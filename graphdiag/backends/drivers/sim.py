@@ -24,6 +24,7 @@ from .base import DeviceInfo, Driver, Launch, UpdateOutcome
 from .sim_graph import Capture, Node, SimExec, SimGraph, SimHandle, compare_graphs
 
 DEVICE_BASE = 0x7000_0000_0000
+DEVICE_STRIDE = 0x100_0000_0000        # 1 TiB between simulated devices: addresses are unique in the process (UVA)
 _node_ids = itertools.count(1)         # graph node ids, unique in the process (as CUDA's tools ids)
 
 
@@ -78,10 +79,15 @@ class SimDriver(Driver):
     # memory per kernel node of an instantiated graph (a MODEL, labelled so in reports; CUDA is measured)
     EXEC_KERNEL_NODE_BYTES = 10 << 10
 
-    def __init__(self, compute_capability=(9, 0), memory_bytes: int | None = 8 << 30, name="simulated GPU"):
+    def __init__(self, compute_capability=(9, 0), memory_bytes: int | None = 8 << 30, name="simulated GPU",
+                 device: int = 0, peer: bool = True):
+        """`device`: the ordinal of one of several simulated devices (its memory lies DEVICE_STRIDE further
+        on); `peer`: whether it can reach the others' memory (modelled peer access)."""
         self.info = DeviceInfo(name if "simulated" in name else f"{name} (simulated)", tuple(compute_capability),
                                memory_bytes or 0, True)
-        self.space = AddressSpace(base=DEVICE_BASE, capacity=memory_bytes, name=self.info.name)
+        self.device, self.peer = device, peer
+        self.space = AddressSpace(base=DEVICE_BASE + device * DEVICE_STRIDE, capacity=memory_bytes,
+                                  name=self.info.name)
         self.counters = SimCounters()
         self.null_stream = SimStream()
         self._captures: list[Capture] = []  # captures in progress
@@ -360,6 +366,28 @@ class SimDriver(Driver):
         if self._captures:
             self._fail_capture(list(self._captures), "memset_d8")
         self.space.bytes(int(dst), int(nbytes))[:] = value
+
+    # -- several devices: modelled peer access and copies between simulated devices ----------------------
+    def make_current(self) -> None:
+        """Nothing to switch: every simulated device is reachable from the host at once."""
+
+    def can_access_peer(self, other: "SimDriver") -> bool:
+        return self.peer and other.peer
+
+    def enable_peer_access(self, other: "SimDriver") -> None:
+        if not self.can_access_peer(other):
+            raise CudaError("CUDA_ERROR_PEER_ACCESS_UNSUPPORTED", "enable_peer_access")
+
+    def memcpy_peer(self, dst: int, src_driver: "SimDriver", src: int, nbytes: int, stream=None) -> None:
+        """Copy nbytes from `src` on src_driver's device to `dst` here (outside capture, as the scheduler
+        copies split inputs before computing a split)."""
+        if self._captures:
+            self._fail_capture(list(self._captures), "memcpy_peer")
+        s = self._stream(stream, "memcpy_peer")
+        self.modelled_ns += self.MEMCPY_NS
+        self.space.bytes(int(dst), int(nbytes))[:] = src_driver.space.bytes(int(src), int(nbytes))
+        if self.activity is not None:
+            self.activity.memcpy("memcpy_peer", nbytes, s.id, self.modelled_ns)
 
     def reserve(self, nbytes: int) -> None:
         """Size the simulated device so `nbytes` more fit (it is sized for the model it is given); an

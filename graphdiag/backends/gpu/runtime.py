@@ -40,14 +40,16 @@ class GraphRuntime:
         self.clock = clock or Clock()
         self.cache = GraphCache(self.clock)
         self.step = -1
-        bus.subscribe(self._on_event)
+        self.device = 0          # the device this runtime's backend runs on: every event names it
+        bus.subscribe(self._on_event, internal=True)
 
     def _on_event(self, ev: E.Event) -> None:
         if isinstance(ev, E.StepStarted):
             self.step = ev.step
 
     def emit(self, cls, split: int, key: int, uid: int, **kw) -> None:
-        self.bus.emit(cls(step=self.step, split=split, key=key, uid=uid, t_ns=time.perf_counter_ns(), **kw))
+        self.bus.emit(cls(step=self.step, split=split, key=key, uid=uid, t_ns=time.perf_counter_ns(),
+                          device=self.device, **kw))
 
     # -- gate 1: the key --------------------------------------------------------------------------------
     def lookup(self, graph: Graph, split: int) -> GraphEntry:
