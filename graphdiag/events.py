@@ -427,19 +427,29 @@ class EventBus:
     """Synchronous publish/subscribe. `emit` stamps t_ns (from `clock`) when the event has none.
 
     Decision events go to every sink; span events only to sinks subscribed with spans=True, and `span()`
-    is a shared no-op when there are none (nothing costly on hot paths)."""
+    is a shared no-op when there are none (nothing costly on hot paths).
+
+    Held delivery keeps the observers off a step's critical path: between `hold()` and `release()` the
+    decision events for plain sinks (record, counters, terminal, JSON lines) are queued, stamped as they
+    happen, and handed over in order at `flush()` — which the context calls once the step's work is
+    queued on the device, so the sinks run while the GPU computes. Internal sinks (the run's own state:
+    the runtime's step number, the stepper's phases) and span sinks (NVTX ranges and marks, timelines, which
+    are about *when*) always get every event at once."""
 
     def __init__(self, clock: Callable[[], int] = time.perf_counter_ns):
         self._sinks: list[Callable[[Event], None]] = []
         self._span_sinks: list[Callable[[Event], None]] = []
+        self._internal: list[Callable[[Event], None]] = []
+        self._held: list[Event] | None = None
         self.clock = clock
 
-    def subscribe(self, sink: Callable[[Event], None], spans: bool = False) -> Callable[[Event], None]:
-        (self._span_sinks if spans else self._sinks).append(sink)
+    def subscribe(self, sink: Callable[[Event], None], spans: bool = False,
+                  internal: bool = False) -> Callable[[Event], None]:
+        (self._internal if internal else self._span_sinks if spans else self._sinks).append(sink)
         return sink
 
     def unsubscribe(self, sink) -> None:
-        for lst in (self._sinks, self._span_sinks):
+        for lst in (self._sinks, self._span_sinks, self._internal):
             if sink in lst:
                 lst.remove(sink)
 
@@ -448,10 +458,35 @@ class EventBus:
             # stamped in place: the event was just made by its emitter, nobody else holds it yet (a
             # dataclasses.replace per event cost ~5 µs on the replay path)
             object.__setattr__(ev, "t_ns", self.clock())
-        for s in self._sinks:
+        for s in self._internal:
             s(ev)
+        if self._held is not None:
+            self._held.append(ev)
+        else:
+            for s in self._sinks:
+                s(ev)
         for s in self._span_sinks:
             s(ev)
+
+    def hold(self) -> None:
+        """Queue plain sinks' events until flush()/release() (a no-op when already holding)."""
+        if self._held is None:
+            self._held = []
+
+    def flush(self) -> None:
+        """Deliver the queued events, in order, and keep holding."""
+        while self._held:
+            pending, self._held = self._held, []
+            for ev in pending:
+                for s in self._sinks:
+                    s(ev)
+
+    def release(self) -> None:
+        """Deliver what is queued and stop holding; a sink that fails leaves the bus unheld all the same."""
+        try:
+            self.flush()
+        finally:
+            self._held = None
 
     def span(self, name: str, category: str, payload: int = 0, step: int = -1, split: int = -1,
              key: int = 0, uid: int = 0):

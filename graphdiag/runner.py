@@ -232,7 +232,7 @@ class Stepper:
         self.rng = np.random.default_rng(s.cfg.seed + 1)
         self.next_tok: dict[int, int] = {}
         self.phases: set[str] = set()          # phases the GPU splits took in the current step
-        s.bus.subscribe(self._on_event)
+        s.bus.subscribe(self._on_event, internal=True)
 
     def _on_event(self, ev: E.Event) -> None:
         if isinstance(ev, E.PhaseDecided):
@@ -260,6 +260,14 @@ class Stepper:
         device = getattr(s, "device_source", None)
         if device is not None:
             device.begin_step()
+        bus.hold()                      # the sinks get the step's events once its work is queued
+        try:
+            self._step(p, step, device)
+        finally:
+            bus.release()
+
+    def _step(self, p: StepPlan, step: int, device) -> None:
+        s, bus = self.s, self.s.bus
         t0 = time.perf_counter_ns()
         with bus.span("step", "run/step", step, step):
             if p.kind == "prefill":

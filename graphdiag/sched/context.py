@@ -22,7 +22,10 @@ from .scheduler import Scheduler
 
 
 class KvCells:
-    """Which (sequence, position) each KV-cache cell holds (-1: free), as llama_kv_cells."""
+    """Which (sequence, position) each KV-cache cell holds (-1: free), as llama_kv_cells. What a decode
+    step asks (a sequence's next position, the highest used cell, the lowest free one) is kept up to date
+    as cells are placed and removed, as llama_kv_cells keeps its seq_pos and used sets: no scan of n_ctx
+    cells per step."""
 
     def __init__(self, n_ctx: int):
         self.seq = np.full(n_ctx, -1, np.int32)
@@ -125,6 +128,7 @@ class Context:
         self._set_inputs(tokens, seqs, pos, cells)
         self.sched.graph_compute(self.res.graph)
         self.step += 1
+        self.bus.flush()               # the step's work is queued: held events reach the sinks while it runs
         return self.read_logits()
 
     def can_reuse(self, params: GraphParams) -> bool:

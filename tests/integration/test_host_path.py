@@ -84,3 +84,20 @@ def test_a_q8_0_gpu_run_is_checked_within_the_q8_1_noise():
     checks = of(r, E.OracleCheck)
     assert {c.bound for c in checks} == {3e-2} and all(c.ok for c in checks) and not r.failures
     assert max(c.rel_err for c in checks) > 1e-3
+
+
+def test_the_input_copy_grouping_is_worked_out_once_per_placement(monkeypatch):
+    from graphdiag.backends.gpu import backend as be_mod
+    from graphdiag.backends.gpu.backend import _copy_runs
+    calls = []
+    monkeypatch.setattr(be_mod, "_copy_runs", lambda layout: calls.append(layout) or _copy_runs(layout))
+    s, st = _session()
+    try:
+        for _ in range(6):
+            st.step(StepPlan("decode", batch=1))
+        assert len(calls) == len(set(calls)) == 1        # one reused decode graph: one layout
+    finally:
+        s.close()
+    # adjacent aligned blocks join one run, a gap starts another; offsets are from the run's start
+    assert _copy_runs(((0x1100, 8), (0x1000, 4), (0x2000, 4))) == [
+        (0x1000, 0x108, [(1, 0), (0, 0x100)]), (0x2000, 4, [(2, 0)])]

@@ -4,11 +4,14 @@ import dataclasses
 
 import numpy as np
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from graphdiag import events as E
 from graphdiag.backends.cpu import CpuBackend
 from graphdiag.counters import Counters
 from graphdiag.memory import AddressSpace
+from graphdiag.model.build import padded_n_kv
 from graphdiag.model.presets import PRESETS
 from graphdiag.model.weights import create_model
 from graphdiag.sched.context import KvCells, make_context
@@ -103,3 +106,25 @@ def test_one_token_prefill_then_decode_reuses_the_graph(model):
     ctx.prefill([5])
     with counters.expect(graphs_reused=1, graphs_rebuilt=0):
         ctx.decode([6])
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.lists(st.tuples(st.booleans(), st.integers(0, 3), st.integers(1, 40)), min_size=1, max_size=25))
+def test_kv_cells_kept_state_matches_a_scan_of_the_cells(ops):
+    """next_pos, n_kv and the cell place() picks, kept incrementally, equal what a scan of every cell gives."""
+    kv = KvCells(512)
+    for is_remove, seq, n in ops:
+        if is_remove:
+            kv.remove(seq)
+        else:
+            free = np.flatnonzero(kv.seq < 0)
+            if free.size < n:
+                continue
+            start = kv.next_pos(seq)
+            cells = kv.place(np.full(n, seq), start + np.arange(n))
+            assert cells.tolist() == free[:n].tolist()
+        for q in range(4):
+            held = kv.pos[kv.seq == q]
+            assert kv.next_pos(q) == (int(held.max()) + 1 if held.size else 0)
+        used = np.flatnonzero(kv.seq >= 0)
+        assert kv.n_kv() == padded_n_kv(int(used[-1]) + 1 if used.size else 0, 512)

@@ -1,0 +1,92 @@
+"""The event bus's held delivery: observers get a step's events in order once its work is queued, while the
+run's own state (internal sinks) and span sinks see each event as it happens."""
+
+from __future__ import annotations
+
+import pytest
+
+from graphdiag import events as E
+from graphdiag.config import resolve
+from graphdiag.runner import run
+
+
+def _ev(step):
+    return E.StepStarted(step=step, phase="decode", n_tokens=1, n_seqs=1, n_kv=256)
+
+
+def test_held_events_reach_plain_sinks_in_order_at_flush():
+    bus = E.EventBus(clock=iter(range(1, 100)).__next__)
+    plain, internal, spans = [], [], []
+    bus.subscribe(plain.append)
+    bus.subscribe(internal.append, internal=True)
+    bus.subscribe(spans.append, spans=True)
+    bus.hold()
+    bus.emit(_ev(0))
+    bus.emit(_ev(1))
+    assert plain == [] and [e.step for e in internal] == [0, 1] and len(spans) == 2
+    assert [e.t_ns for e in internal] == [1, 2]             # stamped when emitted, not when delivered
+    bus.flush()
+    assert [e.step for e in plain] == [0, 1]
+    bus.emit(_ev(2))                                        # still holding after a flush
+    assert len(plain) == 2
+    bus.release()
+    bus.emit(_ev(3))                                        # released: delivered at once
+    assert [e.step for e in plain] == [0, 1, 2, 3]
+
+
+def test_an_event_emitted_by_a_sink_during_flush_is_delivered_too():
+    bus = E.EventBus()
+    seen = []
+
+    def sink(ev):
+        seen.append(ev.step)
+        if ev.step == 0:
+            bus.emit(_ev(9))
+    bus.subscribe(sink)
+    bus.hold()
+    bus.emit(_ev(0))
+    bus.release()
+    assert seen == [0, 9]
+
+
+def test_a_failing_sink_leaves_the_bus_unheld():
+    bus = E.EventBus()
+
+    def bad(ev):
+        raise OSError("disk full")
+    bus.subscribe(bad)
+    bus.hold()
+    bus.emit(_ev(0))
+    with pytest.raises(OSError):
+        bus.release()
+    seen = []
+    bus.unsubscribe(bad)
+    bus.subscribe(seen.append)
+    bus.emit(_ev(1))
+    assert [e.step for e in seen] == [1]
+
+
+def test_a_replayed_step_reaches_the_sinks_after_its_graph_launch(monkeypatch):
+    """The record's sinks run while the GPU computes: a replayed step's StepStarted reaches a sink after
+    the step's graph was launched (and before its logits are read), and every step's events still arrive
+    in emission order."""
+    from graphdiag.backends.drivers.sim import SimDriver
+    order = []
+    launch = SimDriver.graph_launch
+
+    def traced_launch(self, exec_, stream):
+        order.append(("launch",))
+        return launch(self, exec_, stream)
+    monkeypatch.setattr(SimDriver, "graph_launch", traced_launch)
+
+    def sink(ev):
+        if isinstance(ev, (E.StepStarted, E.StepFinished)):
+            order.append((type(ev).__name__, ev.step))
+    r = run(resolve({"backend": "sim", "model": "tiny", "steps": 5, "prompt_tokens": 4}, environ={}), sinks=[sink])
+    replayed = [e.step for e in r.events if isinstance(e, E.StepFinished) and e.mode == "replay"]
+    assert replayed
+    last = replayed[-1]
+    i = order.index(("StepStarted", last))
+    assert order[i - 1] == ("launch",) and order[i + 1:] [-1] == ("StepFinished", last), order[-6:]
+    ts = [e.t_ns for e in r.events]
+    assert ts == sorted(ts)
