@@ -30,29 +30,50 @@ class KvCells:
     def __init__(self, n_ctx: int):
         self.seq = np.full(n_ctx, -1, np.int32)
         self.pos = np.full(n_ctx, -1, np.int32)
+        self._next: dict[int, int] = {}      # seq -> its highest position + 1
+        self._used_p1 = 0                    # highest used cell + 1
+        self._free = 0                       # no free cell below this one
 
     def next_pos(self, seq: int) -> int:
         """The position the sequence's next token takes (0 for a new sequence)."""
-        held = self.pos[self.seq == seq]
-        return int(held.max()) + 1 if held.size else 0
+        return self._next.get(seq, 0)
 
     def place(self, seqs: np.ndarray, pos: np.ndarray) -> np.ndarray:
         """Put each token in the lowest free cell; returns the cells (int32, one per token)."""
-        free = np.nonzero(self.seq < 0)[0]
-        if free.size < len(seqs):
-            raise UsageError(f"KV cache full: {len(seqs)} tokens, {free.size} free cells (n_ctx {len(self.seq)})")
-        cells = free[: len(seqs)].astype(np.int32)
+        n = len(seqs)
+        f = self._free
+        if n == 1 and f < len(self.seq) and self.seq[f] < 0:        # decode: the cell after the last
+            cells = np.array([f], np.int32)
+        else:
+            free = np.flatnonzero(self.seq[f:] < 0)
+            if free.size < n:
+                raise UsageError(f"KV cache full: {n} tokens, {free.size} free cells (n_ctx {len(self.seq)})")
+            cells = (free[:n] + f).astype(np.int32)
         self.seq[cells], self.pos[cells] = seqs, pos
+        self._free = int(cells[-1]) + 1
+        self._used_p1 = max(self._used_p1, int(cells[-1]) + 1)
+        if n == 1:
+            q = int(seqs[0])
+            self._next[q] = max(self._next.get(q, 0), int(pos[0]) + 1)
+        else:
+            seqs, pos = np.asarray(seqs), np.asarray(pos)
+            for q in np.unique(seqs).tolist():
+                self._next[q] = max(self._next.get(q, 0), int(pos[seqs == q].max()) + 1)
         return cells
 
     def remove(self, seq: int) -> None:
         gone = self.seq == seq
         self.seq[gone], self.pos[gone] = -1, -1
+        self._next.pop(seq, None)
+        used = np.flatnonzero(self.seq >= 0)
+        self._used_p1 = int(used[-1]) + 1 if used.size else 0
+        hole = np.flatnonzero(gone)
+        if hole.size:
+            self._free = min(self._free, int(hole[0]))
 
     def n_kv(self) -> int:
         """Cells the attention reads: highest used cell + 1, padded to 256, at most n_ctx."""
-        used = np.nonzero(self.seq >= 0)[0]
-        return padded_n_kv(int(used[-1]) + 1 if used.size else 0, len(self.seq))
+        return padded_n_kv(self._used_p1, len(self.seq))
 
     def mask(self, seqs: np.ndarray, pos: np.ndarray, n_kv: int, n_rows: int) -> np.ndarray:
         """KQ mask (n_rows, n_kv) float32: 0 where the cell is the token's sequence at pos <= its pos."""
