@@ -105,7 +105,7 @@ class GraphSplit(Event):
     backends: tuple = ()           # backend name per split
     uids: tuple = ()               # uid per split
     n_nodes: tuple = ()            # node count per split
-    devices: tuple = ()            # device per split (-1: the CPU backend); () in older records
+    devices: tuple = ()            # device per split (-1: the CPU backend); () on one device, as older records
 
 
 @dataclass(frozen=True)

@@ -147,6 +147,7 @@ def decode_row(opts: StepsOptions, model: str, wtype: str, bandwidth: float, pro
     roof = R.roofline_ms(wb, kvb, bandwidth) if bandwidth == bandwidth else None
     row = {"kind": "decode", "model": model, "wtype": wtype, "backend": on.header.get("backend"),
            "device": on.header.get("device"), "simulated": bool(on.header.get("simulated")), "n_kv": n_kv,
+           "devices": on.header.get("settings", {}).get("devices", 1),
            "replay_ms": rep.get("ms"), "replay_p90_ms": rep.get("p90_ms"), "replay_gpu_ms": rep.get("gpu_ms"),
            "replay_host_ms": rep.get("host_ms"), "eager_ms": eag.get("ms"), "eager_p90_ms": eag.get("p90_ms"),
            "eager_gpu_ms": eag.get("gpu_ms"), "kernels_per_step": eag.get("kernels"),

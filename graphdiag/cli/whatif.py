@@ -46,6 +46,10 @@ def whatif(record: Path, policy: str, max_graphs: int, as_json: bool) -> None:
         vals = [w.baseline[r]] + [getattr(o, r) for o in w.outcomes]
         out.write(f"{r:18}" + "".join(f"{v:>{width}}" for v in vals) + "\n")
     for o in w.outcomes:
+        if len(o.devices) > 1:               # a layer split: each device's cache apart
+            out.write(f"{o.policy} per device: " + "; ".join(
+                f"dev{d} {v['distinct_keys']} keys, {v['captures']} captures, {v['replays']} replays, "
+                f"{v['eager_runs']} eager" for d, v in sorted(o.devices.items())) + "\n")
         if o.modelled_updates or o.estimated_chunks:
             out.write(f"{o.policy}: {o.modelled_updates} update outcomes modelled (not in the record), "
                       f"{o.estimated_chunks} chunk counts estimated\n")

@@ -40,11 +40,14 @@ class DeviceReport:
     simulated: bool = False
 
 
-def device_report(events) -> DeviceReport | None:
-    """The per-device view of a run, or None when it ran on one device."""
+def device_report(events, one_device: bool = False) -> DeviceReport | None:
+    """The per-device view of a run, or None when it ran on one device (`one_device`: then a report of
+    device 0 alone, for comparing with a run on several)."""
     layout = next((e for e in events if isinstance(e, E.DeviceLayout)), None)
-    if layout is None:
+    if layout is None and not one_device:
         return None
+    if layout is None:
+        layout = E.DeviceLayout(names=("",))
     r = DeviceReport(shares_from=layout.shares_from, split_points=tuple(layout.split_points),
                      simulated=layout.simulated)
     for d, name in enumerate(layout.names):

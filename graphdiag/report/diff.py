@@ -23,6 +23,7 @@ from ..errors import UsageError
 from .eventlog import describe
 from .ledger import LedgerChange, compare_ledgers
 from .node_diff import CaptureNodeDiff, compare_run_captures, compare_step_captures
+from .devices import device_report
 from .record import RunHeader
 from .summary import summarize
 
@@ -133,6 +134,7 @@ class RunDiff:
     ledger: list[LedgerChange] = field(default_factory=list)
     nodes: list[CaptureNodeDiff] = field(default_factory=list)
     tokens_differ_at: int | None = None
+    devices: list[Delta] = field(default_factory=list)   # per-device outcomes, when either run had several
     simulated: tuple[bool, bool] = (False, False)   # whose timings are the simulated driver's host times
 
     @property
@@ -238,8 +240,27 @@ def diff_runs(control: tuple[RunHeader, list[E.Event]], test: tuple[RunHeader, l
     d.ledger = compare_ledgers(ea, ca, eb, cb)
     d.nodes = compare_run_captures(a_all, ca.key, b_all, cb.key)
     d.tokens_differ_at = _tokens_differ_at(ea, eb)
+    d.devices = _device_deltas(ea, eb)
     d.simulated = (ha.simulated and ha.backend != "cpu", hb.simulated and hb.backend != "cpu")
     return d
+
+
+DEVICE_FIGURES = ("keys", "eager", "capture", "replay", "instantiates", "updates", "refusals")
+
+
+def _device_deltas(a: list[E.Event], b: list[E.Event]) -> list[Delta]:
+    """'dev1 replay' and the like for every device of either run (a one-device run is all device 0); empty
+    when neither ran on several devices."""
+    ra, rb = device_report(a, one_device=True), device_report(b, one_device=True)
+    if len(ra.devices) == 1 and len(rb.devices) == 1:
+        return []
+    out = []
+    for dev in range(max(len(ra.devices), len(rb.devices))):
+        da = ra.devices[dev] if dev < len(ra.devices) else None
+        db = rb.devices[dev] if dev < len(rb.devices) else None
+        for f in DEVICE_FIGURES:
+            out.append(Delta(f"dev{dev} {f}", getattr(da, f, None), getattr(db, f, None)))
+    return out
 
 
 def _median(s, name: str) -> int | None:
@@ -248,10 +269,14 @@ def _median(s, name: str) -> int | None:
 
 
 def _settings(a: RunHeader, b: RunHeader) -> list[SettingChange]:
+    """Settings that differ; one a record predates (devices, tensor_split) reads as its default."""
+    from ..config import RunConfig
+    default = RunConfig().settings()
     names = dict.fromkeys([*a.settings, *b.settings])
-    return [SettingChange(n, a.settings.get(n), b.settings.get(n), a.sources.get(n, "default"),
-                          b.sources.get(n, "default"))
-            for n in names if a.settings.get(n) != b.settings.get(n)]
+    va = {n: a.settings.get(n, default.get(n)) for n in names}
+    vb = {n: b.settings.get(n, default.get(n)) for n in names}
+    return [SettingChange(n, va[n], vb[n], a.sources.get(n, "default"), b.sources.get(n, "default"))
+            for n in names if va[n] != vb[n]]
 
 
 def _first_divergence(a: dict, b: dict) -> StepDiff | None:

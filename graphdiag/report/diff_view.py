@@ -20,7 +20,7 @@ def render_run_diff(d: RunDiff, file: TextIO | None = None) -> None:
     con.print(_verdict(d), markup=False)
     if d.simulated[0] != d.simulated[1]:
         con.print(f"note: {timing_note(d)}", markup=False)
-    for t in (_settings_table(d), _counter_table(d), _timing_table(d), _ledger_table(d)):
+    for t in (_settings_table(d), _counter_table(d), _device_table(d), _timing_table(d), _ledger_table(d)):
         if t is not None:
             con.print("")
             con.print(t)
@@ -142,6 +142,17 @@ def _counter_table(d: RunDiff):
               "delta")
     for c in changed:
         t.add_row(c.name, str(c.control), str(c.test), f"{c.delta:+d}")
+    return t
+
+
+def _device_table(d: RunDiff):
+    """Per-device outcomes (split calls), when either run was on several devices: every row, equal or not."""
+    if not d.devices:
+        return None
+    t = table("Per device (split calls; a one-device run is all dev0)", "counter", "control", "test", "delta")
+    for c in d.devices:
+        t.add_row(c.name, "-" if c.control is None else str(c.control), "-" if c.test is None else str(c.test),
+                  "-" if c.delta is None else f"{c.delta:+d}")
     return t
 
 

@@ -6,7 +6,8 @@ node's op, type and shapes, no addresses, as forks key). The replay applies the 
 recorded graph_compute call: the ledger (a call whose graph differs from the entry's last one), warmup
 (a second identical call completes it, a change resets it), update or instantiate per chunk, the 5 s / 10 s
 idle sweep on the recorded eviction clock, pool flushes where the record has them, and with `max_graphs`
-an LRU cap on entries. Update outcomes are the record's where it tried the same pair of graphs; otherwise
+an LRU cap on entries. Each device of a layer split has its own cache (keys, sweep, cap and pool flushes
+per device), and its captures, replays and eager runs are counted apart. Update outcomes are the record's where it tried the same pair of graphs; otherwise
 modelled (same shapes, or the same number of launches: updated; else refused), and counted as such.
 """
 
@@ -40,6 +41,7 @@ class Call:
     flush_after: bool = False     # a pool flush invalidated every graph during this call
     updates: dict = field(default_factory=dict)   # chunk -> update accepted (as recorded)
     n_launches: int = -1
+    device: int = 0               # whose graph cache decided it
 
 
 @dataclass
@@ -61,6 +63,7 @@ class Outcome:
     graphs_held_peak: int = 0
     modelled_updates: int = 0     # update outcomes not in the record (modelled)
     estimated_chunks: int = 0     # captures whose chunk count the record did not show
+    devices: dict = field(default_factory=dict)   # device -> {captures, replays, eager_runs, distinct_keys}
 
 
 @dataclass
@@ -91,7 +94,7 @@ def recorded_calls(events) -> list[Call]:
                 if not forced and (m is None or not m.props_digest or not ev.clock_us):
                     raise EventFileError("the record lacks the graph fingerprints whatif needs (uid_miss "
                                          "digests, the eviction clock): record it again with this graphdiag")
-                c = Call(ev.step, ev.split, ev.key, ev.clock_us, forced)
+                c = Call(ev.step, ev.split, ev.key, ev.clock_us, forced, device=ev.device)
                 if m is not None and not forced:
                     c.props, c.shape, c.first_ne, c.n_nodes = m.props_digest, m.shape_digest, m.first_ne, m.n_nodes
                 calls.append(c)
@@ -125,15 +128,19 @@ class _Replay:
         self.o = Outcome(policy, max_graphs)
         self.policy, self.max_graphs = policy, max_graphs
         self.chunks_of, self.learned, self.launches, self.chunk_size = chunks_of, learned, launches, chunk_size
-        self.entries: dict = {}
+        self.entries: dict = {}           # (device, key) -> _Entry: one cache per device
         self.keys: set = set()
-        self.last_sweep = 0
+        self.last_sweep: dict[int, int] = {}
         self.held = 0
 
     def key(self, c: Call):
         if self.policy == "first-node" or not c.shape:
-            return c.key
-        return (c.key, c.first_ne) if self.policy == "first-node+shape" else c.shape
+            return c.device, c.key
+        return c.device, ((c.key, c.first_ne) if self.policy == "first-node+shape" else c.shape)
+
+    def _count(self, c: Call, what: str) -> None:
+        self.o.devices.setdefault(c.device, {"captures": 0, "replays": 0, "eager_runs": 0, "distinct_keys": 0})
+        self.o.devices[c.device][what] += 1
 
     def _drop(self, e: _Entry) -> None:
         self.held -= len(e.instances)
@@ -141,17 +148,21 @@ class _Replay:
 
     def lookup(self, c: Call) -> _Entry:
         now = c.clock_us
-        if now - self.last_sweep >= SWEEP_EVERY_US:
-            self.last_sweep = now
-            for k in [k for k, e in self.entries.items() if now - e.last_used >= EVICT_AFTER_US]:
+        if now - self.last_sweep.get(c.device, 0) >= SWEEP_EVERY_US:
+            self.last_sweep[c.device] = now
+            for k in [k for k, e in self.entries.items()
+                      if k[0] == c.device and now - e.last_used >= EVICT_AFTER_US]:
                 self._drop(self.entries.pop(k))
                 self.o.evictions += 1
         k = self.key(c)
-        self.keys.add(k)
+        if k not in self.keys:
+            self.keys.add(k)
+            self._count(c, "distinct_keys")
         e = self.entries.get(k)
         if e is None:
-            if self.max_graphs and len(self.entries) >= self.max_graphs:
-                lru = min(self.entries, key=lambda x: self.entries[x].last_used)
+            mine = [x for x in self.entries if x[0] == c.device]
+            if self.max_graphs and len(mine) >= self.max_graphs:
+                lru = min(mine, key=lambda x: self.entries[x].last_used)
                 self._drop(self.entries.pop(lru))
                 self.o.evictions += 1
             e = self.entries[k] = _Entry()
@@ -164,6 +175,7 @@ class _Replay:
             if self.policy == "first-node":
                 self.lookup(c)
             o.eager_runs += 1
+            self._count(c, "eager_runs")
             return self._flush(c)
         e = self.lookup(c)
         changed = e.props != c.props
@@ -179,12 +191,15 @@ class _Replay:
             capture = True
         else:
             o.replays += 1
+            self._count(c, "replays")
             return self._flush(c)
         if not capture or c.abandoned:
             o.eager_runs += 1
+            self._count(c, "eager_runs")
             e.warm = e.warm and not c.abandoned
             return self._flush(c)
         self._capture(e, c)
+        self._count(c, "captures")
         self._flush(c)
 
     def _capture(self, e: _Entry, c: Call) -> None:
@@ -224,10 +239,9 @@ class _Replay:
         return a is not None and a == b
 
     def _flush(self, c: Call) -> None:
-        if c.flush_after:
-            for e in self.entries.values():
-                self._drop(e)
-            self.entries.clear()
+        if c.flush_after:                 # the flushing device's context only
+            for k in [k for k in self.entries if k[0] == c.device]:
+                self._drop(self.entries.pop(k))
 
     def finish(self) -> Outcome:
         self.o.graphs_held_end = self.held

@@ -93,12 +93,13 @@ class Scheduler:
         self.galloc.alloc_graph(self.graph, nb, self._leaf_backends)
         self.is_alloc = True
         if self.bus is not None:
+            devices = tuple(self._device_of(self.backends[s.backend]) for s in self.splits)
             self.bus.emit(E.GraphSplit(
                 step=self.step, n_splits=len(self.splits),
                 backends=tuple(self.backends[s.backend].name for s in self.splits),
                 uids=tuple(s.graph.uid for s in self.splits),
                 n_nodes=tuple(s.graph.n_nodes for s in self.splits),
-                devices=tuple(self._device_of(self.backends[s.backend]) for s in self.splits)))
+                devices=devices if max(devices, default=0) > 0 else ()))
 
     @staticmethod
     def _device_of(be: Backend) -> int:

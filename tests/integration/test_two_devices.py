@@ -240,7 +240,7 @@ def test_diff_and_whatif_show_devices(capsys, tmp_path, two):
     _write(two, split)
     _, out, err = _cli(capsys, "diff", str(one), str(split))
     assert "dev1" in out and "devices" in out, out + err
-    rc, out, err = _cli(capsys, "whatif", str(split), "--json")
+    rc, out, err = _cli(capsys, "whatif", str(split), "--key", "first-node", "--json")
     assert rc == 0, err
     got = json.loads(out)
     first = next(p for p in got["policies"] if p["policy"] == "first-node")
@@ -256,3 +256,13 @@ def test_timeline_has_a_track_set_per_device(capsys, tmp_path):
     procs = {e["pid"]: e["args"]["name"] for e in meta if e["name"] == "process_name"}
     assert procs[2].startswith("device 0") and procs[3].startswith("device 1")
     assert any(e["args"]["name"] == "decisions (device 1)" for e in meta if e["name"] == "thread_name")
+
+
+def test_bench_steps_takes_devices(capsys):
+    rc, out, err = _cli(capsys, "bench", "steps", "--backend", "sim", "--devices", "2", "--steps", "8",
+                        "--prompt-tokens", "4", "--no-torch", "--json")
+    assert rc == 0, err
+    row = json.loads(out.splitlines()[0])
+    assert row["devices"] == 2 and row["replay_steps"] > 0
+    rc, _, err = _cli(capsys, "bench", "steps", "--backend", "sim", "--tensor-split", "1,1")
+    assert rc == 2 and "needs devices 2 or more" in err
