@@ -25,6 +25,8 @@ ENV_KNOBS = {
     "GGML_CUDA_DISABLE_FUSION": ("fusion", lambda v: _atoi(v) == 0),
     "GGML_CUDA_GRAPH_OPT": ("concurrent_streams", lambda v: _atoi(v) == 1),
     "LLAMA_GRAPH_REUSE_DISABLE": ("reuse_disabled", lambda v: _atoi(v) != 0),
+    # unset, or atoi != 0: kernels launched with programmatic dependent launch where the GPU has it (9.0+)
+    "GGML_CUDA_PDL": ("pdl", lambda v: _atoi(v) != 0),
 }
 
 
@@ -55,6 +57,7 @@ class RunConfig:
     chunk_size: int = DEFAULT_CHUNK_SIZE
     fusion: bool = True
     concurrent_streams: bool = False
+    pdl: bool = True                 # programmatic dependent launch on 9.0+ (GGML_CUDA_PDL, on by default)
     graphs_disabled: bool = False
     reuse_disabled: bool = False
     n_cpu_moe: int = 0

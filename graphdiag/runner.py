@@ -88,7 +88,8 @@ class Session:
                 self.driver.preload()
             self.cpu = CpuBackend()
             if self.driver is not None:
-                opts = RuntimeOptions(cfg.chunk_size, cfg.fusion, cfg.concurrent_streams, cfg.graphs_disabled)
+                opts = RuntimeOptions(cfg.chunk_size, cfg.fusion, cfg.concurrent_streams, cfg.graphs_disabled,
+                                      cfg.pdl)
                 make = lambda d, name=None: GpuBackend(d, bus, opts, self.clock, cfg.pool_cap, cfg.pool_max_buffers, name)
                 self._open_gpus(make)
             self.model = create_model(get_preset(cfg.model), weight_type(cfg.wtype), seed=cfg.seed)

@@ -143,9 +143,26 @@ __device__ __forceinline__ float glu(int op, float g, float u) {
     return silu(g) * u;
 }
 
-// Every kernel: `extern "C" __global__ void NAME(const kparams p)`. __grid_constant__ keeps the record in
-// the parameter bank when helpers take references into it (no 576-byte local copy); the ABI is unchanged.
-#define KERNEL(name) extern "C" __global__ void name(const __grid_constant__ kparams p)
+// Programmatic dependent launch (GGML_CUDA_PDL, Hopper+): a kernel launched with the programmatic stream
+// serialisation attribute may start before the kernel ahead of it on the stream has finished. Every kernel
+// therefore first waits for its predecessors to complete and their writes to be visible (griddepcontrol.wait:
+// a no-op when the launch did not use the attribute), then lets its own successor be launched
+// (launch_dependents), so the successor's launch latency and block setup overlap this kernel's run. The
+// wait comes before any global read, so results are those of plain stream order (ggml_cuda_pdl_sync/_lc).
+__device__ __forceinline__ void pdl_prologue() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    asm volatile("griddepcontrol.wait;" ::: "memory");
+    asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
+#endif
+}
+
+// Every kernel: `extern "C" __global__ void NAME(const kparams p)`, whose body (the braces after the macro)
+// runs after pdl_prologue(). __grid_constant__ keeps the record in the parameter bank when helpers take
+// references into it (no 576-byte local copy); the ABI is unchanged.
+#define KERNEL_WITH_BOUNDS_(name, bounds) \
+    static __device__ __forceinline__ void name##_body(const kparams &p); \
+    extern "C" __global__ void bounds name(const __grid_constant__ kparams p) { pdl_prologue(); name##_body(p); } \
+    static __device__ __forceinline__ void name##_body(const kparams &p)
+#define KERNEL(name) KERNEL_WITH_BOUNDS_(name, )
 // KERNEL_LB(name, threads[, min blocks per SM]): the bounds cap the registers the kernel may use.
-#define KERNEL_LB(name, ...) \
-    extern "C" __global__ void __launch_bounds__(__VA_ARGS__) name(const __grid_constant__ kparams p)
+#define KERNEL_LB(name, ...) KERNEL_WITH_BOUNDS_(name, __launch_bounds__(__VA_ARGS__))

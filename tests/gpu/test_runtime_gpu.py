@@ -114,3 +114,24 @@ def test_failure_mid_capture_on_the_gpu_ends_the_capture_and_recovers(monkeypatc
             st.step(StepPlan("decode", batch=1))
     finally:
         s.close()
+
+
+def test_programmatic_dependent_launch_changes_timing_only(monkeypatch):
+    """GGML_CUDA_PDL (on by default on 9.0+): kernels go through cuLaunchKernelEx with the programmatic
+    stream serialisation attribute, and the run's tokens, logits checks and decisions are those of plain
+    launches (every kernel waits for its predecessors before reading)."""
+    from graphdiag.backends.drivers.cuda import CudaDriver
+    from support.decisions import decision_stream
+    ex = []
+    real = CudaDriver.launch
+    monkeypatch.setattr(CudaDriver, "launch", lambda self, s, l: ex.append(l.handle.config is not None) or real(self, s, l))
+    on = run_gpu(steps=8, oracle=True, verify=True)
+    n_on, ex[:] = list(ex), []
+    off = run_gpu(steps=8, oracle=True, verify=True, env={"GGML_CUDA_PDL": "0"})
+    assert n_on and all(n_on) and ex and not any(ex)
+    assert on.header["settings"]["pdl"] is True and off.header["settings"]["pdl"] is False
+    assert on.tokens == off.tokens and decision_stream(on.events) == decision_stream(off.events)
+    assert_oracle(on)
+    assert all(v.ok for v in of(on, E.VerifyResult))
+    rep = lambda r: sorted(e.gpu_ns for e in of(r, E.StepFinished) if e.mode == "replay")
+    print(f"tiny replay GPU µs, PDL on {rep(on)[len(rep(on)) // 2] / 1e3:.1f} vs off {rep(off)[len(rep(off)) // 2] / 1e3:.1f}")

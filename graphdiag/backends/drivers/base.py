@@ -133,6 +133,15 @@ class Driver(abc.ABC):
     def graph_launch(self, exec_, stream) -> None: ...
 
     # kernels
+    pdl = False       # launches carry programmatic stream serialisation (set_pdl)
+
+    def set_pdl(self, on: bool) -> bool:
+        """GGML_CUDA_PDL: launch kernels prepared from now on with programmatic dependent launch, where the
+        GPU has it (compute capability 9.0+; kernels wait for their predecessors first, so results are the
+        same). Returns whether it applies. On a graph it changes only edge types, never a decision."""
+        self.pdl = bool(on) and self.cc >= 900
+        return self.pdl
+
     @abc.abstractmethod
     def prepare(self, launch: Launch) -> Launch:
         """Resolve the kernel and pack the parameters once; returns the same Launch with `handle` set.

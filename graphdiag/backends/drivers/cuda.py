@@ -77,6 +77,20 @@ class _Prepared:
     kparams: np.ndarray   # a private copy of the KPARAMS record (576 bytes)
     argv: np.ndarray      # void*[1] = {&kparams}
     argv_addr: int
+    config: object = None  # CUlaunchConfig with programmatic stream serialisation (PDL), else None
+
+
+def _pdl_config(args: tuple):
+    """A CUlaunchConfig for cuLaunchKernelEx: the grid, block and shared memory of `args`, and the
+    programmatic stream serialisation attribute (ggml_cuda_pdl_config). The stream is set per launch."""
+    cfg = D.CUlaunchConfig()
+    _, cfg.gridDimX, cfg.gridDimY, cfg.gridDimZ, cfg.blockDimX, cfg.blockDimY, cfg.blockDimZ, cfg.sharedMemBytes = args
+    attr = D.CUlaunchAttribute()
+    attr.id = D.CUlaunchAttributeID.CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION
+    attr.value.programmaticStreamSerializationAllowed = 1
+    cfg.attrs = [attr]
+    cfg.numAttrs = 1
+    return cfg
 
 
 class CudaDriver(Driver):
@@ -231,12 +245,16 @@ class CudaDriver(Driver):
         kp = np.array(launch.params, dtype=KPARAMS)   # private snapshot: later edits need a re-prepare
         argv = np.array([kp.ctypes.data], dtype=np.uint64)
         args = (fn, *map(int, launch.grid), *map(int, launch.block), int(launch.shmem))
-        launch.handle = _Prepared(args, kp, argv, argv.ctypes.data)
+        launch.handle = _Prepared(args, kp, argv, argv.ctypes.data, _pdl_config(args) if self.pdl else None)
         return launch
 
     def launch(self, stream, launch: Launch) -> None:
         h = launch.handle
-        (err,) = D.cuLaunchKernel(*h.args, self._s(stream), h.argv_addr, 0)
+        if h.config is not None:                      # cuLaunchKernelEx with the PDL attribute
+            h.config.hStream = self._s(stream)
+            (err,) = D.cuLaunchKernelEx(h.config, h.args[0], h.argv_addr, 0)
+        else:
+            (err,) = D.cuLaunchKernel(*h.args, self._s(stream), h.argv_addr, 0)
         if err:
             raise _error(err, f"cuLaunchKernel({launch.kernel})")
         if self.tracer is not None:

@@ -33,6 +33,7 @@ class GpuBackend(Backend):
         self.driver = driver
         self.bus = bus
         self.runtime = GraphRuntime(driver, bus, options, clock)
+        driver.set_pdl(options.pdl)
         self.loop = CaptureLoop(self)
         self._pool_args = (pool_cap, pool_max_buffers)
         self.pools: dict[int, TempPool] = {}  # one per stream, as ggml's pools[device][stream]

@@ -28,6 +28,7 @@ class RuntimeOptions:
     fusion: bool = True
     concurrent_streams: bool = False
     graphs_disabled: bool = False        # GGML_CUDA_DISABLE_GRAPHS present in the environment
+    pdl: bool = True                     # GGML_CUDA_PDL: programmatic dependent launch where cc >= 9.0
 
 
 class GraphRuntime:
