@@ -7,6 +7,11 @@
 // integer dot products (dp4a) per 32-block, scaled by both blocks' f16 scales, as ggml's mmvq:
 //   dst = sum_b d_w[b] * d_x[b] * sum_i q_w[b, i] * q_x[b, i]
 // The MoE kernels (mul_mat_id_*) keep F32 x for every weight type.
+//
+// A row can be shared by several warps of the block (mul_mat_vec / _add at one column, ip[1] = warps per row:
+// 1, 2 or 4, chosen by the lowering from M and K): warp `part` of a row takes every nparts-th step of the
+// row, the partial sums meet in shared memory and are added in part order (deterministic). Few long rows
+// (the K/V projections, M = 512) then still keep enough loads in flight to fill the GPU.
 #include "common.cuh"
 
 #define MMV_WARPS 4
@@ -36,14 +41,14 @@ __device__ __forceinline__ int dp4a(int a, int b, int c) {
 // acc[n] += this lane's share of  sum_k w[k] * x_n[k]  for n < nc; x_n = xb + n * xnb1 (F32).
 template <int T, int NC = MMV_NC>
 __device__ __forceinline__ void row_dots(const char *w, i64 wnb0, i64 K, const char *xb, i64 xnb0, i64 xnb1,
-                                         int nc, float *acc) {
+                                         int nc, float *acc, int part = 0, int nparts = 1) {
     constexpr int ILP = NC == 1 ? MMV_ILP : 1;
     const int lane = threadIdx.x & 31;
     // Fast paths need contiguous, 16-byte aligned rows (true for weights from the allocator and for
     // contiguous activations); anything else (views, odd strides) takes the generic strided loop.
     const bool xfast = xnb0 == 4 && aligned16(xb) && (xnb1 & 15) == 0;
     if (T == GGML_F16 && xfast && wnb0 == 2 && K % 8 == 0 && aligned16(w)) {
-        for (i64 k0 = lane * 8; k0 < K; k0 += 32 * 8 * ILP) {
+        for (i64 k0 = lane * 8 + part * 256 * ILP; k0 < K; k0 += 32 * 8 * ILP * nparts) {
             uint4 wv[ILP];
 #pragma unroll
             for (int u = 0; u < ILP; ++u) {
@@ -68,7 +73,7 @@ __device__ __forceinline__ void row_dots(const char *w, i64 wnb0, i64 K, const c
             }
         }
     } else if (T == GGML_F32 && xfast && wnb0 == 4 && K % 4 == 0 && aligned16(w)) {
-        for (i64 k0 = lane * 4; k0 < K; k0 += 32 * 4 * ILP) {
+        for (i64 k0 = lane * 4 + part * 128 * ILP; k0 < K; k0 += 32 * 4 * ILP * nparts) {
             float4 wv[ILP];
 #pragma unroll
             for (int u = 0; u < ILP; ++u) {
@@ -92,7 +97,7 @@ __device__ __forceinline__ void row_dots(const char *w, i64 wnb0, i64 K, const c
         // F32 x (the MoE kernels): 4 lanes per 34-byte block, 8 quants each (blocks are 2-byte aligned).
         const int sub = lane & 3;
         const i64 nblk = K / QK8_0;
-        for (i64 b = lane >> 2; b < nblk; b += 8) {
+        for (i64 b = (lane >> 2) + 8 * part; b < nblk; b += 8 * nparts) {
             const char *blk = w + b * 34;
             const float d = h2f(*(const unsigned short *)blk);
             const unsigned short *qs = (const unsigned short *)(blk + 2 + sub * 8);
@@ -115,7 +120,7 @@ __device__ __forceinline__ void row_dots(const char *w, i64 wnb0, i64 K, const c
             }
         }
     } else {
-        for (i64 k = lane; k < K; k += 32) {
+        for (i64 k = lane + 32 * part; k < K; k += 32 * nparts) {
             const float wv = row_elem<T>(w, k, wnb0);
 #pragma unroll
             for (int n = 0; n < NC; ++n)
@@ -164,11 +169,11 @@ __device__ __forceinline__ void row_dots2_f16(const char *w1, const char *w2, i6
 // weight block (8 quants = 2 ints each), 8 blocks per warp step, ILP steps in flight.
 template <int NC>
 __device__ __forceinline__ void row_dots_q8_1(const char *w, i64 wnb0, i64 K, const char *xq, i64 xnb1, int nc,
-                                              float *acc) {
+                                              float *acc, int part = 0, int nparts = 1) {
     constexpr int ILP = NC == 1 ? MMV_ILP_Q : 1;
     const int lane = threadIdx.x & 31, sub = lane & 3;
     const i64 nblk = K / QK8_0;
-    for (i64 b0 = lane >> 2; b0 < nblk; b0 += 8 * ILP) {
+    for (i64 b0 = (lane >> 2) + 8 * ILP * part; b0 < nblk; b0 += 8 * ILP * nparts) {
         int wq[ILP][2];
         float wd[ILP];
 #pragma unroll
@@ -207,9 +212,9 @@ __device__ __forceinline__ void row_dots_q8_1(const char *w, i64 wnb0, i64 K, co
 // One column pass of W[m] . x[n0 .. n0 + nc): F32 x for float weights, Q8_1 x for Q8_0 weights.
 template <int T, int NC>
 __device__ __forceinline__ void dots(const char *w, const tdesc &W, const tdesc &X, i64 n0, i64 i2, i64 i3, int nc,
-                                     float *acc) {
-    if (T == GGML_Q8_0) row_dots_q8_1<NC>(w, W.nb[0], W.ne[0], row_ptr(X, n0, i2, i3), X.nb[1], nc, acc);
-    else row_dots<T, NC>(w, W.nb[0], W.ne[0], row_ptr(X, n0, i2, i3), X.nb[0], X.nb[1], nc, acc);
+                                     float *acc, int part = 0, int nparts = 1) {
+    if (T == GGML_Q8_0) row_dots_q8_1<NC>(w, W.nb[0], W.ne[0], row_ptr(X, n0, i2, i3), X.nb[1], nc, acc, part, nparts);
+    else row_dots<T, NC>(w, W.nb[0], W.ne[0], row_ptr(X, n0, i2, i3), X.nb[0], X.nb[1], nc, acc, part, nparts);
 }
 
 // dst[.., n, m] = W[m] . x[.., n] (+ r[.., n, m] when `add`: the residual ADD fused into the mat-vec).
@@ -239,8 +244,31 @@ template <int T, bool add, int NC> __device__ __forceinline__ void mmv_cols(cons
     }
 }
 
+// One column, ip[1] warps per row (2 or 4): 4 / ip[1] rows per block. No warp leaves before the barrier.
+template <int T, bool add> __device__ __forceinline__ void mmv_split(const kparams &p) {
+    __shared__ float sums[MMV_WARPS];
+    const tdesc &D = p.t[0], &W = p.t[1], &X = p.t[2], &R = p.t[3];
+    const int nparts = p.ip[1], warp = threadIdx.x >> 5, lane = threadIdx.x & 31, part = warp % nparts;
+    const i64 m = (i64)blockIdx.x * (MMV_WARPS / nparts) + warp / nparts;
+    const i64 i2 = blockIdx.y % D.ne[2], i3 = blockIdx.y / D.ne[2];
+    float acc[1] = {0.0f};
+    if (m < D.ne[0]) {
+        const char *w = row_ptr(W, m, i2 / (D.ne[2] / W.ne[2]), i3 / (D.ne[3] / W.ne[3]));
+        dots<T, 1>(w, W, X, 0, i2, i3, 1, acc, part, nparts);
+    }
+    if (lane == 0) sums[warp] = acc[0];
+    __syncthreads();
+    if (part == 0 && lane == 0 && m < D.ne[0]) {
+        float v = 0.0f;
+        for (int q = 0; q < nparts; ++q) v += sums[warp + q];
+        if (add) v += load_f(R, m % R.ne[0], 0, i2 % R.ne[2], i3 % R.ne[3]);
+        store_f(D, m, 0, i2, i3, v);
+    }
+}
+
 template <int T, bool add> __device__ void mmv(const kparams &p) {
-    if (p.t[0].ne[1] == 1) mmv_cols<T, add, 1>(p);
+    if (p.t[0].ne[1] == 1 && p.ip[1] > 1) mmv_split<T, add>(p);
+    else if (p.t[0].ne[1] == 1) mmv_cols<T, add, 1>(p);
     else mmv_cols<T, add, MMV_NC>(p);
 }
 

@@ -19,6 +19,8 @@ Geometry = tuple[Dim3, Dim3, int]
 
 MMV_WARPS = 4            # mul_mat_vec*.cu: one warp per weight row, 4 rows per block
 MMV_BLOCK = 32 * MMV_WARPS
+MMV_RESIDENT_WARPS = 132 * 8 * MMV_WARPS   # an H200 holds 8 mat-vec blocks per SM (launch bounds 128, 8)
+MMV_STEP = 1024          # elements of a row one warp step loads (32 lanes x 8 halves x MMV_ILP 4)
 TILE = 16                # mul_mat.cu mul_mat_f32: 16x16 output tile per 256-thread block
 MM_BM, MM_BN = 128, 64   # mul_mat.cu tensor-core kernels (f16, q8_0): 128 x 64 output tile, 256 threads
 MM_BLOCK = 256
@@ -62,9 +64,21 @@ def _check_yz(name: str, grid: Dim3) -> Dim3:
     return grid
 
 
+def mmv_warps_per_row(m: int, k: int) -> int:
+    """Warps sharing one weight row of a one-column mul_mat_vec(_add) (1, 2 or 4): doubled while the warps
+    of all rows stay within what the GPU holds at once and each part keeps one full step of loads in
+    flight (MMV_STEP elements) — the K/V and output projections of 1b, whose 512 / 2048 rows alone leave
+    most of the HBM round trip idle. The kernels derive rows per block from it (4 / warps per row)."""
+    w = 1
+    while w < MMV_WARPS and m * w * 2 <= MMV_RESIDENT_WARPS and k // (w * 2) >= MMV_STEP:
+        w *= 2
+    return w
+
+
 def _mmv(p) -> Geometry:
     d = _ne(p, 0)
-    return (_cdiv(d[0], MMV_WARPS), max(d[2] * d[3], 1), 1), (MMV_BLOCK, 1, 1), 0
+    rows = MMV_WARPS // max(int(p["ip"][1]), 1) if d[1] == 1 else MMV_WARPS
+    return (_cdiv(d[0], rows), max(d[2] * d[3], 1), 1), (MMV_BLOCK, 1, 1), 0
 
 
 def _mmv_id(p) -> Geometry:

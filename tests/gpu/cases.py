@@ -52,6 +52,12 @@ def mat_vec_cases() -> list[Case]:
             c = Case(f"mul_mat_vec_{w}", f"K{k}-M{m}-N{n}-{layout}-xpad{xpad}", F32_DOT)
             W = _weights(c, w, k, m, layout=layout)
             out.append(c.set(c.output(G.F32, m, n), W, _x(c, w, k, n, xpad=xpad)))
+        for k, m, parts in ((2048, 512, 2), (2048, 70, 4), (1056, 33, 4), (96, 9, 2)):   # rows shared by warps
+            c = Case(f"mul_mat_vec_{w}", f"K{k}-M{m}-N1-{parts}-warps-per-row", F32_DOT)
+            out.append(c.set(c.output(G.F32, m, 1), _weights(c, w, k, m), _x(c, w, k, 1), ip=(0, parts)))
+        c = Case(f"mul_mat_vec_{w}", "K512-M96-N1-offset-2-warps-per-row", F32_DOT)     # the generic loops
+        out.append(c.set(c.output(G.F32, 96, 1), _weights(c, w, 512, 96, layout="offset"), _x(c, w, 512, 1),
+                         ip=(0, 2)))
         c = Case(f"mul_mat_vec_{w}", "batch-broadcast", F32_DOT)   # W (K, M, 1) over x (K, N, 2)
         out.append(c.set(c.output(G.F32, 100, 2, 2), c.randn(WT[w], 256, 100), _x(c, w, 256, 2, 2)))
     return out
@@ -85,10 +91,12 @@ def mmv_add_cases() -> list[Case]:
     """The fused mat-vec + residual ADD (1 token in the graphs; the kernel takes up to 8 columns)."""
     out = []
     for w in W_TYPES:
-        for k, m, n in ((2048, 512, 1), (512, 77, 1), (256, 40, 3)):
-            c = Case(f"mul_mat_vec_add_{w}", f"K{k}-M{m}-N{n}", F32_DOT)
+        for k, m, n, parts in ((2048, 512, 1, 1), (512, 77, 1, 1), (256, 40, 3, 1), (2048, 512, 1, 2),
+                               (1024, 77, 1, 4)):
+            c = Case(f"mul_mat_vec_add_{w}", f"K{k}-M{m}-N{n}" + (f"-{parts}-warps-per-row" if parts > 1 else ""),
+                     F32_DOT)
             out.append(c.set(c.output(G.F32, m, n), c.randn(WT[w], k, m), _x(c, w, k, n),
-                             c.randn(G.F32, m, n)))
+                             c.randn(G.F32, m, n), ip=(0, parts)))
     return out
 
 

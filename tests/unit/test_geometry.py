@@ -87,3 +87,23 @@ def test_decode_attention_takes_the_vec_kernel_one_token_per_block():
     # grid (n_split, Hkv, T * B); shmem: q, scores, alphas and the row-group sums of GM (G rounded to 2^k) heads
     p = _p((66, 8, 32, 1), (64, 32, 1, 1), (64, 8, 256, 1))
     assert launch_geometry("flash_attn_vec_f16", p) == ((8, 8, 1), (128, 1, 1), 4 * (4 * 64 + 4 * 32 + 8 + 16 * 4 * 64))
+
+
+@pytest.mark.parametrize("m,k,want", [(512, 2048, 2), (2048, 2048, 2), (2048, 8192, 2), (32000, 2048, 1),
+                                      (512, 512, 1), (4096, 4096, 1), (64, 8192, 4)])
+def test_few_long_rows_are_shared_by_warps(m, k, want):
+    from graphdiag.backends.geometry import mmv_warps_per_row
+    assert mmv_warps_per_row(m, k) == want
+    grid, block, _ = launch_geometry("mul_mat_vec_f16", _p((m, 1, 1, 1), (k, m, 1, 1), ip=(0, want)))
+    assert grid[0] == -(-m // (MMV_WARPS // want)) and block == (128, 1, 1)
+    # more than one column: one warp per row whatever ip says (the kernel's 8-column path)
+    grid, _, _ = launch_geometry("mul_mat_vec_f16", _p((m, 2, 1, 1), (k, m, 1, 1), ip=(0, want)))
+    assert grid[0] == -(-m // MMV_WARPS)
+
+
+def test_the_lowering_shares_rows_only_for_one_column():
+    from types import SimpleNamespace as NS
+    from graphdiag.backends.gpu.lowering import _mmv_ip
+    w = NS(ne=(2048, 512, 1, 1))                     # 1b's K/V projection: K 2048, M 512
+    assert _mmv_ip(NS(ne=(512, 1, 1, 1)), w) == (0, 2)
+    assert _mmv_ip(NS(ne=(512, 4, 1, 1)), w) == (0, 1)

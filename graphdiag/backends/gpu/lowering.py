@@ -26,7 +26,7 @@ from ..drivers.base import Driver, Launch
 from .compat import MMVQ_MAX_BATCH_SIZE, mul_mat_id_needs_sync
 from .fusion import MMID_GLU, MMV_ADD, MMV_GLU, RMS_NORM_MUL, ROPE_SET_ROWS, Fusion
 from ..abi import Q8_1, Q8_1_BYTES
-from ..geometry import FA_HEAD_DIMS, FA_MAX_ROWS, fa_plan, fa_vec, launch_geometry
+from ..geometry import FA_HEAD_DIMS, FA_MAX_ROWS, fa_plan, fa_vec, launch_geometry, mmv_warps_per_row
 from .pool import TempPool
 
 _W = {GGMLType.F32: "f32", GGMLType.F16: "f16", GGMLType.Q8_0: "q8_0"}
@@ -160,8 +160,9 @@ def lower_node(graph: Graph, i: int, fusion: Fusion | None, cc: int):
     if op in (Op.MUL, Op.ADD):
         return KernelOp(_launch("mul_f32" if op == Op.MUL else "add_f32", [node, s[0], s[1]]))
     if op == Op.MUL_MAT:
-        path = "mul_mat_vec" if s[1].ne[1] <= MMVQ_MAX_BATCH_SIZE else "mul_mat"
-        return _mat_product(f"{path}_{_W[s[0].type]}", [node, s[0], s[1]], x_slot=2)
+        if s[1].ne[1] > MMVQ_MAX_BATCH_SIZE:
+            return _mat_product(f"mul_mat_{_W[s[0].type]}", [node, s[0], s[1]], x_slot=2)
+        return _mat_product(f"mul_mat_vec_{_W[s[0].type]}", [node, s[0], s[1]], x_slot=2, ip=_mmv_ip(node, s[0]))
     if op == Op.MUL_MAT_ID:
         if mul_mat_id_needs_sync(node, cc):
             return SortedMulMatIdOp(node)
@@ -182,6 +183,11 @@ def lower_node(graph: Graph, i: int, fusion: Fusion | None, cc: int):
     if op in (Op.CPY, Op.CONT):
         return KernelOp(_launch(f"cpy_f32_{_W[node.type]}", [node, s[0]]))
     raise NotImplementedError(f"the GPU backend has no kernel for {op.name} (node {i} {node.name})")
+
+
+def _mmv_ip(dst: Tensor, w: Tensor) -> tuple[int, int]:
+    """mul_mat_vec(_add)'s ip: (unused, warps per weight row) — rows shared by warps at one column."""
+    return (0, mmv_warps_per_row(w.ne[1], w.ne[0]) if dst.ne[1] == 1 else 1)
 
 
 def _mat_product(name: str, tensors: list[Tensor | None], x_slot: int, ip=()):
@@ -234,7 +240,7 @@ def _lower_fused(graph: Graph, i: int, f: Fusion):
         add = graph.node(i + 1)
         resid = add.src[1] if add.src[0] == node else add.src[0]
         return _mat_product(f"mul_mat_vec_add_{_W[node.src[0].type]}", [add, node.src[0], node.src[1], resid],
-                            x_slot=2)
+                            x_slot=2, ip=_mmv_ip(add, node.src[0]))
     if f.pattern == ROPE_SET_ROWS:
         sr = graph.node(i + 2)
         if sr.type != GGMLType.F16:
