@@ -404,6 +404,23 @@ class _NullSpan:
 _NULL_SPAN = _NullSpan()
 
 
+def _fast_init(cls: type) -> None:
+    """Give a frozen event class an __init__ that fills the instance dict directly. The dataclass one calls
+    object.__setattr__ once per field (~2 µs for a ten-field event, six events per replayed step); this one
+    takes the same parameters in the same order with the same defaults, and the class stays frozen (no
+    assignment after construction, same eq and hash)."""
+    fs = dataclasses.fields(cls)
+    if any(f.default is dataclasses.MISSING or not f.init for f in fs):
+        return                               # required or non-init fields: keep the dataclass __init__
+    params = ", ".join(f"{f.name}=_d{i}" for i, f in enumerate(fs))
+    body = "; ".join(f"d[{f.name!r}] = {f.name}" for f in fs)
+    ns = {f"_d{i}": f.default for i, f in enumerate(fs)}
+    exec(f"def __init__(self, {params}):\n    d = self.__dict__; {body}", ns)
+    init = ns["__init__"]
+    init.__qualname__ = f"{cls.__qualname__}.__init__"
+    cls.__init__ = init
+
+
 class _Span:
     __slots__ = ("bus", "name", "category", "payload", "step", "split", "key", "uid")
 
@@ -511,3 +528,7 @@ class Recorder:
 
     def of(self, *types) -> list[Event]:
         return [e for e in self.events if isinstance(e, types)]
+
+
+for _cls in (Event, *EVENT_TYPES.values()):
+    _fast_init(_cls)

@@ -106,6 +106,7 @@ class Context:
         self.res: BuiltGraph | None = None
         self._input_places: tuple | None = None   # (res, [(backend, addr)] per input, mask rows)
         self._logits_place: tuple | None = None   # (res, backend, addr, nbytes, shape)
+        self._out_ids: tuple | None = None        # ((n_tokens, n_outputs), the out_ids input)
         self.step = 0
         self.n_reused = 0
 
@@ -133,7 +134,8 @@ class Context:
         """One step: place in the cache, reuse or rebuild, set inputs, compute; logits (n_outputs, n_vocab)."""
         step = self.step
         cells = self.kv.place(seqs, pos)
-        params = GraphParams(len(tokens), len(set(seqs.tolist())), n_outputs, gtype, self.kv.n_kv())
+        params = self._params(len(tokens), 1 if len(seqs) == 1 else len(set(seqs.tolist())), n_outputs, gtype,
+                              self.kv.n_kv())
         self.bus.emit(E.StepStarted(step=step, phase=gtype, n_tokens=params.n_tokens, n_seqs=params.n_seqs,
                                     n_kv=params.n_kv))
         self.sched.step = step
@@ -151,6 +153,13 @@ class Context:
         self.step += 1
         self.bus.flush()               # the step's work is queued: held events reach the sinks while it runs
         return self.read_logits()
+
+    def _params(self, *fields) -> GraphParams:
+        """This step's GraphParams; the kept graph's own object when nothing changed (a decode step)."""
+        kept = self.res.params if self.res is not None else None
+        if kept is not None and (kept.n_tokens, kept.n_seqs, kept.n_outputs, kept.gtype, kept.n_kv) == fields:
+            return kept
+        return GraphParams(*fields)
 
     def can_reuse(self, params: GraphParams) -> bool:
         return self.res is not None and not _reuse_blocker(self.res.params, params)
@@ -186,8 +195,10 @@ class Context:
             self._input_places = (self.res, [(self.sched.backend_of(t), t.data) for t in tensors],
                                   inp.kq_mask.ne[1])
         _, places, mask_rows = self._input_places
-        arrays = (tokens.astype(np.int32), pos.astype(np.int32), self.kv.mask(seqs, pos, p.n_kv, mask_rows),
-                  cells, cells, np.arange(p.n_tokens - p.n_outputs, p.n_tokens, dtype=np.int32))
+        if self._out_ids is None or self._out_ids[0] != (p.n_tokens, p.n_outputs):
+            self._out_ids = ((p.n_tokens, p.n_outputs), np.arange(p.n_tokens - p.n_outputs, p.n_tokens, dtype=np.int32))
+        arrays = (tokens.astype(np.int32, copy=False), pos.astype(np.int32, copy=False),
+                  self.kv.mask(seqs, pos, p.n_kv, mask_rows), cells, cells, self._out_ids[1])
         by_backend: dict[int, tuple] = {}
         for (be, addr), a in zip(places, arrays):
             by_backend.setdefault(id(be), (be, []))[1].append((addr, a))

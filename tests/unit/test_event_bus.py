@@ -90,3 +90,19 @@ def test_a_replayed_step_reaches_the_sinks_after_its_graph_launch(monkeypatch):
     assert order[i - 1] == ("launch",) and order[i + 1:] [-1] == ("StepFinished", last), order[-6:]
     ts = [e.t_ns for e in r.events]
     assert ts == sorted(ts)
+
+
+@pytest.mark.parametrize("cls", sorted(E.EVENT_TYPES.values(), key=lambda c: c.kind), ids=lambda c: c.kind)
+def test_every_event_class_builds_as_its_dataclass_fields_say_and_stays_frozen(cls):
+    import dataclasses
+    fs = dataclasses.fields(cls)
+    ev = cls()
+    assert [getattr(ev, f.name) for f in fs] == [f.default for f in fs]
+    values = [f"v{i}" for i in range(len(fs))]
+    pos, kw = cls(*values), cls(**{f.name: v for f, v in zip(fs, values)})
+    assert pos == kw and hash(pos) == hash(kw) and [getattr(pos, f.name) for f in fs] == values
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        ev.step = 1
+    with pytest.raises(TypeError):
+        cls(no_such_field=1)
+    assert E.Event.from_dict(ev.to_dict()) == ev
