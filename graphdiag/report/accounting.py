@@ -19,7 +19,6 @@ from dataclasses import dataclass, field
 from typing import Iterable
 
 from .. import events as E
-from .device import SOURCE_CUPTI
 
 MGMT = ("check", "capture", "instantiate", "update", "launch")
 PHASES = ("prefill", "eager", "capture", "replay", "cpu")
@@ -45,10 +44,9 @@ class StepTime:
 
 @dataclass
 class PhaseTime:
-    """Medians over the phase's steps (ns), and the bound: "GPU" when the device is busy at least as long as
-    it waits for the host, else "host". On a real GPU (CUPTI) the wait is the step's whole wall time outside
-    the kernels — the host's lowering, input copies and launches before the first kernel included; on the
-    simulated driver only the idle time between its modelled kernels counts (its wall time is numpy's)."""
+    """Medians over the phase's steps (ns), and the bound: "GPU" when the device, between its first and
+    last kernel, is busy at least as long as it waits for the host, else "host" (device time only: on the
+    simulated driver the wall time is numpy's, not a GPU's)."""
     phase: str
     steps: int = 0
     tokens: int = 0
@@ -122,8 +120,7 @@ def account(events: Iterable[E.Event], top: int = 10) -> Accounting:
                     k.total_ns += ns
                     k.count += n
     acc.steps = [s for s in steps.values() if s.wall_ns]
-    measured = acc.source == SOURCE_CUPTI
-    acc.phases = [_phase(p, [s for s in acc.steps if s.phase == p], measured) for p in PHASES]
+    acc.phases = [_phase(p, [s for s in acc.steps if s.phase == p]) for p in PHASES]
     acc.phases = [p for p in acc.phases if p.steps]
     acc.top_kernels = sorted(kernels.values(), key=lambda k: (-k.total_ns, k.kernel))[:top]
     acc.mgmt_total_ns = sum(s.mgmt_ns for s in acc.steps)
@@ -136,7 +133,7 @@ def _median(v: list[int]) -> int:
     return int(statistics.median(v)) if v else 0
 
 
-def _phase(name: str, steps: list[StepTime], measured: bool) -> PhaseTime:
+def _phase(name: str, steps: list[StepTime]) -> PhaseTime:
     p = PhaseTime(name, len(steps), sum(s.n_tokens for s in steps))
     if not steps:
         return p
@@ -147,6 +144,5 @@ def _phase(name: str, steps: list[StepTime], measured: bool) -> PhaseTime:
     p.mgmt = {k: _median([s.mgmt[k] for s in steps]) for k in MGMT}
     p.mgmt_total_ns = sum(s.mgmt_ns for s in steps)
     if any(s.n_kernels for s in steps):
-        waiting = p.wall_ns - p.busy_ns if measured else p.idle_ns
-        p.bound = "GPU" if p.busy_ns >= waiting else "host"
+        p.bound = "GPU" if p.busy_ns >= p.idle_ns else "host"
     return p

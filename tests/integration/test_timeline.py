@@ -134,18 +134,3 @@ def test_accounting_tables_fit_80_columns(traced):
         con.print(t)
     lines = out.getvalue().splitlines()
     assert lines and max(len(l.rstrip()) for l in lines) <= 80
-
-
-@pytest.mark.parametrize("source,eager_bound", [("cupti", "host"), ("modelled", "GPU")])
-def test_a_phase_is_host_bound_when_the_gpu_waits_longer_than_it_works(source, eager_bound):
-    """Measured (CUPTI): the wait is the wall time outside the kernels (lowering, copies and launches before
-    the first kernel count); modelled: only the gaps between kernels (the wall time is numpy's)."""
-    from graphdiag.report.accounting import account
-    evs = []
-    for step, mode, wall, busy, idle in ((0, "eager", 9_000_000, 1_500_000, 500_000),
-                                         (1, "replay", 1_600_000, 1_400_000, 0)):
-        evs += [E.StepStarted(step=step, phase="decode", n_tokens=1, n_seqs=1, n_kv=256),
-                E.DeviceTime(step=step, source=source, n_kernels=215, busy_ns=busy, span_ns=busy + idle, idle_ns=idle),
-                E.StepFinished(step=step, duration_ns=wall, gpu_ns=busy, tokens=(1,), mode=mode)]
-    bound = {p.phase: p.bound for p in account(evs).phases}
-    assert bound == {"eager": eager_bound, "replay": "GPU"}
