@@ -233,6 +233,7 @@ class Stepper:
         self.rng = np.random.default_rng(s.cfg.seed + 1)
         self.next_tok: dict[int, int] = {}
         self.phases: set[str] = set()          # phases the GPU splits took in the current step
+        self._walking = False                  # inside run(): the bus stays held between steps
         s.bus.subscribe(self._on_event, internal=True)
 
     def _on_event(self, ev: E.Event) -> None:
@@ -240,11 +241,20 @@ class Stepper:
             self.phases.add(ev.phase)
 
     def run(self, plan: list[StepPlan]) -> None:
-        for p in plan:
-            if p.idle_s:
-                self.s.clock.advance(p.idle_s)
-            self._place_graph(p.arena_slot)
-            self.step(p)
+        """Walk the plan. The bus holds the sinks' events for the whole walk: a step's events reach them
+        at the next step's flush (while that step's GPU work runs), the last ones when the walk ends,
+        however it ends — so the record and the terminal trail the run by at most one step."""
+        self._walking = True
+        self.s.bus.hold()
+        try:
+            for p in plan:
+                if p.idle_s:
+                    self.s.clock.advance(p.idle_s)
+                self._place_graph(p.arena_slot)
+                self.step(p)
+        finally:
+            self._walking = False
+            self.s.bus.release()
 
     def _place_graph(self, slot: int) -> None:
         """A timeline that moves the graph's structs (new_arena_every, separate_arena_batch): the next graph
@@ -265,7 +275,8 @@ class Stepper:
         try:
             self._step(p, step, device)
         finally:
-            bus.release()
+            if not self._walking:       # a step on its own delivers everything before it returns
+                bus.release()
 
     def _step(self, p: StepPlan, step: int, device) -> None:
         s, bus = self.s, self.s.bus
