@@ -120,3 +120,27 @@ def test_an_executable_made_at_the_last_step_is_not_a_never_replayed_finding():
     last = max(e.step for e in r.events if isinstance(e, E.StepStarted))
     assert any(isinstance(e, E.ChunkInstantiated) and e.step == last for e in r.events)
     assert not gm.never_replayed
+
+
+def _flush_sequence(after):
+    """Key 0xa captured from ledger digest "d1", replayed, then a pool flush, then `after`."""
+    k = 0xa
+    return [E.StepStarted(step=1), E.UidMiss(step=1, key=k, props_digest="d1"), E.CaptureRun(step=1, key=k),
+            E.ChunkInstantiated(step=1, key=k, chunk=0, mem_bytes=4096), E.StepStarted(step=2),
+            E.UidHit(step=2, key=k), E.ReplayLaunched(step=2, key=k), E.StepStarted(step=3),
+            E.PoolInvalidated(step=3, n_graphs=1, n_captured=1), E.StepStarted(step=4), *after]
+
+
+@pytest.mark.parametrize("after,prevented", [
+    ([E.UidMiss(step=4, key=0xa, props_digest="d1")], 1),     # same graph after the flush: upstream would replay
+    ([E.UidHit(step=4, key=0xa)], 1),                          # the very same graph (uid)
+    ([E.UidMiss(step=4, key=0xa, props_digest="d2")], 0),     # the graph changed: an update would refresh it
+    ([E.UidMiss(step=4, key=0xb, props_digest="d1")], 0),     # another key
+])
+def test_a_stale_replay_is_counted_only_when_the_flushed_key_returns_unchanged(after, prevented):
+    gm = graph_memory(True, _flush_sequence(after))
+    assert gm.stale_replays_prevented == prevented
+    if prevented:
+        assert gm.stale == ["step 4: key 0xa would have replayed 1 executable(s) captured before the pool "
+                            "flush at step 3"]
+    assert gm.end_bytes == 0 and gm.peak_bytes == 4096        # the flush released the executable
