@@ -458,6 +458,7 @@ class EventBus:
         self._span_sinks: list[Callable[[Event], None]] = []
         self._internal: list[Callable[[Event], None]] = []
         self._held: list[Event] | None = None
+        self._holds = 0                          # hold() calls not yet released: holds nest
         self.clock = clock
 
     def subscribe(self, sink: Callable[[Event], None], spans: bool = False,
@@ -486,7 +487,9 @@ class EventBus:
             s(ev)
 
     def hold(self) -> None:
-        """Queue plain sinks' events until flush()/release() (a no-op when already holding)."""
+        """Queue plain sinks' events until flush() or the matching release(); holds nest (a run holds
+        across its steps, each step holds within it)."""
+        self._holds += 1
         if self._held is None:
             self._held = []
 
@@ -499,7 +502,11 @@ class EventBus:
                     s(ev)
 
     def release(self) -> None:
-        """Deliver what is queued and stop holding; a sink that fails leaves the bus unheld all the same."""
+        """End one hold; the outermost delivers what is queued and stops holding (a sink that fails leaves
+        the bus unheld all the same)."""
+        self._holds = max(self._holds - 1, 0)
+        if self._holds:
+            return
         try:
             self.flush()
         finally:

@@ -233,7 +233,6 @@ class Stepper:
         self.rng = np.random.default_rng(s.cfg.seed + 1)
         self.next_tok: dict[int, int] = {}
         self.phases: set[str] = set()          # phases the GPU splits took in the current step
-        self._walking = False                  # inside run(): the bus stays held between steps
         s.bus.subscribe(self._on_event, internal=True)
 
     def _on_event(self, ev: E.Event) -> None:
@@ -244,7 +243,6 @@ class Stepper:
         """Walk the plan. The bus holds the sinks' events for the whole walk: a step's events reach them
         at the next step's flush (while that step's GPU work runs), the last ones when the walk ends,
         however it ends — so the record and the terminal trail the run by at most one step."""
-        self._walking = True
         self.s.bus.hold()
         try:
             for p in plan:
@@ -253,7 +251,6 @@ class Stepper:
                 self._place_graph(p.arena_slot)
                 self.step(p)
         finally:
-            self._walking = False
             self.s.bus.release()
 
     def _place_graph(self, slot: int) -> None:
@@ -271,12 +268,13 @@ class Stepper:
         device = getattr(s, "device_source", None)
         if device is not None:
             device.begin_step()
-        bus.hold()                      # the sinks get the step's events once its work is queued
+        # the sinks get the step's events once its work is queued; a step on its own delivers everything
+        # before it returns (in a run, the run's own hold keeps them until the next step's flush)
+        bus.hold()
         try:
             self._step(p, step, device)
         finally:
-            if not self._walking:       # a step on its own delivers everything before it returns
-                bus.release()
+            bus.release()
 
     def _step(self, p: StepPlan, step: int, device) -> None:
         s, bus = self.s, self.s.bus

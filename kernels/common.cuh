@@ -41,10 +41,21 @@ __device__ __forceinline__ float h2f(unsigned short h) {
     asm("{ .reg .b16 t; mov.b16 t, %1; cvt.f32.f16 %0, t; }" : "=f"(f) : "h"(h));
     return f;
 }
+
 __device__ __forceinline__ unsigned short f2h(float f) {
     unsigned short h;
     asm("{ .reg .b16 t; cvt.rn.f16.f32 t, %1; mov.b16 %0, t; }" : "=h"(h) : "f"(f));
     return h;
+}
+
+// 8 halves (one uint4, as the vectorised F16 loads read them) -> floats
+__device__ __forceinline__ void h8(const uint4 v, float *f) {
+    const unsigned int w[4] = {v.x, v.y, v.z, v.w};
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+        f[2 * i] = h2f((unsigned short)(w[i] & 0xffffu));
+        f[2 * i + 1] = h2f((unsigned short)(w[i] >> 16));
+    }
 }
 
 // Byte address of element (i0, i1, i2, i3) of a plain (non-block) tensor.

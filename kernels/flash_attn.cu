@@ -251,15 +251,6 @@ __device__ __forceinline__ uint4 fav_load8(const char *row, i64 d, i64 nb0, bool
                       h[6] | ((unsigned)h[7] << 16));
 }
 
-__device__ __forceinline__ void fav_h8(const uint4 v, float *f) {
-    const unsigned int w[4] = {v.x, v.y, v.z, v.w};
-#pragma unroll
-    for (int i = 0; i < 4; ++i) {
-        f[2 * i] = h2f((unsigned short)(w[i] & 0xffffu));
-        f[2 * i + 1] = h2f((unsigned short)(w[i] >> 16));
-    }
-}
-
 template <int D, int GM> __device__ void fa_vec(const kparams &p, float *smem) {
     constexpr int R = D / 8, PG = FAV_THREADS / R, PPT = FAV_TILE / PG;
     const tdesc &P = p.t[0], &Q = p.t[1], &Kc = p.t[2], &V = p.t[3], &Mk = p.t[4];
@@ -322,7 +313,7 @@ template <int D, int GM> __device__ void fa_vec(const kparams &p, float *smem) {
 #pragma unroll
         for (int i = 0; i < PPT; ++i) {
             float kf[8];
-            fav_h8(kc[i], kf);
+            h8(kc[i], kf);
 #pragma unroll
             for (int g = 0; g < GM; ++g) {
                 if (g >= G) break;
@@ -373,7 +364,7 @@ template <int D, int GM> __device__ void fa_vec(const kparams &p, float *smem) {
             for (int i = 0; i < PPT; ++i) {
                 const float pv = ss[g * FAV_TILE + pg + PG * i];
                 float vf[8];
-                fav_h8(vc[i], vf);
+                h8(vc[i], vf);
 #pragma unroll
                 for (int e = 0; e < 8; ++e) acc[e] += pv * vf[e];
             }

@@ -79,6 +79,16 @@ __device__ __forceinline__ bool vec16(const tdesc &d) {
     return ((d.data | (u64)d.nb[1] | (u64)d.nb[2] | (u64)d.nb[3]) & 15) == 0;
 }
 
+// A warp's accumulator fragments (2 x 4 tiles of m16n8, 4 floats each) set to 0.
+__device__ __forceinline__ void zero_acc(float (*acc)[4][4]) {
+#pragma unroll
+    for (int mi = 0; mi < 2; ++mi)
+#pragma unroll
+        for (int ni = 0; ni < 4; ++ni)
+#pragma unroll
+            for (int c = 0; c < 4; ++c) acc[mi][ni][c] = 0.0f;
+}
+
 // Store accumulator fragments: c[mi][ni][0..3] at rows m0w + mi*16 + g (+8), columns n0w + ni*8 + 2*tig (+1).
 __device__ __forceinline__ void store_acc(const tdesc &D, const float (*acc)[4][4], i64 m0w, i64 n0w, i64 i2, i64 i3) {
     const int lane = threadIdx.x & 31, g = lane >> 2, tig = lane & 3;
@@ -154,12 +164,7 @@ KERNEL_LB(mul_mat_f16, 256) {
     };
 
     float acc[2][4][4];
-#pragma unroll
-    for (int mi = 0; mi < 2; ++mi)
-#pragma unroll
-        for (int ni = 0; ni < 4; ++ni)
-#pragma unroll
-            for (int c = 0; c < 4; ++c) acc[mi][ni][c] = 0.0f;
+    zero_acc(acc);
 
     const i64 nk = (K + MM_BK - 1) / MM_BK;
     load(0);
@@ -246,12 +251,7 @@ KERNEL_LB(mul_mat_q8_0, 256) {
     };
 
     float acc[2][4][4];
-#pragma unroll
-    for (int mi = 0; mi < 2; ++mi)
-#pragma unroll
-        for (int ni = 0; ni < 4; ++ni)
-#pragma unroll
-            for (int c = 0; c < 4; ++c) acc[mi][ni][c] = 0.0f;
+    zero_acc(acc);
 
     load(0);
     store(0);

@@ -20,16 +20,6 @@
                     // slower on the H200 (1b/7b shapes, 2026-12)
 #define MMV_ILP_Q 4 // Q8_0 steps of 8 blocks in flight per warp (one column)
 
-// 8 halves (one uint4) -> floats
-__device__ __forceinline__ void h8(const uint4 v, float *f) {
-    const unsigned int w[4] = {v.x, v.y, v.z, v.w};
-#pragma unroll
-    for (int i = 0; i < 4; ++i) {
-        f[2 * i] = h2f((unsigned short)(w[i] & 0xffffu));
-        f[2 * i + 1] = h2f((unsigned short)(w[i] >> 16));
-    }
-}
-
 __device__ __forceinline__ bool aligned16(const void *p) { return ((u64)p & 15) == 0; }
 
 __device__ __forceinline__ int dp4a(int a, int b, int c) {

@@ -34,6 +34,22 @@ def test_held_events_reach_plain_sinks_in_order_at_flush():
     assert [e.step for e in plain] == [0, 1, 2, 3]
 
 
+def test_holds_nest_and_only_the_outermost_release_delivers():
+    bus = E.EventBus()
+    seen = []
+    bus.subscribe(seen.append)
+    bus.hold()                      # a run
+    bus.hold()                      # one of its steps
+    bus.emit(_ev(0))
+    bus.release()
+    assert seen == []               # the run still holds: the step's end waits for the next flush
+    bus.release()
+    assert [e.step for e in seen] == [0]
+    bus.release()                   # an unmatched release is harmless
+    bus.emit(_ev(1))
+    assert [e.step for e in seen] == [0, 1]
+
+
 def test_an_event_emitted_by_a_sink_during_flush_is_delivered_too():
     bus = E.EventBus()
     seen = []
