@@ -228,9 +228,11 @@ KERNEL_LB(flash_attn_ext_f16, 32 * FA_MAX_WARPS) {
     }
 }
 
-// ---- decode: flash_attn_vec_f16 --------------------------------------------------------------------------
+// ---- decode: flash_attn_vec_f16_d{D}_g{GM} ------------------------------------------------------------
 // The same partials as flash_attn_ext_f16 for one token per block (decode, T <= 8): grid (n_split, Hkv, T * B),
-// 128 threads. A block owns kv head hk, token t, and positions [s * chunk, (s + 1) * chunk), walked in tiles
+// 128 threads. One entry point per head size D and group GM (G = H / Hkv rounded up to 1, 2, 4, 8), as ggml
+// instantiates its vec kernel per head size: a launch fetches only its own code, and its registers are its
+// own (one entry switching over all twelve bodies was 600 KB of SASS at 248 registers). A block owns kv head hk, token t, and positions [s * chunk, (s + 1) * chunk), walked in tiles
 // of 32; its G = H / Hkv query heads (G <= 8) share every K/V load. Thread (pg, r) = (tid / R, tid % R),
 // R = D / 8: it holds 8 dims [8r, 8r + 8) of the K and V rows of the tile positions pg + PG * i (PG = 128 / R)
 // as uint4, loaded one tile ahead (K, V and the mask of a tile are all in flight together: one memory round
@@ -402,24 +404,24 @@ template <int D, int GM> __device__ void fa_vec(const kparams &p, float *smem) {
     }
 }
 
-template <int D> __device__ void fa_vec_g(const kparams &p, float *smem, int g) {
-    if (g <= 1) fa_vec<D, 1>(p, smem);
-    else if (g <= 2) fa_vec<D, 2>(p, smem);
-    else if (g <= 4) fa_vec<D, 4>(p, smem);
-    else fa_vec<D, 8>(p, smem);
-}
-
-KERNEL_LB(flash_attn_vec_f16, FAV_THREADS) {
-    extern __shared__ __align__(16) float fav_smem[];
-    const tdesc &Q = p.t[1], &Kc = p.t[2];
-    const int g = (int)(Q.ne[1] / Kc.ne[1]);
-    switch (Q.ne[0]) {
-    case 32: fa_vec_g<32>(p, fav_smem, g); break;
-    case 64: fa_vec_g<64>(p, fav_smem, g); break;
-    case 128: fa_vec_g<128>(p, fav_smem, g); break;
-    default: break;   // the lowering refuses other head sizes
+// The launch geometry (graphdiag/backends/geometry.py) refuses params of another D or group.
+#define FAV_ENTRY(D, GM)                                                                                   \
+    {                                                                                                      \
+        extern __shared__ __align__(16) float fav_smem[];                                                  \
+        fa_vec<D, GM>(p, fav_smem);                                                                        \
     }
-}
+KERNEL_LB(flash_attn_vec_f16_d32_g1, FAV_THREADS) FAV_ENTRY(32, 1)
+KERNEL_LB(flash_attn_vec_f16_d32_g2, FAV_THREADS) FAV_ENTRY(32, 2)
+KERNEL_LB(flash_attn_vec_f16_d32_g4, FAV_THREADS) FAV_ENTRY(32, 4)
+KERNEL_LB(flash_attn_vec_f16_d32_g8, FAV_THREADS) FAV_ENTRY(32, 8)
+KERNEL_LB(flash_attn_vec_f16_d64_g1, FAV_THREADS) FAV_ENTRY(64, 1)
+KERNEL_LB(flash_attn_vec_f16_d64_g2, FAV_THREADS) FAV_ENTRY(64, 2)
+KERNEL_LB(flash_attn_vec_f16_d64_g4, FAV_THREADS) FAV_ENTRY(64, 4)
+KERNEL_LB(flash_attn_vec_f16_d64_g8, FAV_THREADS) FAV_ENTRY(64, 8)
+KERNEL_LB(flash_attn_vec_f16_d128_g1, FAV_THREADS) FAV_ENTRY(128, 1)
+KERNEL_LB(flash_attn_vec_f16_d128_g2, FAV_THREADS) FAV_ENTRY(128, 2)
+KERNEL_LB(flash_attn_vec_f16_d128_g4, FAV_THREADS) FAV_ENTRY(128, 4)
+KERNEL_LB(flash_attn_vec_f16_d128_g8, FAV_THREADS) FAV_ENTRY(128, 8)
 
 KERNEL_LB(flash_attn_combine_f32, 256) {
     const tdesc &O = p.t[0], &P = p.t[1];

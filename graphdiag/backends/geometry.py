@@ -12,7 +12,7 @@ from typing import Callable
 
 import numpy as np
 
-from .kernels import KERNELS
+from .kernels import FA_HEAD_DIMS, FAV_GROUPS, KERNELS, fa_vec_kernel, fav_groups
 
 Dim3 = tuple[int, int, int]
 Geometry = tuple[Dim3, Dim3, int]
@@ -32,8 +32,7 @@ FA_MAX_WARPS = 4         # flash_attn.cu: up to 4 warps per block, each owning q
 FA_SUB = 32              # positions per sub-chunk (one per lane); a split's chunk is a multiple of it
 FA_MAX_ROWS = 32         # query rows (heads sharing a kv head x tokens) per block
 FA_TARGET_BLOCKS = 264   # splits are added until about 2 blocks per SM of an H200 (132 SMs)
-FA_HEAD_DIMS = (32, 64, 128)
-FAV_THREADS = 128        # flash_attn.cu flash_attn_vec_f16: one token per block, 128 threads, tiles of 32
+FAV_THREADS = 128        # flash_attn.cu flash_attn_vec_f16_d*_g*: one token per block, 128 threads, tiles of 32
 FAV_TILE = 32
 FAV_MAX_G = 8            # query heads per kv head the vec kernel takes
 FAV_MAX_TOKENS = 8       # the vec kernel serves batches up to ggml's mat-vec bound (decode)
@@ -129,7 +128,7 @@ def fa_tokens_per_block(n_head: int, n_head_kv: int, n_tokens: int) -> int:
 
 
 def fa_vec(n_head: int, n_head_kv: int, n_tokens: int) -> bool:
-    """Whether a FLASH_ATTN_EXT node takes the decode kernel flash_attn_vec_f16 (one token per block)."""
+    """Whether a FLASH_ATTN_EXT node takes a decode kernel flash_attn_vec_f16_d*_g* (one token per block)."""
     return n_tokens <= FAV_MAX_TOKENS and n_head // max(n_head_kv, 1) <= FAV_MAX_G
 
 
@@ -174,17 +173,18 @@ def _flash_attn(p) -> Geometry:
     return grid, (32 * nw, 1, 1), 4 * nw * nr * (q[0] + FA_SUB)
 
 
-def _fa_vec_groups(g: int) -> int:
-    return 1 if g <= 1 else 2 if g <= 2 else 4 if g <= 4 else 8
-
-
-def _flash_attn_vec(p) -> Geometry:
-    q, k, part = _ne(p, 1), _ne(p, 2), _ne(p, 0)
-    d = q[0]
-    gm = _fa_vec_groups(q[1] // max(k[1], 1))
-    pg = FAV_THREADS // max(d // 8, 1)
+def _flash_attn_vec(d: int, gm: int) -> Callable[[np.ndarray], Geometry]:
+    """The geometry of flash_attn_vec_f16_d{d}_g{gm}; params of another head size or group are refused
+    (the kernel would index its shared memory out of bounds)."""
+    pg = FAV_THREADS // (d // 8)
     shmem = 4 * (gm * d + gm * FAV_TILE + FAV_MAX_G + pg * gm * d)
-    return (max(part[1], 1), max(k[1], 1), max(q[2] * q[3], 1)), (FAV_THREADS, 1, 1), shmem
+
+    def geom(p) -> Geometry:
+        q, k, part = _ne(p, 1), _ne(p, 2), _ne(p, 0)
+        if q[0] != d or fav_groups(q[1] // max(k[1], 1)) != gm:
+            raise ValueError(f"{fa_vec_kernel(d, gm)}: q head size {q[0]}, {q[1]}/{k[1]} heads do not match")
+        return (max(part[1], 1), max(k[1], 1), max(q[2] * q[3], 1)), (FAV_THREADS, 1, 1), shmem
+    return geom
 
 
 def _fa_combine(p) -> Geometry:
@@ -226,7 +226,8 @@ def _table() -> dict[str, Callable[[np.ndarray], Geometry]]:
         "cpy_f32_f32": _elementwise(1), "cpy_f32_f16": _elementwise(1),
         "rope_f32": _elementwise(1, per=2),
         "set_rows_f16": _elementwise(1), "set_rows_f32": _elementwise(1),
-        "flash_attn_ext_f16": _flash_attn, "flash_attn_vec_f16": _flash_attn_vec,
+        "flash_attn_ext_f16": _flash_attn,
+        **{fa_vec_kernel(d, gm): _flash_attn_vec(d, gm) for d in FA_HEAD_DIMS for gm in FAV_GROUPS},
         "flash_attn_combine_f32": _fa_combine, "top_k_f32": _top_k,
         "quantize_q8_1": _quantize,
         # rng.cu: one thread per element (Q8_0: a warp per 32-block, the same thread count)

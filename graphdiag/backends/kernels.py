@@ -18,6 +18,23 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 W_TYPES = ("f32", "f16", "q8_0")
+FA_HEAD_DIMS = (32, 64, 128)
+FAV_GROUPS = (1, 2, 4, 8)   # query heads per kv head of the decode attention kernels (G rounded up to these)
+
+
+def fav_groups(g: int) -> int:
+    """G query heads per kv head rounded up to the decode kernel's group count (1, 2, 4 or 8)."""
+    return next((gm for gm in FAV_GROUPS if g <= gm), FAV_GROUPS[-1])
+
+
+def fa_vec_kernel(head_dim: int, g: int) -> str:
+    """The decode attention entry point for head size `head_dim` and `g` query heads per kv head: one
+    kernel per (D, G rounded up), as ggml instantiates fattn-vec per head size and column count. One entry
+    dispatching to all twelve bodies was 600 KB of SASS and 248 registers; each of these is about 50 KB."""
+    return f"flash_attn_vec_f16_d{head_dim}_g{fav_groups(g)}"
+
+
+FAV_KERNELS = tuple(fa_vec_kernel(d, g) for d in FA_HEAD_DIMS for g in FAV_GROUPS)
 
 
 @dataclass(frozen=True)
@@ -95,13 +112,14 @@ def _specs() -> dict[str, KernelSpec]:
                        "h // (H // Hkv)), token t, split s: x_j = scale * q . k_j + mask[t, j], m = max_j x_j, "
                        "p_j = exp(x_j - m), partial = (sum_j p_j v_j, m, sum_j p_j); an empty or fully "
                        "masked split gives (0, -inf, 0)"),
-        KernelSpec("flash_attn_vec_f16",
-                   ("partials F32 (Dv + 2, n_split, H, T * B), pool scratch", "q F32 (D, H, T, B)",
-                    "k F16 view (D, Hkv, n_kv)", "v F16 view (Dv, Hkv, n_kv)",
-                    "mask F32 or F16 (n_kv, T_pad, M2, M3), optional"),
-                   ip=("chunk: positions per split (multiple of 32)", "1 (one token per block)"), fp=("scale",),
-                   doc="the partials of flash_attn_ext_f16 (same formula and layout), one token per block: the "
-                       "decode kernel (T <= 8, H / Hkv <= 8)"),
+        *(KernelSpec(fa_vec_kernel(d, gm),
+                     ("partials F32 (Dv + 2, n_split, H, T * B), pool scratch", f"q F32 ({d}, H, T, B)",
+                      f"k F16 view ({d}, Hkv, n_kv)", f"v F16 view ({d}, Hkv, n_kv)",
+                      "mask F32 or F16 (n_kv, T_pad, M2, M3), optional"),
+                     ip=("chunk: positions per split (multiple of 32)", "1 (one token per block)"), fp=("scale",),
+                     doc="the partials of flash_attn_ext_f16 (same formula and layout), one token per block: the "
+                         f"decode kernel (T <= 8) of head size {d}, H / Hkv rounded up to 1/2/4/8 = {gm}")
+          for d in FA_HEAD_DIMS for gm in FAV_GROUPS),
         KernelSpec("flash_attn_combine_f32", ("dst (Dv, H, T, B)", "partials of flash_attn_ext_f16"),
                    doc="M = max_s m_s, w_s = exp(m_s - M): dst = sum_s w_s O_s / sum_s w_s l_s (splits in order); "
                        "all splits -inf (a fully masked row) gives zeros"),

@@ -21,7 +21,7 @@ from ..ir.ops import GluOp
 from ..memory import AddressSpace
 from . import cpu_ops as ops
 from .abi import Q8_1
-from .kernels import KERNELS, W_TYPES
+from .kernels import FA_HEAD_DIMS, FAV_GROUPS, KERNELS, W_TYPES, fa_vec_kernel, fav_groups
 
 Kernel = Callable[[AddressSpace, np.ndarray], None]
 MMV_MAX_N = 8
@@ -255,6 +255,17 @@ def _flash_attn_partial(space, p):
     part[...] = out.reshape(b_ * t_, h, n_split, dv + 2)
 
 
+def _flash_attn_vec(d: int, gm: int) -> Kernel:
+    name = fa_vec_kernel(d, gm)
+
+    def k(space, p):
+        q, kc = p["t"][1]["ne"], p["t"][2]["ne"]
+        _check(int(q[0]) == d and fav_groups(int(q[1]) // max(int(kc[1]), 1)) == gm, name,
+               f"q head size {int(q[0])}, {int(q[1])}/{int(kc[1])} heads")
+        _flash_attn_partial(space, p)
+    return k
+
+
 def _flash_attn_combine(space, p):
     dst = view(space, p, 0)                                    # (B, T, H, Dv)
     part = view(space, p, 1)                                   # (T * B, H, n_split, Dv + 2)
@@ -319,7 +330,8 @@ def _build() -> dict[str, Kernel]:
         "rms_norm_f32": _rms_norm, "rms_norm_mul_f32": _rms_norm_mul, "mul_f32": _mul, "add_f32": _add,
         "rope_f32": _rope, "set_rows_f16": _set_rows("set_rows_f16", GGMLType.F16),
         "set_rows_f32": _set_rows("set_rows_f32", GGMLType.F32), "rope_set_rows_f16": _rope_set_rows,
-        "flash_attn_ext_f16": _flash_attn_partial, "flash_attn_vec_f16": _flash_attn_partial,
+        "flash_attn_ext_f16": _flash_attn_partial,
+        **{fa_vec_kernel(d, gm): _flash_attn_vec(d, gm) for d in FA_HEAD_DIMS for gm in FAV_GROUPS},
         "flash_attn_combine_f32": _flash_attn_combine,
         "quantize_q8_1": _quantize_q8_1, "soft_max_f32": _soft_max, "top_k_f32": _top_k,
         "glu_swiglu_f32": _swiglu, "cpy_f32_f32": _cpy("cpy_f32_f32", GGMLType.F32),

@@ -7,7 +7,7 @@ import numpy as np
 
 from graphdiag.backends.abi import Q8_1
 from graphdiag.backends.geometry import fa_split, fa_tokens_per_block, fa_vec
-from graphdiag.backends.kernels import KERNELS, W_TYPES
+from graphdiag.backends.kernels import KERNELS, W_TYPES, fa_vec_kernel
 from graphdiag.ir.dtypes import GGMLType as G
 from kernel_cases import F16_OUT, F32_DOT, F32_ELEM, ROPE, TC_DOT, Case
 
@@ -246,13 +246,17 @@ def flash_attn_cases() -> list[Case]:
                                            (64, 8, 2, 40, 64, G.F32, None), (32, 4, 4, 2, 50, G.F16, None),
                                            (64, 4, 4, 40, 80, G.F16, 72), (64, 8, 8, 250, 256, G.F16, 250),
                                            (64, 8, 8, 1, 512, G.F16, 260), (128, 32, 32, 1, 256, G.F16, 230))]
-    # the decode kernel: every head size and GQA group up to 8, F32 / F16 / per-head / no mask, several tiles
+    # the decode kernels: every head size and GQA group up to 8, F32 / F16 / per-head / no mask, several tiles
     # per split (long n_kv), a ragged last tile, small batches (T <= 8), a fully masked row
-    cfgs += [("flash_attn_vec_f16", *x) for x in (
+    cfgs += [("vec", *x) for x in (
         (64, 8, 8, 1, 256, G.F16, 201), (64, 32, 8, 1, 256, G.F16, 201), (128, 32, 32, 1, 256, G.F16, 230),
         (32, 4, 4, 2, 50, G.F16, None), (64, 8, 1, 1, 300, None, None), (128, 8, 4, 3, 40, G.F32, None),
-        (64, 32, 8, 1, 4096, G.F16, 3000), (64, 16, 8, 8, 520, G.F16, 500), (128, 6, 2, 2, 70, G.F32, 65))]
+        (64, 32, 8, 1, 4096, G.F16, 3000), (64, 16, 8, 8, 520, G.F16, 500), (128, 6, 2, 2, 70, G.F32, 65),
+        # every (D, G) entry point has a case; G = 5 runs in the g8 entry with three heads idle
+        (32, 8, 4, 1, 100, G.F16, 90), (32, 16, 4, 2, 64, G.F32, None), (32, 16, 2, 1, 200, G.F16, 150),
+        (128, 16, 2, 1, 300, G.F16, 280), (32, 10, 2, 1, 70, None, None))]
     for name, d, h, hkv, t, n_kv, mask_t, vis in cfgs:
+        name = fa_vec_kernel(d, h // hkv) if name == "vec" else name
         c = Case(name, f"D{d}-H{h}-Hkv{hkv}-T{t}-kv{n_kv}-{'nomask' if mask_t is None else mask_t.name}",
                  F32_DOT)
         n_cache = n_kv + 5
@@ -266,7 +270,7 @@ def flash_attn_cases() -> list[Case]:
             if t == 2:
                 m[0, :] = -np.inf   # a fully masked row: its partials are (0, -inf, 0)
             mask = c.put(mask_t, m)
-        tq = 1 if name == "flash_attn_vec_f16" else fa_tokens_per_block(h, hkv, t)
+        tq = fa_tokens_per_block(h, hkv, t) if name == "flash_attn_ext_f16" else 1
         assert name == "flash_attn_ext_f16" or fa_vec(h, hkv, t)
         n_split, chunk = fa_split(n_kv, hkv * -(-t // tq))
         out.append(c.set(c.output(G.F32, d + 2, n_split, h, t), c.randn(G.F32, d, h, t), kview, vview, mask,
@@ -274,7 +278,7 @@ def flash_attn_cases() -> list[Case]:
     # the vec kernel with a per-head mask (ne2 = H) and with K/V views that are not 16-byte aligned (the
     # element-wise load path)
     for tag, d, h, hkv, n_kv in (("per-head-mask", 64, 8, 2, 100), ("unaligned", 64, 4, 2, 70)):
-        c = Case("flash_attn_vec_f16", f"D{d}-H{h}-Hkv{hkv}-T1-kv{n_kv}-{tag}", F32_DOT)
+        c = Case(fa_vec_kernel(d, h // hkv), f"D{d}-H{h}-Hkv{hkv}-T1-kv{n_kv}-{tag}", F32_DOT)
         off = 2 if tag == "unaligned" else 0
         width = d * hkv + (1 if tag == "unaligned" else 0)   # odd rows: no 16-byte alignment
         kc = c.randn(G.F16, width, n_kv + 1)

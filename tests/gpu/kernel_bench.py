@@ -24,6 +24,11 @@ try:
     from graphdiag.backends.geometry import fa_vec
 except ImportError:   # older trees: one partial kernel
     fa_vec = None
+try:
+    from graphdiag.backends.kernels import fa_vec_kernel
+except ImportError:   # older trees: one decode kernel for every head size and group
+    def fa_vec_kernel(d, g):
+        return "flash_attn_vec_f16"
 from graphdiag.ir.build import contiguous_nb
 from graphdiag.ir.dtypes import GGMLType as G
 from graphdiag.memory import quantize_q8_0
@@ -148,7 +153,7 @@ def attention_rows(b: Bench, only: str):
         ne = (d + 2, n_split, h, t)
         part = (b.buf(nbytes=nbytes), int(G.F32), ne, contiguous_nb(G.F32, ne))
         dst = b.tensor(G.F32, (d, h, t), np.zeros((t, h, d), np.float32))
-        kernel = "flash_attn_vec_f16" if fa_vec is not None and fa_vec(h, hkv, t) else "flash_attn_ext_f16"
+        kernel = fa_vec_kernel(d, h // hkv) if fa_vec is not None and fa_vec(h, hkv, t) else "flash_attn_ext_f16"
         ls = [b.launch(kernel, [part, q, kc, vc, mask], ip=(chunk, tq), fp=(0.125,)),
               b.launch("flash_attn_combine_f32", [dst, part])]
         us = b.time_us(ls, batch=10)

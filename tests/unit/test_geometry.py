@@ -15,9 +15,18 @@ def _p(*nes, ip=()):
     return p
 
 
+def _valid_params(name):
+    """(64, 4, 2, 1) in every slot, except a decode attention entry, which takes only its own (D, G)."""
+    nes = [(64, 4, 2, 1)] * 6
+    if name.startswith("flash_attn_vec_f16_d"):
+        d, g = (int(x[1:]) for x in name.split("_")[-2:])
+        nes[1], nes[2], nes[3] = (d, 2 * g, 1, 1), (d, 2, 256, 1), (d, 2, 256, 1)
+    return _p(*nes, ip=(4, 2, 0))
+
+
 @pytest.mark.parametrize("name", sorted(KERNELS))
 def test_every_kernel_has_a_valid_geometry(name):
-    grid, block, shmem = launch_geometry(name, _p(*[(64, 4, 2, 1)] * 6, ip=(4, 2, 0)))
+    grid, block, shmem = launch_geometry(name, _valid_params(name))
     assert all(g >= 1 for g in grid) and 32 <= block[0] <= 1024 and block[0] % 32 == 0 and shmem >= 0
 
 
@@ -86,7 +95,21 @@ def test_decode_attention_takes_the_vec_kernel_one_token_per_block():
     assert fa_plan(64, 32, 8, 512, 512)[0] == 8               # prefill: the tiled kernel's token tiles
     # grid (n_split, Hkv, T * B); shmem: q, scores, alphas and the row-group sums of GM (G rounded to 2^k) heads
     p = _p((66, 8, 32, 1), (64, 32, 1, 1), (64, 8, 256, 1))
-    assert launch_geometry("flash_attn_vec_f16", p) == ((8, 8, 1), (128, 1, 1), 4 * (4 * 64 + 4 * 32 + 8 + 16 * 4 * 64))
+    assert launch_geometry("flash_attn_vec_f16_d64_g4", p) == ((8, 8, 1), (128, 1, 1),
+                                                               4 * (4 * 64 + 4 * 32 + 8 + 16 * 4 * 64))
+    # one entry point per (D, G rounded up): another head size or group is refused, not launched
+    with pytest.raises(ValueError, match="do not match"):
+        launch_geometry("flash_attn_vec_f16_d64_g8", p)
+    with pytest.raises(ValueError, match="do not match"):
+        launch_geometry("flash_attn_vec_f16_d128_g4", p)
+
+
+def test_decode_attention_entry_points_cover_every_head_size_and_group():
+    from graphdiag.backends.kernels import FAV_KERNELS, fa_vec_kernel
+    assert [fa_vec_kernel(64, g) for g in (1, 2, 3, 4, 5, 8)] == [
+        "flash_attn_vec_f16_d64_g1", "flash_attn_vec_f16_d64_g2", "flash_attn_vec_f16_d64_g4",
+        "flash_attn_vec_f16_d64_g4", "flash_attn_vec_f16_d64_g8", "flash_attn_vec_f16_d64_g8"]
+    assert len(FAV_KERNELS) == 12 and len(set(FAV_KERNELS)) == 12
 
 
 @pytest.mark.parametrize("m,k,want", [(512, 2048, 2), (2048, 2048, 2), (2048, 8192, 2), (32000, 2048, 1),

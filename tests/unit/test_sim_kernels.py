@@ -48,7 +48,7 @@ def rand(*shape):
 
 def test_every_catalogue_kernel_has_a_sim_implementation():
     assert set(SIM_KERNELS) == set(KERNELS)
-    assert len([k for k in SIM_KERNELS if not k.startswith("rng_fill_")]) == 41
+    assert len([k for k in SIM_KERNELS if not k.startswith("rng_fill_")]) == 52   # 12 decode attention entries
 
 
 def test_unknown_kernel_is_not_found():
@@ -240,3 +240,20 @@ def test_cpy_f32_f16_converts_and_checks_the_destination_type():
     np.testing.assert_array_equal(m.view(d16), x.astype(np.float16))
     with pytest.raises(CudaError, match="CUDA_ERROR_INVALID_VALUE"):
         run_kernel(m.space, "cpy_f32_f32", params(d16, dx))
+
+
+def test_decode_attention_entry_runs_only_its_own_head_size_and_group():
+    """flash_attn_vec_f16_d{D}_g{G}: the same partials as flash_attn_ext_f16 for its (D, G); the CUDA entry
+    of another (D, G) would index its shared memory wrongly, so the simulated one refuses it as well."""
+    m = Mem()
+    D, H, Hkv, n_kv = 32, 8, 2, 40
+    dq = m.put(G.F32, (D, H, 1, 1), rand(1, 1, H, D))
+    dk = m.put(G.F16, (D, Hkv, n_kv, 1), rand(1, n_kv, Hkv, D).astype(np.float16))
+    dv = m.put(G.F16, (D, Hkv, n_kv, 1), rand(1, n_kv, Hkv, D).astype(np.float16))
+    ext, vec = m.put(G.F32, (D + 2, 2, H, 1)), m.put(G.F32, (D + 2, 2, H, 1))
+    run_kernel(m.space, "flash_attn_ext_f16", params(ext, dq, dk, dv, None, ip=(32, 1), fp=(0.5,)))
+    run_kernel(m.space, "flash_attn_vec_f16_d32_g4", params(vec, dq, dk, dv, None, ip=(32, 1), fp=(0.5,)))
+    np.testing.assert_array_equal(m.view(vec), m.view(ext))
+    for wrong in ("flash_attn_vec_f16_d32_g8", "flash_attn_vec_f16_d64_g4"):
+        with pytest.raises(CudaError, match="CUDA_ERROR_INVALID_VALUE"):
+            run_kernel(m.space, wrong, params(vec, dq, dk, dv, None, ip=(32, 1), fp=(0.5,)))
