@@ -9,6 +9,25 @@ import numpy as np
 from ..ir.graph import Graph
 
 
+class InputStage:
+    """Where a built graph's input tensors are written on the host each step, and how they reach the device
+    (llm_graph_result::set_inputs). Made once per graph from the inputs' (addr, nbytes) layout: call
+    `writable()`, write input i's bytes into `views[i]` (uint8, in place), then `send()`. This form keeps
+    plain arrays and writes each input with tensor_set."""
+
+    def __init__(self, backend: "Backend", layout: tuple[tuple[int, int], ...]):
+        self.backend, self.layout = backend, layout
+        self.views = [np.zeros(n, np.uint8) for _, n in layout]
+
+    def writable(self) -> list[np.ndarray]:
+        """The views, free to be overwritten (what was sent from them has reached the device)."""
+        return self.views
+
+    def send(self) -> None:
+        for (addr, _), v in zip(self.layout, self.views):
+            self.backend.tensor_set(addr, v)
+
+
 class Backend(abc.ABC):
     """One compute backend. `name` is what the scheduler and reports show ("CPU", "CUDA0", "SIM0")."""
 
@@ -26,10 +45,9 @@ class Backend(abc.ABC):
     def tensor_set(self, addr: int, data: np.ndarray) -> None:
         """Write the bytes of `data` at `addr` (synchronous)."""
 
-    def tensor_set_many(self, items: list[tuple[int, np.ndarray]]) -> None:
-        """Write several (addr, data) pairs: a step's inputs (backends may batch the copies)."""
-        for addr, data in items:
-            self.tensor_set(addr, data)
+    def input_stage(self, layout: tuple[tuple[int, int], ...]) -> InputStage:
+        """The host side of a graph's inputs at these (addr, nbytes) (backends may batch the copies)."""
+        return InputStage(self, layout)
 
     @abc.abstractmethod
     def tensor_get(self, addr: int, nbytes: int) -> np.ndarray:

@@ -14,6 +14,7 @@ import numpy as np
 from .. import events as E
 from ..backends.base import Backend
 from ..errors import UsageError
+from ..ir.dtypes import GGMLType
 from ..ir.tensor import Tensor
 from ..model.build import DECODE, PREFILL, BuiltGraph, GraphParams, build_graph, padded_n_kv
 from ..model.weights import Model, load_model
@@ -75,12 +76,19 @@ class KvCells:
         """Cells the attention reads: highest used cell + 1, padded to 256, at most n_ctx."""
         return padded_n_kv(self._used_p1, len(self.seq))
 
-    def mask(self, seqs: np.ndarray, pos: np.ndarray, n_kv: int, n_rows: int) -> np.ndarray:
-        """KQ mask (n_rows, n_kv) float32: 0 where the cell is the token's sequence at pos <= its pos."""
+    def mask(self, seqs: np.ndarray, pos: np.ndarray, n_kv: int, n_rows: int,
+             out: np.ndarray | None = None) -> np.ndarray:
+        """KQ mask (n_rows, n_kv) float32: 0 where the cell is the token's sequence at pos <= its pos, -inf
+        elsewhere and in the padding rows; written into `out` when given (an input stage's view)."""
+        m = np.empty((n_rows, n_kv), np.float32) if out is None else out
+        n = len(seqs)
         ok = (self.seq[None, :n_kv] == seqs[:, None]) & (self.pos[None, :n_kv] <= pos[:, None])
-        m = np.full((n_rows, n_kv), -np.inf, np.float32)
-        m[: len(seqs)][ok] = 0.0
+        np.copyto(m[:n], np.where(ok, _ZERO, _NEG_INF))
+        m[n:] = _NEG_INF
         return m
+
+
+_ZERO, _NEG_INF = np.float32(0.0), np.float32(-np.inf)
 
 
 def _reuse_blocker(prev: GraphParams, new: GraphParams) -> str:
@@ -104,9 +112,8 @@ class Context:
         self.reuse_disabled = reuse_disabled
         self.kv = KvCells(model.cfg.n_ctx)
         self.res: BuiltGraph | None = None
-        self._input_places: tuple | None = None   # (res, [(backend, addr)] per input, mask rows)
+        self._inputs: tuple | None = None         # (res, mask addr, stages, typed views of the inputs)
         self._logits_place: tuple | None = None   # (res, backend, addr, nbytes, shape)
-        self._out_ids: tuple | None = None        # ((n_tokens, n_outputs), the out_ids input)
         self.step = 0
         self.n_reused = 0
 
@@ -172,8 +179,8 @@ class Context:
         if place is None or place[0] is not self.res or place[2] != t.data:
             place = self._logits_place = (self.res, self.sched.backend_of(t), t.data, t.nbytes(), (t.ne[1], t.ne[0]))
         _, be, addr, nbytes, shape = place
-        raw = be.tensor_get(addr, nbytes)              # synchronous: waits for the backend
-        return raw.view(np.float32).reshape(shape).copy()
+        raw = be.tensor_get(addr, nbytes)              # synchronous: waits for the backend; a fresh copy
+        return raw.view(np.float32).reshape(shape)
 
     _logits = read_logits  # the runner's name for it
 
@@ -186,24 +193,45 @@ class Context:
         return _reuse_blocker(self.res.params, params)
 
     def _set_inputs(self, tokens, seqs, pos, cells) -> None:
-        """llm_graph_result::set_inputs: write this step's input tensors (one batch per backend). Where each
-        input lives is looked up once per built graph (a reused graph keeps its placement)."""
+        """llm_graph_result::set_inputs: write this step's input tensors in place, in the input stages of the
+        backends holding them, and send them (one batch per backend). The stages and their typed views are
+        made once per built graph (a reused graph keeps its placement). Every input is written every step
+        (out_ids too, fixed by the graph's params): a later graph's stage takes the same host memory."""
         inp, p = self.res.inputs, self.res.params
-        places = self._input_places
-        if places is None or places[0] is not self.res or places[1][2][1] != inp.kq_mask.data:
-            tensors = [inp.tokens, inp.pos, inp.kq_mask, inp.k_idxs, inp.v_idxs, inp.out_ids]
-            self._input_places = (self.res, [(self.sched.backend_of(t), t.data) for t in tensors],
-                                  inp.kq_mask.ne[1])
-        _, places, mask_rows = self._input_places
-        if self._out_ids is None or self._out_ids[0] != (p.n_tokens, p.n_outputs):
-            self._out_ids = ((p.n_tokens, p.n_outputs), np.arange(p.n_tokens - p.n_outputs, p.n_tokens, dtype=np.int32))
-        arrays = (tokens.astype(np.int32, copy=False), pos.astype(np.int32, copy=False),
-                  self.kv.mask(seqs, pos, p.n_kv, mask_rows), cells, cells, self._out_ids[1])
+        kept = self._inputs
+        if kept is None or kept[0] is not self.res or kept[1] != inp.kq_mask.data:
+            kept = self._inputs = (self.res, inp.kq_mask.data, *self._stage_inputs(inp, p))
+        _, _, stages, (tok, ps, mask, k_idx, v_idx, out), out_ids = kept
+        for st in stages:
+            st.writable()
+        out[:] = out_ids
+        tok[:] = tokens
+        ps[:] = pos
+        self.kv.mask(seqs, pos, p.n_kv, len(mask), out=mask)
+        k_idx[:] = cells
+        v_idx[:] = cells
+        for st in stages:
+            st.send()
+
+    def _stage_inputs(self, inp, p: GraphParams) -> tuple[list, tuple, np.ndarray]:
+        """(stages, typed views of tokens, pos, mask, k/v idxs and out_ids, the out_ids): a stage per
+        backend holding inputs."""
+        tensors = (inp.tokens, inp.pos, inp.kq_mask, inp.k_idxs, inp.v_idxs, inp.out_ids)
         by_backend: dict[int, tuple] = {}
-        for (be, addr), a in zip(places, arrays):
-            by_backend.setdefault(id(be), (be, []))[1].append((addr, a))
-        for be, items in by_backend.values():
-            be.tensor_set_many(items)
+        for i, t in enumerate(tensors):
+            by_backend.setdefault(id(be := self.sched.backend_of(t)), (be, []))[1].append(i)
+        views: list = [None] * len(tensors)
+        stages = []
+        for be, members in by_backend.values():
+            st = be.input_stage(tuple((tensors[i].data, tensors[i].nbytes()) for i in members))
+            stages.append(st)
+            for i, raw in zip(members, st.writable()):
+                t = tensors[i]
+                if t.type == GGMLType.F32:                     # the mask: (rows, n_kv)
+                    views[i] = raw.view(np.float32).reshape(-1, t.ne[0])
+                else:
+                    views[i] = raw.view(np.int32)
+        return stages, tuple(views), np.arange(p.n_tokens - p.n_outputs, p.n_tokens, dtype=np.int32)
 
 
 def make_context(model: Model, backends: list[Backend], bus: E.EventBus | None = None, n_cpu_moe: int = 0,

@@ -168,6 +168,13 @@ class Driver(abc.ABC):
     @abc.abstractmethod
     def memcpy_dtod(self, dst: int, src: int, nbytes: int, stream=None) -> None: ...
 
+    def host_alloc(self, nbytes: int) -> np.ndarray:
+        """`nbytes` of page-locked host memory as a uint8 array, alive until close(). Copies to and from it
+        go straight to the device (no bounce through the driver's own staging), as those of ggml's CUDA host
+        buffer type (cudaMallocHost), which llama.cpp's output and input buffers use. This default is plain
+        host memory: the simulated driver copies between arrays anyway."""
+        return np.zeros(max(int(nbytes), 1), np.uint8)
+
     def memset_d8(self, dst: int, value: int, nbytes: int, stream=None) -> None:
         """Set nbytes at `dst` to the byte `value` (synchronous when stream is None). This default copies a
         host buffer; drivers override it with a device memset."""

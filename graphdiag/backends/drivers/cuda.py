@@ -99,7 +99,7 @@ class CudaDriver(Driver):
     def __init__(self, device: int, dev, ctx, info: DeviceInfo, compiler: KernelCompiler):
         self.device, self._dev, self._ctx, self.info, self.compiler = device, dev, ctx, info, compiler
         self._null_stream = D.CUstream(0)
-        self._owned: dict[str, dict[int, object]] = {k: {} for k in ("stream", "event", "graph", "exec", "mem")}
+        self._owned: dict[str, dict[int, object]] = {k: {} for k in ("stream", "event", "graph", "exec", "mem", "host")}
         self._modules: dict[str, object] = {}
         self._functions: dict[str, object] = {}
         self._exec_update = _load_exec_update()
@@ -285,6 +285,12 @@ class CudaDriver(Driver):
         self._owned["mem"][int(ptr)] = ptr
         return int(ptr)
 
+    def host_alloc(self, nbytes: int) -> np.ndarray:
+        nbytes = max(int(nbytes), 1)
+        ptr = _check(D.cuMemHostAlloc(nbytes, 0), "cuMemHostAlloc")
+        self._owned["host"][int(ptr)] = ptr
+        return np.ctypeslib.as_array((ctypes.c_uint8 * nbytes).from_address(int(ptr)))
+
     def mem_free(self, addr: int) -> None:
         _check(D.cuMemFree(self._disown("mem", addr)), "cuMemFree")
 
@@ -325,7 +331,8 @@ class CudaDriver(Driver):
         self._closed = True
         D.cuCtxSynchronize()   # errors ignored from here on: release as much as possible
         for kind, destroy in (("exec", D.cuGraphExecDestroy), ("graph", D.cuGraphDestroy),
-                              ("event", D.cuEventDestroy), ("stream", D.cuStreamDestroy), ("mem", D.cuMemFree)):
+                              ("event", D.cuEventDestroy), ("stream", D.cuStreamDestroy), ("mem", D.cuMemFree),
+                              ("host", D.cuMemFreeHost)):
             for h in self._owned[kind].values():
                 destroy(h)
             self._owned[kind].clear()

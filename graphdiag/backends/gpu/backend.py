@@ -11,7 +11,7 @@ from ... import events as E
 from ...errors import GraphdiagError
 from ...memory import aligned
 from ...ir.graph import Graph
-from ..base import Backend
+from ..base import Backend, InputStage
 from ..drivers.base import Driver
 from .capture import CaptureLoop, lower_graph
 from .concurrency import Region, find_regions
@@ -46,8 +46,9 @@ class GpuBackend(Backend):
         self.n_devices = 1                    # devices this process uses (concurrency needs exactly one)
         self.buffers: set[int] = set()
         self._pending_host: list[np.ndarray] = []   # host sources of queued copies
-        self._staging: np.ndarray | None = None     # tensor_set_many's host buffer, reused every step
-        self._set_runs: dict[tuple, list] = {}      # tensor_set_many's grouping per (addr, nbytes) layout
+        self.sync_epoch = 0                         # synchronize() calls so far
+        self.inputs_sent_epoch = -1                 # sync_epoch when an input stage last sent its copies
+        self._pinned: dict[str, np.ndarray] = {}    # page-locked host buffers by use, grown, never shrunk
         self.force_eager = False
         self.addresses = AddressNamer()       # buffer allocation order, for comparable ledger rows
         self._timers: list[tuple] = []        # (start, end) timing events per split index
@@ -92,41 +93,31 @@ class GpuBackend(Backend):
         self.driver.memcpy_htod(addr, data, self.stream0)
         self._pending_host.append(data)
 
-    def tensor_set_many(self, items: list[tuple[int, np.ndarray]]) -> None:
-        """A step's inputs in as few copies as their placement allows: tensors whose allocator blocks are
-        adjacent (the allocator places a graph's inputs first, one aligned block after another) go in one
-        copy from a staging buffer kept between steps (the previous step's read-back synchronised, so it is
-        free again); the padding between them is each block's own. The grouping is worked out once per
-        placement (a reused graph sends the same addresses and sizes every step)."""
-        raws = [np.ascontiguousarray(d).view(np.uint8).reshape(-1) for _, d in items]
-        layout = tuple((a, r.nbytes) for (a, _), r in zip(items, raws))
-        runs = self._set_runs.get(layout)
-        if runs is None:
-            runs = self._set_runs[layout] = _copy_runs(layout)
-            if len(self._set_runs) > 64:                     # placements come and go with rebuilt graphs
-                self._set_runs = {layout: runs}
-        for start, total, members in runs:
-            if len(members) == 1:
-                self.tensor_set(start, raws[members[0][0]])
-                continue
-            if self._staging is None or self._staging.nbytes < total:
-                self._staging = np.zeros(max(total, 4096), np.uint8)
-            buf = self._staging[:total]
-            for i, off in members:
-                raw = raws[i]
-                buf[off: off + raw.nbytes] = raw
-            self.driver.memcpy_htod(start, buf, self.stream0)
+    def input_stage(self, layout: tuple[tuple[int, int], ...]) -> InputStage:
+        return _PinnedStage(self, layout)
+
+    def pinned(self, use: str, nbytes: int) -> np.ndarray:
+        """`nbytes` of the page-locked host buffer kept for `use` ("inputs", "read"): made on first need and
+        grown by doubling, so steps allocate nothing and a rebuilt graph takes the same memory."""
+        buf = self._pinned.get(use)
+        if buf is None or buf.nbytes < nbytes:
+            buf = self._pinned[use] = self.driver.host_alloc(max(nbytes, 2 * (buf.nbytes if buf is not None else 0),
+                                                                  4096))
+        return buf[:nbytes]
 
     def tensor_get(self, addr: int, nbytes: int) -> np.ndarray:
+        """A copy read after all queued work: into page-locked memory on stream 0, then the streams are
+        waited for (ggml_backend_tensor_get_async + synchronize, as llama.cpp reads its outputs)."""
+        bounce = self.pinned("read", nbytes)
+        self.driver.memcpy_dtoh(bounce, addr, self.stream0)
         self.synchronize()
-        out = np.empty(nbytes, np.uint8)
-        self.driver.memcpy_dtoh(out, addr)
-        return out
+        return bounce.copy()
 
     def synchronize(self) -> None:
         for s in self.streams:
             self.driver.stream_synchronize(s)
         self._pending_host.clear()
+        self.sync_epoch += 1
 
     # -- concurrency (graph_optimize) -------------------------------------------------------------------
     def graph_optimize(self, graph: Graph, split: int) -> list[tuple[int, int]]:
@@ -292,6 +283,40 @@ class GpuBackend(Backend):
         for s in self.streams:
             self.driver.stream_destroy(s)
         self.streams = []
+
+
+class _PinnedStage(InputStage):
+    """A graph's inputs in the backend's page-locked input buffer, laid out as on the device: tensors whose
+    allocator blocks are adjacent (the allocator places a graph's inputs first, one aligned block after
+    another) share a run, sent in one asynchronous copy on stream 0; the padding between them is each
+    block's own. The grouping is worked out once per graph. A later stage of the backend takes the same
+    memory (one graph's inputs are live at a time), so writing waits for whichever stage sent last."""
+
+    def __init__(self, backend: GpuBackend, layout: tuple[tuple[int, int], ...]):
+        self.backend, self.layout = backend, layout
+        self.runs = _copy_runs(layout)
+        buf = backend.pinned("inputs", sum(aligned(total) for _, total, _ in self.runs))
+        self.views: list[np.ndarray] = [buf[:0]] * len(layout)
+        self._sends: list[tuple[int, np.ndarray]] = []
+        off = 0
+        for start, total, members in self.runs:
+            run = buf[off: off + total]
+            self._sends.append((start, run))
+            for i, at in members:
+                self.views[i] = run[at: at + layout[i][1]]
+            off += aligned(total)
+
+    def writable(self) -> list[np.ndarray]:
+        be = self.backend
+        if be.sync_epoch == be.inputs_sent_epoch:   # the last copies may still be reading: wait for them
+            be.synchronize()
+        return self.views
+
+    def send(self) -> None:
+        be = self.backend
+        for start, run in self._sends:
+            be.driver.memcpy_htod(start, run, be.stream0)
+        be.inputs_sent_epoch = be.sync_epoch
 
 
 def _copy_runs(layout: tuple[tuple[int, int], ...]) -> list[tuple[int, int, list[tuple[int, int]]]]:
