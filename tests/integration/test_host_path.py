@@ -143,3 +143,18 @@ def test_the_input_copy_grouping_is_worked_out_once_per_placement(monkeypatch):
     # adjacent aligned blocks join one run, a gap starts another; offsets are from the run's start
     assert _copy_runs(((0x1100, 8), (0x1000, 4), (0x2000, 4))) == [
         (0x1000, 0x108, [(1, 0), (0, 0x100)]), (0x2000, 4, [(2, 0)])]
+
+
+def test_the_step_timers_are_read_without_a_second_synchronisation():
+    s, st = _session()
+    try:
+        st.step(StepPlan("decode", batch=1))
+        syncs = []
+        real = s.gpu.synchronize
+        s.gpu.synchronize = lambda: syncs.append(1) or real()
+        st.step(StepPlan("decode", batch=1))
+        assert syncs == [1]                              # the read-back's; the GPU time needs no other
+        s.ctx.sched.graph_compute(s.ctx.res.graph)       # computed, nothing read back yet
+        assert s.gpu.collect_gpu_ns() > 0 and syncs == [1, 1]
+    finally:
+        s.close()

@@ -53,6 +53,7 @@ class GpuBackend(Backend):
         self.addresses = AddressNamer()       # buffer allocation order, for comparable ledger rows
         self._timers: list[tuple] = []        # (start, end) timing events per split index
         self._timed: list[int] = []           # split indices timed since the last collect
+        self._timed_epoch = -1                # sync_epoch when the last timer was recorded
 
     # -- temporary pools ----------------------------------------------------------------------------------
     def pool_of(self, stream) -> TempPool:
@@ -204,10 +205,13 @@ class GpuBackend(Backend):
         finally:
             self.driver.event_record(self._timers[split][1], self.stream0)
             self._timed.append(split)
+            self._timed_epoch = self.sync_epoch
 
     def collect_gpu_ns(self) -> int:
-        """GPU time (CUDA events on stream 0) of the splits computed since the last call; synchronises."""
-        self.synchronize()
+        """GPU time (CUDA events on stream 0) of the splits computed since the last call; synchronises
+        unless that happened after the last timer was recorded (the step's read-back waited already)."""
+        if self._timed and self._timed_epoch == self.sync_epoch:
+            self.synchronize()
         total = sum(self.driver.event_elapsed_ms(*self._timers[i]) for i in self._timed)
         self._timed.clear()
         return int(total * 1e6)
