@@ -177,29 +177,3 @@ __device__ __forceinline__ void pdl_prologue() {
 #define KERNEL(name) KERNEL_WITH_BOUNDS_(name, )
 // KERNEL_LB(name, threads[, min blocks per SM]): the bounds cap the registers the kernel may use.
 #define KERNEL_LB(name, ...) KERNEL_WITH_BOUNDS_(name, __launch_bounds__(__VA_ARGS__))
-// KERNEL_PREFETCH_LB(name, prefetch, threads[, min blocks]): `prefetch(p)` runs before the prologue. It may
-// only issue L2 prefetches of memory no kernel writes during a graph (the weights) and read the parameter
-// record: a prefetch is a hint that returns nothing, so results are unchanged, but under PDL the first HBM
-// round trip of the kernel's weights overlaps the wait for the kernel ahead of it.
-#define KERNEL_PREFETCH_LB(name, prefetch, ...) \
-    static __device__ __forceinline__ void name##_body(const kparams &p); \
-    extern "C" __global__ void __launch_bounds__(__VA_ARGS__) name(const __grid_constant__ kparams p) { \
-        prefetch(p); pdl_prologue(); name##_body(p); } \
-    static __device__ __forceinline__ void name##_body(const kparams &p)
-
-__device__ __forceinline__ void prefetch_l2(const char *addr) {
-    asm volatile("prefetch.global.L2 [%0];" ::"l"(addr));
-}
-
-// L2 prefetch of rows [r0, r0 + nrows) of t (dims 2/3 at i2, i3), at most `cap` bytes of each, spread over
-// the block's threads one 128-byte line each; rows that are not contiguous are left alone.
-__device__ __forceinline__ void prefetch_rows(const tdesc &t, i64 r0, int nrows, i64 i2, i64 i3, i64 cap) {
-    const i64 rb = t.nb[1];
-    if (t.data == 0 || r0 >= t.ne[1] || (t.type == GGML_F16 && t.nb[0] != 2) || (t.type == GGML_F32 && t.nb[0] != 4))
-        return;
-    nrows = (int)min((i64)nrows, t.ne[1] - r0);
-    const i64 bytes = min(rb, cap), lines = (bytes + 127) / 128;
-    const char *base = (const char *)t.data + r0 * rb + i2 * t.nb[2] + i3 * t.nb[3];
-    for (i64 i = threadIdx.x; i < lines * nrows; i += blockDim.x)
-        prefetch_l2(base + (i / lines) * rb + (i % lines) * 128);
-}

@@ -324,34 +324,16 @@ template <int T> __device__ void mmv_gathered(const kparams &p) {
     if ((threadIdx.x & 31) == 0) store_f(D, m, s, t, 0, acc[0]);
 }
 
-// Before the PDL wait, the block's weight rows (the first MMV_PREFETCH bytes of each) are prefetched into
-// L2: weights are never written during a graph, and the HBM round trip then overlaps the kernel ahead.
-#define MMV_PREFETCH 32768
-__device__ __forceinline__ int mmv_block_rows(const kparams &p) {
-    return p.t[0].ne[1] == 1 && p.ip[1] > 1 ? MMV_WARPS / p.ip[1] : MMV_WARPS;
-}
-__device__ __forceinline__ void mmv_prefetch_slot(const kparams &p, int slot) {
-    const tdesc &D = p.t[0], &W = p.t[slot];
-    const i64 i2 = blockIdx.y % D.ne[2], i3 = blockIdx.y / D.ne[2];
-    const int rows = mmv_block_rows(p);
-    prefetch_rows(W, (i64)blockIdx.x * rows, rows, i2 / (D.ne[2] / W.ne[2]), i3 / (D.ne[3] / W.ne[3]), MMV_PREFETCH);
-}
-__device__ __forceinline__ void mmv_prefetch(const kparams &p) { mmv_prefetch_slot(p, 1); }
-__device__ __forceinline__ void mmv_glu_prefetch(const kparams &p) {
-    mmv_prefetch_slot(p, 1);
-    mmv_prefetch_slot(p, 2);
-}
-
 // One wrapper per (operation, weight type): plain names so the driver can find each kernel's file.
-KERNEL_PREFETCH_LB(mul_mat_vec_f32, mmv_prefetch, 128, 8) { mmv<GGML_F32, false>(p); }
-KERNEL_PREFETCH_LB(mul_mat_vec_f16, mmv_prefetch, 128, 8) { mmv<GGML_F16, false>(p); }
-KERNEL_PREFETCH_LB(mul_mat_vec_q8_0, mmv_prefetch, 128, 8) { mmv<GGML_Q8_0, false>(p); }
-KERNEL_PREFETCH_LB(mul_mat_vec_add_f32, mmv_prefetch, 128, 8) { mmv<GGML_F32, true>(p); }
-KERNEL_PREFETCH_LB(mul_mat_vec_add_f16, mmv_prefetch, 128, 8) { mmv<GGML_F16, true>(p); }
-KERNEL_PREFETCH_LB(mul_mat_vec_add_q8_0, mmv_prefetch, 128, 8) { mmv<GGML_Q8_0, true>(p); }
-KERNEL_PREFETCH_LB(mul_mat_vec_glu_f32, mmv_glu_prefetch, 128, 8) { mmv_glu<GGML_F32>(p); }
-KERNEL_PREFETCH_LB(mul_mat_vec_glu_f16, mmv_glu_prefetch, 128, 8) { mmv_glu<GGML_F16>(p); }
-KERNEL_PREFETCH_LB(mul_mat_vec_glu_q8_0, mmv_glu_prefetch, 128, 8) { mmv_glu<GGML_Q8_0>(p); }
+KERNEL_LB(mul_mat_vec_f32, 128, 8) { mmv<GGML_F32, false>(p); }
+KERNEL_LB(mul_mat_vec_f16, 128, 8) { mmv<GGML_F16, false>(p); }
+KERNEL_LB(mul_mat_vec_q8_0, 128, 8) { mmv<GGML_Q8_0, false>(p); }
+KERNEL_LB(mul_mat_vec_add_f32, 128, 8) { mmv<GGML_F32, true>(p); }
+KERNEL_LB(mul_mat_vec_add_f16, 128, 8) { mmv<GGML_F16, true>(p); }
+KERNEL_LB(mul_mat_vec_add_q8_0, 128, 8) { mmv<GGML_Q8_0, true>(p); }
+KERNEL_LB(mul_mat_vec_glu_f32, 128, 8) { mmv_glu<GGML_F32>(p); }
+KERNEL_LB(mul_mat_vec_glu_f16, 128, 8) { mmv_glu<GGML_F16>(p); }
+KERNEL_LB(mul_mat_vec_glu_q8_0, 128, 8) { mmv_glu<GGML_Q8_0>(p); }
 KERNEL_LB(mul_mat_id_vec_f32, 128) { mmv_id<GGML_F32>(p); }
 KERNEL_LB(mul_mat_id_vec_f16, 128) { mmv_id<GGML_F16>(p); }
 KERNEL_LB(mul_mat_id_vec_q8_0, 128) { mmv_id<GGML_Q8_0>(p); }

@@ -23,7 +23,7 @@ from ..errors import KernelCompileError
 from ..resources import kernels_dir
 
 # Kernels are declared with KERNEL(name) / KERNEL_LB(name, threads) (kernels/common.cuh).
-_KERNEL_DECL = re.compile(r"^\s*KERNEL(?:_LB|_PREFETCH_LB)?\((\w+)", re.MULTILINE)
+_KERNEL_DECL = re.compile(r"^\s*KERNEL(?:_LB)?\((\w+)", re.MULTILINE)
 BASE_OPTIONS = ("-std=c++17",)
 
 

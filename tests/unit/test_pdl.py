@@ -34,8 +34,6 @@ def test_every_kernel_is_declared_through_the_macros_that_wait_for_predecessors(
     kdir = kernels_dir()
     common = (kdir / "common.cuh").read_text()
     assert re.search(r"void bounds name\(const __grid_constant__ kparams p\) \{ pdl_prologue\(\);", common)
-    # the prefetching form runs only its L2 prefetch ahead of the prologue, then the body
-    assert re.search(r"\{\s*\\\s*prefetch\(p\); pdl_prologue\(\); name##_body\(p\); \}", common)
     assert "griddepcontrol.wait" in common
     for f in sorted(kdir.glob("*.cu")):
         text = f.read_text()
