@@ -233,7 +233,9 @@ class Stepper:
         self.rng = np.random.default_rng(s.cfg.seed + 1)
         self.next_tok: dict[int, int] = {}
         self.phases: set[str] = set()          # phases the GPU splits took in the current step
+        self._next: StepPlan | None = None     # the plan's next decode step, prepared during this one
         s.bus.subscribe(self._on_event, internal=True)
+        s.ctx.before_read = self._prepare_next
 
     def _on_event(self, ev: E.Event) -> None:
         if isinstance(ev, E.PhaseDecided):
@@ -245,13 +247,26 @@ class Stepper:
         however it ends — so the record and the terminal trail the run by at most one step."""
         self.s.bus.hold()
         try:
-            for p in plan:
+            steps = iter(plan)
+            p = next(steps, None)
+            while p is not None:
+                nxt = next(steps, None)
                 if p.idle_s:
                     self.s.clock.advance(p.idle_s)
                 self._place_graph(p.arena_slot)
+                self._next = nxt if nxt is not None and nxt.kind == "decode" else None
                 self.step(p)
+                p = nxt
         finally:
+            self._next = None
             self.s.bus.release()
+
+    def _prepare_next(self) -> None:
+        """Between a step's launch and its read-back: the next decode step's token-independent host work
+        (Context.prepare_decode), so it runs while the GPU computes instead of after."""
+        nxt, self._next = self._next, None
+        if nxt is not None:
+            self.s.ctx.prepare_decode(range(nxt.batch))
 
     def _place_graph(self, slot: int) -> None:
         """A timeline that moves the graph's structs (new_arena_every, separate_arena_batch): the next graph

@@ -45,8 +45,10 @@ class Backend(abc.ABC):
     def tensor_set(self, addr: int, data: np.ndarray) -> None:
         """Write the bytes of `data` at `addr` (synchronous)."""
 
-    def input_stage(self, layout: tuple[tuple[int, int], ...]) -> InputStage:
-        """The host side of a graph's inputs at these (addr, nbytes) (backends may batch the copies)."""
+    def input_stage(self, layout: tuple[tuple[int, int], ...], slot: int = 0) -> InputStage:
+        """The host side of a graph's inputs at these (addr, nbytes) (backends may batch the copies). The
+        context keeps two stages per graph (slots 0 and 1) and alternates: one can be written for the next
+        step while the other's copies may still be in flight."""
         return InputStage(self, layout)
 
     @abc.abstractmethod

@@ -13,7 +13,7 @@ import numpy as np
 
 from .. import events as E
 from ..backends.base import Backend
-from ..errors import UsageError
+from ..errors import InternalError, UsageError
 from ..ir.dtypes import GGMLType
 from ..ir.tensor import Tensor
 from ..model.build import DECODE, PREFILL, BuiltGraph, GraphParams, build_graph, padded_n_kv
@@ -112,7 +112,9 @@ class Context:
         self.reuse_disabled = reuse_disabled
         self.kv = KvCells(model.cfg.n_ctx)
         self.res: BuiltGraph | None = None
-        self._inputs: tuple | None = None         # (res, mask addr, stages, typed views of the inputs)
+        self._inputs: tuple | None = None         # (res, mask addr, [stages, views] per slot, out_ids)
+        self._slot = 0                            # the input slot the next step writes
+        self._prepared: _Prepared | None = None   # the next decode step's placement, done early
         self._logits_place: tuple | None = None   # (res, backend, addr, nbytes, shape)
         self.step = 0
         self.n_reused = 0
@@ -122,8 +124,35 @@ class Context:
         """One token per sequence ({seq: token}, or a list for seqs 0..n-1) -> logits (n_seqs, n_vocab) f32."""
         items = list(tokens.items()) if isinstance(tokens, Mapping) else list(enumerate(tokens))
         seqs = np.array([s for s, _ in items], np.int32)
-        pos = np.array([self.kv.next_pos(int(s)) for s in seqs], np.int32)
+        pre = self._prepared
+        if pre is not None:
+            if pre.seqs != tuple(seqs.tolist()):
+                raise InternalError(f"decode of sequences {seqs.tolist()} after preparing {list(pre.seqs)}")
+            pos = pre.pos
+        else:
+            pos = np.array([self.kv.next_pos(int(s)) for s in seqs], np.int32)
         return self.process_ubatch(np.array([t for _, t in items], np.int32), seqs, pos, len(items), DECODE)
+
+    def prepare_decode(self, seqs: Sequence[int]) -> None:
+        """The part of the next decode step (one token for each of `seqs`) that does not depend on its tokens,
+        done now, while the GPU computes this step: its KV cells are placed and, when the kept graph will
+        serve it, every input but the tokens is written into the input slot the next step sends. The next
+        call must be decode() of the same sequences. Nothing is decided or reported here: the step's own
+        events and decisions come when it runs, in their usual order, and a graph that must be rebuilt is
+        built then (this step's work may still be reading the memory it would reuse)."""
+        if self._prepared is not None:
+            raise InternalError("prepare_decode called twice for one step")
+        seqs_a = np.asarray(seqs, np.int32)
+        pos = np.array([self.kv.next_pos(int(s)) for s in seqs_a], np.int32)
+        try:
+            cells = self.kv.place(seqs_a, pos)
+        except UsageError:
+            return                                     # a full cache: the step itself reports it
+        self._prepared = pre = _Prepared(tuple(seqs_a.tolist()), pos, cells)
+        if self.res is None or self._reuse_reason(self._decode_params(seqs_a)):
+            return
+        self._write_inputs(self._kept_inputs(), self._slot, None, seqs_a, pos, cells)
+        pre.written = (self.res, self._slot)
 
     def prefill(self, tokens: Sequence[int], seq: int = 0, all_logits: bool = False) -> np.ndarray:
         """Many tokens of one sequence -> logits of the last token (1, n_vocab), or of every token."""
@@ -140,7 +169,8 @@ class Context:
                        gtype: str) -> np.ndarray:
         """One step: place in the cache, reuse or rebuild, set inputs, compute; logits (n_outputs, n_vocab)."""
         step = self.step
-        cells = self.kv.place(seqs, pos)
+        pre, self._prepared = self._prepared, None
+        cells = pre.cells if pre is not None else self.kv.place(seqs, pos)
         params = self._params(len(tokens), 1 if len(seqs) == 1 else len(set(seqs.tolist())), n_outputs, gtype,
                               self.kv.n_kv())
         self.bus.emit(E.StepStarted(step=step, phase=gtype, n_tokens=params.n_tokens, n_seqs=params.n_seqs,
@@ -155,11 +185,19 @@ class Context:
             self.sched.alloc_graph(self.res.graph)
         else:
             self.n_reused += 1
-        self._set_inputs(tokens, seqs, pos, cells)
+        self._set_inputs(tokens, seqs, pos, cells, pre)
         self.sched.graph_compute(self.res.graph)
         self.step += 1
         self.bus.flush()               # the step's work is queued: held events reach the sinks while it runs
+        if self.before_read is not None:
+            self.before_read()         # the runner's early work for the next step, also while the GPU runs
         return self.read_logits()
+
+    before_read = None                 # a callable run between the launch and the read-back of every step
+
+    def _decode_params(self, seqs: np.ndarray) -> GraphParams:
+        n = len(seqs)
+        return self._params(n, 1 if n == 1 else len(set(seqs.tolist())), n, DECODE, self.kv.n_kv())
 
     def _params(self, *fields) -> GraphParams:
         """This step's GraphParams; the kept graph's own object when nothing changed (a decode step)."""
@@ -192,30 +230,48 @@ class Context:
             return "reuse disabled"
         return _reuse_blocker(self.res.params, params)
 
-    def _set_inputs(self, tokens, seqs, pos, cells) -> None:
+    def _set_inputs(self, tokens, seqs, pos, cells, pre: _Prepared | None = None) -> None:
         """llm_graph_result::set_inputs: write this step's input tensors in place, in the input stages of the
         backends holding them, and send them (one batch per backend). The stages and their typed views are
-        made once per built graph (a reused graph keeps its placement). Every input is written every step
-        (out_ids too, fixed by the graph's params): a later graph's stage takes the same host memory."""
-        inp, p = self.res.inputs, self.res.params
-        kept = self._inputs
-        if kept is None or kept[0] is not self.res or kept[1] != inp.kq_mask.data:
-            kept = self._inputs = (self.res, inp.kq_mask.data, *self._stage_inputs(inp, p))
-        _, _, stages, (tok, ps, mask, k_idx, v_idx, out), out_ids = kept
-        for st in stages:
-            st.writable()
-        out[:] = out_ids
-        tok[:] = tokens
-        ps[:] = pos
-        self.kv.mask(seqs, pos, p.n_kv, len(mask), out=mask)
-        k_idx[:] = cells
-        v_idx[:] = cells
+        made once per built graph (a reused graph keeps its placement), two of each: steps alternate between
+        the slots, so the next step's inputs can be written while this one's copies are in flight. Every
+        input is written every step (out_ids too, fixed by the graph's params): a later graph's stage takes
+        the same host memory. A step prepared early (prepare_decode) wrote all but its tokens already."""
+        kept = self._kept_inputs()
+        stages, views = kept[2][self._slot]
+        if pre is not None and pre.written == (self.res, self._slot):
+            views[0][:] = tokens
+        else:
+            self._write_inputs(kept, self._slot, tokens, seqs, pos, cells)
         for st in stages:
             st.send()
+        self._slot ^= 1
 
-    def _stage_inputs(self, inp, p: GraphParams) -> tuple[list, tuple, np.ndarray]:
-        """(stages, typed views of tokens, pos, mask, k/v idxs and out_ids, the out_ids): a stage per
-        backend holding inputs."""
+    def _kept_inputs(self) -> tuple:
+        inp = self.res.inputs
+        kept = self._inputs
+        if kept is None or kept[0] is not self.res or kept[1] != inp.kq_mask.data:
+            p = self.res.params
+            kept = self._inputs = (self.res, inp.kq_mask.data, [self._stage_inputs(inp, s) for s in (0, 1)],
+                                   np.arange(p.n_tokens - p.n_outputs, p.n_tokens, dtype=np.int32))
+        return kept
+
+    def _write_inputs(self, kept: tuple, slot: int, tokens, seqs, pos, cells) -> None:
+        """Every input of the kept graph into the views of `slot`, the tokens unless None."""
+        stages, (tok, ps, mask, k_idx, v_idx, out) = kept[2][slot]
+        for st in stages:
+            st.writable()
+        out[:] = kept[3]
+        if tokens is not None:
+            tok[:] = tokens
+        ps[:] = pos
+        self.kv.mask(seqs, pos, self.res.params.n_kv, len(mask), out=mask)
+        k_idx[:] = cells
+        v_idx[:] = cells
+
+    def _stage_inputs(self, inp, slot: int) -> tuple[list, tuple]:
+        """(stages, typed views of tokens, pos, mask, k/v idxs and out_ids) of one slot: a stage per backend
+        holding inputs."""
         tensors = (inp.tokens, inp.pos, inp.kq_mask, inp.k_idxs, inp.v_idxs, inp.out_ids)
         by_backend: dict[int, tuple] = {}
         for i, t in enumerate(tensors):
@@ -223,15 +279,25 @@ class Context:
         views: list = [None] * len(tensors)
         stages = []
         for be, members in by_backend.values():
-            st = be.input_stage(tuple((tensors[i].data, tensors[i].nbytes()) for i in members))
+            st = be.input_stage(tuple((tensors[i].data, tensors[i].nbytes()) for i in members), slot)
             stages.append(st)
-            for i, raw in zip(members, st.writable()):
+            for i, raw in zip(members, st.views):
                 t = tensors[i]
                 if t.type == GGMLType.F32:                     # the mask: (rows, n_kv)
                     views[i] = raw.view(np.float32).reshape(-1, t.ne[0])
                 else:
                     views[i] = raw.view(np.int32)
-        return stages, tuple(views), np.arange(p.n_tokens - p.n_outputs, p.n_tokens, dtype=np.int32)
+        return stages, tuple(views)
+
+
+class _Prepared:
+    """A decode step placed early: its sequences, positions and cells, and (graph, slot) when its inputs
+    but the tokens were written too."""
+
+    __slots__ = ("seqs", "pos", "cells", "written")
+
+    def __init__(self, seqs: tuple, pos: np.ndarray, cells: np.ndarray):
+        self.seqs, self.pos, self.cells, self.written = seqs, pos, cells, None
 
 
 def make_context(model: Model, backends: list[Backend], bus: E.EventBus | None = None, n_cpu_moe: int = 0,

@@ -1,6 +1,7 @@
 """The replay path's host work (issue 9.2) and the per-stream pools: fewer copies and walks, same decisions."""
 
 import numpy as np
+import pytest
 
 from graphdiag import events as E
 from graphdiag.backends.gpu import runtime as rt_mod
@@ -33,7 +34,7 @@ def test_a_replayed_step_writes_its_inputs_in_one_copy_from_pinned_memory():
     try:
         for _ in range(3):
             st.step(StepPlan("decode", batch=1))
-        assert len(allocs) == 2                         # one page-locked buffer for inputs, one for reads
+        assert len(allocs) == 3                         # page-locked: two input slots, one read buffer
         copies = []
         real = s.driver.memcpy_htod
         s.driver.memcpy_htod = lambda dst, src, stream=None: copies.append((src.nbytes, stream)) or real(dst, src, stream)
@@ -49,10 +50,10 @@ def test_a_replayed_step_writes_its_inputs_in_one_copy_from_pinned_memory():
         assert np.array_equal(got["mask"], want)
         for _ in range(3):
             st.step(StepPlan("decode", batch=1))
-        assert len(allocs) == 2                         # nothing allocated per step
-        inputs = s.gpu._pinned["inputs"]
-        st.step(StepPlan("decode", batch=2))            # a rebuilt graph: its stage takes the same memory
-        assert s.gpu._pinned["inputs"] is inputs
+        assert len(allocs) == 3                         # nothing allocated per step
+        inputs = [s.gpu._pinned[f"inputs{i}"] for i in (0, 1)]
+        st.step(StepPlan("decode", batch=2))            # a rebuilt graph: its stages take the same memory
+        assert all(s.gpu._pinned[f"inputs{i}"] is inputs[i] for i in (0, 1))
         got = _device_inputs(s)
         assert got["pos"].tolist() == [7, 0] and got["out_ids"].tolist() == [0, 1]
     finally:
@@ -65,7 +66,7 @@ def test_writing_inputs_waits_for_copies_still_in_flight():
     s, st = _session()
     try:
         st.step(StepPlan("decode", batch=1))
-        stage = s.ctx._inputs[2][0]
+        stage = s.ctx._inputs[2][s.ctx._slot][0][0]
         syncs = []
         real = s.gpu.synchronize
         s.gpu.synchronize = lambda: syncs.append(1) or real()
@@ -137,7 +138,7 @@ def test_the_input_copy_grouping_is_worked_out_once_per_placement(monkeypatch):
     try:
         for _ in range(6):
             st.step(StepPlan("decode", batch=1))
-        assert len(calls) == len(set(calls)) == 1        # one reused decode graph: one layout
+        assert len(calls) == 2 and len(set(calls)) == 1  # one reused decode graph: one layout, two slots
     finally:
         s.close()
     # adjacent aligned blocks join one run, a gap starts another; offsets are from the run's start
@@ -156,5 +157,61 @@ def test_the_step_timers_are_read_without_a_second_synchronisation():
         assert syncs == [1]                              # the read-back's; the GPU time needs no other
         s.ctx.sched.graph_compute(s.ctx.res.graph)       # computed, nothing read back yet
         assert s.gpu.collect_gpu_ns() > 0 and syncs == [1, 1]
+    finally:
+        s.close()
+
+
+_TIMELINE = [{"at_step": 4, "alternate_batches": [1, 2]}, {"at_step": 8, "batch": 1},
+             {"at_step": 10, "prefill": 40}, {"at_step": 12, "idle_s": 30.0}, {"at_step": 14, "batch": 3}]
+
+
+def _comparable(events):
+    """The events without what host timing decides (stamps, durations), graph uids numbered in order of
+    appearance (the counter is the process's)."""
+    import dataclasses
+    uids: dict[int, int] = {0: 0}
+    num = lambda u: uids.setdefault(u, len(uids))
+    out = []
+    for e in events:
+        d = {k: v for k, v in dataclasses.asdict(e).items() if not k.endswith(("_ns", "_us"))}
+        for k in ("uid", "old_uid"):
+            if k in d:
+                d[k] = num(d[k])
+        if "uids" in d:
+            d["uids"] = tuple(num(u) for u in d["uids"])
+        out.append((type(e).__name__, d))
+    return out
+
+
+def test_preparing_the_next_step_early_changes_no_decision_token_or_logit(monkeypatch):
+    """The next decode step's placement and inputs are done while the GPU computes this step
+    (Context.prepare_decode): across batch changes, a prefill, an idle eviction and n_kv 256 -> 512, the
+    events, tokens, --verify and --oracle are those of the run that does everything in the step."""
+    from support.simrun import of, run_sim
+    from graphdiag.sched.context import Context
+    early = []
+    real = Context._write_inputs
+    monkeypatch.setattr(Context, "_write_inputs", lambda self, kept, slot, tokens, *a:
+                        early.append(tokens is None) or real(self, kept, slot, tokens, *a))
+    kw = dict(timeline=_TIMELINE, steps=18, prompt_tokens=245, verify=True, oracle=True)
+    piped = run_sim(**kw)
+    assert sum(early) >= 8                 # most decode steps had their inputs written ahead
+    monkeypatch.setattr("graphdiag.runner.Stepper._prepare_next", lambda self: None)
+    plain = run_sim(**kw)
+    assert not piped.failures and not plain.failures
+    assert piped.tokens == plain.tokens
+    assert _comparable(piped.events) == _comparable(plain.events)
+    assert {e.n_kv for e in of(piped, E.StepStarted)} == {256, 512}
+    assert all(v.ok for v in of(piped, E.VerifyResult)) and of(piped, E.VerifyResult)
+
+
+def test_a_prepared_step_must_be_the_one_decoded():
+    from graphdiag.errors import InternalError
+    s, st = _session()
+    try:
+        st.step(StepPlan("decode", batch=1))
+        s.ctx.prepare_decode([0])
+        with pytest.raises(InternalError, match="after preparing"):
+            s.ctx.decode({0: 1, 1: 1})
     finally:
         s.close()

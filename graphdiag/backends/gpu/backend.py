@@ -47,7 +47,7 @@ class GpuBackend(Backend):
         self.buffers: set[int] = set()
         self._pending_host: list[np.ndarray] = []   # host sources of queued copies
         self.sync_epoch = 0                         # synchronize() calls so far
-        self.inputs_sent_epoch = -1                 # sync_epoch when an input stage last sent its copies
+        self.inputs_sent_epoch = [-1, -1]           # per input slot: sync_epoch when a stage last sent
         self._pinned: dict[str, np.ndarray] = {}    # page-locked host buffers by use, grown, never shrunk
         self.force_eager = False
         self.addresses = AddressNamer()       # buffer allocation order, for comparable ledger rows
@@ -94,11 +94,11 @@ class GpuBackend(Backend):
         self.driver.memcpy_htod(addr, data, self.stream0)
         self._pending_host.append(data)
 
-    def input_stage(self, layout: tuple[tuple[int, int], ...]) -> InputStage:
-        return _PinnedStage(self, layout)
+    def input_stage(self, layout: tuple[tuple[int, int], ...], slot: int = 0) -> InputStage:
+        return _PinnedStage(self, layout, slot)
 
     def pinned(self, use: str, nbytes: int) -> np.ndarray:
-        """`nbytes` of the page-locked host buffer kept for `use` ("inputs", "read"): made on first need and
+        """`nbytes` of the page-locked host buffer kept for `use` ("inputs0/1", "read"): made on first need and
         grown by doubling, so steps allocate nothing and a rebuilt graph takes the same memory."""
         buf = self._pinned.get(use)
         if buf is None or buf.nbytes < nbytes:
@@ -293,13 +293,14 @@ class _PinnedStage(InputStage):
     """A graph's inputs in the backend's page-locked input buffer, laid out as on the device: tensors whose
     allocator blocks are adjacent (the allocator places a graph's inputs first, one aligned block after
     another) share a run, sent in one asynchronous copy on stream 0; the padding between them is each
-    block's own. The grouping is worked out once per graph. A later stage of the backend takes the same
-    memory (one graph's inputs are live at a time), so writing waits for whichever stage sent last."""
+    block's own. The grouping is worked out once per graph. Each of the two slots has its own buffer; a later
+    stage of the same slot takes the same memory (one graph's inputs are live at a time), so writing waits
+    for whichever stage of the slot sent last."""
 
-    def __init__(self, backend: GpuBackend, layout: tuple[tuple[int, int], ...]):
-        self.backend, self.layout = backend, layout
+    def __init__(self, backend: GpuBackend, layout: tuple[tuple[int, int], ...], slot: int = 0):
+        self.backend, self.layout, self.slot = backend, layout, slot
         self.runs = _copy_runs(layout)
-        buf = backend.pinned("inputs", sum(aligned(total) for _, total, _ in self.runs))
+        buf = backend.pinned(f"inputs{slot}", sum(aligned(total) for _, total, _ in self.runs))
         self.views: list[np.ndarray] = [buf[:0]] * len(layout)
         self._sends: list[tuple[int, np.ndarray]] = []
         off = 0
@@ -312,7 +313,7 @@ class _PinnedStage(InputStage):
 
     def writable(self) -> list[np.ndarray]:
         be = self.backend
-        if be.sync_epoch == be.inputs_sent_epoch:   # the last copies may still be reading: wait for them
+        if be.sync_epoch == be.inputs_sent_epoch[self.slot]:   # its last copies may still be reading
             be.synchronize()
         return self.views
 
@@ -320,7 +321,7 @@ class _PinnedStage(InputStage):
         be = self.backend
         for start, run in self._sends:
             be.driver.memcpy_htod(start, run, be.stream0)
-        be.inputs_sent_epoch = be.sync_epoch
+        be.inputs_sent_epoch[self.slot] = be.sync_epoch
 
 
 def _copy_runs(layout: tuple[tuple[int, int], ...]) -> list[tuple[int, int, list[tuple[int, int]]]]:
