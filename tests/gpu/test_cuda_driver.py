@@ -244,3 +244,27 @@ def test_a_second_driver_closes_cleanly_beside_the_first(driver):
     other.close()      # releases its stream, event, memory, modules and its primary-context reference
     other.close()      # idempotent
     driver.synchronize()   # the first driver's context is untouched
+
+
+def test_page_locked_buffers_and_batched_copies_land_where_they_belong(driver, stream):
+    """The input path: page-locked host memory (cuMemHostAlloc), several scattered host-to-device copies
+    issued as one cuMemcpyBatchAsync, read back through page-locked memory on the stream."""
+    host = driver.host_alloc(4096)
+    assert host.dtype == np.uint8 and host.nbytes == 4096
+    dev = driver.mem_alloc(1 << 16)
+    offsets, sizes = (0, 1024, 5000, 40000), (4, 1000, 256, 1024)
+    srcs, start = [], 0
+    for off, n in zip(offsets, sizes):
+        host[start:start + n] = RNG.integers(0, 255, n, dtype=np.uint8)
+        srcs.append((dev + off, host[start:start + n]))
+        start += n
+    batch = driver.copies_prepare(srcs)
+    driver.copies_issue(batch, stream)
+    driver.stream_synchronize(stream)
+    assert driver.batch_copies_error is None                 # the H200 / driver 580 takes batches
+    back = driver.host_alloc(1 << 16)
+    driver.memcpy_dtoh(back, dev, stream)
+    driver.stream_synchronize(stream)
+    for (addr, src), off in zip(srcs, offsets):
+        assert np.array_equal(back[off:off + src.nbytes], src)
+    driver.mem_free(dev)

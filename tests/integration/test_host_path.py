@@ -215,3 +215,23 @@ def test_a_prepared_step_must_be_the_one_decoded():
             s.ctx.decode({0: 1, 1: 1})
     finally:
         s.close()
+
+
+def test_scattered_inputs_go_to_the_driver_as_one_batch_of_copies():
+    """After a prefill the decode graph's inputs are not adjacent (several runs): the stage still hands
+    the driver one batch per step (one cuMemcpyBatchAsync on CUDA), and each input lands in place."""
+    s, st = _session()
+    try:
+        st.step(StepPlan("prefill", n_tokens=200))
+        for _ in range(3):
+            st.step(StepPlan("decode", batch=1))
+        batches = []
+        real = s.driver.copies_issue
+        s.driver.copies_issue = lambda prepared, stream: batches.append(len(prepared)) or real(prepared, stream)
+        st.step(StepPlan("decode", batch=1))
+        assert len(batches) == 1 and batches[0] > 1
+        got = _device_inputs(s)
+        assert got["pos"].tolist() == [203] and got["out_ids"].tolist() == [0]
+        assert (got["mask"][0, :204] == 0).all() and np.isneginf(got["mask"][0, 204:]).all()
+    finally:
+        s.close()

@@ -168,6 +168,15 @@ class Driver(abc.ABC):
     @abc.abstractmethod
     def memcpy_dtod(self, dst: int, src: int, nbytes: int, stream=None) -> None: ...
 
+    def copies_prepare(self, items: list[tuple[int, np.ndarray]]) -> object:
+        """A fixed set of host-to-device copies (device address, host array the caller keeps alive), issued
+        together by copies_issue, every step, in stream order. This default issues them one by one."""
+        return list(items)
+
+    def copies_issue(self, prepared, stream) -> None:
+        for dst, src in prepared:
+            self.memcpy_htod(dst, src, stream)
+
     def host_alloc(self, nbytes: int) -> np.ndarray:
         """`nbytes` of page-locked host memory as a uint8 array, alive until close(). Copies to and from it
         go straight to the device (no bounce through the driver's own staging), as those of ggml's CUDA host

@@ -310,6 +310,7 @@ class _PinnedStage(InputStage):
             for i, at in members:
                 self.views[i] = run[at: at + layout[i][1]]
             off += aligned(total)
+        self._copies = backend.driver.copies_prepare(self._sends)
 
     def writable(self) -> list[np.ndarray]:
         be = self.backend
@@ -319,8 +320,7 @@ class _PinnedStage(InputStage):
 
     def send(self) -> None:
         be = self.backend
-        for start, run in self._sends:
-            be.driver.memcpy_htod(start, run, be.stream0)
+        be.driver.copies_issue(self._copies, be.stream0)
         be.inputs_sent_epoch[self.slot] = be.sync_epoch
 
 
