@@ -112,7 +112,7 @@ class Context:
         self.reuse_disabled = reuse_disabled
         self.kv = KvCells(model.cfg.n_ctx)
         self.res: BuiltGraph | None = None
-        self._inputs: tuple | None = None         # (res, mask addr, [stages, views] per slot, out_ids)
+        self._inputs: _GraphInputs | None = None  # the kept graph's input stages
         self._slot = 0                            # the input slot the next step writes
         self._prepared: _Prepared | None = None   # the next decode step's placement, done early
         self._logits_place: tuple | None = None   # (res, backend, addr, nbytes, shape)
@@ -151,8 +151,9 @@ class Context:
         self._prepared = pre = _Prepared(tuple(seqs_a.tolist()), pos, cells)
         if self.res is None or self._reuse_reason(self._decode_params(seqs_a)):
             return
-        self._write_inputs(self._kept_inputs(), self._slot, None, seqs_a, pos, cells)
-        pre.written = (self.res, self._slot)
+        kept = self._kept_inputs()
+        self._write_inputs(kept, self._slot, None, seqs_a, pos, cells)
+        pre.written = (kept, self._slot)
 
     def prefill(self, tokens: Sequence[int], seq: int = 0, all_logits: bool = False) -> np.ndarray:
         """Many tokens of one sequence -> logits of the last token (1, n_vocab), or of every token."""
@@ -238,8 +239,8 @@ class Context:
         input is written every step (out_ids too, fixed by the graph's params): a later graph's stage takes
         the same host memory. A step prepared early (prepare_decode) wrote all but its tokens already."""
         kept = self._kept_inputs()
-        stages, views = kept[2][self._slot]
-        if pre is not None and pre.written == (self.res, self._slot):
+        stages, views = kept.slots[self._slot]
+        if pre is not None and pre.written is not None and pre.written[0] is kept and pre.written[1] == self._slot:
             views[0][:] = tokens
         else:
             self._write_inputs(kept, self._slot, tokens, seqs, pos, cells)
@@ -247,21 +248,22 @@ class Context:
             st.send()
         self._slot ^= 1
 
-    def _kept_inputs(self) -> tuple:
+    def _kept_inputs(self) -> _GraphInputs:
         inp = self.res.inputs
         kept = self._inputs
-        if kept is None or kept[0] is not self.res or kept[1] != inp.kq_mask.data:
+        if kept is None or kept.res is not self.res or kept.mask_addr != inp.kq_mask.data:
             p = self.res.params
-            kept = self._inputs = (self.res, inp.kq_mask.data, [self._stage_inputs(inp, s) for s in (0, 1)],
-                                   np.arange(p.n_tokens - p.n_outputs, p.n_tokens, dtype=np.int32))
+            kept = self._inputs = _GraphInputs(self.res, inp.kq_mask.data,
+                                               [self._stage_inputs(inp, s) for s in (0, 1)],
+                                               np.arange(p.n_tokens - p.n_outputs, p.n_tokens, dtype=np.int32))
         return kept
 
-    def _write_inputs(self, kept: tuple, slot: int, tokens, seqs, pos, cells) -> None:
+    def _write_inputs(self, kept: _GraphInputs, slot: int, tokens, seqs, pos, cells) -> None:
         """Every input of the kept graph into the views of `slot`, the tokens unless None."""
-        stages, (tok, ps, mask, k_idx, v_idx, out) = kept[2][slot]
+        stages, (tok, ps, mask, k_idx, v_idx, out) = kept.slots[slot]
         for st in stages:
             st.writable()
-        out[:] = kept[3]
+        out[:] = kept.out_ids
         if tokens is not None:
             tok[:] = tokens
         ps[:] = pos
@@ -290,9 +292,19 @@ class Context:
         return stages, tuple(views)
 
 
+class _GraphInputs:
+    """A built graph's input stages: for each of the two slots, (stages, typed views of tokens, pos, mask,
+    k/v idxs, out_ids); the graph and its mask's address they were made for; its out_ids."""
+
+    __slots__ = ("res", "mask_addr", "slots", "out_ids")
+
+    def __init__(self, res: BuiltGraph, mask_addr: int, slots: list, out_ids: np.ndarray):
+        self.res, self.mask_addr, self.slots, self.out_ids = res, mask_addr, slots, out_ids
+
+
 class _Prepared:
-    """A decode step placed early: its sequences, positions and cells, and (graph, slot) when its inputs
-    but the tokens were written too."""
+    """A decode step placed early: its sequences, positions and cells, and (the graph's inputs, slot) when
+    its inputs but the tokens were written too."""
 
     __slots__ = ("seqs", "pos", "cells", "written")
 

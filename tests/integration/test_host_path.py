@@ -66,7 +66,7 @@ def test_writing_inputs_waits_for_copies_still_in_flight():
     s, st = _session()
     try:
         st.step(StepPlan("decode", batch=1))
-        stage = s.ctx._inputs[2][s.ctx._slot][0][0]
+        stage = s.ctx._inputs.slots[s.ctx._slot][0][0]
         syncs = []
         real = s.gpu.synchronize
         s.gpu.synchronize = lambda: syncs.append(1) or real()

@@ -292,8 +292,9 @@ class GpuBackend(Backend):
 class _PinnedStage(InputStage):
     """A graph's inputs in the backend's page-locked input buffer, laid out as on the device: tensors whose
     allocator blocks are adjacent (the allocator places a graph's inputs first, one aligned block after
-    another) share a run, sent in one asynchronous copy on stream 0; the padding between them is each
-    block's own. The grouping is worked out once per graph. Each of the two slots has its own buffer; a later
+    another) share a run; the runs go to the device as one batch of asynchronous copies on stream 0
+    (Driver.copies_prepare, once per stage); the padding between blocks is each block's own. The grouping is
+    worked out once per graph. Each of the two slots has its own buffer; a later
     stage of the same slot takes the same memory (one graph's inputs are live at a time), so writing waits
     for whichever stage of the slot sent last."""
 
