@@ -77,9 +77,10 @@ class Tensor:
 
     @property
     def src(self) -> list["Tensor | None"]:
-        base, size = self.arena.base, self.arena.rec.dtype.itemsize
-        return [None if a == 0 else Tensor(self.arena, (int(a) - base) // size)
-                for a in self.arena.rec["src"][self.idx]]
+        arena = self.arena
+        base, size = arena.base, arena.rec.dtype.itemsize
+        return [None if a == 0 else Tensor(arena, (a - base) // size)
+                for a in arena.rec["src"][self.idx].tolist()]   # tolist: Python ints in one C call
 
     def set_src(self, j: int, t: "Tensor | None") -> None:
         self.arena.rec["src"][self.idx][j] = 0 if t is None else t.addr
