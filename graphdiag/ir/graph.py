@@ -50,31 +50,34 @@ class Graph:
 
     def build_forward_expand(self, t: Tensor) -> None:
         """Add `t` and everything it depends on, depth first, sources in order (ggml_visit_parents)."""
-        if self._visited is None:
-            self._visited = set(int(i) for i in self.nodes) | set(int(i) for i in self.leafs)
-        nodes, leafs = list(self.nodes), list(self.leafs)
+        visited = self._visited
+        if visited is None:
+            visited = self._visited = set(self.nodes.tolist()) | set(self.leafs.tolist())
+        nodes, leafs = self.nodes.tolist(), self.leafs.tolist()
         stack = [(t.idx, False)]
         rec = self.arena.rec
+        ops, flags, srcs = rec["op"], rec["flags"], rec["src"]      # column views, taken once
         base, size = self.arena.base, rec.dtype.itemsize
+        none, param, compute = int(Op.NONE), int(TensorFlag.PARAM), int(TensorFlag.COMPUTE)
         while stack:
             idx, expanded = stack.pop()
             if expanded:
-                if idx in self._visited:
+                if idx in visited:
                     continue
-                self._visited.add(idx)
-                if rec["op"][idx] == Op.NONE and not (rec["flags"][idx] & TensorFlag.PARAM):
+                visited.add(idx)
+                if ops[idx] == none and not (flags[idx] & param):
                     leafs.append(idx)
                 else:
-                    rec["flags"][idx] |= TensorFlag.COMPUTE
+                    flags[idx] |= compute
                     nodes.append(idx)
                 continue
-            if idx in self._visited:
+            if idx in visited:
                 continue
             stack.append((idx, True))
-            for a in reversed(rec["src"][idx]):
+            for a in reversed(srcs[idx].tolist()):
                 if a:
-                    s = (int(a) - base) // size
-                    if s not in self._visited:
+                    s = (a - base) // size
+                    if s not in visited:
                         stack.append((s, False))
         self.nodes = np.asarray(nodes, dtype=np.int64)
         self.leafs = np.asarray(leafs, dtype=np.int64)

@@ -9,6 +9,21 @@ from .dtypes import GGMLType
 from .ops import Op
 
 
+class _Members(dict):
+    """Value -> member of an enum by a dict lookup (an Enum call costs ~1 us); a value that is no member
+    raises the enum's own ValueError."""
+
+    def __init__(self, enum):
+        super().__init__({m.value: m for m in enum})
+        self.enum = enum
+
+    def __missing__(self, value):
+        return self.enum(value)
+
+
+_TYPES, _OPS = _Members(GGMLType), _Members(Op)
+
+
 class Tensor:
     __slots__ = ("arena", "idx")
 
@@ -36,7 +51,7 @@ class Tensor:
     # -- fields -------------------------------------------------------------------------------------------
     @property
     def type(self) -> GGMLType:
-        return GGMLType(int(self.arena.rec["type"][self.idx]))
+        return _TYPES[int(self.arena.rec["type"][self.idx])]
 
     @property
     def ne(self) -> tuple[int, int, int, int]:
@@ -48,7 +63,7 @@ class Tensor:
 
     @property
     def op(self) -> Op:
-        return Op(int(self.arena.rec["op"][self.idx]))
+        return _OPS[int(self.arena.rec["op"][self.idx])]
 
     @property
     def op_params(self) -> np.ndarray:
