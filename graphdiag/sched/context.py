@@ -91,6 +91,10 @@ class KvCells:
 _ZERO, _NEG_INF = np.float32(0.0), np.float32(-np.inf)
 
 
+def _n_seqs(seqs: np.ndarray) -> int:
+    return 1 if len(seqs) == 1 else len(set(seqs.tolist()))
+
+
 def _reuse_blocker(prev: GraphParams, new: GraphParams) -> str:
     """Why a graph built for `prev` cannot serve `new` ("" if it can): llm_graph_params::allow_reuse plus
     the inputs' can_reuse (the KQ mask's ne[0] must equal n_kv). Prefill and decode are not different graph
@@ -172,8 +176,7 @@ class Context:
         step = self.step
         pre, self._prepared = self._prepared, None
         cells = pre.cells if pre is not None else self.kv.place(seqs, pos)
-        params = self._params(len(tokens), 1 if len(seqs) == 1 else len(set(seqs.tolist())), n_outputs, gtype,
-                              self.kv.n_kv())
+        params = self._params(len(tokens), _n_seqs(seqs), n_outputs, gtype, self.kv.n_kv())
         self.bus.emit(E.StepStarted(step=step, phase=gtype, n_tokens=params.n_tokens, n_seqs=params.n_seqs,
                                     n_kv=params.n_kv))
         self.sched.step = step
@@ -197,8 +200,7 @@ class Context:
     before_read = None                 # a callable run between the launch and the read-back of every step
 
     def _decode_params(self, seqs: np.ndarray) -> GraphParams:
-        n = len(seqs)
-        return self._params(n, 1 if n == 1 else len(set(seqs.tolist())), n, DECODE, self.kv.n_kv())
+        return self._params(len(seqs), _n_seqs(seqs), len(seqs), DECODE, self.kv.n_kv())
 
     def _params(self, *fields) -> GraphParams:
         """This step's GraphParams; the kept graph's own object when nothing changed (a decode step)."""
@@ -240,7 +242,7 @@ class Context:
         the same host memory. A step prepared early (prepare_decode) wrote all but its tokens already."""
         kept = self._kept_inputs()
         stages, views = kept.slots[self._slot]
-        if pre is not None and pre.written is not None and pre.written[0] is kept and pre.written[1] == self._slot:
+        if pre is not None and pre.written == (kept, self._slot):     # kept compares by identity
             views[0][:] = tokens
         else:
             self._write_inputs(kept, self._slot, tokens, seqs, pos, cells)

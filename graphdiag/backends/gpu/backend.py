@@ -300,18 +300,18 @@ class _PinnedStage(InputStage):
 
     def __init__(self, backend: GpuBackend, layout: tuple[tuple[int, int], ...], slot: int = 0):
         self.backend, self.layout, self.slot = backend, layout, slot
-        self.runs = _copy_runs(layout)
-        buf = backend.pinned(f"inputs{slot}", sum(aligned(total) for _, total, _ in self.runs))
+        runs = _copy_runs(layout)
+        buf = backend.pinned(f"inputs{slot}", sum(aligned(total) for _, total, _ in runs))
         self.views: list[np.ndarray] = [buf[:0]] * len(layout)
-        self._sends: list[tuple[int, np.ndarray]] = []
+        sends: list[tuple[int, np.ndarray]] = []
         off = 0
-        for start, total, members in self.runs:
+        for start, total, members in runs:
             run = buf[off: off + total]
-            self._sends.append((start, run))
+            sends.append((start, run))
             for i, at in members:
                 self.views[i] = run[at: at + layout[i][1]]
             off += aligned(total)
-        self._copies = backend.driver.copies_prepare(self._sends)
+        self._copies = backend.driver.copies_prepare(sends)
 
     def writable(self) -> list[np.ndarray]:
         be = self.backend
