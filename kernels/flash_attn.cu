@@ -445,3 +445,232 @@ KERNEL_LB(flash_attn_combine_f32, 256) {
         store_f(O, d, h, t, b, L > 0.0f ? acc / L : 0.0f);
     }
 }
+
+// ---- prefill: flash_attn_mma_f16_d{D} ----------------------------------------------------------------
+// The same partials as flash_attn_ext_f16, on tensor cores (as ggml's fattn-mma-f16 serves batches): Q and
+// P enter the products as F16, accumulation is F32. Grid (n_split, Hkv, ceil(G * T / 64) * B), 128 threads.
+// A block owns kv head hk, 64 query rows of it (row r = t * G + g: the G heads sharing hk, token-major, so
+// every K/V tile is loaded once for all of them) and the positions of split s, walked in tiles of 64: K and
+// V tiles go to shared memory (Q staged there first, as F16, then held as mma fragments). Each warp owns 16
+// rows: S = Q K^T by mma.m16n8k16 (16 x 64 per tile), + mask, online softmax in the accumulator layout
+// (rows g and g + 8 of the quad, reduced over the 4 lanes of a quad), P rounded to F16 becomes the A fragment
+// of O += P V (V read with ldmatrix.trans). A tile whose mask is -inf for all 16 rows of a warp is skipped
+// (exp(-inf) = 0 adds nothing). m and l are those of the unrounded scores; an empty or fully masked split
+// gives (0, -inf, 0).
+#define FAM_ROWS 64
+#define FAM_KV 64
+#define FAM_THREADS 128
+
+__device__ __forceinline__ unsigned fam_smem_u32(const void *ptr) {
+    unsigned a;
+    asm("{ .reg .u64 t; cvta.to.shared.u64 t, %1; cvt.u32.u64 %0, t; }" : "=r"(a) : "l"(ptr));
+    return a;
+}
+__device__ __forceinline__ void fam_ldm_x4(unsigned *r, const void *ptr) {
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];"
+                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3]) : "r"(fam_smem_u32(ptr)));
+}
+__device__ __forceinline__ void fam_ldm_x4_t(unsigned *r, const void *ptr) {
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0, %1, %2, %3}, [%4];"
+                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3]) : "r"(fam_smem_u32(ptr)));
+}
+__device__ __forceinline__ void fam_mma(float *c, const unsigned *a, const unsigned *b) {
+    asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, "
+                 "{%8, %9}, {%0, %1, %2, %3};"
+                 : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]));
+}
+__device__ __forceinline__ unsigned fam_h2(float lo, float hi) {
+    return (unsigned)f2h(lo) | ((unsigned)f2h(hi) << 16);
+}
+
+template <int D> __device__ void fa_mma(const kparams &p, unsigned short *smem) {
+    constexpr int LD = D + 8;             // halves per shmem row (16-byte rows, conflict-free ldmatrix)
+    constexpr int NT = FAM_KV / 8;        // n-tiles of S per kv tile
+    constexpr int DT = D / 8;             // n-tiles of O
+    constexpr int KS = D / 16;            // k-steps of S
+    const tdesc &P = p.t[0], &Q = p.t[1], &Kc = p.t[2], &V = p.t[3], &Mk = p.t[4];
+    const int tid = threadIdx.x, lane = tid & 31, w = tid >> 5, g4 = lane >> 2, tig = lane & 3;
+    const i64 H = Q.ne[1], T = Q.ne[2], G = H / Kc.ne[1], nkv = Kc.ne[2], R = G * T;
+    const i64 ntile = (R + FAM_ROWS - 1) / FAM_ROWS;
+    const i64 hk = blockIdx.y, tile = blockIdx.z % ntile, b = blockIdx.z / ntile;
+    const bool has_mask = Mk.data != 0;
+    const float scale = p.fp[0];
+    const i64 j0 = (i64)blockIdx.x * p.ip[0], j1 = min(j0 + (i64)p.ip[0], nkv);
+    unsigned short *Ks = smem, *Vs = smem + FAM_KV * LD;
+
+    // Q rows of the block as F16 into Ks's space, then each warp's 16 rows into A fragments
+    for (int e = tid; e < FAM_ROWS * D; e += FAM_THREADS) {
+        const int rr = e / D, d = e % D;
+        const i64 r = tile * FAM_ROWS + rr;
+        float v = 0.0f;
+        if (r < R) v = load_f(Q, d, hk * G + r % G, r / G, b);
+        Ks[rr * LD + d] = f2h(v);
+    }
+    __syncthreads();
+    unsigned qf[KS][4];
+#pragma unroll
+    for (int ks = 0; ks < KS; ++ks) fam_ldm_x4(qf[ks], &Ks[(w * 16 + (lane & 15)) * LD + ks * 16 + (lane >> 4) * 8]);
+    __syncthreads();
+
+    // this thread's two rows (g4 and g4 + 8 of the warp's 16)
+    i64 rt[2], rh[2];
+    bool rok[2];
+    const char *mrow[2];   // the mask row of each (its head and batch broadcast by modulo, once)
+    const bool m16 = Mk.type == GGML_F16,
+               mpair = m16 && Mk.nb[0] == 2 && ((Mk.data | (u64)Mk.nb[1] | (u64)Mk.nb[2] | (u64)Mk.nb[3]) & 3) == 0;
+#pragma unroll
+    for (int k = 0; k < 2; ++k) {
+        const i64 r = tile * FAM_ROWS + w * 16 + g4 + 8 * k;
+        rok[k] = r < R;
+        rt[k] = rok[k] ? r / G : 0;
+        rh[k] = rok[k] ? hk * G + r % G : 0;
+        mrow[k] = has_mask ? (const char *)Mk.data + rt[k] * Mk.nb[1] + (rh[k] % Mk.ne[2]) * Mk.nb[2] +
+                                 (b % Mk.ne[3]) * Mk.nb[3] : 0;
+    }
+    const i64 kb = b % Kc.ne[3], vb = b % V.ne[3];
+    const bool kvec = Kc.nb[0] == 2 && ((Kc.data | (u64)Kc.nb[1] | (u64)Kc.nb[2] | (u64)Kc.nb[3]) & 15) == 0;
+    const bool vvec = V.nb[0] == 2 && ((V.data | (u64)V.nb[1] | (u64)V.nb[2] | (u64)V.nb[3]) & 15) == 0;
+    const char *kbase = (const char *)Kc.data + hk * Kc.nb[1] + kb * Kc.nb[3];
+    const char *vbase = (const char *)V.data + hk * V.nb[1] + vb * V.nb[3];
+
+    float o[DT][4];
+#pragma unroll
+    for (int i = 0; i < DT; ++i)
+#pragma unroll
+        for (int c = 0; c < 4; ++c) o[i][c] = 0.0f;
+    float m[2] = {F32_NEG_INF, F32_NEG_INF}, l[2] = {0.0f, 0.0f};
+
+    for (i64 c0 = j0; c0 < j1; c0 += FAM_KV) {
+        // K and V tiles (positions past j1 are zero; their scores are -inf)
+        for (int e = tid; e < FAM_KV * (D / 8); e += FAM_THREADS) {
+            const int jj = e / (D / 8), d = (e % (D / 8)) * 8;
+            const i64 j = c0 + jj;
+            uint4 kv = make_uint4(0, 0, 0, 0), vv = make_uint4(0, 0, 0, 0);
+            if (j < j1) {
+                kv = fav_load8(kbase + j * Kc.nb[2], d, Kc.nb[0], kvec);
+                vv = fav_load8(vbase + j * V.nb[2], d, V.nb[0], vvec);
+            }
+            *(uint4 *)&Ks[jj * LD + d] = kv;
+            *(uint4 *)&Vs[jj * LD + d] = vv;
+        }
+        // the mask of this thread's scores: s[nt][c] at row g4 + 8 * (c >> 1), position c0 + nt * 8 + 2 * tig + (c & 1)
+        float s[NT][4];
+        bool live = false;
+#pragma unroll
+        for (int nt = 0; nt < NT; ++nt)
+#pragma unroll
+            for (int k = 0; k < 2; ++k) {
+                const i64 j = c0 + nt * 8 + 2 * tig;   // and j + 1
+                float x0 = F32_NEG_INF, x1 = F32_NEG_INF;
+                if (rok[k]) {
+                    if (!has_mask) {
+                        if (j < j1) x0 = 0.0f;
+                        if (j + 1 < j1) x1 = 0.0f;
+                    } else if (mpair && j + 1 < j1) {   // both positions in one 4-byte load
+                        const unsigned v = *(const unsigned *)(mrow[k] + j * 2);
+                        x0 = h2f((unsigned short)(v & 0xffffu)); x1 = h2f((unsigned short)(v >> 16));
+                    } else {
+                        if (j < j1) x0 = m16 ? h2f(*(const unsigned short *)(mrow[k] + j * Mk.nb[0])) : *(const float *)(mrow[k] + j * Mk.nb[0]);
+                        if (j + 1 < j1) x1 = m16 ? h2f(*(const unsigned short *)(mrow[k] + (j + 1) * Mk.nb[0])) : *(const float *)(mrow[k] + (j + 1) * Mk.nb[0]);
+                    }
+                }
+                s[nt][2 * k] = x0;
+                s[nt][2 * k + 1] = x1;
+                live |= x0 != F32_NEG_INF || x1 != F32_NEG_INF;
+            }
+        __syncthreads();
+        if (__any_sync(0xffffffffu, live)) {
+            // S = Q K^T
+            float acc[NT][4];
+#pragma unroll
+            for (int nt = 0; nt < NT; ++nt)
+#pragma unroll
+                for (int c = 0; c < 4; ++c) acc[nt][c] = 0.0f;
+#pragma unroll
+            for (int ks = 0; ks < KS; ++ks)
+#pragma unroll
+                for (int n2 = 0; n2 < NT / 2; ++n2) {
+                    unsigned r[4];
+                    fam_ldm_x4(r, &Ks[(n2 * 16 + (lane & 7) + (lane >> 4) * 8) * LD + ks * 16 + ((lane >> 3) & 1) * 8]);
+                    const unsigned b0[2] = {r[0], r[1]}, b1[2] = {r[2], r[3]};
+                    fam_mma(acc[2 * n2], qf[ks], b0);
+                    fam_mma(acc[2 * n2 + 1], qf[ks], b1);
+                }
+            // scores, online softmax per row (the quad's 4 lanes hold a row's 64 positions)
+            float mx[2] = {F32_NEG_INF, F32_NEG_INF};
+#pragma unroll
+            for (int nt = 0; nt < NT; ++nt)
+#pragma unroll
+                for (int c = 0; c < 4; ++c) {
+                    if (s[nt][c] != F32_NEG_INF) s[nt][c] += scale * acc[nt][c];
+                    mx[c >> 1] = fmaxf(mx[c >> 1], s[nt][c]);
+                }
+            float alpha[2];
+#pragma unroll
+            for (int k = 0; k < 2; ++k) {
+                mx[k] = fmaxf(mx[k], __shfl_xor_sync(0xffffffffu, mx[k], 1));
+                mx[k] = fmaxf(mx[k], __shfl_xor_sync(0xffffffffu, mx[k], 2));
+                const float mn = fmaxf(m[k], mx[k]);
+                alpha[k] = (mn == F32_NEG_INF || m[k] == F32_NEG_INF) ? (mn == F32_NEG_INF ? 1.0f : 0.0f) : expf(m[k] - mn);
+                m[k] = mn;
+            }
+            float ls[2] = {0.0f, 0.0f};
+#pragma unroll
+            for (int nt = 0; nt < NT; ++nt)
+#pragma unroll
+                for (int c = 0; c < 4; ++c) {
+                    const int k = c >> 1;
+                    const float pj = s[nt][c] == F32_NEG_INF ? 0.0f : expf(s[nt][c] - m[k]);
+                    s[nt][c] = pj;
+                    ls[k] += pj;
+                }
+#pragma unroll
+            for (int k = 0; k < 2; ++k) {
+                ls[k] += __shfl_xor_sync(0xffffffffu, ls[k], 1);
+                ls[k] += __shfl_xor_sync(0xffffffffu, ls[k], 2);
+                l[k] = l[k] * alpha[k] + ls[k];
+            }
+#pragma unroll
+            for (int i = 0; i < DT; ++i) {
+                o[i][0] *= alpha[0]; o[i][1] *= alpha[0];
+                o[i][2] *= alpha[1]; o[i][3] *= alpha[1];
+            }
+            // O += P V: P's accumulator fragments of n-tiles 2kk, 2kk + 1 are the A fragment of k-step kk
+#pragma unroll
+            for (int kk = 0; kk < FAM_KV / 16; ++kk) {
+                const unsigned a[4] = {fam_h2(s[2 * kk][0], s[2 * kk][1]), fam_h2(s[2 * kk][2], s[2 * kk][3]),
+                                       fam_h2(s[2 * kk + 1][0], s[2 * kk + 1][1]), fam_h2(s[2 * kk + 1][2], s[2 * kk + 1][3])};
+#pragma unroll
+                for (int d2 = 0; d2 < DT / 2; ++d2) {
+                    unsigned r[4];
+                    fam_ldm_x4_t(r, &Vs[(kk * 16 + ((lane >> 3) & 1) * 8 + (lane & 7)) * LD + d2 * 16 + (lane >> 4) * 8]);
+                    const unsigned b0[2] = {r[0], r[1]}, b1[2] = {r[2], r[3]};
+                    fam_mma(o[2 * d2], a, b0);
+                    fam_mma(o[2 * d2 + 1], a, b1);
+                }
+            }
+        }
+        __syncthreads();   // Ks / Vs are rewritten by the next tile
+    }
+
+#pragma unroll
+    for (int k = 0; k < 2; ++k) {
+        if (!rok[k]) continue;
+        const i64 tb = b * T + rt[k];
+        float *out = (float *)((char *)P.data + blockIdx.x * P.nb[1] + rh[k] * P.nb[2] + tb * P.nb[3]);
+#pragma unroll
+        for (int i = 0; i < DT; ++i)
+            *(float2 *)(out + i * 8 + 2 * tig) = make_float2(o[i][2 * k], o[i][2 * k + 1]);
+        if (tig == 0) { out[D] = m[k]; out[D + 1] = l[k]; }
+    }
+}
+
+#define FAM_ENTRY(D)                                                                                       \
+    {                                                                                                      \
+        extern __shared__ __align__(16) unsigned short fam_smem[];                                         \
+        fa_mma<D>(p, fam_smem);                                                                            \
+    }
+KERNEL_LB(flash_attn_mma_f16_d32, FAM_THREADS) FAM_ENTRY(32)
+KERNEL_LB(flash_attn_mma_f16_d64, FAM_THREADS) FAM_ENTRY(64)
+KERNEL_LB(flash_attn_mma_f16_d128, FAM_THREADS) FAM_ENTRY(128)

@@ -12,7 +12,7 @@ from typing import Callable
 
 import numpy as np
 
-from .kernels import FA_HEAD_DIMS, FAV_GROUPS, KERNELS, fa_vec_kernel, fav_groups
+from .kernels import FA_HEAD_DIMS, FAV_GROUPS, KERNELS, fa_mma_kernel, fa_vec_kernel, fav_groups
 
 Dim3 = tuple[int, int, int]
 Geometry = tuple[Dim3, Dim3, int]
@@ -36,6 +36,9 @@ FAV_THREADS = 128        # flash_attn.cu flash_attn_vec_f16_d*_g*: one token per
 FAV_TILE = 32
 FAV_MAX_G = 8            # query heads per kv head the vec kernel takes
 FAV_MAX_TOKENS = 8       # the vec kernel serves batches up to ggml's mat-vec bound (decode)
+FAM_ROWS = 64            # flash_attn.cu flash_attn_mma_f16_d*: 64 query rows (token x head) per block,
+FAM_KV = 64              # K/V tiles of 64 positions in shared memory, 128 threads (4 warps of 16 rows)
+FAM_THREADS = 128
 RMS_MAX_BLOCK = 1024     # norm.cu rms_norm*: n / 4 threads per row, at most this many
 TOPK_BLOCK = 128         # top_k.cu
 TOPK_SHMEM_MAX = 49152   # top_k.cu stages the row in shmem up to this many bytes (the default limit)
@@ -132,6 +135,11 @@ def fa_vec(n_head: int, n_head_kv: int, n_tokens: int) -> bool:
     return n_tokens <= FAV_MAX_TOKENS and n_head // max(n_head_kv, 1) <= FAV_MAX_G
 
 
+def fa_mma_blocks(n_head: int, n_head_kv: int, n_tokens: int, n_batch: int = 1) -> int:
+    """Blocks of a flash_attn_mma_f16 launch per split: kv heads x tiles of FAM_ROWS of their G * T rows."""
+    return n_head_kv * _cdiv((n_head // max(n_head_kv, 1)) * n_tokens, FAM_ROWS) * n_batch
+
+
 def fa_split(n_kv: int, other_blocks: int, max_split: int | None = None) -> tuple[int, int]:
     """(n_split, chunk): the KV range cut into n_split chunks of `chunk` positions (a multiple of 32), enough
     to bring other_blocks (kv heads x token tiles) to ~FA_TARGET_BLOCKS, at most max_split; none is empty."""
@@ -142,17 +150,20 @@ def fa_split(n_kv: int, other_blocks: int, max_split: int | None = None) -> tupl
 
 
 def fa_plan(head_dim: int, n_head: int, n_head_kv: int, n_kv: int, n_tokens: int, n_batch: int = 1):
-    """(tokens per block, n_split, chunk, scratch bytes) of one FLASH_ATTN_EXT node.
+    """(ip[1], n_split, chunk, scratch bytes) of one FLASH_ATTN_EXT node: ip[1] is 1 (one token per block)
+    for the decode kernels, FAM_ROWS (query rows per block) for the tensor-core batch kernels.
 
     The pool request stays the size the attention scratch always had, 4 * n_kv * n_head * n_tokens bytes
     (what a capped pool is sized by): with more than one token the splits are capped so the partials
     (head_dim + 2 floats per split, head and token) fit in it; at one token (decode, where splits fill the
     GPU) the request grows to the partials when they are larger."""
-    tq = 1 if fa_vec(n_head, n_head_kv, n_tokens) else fa_tokens_per_block(n_head, n_head_kv, n_tokens)
+    vec = fa_vec(n_head, n_head_kv, n_tokens)
+    tq = 1 if vec else FAM_ROWS
+    blocks = n_head_kv * n_tokens * n_batch if vec else fa_mma_blocks(n_head, n_head_kv, n_tokens, n_batch)
     rows = n_head * n_tokens * n_batch
     legacy = 4 * n_kv * rows
     cap = None if n_tokens == 1 else max(1, n_kv // (head_dim + 2))
-    n_split, chunk = fa_split(n_kv, n_head_kv * -(-n_tokens // tq) * n_batch, cap)
+    n_split, chunk = fa_split(n_kv, blocks, cap)
     return tq, n_split, chunk, max(legacy, 4 * (head_dim + 2) * n_split * rows)
 
 
@@ -184,6 +195,19 @@ def _flash_attn_vec(d: int, gm: int) -> Callable[[np.ndarray], Geometry]:
         if q[0] != d or fav_groups(q[1] // max(k[1], 1)) != gm:
             raise ValueError(f"{fa_vec_kernel(d, gm)}: q head size {q[0]}, {q[1]}/{k[1]} heads do not match")
         return (max(part[1], 1), max(k[1], 1), max(q[2] * q[3], 1)), (FAV_THREADS, 1, 1), shmem
+    return geom
+
+
+def _flash_attn_mma(d: int) -> Callable[[np.ndarray], Geometry]:
+    """flash_attn_mma_f16_d{d}: grid (n_split, Hkv, ceil(G * T / FAM_ROWS) * B); K and V tiles in shmem."""
+    shmem = 2 * FAM_KV * (d + 8) * 2
+
+    def geom(p) -> Geometry:
+        q, k, part = _ne(p, 1), _ne(p, 2), _ne(p, 0)
+        if q[0] != d:
+            raise ValueError(f"{fa_mma_kernel(d)}: q head size {q[0]} does not match")
+        z = _cdiv((q[1] // max(k[1], 1)) * q[2], FAM_ROWS) * max(q[3], 1)
+        return (max(part[1], 1), max(k[1], 1), z), (FAM_THREADS, 1, 1), shmem
     return geom
 
 
@@ -228,6 +252,7 @@ def _table() -> dict[str, Callable[[np.ndarray], Geometry]]:
         "set_rows_f16": _elementwise(1), "set_rows_f32": _elementwise(1),
         "flash_attn_ext_f16": _flash_attn,
         **{fa_vec_kernel(d, gm): _flash_attn_vec(d, gm) for d in FA_HEAD_DIMS for gm in FAV_GROUPS},
+        **{fa_mma_kernel(d): _flash_attn_mma(d) for d in FA_HEAD_DIMS},
         "flash_attn_combine_f32": _fa_combine, "top_k_f32": _top_k,
         "quantize_q8_1": _quantize,
         # rng.cu: one thread per element (Q8_0: a warp per 32-block, the same thread count)

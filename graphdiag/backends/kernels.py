@@ -37,6 +37,14 @@ def fa_vec_kernel(head_dim: int, g: int) -> str:
 FAV_KERNELS = tuple(fa_vec_kernel(d, g) for d in FA_HEAD_DIMS for g in FAV_GROUPS)
 
 
+def fa_mma_kernel(head_dim: int) -> str:
+    """The batch (prefill) attention entry point for head size `head_dim`: tensor cores, one per head size."""
+    return f"flash_attn_mma_f16_d{head_dim}"
+
+
+FAM_KERNELS = tuple(fa_mma_kernel(d) for d in FA_HEAD_DIMS)
+
+
 @dataclass(frozen=True)
 class KernelSpec:
     name: str
@@ -120,6 +128,16 @@ def _specs() -> dict[str, KernelSpec]:
                      doc="the partials of flash_attn_ext_f16 (same formula and layout), one token per block: the "
                          f"decode kernel (T <= 8) of head size {d}, H / Hkv rounded up to 1/2/4/8 = {gm}")
           for d in FA_HEAD_DIMS for gm in FAV_GROUPS),
+        *(KernelSpec(fa_mma_kernel(d),
+                     ("partials F32 (Dv + 2, n_split, H, T * B), pool scratch", f"q F32 ({d}, H, T, B)",
+                      f"k F16 view ({d}, Hkv, n_kv)", f"v F16 view ({d}, Hkv, n_kv)",
+                      "mask F32 or F16 (n_kv, T_pad, M2, M3), optional"),
+                     ip=("chunk: positions per split (multiple of 32)", "query rows per block (64)"), fp=("scale",),
+                     doc="the partials of flash_attn_ext_f16 on tensor cores (batches, T > 8): q and p enter the "
+                         "products rounded to F16 (F32 accumulation); per split, tiles of 64 positions from the "
+                         "split's start, online: m = running max of x_j, p_j = f16(exp(x_j - m)) against the "
+                         "running max of its tile, O and l rescaled by exp(m_old - m_new); l sums the unrounded p")
+          for d in FA_HEAD_DIMS),
         KernelSpec("flash_attn_combine_f32", ("dst (Dv, H, T, B)", "partials of flash_attn_ext_f16"),
                    doc="M = max_s m_s, w_s = exp(m_s - M): dst = sum_s w_s O_s / sum_s w_s l_s (splits in order); "
                        "all splits -inf (a fully masked row) gives zeros"),

@@ -21,7 +21,7 @@ from ..ir.ops import GluOp
 from ..memory import AddressSpace
 from . import cpu_ops as ops
 from .abi import Q8_1
-from .kernels import FA_HEAD_DIMS, FAV_GROUPS, KERNELS, W_TYPES, fa_vec_kernel, fav_groups
+from .kernels import FA_HEAD_DIMS, FAV_GROUPS, KERNELS, W_TYPES, fa_mma_kernel, fa_vec_kernel, fav_groups
 
 Kernel = Callable[[AddressSpace, np.ndarray], None]
 MMV_MAX_N = 8
@@ -255,6 +255,53 @@ def _flash_attn_partial(space, p):
     part[...] = out.reshape(b_ * t_, h, n_split, dv + 2)
 
 
+FAM_KV = 64   # flash_attn_mma_f16_d*: positions per tile of the online softmax (geometry.FAM_KV)
+
+
+def _flash_attn_mma(d: int) -> Kernel:
+    """The tensor-core partials (flash_attn.cu fa_mma): q rounded to F16; per split, tiles of FAM_KV positions
+    from the split's start with an online softmax, each tile's p = exp(x - m_running) rounded to F16 before
+    p . v (F32 sums), l summing the unrounded p; the same (O, m, l) layout as flash_attn_ext_f16."""
+    name = fa_mma_kernel(d)
+
+    def k(space, p):
+        part = view(space, p, 0)                               # (T * B, H, n_split, Dv + 2)
+        q, kc, v = (ops.to_f32(view(space, p, i)) for i in (1, 2, 3))
+        _check(q.shape[3] == d, name, f"q head size {q.shape[3]}")
+        q = q.astype(np.float16).astype(F32)
+        b_, t_, h, _ = q.shape
+        n_kv, hkv, dv = kc.shape[1], kc.shape[2], v.shape[3]
+        n_split, chunk = part.shape[2], _ip(p, 0)
+        _check(part.shape[3] == dv + 2 and n_split * chunk >= n_kv, name, "partials shape")
+        s = np.matmul(q.transpose(0, 2, 1, 3), np.repeat(kc.transpose(0, 2, 3, 1), h // hkv, axis=1)) * F32(_fp(p, 0))
+        if int(p["t"][4]["data"]):
+            mask = ops.to_f32(view(space, p, 4))[:, :, :t_, :]
+            s = s + ops.repeat_to(mask, (b_, h, t_, n_kv))
+        pad = n_split * chunk - n_kv
+        s = np.concatenate([s, np.full((b_, h, t_, pad), -np.inf, F32)], axis=-1).reshape(b_, h, t_, n_split, chunk)
+        vh = np.repeat(v.transpose(0, 2, 1, 3), h // hkv, axis=1)  # (B, H, n_kv, Dv)
+        vh = np.concatenate([vh, np.zeros((b_, h, pad, dv), F32)], axis=2).reshape(b_, h, n_split, chunk, dv)
+        m = np.full((b_, h, t_, n_split), -np.inf, F32)
+        l = np.zeros_like(m)
+        o = np.zeros((b_, h, n_split, t_, dv), F32)
+        with np.errstate(invalid="ignore"):
+            for c in range(0, chunk, FAM_KV):
+                st = s[..., c:c + FAM_KV]
+                mn = np.maximum(m, st.max(axis=-1))
+                alpha = np.where(np.isneginf(mn), F32(1), np.where(np.isneginf(m), F32(0), np.exp(m - mn)))
+                e = np.where(np.isneginf(st), F32(0), np.exp(st - np.where(np.isneginf(mn), F32(0), mn)[..., None]))
+                l = l * alpha + e.sum(axis=-1, dtype=F32)
+                e16 = e.astype(np.float16).astype(F32).transpose(0, 1, 3, 2, 4)   # (B, H, S, T, tile)
+                o = o * alpha.transpose(0, 1, 3, 2)[..., None] + np.matmul(e16, vh[:, :, :, c:c + FAM_KV])
+                m = mn
+        out = np.empty((b_, t_, h, n_split, dv + 2), F32)
+        out[..., :dv] = o.transpose(0, 3, 1, 2, 4)
+        out[..., dv] = m.transpose(0, 2, 1, 3)
+        out[..., dv + 1] = l.transpose(0, 2, 1, 3)
+        part[...] = out.reshape(b_ * t_, h, n_split, dv + 2)
+    return k
+
+
 def _flash_attn_vec(d: int, gm: int) -> Kernel:
     name = fa_vec_kernel(d, gm)
 
@@ -332,6 +379,7 @@ def _build() -> dict[str, Kernel]:
         "set_rows_f32": _set_rows("set_rows_f32", GGMLType.F32), "rope_set_rows_f16": _rope_set_rows,
         "flash_attn_ext_f16": _flash_attn_partial,
         **{fa_vec_kernel(d, gm): _flash_attn_vec(d, gm) for d in FA_HEAD_DIMS for gm in FAV_GROUPS},
+        **{fa_mma_kernel(d): _flash_attn_mma(d) for d in FA_HEAD_DIMS},
         "flash_attn_combine_f32": _flash_attn_combine,
         "quantize_q8_1": _quantize_q8_1, "soft_max_f32": _soft_max, "top_k_f32": _top_k,
         "glu_swiglu_f32": _swiglu, "cpy_f32_f32": _cpy("cpy_f32_f32", GGMLType.F32),

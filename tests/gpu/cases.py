@@ -6,10 +6,10 @@ from __future__ import annotations
 import numpy as np
 
 from graphdiag.backends.abi import Q8_1
-from graphdiag.backends.geometry import fa_split, fa_tokens_per_block, fa_vec
-from graphdiag.backends.kernels import KERNELS, W_TYPES, fa_vec_kernel
+from graphdiag.backends.geometry import FAM_ROWS, fa_mma_blocks, fa_split, fa_tokens_per_block, fa_vec
+from graphdiag.backends.kernels import KERNELS, W_TYPES, fa_mma_kernel, fa_vec_kernel
 from graphdiag.ir.dtypes import GGMLType as G
-from kernel_cases import F16_OUT, F32_DOT, F32_ELEM, ROPE, TC_DOT, Case
+from kernel_cases import F16_OUT, F32_DOT, F32_ELEM, FA_MMA, ROPE, TC_DOT, Case
 
 WT = {"f32": G.F32, "f16": G.F16, "q8_0": G.Q8_0}
 
@@ -52,7 +52,7 @@ def mat_vec_cases() -> list[Case]:
             c = Case(f"mul_mat_vec_{w}", f"K{k}-M{m}-N{n}-{layout}-xpad{xpad}", F32_DOT)
             W = _weights(c, w, k, m, layout=layout)
             out.append(c.set(c.output(G.F32, m, n), W, _x(c, w, k, n, xpad=xpad)))
-        for k, m, parts in ((2048, 512, 2), (2048, 70, 4), (1056, 33, 4), (96, 9, 2)):   # rows shared by warps
+        for k, m, parts in ((2048, 512, 2), (2048, 70, 4), (1056, 33, 4), (96, 9, 2), (1280, 64, 2)):   # rows shared by warps
             c = Case(f"mul_mat_vec_{w}", f"K{k}-M{m}-N1-{parts}-warps-per-row", F32_DOT)
             out.append(c.set(c.output(G.F32, m, 1), _weights(c, w, k, m), _x(c, w, k, 1), ip=(0, parts)))
         c = Case(f"mul_mat_vec_{w}", "K512-M96-N1-offset-2-warps-per-row", F32_DOT)     # the generic loops
@@ -255,10 +255,18 @@ def flash_attn_cases() -> list[Case]:
         # every (D, G) entry point has a case; G = 5 runs in the g8 entry with three heads idle
         (32, 8, 4, 1, 100, G.F16, 90), (32, 16, 4, 2, 64, G.F32, None), (32, 16, 2, 1, 200, G.F16, 150),
         (128, 16, 2, 1, 300, G.F16, 280), (32, 10, 2, 1, 70, None, None))]
+    # the tensor-core batch kernels: every head size, GQA groups that do and do not divide the 64-row tile
+    # (rows cross tokens), ragged row and position tiles, several splits, F32 / F16 / no mask, a fully
+    # masked row, causal prefill shapes
+    cfgs += [("mma", *x) for x in (
+        (64, 32, 8, 100, 300, G.F16, 290), (128, 8, 8, 40, 256, G.F32, None), (32, 4, 2, 20, 70, None, None),
+        (64, 6, 2, 2, 50, G.F16, None), (64, 32, 4, 33, 1000, G.F16, 980), (128, 32, 32, 16, 128, G.F16, 128),
+        (32, 16, 1, 9, 96, G.F32, 90), (64, 32, 8, 512, 1024, G.F16, 1024))]
     for name, d, h, hkv, t, n_kv, mask_t, vis in cfgs:
-        name = fa_vec_kernel(d, h // hkv) if name == "vec" else name
+        name = fa_vec_kernel(d, h // hkv) if name == "vec" else fa_mma_kernel(d) if name == "mma" else name
+        mma = name.startswith("flash_attn_mma")
         c = Case(name, f"D{d}-H{h}-Hkv{hkv}-T{t}-kv{n_kv}-{'nomask' if mask_t is None else mask_t.name}",
-                 F32_DOT)
+                 FA_MMA if mma else F32_DOT)
         n_cache = n_kv + 5
         kc = c.randn(G.F16, d * hkv, n_cache)     # caches as the model stores them: one row per position
         vc = c.randn(G.F16, d * hkv, n_cache)
@@ -270,9 +278,13 @@ def flash_attn_cases() -> list[Case]:
             if t == 2:
                 m[0, :] = -np.inf   # a fully masked row: its partials are (0, -inf, 0)
             mask = c.put(mask_t, m)
-        tq = fa_tokens_per_block(h, hkv, t) if name == "flash_attn_ext_f16" else 1
-        assert name == "flash_attn_ext_f16" or fa_vec(h, hkv, t)
-        n_split, chunk = fa_split(n_kv, hkv * -(-t // tq))
+        if mma:
+            tq, blocks = FAM_ROWS, fa_mma_blocks(h, hkv, t)
+        else:
+            tq = fa_tokens_per_block(h, hkv, t) if name == "flash_attn_ext_f16" else 1
+            assert name == "flash_attn_ext_f16" or fa_vec(h, hkv, t)
+            blocks = hkv * -(-t // tq)
+        n_split, chunk = fa_split(n_kv, blocks, max(1, n_kv // (d + 2)) if mma else None)   # lowering's cap
         out.append(c.set(c.output(G.F32, d + 2, n_split, h, t), c.randn(G.F32, d, h, t), kview, vview, mask,
                          ip=(chunk, tq), fp=(1.0 / np.sqrt(d),)))
     # the vec kernel with a per-head mask (ne2 = H) and with K/V views that are not 16-byte aligned (the

@@ -16,11 +16,15 @@ def _p(*nes, ip=()):
 
 
 def _valid_params(name):
-    """(64, 4, 2, 1) in every slot, except a decode attention entry, which takes only its own (D, G)."""
+    """(64, 4, 2, 1) in every slot, except an attention entry point, which takes only its own head size
+    (and, for decode, its own G)."""
     nes = [(64, 4, 2, 1)] * 6
     if name.startswith("flash_attn_vec_f16_d"):
         d, g = (int(x[1:]) for x in name.split("_")[-2:])
         nes[1], nes[2], nes[3] = (d, 2 * g, 1, 1), (d, 2, 256, 1), (d, 2, 256, 1)
+    elif name.startswith("flash_attn_mma_f16_d"):
+        d = int(name.split("_d")[-1])
+        nes[1], nes[2], nes[3] = (d, 4, 40, 1), (d, 2, 256, 1), (d, 2, 256, 1)
     return _p(*nes, ip=(4, 2, 0))
 
 
@@ -92,7 +96,18 @@ def test_decode_attention_takes_the_vec_kernel_one_token_per_block():
     assert fa_vec(32, 8, 1) and fa_vec(32, 32, 8) and not fa_vec(32, 8, 9) and not fa_vec(32, 2, 1)
     assert fa_plan(64, 32, 8, 256, 1)[:3] == (1, 8, 32)       # 1b decode: 8 kv heads x 8 splits
     assert fa_plan(64, 32, 8, 256, 4)[0] == 1                 # a small batch: still one token per block
-    assert fa_plan(64, 32, 8, 512, 512)[0] == 8               # prefill: the tiled kernel's token tiles
+    assert fa_plan(64, 32, 8, 512, 512)[:3] == (64, 2, 256)   # prefill: 64-row tiles, 8 x 32 blocks, 2 splits
+    assert fa_plan(64, 32, 8, 1024, 16)[:2] == (64, 11)       # a short batch: 8 blocks, splits (capped) fill the GPU
+
+
+def test_batch_attention_takes_the_tensor_core_kernel_per_head_size():
+    from graphdiag.backends.geometry import fa_mma_blocks
+    # rows (token x head sharing a kv head) in tiles of 64: 1b prefill of 512 is 8 kv heads x 32 tiles
+    assert fa_mma_blocks(32, 8, 512) == 256 and fa_mma_blocks(6, 2, 33) == 2 * 2 and fa_mma_blocks(32, 32, 9, 2) == 64
+    p = _p((66, 1, 32, 512), (64, 32, 512, 1), (64, 8, 1024, 1))
+    assert launch_geometry("flash_attn_mma_f16_d64", p) == ((1, 8, 32), (128, 1, 1), 2 * 64 * 72 * 2)
+    with pytest.raises(ValueError, match="head size 64"):
+        launch_geometry("flash_attn_mma_f16_d128", p)
     # grid (n_split, Hkv, T * B); shmem: q, scores, alphas and the row-group sums of GM (G rounded to 2^k) heads
     p = _p((66, 8, 32, 1), (64, 32, 1, 1), (64, 8, 256, 1))
     assert launch_geometry("flash_attn_vec_f16_d64_g4", p) == ((8, 8, 1), (128, 1, 1),

@@ -48,7 +48,7 @@ def rand(*shape):
 
 def test_every_catalogue_kernel_has_a_sim_implementation():
     assert set(SIM_KERNELS) == set(KERNELS)
-    assert len([k for k in SIM_KERNELS if not k.startswith("rng_fill_")]) == 52   # 12 decode attention entries
+    assert len([k for k in SIM_KERNELS if not k.startswith("rng_fill_")]) == 55   # 12 decode + 3 batch attention entries
 
 
 def test_unknown_kernel_is_not_found():
@@ -257,3 +257,35 @@ def test_decode_attention_entry_runs_only_its_own_head_size_and_group():
     for wrong in ("flash_attn_vec_f16_d32_g8", "flash_attn_vec_f16_d64_g4"):
         with pytest.raises(CudaError, match="CUDA_ERROR_INVALID_VALUE"):
             run_kernel(m.space, wrong, params(vec, dq, dk, dv, None, ip=(32, 1), fp=(0.5,)))
+
+
+def test_batch_attention_on_tensor_cores_rounds_q_and_p_to_f16_and_combines_the_same():
+    """flash_attn_mma_f16_d{D}: partials over tiles of 64 with q and p in F16, so the combined result is the
+    exact attention within F16 rounding, not bit-equal to it; l and m keep the unrounded scores; a fully
+    masked row and an empty split give (0, -inf, 0); another head size is refused."""
+    m = Mem()
+    D, H, Hkv, T, n_kv, chunk = 32, 6, 2, 12, 200, 96     # G = 3: 64-row tiles cross tokens; 3 splits
+    dq = m.put(G.F32, (D, H, T, 1), rand(1, T, H, D))
+    dk = m.put(G.F16, (D, Hkv, n_kv, 1), rand(1, n_kv, Hkv, D).astype(np.float16))
+    dv = m.put(G.F16, (D, Hkv, n_kv, 1), rand(1, n_kv, Hkv, D).astype(np.float16))
+    mask = np.zeros((1, 1, 16, n_kv), np.float32)
+    for t in range(T):
+        mask[0, 0, t, 150 + t:] = -np.inf                     # causal: split 2 sees nothing of rows t < 42
+    mask[0, 0, 3, :] = -np.inf                                # a fully masked row
+    dm = m.put(G.F16, (n_kv, 16, 1, 1), mask.astype(np.float16))
+    part = m.put(G.F32, (D + 2, 3, H, T))
+    run_kernel(m.space, "flash_attn_mma_f16_d32", params(part, dq, dk, dv, dm, ip=(chunk, 64), fp=(0.4,)))
+    dst = m.put(G.F32, (D, H, T, 1))
+    run_kernel(m.space, "flash_attn_combine_f32", params(dst, part))
+    got, p = m.view(dst), m.view(part)
+    ref = ops.flash_attn_ext(m.view(dq), m.view(dk), m.view(dv), m.view(dm), 0.4)
+    err = np.abs(got - ref).max() / np.abs(ref).max()
+    assert 0 < err < 2e-3, err
+    assert not got[0, 3].any() and np.isneginf(p[3, :, :, D]).all() and not p[3, :, :, D + 1].any()
+    assert np.isneginf(p[:, :, 2, D]).all()                  # the last split is past every row's horizon
+    exact = m.put(G.F32, (D + 2, 3, H, T))                   # the exact partials of q rounded to F16
+    dq16 = m.put(G.F32, (D, H, T, 1), m.view(dq).astype(np.float16).astype(np.float32))
+    run_kernel(m.space, "flash_attn_ext_f16", params(exact, dq16, dk, dv, dm, ip=(chunk, 1), fp=(0.4,)))
+    np.testing.assert_array_equal(p[..., D], m.view(exact)[..., D])   # the same maxima: scores are unrounded
+    with pytest.raises(CudaError, match="CUDA_ERROR_INVALID_VALUE"):
+        run_kernel(m.space, "flash_attn_mma_f16_d64", params(part, dq, dk, dv, dm, ip=(chunk, 64), fp=(0.4,)))

@@ -9,8 +9,8 @@ A node's launch count depends only on its op and weight type, never on n_kv or o
 takes, so those changes keep the captured topology (cudaGraphExecUpdate applies them), as on real ggml:
   Q8_0 MUL_MAT (mat-vec or mat-mul, fused or not)  2: quantize_q8_1 into pool scratch, then the kernel
   FLASH_ATTN_EXT                                   2: split-KV partials into pool scratch (flash_attn_vec_f16_
-                                                      d{D}_g{G} up to 8 tokens, flash_attn_ext_f16 above), then
-                                                      combine
+                                                      d{D}_g{G} up to 8 tokens, flash_attn_mma_f16_d{D} on
+                                                      tensor cores above), then combine
   everything else                                  1
 """
 
@@ -28,7 +28,7 @@ from .compat import MMVQ_MAX_BATCH_SIZE, mul_mat_id_needs_sync
 from .fusion import MMID_GLU, MMV_ADD, MMV_GLU, RMS_NORM_MUL, ROPE_SET_ROWS, Fusion
 from ..abi import Q8_1, Q8_1_BYTES
 from ..geometry import FA_HEAD_DIMS, FA_MAX_ROWS, fa_plan, fa_vec, launch_geometry, mmv_warps_per_row
-from ..kernels import fa_vec_kernel
+from ..kernels import fa_mma_kernel, fa_vec_kernel
 from .pool import TempPool
 
 _W = {GGMLType.F32: "f32", GGMLType.F16: "f16", GGMLType.Q8_0: "q8_0"}
@@ -218,7 +218,7 @@ def _lower_attention(node: Tensor) -> ScratchLaunchesOp:
     tq, n_split, chunk, nbytes = fa_plan(hd, n_head, n_head_kv, n_kv, n_tok, nb3)
     ne = (dv + 2, n_split, n_head, n_tok * nb3)
     nb = (4, 4 * ne[0], 4 * ne[0] * ne[1], 4 * ne[0] * ne[1] * ne[2])
-    kernel = fa_vec_kernel(hd, n_head // n_head_kv) if fa_vec(n_head, n_head_kv, n_tok) else "flash_attn_ext_f16"
+    kernel = fa_vec_kernel(hd, n_head // n_head_kv) if fa_vec(n_head, n_head_kv, n_tok) else fa_mma_kernel(hd)
     part = _launch(kernel, [None, q, k, v, mask], ip=(chunk, tq), fp=(node.param_f32(0),),
                    scratch=(0, int(GGMLType.F32), ne, nb))
     comb = _launch("flash_attn_combine_f32", [node, None], scratch=(1, int(GGMLType.F32), ne, nb))
