@@ -112,6 +112,31 @@ __device__ __forceinline__ void unravel(i64 i, const i64 *ne, i64 &i0, i64 &i1, 
     i2 = i % ne[2]; i3 = i / ne[2];
 }
 
+// Index math in 32 bits when every flat index fits (the usual case: kernels dispatch on FITS32 once per
+// launch): a 64-bit division is a long software sequence, a 32-bit one a few instructions. I is unsigned int
+// or i64; the dims are narrowed once, so no expression mixes in a 64-bit divide.
+#define FITS32(n) ((n) <= 0x7fffffffLL)
+
+template <typename I> __device__ __forceinline__ void unravel_t(I i, const i64 *ne, I &i0, I &i1, I &i2, I &i3) {
+    const I n0 = (I)ne[0], n1 = (I)ne[1], n2 = (I)ne[2];
+    const I q = i / n0, r = q / n1;
+    i0 = i - q * n0;
+    i1 = q - r * n1;
+    i3 = r / n2;
+    i2 = r - i3 * n2;
+}
+
+// i modulo a source dim n that broadcasts against the destination dim nd (no division when they match).
+template <typename I> __device__ __forceinline__ I bcast_t(I i, i64 n, i64 nd) {
+    return n == nd ? i : i % (I)n;
+}
+
+// An F32 tensor stored densely in ggml order (no view strides, no gaps).
+__device__ __forceinline__ bool dense_f32(const tdesc &d) {
+    return d.type == GGML_F32 && d.nb[0] == 4 && d.nb[1] == 4 * d.ne[0] && d.nb[2] == d.nb[1] * d.ne[1] &&
+           d.nb[3] == d.nb[2] * d.ne[2];
+}
+
 // Reductions. Block reductions use a 32-float shared array and assume blockDim.x is a multiple of 32.
 __device__ __forceinline__ float warp_sum(float v) {
 #pragma unroll

@@ -1,21 +1,49 @@
 // Element-wise kernels: one thread per destination element, 256 per block, grid-stride loop (the grid is
-// capped, see geometry.py). Sources broadcast by modulo, as ggml's binary ops.
+// capped, see geometry.py). Sources broadcast by modulo, as ggml's binary ops. Dense F32 operands of one
+// shape take a flat float4 path; otherwise indices are unravelled in 32 bits when they fit (common.cuh).
 #include "common.cuh"
 
-__device__ __forceinline__ float load_bcast(const tdesc &s, i64 i0, i64 i1, i64 i2, i64 i3) {
-    return load_f(s, i0 % s.ne[0], i1 % s.ne[1], i2 % s.ne[2], i3 % s.ne[3]);
+__device__ __forceinline__ float binop(int op, float a, float b) {
+    return op == 0 ? a + b : op == 1 ? a * b : silu(a) * b;
+}
+
+__device__ __forceinline__ bool same_ne(const tdesc &a, const tdesc &b) {
+    return a.ne[0] == b.ne[0] && a.ne[1] == b.ne[1] && a.ne[2] == b.ne[2] && a.ne[3] == b.ne[3];
 }
 
 // op: 0 add, 1 mul, 2 swiglu (silu(a) * b)
-__device__ void binary(const kparams &p, int op) {
+template <typename I> __device__ void binary_t(const kparams &p, int op) {
     const tdesc &D = p.t[0], &A = p.t[1], &B = p.t[2];
-    const i64 n = nelements(D);
-    for (i64 i = (i64)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += (i64)gridDim.x * blockDim.x) {
-        i64 i0, i1, i2, i3;
-        unravel(i, D.ne, i0, i1, i2, i3);
-        const float a = load_bcast(A, i0, i1, i2, i3), b = load_bcast(B, i0, i1, i2, i3);
-        store_f(D, i0, i1, i2, i3, op == 0 ? a + b : op == 1 ? a * b : silu(a) * b);
+    const I n = (I)nelements(D), stride = (I)gridDim.x * blockDim.x;
+    I i = (I)blockIdx.x * blockDim.x + threadIdx.x;
+    if (dense_f32(D) && dense_f32(A) && dense_f32(B) && same_ne(D, A) && same_ne(D, B)) {
+        float *d = (float *)D.data;
+        const float *a = (const float *)A.data, *b = (const float *)B.data;
+        if (n % 4 == 0 && ((D.data | A.data | B.data) & 15) == 0) {
+            for (; i < n / 4; i += stride) {
+                const float4 x = ((const float4 *)a)[i], y = ((const float4 *)b)[i];
+                ((float4 *)d)[i] = make_float4(binop(op, x.x, y.x), binop(op, x.y, y.y), binop(op, x.z, y.z),
+                                               binop(op, x.w, y.w));
+            }
+        } else {
+            for (; i < n; i += stride) d[i] = binop(op, a[i], b[i]);
+        }
+        return;
     }
+    for (; i < n; i += stride) {
+        I i0, i1, i2, i3;
+        unravel_t(i, D.ne, i0, i1, i2, i3);
+        const float a = load_f(A, bcast_t(i0, A.ne[0], D.ne[0]), bcast_t(i1, A.ne[1], D.ne[1]),
+                               bcast_t(i2, A.ne[2], D.ne[2]), bcast_t(i3, A.ne[3], D.ne[3]));
+        const float b = load_f(B, bcast_t(i0, B.ne[0], D.ne[0]), bcast_t(i1, B.ne[1], D.ne[1]),
+                               bcast_t(i2, B.ne[2], D.ne[2]), bcast_t(i3, B.ne[3], D.ne[3]));
+        store_f(D, i0, i1, i2, i3, binop(op, a, b));
+    }
+}
+
+__device__ void binary(const kparams &p, int op) {
+    if (FITS32(nelements(p.t[0]))) binary_t<unsigned>(p, op);
+    else binary_t<i64>(p, op);
 }
 
 KERNEL_LB(add_f32, 256) { binary(p, 0); }
@@ -24,15 +52,21 @@ KERNEL_LB(glu_swiglu_f32, 256) { binary(p, 2); }
 
 // Copy between strided layouts: element i of src (flat, in src's ne) goes to element i of dst (in dst's
 // ne), as ggml's cpy; with equal ne this is a plain strided copy. The dst type (F32/F16) decides the store.
-__device__ void copy(const kparams &p) {
+template <typename I> __device__ void copy_t(const kparams &p) {
     const tdesc &D = p.t[0], &S = p.t[1];
-    const i64 n = nelements(S);
-    for (i64 i = (i64)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += (i64)gridDim.x * blockDim.x) {
-        i64 s0, s1, s2, s3, d0, d1, d2, d3;
-        unravel(i, S.ne, s0, s1, s2, s3);
-        unravel(i, D.ne, d0, d1, d2, d3);
+    const I n = (I)nelements(S), stride = (I)gridDim.x * blockDim.x;
+    for (I i = (I)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += stride) {
+        I s0, s1, s2, s3, d0, d1, d2, d3;
+        unravel_t(i, S.ne, s0, s1, s2, s3);
+        if (same_ne(D, S)) { d0 = s0; d1 = s1; d2 = s2; d3 = s3; }
+        else unravel_t(i, D.ne, d0, d1, d2, d3);
         store_f(D, d0, d1, d2, d3, load_f(S, s0, s1, s2, s3));
     }
+}
+
+__device__ void copy(const kparams &p) {
+    if (FITS32(nelements(p.t[1]))) copy_t<unsigned>(p);
+    else copy_t<i64>(p);
 }
 
 KERNEL_LB(cpy_f32_f32, 256) { copy(p); }

@@ -27,12 +27,13 @@ __device__ __forceinline__ void rope_rotate(const kparams &p, i64 j, int pos, fl
     x0 = y0; x1 = y1;
 }
 
-KERNEL_LB(rope_f32, 256) {
+template <typename I> __device__ void rope_t(const kparams &p) {
     const tdesc &D = p.t[0], &X = p.t[1], &P = p.t[2];
-    const i64 npair = X.ne[0] / 2, n = npair * X.ne[1] * X.ne[2] * X.ne[3];
-    for (i64 i = (i64)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += (i64)gridDim.x * blockDim.x) {
-        const i64 j = i % npair, r = i / npair;
-        const i64 i1 = r % X.ne[1], i2 = (r / X.ne[1]) % X.ne[2], i3 = r / (X.ne[1] * X.ne[2]);
+    const I npair = (I)(X.ne[0] / 2), n1 = (I)X.ne[1], n2 = (I)X.ne[2];
+    const I n = npair * n1 * n2 * (I)X.ne[3], stride = (I)gridDim.x * blockDim.x;
+    for (I i = (I)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += stride) {
+        const I r = i / npair, j = i - r * npair;
+        const I r2 = r / n1, i1 = r - r2 * n1, i3 = r2 / n2, i2 = r2 - i3 * n2;
         i64 a, b;
         const bool rot = rope_pair(j, p.ip[0], p.ip[1], a, b);
         float x0 = load_f(X, a, i1, i2, i3), x1 = load_f(X, b, i1, i2, i3);
@@ -42,19 +43,32 @@ KERNEL_LB(rope_f32, 256) {
     }
 }
 
+KERNEL_LB(rope_f32, 256) {
+    const tdesc &X = p.t[1];
+    if (FITS32(X.ne[0] / 2 * X.ne[1] * X.ne[2] * X.ne[3])) rope_t<unsigned>(p);
+    else rope_t<i64>(p);
+}
+
 // dst[idx[t], h * D + d] = f16(rope(x)[d, h, t]): the K cache row of token t, heads flattened.
-KERNEL_LB(rope_set_rows_f16, 256) {
-    const tdesc &C = p.t[0], &X = p.t[1], &P = p.t[2], &I = p.t[3];
-    const i64 hd = X.ne[0], npair = hd / 2, n = npair * X.ne[1] * X.ne[2];
-    for (i64 i = (i64)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += (i64)gridDim.x * blockDim.x) {
-        const i64 j = i % npair, r = i / npair;
-        const i64 h = r % X.ne[1], t = r / X.ne[1];
+template <typename I> __device__ void rope_set_rows_t(const kparams &p) {
+    const tdesc &C = p.t[0], &X = p.t[1], &P = p.t[2], &Ix = p.t[3];
+    const i64 hd = X.ne[0];
+    const I npair = (I)(hd / 2), nh = (I)X.ne[1], n = npair * nh * (I)X.ne[2], stride = (I)gridDim.x * blockDim.x;
+    for (I i = (I)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += stride) {
+        const I r = i / npair, j = i - r * npair;
+        const I t = r / nh, h = r - t * nh;
         i64 a, b;
         const bool rot = rope_pair(j, p.ip[0], p.ip[1], a, b);
         float x0 = load_f(X, a, h, t, 0), x1 = load_f(X, b, h, t, 0);
         if (rot) rope_rotate(p, j, load_i32(P, t, 0, 0, 0), x0, x1);
-        const i64 row = load_i32(I, t, 0, 0, 0);
+        const i64 row = load_i32(Ix, t, 0, 0, 0);
         store_f(C, h * hd + a, row, 0, 0, x0);
         store_f(C, h * hd + b, row, 0, 0, x1);
     }
+}
+
+KERNEL_LB(rope_set_rows_f16, 256) {
+    const tdesc &X = p.t[1];
+    if (FITS32(X.ne[0] / 2 * X.ne[1] * X.ne[2])) rope_set_rows_t<unsigned>(p);
+    else rope_set_rows_t<i64>(p);
 }

@@ -20,16 +20,22 @@ KERNEL_LB(get_rows_q8_0, 256) { get_rows<GGML_Q8_0>(p); }
 // With src (W, T, ...) this is dst[idx[t], :] = src[t, :]; with src (D, Hkv, T) and W = D * Hkv a token's
 // heads fill one cache row. The flat row r is unravelled in idx's own shape (1-D, or shaped like src's
 // rows). One thread per src element, grid-stride; the dst type (F16 / F32) decides the store.
-__device__ void set_rows(const kparams &p) {
-    const tdesc &D = p.t[0], &S = p.t[1], &I = p.t[2];
-    const i64 n = nelements(S), w = D.ne[0];
-    for (i64 e = (i64)blockIdx.x * blockDim.x + threadIdx.x; e < n; e += (i64)gridDim.x * blockDim.x) {
-        i64 s0, s1, s2, s3, j0, j1, j2, j3;
-        unravel(e, S.ne, s0, s1, s2, s3);
-        unravel(e / w, I.ne, j0, j1, j2, j3);
-        const i64 r = load_i32(I, j0, j1, j2, j3);
-        store_f(D, e % w, r, 0, 0, load_f(S, s0, s1, s2, s3));
+template <typename I> __device__ void set_rows_t(const kparams &p) {
+    const tdesc &D = p.t[0], &S = p.t[1], &Ix = p.t[2];
+    const I n = (I)nelements(S), w = (I)D.ne[0], stride = (I)gridDim.x * blockDim.x;
+    for (I e = (I)blockIdx.x * blockDim.x + threadIdx.x; e < n; e += stride) {
+        I s0, s1, s2, s3, j0, j1, j2, j3;
+        unravel_t(e, S.ne, s0, s1, s2, s3);
+        const I rr = e / w;
+        unravel_t(rr, Ix.ne, j0, j1, j2, j3);
+        const i64 r = load_i32(Ix, j0, j1, j2, j3);
+        store_f(D, e - rr * w, r, 0, 0, load_f(S, s0, s1, s2, s3));
     }
+}
+
+__device__ void set_rows(const kparams &p) {
+    if (FITS32(nelements(p.t[1]))) set_rows_t<unsigned>(p);
+    else set_rows_t<i64>(p);
 }
 
 KERNEL_LB(set_rows_f16, 256) { set_rows(p); }
