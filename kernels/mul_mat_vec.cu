@@ -155,14 +155,67 @@ __device__ __forceinline__ void row_dots2_f16(const char *w1, const char *w2, i6
     a2 = warp_sum(a2);
 }
 
+// One Q8_0 weight block's share (4 lanes per block, 8 quants = 2 ints each) against the Q8_1 block of x.
+__device__ __forceinline__ float q8_block_dot(const unsigned char *blk, int sub, const char *xb) {
+    const unsigned short *qs = (const unsigned short *)(blk + 2 + sub * 8);
+    const int w0 = (int)((unsigned)qs[0] | ((unsigned)qs[1] << 16)), w1 = (int)((unsigned)qs[2] | ((unsigned)qs[3] << 16));
+    const int *xi = (const int *)(xb + 4 + sub * 8);
+    return h2f(*(const unsigned short *)blk) * h2f(*(const unsigned short *)xb) * (float)dp4a(w1, xi[1], dp4a(w0, xi[0], 0));
+}
+
+// One column against a 16-byte aligned Q8_0 row, staged: the row is read in steps of Q8_STEP blocks (1088
+// bytes, a multiple of 16) as coalesced 16-byte loads (3 per lane, the next step's in flight while this one
+// is used) into the warp's shared buffer, and each lane then takes 4 lanes-per-block shares from there; 34-byte
+// blocks read straight from global memory would be five 2-byte loads per lane per block. Step s of the row goes
+// to part s % nparts; the blocks past the last whole step take the unstaged loop.
+#define Q8_STEP 32
+#define Q8_STEP_U4 (Q8_STEP * 34 / 16)   // 68 uint4 per step
+__device__ __forceinline__ float q8_row_staged(const char *w, i64 K, const char *xq, int part, int nparts) {
+    __shared__ __align__(16) unsigned char stage[MMV_WARPS][Q8_STEP * 34];
+    const int lane = threadIdx.x & 31, sub = lane & 3;
+    uint4 *st = (uint4 *)stage[(threadIdx.x >> 5) % MMV_WARPS];
+    const i64 nblk = K / QK8_0, nsteps = nblk / Q8_STEP;
+    float a = 0.0f;
+    uint4 n0 = make_uint4(0, 0, 0, 0), n1 = n0, n2 = n0;
+    auto fetch = [&](i64 s) {
+        const uint4 *src = (const uint4 *)(w + s * (Q8_STEP * 34));
+        n0 = src[lane];
+        n1 = src[lane + 32];
+        if (lane < Q8_STEP_U4 - 64) n2 = src[lane + 64];
+    };
+    if (part < nsteps) fetch(part);
+    for (i64 s = part; s < nsteps; s += nparts) {
+        const uint4 c0 = n0, c1 = n1, c2 = n2;
+        if (s + nparts < nsteps) fetch(s + nparts);
+        __syncwarp();   // the previous step's reads of the buffer are done
+        st[lane] = c0;
+        st[lane + 32] = c1;
+        if (lane < Q8_STEP_U4 - 64) st[lane + 64] = c2;
+        __syncwarp();
+#pragma unroll
+        for (int u = 0; u < Q8_STEP / 8; ++u) {
+            const int bl = (lane >> 2) + 8 * u;
+            a += q8_block_dot((const unsigned char *)st + bl * 34, sub, xq + (s * Q8_STEP + bl) * 36);
+        }
+    }
+    for (i64 b = nsteps * Q8_STEP + (lane >> 2) + 8 * part; b < nblk; b += 8 * nparts)
+        a += q8_block_dot((const unsigned char *)w + b * 34, sub, xq + b * 36);
+    return a;
+}
+
 // Q8_0 row . Q8_1 x rows (xq + n * xnb1: K / 32 blocks of 36 bytes: f16 d, f16 s, 32 int8). 4 lanes per
-// weight block (8 quants = 2 ints each), 8 blocks per warp step, ILP steps in flight.
+// weight block (8 quants = 2 ints each), 8 blocks per warp step, ILP steps in flight; one column of a
+// 16-byte aligned row takes the staged loop above.
 template <int NC>
 __device__ __forceinline__ void row_dots_q8_1(const char *w, i64 wnb0, i64 K, const char *xq, i64 xnb1, int nc,
                                               float *acc, int part = 0, int nparts = 1) {
     constexpr int ILP = NC == 1 ? MMV_ILP_Q : 1;
     const int lane = threadIdx.x & 31, sub = lane & 3;
     const i64 nblk = K / QK8_0;
+    if (NC == 1 && wnb0 == 34 && aligned16(w)) {
+        acc[0] = warp_sum(acc[0] + q8_row_staged(w, K, xq, part, nparts));
+        return;
+    }
     for (i64 b0 = (lane >> 2) + 8 * ILP * part; b0 < nblk; b0 += 8 * ILP * nparts) {
         int wq[ILP][2];
         float wd[ILP];
