@@ -109,6 +109,7 @@ class CudaDriver(Driver):
         self._modules: dict[str, object] = {}
         self._functions: dict[str, object] = {}
         self._exec_update = _load_exec_update()
+        self.batch_copies_error: str | None = None    # why cuMemcpyBatchAsync was refused (then: one by one)
         self._closed = False
 
     @classmethod
@@ -305,8 +306,6 @@ class CudaDriver(Driver):
         args = ([D.CUdeviceptr(int(d)) for d, _ in items], [D.CUdeviceptr(s.ctypes.data) for _, s in items],
                 [int(s.nbytes) for _, s in items], len(items), [attr], [0], 1)
         return _CopyBatch(args, list(items))
-
-    batch_copies_error: str | None = None
 
     def copies_issue(self, prepared, stream) -> None:
         if not isinstance(prepared, _CopyBatch):
