@@ -203,6 +203,48 @@ __device__ __forceinline__ float q8_row_staged(const char *w, i64 K, const char 
     return a;
 }
 
+// The GLU pair (gate and up rows against one column) staged together: both rows' steps are in flight at
+// once (six 16-byte loads per lane) and each x block is read once for the two dots.
+__device__ __forceinline__ void q8_rows2_staged(const char *wg, const char *wu, i64 K, const char *xq, float &ag,
+                                                float &au) {
+    __shared__ __align__(16) unsigned char stage2[MMV_WARPS][2][Q8_STEP * 34];
+    const int lane = threadIdx.x & 31, sub = lane & 3, warp = (threadIdx.x >> 5) % MMV_WARPS;
+    uint4 *sg = (uint4 *)stage2[warp][0], *su = (uint4 *)stage2[warp][1];
+    const i64 nblk = K / QK8_0, nsteps = nblk / Q8_STEP;
+    for (i64 s = 0; s < nsteps; ++s) {
+        const uint4 *g = (const uint4 *)(wg + s * (Q8_STEP * 34)), *u = (const uint4 *)(wu + s * (Q8_STEP * 34));
+        const uint4 g0 = g[lane], g1 = g[lane + 32], u0 = u[lane], u1 = u[lane + 32];
+        uint4 g2 = make_uint4(0, 0, 0, 0), u2 = g2;
+        if (lane < Q8_STEP_U4 - 64) { g2 = g[lane + 64]; u2 = u[lane + 64]; }
+        __syncwarp();
+        sg[lane] = g0; sg[lane + 32] = g1; su[lane] = u0; su[lane + 32] = u1;
+        if (lane < Q8_STEP_U4 - 64) { sg[lane + 64] = g2; su[lane + 64] = u2; }
+        __syncwarp();
+#pragma unroll
+        for (int v = 0; v < Q8_STEP / 8; ++v) {
+            const int bl = (lane >> 2) + 8 * v;
+            const char *xb = xq + (s * Q8_STEP + bl) * 36;
+            const int *xi = (const int *)(xb + 4 + sub * 8);
+            const int x0 = xi[0], x1 = xi[1];
+            const float dx = h2f(*(const unsigned short *)xb);
+            const unsigned char *bg = (const unsigned char *)sg + bl * 34, *bu = (const unsigned char *)su + bl * 34;
+            const unsigned short *qg = (const unsigned short *)(bg + 2 + sub * 8), *qu = (const unsigned short *)(bu + 2 + sub * 8);
+            const int sgd = dp4a((int)((unsigned)qg[2] | ((unsigned)qg[3] << 16)), x1,
+                                 dp4a((int)((unsigned)qg[0] | ((unsigned)qg[1] << 16)), x0, 0));
+            const int sud = dp4a((int)((unsigned)qu[2] | ((unsigned)qu[3] << 16)), x1,
+                                 dp4a((int)((unsigned)qu[0] | ((unsigned)qu[1] << 16)), x0, 0));
+            ag += h2f(*(const unsigned short *)bg) * dx * (float)sgd;
+            au += h2f(*(const unsigned short *)bu) * dx * (float)sud;
+        }
+    }
+    for (i64 b = nsteps * Q8_STEP + (lane >> 2); b < nblk; b += 8) {
+        ag += q8_block_dot((const unsigned char *)wg + b * 34, sub, xq + b * 36);
+        au += q8_block_dot((const unsigned char *)wu + b * 34, sub, xq + b * 36);
+    }
+    ag = warp_sum(ag);
+    au = warp_sum(au);
+}
+
 // Q8_0 row . Q8_1 x rows (xq + n * xnb1: K / 32 blocks of 36 bytes: f16 d, f16 s, 32 int8). 4 lanes per
 // weight block (8 quants = 2 ints each), 8 blocks per warp step, ILP steps in flight; one column of a
 // 16-byte aligned row takes the staged loop above.
@@ -334,6 +376,8 @@ template <int T, int NC> __device__ __forceinline__ void mmv_glu_cols(const kpar
         if (T == GGML_F16 && NC == 1 && G.nb[0] == 2 && U.nb[0] == 2 && X.nb[0] == 4 && K % 8 == 0 &&
             aligned16(g) && aligned16(u) && aligned16(xb)) {
             row_dots2_f16(g, u, K, xb, ag[0], au[0]);
+        } else if (T == GGML_Q8_0 && NC == 1 && G.nb[0] == 34 && U.nb[0] == 34 && aligned16(g) && aligned16(u)) {
+            q8_rows2_staged(g, u, K, xb, ag[0], au[0]);
         } else {
             dots<T, NC>(g, G, X, n0, i2, i3, nc, ag);
             dots<T, NC>(u, U, X, n0, i2, i3, nc, au);
