@@ -25,6 +25,10 @@ try:
 except ImportError:   # older trees: one partial kernel
     fa_vec = None
 try:
+    from graphdiag.backends.kernels import fa_mma_kernel
+except ImportError:   # older trees: the CUDA-core batch kernel
+    fa_mma_kernel = None
+try:
     from graphdiag.backends.kernels import fa_vec_kernel
 except ImportError:   # older trees: one decode kernel for every head size and group
     def fa_vec_kernel(d, g):
@@ -153,7 +157,8 @@ def attention_rows(b: Bench, only: str):
         ne = (d + 2, n_split, h, t)
         part = (b.buf(nbytes=nbytes), int(G.F32), ne, contiguous_nb(G.F32, ne))
         dst = b.tensor(G.F32, (d, h, t), np.zeros((t, h, d), np.float32))
-        kernel = fa_vec_kernel(d, h // hkv) if fa_vec is not None and fa_vec(h, hkv, t) else "flash_attn_ext_f16"
+        kernel = (fa_vec_kernel(d, h // hkv) if fa_vec is not None and fa_vec(h, hkv, t)
+                  else fa_mma_kernel(d) if fa_mma_kernel is not None else "flash_attn_ext_f16")
         ls = [b.launch(kernel, [part, q, kc, vc, mask], ip=(chunk, tq), fp=(0.125,)),
               b.launch("flash_attn_combine_f32", [dst, part])]
         us = b.time_us(ls, batch=10)
