@@ -451,7 +451,8 @@ KERNEL_LB(flash_attn_combine_f32, 256) {
 // P enter the products as F16, accumulation is F32. Grid (n_split, Hkv, ceil(G * T / 64) * B), 128 threads.
 // A block owns kv head hk, 64 query rows of it (row r = t * G + g: the G heads sharing hk, token-major, so
 // every K/V tile is loaded once for all of them) and the positions of split s, walked in tiles of 64: K and
-// V tiles go to shared memory (Q staged there first, as F16, then held as mma fragments). Each warp owns 16
+// V tiles go to shared memory in two stages, the next tile's cp.async in flight while this one computes
+// (Q staged there first, as F16, then held as mma fragments). Each warp owns 16
 // rows: S = Q K^T by mma.m16n8k16 (16 x 64 per tile), + mask, online softmax in the accumulator layout
 // (rows g and g + 8 of the quad, reduced over the 4 lanes of a quad), P rounded to F16 becomes the A fragment
 // of O += P V (V read with ldmatrix.trans). A tile whose mask is -inf for all 16 rows of a warp is skipped
@@ -497,7 +498,9 @@ template <int D> __device__ void fa_mma(const kparams &p, unsigned short *smem) 
     const bool has_mask = Mk.data != 0;
     const float scale = p.fp[0];
     const i64 j0 = (i64)blockIdx.x * p.ip[0], j1 = min(j0 + (i64)p.ip[0], nkv);
-    unsigned short *Ks = smem, *Vs = smem + FAM_KV * LD;
+    // two stages of (K tile, V tile); the Q rows are staged in stage 1's K tile first
+    auto kst = [&](int st) { return smem + st * (2 * FAM_KV * LD); };   // stage st: K tile, then V tile
+    unsigned short *Ks = kst(1);
 
     // Q rows of the block as F16 into Ks's space, then each warp's 16 rows into A fragments
     for (int e = tid; e < FAM_ROWS * D; e += FAM_THREADS) {
@@ -541,19 +544,38 @@ template <int D> __device__ void fa_mma(const kparams &p, unsigned short *smem) 
         for (int c = 0; c < 4; ++c) o[i][c] = 0.0f;
     float m[2] = {F32_NEG_INF, F32_NEG_INF}, l[2] = {0.0f, 0.0f};
 
-    for (i64 c0 = j0; c0 < j1; c0 += FAM_KV) {
-        // K and V tiles (positions past j1 are zero; their scores are -inf)
+    // K and V tile of positions [c0, c0 + 64) into stage st (positions past j1 are zero; their scores are
+    // -inf): 16-byte cp.async (zero-filled past j1) when both caches are aligned, else loads through registers
+    const bool async_kv = kvec && vvec;
+    auto fetch = [&](i64 c0, int st) {
         for (int e = tid; e < FAM_KV * (D / 8); e += FAM_THREADS) {
             const int jj = e / (D / 8), d = (e % (D / 8)) * 8;
             const i64 j = c0 + jj;
-            uint4 kv = make_uint4(0, 0, 0, 0), vv = make_uint4(0, 0, 0, 0);
-            if (j < j1) {
-                kv = fav_load8(kbase + j * Kc.nb[2], d, Kc.nb[0], kvec);
-                vv = fav_load8(vbase + j * V.nb[2], d, V.nb[0], vvec);
+            if (async_kv) {
+                const bool in = j < j1;
+                const char *kg = kbase + (in ? j : j0) * Kc.nb[2] + d * 2, *vg = vbase + (in ? j : j0) * V.nb[2] + d * 2;
+                const int n = in ? 16 : 0;
+                asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;" ::"r"(fam_smem_u32(kst(st) + jj * LD + d)), "l"(kg), "r"(n));
+                asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;" ::"r"(fam_smem_u32(kst(st) + (FAM_KV + jj) * LD + d)), "l"(vg), "r"(n));
+            } else {
+                uint4 kv = make_uint4(0, 0, 0, 0), vv = make_uint4(0, 0, 0, 0);
+                if (j < j1) {
+                    kv = fav_load8(kbase + j * Kc.nb[2], d, Kc.nb[0], false);
+                    vv = fav_load8(vbase + j * V.nb[2], d, V.nb[0], false);
+                }
+                *(uint4 *)(kst(st) + jj * LD + d) = kv;
+                *(uint4 *)(kst(st) + (FAM_KV + jj) * LD + d) = vv;
             }
-            *(uint4 *)&Ks[jj * LD + d] = kv;
-            *(uint4 *)&Vs[jj * LD + d] = vv;
         }
+        asm volatile("cp.async.commit_group;" ::: "memory");
+    };
+    if (j0 < j1) fetch(j0, 0);
+    int stage = 0;
+    for (i64 c0 = j0; c0 < j1; c0 += FAM_KV, stage ^= 1) {
+        Ks = kst(stage);
+        const unsigned short *Vs = Ks + FAM_KV * LD;
+        // the next tile in flight while this one computes (its stage was released by the last barrier)
+        if (c0 + FAM_KV < j1) fetch(c0 + FAM_KV, stage ^ 1);
         // the mask of this thread's scores: s[nt][c] at row g4 + 8 * (c >> 1), position c0 + nt * 8 + 2 * tig + (c & 1)
         float s[NT][4];
         bool live = false;
@@ -579,6 +601,8 @@ template <int D> __device__ void fa_mma(const kparams &p, unsigned short *smem) 
                 s[nt][2 * k + 1] = x1;
                 live |= x0 != F32_NEG_INF || x1 != F32_NEG_INF;
             }
+        if (c0 + FAM_KV < j1) asm volatile("cp.async.wait_group 1;" ::: "memory");   // this tile's group
+        else asm volatile("cp.async.wait_group 0;" ::: "memory");
         __syncthreads();
         if (__any_sync(0xffffffffu, live)) {
             // S = Q K^T

@@ -200,7 +200,7 @@ def _flash_attn_vec(d: int, gm: int) -> Callable[[np.ndarray], Geometry]:
 
 def _flash_attn_mma(d: int) -> Callable[[np.ndarray], Geometry]:
     """flash_attn_mma_f16_d{d}: grid (n_split, Hkv, ceil(G * T / FAM_ROWS) * B); K and V tiles in shmem."""
-    shmem = 2 * FAM_KV * (d + 8) * 2
+    shmem = 2 * 2 * FAM_KV * (d + 8) * 2   # two stages of K and V tiles, rows padded by 8 halves
 
     def geom(p) -> Geometry:
         q, k, part = _ne(p, 1), _ne(p, 2), _ne(p, 0)

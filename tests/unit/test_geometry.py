@@ -105,7 +105,7 @@ def test_batch_attention_takes_the_tensor_core_kernel_per_head_size():
     # rows (token x head sharing a kv head) in tiles of 64: 1b prefill of 512 is 8 kv heads x 32 tiles
     assert fa_mma_blocks(32, 8, 512) == 256 and fa_mma_blocks(6, 2, 33) == 2 * 2 and fa_mma_blocks(32, 32, 9, 2) == 64
     p = _p((66, 1, 32, 512), (64, 32, 512, 1), (64, 8, 1024, 1))
-    assert launch_geometry("flash_attn_mma_f16_d64", p) == ((1, 8, 32), (128, 1, 1), 2 * 64 * 72 * 2)
+    assert launch_geometry("flash_attn_mma_f16_d64", p) == ((1, 8, 32), (128, 1, 1), 2 * 2 * 64 * 72 * 2)
     with pytest.raises(ValueError, match="head size 64"):
         launch_geometry("flash_attn_mma_f16_d128", p)
     # grid (n_split, Hkv, T * B); shmem: q, scores, alphas and the row-group sums of GM (G rounded to 2^k) heads
