@@ -104,9 +104,106 @@ __device__ __forceinline__ void store_acc(const tdesc &D, const float (*acc)[4][
 }
 
 // ---- F16 weights x F32 activations (rounded to F16) ----------------------------------------------------
+// The pipelined path (contiguous, 16-byte aligned W and x, K % 8 == 0: every prefill projection): MM_STAGES
+// k tiles in shared memory, filled by cp.async (zero-filled past the edges) MM_STAGES - 1 tiles ahead of the
+// one being multiplied, one barrier per k step. x stays F32 in shared memory; each B fragment is rounded to
+// F16 as it is built (the same RNE rounding as the register path, so both give the same products).
+#define MM_STAGES 4
+#define MM_LDB (MM_BK + 8)   // floats per x row of a stage (160 bytes: 16-byte rows; fragment reads conflict-free)
+__device__ __forceinline__ void cp_async16(void *dst, const void *src, int n) {
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;" ::"r"(smem_u32(dst)), "l"(src), "r"(n));
+}
+
+__device__ void mm_f16_pipelined(const kparams &p, unsigned char *smem) {
+    typedef unsigned short ATile[MM_BM][MM_BK + MM_PAD];
+    typedef float BTile[MM_BN][MM_LDB];
+    ATile *As = (ATile *)smem;
+    BTile *Bf = (BTile *)(smem + MM_STAGES * sizeof(ATile));
+    const tdesc &D = p.t[0], &W = p.t[1], &X = p.t[2];
+    const i64 M = D.ne[0], N = D.ne[1], K = W.ne[0];
+    const i64 m0 = (i64)blockIdx.x * MM_BM, n0 = (i64)blockIdx.y * MM_BN;
+    const i64 i2 = blockIdx.z % D.ne[2], i3 = blockIdx.z / D.ne[2];
+    const i64 w2 = i2 / (D.ne[2] / W.ne[2]), w3 = i3 / (D.ne[3] / W.ne[3]);
+    const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, wm = warp & 3, wn = warp >> 2;
+    const int g = lane >> 2, tig = lane & 3;
+    // this thread's rows of the A and B tiles (clamped to the last row: their bytes are zero-filled)
+    const char *wr[2], *xr[2];
+    bool win[2], xin[2];
+#pragma unroll
+    for (int i = 0; i < 2; ++i) {
+        const int ia = tid + 256 * i, ib = tid + 256 * i;
+        const i64 m = m0 + (ia >> 2), n = n0 + (ib >> 3);
+        win[i] = m < M; xin[i] = n < N;
+        wr[i] = row_ptr(W, win[i] ? m : M - 1, w2, w3);
+        xr[i] = row_ptr(X, xin[i] ? n : N - 1, i2, i3);
+    }
+    const i64 nk = (K + MM_BK - 1) / MM_BK;
+    auto issue = [&](i64 kt) {
+        if (kt < nk) {
+            const int st = (int)(kt % MM_STAGES);
+            const i64 k0 = kt * MM_BK;
+#pragma unroll
+            for (int i = 0; i < 2; ++i) {
+                const int ia = tid + 256 * i, row = ia >> 2, c = ia & 3;
+                const i64 k = k0 + c * 8;
+                const bool in = win[i] && k < K;
+                cp_async16(&As[st][row][c * 8], wr[i] + (in ? k : 0) * 2, in ? 16 : 0);
+                const int col = ia >> 3, cb = ia & 7;
+                const i64 kb = k0 + cb * 4;
+                const bool bin = xin[i] && kb < K;
+                cp_async16(&Bf[st][col][cb * 4], xr[i] + (bin ? kb : 0) * 4, bin ? 16 : 0);
+            }
+        }
+        asm volatile("cp.async.commit_group;" ::: "memory");   // an empty group past the end keeps the count
+    };
+
+    float acc[2][4][4];
+    zero_acc(acc);
+#pragma unroll
+    for (int s = 0; s < MM_STAGES - 1; ++s) issue(s);
+    for (i64 kt = 0; kt < nk; ++kt) {
+        asm volatile("cp.async.wait_group %0;" ::"n"(MM_STAGES - 2) : "memory");   // tile kt has landed
+        __syncthreads();                      // ... for every thread; and tile kt - 1's stage is free
+        issue(kt + MM_STAGES - 1);
+        const int st = (int)(kt % MM_STAGES);
+#pragma unroll
+        for (int kk = 0; kk < MM_BK; kk += 16) {
+            unsigned af[2][4], bf[4][2];
+#pragma unroll
+            for (int mi = 0; mi < 2; ++mi)
+                ldmatrix_x4(af[mi], &As[st][wm * 32 + mi * 16 + (lane & 15)][kk + (lane >> 4) * 8]);
+#pragma unroll
+            for (int ni = 0; ni < 4; ++ni) {
+                const float *b = &Bf[st][wn * 32 + ni * 8 + g][kk + 2 * tig];
+                const float2 lo = *(const float2 *)b, hi = *(const float2 *)(b + 8);
+                bf[ni][0] = pack_h2(f2h(lo.x), f2h(lo.y));
+                bf[ni][1] = pack_h2(f2h(hi.x), f2h(hi.y));
+            }
+#pragma unroll
+            for (int mi = 0; mi < 2; ++mi)
+#pragma unroll
+                for (int ni = 0; ni < 4; ++ni) mma_f16(acc[mi][ni], af[mi], bf[ni]);
+        }
+    }
+    asm volatile("cp.async.wait_group 0;" ::: "memory");
+    store_acc(D, acc, m0 + wm * 32, n0 + wn * 32, i2, i3);
+}
+
+__device__ void mm_f16_registers(const kparams &p, unsigned char *smem);
+
 KERNEL_LB(mul_mat_f16, 256) {
-    __shared__ __align__(16) unsigned short As[2][MM_BM][MM_BK + MM_PAD];
-    __shared__ __align__(16) unsigned short Bs[2][MM_BN][MM_BK + MM_PAD];
+    extern __shared__ __align__(16) unsigned char mm_smem[];   // geometry.py: MM_STAGES stages of A and B
+    const tdesc &W = p.t[1], &X = p.t[2];
+    if (W.nb[0] == 2 && vec16(W) && X.nb[0] == 4 && vec16(X) && W.ne[0] % 8 == 0) mm_f16_pipelined(p, mm_smem);
+    else mm_f16_registers(p, mm_smem);
+}
+
+// The general path (views, odd strides or K): two stages through registers.
+__device__ void mm_f16_registers(const kparams &p, unsigned char *smem) {
+    typedef unsigned short ATile[MM_BM][MM_BK + MM_PAD];
+    typedef unsigned short BTile[MM_BN][MM_BK + MM_PAD];
+    ATile *As = (ATile *)smem;
+    BTile *Bs = (BTile *)(smem + 2 * sizeof(ATile));
     const tdesc &D = p.t[0], &W = p.t[1], &X = p.t[2];
     const i64 M = D.ne[0], N = D.ne[1], K = W.ne[0];
     const i64 m0 = (i64)blockIdx.x * MM_BM, n0 = (i64)blockIdx.y * MM_BN;

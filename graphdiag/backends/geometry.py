@@ -24,6 +24,7 @@ MMV_STEP = 1024          # elements of a row one warp step loads (32 lanes x 8 h
 TILE = 16                # mul_mat.cu mul_mat_f32: 16x16 output tile per 256-thread block
 MM_BM, MM_BN = 128, 64   # mul_mat.cu tensor-core kernels (f16, q8_0): 128 x 64 output tile, 256 threads
 MM_BLOCK = 256
+MM_BK, MM_STAGES = 32, 4   # mul_mat_f16: k tiles of 32, four stages in flight (dynamic shared memory)
 QUANT_WARPS = 8          # quantize.cu: one warp per 32-block, 8 warps per block
 ELEMENTWISE_BLOCK = 256  # element-wise / rope kernels: one thread per element or pair, grid-stride loop
 MAX_GRID_X = 1 << 20     # cap on grid-stride grids: plenty of blocks to fill 132 SMs, no overflow
@@ -221,6 +222,12 @@ def _mm_tc(p) -> Geometry:
     return (_cdiv(d[0], MM_BM), _cdiv(d[1], MM_BN), max(d[2] * d[3], 1)), (MM_BLOCK, 1, 1), 0
 
 
+def _mm_f16(p) -> Geometry:
+    """mul_mat_f16: the q8_0 kernel's grid, and MM_STAGES k tiles of A (F16) and B (F32) in shared memory."""
+    grid, block, _ = _mm_tc(p)
+    return grid, block, MM_STAGES * (MM_BM * (MM_BK + 8) * 2 + MM_BN * (MM_BK + 8) * 4)
+
+
 def _quantize(p) -> Geometry:
     x = _ne(p, 1)
     blocks = (x[0] // 32) * x[1] * x[2] * x[3]
@@ -240,7 +247,7 @@ def _table() -> dict[str, Callable[[np.ndarray], Geometry]]:
         t[f"mul_mat_vec_{w}"] = _mmv
         t[f"mul_mat_vec_glu_{w}"] = _mmv
         t[f"mul_mat_vec_add_{w}"] = _mmv
-        t[f"mul_mat_{w}"] = _mm if w == "f32" else _mm_tc
+        t[f"mul_mat_{w}"] = {"f32": _mm, "f16": _mm_f16, "q8_0": _mm_tc}[w]
         t[f"mul_mat_id_vec_{w}"] = _mmv_id
         t[f"mul_mat_id_vec_glu_{w}"] = _mmv_id
         t[f"mul_mat_id_gathered_{w}"] = _mmv_gathered
