@@ -128,3 +128,19 @@ def test_kv_cells_kept_state_matches_a_scan_of_the_cells(ops):
             assert kv.next_pos(q) == (int(held.max()) + 1 if held.size else 0)
         used = np.flatnonzero(kv.seq >= 0)
         assert kv.n_kv() == padded_n_kv(int(used[-1]) + 1 if used.size else 0, 512)
+
+
+def test_a_walk_freezes_what_was_built_before_it_and_collects_the_young_generation_less_often():
+    import gc
+
+    from graphdiag.runner import GC_YOUNG, steady_gc
+    before = gc.get_threshold()
+    gc.unfreeze()
+    with steady_gc():
+        assert gc.get_threshold()[0] == GC_YOUNG > before[0] and gc.get_freeze_count() > 0
+        made = [[i] for i in range(10)]
+        cycle = []
+        cycle.append(cycle)
+        del cycle
+        assert gc.collect() >= 1           # cycles made during the walk are still collected
+    assert gc.get_threshold() == before and gc.get_freeze_count() == 0 and made
