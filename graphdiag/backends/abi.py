@@ -16,6 +16,8 @@ from __future__ import annotations
 
 import numpy as np
 
+from ..ir.arena import TENSOR_DTYPE
+
 N_DESC = 6
 Q8_1 = 9          # descriptor type of Q8_1 activations (quantize_q8_1's pool scratch; not a tensor type)
 Q8_1_BYTES = 36   # one Q8_1 block: f16 d, f16 d * sum(q), 32 int8
@@ -36,6 +38,28 @@ def set_desc(p: np.ndarray, slot: int, data: int, type_: int, ne, nb) -> None:
     d["type"] = type_
     d["ne"] = ne
     d["nb"] = nb
+
+
+def params_from_bytes(buf: bytearray) -> np.ndarray:
+    """The 0-d KPARAMS record over `buf` (KPARAMS.itemsize bytes, written in place)."""
+    return np.frombuffer(buf, KPARAMS).reshape(())
+
+
+# A descriptor's ne/nb sit at the same byte offsets as the struct's (nb u64 there, i64 here: the same bytes),
+# so a descriptor is three byte copies out of a struct.
+_T_DATA, _T_TYPE, _T_SHAPE = (TDESC.fields[f][1] for f in ("data", "type", "ne"))
+_S_DATA, _S_TYPE, _S_SHAPE = (TENSOR_DTYPE.fields[f][1] for f in ("data", "type", "ne"))
+_SHAPE_BYTES = 64
+assert _T_SHAPE == _S_SHAPE and TENSOR_DTYPE.fields["nb"][1] == TDESC.fields["nb"][1] == _S_SHAPE + 32
+
+
+def set_desc_from_struct(buf: bytearray, slot: int, mem: memoryview, at: int) -> None:
+    """Fill descriptor `slot` of a KPARAMS byte buffer from the ggml_tensor struct at byte `at` of `mem`
+    (an arena's bytes): what set_desc_from_record writes, without a numpy scalar access per field."""
+    d = slot * TDESC.itemsize
+    buf[d + _T_DATA: d + _T_DATA + 8] = mem[at + _S_DATA: at + _S_DATA + 8]
+    buf[d + _T_TYPE: d + _T_TYPE + 4] = mem[at + _S_TYPE: at + _S_TYPE + 4]
+    buf[d + _T_SHAPE: d + _T_SHAPE + _SHAPE_BYTES] = mem[at + _S_SHAPE: at + _S_SHAPE + _SHAPE_BYTES]
 
 
 def set_desc_from_record(p: np.ndarray, slot: int, rec) -> None:

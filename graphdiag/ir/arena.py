@@ -38,6 +38,7 @@ class Arena:
         self.top = 0
         self.mark = 0
         self.skip = 0          # slots left unused after the persistent region (a graph built elsewhere)
+        self._mem: tuple[np.ndarray, memoryview] | None = None
 
     @property
     def capacity(self) -> int:
@@ -46,6 +47,14 @@ class Arena:
     @property
     def raw(self) -> np.ndarray:
         return self.rec.view(np.uint8).reshape(len(self.rec), TENSOR_SIZE)
+
+    @property
+    def mem(self) -> memoryview:
+        """The structs' bytes as a flat memoryview (slot i at i * TENSOR_SIZE): byte-slice reads and writes
+        without a numpy call each. Made again when the arena grows (`rec` is then a new array)."""
+        if self._mem is None or self._mem[0] is not self.rec:
+            self._mem = (self.rec, memoryview(self.rec.view(np.uint8)))
+        return self._mem[1]
 
     def new_slot(self) -> int:
         """A zeroed slot (as ggml_new_tensor_impl fully initialises the struct)."""

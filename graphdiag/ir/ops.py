@@ -44,6 +44,7 @@ class TensorFlag(enum.IntFlag):
 
 
 _VIEW_OPS = frozenset({Op.NONE, Op.RESHAPE, Op.TRANSPOSE, Op.VIEW, Op.PERMUTE})
+VIEW_OPS = sorted(int(op) for op in _VIEW_OPS)     # the same, as ints (for vectorised tests)
 
 
 def is_view_op(op: int) -> bool:

@@ -13,10 +13,9 @@ from dataclasses import dataclass
 
 from ... import events as E
 from ...ir.graph import Graph
-from ...ir.ops import TensorFlag, is_view_or_noop
 from .concurrency import Region
 from .entry import GraphEntry
-from .fusion import Fusion
+from .fusion import Fusion, launching_nodes
 
 
 @dataclass
@@ -177,18 +176,19 @@ class CaptureLoop:
 def lower_graph(graph: Graph, plan: dict[int, Fusion], cc: int, driver) -> list:
     """Lowered op per node index (None where the loop launches nothing), prepared once."""
     from .lowering import lower_node, op_launches
-    rec = graph.arena.rec
     out: list = [None] * graph.n_nodes
+    launches = launching_nodes(graph)
+    names = graph.arena.rec["name"][graph.nodes].tolist()
     i = 0
     while i < graph.n_nodes:
-        idx = int(graph.nodes[i])
         f = plan.get(i)
-        if not is_view_or_noop(int(rec["op"][idx]), rec["ne"][idx]) and rec["flags"][idx] & TensorFlag.COMPUTE:
+        end = i + 1 + (f.absorbed if f is not None else 0)
+        if launches[i]:
             op = lower_node(graph, i, f, cc)
-            label = "+".join(graph.node(j).name for j in range(i, i + 1 + (f.absorbed if f is not None else 0)))
+            label = "+".join(n.decode() for n in names[i:end])
             for launch in op_launches(op):
                 launch.label = label
             op.prepare(driver)
             out[i] = op
-        i += 1 + (f.absorbed if f is not None else 0)
+        i = end
     return out

@@ -24,7 +24,7 @@ import numpy as np
 
 from ...ir.dtypes import GGMLType, is_quantized, type_size
 from ...ir.graph import Graph
-from ...ir.ops import GluOp, Op, TensorFlag, is_view_or_noop
+from ...ir.ops import VIEW_OPS, GluOp, Op, TensorFlag
 from ...ir.tensor import Tensor
 from .compat import CC_AMPERE, CC_PASCAL, MMVQ_MAX_BATCH_SIZE
 
@@ -52,6 +52,15 @@ def consumer_counts(graph: Graph) -> dict[int, int]:
     idx = ((addrs - np.uint64(graph.arena.base)) // np.uint64(rec.dtype.itemsize)).astype(np.int64)
     uniq, cnt = np.unique(idx, return_counts=True)
     return dict(zip(uniq.tolist(), cnt.tolist()))
+
+
+def launching_nodes(graph: Graph) -> list[bool]:
+    """Per node: does the capture loop issue it (not a view/no-op, flag COMPUTE)? One vectorised pass."""
+    rec = graph.arena.rec
+    nodes = graph.nodes
+    ops, flags = rec["op"][nodes], rec["flags"][nodes]
+    noop = np.isin(ops, VIEW_OPS) | (rec["ne"][nodes] == 0).any(axis=1)
+    return (~noop & (flags & TensorFlag.COMPUTE.value != 0)).tolist()
 
 
 def _single_use(t: Tensor, consumers: dict[int, int]) -> bool:
@@ -130,6 +139,9 @@ def _mmvq_ok(mm: Tensor, cc: int) -> bool:
 
 
 def _mat_vec_fusable(mm: Tensor, cc: int) -> bool:
+    ne = mm.ne
+    if ne[2 if mm.op == Op.MUL_MAT_ID else 1] != 1:
+        return False            # both paths need one column: a batch is refused before any other test
     return _mmvf_ok(mm, cc) or _mmvq_ok(mm, cc)
 
 
@@ -154,6 +166,8 @@ def _mmv_glu(graph: Graph, i: int, consumers, cc: int, op: Op = Op.MUL_MAT) -> b
     gate, up, glu = graph.node(i), graph.node(i + 1), graph.node(i + 2)
     if (gate.op, up.op, glu.op) != (op, op, Op.GLU):
         return False
+    if not _mat_vec_fusable(up, cc):
+        return False            # tested last upstream; every test here is pure, so first is the same
     if op == Op.MUL_MAT_ID and gate.src[2] != up.src[2]:
         return False
     if not all(t.flags & TensorFlag.COMPUTE for t in (gate, up, glu)):
@@ -165,18 +179,18 @@ def _mmv_glu(graph: Graph, i: int, consumers, cc: int, op: Op = Op.MUL_MAT) -> b
     wg, wu = gate.src[0], up.src[0]
     if wg.type != wu.type or wg.ne != wu.ne or wg.nb != wu.nb or gate.src[1] != up.src[1]:
         return False
-    return _memory_ranges_ok(graph, i, 3, i + 2) and _mat_vec_fusable(up, cc)
+    return _memory_ranges_ok(graph, i, 3, i + 2)
 
 
 def _mmv_add(graph: Graph, i: int, consumers, cc: int) -> bool:
-    if not _can_fuse(graph, i, (Op.MUL_MAT, Op.ADD), consumers):
+    # node i is a MUL_MAT (try_fuse's test); the mat-vec test, last upstream, goes first here (pure tests)
+    if not _mat_vec_fusable(graph.node(i), cc) or not _can_fuse(graph, i, (Op.MUL_MAT, Op.ADD), consumers):
         return False
-    mm, add = graph.node(i), graph.node(i + 1)
-    if add.src[0].ne != add.src[1].ne:
-        return False            # no broadcasting add
+    add = graph.node(i + 1)
+    s = add.src
     # no memory-range check upstream: the ADD reuses the mat-vec's memory in place (ggml-alloc, and
     # graphdiag's allocator, give a node its single-use parent's buffer), so it never overlaps x
-    return _mat_vec_fusable(mm, cc)
+    return s[0].ne == s[1].ne   # no broadcasting add
 
 
 def _rms_norm_mul(graph: Graph, i: int, consumers) -> bool:
@@ -190,6 +204,9 @@ def _rms_norm_mul(graph: Graph, i: int, consumers) -> bool:
         return False            # rms_norm as the B operand: no broadcast
     # no memory-range check upstream: the fused kernel reads a row whole before it writes it (in place is safe)
     return all(t.nb[0] == type_size(t.type) for t in (a, b))
+
+
+_FUSION_FIRST = frozenset({Op.ROPE, Op.MUL_MAT, Op.MUL_MAT_ID, Op.RMS_NORM})   # where try_fuse can match
 
 
 def try_fuse(graph: Graph, i: int, consumers: dict[int, int], cc: int = 900) -> Fusion | None:
@@ -213,12 +230,12 @@ def fusion_plan(graph: Graph, cc: int = 900) -> dict[int, Fusion]:
     """try_fuse evaluated at every node the loop can reach (a node absorbed by a fusion is never tried;
     views/no-ops and nodes without COMPUTE are skipped before try_fuse, as in the capture loop)."""
     consumers = consumer_counts(graph)
-    rec = graph.arena.rec
+    launches = launching_nodes(graph)
+    ops = graph.arena.rec["op"][graph.nodes].tolist()
     plan: dict[int, Fusion] = {}
     i = 0
     while i < graph.n_nodes:
-        idx = int(graph.nodes[i])
-        if not is_view_or_noop(int(rec["op"][idx]), rec["ne"][idx]) and rec["flags"][idx] & TensorFlag.COMPUTE:
+        if launches[i] and ops[i] in _FUSION_FIRST:
             f = try_fuse(graph, i, consumers, cc)
             if f:
                 plan[i] = f

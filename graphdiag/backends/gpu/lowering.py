@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from ...ir.arena import TENSOR_SIZE
 from ...ir.dtypes import QK8_0, GGMLType
 from ...ir.graph import Graph
 from ...ir.ops import Op
@@ -41,16 +42,17 @@ def _geometry(name: str, params: np.ndarray):
 def _launch(name: str, tensors: list[Tensor | None], ip=(), fp=(), scratch=None) -> Launch:
     """One launch; `scratch` = (slot, type, ne, nb) describes pool scratch in that slot (address 0 until
     the op runs and takes a buffer)."""
-    p = abi.new_params()
+    buf = bytearray(abi.KPARAMS.itemsize)
     for slot, t in enumerate(tensors):
         if t is not None:
-            abi.set_desc_from_record(p, slot, t.arena.rec[t.idx])
+            abi.set_desc_from_struct(buf, slot, t.arena.mem, t.idx * TENSOR_SIZE)
+    p = abi.params_from_bytes(buf)
     if scratch is not None:
         abi.set_desc(p, scratch[0], 0, scratch[1], scratch[2], scratch[3])
-    for k, v in enumerate(ip):
-        p["ip"][k] = v
-    for k, v in enumerate(fp):
-        p["fp"][k] = v
+    if ip:
+        p["ip"][:len(ip)] = ip
+    if fp:
+        p["fp"][:len(fp)] = fp
     grid, block, shmem = _geometry(name, p)
     return Launch(name, grid, block, p, shmem)
 
