@@ -13,14 +13,17 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+import numpy as np
+
 from .. import events as E
 from ..backends.base import Backend
+from ..ir.columns import Columns
 from ..ir.graph import Graph
 from ..ir.ops import Op, TensorFlag
-from ..ir.tensor import Tensor
 from ..memory import aligned
 
-_KEEP = TensorFlag.INPUT | TensorFlag.OUTPUT
+_KEEP = int(TensorFlag.INPUT | TensorFlag.OUTPUT)
+_INPUT = int(TensorFlag.INPUT)
 # ggml_op_can_inplace, for the ops graphdiag's graphs have: such a node takes over its parent's memory
 # when it is that parent's last reader (ggml_gallocr_allocate_node)
 INPLACE_OPS = frozenset({Op.ADD, Op.MUL, Op.SCALE, Op.ROPE, Op.RMS_NORM, Op.SOFT_MAX})
@@ -69,6 +72,86 @@ class Placement:
     size: int      # bytes planned (the tensor may shrink and still fit)
 
 
+class _Planner:
+    """One reserve's state over a Columns snapshot: the plan so far, one free list per backend, the
+    consumers left per tensor and the live views per view_src; tensors are slots."""
+
+    def __init__(self, col: Columns, n_backends: int, nodes: list[int]):
+        self.col = col
+        self.plan: dict[int, Placement] = {}
+        self.lists = [FreeList() for _ in range(n_backends)]
+        self.backend_of: dict[int, int] = {}
+        self.moved: set[int] = set()        # parents whose memory a node took over in place
+        self.children: dict[int, int] = {}  # consumers of each tensor
+        self.views: dict[int, int] = {}     # live views of each view_src
+        src, view_src = col.src, col.view_src
+        children, views = self.children, self.views
+        for i in nodes:
+            for s in src[i]:
+                if s >= 0:
+                    children[s] = children.get(s, 0) + 1
+            vs = view_src[i]
+            if vs >= 0:
+                views[vs] = views.get(vs, 0) + 1
+
+    def place(self, i: int) -> None:
+        plan = self.plan
+        if i in plan or not self.col.owned[i]:
+            return
+        b, size = self.backend_of[i], aligned(self.col.nbytes[i])
+        parent = self.inplace_parent(i)
+        if parent >= 0 and plan[parent].backend == b and plan[parent].size >= size:
+            plan[i] = plan[parent]
+            self.moved.add(parent)
+            return
+        plan[i] = Placement(b, self.lists[b].alloc(size), size)
+
+    def release(self, i: int) -> None:
+        p = self.plan.get(i)
+        if p is not None and not (self.col.flags[i] & _KEEP) and i not in self.moved:
+            self.lists[p.backend].free(p.offset, p.size)
+
+    def inplace_parent(self, node: int) -> int:
+        """The parent whose memory `node` reuses (ggml-alloc's in-place rule), or -1: the first src that
+        is ours, not an output, of the same layout, read by this node alone and viewed by nothing; a view
+        parent only when it is its view_src's one view, at offset 0, and nothing else reads that tensor."""
+        col, plan, children, views = self.col, self.plan, self.children, self.views
+        flags, view_src, owned, layout = col.flags, col.view_src, col.owned, col.layout
+        if col.op[node] not in INPLACE_OPS or flags[node] & _KEEP:
+            return -1
+        for parent in col.src[node]:
+            if parent < 0 or parent in self.moved:
+                continue
+            vs = view_src[parent]
+            base = vs if vs >= 0 else parent
+            if base not in plan or flags[base] & _KEEP or not owned[base]:
+                continue
+            if layout[parent] != layout[node]:
+                continue
+            if children.get(parent, 0) != 1 or views.get(parent, 0):
+                continue
+            if vs >= 0:
+                if views.get(base, 0) != 1 or children.get(base, 0) or col.view_offs[parent]:
+                    continue
+                return base
+            return parent
+        return -1
+
+    def done_with(self, s: int, release) -> None:
+        """One consumer of `s` ran: free it (or, for a view, drop its hold on view_src) after the last one."""
+        children, views = self.children, self.views
+        children[s] -= 1
+        if children[s] or views.get(s, 0):
+            return
+        vs = self.col.view_src[s]
+        if vs < 0:
+            release(s)
+            return
+        views[vs] -= 1
+        if views[vs] == 0 and children.get(vs, 0) == 0:
+            release(vs)
+
+
 class GraphAllocator:
     """Compute buffers of `backends` (index = backend id) and the placement plan of the last reserved graph."""
 
@@ -82,135 +165,62 @@ class GraphAllocator:
         self.leafs: list[Placement | None] = []
         self.step = -1
 
-    # -- which tensors are ours ---------------------------------------------------------------------------
-    @staticmethod
-    def _owned(t: Tensor) -> bool:
-        """Allocated here: a compute-region tensor that is not a view."""
-        return t.idx >= t.arena.mark and t.view_src is None
-
     def alloc_graph(self, g: Graph, node_backend: list[int], leaf_backend: list[int]) -> bool:
         """Place every tensor of `g` (reserving a new plan first if needed). Returns True if it re-planned."""
-        replan = self.needs_realloc(g, node_backend, leaf_backend)
+        col = Columns(g.arena)
+        replan = self.needs_realloc(g, node_backend, leaf_backend, col)
         if replan:
-            self.reserve(g, node_backend, leaf_backend)
+            self.reserve(g, node_backend, leaf_backend, col)
         self._apply(g)
         return replan
 
-    def needs_realloc(self, g: Graph, node_backend: list[int], leaf_backend: list[int]) -> bool:
+    def needs_realloc(self, g: Graph, node_backend: list[int], leaf_backend: list[int],
+                      col: Columns | None = None) -> bool:
         """ggml_gallocr_needs_realloc: counts differ, or a tensor moved backend or outgrew its planned size."""
         if len(self.nodes) != g.n_nodes or len(self.leafs) != len(g.leafs):
             return True
+        col = col if col is not None else Columns(g.arena)
+        owned, nbytes = col.owned, col.nbytes
         for plans, idxs, bks in ((self.nodes, g.nodes, node_backend), (self.leafs, g.leafs, leaf_backend)):
-            for p, idx, b in zip(plans, idxs, bks):
-                t = Tensor(g.arena, int(idx))
-                if self._owned(t) and (p is None or p.backend != b or p.size < t.nbytes()):
+            for p, i, b in zip(plans, idxs.tolist(), bks):
+                if owned[i] and (p is None or p.backend != b or p.size < nbytes[i]):
                     return True
         return False
 
     # -- planning -------------------------------------------------------------------------------------------
-    def reserve(self, g: Graph, node_backend: list[int], leaf_backend: list[int]) -> None:
+    def reserve(self, g: Graph, node_backend: list[int], leaf_backend: list[int],
+                col: Columns | None = None) -> None:
         """Plan offsets for every owned tensor, then grow the buffers that are too small."""
-        plan: dict[int, Placement] = {}
-        lists = [FreeList() for _ in self.backends]
-        children, views = self._counts(g)
-        backend_of = dict(zip((int(i) for i in g.nodes), node_backend))
-        backend_of.update(zip((int(i) for i in g.leafs), leaf_backend))
-
-        moved: set[int] = set()          # parents whose memory a node took over in place
-
-        def place(t: Tensor) -> None:
-            if t.idx not in plan and self._owned(t):
-                b, size = backend_of[t.idx], aligned(t.nbytes())
-                parent = self._inplace_parent(t, plan, children, views, moved)
-                if parent is not None and plan[parent.idx].backend == b and plan[parent.idx].size >= size:
-                    plan[t.idx] = plan[parent.idx]
-                    moved.add(parent.idx)
-                    return
-                plan[t.idx] = Placement(b, lists[b].alloc(size), size)
-
-        def release(t: Tensor) -> None:
-            p = plan.get(t.idx)
-            if p is not None and not (t.flags & _KEEP) and t.idx not in moved:
-                lists[p.backend].free(p.offset, p.size)
-
+        nodes, leafs = g.nodes.tolist(), g.leafs.tolist()
+        pl = _Planner(col if col is not None else Columns(g.arena), len(self.backends), nodes)
+        pl.backend_of = dict(zip(nodes, node_backend))
+        pl.backend_of.update(zip(leafs, leaf_backend))
+        flags, src = pl.col.flags, pl.col.src
         # graph inputs first, so nothing is ever placed over them (as ggml-alloc)
-        for idx in list(g.leafs) + list(g.nodes):
-            t = Tensor(g.arena, int(idx))
-            if t.flags & TensorFlag.INPUT:
-                place(t)
+        for i in leafs + nodes:
+            if flags[i] & _INPUT:
+                pl.place(i)
         # inside a concurrent range, freed memory is only returned after its last node (the join): branches on
         # other streams may still be reading it
         hold_end = {a: b for a, b in self.hold}
-        deferred: list[Tensor] = []
+        deferred: list[int] = []
         until = -1
-        for pos, node in enumerate(g.iter_nodes()):
+        for pos, i in enumerate(nodes):
             until = max(until, hold_end.get(pos, -1))
-            free = deferred.append if pos < until else release
-            for s in node.src:
-                if s is not None:
-                    place(s)
-            place(node)
-            for s in node.src:
-                if s is not None:
-                    self._done_with(s, children, views, free)
+            free = deferred.append if pos < until else pl.release
+            srcs = [s for s in src[i] if s >= 0]
+            for s in srcs:
+                pl.place(s)
+            pl.place(i)
+            for s in srcs:
+                pl.done_with(s, free)
             if pos == until:
                 for t in deferred:
-                    release(t)
+                    pl.release(t)
                 deferred.clear()
-        self.nodes = [plan.get(int(i)) for i in g.nodes]
-        self.leafs = [plan.get(int(i)) for i in g.leafs]
-        self._grow([fl.high for fl in lists])
-
-    def _inplace_parent(self, node: Tensor, plan, children, views, moved) -> Tensor | None:
-        """The parent whose memory `node` reuses (ggml-alloc's in-place rule), if any: the first src that
-        is ours, not an output, of the same layout, read by this node alone and viewed by nothing; a view
-        parent only when it is its view_src's one view, at offset 0, and nothing else reads that tensor."""
-        if node.op not in INPLACE_OPS or node.flags & _KEEP:
-            return None
-        for parent in node.src:
-            if parent is None or parent.idx in moved:
-                continue
-            base = parent.view_src if parent.view_src is not None else parent
-            if base.idx not in plan or base.flags & _KEEP or not self._owned(base):
-                continue
-            if (parent.type, parent.ne, parent.nb) != (node.type, node.ne, node.nb):
-                continue
-            if children.get(parent.idx, 0) != 1 or views.get(parent.idx, 0):
-                continue
-            if parent.view_src is not None:
-                if views.get(base.idx, 0) != 1 or children.get(base.idx, 0) or parent.view_offs:
-                    continue
-                return base
-            return parent
-        return None
-
-    @staticmethod
-    def _counts(g: Graph) -> tuple[dict[int, int], dict[int, int]]:
-        """Consumers of each tensor, and live views of each view_src."""
-        children: dict[int, int] = {}
-        views: dict[int, int] = {}
-        for node in g.iter_nodes():
-            for s in node.src:
-                if s is not None:
-                    children[s.idx] = children.get(s.idx, 0) + 1
-            vs = node.view_src
-            if vs is not None:
-                views[vs.idx] = views.get(vs.idx, 0) + 1
-        return children, views
-
-    @staticmethod
-    def _done_with(s: Tensor, children: dict, views: dict, release) -> None:
-        """One consumer of `s` ran: free it (or, for a view, drop its hold on view_src) after the last one."""
-        children[s.idx] -= 1
-        if children[s.idx] or views.get(s.idx, 0):
-            return
-        vs = s.view_src
-        if vs is None:
-            release(s)
-            return
-        views[vs.idx] -= 1
-        if views[vs.idx] == 0 and children.get(vs.idx, 0) == 0:
-            release(vs)
+        self.nodes = [pl.plan.get(i) for i in nodes]
+        self.leafs = [pl.plan.get(i) for i in leafs]
+        self._grow([fl.high for fl in pl.lists])
 
     def _grow(self, need: list[int]) -> None:
         """Reallocate each buffer whose planned size grew; one SchedRealloc per re-plan."""
@@ -230,18 +240,27 @@ class GraphAllocator:
 
     # -- placing ----------------------------------------------------------------------------------------------
     def _apply(self, g: Graph) -> None:
-        """Write data/buffer of every tensor from the plan (views from their view_src), in graph order."""
-        rec = g.arena.rec
+        """Write data/buffer of every tensor from the plan, then of every compute-region view from its
+        view_src (a view_src is never a view, and is placed before its views are)."""
+        rec, arena = g.arena.rec, g.arena
+        placed, views = [], []
         for plans, idxs in ((self.leafs, g.leafs), (self.nodes, g.nodes)):
-            for p, idx in zip(plans, idxs):
-                i = int(idx)
+            for p, i in zip(plans, idxs.tolist()):
                 if p is not None:
-                    base = self.buffers[p.backend][0]
-                    rec["data"][i], rec["buffer"][i] = base + p.offset, base
-                elif rec["view_src"][i] and i >= g.arena.mark:
-                    vs = g.arena.index(int(rec["view_src"][i]))
-                    rec["data"][i] = rec["data"][vs] + rec["view_offs"][i]
-                    rec["buffer"][i] = rec["buffer"][vs]
+                    placed.append((i, self.buffers[p.backend][0], p.offset))
+                elif i >= arena.mark:
+                    views.append(i)
+        if placed:
+            idx = [i for i, _, _ in placed]
+            rec["data"][idx] = [base + off for _, base, off in placed]
+            rec["buffer"][idx] = [base for _, base, _ in placed]
+        if views:
+            v = np.asarray(views, np.int64)
+            vs_addr = rec["view_src"][v]
+            v, vs_addr = v[vs_addr != 0], vs_addr[vs_addr != 0]
+            vs = arena.index(vs_addr)
+            rec["data"][v] = rec["data"][vs] + rec["view_offs"][v]
+            rec["buffer"][v] = rec["buffer"][vs]
 
     def close(self) -> None:
         """Free the compute buffers."""

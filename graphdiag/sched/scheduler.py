@@ -21,8 +21,9 @@ import numpy as np
 from .. import events as E
 from ..backends.base import Backend
 from ..errors import InternalError
-from ..ir.arena import Arena
+from ..ir.arena import TENSOR_SIZE, Arena
 from ..ir.build import Ctx
+from ..ir.columns import Columns
 from ..ir.graph import Graph, graph_view, next_uid
 from ..ir.ops import Op, TensorFlag
 from ..ir.tensor import Tensor
@@ -133,16 +134,18 @@ class Scheduler:
         self.is_reset = False
         graph.uid = next_uid()                      # the whole graph first, as ggml_backend_sched_split_graph
         self._unwire(graph)
-        slot_b = self._assign(graph)
+        col = Columns(self.arena)               # the sources as rewired back; _make_inputs rewires again
+        order = graph.nodes.tolist()
+        slot_b = self._assign(graph, col)
         self._slot_backend = slot_b
-        runs = self._runs(graph, slot_b)
+        runs = self._runs(order, slot_b)
         self._rewind_region(graph)
         start = self.arena.top
         nodes, self.splits = [], []
         for b, i0, i1 in runs:
-            inputs = self._make_inputs(graph.nodes[i0:i1], b, slot_b)
+            inputs = self._make_inputs(order[i0:i1], b, slot_b, col)
             first = len(nodes)
-            nodes += [c for c, _, _ in inputs] + [int(x) for x in graph.nodes[i0:i1]]
+            nodes += [c for c, _, _ in inputs] + order[i0:i1]
             self.splits.append(Split(b, first, len(nodes), None, inputs))
         self._region = (graph, start, self.arena.top)
         self.graph = Graph(self.arena, nodes, graph.leafs, uid=graph.uid)
@@ -155,14 +158,21 @@ class Scheduler:
             self.graph.nodes[sp.i_start:sp.i_end] = sp.graph.nodes
         for sp in self.splits:
             sp.graph.uid = next_uid()
-        self._leaf_backends = [slot_b.get(int(i), 0) for i in self.graph.leafs]
+        self._leaf_backends = [slot_b.get(i, 0) for i in self.graph.leafs.tolist()]
 
     def _unwire(self, graph: Graph) -> None:
-        """Point consumers back at the producers if this graph was split before (its structs were kept)."""
-        for node in graph.iter_nodes():
-            for j, s in enumerate(node.src):
-                if s is not None and self.arena.contains(s.addr) and is_sched_copy(s):
-                    node.set_src(j, s.src[0])
+        """Point consumers back at the producers if this graph was split before (its structs were kept):
+        every source that is a scheduler copy in the arena (is_sched_copy) becomes the copy's src[0]."""
+        a = self.arena
+        rec = a.rec
+        src = rec["src"][graph.nodes]                            # (n, MAX_SRC) struct addresses
+        slot = (src.astype(np.int64) - a.base) // TENSOR_SIZE
+        inside = (src != 0) & (slot >= 0) & (slot < a.top)
+        slot = np.where(inside, slot, 0)
+        copy = inside & (rec["op"][slot] == Op.CPY) & (rec["flags"][slot] & int(TensorFlag.COMPUTE) == 0)
+        if copy.any():
+            src[copy] = rec["src"][slot[copy], 0]
+            rec["src"][graph.nodes] = src
 
     def _rewind_region(self, graph: Graph) -> None:
         """Re-splitting the same graph makes its copies in the same slots again (ggml reuses sched->ctx)."""
@@ -171,56 +181,62 @@ class Scheduler:
             if g is graph and self.arena.top == end:
                 self.arena.top = start
 
-    def _assign(self, graph: Graph) -> dict[int, int]:
+    def _assign(self, graph: Graph, col: Columns) -> dict[int, int]:
         """Backend of every node and leaf (slot -> backend index)."""
         slot_b: dict[int, int] = {}
         mark = self.arena.mark
-        for idx in graph.leafs:
-            t = Tensor(self.arena, int(idx))
-            if t.data and (b := self.owner(t.data)) is not None:
-                slot_b[t.idx] = b
+        data, src = col.data, col.src
+        gpu = [be.is_gpu for be in self.backends]
+        for i in graph.leafs.tolist():
+            if data[i] and (b := self.owner(data[i])) is not None:
+                slot_b[i] = b
         last_gpu = 0
-        for node in graph.iter_nodes():
-            srcs = [s for s in node.src if s is not None]
-            pinned = [slot_b[s.idx] for s in srcs if s.idx < mark and s.idx in slot_b]
-            computed = {slot_b[s.idx] for s in srcs if s.idx >= mark and s.idx in slot_b}
+        nodes = graph.nodes.tolist()
+        for i in nodes:
+            srcs = [s for s in src[i] if s >= 0]
+            pinned = [slot_b[s] for s in srcs if s < mark and s in slot_b]
+            computed = {slot_b[s] for s in srcs if s >= mark and s in slot_b}
             if pinned:
-                slot_b[node.idx] = pinned[0]
-            elif self.pin is not None and (b := self.pin(node.name)) is not None:
-                slot_b[node.idx] = b
-            elif len(computed) == 1 and not self.backends[b := next(iter(computed))].is_gpu:
-                slot_b[node.idx] = b
+                b = pinned[0]
+            elif self.pin is not None and (p := self.pin(Tensor(self.arena, i).name)) is not None:
+                b = p
+            elif len(computed) == 1 and not gpu[c := next(iter(computed))]:
+                b = c
             else:
-                slot_b[node.idx] = last_gpu
-            if self.backends[slot_b[node.idx]].is_gpu:
-                last_gpu = slot_b[node.idx]
-        for node in graph.iter_nodes():          # inputs live where they are first read
-            for s in node.src:
-                if s is not None and s.idx not in slot_b:
-                    slot_b[s.idx] = slot_b[node.idx]
+                b = last_gpu
+            slot_b[i] = b
+            if gpu[b]:
+                last_gpu = b
+        for i in nodes:                          # inputs live where they are first read
+            for s in src[i]:
+                if s >= 0 and s not in slot_b:
+                    slot_b[s] = slot_b[i]
         return slot_b
 
     @staticmethod
-    def _runs(graph: Graph, slot_b: dict[int, int]) -> list[tuple[int, int, int]]:
+    def _runs(nodes: list[int], slot_b: dict[int, int]) -> list[tuple[int, int, int]]:
         """(backend, i0, i1) for each maximal run of nodes on one backend."""
         runs: list[tuple[int, int, int]] = []
-        for i, idx in enumerate(graph.nodes):
-            b = slot_b[int(idx)]
+        for i, idx in enumerate(nodes):
+            b = slot_b[idx]
             if runs and runs[-1][0] == b:
                 runs[-1] = (b, runs[-1][1], i + 1)
             else:
                 runs.append((b, i, i + 1))
         return runs
 
-    def _make_inputs(self, idxs: np.ndarray, b: int, slot_b: dict[int, int]) -> list[tuple[int, int, int]]:
-        """CPY structs for the split's sources that live on another backend; consumers are rewired to them."""
+    def _make_inputs(self, idxs: list[int], b: int, slot_b: dict[int, int],
+                     col: Columns) -> list[tuple[int, int, int]]:
+        """CPY structs for the split's sources that live on another backend; consumers are rewired to them.
+        `col` holds the nodes' sources as they were before any split's rewiring (each node is rewired once,
+        by its own split)."""
         ctx, made = Ctx(self.arena), {}
         for idx in idxs:
-            node = Tensor(self.arena, int(idx))
-            for j, s in enumerate(node.src):
-                if s is None or slot_b.get(s.idx, b) == b:
+            for j, si in enumerate(col.src[idx]):
+                if si < 0 or slot_b.get(si, b) == b:
                     continue
-                if node.view_src is not None and j == 0:
+                node, s = Tensor(self.arena, idx), Tensor(self.arena, si)
+                if col.view_src[idx] >= 0 and j == 0:
                     raise InternalError(f"view {node.name!r} on {self.backends[b].name} of a tensor elsewhere")
                 if s.idx not in made:
                     if not s.is_contiguous():

@@ -1,0 +1,98 @@
+"""Struct fields of a whole arena as Python lists: what a pass over every node of a graph reads, at once.
+
+A pass that walks a graph reading a few fields per node (the scheduler's assignment, the allocator's plan)
+would otherwise pay a numpy scalar access per read. `Columns` reads each field it is asked for once, for
+every slot below the arena's top, with one vectorised numpy call, and hands out plain ints. It is a
+snapshot: writes to the arena after a field was first read are not seen.
+"""
+
+from __future__ import annotations
+
+from functools import cached_property
+
+import numpy as np
+
+from .arena import Arena
+from .dtypes import _BLOCK, _SIZE
+
+# per type value: elements per block and bytes per block (0: no such type)
+_N_TYPES = max(_BLOCK) + 1
+_BLOCK_OF = np.zeros(_N_TYPES, np.int64)
+_SIZE_OF = np.zeros(_N_TYPES, np.int64)
+for _t in _BLOCK:
+    _BLOCK_OF[_t], _SIZE_OF[_t] = _BLOCK[_t], _SIZE[_t]
+
+
+class Columns:
+    """Fields of the structs in slots [0, arena.top), indexed by slot. Sources and view sources are slots
+    (-1: none)."""
+
+    def __init__(self, arena: Arena):
+        self.arena = arena
+        self.top = arena.top
+        self.rec = arena.rec[: arena.top]
+
+    def _slots(self, addrs: np.ndarray) -> np.ndarray:
+        """Struct addresses to slots, 0 (NULL) to -1."""
+        a = self.arena
+        return np.where(addrs == 0, -1, (addrs.astype(np.int64) - a.base) // self.rec.dtype.itemsize)
+
+    @cached_property
+    def op(self) -> list[int]:
+        return self.rec["op"].tolist()
+
+    @cached_property
+    def flags(self) -> list[int]:
+        return self.rec["flags"].tolist()
+
+    @cached_property
+    def data(self) -> list[int]:
+        return self.rec["data"].tolist()
+
+    @cached_property
+    def view_offs(self) -> list[int]:
+        return self.rec["view_offs"].tolist()
+
+    @cached_property
+    def view_src(self) -> list[int]:
+        return self._slots(self.rec["view_src"]).tolist()
+
+    @cached_property
+    def src(self) -> list[tuple[int, ...]]:
+        """Each struct's sources up to its last non-NULL one (a NULL before it stays, as -1)."""
+        s = self._slots(self.rec["src"])
+        used = s >= 0
+        n = np.where(used.any(axis=1), s.shape[1] - np.argmax(used[:, ::-1], axis=1), 0).tolist()
+        return [tuple(row[:k]) for row, k in zip(s.tolist(), n)]
+
+    @cached_property
+    def owned(self) -> list[bool]:
+        """Allocated by the graph allocator: a compute-region struct that is not a view."""
+        mark = self.arena.mark
+        slots = np.arange(self.top)
+        return ((slots >= mark) & (self.rec["view_src"] == 0)).tolist()
+
+    @cached_property
+    def layout(self) -> list[list[int]]:
+        """(type, ne[0..3], nb[0..3]) of each struct, as a list (equal layouts compare equal)."""
+        r = self.rec
+        return np.column_stack([r["type"].astype(np.int64), r["ne"], r["nb"].astype(np.int64)]).tolist()
+
+    @cached_property
+    def nbytes(self) -> list[int | None]:
+        """Bytes each tensor spans, as Tensor.nbytes (ggml_nbytes); None for a type graphdiag lacks (where
+        Tensor.nbytes raises)."""
+        r = self.rec
+        t = r["type"].astype(np.int64)
+        known = (t >= 0) & (t < _N_TYPES)
+        t = np.where(known, t, 0)
+        known &= _BLOCK_OF[t] > 0
+        ne, nb = r["ne"], r["nb"].astype(np.int64)
+        bs, ts = np.where(known, _BLOCK_OF[t], 1), _SIZE_OF[t]
+        rest = ((ne[:, 1:] - 1) * nb[:, 1:]).sum(axis=1)
+        spans = np.where(bs == 1, ts + (ne[:, 0] - 1) * nb[:, 0], ne[:, 0] * nb[:, 0] // bs) + rest
+        out = np.where((ne == 0).any(axis=1), 0, spans).tolist()
+        if not known.all():
+            for i in np.flatnonzero(~known).tolist():
+                out[i] = None
+        return out
