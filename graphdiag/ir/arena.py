@@ -27,6 +27,7 @@ TENSOR_DTYPE = np.dtype({
 TENSOR_SIZE = TENSOR_DTYPE.itemsize
 
 ARENA_BASE = 0x5EED_0000_0000
+_ZERO_STRUCT = bytes(TENSOR_SIZE)
 
 
 class Arena:
@@ -64,7 +65,7 @@ class Arena:
             self.rec = grown
         i = self.top
         self.top += 1
-        self.rec.view(np.uint8)[i * TENSOR_SIZE : (i + 1) * TENSOR_SIZE] = 0
+        self.mem[i * TENSOR_SIZE : (i + 1) * TENSOR_SIZE] = _ZERO_STRUCT
         return i
 
     def freeze(self) -> None:

@@ -6,7 +6,9 @@ buffer placement, so a graph of any size can be built without allocating its dat
 
 from __future__ import annotations
 
-from .arena import Arena
+import struct
+
+from .arena import MAX_NAME, MAX_SRC, TENSOR_DTYPE, TENSOR_SIZE, Arena
 from .dtypes import GGMLType, block_size, type_size
 from .ops import GluOp, Op, TensorFlag
 from .tensor import Tensor
@@ -19,8 +21,17 @@ def contiguous_nb(t: int, ne) -> tuple[int, int, int, int]:
 
 
 def _ne4(ne) -> tuple[int, int, int, int]:
-    ne = tuple(int(x) for x in ne)
+    ne = tuple(map(int, ne))
     return ne + (1,) * (4 - len(ne))
+
+
+# The struct from `type` through `name` (TENSOR_DTYPE's offsets), for one pack_into per new tensor: type,
+# buffer, ne, nb, op, op_params (zero), flags (zero), src, view_src, view_offs, data (zero), name.
+_STRUCT = struct.Struct(f"<i4xQ4q4Qi{4 * 16}xi{MAX_SRC}QQQQ{MAX_NAME}s")
+assert _STRUCT.size == TENSOR_DTYPE.fields["extra"][1]
+assert [TENSOR_DTYPE.fields[f][1] for f in ("op", "flags", "src", "name")] == [80, 148, 152, 256]
+_NO_SRC = (0,) * MAX_SRC
+_INPUT = int(TensorFlag.INPUT)
 
 
 class Ctx:
@@ -35,26 +46,23 @@ class Ctx:
         if view_src is not None and view_src.view_src is not None:
             view_offs += view_src.view_offs
             view_src = view_src.view_src
-        i = self.arena.new_slot()
-        rec = self.arena.rec
+        arena = self.arena
+        i = arena.new_slot()
         ne = _ne4(ne)
-        rec["type"][i] = int(t)
-        rec["ne"][i] = ne
-        rec["nb"][i] = nb if nb is not None else contiguous_nb(t, ne)
-        rec["op"][i] = int(op)
-        for j, s in enumerate(srcs):
-            rec["src"][i][j] = 0 if s is None else s.addr
-        if view_src is not None:
-            rec["view_src"][i] = view_src.addr
-            rec["view_offs"][i] = view_offs
-        x = Tensor(self.arena, i)
-        if name:
-            x.name = name
-        return x
+        nb = tuple(nb) if nb is not None else contiguous_nb(t, ne)
+        src = _NO_SRC
+        if srcs:
+            src = tuple(0 if s is None else s.addr for s in srcs) + _NO_SRC[len(srcs):]
+        vs = (view_src.addr, view_offs) if view_src is not None else (0, 0)
+        # one write of every field (the slot is zeroed: what is not given stays 0), as the field by field
+        # assignments would leave it; a name is cut to 63 bytes, so its NUL always fits
+        _STRUCT.pack_into(arena.mem, i * TENSOR_SIZE, int(t), 0, *ne, *nb, int(op), 0, *src, *vs, 0,
+                          name.encode()[:MAX_NAME - 1] if name else b"")
+        return Tensor(arena, i)
 
     def new_input(self, t: int, ne, name: str) -> Tensor:
         x = self.new_tensor(t, ne, name)
-        x.flags = x.flags | TensorFlag.INPUT
+        x.flags = x.flags | _INPUT
         return x
 
     # -- views -----------------------------------------------------------------------------------------

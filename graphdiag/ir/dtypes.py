@@ -25,12 +25,14 @@ NUMPY = {GGMLType.F32: np.float32, GGMLType.F16: np.float16, GGMLType.I32: np.in
 
 def block_size(t: int) -> int:
     """Elements per block (1 for plain types)."""
-    return _BLOCK[GGMLType(t)]
+    n = _BLOCK.get(t)        # IntEnum keys: an int finds its member's entry (no enum call)
+    return n if n is not None else _BLOCK[GGMLType(t)]
 
 
 def type_size(t: int) -> int:
     """Bytes per block."""
-    return _SIZE[GGMLType(t)]
+    n = _SIZE.get(t)
+    return n if n is not None else _SIZE[GGMLType(t)]
 
 
 def row_size(t: int, ne0: int) -> int:

@@ -53,7 +53,8 @@ class Graph:
         visited = self._visited
         if visited is None:
             visited = self._visited = set(self.nodes.tolist()) | set(self.leafs.tolist())
-        nodes, leafs = self.nodes.tolist(), self.leafs.tolist()
+        nodes: list[int] = []           # added by this call (appended to self.nodes / self.leafs at the end)
+        leafs: list[int] = []
         stack = [(t.idx, False)]
         rec = self.arena.rec
         ops, flags, srcs = rec["op"], rec["flags"], rec["src"]      # column views, taken once
@@ -79,8 +80,10 @@ class Graph:
                     s = (a - base) // size
                     if s not in visited:
                         stack.append((s, False))
-        self.nodes = np.asarray(nodes, dtype=np.int64)
-        self.leafs = np.asarray(leafs, dtype=np.int64)
+        if nodes:
+            self.nodes = np.concatenate([self.nodes, np.asarray(nodes, dtype=np.int64)])
+        if leafs:
+            self.leafs = np.concatenate([self.leafs, np.asarray(leafs, dtype=np.int64)])
 
 
 def graph_view(g: Graph, i0: int, i1: int) -> Graph:

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from .arena import Arena
-from .dtypes import GGMLType
+from .arena import TENSOR_SIZE, Arena
+from .dtypes import GGMLType, block_size, type_size
 from .ops import Op
 
 
@@ -46,7 +46,7 @@ class Tensor:
 
     @property
     def addr(self) -> int:
-        return self.arena.base + self.idx * self.arena.rec.dtype.itemsize
+        return self.arena.base + self.idx * TENSOR_SIZE
 
     # -- fields -------------------------------------------------------------------------------------------
     @property
@@ -93,8 +93,8 @@ class Tensor:
     @property
     def src(self) -> list["Tensor | None"]:
         arena = self.arena
-        base, size = arena.base, arena.rec.dtype.itemsize
-        return [None if a == 0 else Tensor(arena, (a - base) // size)
+        base = arena.base
+        return [Tensor(arena, (a - base) // TENSOR_SIZE) if a else None
                 for a in arena.rec["src"][self.idx].tolist()]   # tolist: Python ints in one C call
 
     def set_src(self, j: int, t: "Tensor | None") -> None:
@@ -141,17 +141,18 @@ class Tensor:
 
     def nbytes(self) -> int:
         """Bytes spanned, as ggml_nbytes."""
-        from .dtypes import block_size, type_size
-        ne, nb = self.ne, self.nb
-        if any(n == 0 for n in ne):
+        rec, i = self.arena.rec, self.idx
+        ne, nb = rec["ne"][i].tolist(), rec["nb"][i].tolist()
+        if 0 in ne:
             return 0
-        bs = block_size(self.type)
+        t = self.type
+        bs = block_size(t)
+        rest = (ne[1] - 1) * nb[1] + (ne[2] - 1) * nb[2] + (ne[3] - 1) * nb[3]
         if bs == 1:
-            return type_size(self.type) + sum((ne[i] - 1) * nb[i] for i in range(4))
-        return ne[0] * nb[0] // bs + sum((ne[i] - 1) * nb[i] for i in range(1, 4))
+            return type_size(t) + (ne[0] - 1) * nb[0] + rest
+        return ne[0] * nb[0] // bs + rest
 
     def is_contiguous(self) -> bool:
-        from .dtypes import block_size, type_size
         ne, nb = self.ne, self.nb
         if nb[0] != type_size(self.type):
             return False
