@@ -83,8 +83,8 @@ class KvCells:
         m = np.empty((n_rows, n_kv), np.float32) if out is None else out
         n = len(seqs)
         ok = (self.seq[None, :n_kv] == seqs[:, None]) & (self.pos[None, :n_kv] <= pos[:, None])
-        np.copyto(m[:n], np.where(ok, _ZERO, _NEG_INF))
-        m[n:] = _NEG_INF
+        m[:] = _NEG_INF
+        np.copyto(m[:n], _ZERO, where=ok)       # in place: no (n, n_kv) temporary to copy
         return m
 
 
