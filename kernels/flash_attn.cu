@@ -1,22 +1,15 @@
 // Flash attention in two launches of fixed count (the node's kernel count never depends on n_kv, so n_kv
 // growth keeps the captured topology): a split-KV partial kernel and a combine kernel.
 //
-// flash_attn_ext_f16: grid (n_split, Hkv, n_tiles * B). A block owns one kv head, TQ tokens (ip[1]) and
-// the positions [s * chunk, (s + 1) * chunk) (chunk = ip[0], a multiple of 32) of split s. Its R = G * TQ
-// query rows (G = H / Hkv heads sharing the kv head: K/V rows are loaded once for all of them) are dealt
-// to NW warps (blockDim.x / 32), row r to warp r % NW; each warp runs independently (no block barrier):
-//   per 32-position sub-chunk, lane j owns position j: s = scale * q . k_j + mask (K row read as uint4,
-//   issued with the mask loads), online softmax per row with warp max / sum, p to the warp's shmem; then
-//   lane owns Dv/32 consecutive output dims and accumulates p_j * v_j (V rows read coalesced, 8 in flight). A sub-chunk whose mask is -inf for
-//   every row of the warp is skipped (the result is identical: it would add exp(-inf) = 0).
-// It writes per (split, head, token) the unnormalised O (Dv floats), the running max m and the sum l into
-// the pool scratch t[0] (Dv + 2, n_split, H, T * B).
+// Partial kernels (flash_attn_vec_f16_d{D}_g{G} for decode, flash_attn_mma_f16_d{D} for batches): split s
+// covers the positions [s * chunk, (s + 1) * chunk) (chunk = ip[0], a multiple of 32); per (split, head,
+// token) they write the unnormalised O (Dv floats), the max m of the scores x_j = scale * q . k_j + mask
+// and the sum l of p_j = exp(x_j - m) into the pool scratch t[0] (Dv + 2, n_split, H, T * B). An empty or
+// fully masked split gives (0, -inf, 0).
 // flash_attn_combine_f32: grid (H, T * B), block Dv: dst = sum_s O_s e^(m_s - M) / sum_s l_s e^(m_s - M),
 // M = max_s m_s, splits in order (deterministic); all splits empty (fully masked row) gives zeros.
 // GQA: kv head = h / G. Mask (n_kv, T_pad, M2, M3), F32 or F16 (by descriptor type): dims 2/3 broadcast.
 #include "common.cuh"
-
-#define FA_MAX_WARPS 4
 
 __device__ __forceinline__ float mask_at(const tdesc &M, i64 j, i64 t, i64 h, i64 b) {
     const char *a = (const char *)M.data + j * M.nb[0] + t * M.nb[1] + (h % M.ne[2]) * M.nb[2] +
@@ -24,212 +17,8 @@ __device__ __forceinline__ float mask_at(const tdesc &M, i64 j, i64 t, i64 h, i6
     return M.type == GGML_F16 ? h2f(*(const unsigned short *)a) : *(const float *)a;
 }
 
-// 8 halves at element d of a row: one uint4 when `vec`, else 8 strided loads.
-__device__ __forceinline__ void load_h8(const char *row, i64 d, i64 nb0, bool vec, float *f) {
-    if (vec) {
-        const uint4 v = *(const uint4 *)(row + d * 2);
-        const unsigned int w[4] = {v.x, v.y, v.z, v.w};
-#pragma unroll
-        for (int i = 0; i < 4; ++i) {
-            f[2 * i] = h2f((unsigned short)(w[i] & 0xffffu));
-            f[2 * i + 1] = h2f((unsigned short)(w[i] >> 16));
-        }
-    } else {
-#pragma unroll
-        for (int i = 0; i < 8; ++i) f[i] = h2f(*(const unsigned short *)(row + (d + i) * nb0));
-    }
-}
-
-// NE consecutive halves starting at element d (NE in 1, 2, 4, 8).
-template <int NE> __device__ __forceinline__ void load_hn(const char *row, i64 d, i64 nb0, bool vec, float *f) {
-    if (vec && NE == 8) {
-        load_h8(row, d, nb0, true, f);
-    } else if (vec && NE == 4) {
-        const uint2 v = *(const uint2 *)(row + d * 2);
-        f[0] = h2f((unsigned short)(v.x & 0xffffu)); f[1] = h2f((unsigned short)(v.x >> 16));
-        f[2] = h2f((unsigned short)(v.y & 0xffffu)); f[3] = h2f((unsigned short)(v.y >> 16));
-    } else if (vec && NE == 2) {
-        const unsigned int v = *(const unsigned int *)(row + d * 2);
-        f[0] = h2f((unsigned short)(v & 0xffffu)); f[1] = h2f((unsigned short)(v >> 16));
-    } else {
-#pragma unroll
-        for (int i = 0; i < NE; ++i) f[i] = h2f(*(const unsigned short *)(row + (d + i) * nb0));
-    }
-}
-
-// One warp: NR query rows (the warp's rows r = w + NW * i < R), head dim D = 32 * ND (32, 64 or 128).
-template <int NR, int ND> __device__ void fa_warp(const kparams &p, float *qs, float *ps) {
-    const tdesc &P = p.t[0], &Q = p.t[1], &Kc = p.t[2], &V = p.t[3], &Mk = p.t[4];
-    constexpr int D = 32 * ND;
-    const int lane = threadIdx.x & 31, w = threadIdx.x >> 5, nw = blockDim.x >> 5;
-    const i64 H = Q.ne[1], T = Q.ne[2], G = H / Kc.ne[1], nkv = Kc.ne[2];
-    const int tq = p.ip[1];
-    const i64 ntile = (T + tq - 1) / tq;
-    const i64 hk = blockIdx.y, tile = blockIdx.z % ntile, b = blockIdx.z / ntile;
-    const i64 R = G * tq;
-    const bool has_mask = Mk.data != 0;
-    const float scale = p.fp[0];
-    const i64 j0 = (i64)blockIdx.x * p.ip[0], j1 = min(j0 + (i64)p.ip[0], nkv);
-
-    // this warp's rows: head, token, validity
-    int hh[NR], tt[NR];
-    bool ok[NR];
-#pragma unroll
-    for (int i = 0; i < NR; ++i) {
-        const int r = w + nw * i;
-        hh[i] = (int)(hk * G + r % G);
-        tt[i] = (int)(tile * tq + r / G);
-        ok[i] = r < R && tt[i] < T;
-    }
-    bool any = false;
-#pragma unroll
-    for (int i = 0; i < NR; ++i) any |= ok[i];
-    if (!any) return;
-
-    // q rows into the warp's shmem (unscaled)
-#pragma unroll
-    for (int i = 0; i < NR; ++i)
-        for (int d = lane; d < D; d += 32)
-            qs[i * D + d] = ok[i] ? load_f(Q, d, hh[i], tt[i], b) : 0.0f;
-    __syncwarp();
-
-    const i64 kb = b % Kc.ne[3], vb = b % V.ne[3];
-    const bool kvec = Kc.nb[0] == 2 && ((Kc.data | (u64)Kc.nb[1] | (u64)Kc.nb[2] | (u64)Kc.nb[3]) & 15) == 0;
-    const bool vvec = V.nb[0] == 2 && ((V.data | (u64)V.nb[1] | (u64)V.nb[2] | (u64)V.nb[3]) & 15) == 0;
-    const char *kbase = (const char *)Kc.data + hk * Kc.nb[1] + kb * Kc.nb[3];
-    const char *vbase = (const char *)V.data + hk * V.nb[1] + vb * V.nb[3];
-
-    float m[NR], l[NR], o[NR][ND];
-#pragma unroll
-    for (int i = 0; i < NR; ++i) {
-        m[i] = F32_NEG_INF; l[i] = 0.0f;
-#pragma unroll
-        for (int e = 0; e < ND; ++e) o[i][e] = 0.0f;
-    }
-
-    // Loops are kept rolled where unrolling buys no memory parallelism: each warp runs this code about once
-    // per call (decode), so its instruction footprint is fetched cold from L2 every layer.
-    constexpr int VG = 8;   // V rows in flight per step
-    for (i64 c0 = j0; c0 < j1; c0 += 32) {
-        const i64 j = c0 + lane;
-        const bool jin = j < j1;
-        const int nj = (int)min((i64)32, j1 - c0);
-        float s[NR];
-        bool live = false;
-#pragma unroll
-        for (int i = 0; i < NR; ++i) {
-            s[i] = (jin && ok[i]) ? (has_mask ? mask_at(Mk, j, tt[i], hh[i], b) : 0.0f) : F32_NEG_INF;
-            live |= s[i] != F32_NEG_INF;
-        }
-        // scores: lane j dots its K row with each of the warp's q rows (loaded before the mask is tested)
-        float dot[NR];
-#pragma unroll
-        for (int i = 0; i < NR; ++i) dot[i] = 0.0f;
-        if (jin) {
-            const char *kr = kbase + j * Kc.nb[2];
-            constexpr int KG = ND <= 2 ? D : D / 2;   // K elements in flight per lane
-#pragma unroll 1
-            for (int d0 = 0; d0 < D; d0 += KG) {
-                float kf[KG];
-#pragma unroll
-                for (int d = 0; d < KG; d += 8) load_h8(kr, d0 + d, Kc.nb[0], kvec, kf + d);
-#pragma unroll
-                for (int d = 0; d < KG; d += 8) {
-#pragma unroll
-                    for (int i = 0; i < NR; ++i) {
-                        const float4 a = *(const float4 *)(qs + i * D + d0 + d);
-                        const float4 c = *(const float4 *)(qs + i * D + d0 + d + 4);
-                        dot[i] += kf[d] * a.x + kf[d + 1] * a.y + kf[d + 2] * a.z + kf[d + 3] * a.w +
-                                  kf[d + 4] * c.x + kf[d + 5] * c.y + kf[d + 6] * c.z + kf[d + 7] * c.w;
-                    }
-                }
-            }
-        }
-        if (!__any_sync(0xffffffffu, live)) continue;   // all -inf: the update would be the identity
-
-        // online softmax per row
-#pragma unroll
-        for (int i = 0; i < NR; ++i) {
-            if (s[i] != F32_NEG_INF) s[i] += scale * dot[i];
-            const float mx = warp_max(s[i]);
-            const float mn = fmaxf(m[i], mx);
-            float pj = 0.0f, alpha = 1.0f;
-            if (mn != F32_NEG_INF) {
-                pj = s[i] == F32_NEG_INF ? 0.0f : expf(s[i] - mn);
-                alpha = m[i] == F32_NEG_INF ? 0.0f : expf(m[i] - mn);
-            }
-            l[i] = l[i] * alpha + warp_sum(pj);
-            m[i] = mn;
-#pragma unroll
-            for (int e = 0; e < ND; ++e) o[i][e] *= alpha;
-            ps[i * 32 + lane] = pj;
-        }
-        __syncwarp();
-        // p . V: lane owns dims [lane * ND, lane * ND + ND)
-#pragma unroll 1
-        for (int jj = 0; jj < nj; jj += VG) {
-            float vf[VG][ND];
-#pragma unroll
-            for (int u = 0; u < VG; ++u) {
-                if (jj + u < nj) {
-                    load_hn<ND>(vbase + (c0 + jj + u) * V.nb[2], (i64)lane * ND, V.nb[0], vvec, vf[u]);
-                } else {
-#pragma unroll
-                    for (int e = 0; e < ND; ++e) vf[u][e] = 0.0f;
-                }
-            }
-#pragma unroll
-            for (int i = 0; i < NR; ++i) {
-#pragma unroll
-                for (int u = 0; u < VG; ++u) {
-                    const float pv = ps[i * 32 + jj + u];   // 0 past nj (the lanes beyond the chunk end)
-#pragma unroll
-                    for (int e = 0; e < ND; ++e) o[i][e] += pv * vf[u][e];
-                }
-            }
-        }
-        __syncwarp();   // ps is rewritten by the next sub-chunk
-    }
-
-#pragma unroll
-    for (int i = 0; i < NR; ++i) {
-        if (!ok[i]) continue;
-        const i64 tb = b * T + tt[i];
-        float *out = (float *)((char *)P.data + blockIdx.x * P.nb[1] + hh[i] * P.nb[2] + tb * P.nb[3]);
-#pragma unroll
-        for (int e = 0; e < ND; ++e) out[lane * ND + e] = o[i][e];
-        if (lane == 0) { out[D] = m[i]; out[D + 1] = l[i]; }
-    }
-}
-
-template <int ND> __device__ void fa_rows(const kparams &p, float *qs, float *ps, int nr) {
-    switch (nr) {
-    case 1: fa_warp<1, ND>(p, qs, ps); break;
-    case 2: fa_warp<2, ND>(p, qs, ps); break;
-    case 4: fa_warp<4, ND>(p, qs, ps); break;
-    default: fa_warp<8, ND>(p, qs, ps); break;
-    }
-}
-
-KERNEL_LB(flash_attn_ext_f16, 32 * FA_MAX_WARPS) {
-    extern __shared__ float smem[];
-    const tdesc &Q = p.t[1], &Kc = p.t[2];
-    const int nw = blockDim.x >> 5, w = threadIdx.x >> 5;
-    const i64 R = (Q.ne[1] / Kc.ne[1]) * p.ip[1];
-    const int per = (int)((R + nw - 1) / nw);
-    const int nr = per <= 1 ? 1 : per <= 2 ? 2 : per <= 4 ? 4 : 8;   // geometry.py sizes shmem for nr
-    const int D = (int)Q.ne[0];
-    float *qs = smem + w * nr * (D + 32), *ps = qs + nr * D;
-    switch (D) {
-    case 32: fa_rows<1>(p, qs, ps, nr); break;
-    case 64: fa_rows<2>(p, qs, ps, nr); break;
-    case 128: fa_rows<4>(p, qs, ps, nr); break;
-    default: break;   // the lowering refuses other head sizes
-    }
-}
-
 // ---- decode: flash_attn_vec_f16_d{D}_g{GM} ------------------------------------------------------------
-// The same partials as flash_attn_ext_f16 for one token per block (decode, T <= 8): grid (n_split, Hkv, T * B),
+// The partials for one token per block (decode, T <= 8): grid (n_split, Hkv, T * B),
 // 128 threads. One entry point per head size D and group GM (G = H / Hkv rounded up to 1, 2, 4, 8), as ggml
 // instantiates its vec kernel per head size: a launch fetches only its own code, and its registers are its
 // own (one entry switching over all twelve bodies was 600 KB of SASS at 248 registers). A block owns kv head hk, token t, and positions [s * chunk, (s + 1) * chunk), walked in tiles
@@ -239,7 +28,7 @@ KERNEL_LB(flash_attn_ext_f16, 32 * FA_MAX_WARPS) {
 // trip per tile, none serialised behind the softmax). Scores: the R lanes of a row reduce their partial
 // dots by shuffles; the softmax of a tile runs one warp per head (lane = position), online across tiles
 // (m, l per head); p.V accumulates in registers, and the PG row groups are summed in order at the end
-// (deterministic). An empty or fully masked split gives (0, -inf, 0), as flash_attn_ext_f16.
+// (deterministic).
 #define FAV_THREADS 128
 #define FAV_TILE 32
 #define FAV_MAX_G 8
@@ -447,7 +236,7 @@ KERNEL_LB(flash_attn_combine_f32, 256) {
 }
 
 // ---- prefill: flash_attn_mma_f16_d{D} ----------------------------------------------------------------
-// The same partials as flash_attn_ext_f16, on tensor cores (as ggml's fattn-mma-f16 serves batches): Q and
+// The partials on tensor cores (as ggml's fattn-mma-f16 serves batches): Q and
 // P enter the products as F16, accumulation is F32. Grid (n_split, Hkv, ceil(G * T / 64) * B), 128 threads.
 // A block owns kv head hk, 64 query rows of it (row r = t * G + g: the G heads sharing hk, token-major, so
 // every K/V tile is loaded once for all of them) and the positions of split s, walked in tiles of 64: K and

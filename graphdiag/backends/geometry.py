@@ -29,9 +29,8 @@ QUANT_WARPS = 8          # quantize.cu: one warp per 32-block, 8 warps per block
 ELEMENTWISE_BLOCK = 256  # element-wise / rope kernels: one thread per element or pair, grid-stride loop
 MAX_GRID_X = 1 << 20     # cap on grid-stride grids: plenty of blocks to fill 132 SMs, no overflow
 GRID_YZ_MAX = 65535      # CUDA's limit on grid.y and grid.z
-FA_MAX_WARPS = 4         # flash_attn.cu: up to 4 warps per block, each owning query rows
-FA_SUB = 32              # positions per sub-chunk (one per lane); a split's chunk is a multiple of it
-FA_MAX_ROWS = 32         # query rows (heads sharing a kv head x tokens) per block
+FA_SUB = 32              # a split's chunk of positions is a multiple of this (the decode kernels' tile)
+FA_MAX_ROWS = 32         # query heads per kv head the lowering takes (GQA groups beyond are refused)
 FA_TARGET_BLOCKS = 264   # splits are added until about 2 blocks per SM of an H200 (132 SMs)
 FAV_THREADS = 128        # flash_attn.cu flash_attn_vec_f16_d*_g*: one token per block, 128 threads, tiles of 32
 FAV_TILE = 32
@@ -125,12 +124,6 @@ def _elementwise(slot: int, per: int = 1) -> Callable[[np.ndarray], Geometry]:
     return geom
 
 
-def fa_tokens_per_block(n_head: int, n_head_kv: int, n_tokens: int) -> int:
-    """Tokens one flash_attn_ext_f16 block takes: its rows are (heads sharing a kv head) x tokens, <= 32."""
-    g = n_head // n_head_kv
-    return max(1, min(n_tokens, FA_MAX_ROWS // g))
-
-
 def fa_vec(n_head: int, n_head_kv: int, n_tokens: int) -> bool:
     """Whether a FLASH_ATTN_EXT node takes a decode kernel flash_attn_vec_f16_d*_g* (one token per block)."""
     return n_tokens <= FAV_MAX_TOKENS and n_head // max(n_head_kv, 1) <= FAV_MAX_G
@@ -166,23 +159,6 @@ def fa_plan(head_dim: int, n_head: int, n_head_kv: int, n_kv: int, n_tokens: int
     cap = None if n_tokens == 1 else max(1, n_kv // (head_dim + 2))
     n_split, chunk = fa_split(n_kv, blocks, cap)
     return tq, n_split, chunk, max(legacy, 4 * (head_dim + 2) * n_split * rows)
-
-
-def _fa_warps(p) -> tuple[int, int]:
-    """(warps, rows per warp rounded up to 1/2/4/8) of a flash_attn_ext_f16 block (as the kernel derives)."""
-    q, k = _ne(p, 1), _ne(p, 2)
-    rows = (q[1] // max(k[1], 1)) * max(int(p["ip"][1]), 1)
-    nw = 1 if rows == 1 else 2 if rows == 2 else FA_MAX_WARPS
-    per = -(-rows // nw)
-    return nw, 1 if per <= 1 else 2 if per <= 2 else 4 if per <= 4 else 8
-
-
-def _flash_attn(p) -> Geometry:
-    q, k, part = _ne(p, 1), _ne(p, 2), _ne(p, 0)   # q (D, H, T, B), k (D, Hkv, n_kv, B), partials
-    tq = max(int(p["ip"][1]), 1)
-    nw, nr = _fa_warps(p)
-    grid = (max(part[1], 1), max(k[1], 1), _cdiv(q[2], tq) * max(q[3], 1))
-    return grid, (32 * nw, 1, 1), 4 * nw * nr * (q[0] + FA_SUB)
 
 
 def _flash_attn_vec(d: int, gm: int) -> Callable[[np.ndarray], Geometry]:
@@ -257,7 +233,6 @@ def _table() -> dict[str, Callable[[np.ndarray], Geometry]]:
         "cpy_f32_f32": _elementwise(1), "cpy_f32_f16": _elementwise(1),
         "rope_f32": _elementwise(1, per=2),
         "set_rows_f16": _elementwise(1), "set_rows_f32": _elementwise(1),
-        "flash_attn_ext_f16": _flash_attn,
         **{fa_vec_kernel(d, gm): _flash_attn_vec(d, gm) for d in FA_HEAD_DIMS for gm in FAV_GROUPS},
         **{fa_mma_kernel(d): _flash_attn_mma(d) for d in FA_HEAD_DIMS},
         "flash_attn_combine_f32": _fa_combine, "top_k_f32": _top_k,

@@ -111,34 +111,28 @@ def _specs() -> dict[str, KernelSpec]:
                    ip=("n_dims", "mode"), fp=("freq_base", "freq_scale"),
                    doc="fused ROPE + VIEW + SET_ROWS: dst[idx[t], :] = f16(rope(x)[t] flattened); "
                        "the ROPE node's own output is not written"),
-        KernelSpec("flash_attn_ext_f16",
-                   ("partials F32 (Dv + 2, n_split, H, T * B), pool scratch", "q F32 (D, H, T, B)",
-                    "k F16 view (D, Hkv, n_kv)", "v F16 view (Dv, Hkv, n_kv)",
-                    "mask F32 or F16 (n_kv, T_pad, M2, M3), optional"),
-                   ip=("chunk: positions per split (multiple of 32)", "tokens per block"), fp=("scale",),
-                   doc="split s covers positions [s * chunk, (s + 1) * chunk) of n_kv; per head h (kv head "
-                       "h // (H // Hkv)), token t, split s: x_j = scale * q . k_j + mask[t, j], m = max_j x_j, "
-                       "p_j = exp(x_j - m), partial = (sum_j p_j v_j, m, sum_j p_j); an empty or fully "
-                       "masked split gives (0, -inf, 0)"),
         *(KernelSpec(fa_vec_kernel(d, gm),
                      ("partials F32 (Dv + 2, n_split, H, T * B), pool scratch", f"q F32 ({d}, H, T, B)",
                       f"k F16 view ({d}, Hkv, n_kv)", f"v F16 view ({d}, Hkv, n_kv)",
                       "mask F32 or F16 (n_kv, T_pad, M2, M3), optional"),
                      ip=("chunk: positions per split (multiple of 32)", "1 (one token per block)"), fp=("scale",),
-                     doc="the partials of flash_attn_ext_f16 (same formula and layout), one token per block: the "
-                         f"decode kernel (T <= 8) of head size {d}, H / Hkv rounded up to 1/2/4/8 = {gm}")
+                     doc="split s covers positions [s * chunk, (s + 1) * chunk) of n_kv; per head h (kv head "
+                         "h // (H // Hkv)), token t, split s: x_j = scale * q . k_j + mask[t, j], m = max_j x_j, "
+                         "p_j = exp(x_j - m), partial = (sum_j p_j v_j, m, sum_j p_j); an empty or fully "
+                         "masked split gives (0, -inf, 0). One token per block: the decode kernel (T <= 8) of "
+                         f"head size {d}, H / Hkv rounded up to 1/2/4/8 = {gm}")
           for d in FA_HEAD_DIMS for gm in FAV_GROUPS),
         *(KernelSpec(fa_mma_kernel(d),
                      ("partials F32 (Dv + 2, n_split, H, T * B), pool scratch", f"q F32 ({d}, H, T, B)",
                       f"k F16 view ({d}, Hkv, n_kv)", f"v F16 view ({d}, Hkv, n_kv)",
                       "mask F32 or F16 (n_kv, T_pad, M2, M3), optional"),
                      ip=("chunk: positions per split (multiple of 32)", "query rows per block (64)"), fp=("scale",),
-                     doc="the partials of flash_attn_ext_f16 on tensor cores (batches, T > 8): q and p enter the "
+                     doc="the decode kernels' partials on tensor cores (batches, T > 8): q and p enter the "
                          "products rounded to F16 (F32 accumulation); per split, tiles of 64 positions from the "
                          "split's start, online: m = running max of x_j, p_j = f16(exp(x_j - m)) against the "
                          "running max of its tile, O and l rescaled by exp(m_old - m_new); l sums the unrounded p")
           for d in FA_HEAD_DIMS),
-        KernelSpec("flash_attn_combine_f32", ("dst (Dv, H, T, B)", "partials of flash_attn_ext_f16"),
+        KernelSpec("flash_attn_combine_f32", ("dst (Dv, H, T, B)", "partials of a flash_attn_vec/mma kernel"),
                    doc="M = max_s m_s, w_s = exp(m_s - M): dst = sum_s w_s O_s / sum_s w_s l_s (splits in order); "
                        "all splits -inf (a fully masked row) gives zeros"),
         KernelSpec("quantize_q8_1", ("dst Q8_1 (K, N, B2, B3), contiguous pool scratch", "x F32 (K, N, B2, B3)"),

@@ -236,7 +236,7 @@ def _flash_attn_partial(space, p):
     b_, t_, h, _ = q.shape
     n_kv, hkv, dv = k.shape[1], k.shape[2], v.shape[3]
     n_split, chunk = part.shape[2], _ip(p, 0)
-    _check(part.shape[3] == dv + 2 and n_split * chunk >= n_kv, "flash_attn_ext_f16", "partials shape")
+    _check(part.shape[3] == dv + 2 and n_split * chunk >= n_kv, "flash attention", "partials shape")
     s = np.matmul(q.transpose(0, 2, 1, 3), np.repeat(k.transpose(0, 2, 3, 1), h // hkv, axis=1)) * F32(_fp(p, 0))
     if int(p["t"][4]["data"]):
         mask = ops.to_f32(view(space, p, 4))[:, :, :t_, :]
@@ -261,7 +261,7 @@ FAM_KV = 64   # flash_attn_mma_f16_d*: positions per tile of the online softmax 
 def _flash_attn_mma(d: int) -> Kernel:
     """The tensor-core partials (flash_attn.cu fa_mma): q rounded to F16; per split, tiles of FAM_KV positions
     from the split's start with an online softmax, each tile's p = exp(x - m_running) rounded to F16 before
-    p . v (F32 sums), l summing the unrounded p; the same (O, m, l) layout as flash_attn_ext_f16."""
+    p . v (F32 sums), l summing the unrounded p; the same (O, m, l) layout as the decode kernels."""
     name = fa_mma_kernel(d)
 
     def k(space, p):
@@ -377,7 +377,6 @@ def _build() -> dict[str, Kernel]:
         "rms_norm_f32": _rms_norm, "rms_norm_mul_f32": _rms_norm_mul, "mul_f32": _mul, "add_f32": _add,
         "rope_f32": _rope, "set_rows_f16": _set_rows("set_rows_f16", GGMLType.F16),
         "set_rows_f32": _set_rows("set_rows_f32", GGMLType.F32), "rope_set_rows_f16": _rope_set_rows,
-        "flash_attn_ext_f16": _flash_attn_partial,
         **{fa_vec_kernel(d, gm): _flash_attn_vec(d, gm) for d in FA_HEAD_DIMS for gm in FAV_GROUPS},
         **{fa_mma_kernel(d): _flash_attn_mma(d) for d in FA_HEAD_DIMS},
         "flash_attn_combine_f32": _flash_attn_combine,

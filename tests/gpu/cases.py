@@ -6,7 +6,7 @@ from __future__ import annotations
 import numpy as np
 
 from graphdiag.backends.abi import Q8_1
-from graphdiag.backends.geometry import FAM_ROWS, fa_mma_blocks, fa_split, fa_tokens_per_block, fa_vec
+from graphdiag.backends.geometry import FAM_ROWS, fa_mma_blocks, fa_split, fa_vec
 from graphdiag.backends.kernels import KERNELS, W_TYPES, fa_mma_kernel, fa_vec_kernel
 from graphdiag.ir.dtypes import GGMLType as G
 from kernel_cases import F16_OUT, F32_DOT, F32_ELEM, FA_MMA, ROPE, TC_DOT, Case
@@ -239,14 +239,16 @@ def _causal_mask(c: Case, t: int, n_kv: int, t_pad: int, visible: int | None = N
 
 
 def flash_attn_cases() -> list[Case]:
-    """Split-KV partials: GQA groups, decode (1 token, many splits), prefill tiles (up to 32 rows per block),
+    """Split-KV partials: GQA groups, decode (1 token, many splits), prefill tiles (64 rows per block),
     F32 / F16 / no mask, a fully masked row, splits whose positions are all masked."""
     out = []
-    cfgs = [("flash_attn_ext_f16", *x) for x in ((64, 8, 2, 3, 40, G.F32, None), (128, 4, 4, 1, 300, None, None),
-                                           (64, 2, 1, 2, 7, G.F16, None), (64, 32, 8, 1, 256, G.F16, 201),
-                                           (64, 8, 2, 40, 64, G.F32, None), (32, 4, 4, 2, 50, G.F16, None),
-                                           (64, 4, 4, 40, 80, G.F16, 72), (64, 8, 8, 250, 256, G.F16, 250),
-                                           (64, 8, 8, 1, 512, G.F16, 260), (128, 32, 32, 1, 256, G.F16, 230))]
+    # (the shapes of the CUDA-core batch kernel these replaced: T > 8 take the tensor-core kernel, T <= 8 the
+    # decode kernel, as the lowering chooses)
+    cfgs = [("mma" if not fa_vec(x[1], x[2], x[3]) else "vec", *x)
+            for x in ((64, 8, 2, 3, 40, G.F32, None), (128, 4, 4, 1, 300, None, None),
+                      (64, 2, 1, 2, 7, G.F16, None), (64, 8, 2, 40, 64, G.F32, None), (32, 4, 4, 2, 50, G.F16, None),
+                      (64, 4, 4, 40, 80, G.F16, 72), (64, 8, 8, 250, 256, G.F16, 250),
+                      (64, 8, 8, 1, 512, G.F16, 260))]
     # the decode kernels: every head size and GQA group up to 8, F32 / F16 / per-head / no mask, several tiles
     # per split (long n_kv), a ragged last tile, small batches (T <= 8), a fully masked row
     cfgs += [("vec", *x) for x in (
@@ -282,9 +284,9 @@ def flash_attn_cases() -> list[Case]:
         if mma:
             tq, blocks = FAM_ROWS, fa_mma_blocks(h, hkv, t)
         else:
-            tq = fa_tokens_per_block(h, hkv, t) if name == "flash_attn_ext_f16" else 1
-            assert name == "flash_attn_ext_f16" or fa_vec(h, hkv, t)
-            blocks = hkv * -(-t // tq)
+            tq = 1
+            assert fa_vec(h, hkv, t)
+            blocks = hkv * t
         n_split, chunk = fa_split(n_kv, blocks, max(1, n_kv // (d + 2)) if mma else None)   # lowering's cap
         out.append(c.set(c.output(G.F32, d + 2, n_split, h, t), c.randn(G.F32, d, h, t), kview, vview, mask,
                          ip=(chunk, tq), fp=(1.0 / np.sqrt(d),)))

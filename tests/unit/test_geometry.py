@@ -3,7 +3,7 @@
 import pytest
 
 from graphdiag.backends.abi import new_params, set_desc
-from graphdiag.backends.geometry import MMV_WARPS, fa_split, fa_tokens_per_block, launch_geometry
+from graphdiag.backends.geometry import MMV_WARPS, fa_split, launch_geometry
 from graphdiag.backends.kernels import KERNELS
 
 
@@ -55,20 +55,9 @@ def test_flash_attn_splits_the_kv_range_until_the_gpu_is_full():
     assert fa_split(512, 512) == (1, 512)       # prefill: the token tiles fill the GPU alone
     n_split, chunk = fa_split(300, 7)
     assert (n_split - 1) * chunk < 300 <= n_split * chunk and chunk % 32 == 0
-    assert fa_tokens_per_block(32, 8, 1) == 1 and fa_tokens_per_block(32, 8, 512) == 8
-    assert fa_tokens_per_block(8, 8, 200) == 32
 
 
-def test_flash_attn_block_shape_follows_the_rows_of_a_kv_head():
-    # 1b decode: q (64, 32, 1), k (64, 8, 256): 4 rows per kv head -> 4 warps of one row
-    p = _p((66, 8, 32, 1), (64, 32, 1, 1), (64, 8, 256, 1), ip=(32, 1))
-    assert launch_geometry("flash_attn_ext_f16", p) == ((8, 8, 1), (128, 1, 1), 4 * 4 * 1 * (64 + 32))
-    # tiny decode: one row per kv head -> one warp
-    p = _p((66, 8, 8, 1), (64, 8, 1, 1), (64, 8, 256, 1), ip=(32, 1))
-    assert launch_geometry("flash_attn_ext_f16", p) == ((8, 8, 1), (32, 1, 1), 4 * 1 * 1 * 96)
-    # prefill tile: 8 tokens x 4 heads = 32 rows -> 4 warps of 8 rows, 512 tokens -> 64 tiles
-    p = _p((66, 1, 32, 512), (64, 32, 512, 1), (64, 8, 512, 1), ip=(512, 8))
-    assert launch_geometry("flash_attn_ext_f16", p) == ((1, 8, 64), (128, 1, 1), 4 * 4 * 8 * 96)
+def test_flash_attn_combine_takes_a_block_per_head_and_token():
     assert launch_geometry("flash_attn_combine_f32", _p((64, 32, 3, 1), (66, 8, 32, 3))) == \
         ((32, 3, 1), (64, 1, 1), 0)
 

@@ -5,7 +5,7 @@ import pytest
 
 from graphdiag.backends import cpu_ops as ops
 from graphdiag.backends.abi import Q8_1, Q8_1_BYTES, new_params, set_desc
-from graphdiag.backends.kernels import KERNELS
+from graphdiag.backends.kernels import KERNELS, fa_vec_kernel
 from graphdiag.backends.sim_kernels import SIM_KERNELS, quantize_q8_1, run_kernel
 from graphdiag.errors import CudaError
 from graphdiag.ir.build import contiguous_nb
@@ -48,7 +48,7 @@ def rand(*shape):
 
 def test_every_catalogue_kernel_has_a_sim_implementation():
     assert set(SIM_KERNELS) == set(KERNELS)
-    assert len([k for k in SIM_KERNELS if not k.startswith("rng_fill_")]) == 55   # 12 decode + 3 batch attention entries
+    assert len([k for k in SIM_KERNELS if not k.startswith("rng_fill_")]) == 54   # 12 decode + 3 batch attention entries
 
 
 def test_unknown_kernel_is_not_found():
@@ -193,11 +193,12 @@ def test_mul_mat_id_gathered_over_every_expert_equals_the_vec_path():
     np.testing.assert_array_equal(m.view(vec), ops.mul_mat_id(m.view(dex), m.view(dx), ids))
 
 
-def _attention(m: Mem, dq, dk, dv, dm, chunk: int, n_split: int, D: int, H: int, T: int, scale: float):
-    """flash_attn_ext_f16 (split-KV partials) then flash_attn_combine_f32, as the lowering issues them."""
+def _attention(m: Mem, dq, dk, dv, dm, chunk: int, n_split: int, D: int, H: int, T: int, scale: float, G_: int = 1):
+    """The decode kernel's split-KV partials (head size D, G_ heads per kv head), then flash_attn_combine_f32,
+    as the lowering issues them."""
     ne = (D + 2, n_split, H, T)
     part = m.put(G.F32, ne)
-    run_kernel(m.space, "flash_attn_ext_f16", params(part, dq, dk, dv, dm, ip=(chunk, 1), fp=(scale,)))
+    run_kernel(m.space, fa_vec_kernel(D, G_), params(part, dq, dk, dv, dm, ip=(chunk, 1), fp=(scale,)))
     dst = m.put(G.F32, (D, H, T, 1))
     run_kernel(m.space, "flash_attn_combine_f32", params(dst, part))
     return m.view(dst), m.view(part)
@@ -206,7 +207,7 @@ def _attention(m: Mem, dq, dk, dv, dm, chunk: int, n_split: int, D: int, H: int,
 @pytest.mark.parametrize("mask_type", [G.F32, G.F16])
 def test_split_kv_attention_then_combine_follows_cpu_ops(mask_type):
     m = Mem()
-    D, H, Hkv, T, n_kv = 8, 4, 2, 2, 70
+    D, H, Hkv, T, n_kv = 32, 4, 2, 2, 70
     dq = m.put(G.F32, (D, H, T, 1), rand(1, T, H, D))
     dk = m.put(G.F16, (D, Hkv, n_kv, 1), rand(1, n_kv, Hkv, D).astype(np.float16))
     dv = m.put(G.F16, (D, Hkv, n_kv, 1), rand(1, n_kv, Hkv, D).astype(np.float16))
@@ -214,17 +215,17 @@ def test_split_kv_attention_then_combine_follows_cpu_ops(mask_type):
     mask[0, 0, 1, 20:] = -np.inf     # token 1 sees only split 0: splits 1 and 2 are empty for it
     mask[0, 0, 0, :] = rand(n_kv) * 0.3
     dm = m.put(mask_type, (n_kv, 4, 1, 1), mask.astype(np.float16 if mask_type == G.F16 else np.float32))
-    got, part = _attention(m, dq, dk, dv, dm, 32, 3, D, H, T, 0.5)
+    got, part = _attention(m, dq, dk, dv, dm, 32, 3, D, H, T, 0.5, G_=2)
     ref = ops.flash_attn_ext(m.view(dq), m.view(dk), m.view(dv), m.view(dm), 0.5)
     np.testing.assert_allclose(got, ref, rtol=2e-6, atol=2e-6)
     assert np.isneginf(part[1, :, 1:, D]).all() and not part[1, :, 1:, D + 1].any()
-    nomask, _ = _attention(m, dq, dk, dv, None, 32, 3, D, H, T, 0.5)
+    nomask, _ = _attention(m, dq, dk, dv, None, 32, 3, D, H, T, 0.5, G_=2)
     assert not np.allclose(nomask, ref)
 
 
 def test_attention_of_a_fully_masked_row_is_zero():
     m = Mem()
-    D, H, T, n_kv = 8, 2, 1, 40
+    D, H, T, n_kv = 32, 2, 1, 40
     dq, dk, dv = m.put(G.F32, (D, H, T, 1), rand(1, T, H, D)), *(
         m.put(G.F16, (D, H, n_kv, 1), rand(1, n_kv, H, D).astype(np.float16)) for _ in range(2))
     dm = m.put(G.F16, (n_kv, 1, 1, 1), np.full((1, 1, 1, n_kv), -np.inf, np.float16))
@@ -243,17 +244,19 @@ def test_cpy_f32_f16_converts_and_checks_the_destination_type():
 
 
 def test_decode_attention_entry_runs_only_its_own_head_size_and_group():
-    """flash_attn_vec_f16_d{D}_g{G}: the same partials as flash_attn_ext_f16 for its (D, G); the CUDA entry
-    of another (D, G) would index its shared memory wrongly, so the simulated one refuses it as well."""
+    """flash_attn_vec_f16_d{D}_g{G}: the exact split-KV partials for its (D, G) (combined: the attention);
+    the CUDA entry of another (D, G) would index its shared memory wrongly, so the simulated one refuses it."""
     m = Mem()
     D, H, Hkv, n_kv = 32, 8, 2, 40
     dq = m.put(G.F32, (D, H, 1, 1), rand(1, 1, H, D))
     dk = m.put(G.F16, (D, Hkv, n_kv, 1), rand(1, n_kv, Hkv, D).astype(np.float16))
     dv = m.put(G.F16, (D, Hkv, n_kv, 1), rand(1, n_kv, Hkv, D).astype(np.float16))
-    ext, vec = m.put(G.F32, (D + 2, 2, H, 1)), m.put(G.F32, (D + 2, 2, H, 1))
-    run_kernel(m.space, "flash_attn_ext_f16", params(ext, dq, dk, dv, None, ip=(32, 1), fp=(0.5,)))
+    vec = m.put(G.F32, (D + 2, 2, H, 1))
     run_kernel(m.space, "flash_attn_vec_f16_d32_g4", params(vec, dq, dk, dv, None, ip=(32, 1), fp=(0.5,)))
-    np.testing.assert_array_equal(m.view(vec), m.view(ext))
+    dst = m.put(G.F32, (D, H, 1, 1))
+    run_kernel(m.space, "flash_attn_combine_f32", params(dst, vec))
+    ref = ops.flash_attn_ext(m.view(dq), m.view(dk), m.view(dv), None, 0.5)
+    np.testing.assert_allclose(m.view(dst), ref, rtol=2e-6, atol=2e-6)
     for wrong in ("flash_attn_vec_f16_d32_g8", "flash_attn_vec_f16_d64_g4"):
         with pytest.raises(CudaError, match="CUDA_ERROR_INVALID_VALUE"):
             run_kernel(m.space, wrong, params(vec, dq, dk, dv, None, ip=(32, 1), fp=(0.5,)))
@@ -285,7 +288,7 @@ def test_batch_attention_on_tensor_cores_rounds_q_and_p_to_f16_and_combines_the_
     assert np.isneginf(p[:, :, 2, D]).all()                  # the last split is past every row's horizon
     exact = m.put(G.F32, (D + 2, 3, H, T))                   # the exact partials of q rounded to F16
     dq16 = m.put(G.F32, (D, H, T, 1), m.view(dq).astype(np.float16).astype(np.float32))
-    run_kernel(m.space, "flash_attn_ext_f16", params(exact, dq16, dk, dv, dm, ip=(chunk, 1), fp=(0.4,)))
+    run_kernel(m.space, fa_vec_kernel(D, H // Hkv), params(exact, dq16, dk, dv, dm, ip=(chunk, 1), fp=(0.4,)))
     np.testing.assert_array_equal(p[..., D], m.view(exact)[..., D])   # the same maxima: scores are unrounded
     with pytest.raises(CudaError, match="CUDA_ERROR_INVALID_VALUE"):
         run_kernel(m.space, "flash_attn_mma_f16_d64", params(part, dq, dk, dv, dm, ip=(chunk, 64), fp=(0.4,)))
