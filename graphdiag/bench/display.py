@@ -15,6 +15,10 @@ def _ms(v) -> str:
     return "—" if v is None else f"{v * 1000:.1f}"
 
 
+def _pct(v) -> str:
+    return "—" if v is None else f"{v:+.1f} %"
+
+
 def _x(v) -> str:
     return "—" if v is None else f"{v:.2f}×"
 
@@ -60,6 +64,11 @@ def render(rows: list[dict], file=None) -> None:
         console.print(f"roofline: (weight bytes + KV bytes read) / device-to-device copy "
                       f"{'—' if bw is None else f'{bw:.0f} GB/s'} measured in this run"
                       + (" (simulated: a host memcpy)" if dec[0]["simulated"] else ""))
+        shares = [f"{r['model']} {r['wtype']} {_pct(r.get('instr_share_pct'))}" for r in dec if "instr_share_pct" in r]
+        if shares:
+            live = any(r.get("instr_nvtx_live") for r in dec)
+            console.print("instrumentation (event record, counters" + (", NVTX" if live else "; NVTX idle: no tool")
+                          + ") on a replayed step: " + ", ".join(shares))
     if pre:
         console.print(prefill_table(pre))
     peers = {r.get("torch") for r in rows if r.get("torch")}

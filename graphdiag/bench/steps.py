@@ -134,6 +134,62 @@ def _ratio(a, b):
     return a / b if a and b else None
 
 
+INSTR_ROUNDS = 6               # alternating rounds of bare and instrumented replayed steps
+INSTR_STEPS = 12               # replayed steps per round
+
+
+def instrumentation_share(settings: dict, label: str, progress: Progress) -> dict:
+    """The instrumentation's share of a replayed step: one session's replayed steps with the sinks a
+    recorded run attaches (the JSON-lines event record, the counters, NVTX ranges when a tool listens)
+    against the same steps on a bare bus, in alternating rounds, so both see one graph, one placement and
+    the same clocks. Medians of the steps' wall times (StepFinished, as replay_ms)."""
+    import os
+
+    from ..counters import Counters
+    from ..plan import StepPlan
+    from ..report.nvtx_sink import NvtxSink
+    from ..report.record import JsonlWriter
+    from ..runner import RunResult, Session, Stepper
+    cfg = resolve({**settings, "nvtx": False})
+    bus = E.EventBus()
+    walls: dict[str, list[int]] = {"bare": [], "on": []}
+    mode = ["warm-up"]
+
+    def on_event(ev) -> None:
+        if isinstance(ev, E.StepFinished):
+            progress.advance()
+            if ev.mode == "replay" and mode[0] in walls:
+                walls[mode[0]].append(ev.duration_ns)
+
+    bus.subscribe(on_event, internal=True)
+    progress.start(f"{label} instrumentation", 2 * INSTR_ROUNDS * INSTR_STEPS + 4)
+    session = Session(cfg, bus)
+    try:
+        stepper = Stepper(session, RunResult({}, [], Counters()))
+        decode = [StepPlan("decode", batch=1)] * INSTR_STEPS
+        stepper.run([StepPlan("prefill", n_tokens=cfg.prompt_tokens)] + decode[:3])
+        nvtx = NvtxSink()
+        with JsonlWriter(os.devnull, {"schema": "bench"}) as record:
+            sinks = [record, Counters()]
+            for _ in range(INSTR_ROUNDS):
+                mode[0] = "bare"
+                stepper.run(decode)
+                mode[0] = "on"
+                for k in sinks:
+                    bus.subscribe(k)
+                if nvtx.enabled:
+                    bus.subscribe(nvtx, spans=True)
+                stepper.run(decode)
+                for k in sinks + ([nvtx] if nvtx.enabled else []):
+                    bus.unsubscribe(k)
+    finally:
+        session.close()
+    bare = statistics.median(walls["bare"]) / 1e6 if walls["bare"] else None
+    on = statistics.median(walls["on"]) / 1e6 if walls["on"] else None
+    return {"instr_bare_ms": bare, "instr_on_ms": on, "instr_nvtx_live": nvtx.enabled,
+            "instr_share_pct": 100 * (on - bare) / bare if bare and on else None}
+
+
 def decode_row(opts: StepsOptions, model: str, wtype: str, bandwidth: float, progress: Progress) -> dict:
     base = {"backend": opts.backend, "model": model, "wtype": wtype, "steps": opts.steps,
             "prompt_tokens": opts.prompt_tokens, "chunk_size": opts.chunk_size, **opts.settings}
@@ -154,6 +210,8 @@ def decode_row(opts: StepsOptions, model: str, wtype: str, bandwidth: float, pro
            "replay_steps": rep.get("steps", 0), "eager_steps": eag.get("steps", 0),
            "weight_bytes": wb, "kv_bytes": kvb, "copy_GBps": bandwidth / 1e9 if roof else None,
            "roofline_ms": roof}
+    if rep:
+        row.update(instrumentation_share(base, f"{model} {wtype}", progress))
     row["graph_speedup"] = _ratio(row["eager_ms"], row["replay_ms"])
     row["replay_over_roofline"] = _ratio(row["replay_ms"], roof)
     if opts.torch and not row["simulated"] and not cfg.is_moe:

@@ -41,6 +41,9 @@ def test_bench_steps_json_rows_on_the_simulated_driver(capsys):
     for k in ("replay_ms", "eager_ms", "roofline_ms", "replay_p90_ms", "replay_host_ms", "replay_over_roofline"):
         assert dec[k] > 0, k
     assert dec["kernels_per_step"] > 10 and dec["n_kv"] == 256 and "torch_graph_ms" not in dec
+    # the instrumentation's share: the same session's replayed steps with and without the record's sinks
+    assert dec["instr_bare_ms"] > 0 and dec["instr_on_ms"] > 0 and dec["instr_nvtx_live"] is False
+    assert dec["instr_share_pct"] == 100 * (dec["instr_on_ms"] - dec["instr_bare_ms"]) / dec["instr_bare_ms"]
     assert pre["kind"] == "prefill" and pre["n_tokens"] == 8 and pre["prefill_ms"] > 0 and pre["prefill_reps"] == 3
     assert "tiny q8_0 graphs on" in out.err      # progress on stderr
 
@@ -49,6 +52,7 @@ def test_bench_steps_table_labels_simulated_timings(capsys):
     assert main(["bench", "steps", "--backend", "sim", "--wtype", "q8_0", "--steps", "8", "--prompt-tokens", "4"]) == 0
     out = capsys.readouterr().out
     assert "SIMULATED" in out and "tiny q8_0 (sim)" in out and "roofline" in out
+    assert "instrumentation (event record, counters; NVTX idle: no tool) on a replayed step: tiny q8_0 " in out
 
 
 def test_roofline_bytes_count_every_weight_once_but_one_embedding_row():
