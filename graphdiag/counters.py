@@ -14,6 +14,15 @@ COUNTER_NAMES = (
 )
 
 
+# event classes that always add one to one counter (the others depend on the event's fields), and classes
+# seen to count nothing
+_ONE: dict[type, str] = {E.EagerRun: "eager_runs", E.CaptureRun: "captures", E.ChunkInstantiated: "instantiates",
+                         E.ChunkUpdated: "updates", E.ReplayLaunched: "replays", E.UidHit: "uid_hits",
+                         E.UidMiss: "uid_misses", E.Evicted: "evictions", E.PoolInvalidated: "invalidations",
+                         E.FusionApplied: "fusions", E.Incompatible: "incompatible", E.GraphsDisabled: "disabled"}
+_NONE: set[type] = set()
+
+
 class Counters:
     """Subscribe an instance to the bus. `refusals` counts update refusals by reason name."""
 
@@ -27,6 +36,20 @@ class Counters:
         raise AttributeError(name)
 
     def __call__(self, ev: E.Event) -> None:
+        # most events of a replayed step count nothing, or one counter: a dict lookup by class settles them
+        # (the match below tries up to twenty classes in turn); classes are sorted into _ONE / _NONE on sight
+        t = type(ev)
+        name = _ONE.get(t)
+        if name is not None:
+            self.c[name] += 1
+            return
+        if t in _NONE:
+            return
+        if not self._count(ev):
+            _NONE.add(t)
+
+    def _count(self, ev: E.Event) -> bool:
+        """Count `ev` by its class (isinstance, as subclasses count too); False when nothing counts it."""
         c = self.c
         match ev:
             case E.EagerRun():
@@ -64,6 +87,9 @@ class Counters:
                 c["disabled"] += 1
             case E.ChunksDestroyed():
                 c["chunks_destroyed"] += ev.count
+            case _:
+                return False
+        return True
 
     def snapshot(self) -> dict[str, int]:
         d = dict(self.c)

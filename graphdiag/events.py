@@ -34,14 +34,12 @@ class Event:
         EVENT_TYPES[cls.kind] = cls
 
     def to_dict(self) -> dict[str, Any]:
-        names = _FIELD_NAMES.get(type(self))
-        if names is None:
-            names = _FIELD_NAMES[type(self)] = tuple(f.name for f in dataclasses.fields(self) if f.name != "device")
-        d = {"kind": self.kind}
-        for n in names:
-            d[n] = getattr(self, n)                # tuples serialise as JSON arrays
-        if self.device:
-            d["device"] = self.device
+        # the instance dict holds exactly the fields, in field order (both __init__s fill it so, and events
+        # are frozen): one copy instead of a getattr per field; device goes last, and only when set
+        d = {"kind": self.kind, **self.__dict__}    # tuples serialise as JSON arrays
+        device = d.pop("device")
+        if device:
+            d["device"] = device
         return d
 
     @staticmethod
@@ -51,9 +49,6 @@ class Event:
             raise KeyError(f"unknown event kind {d.get('kind')!r}")
         kw = {f.name: _tuplify(d[f.name]) for f in dataclasses.fields(cls) if f.name in d}
         return cls(**kw)
-
-
-_FIELD_NAMES: dict[type, tuple[str, ...]] = {}   # per event class, filled on first to_dict
 
 
 def _tuplify(v):
