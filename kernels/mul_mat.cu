@@ -131,8 +131,8 @@ __device__ void mm_f16_pipelined(const kparams &p, unsigned char *smem) {
     bool win[2], xin[2];
 #pragma unroll
     for (int i = 0; i < 2; ++i) {
-        const int ia = tid + 256 * i, ib = tid + 256 * i;
-        const i64 m = m0 + (ia >> 2), n = n0 + (ib >> 3);
+        const int idx = tid + 256 * i;   // A: row idx / 4, chunk idx % 4; B: column idx / 8, chunk idx % 8
+        const i64 m = m0 + (idx >> 2), n = n0 + (idx >> 3);
         win[i] = m < M; xin[i] = n < N;
         wr[i] = row_ptr(W, win[i] ? m : M - 1, w2, w3);
         xr[i] = row_ptr(X, xin[i] ? n : N - 1, i2, i3);
@@ -144,11 +144,11 @@ __device__ void mm_f16_pipelined(const kparams &p, unsigned char *smem) {
             const i64 k0 = kt * MM_BK;
 #pragma unroll
             for (int i = 0; i < 2; ++i) {
-                const int ia = tid + 256 * i, row = ia >> 2, c = ia & 3;
+                const int idx = tid + 256 * i, row = idx >> 2, c = idx & 3;
                 const i64 k = k0 + c * 8;
                 const bool in = win[i] && k < K;
                 cp_async16(&As[st][row][c * 8], wr[i] + (in ? k : 0) * 2, in ? 16 : 0);
-                const int col = ia >> 3, cb = ia & 7;
+                const int col = idx >> 3, cb = idx & 7;
                 const i64 kb = k0 + cb * 4;
                 const bool bin = xin[i] && kb < K;
                 cp_async16(&Bf[st][col][cb * 4], xr[i] + (bin ? kb : 0) * 4, bin ? 16 : 0);
