@@ -10,6 +10,7 @@
 // M = max_s m_s, splits in order (deterministic); all splits empty (fully masked row) gives zeros.
 // GQA: kv head = h / G. Mask (n_kv, T_pad, M2, M3), F32 or F16 (by descriptor type): dims 2/3 broadcast.
 #include "common.cuh"
+#include "mma.cuh"
 
 __device__ __forceinline__ float mask_at(const tdesc &M, i64 j, i64 t, i64 h, i64 b) {
     const char *a = (const char *)M.data + j * M.nb[0] + t * M.nb[1] + (h % M.ne[2]) * M.nb[2] +
@@ -251,28 +252,7 @@ KERNEL_LB(flash_attn_combine_f32, 256) {
 #define FAM_KV 64
 #define FAM_THREADS 128
 
-__device__ __forceinline__ unsigned fam_smem_u32(const void *ptr) {
-    unsigned a;
-    asm("{ .reg .u64 t; cvta.to.shared.u64 t, %1; cvt.u32.u64 %0, t; }" : "=r"(a) : "l"(ptr));
-    return a;
-}
-__device__ __forceinline__ void fam_ldm_x4(unsigned *r, const void *ptr) {
-    asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];"
-                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3]) : "r"(fam_smem_u32(ptr)));
-}
-__device__ __forceinline__ void fam_ldm_x4_t(unsigned *r, const void *ptr) {
-    asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0, %1, %2, %3}, [%4];"
-                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3]) : "r"(fam_smem_u32(ptr)));
-}
-__device__ __forceinline__ void fam_mma(float *c, const unsigned *a, const unsigned *b) {
-    asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, "
-                 "{%8, %9}, {%0, %1, %2, %3};"
-                 : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
-                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]));
-}
-__device__ __forceinline__ unsigned fam_h2(float lo, float hi) {
-    return (unsigned)f2h(lo) | ((unsigned)f2h(hi) << 16);
-}
+__device__ __forceinline__ unsigned fam_h2(float lo, float hi) { return pack_h2(f2h(lo), f2h(hi)); }
 
 template <int D> __device__ void fa_mma(const kparams &p, unsigned short *smem) {
     constexpr int LD = D + 8;             // halves per shmem row (16-byte rows, conflict-free ldmatrix)
@@ -302,7 +282,7 @@ template <int D> __device__ void fa_mma(const kparams &p, unsigned short *smem) 
     __syncthreads();
     unsigned qf[KS][4];
 #pragma unroll
-    for (int ks = 0; ks < KS; ++ks) fam_ldm_x4(qf[ks], &Ks[(w * 16 + (lane & 15)) * LD + ks * 16 + (lane >> 4) * 8]);
+    for (int ks = 0; ks < KS; ++ks) ldmatrix_x4(qf[ks], &Ks[(w * 16 + (lane & 15)) * LD + ks * 16 + (lane >> 4) * 8]);
     __syncthreads();
 
     // this thread's two rows (g4 and g4 + 8 of the warp's 16)
@@ -344,8 +324,8 @@ template <int D> __device__ void fa_mma(const kparams &p, unsigned short *smem) 
                 const bool in = j < j1;
                 const char *kg = kbase + (in ? j : j0) * Kc.nb[2] + d * 2, *vg = vbase + (in ? j : j0) * V.nb[2] + d * 2;
                 const int n = in ? 16 : 0;
-                asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;" ::"r"(fam_smem_u32(kst(st) + jj * LD + d)), "l"(kg), "r"(n));
-                asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;" ::"r"(fam_smem_u32(kst(st) + (FAM_KV + jj) * LD + d)), "l"(vg), "r"(n));
+                cp_async16(kst(st) + jj * LD + d, kg, n);
+                cp_async16(kst(st) + (FAM_KV + jj) * LD + d, vg, n);
             } else {
                 uint4 kv = make_uint4(0, 0, 0, 0), vv = make_uint4(0, 0, 0, 0);
                 if (j < j1) {
@@ -356,7 +336,7 @@ template <int D> __device__ void fa_mma(const kparams &p, unsigned short *smem) 
                 *(uint4 *)(kst(st) + (FAM_KV + jj) * LD + d) = vv;
             }
         }
-        asm volatile("cp.async.commit_group;" ::: "memory");
+        cp_async_commit();
     };
     if (j0 < j1) fetch(j0, 0);
     int stage = 0;
@@ -405,10 +385,10 @@ template <int D> __device__ void fa_mma(const kparams &p, unsigned short *smem) 
 #pragma unroll
                 for (int n2 = 0; n2 < NT / 2; ++n2) {
                     unsigned r[4];
-                    fam_ldm_x4(r, &Ks[(n2 * 16 + (lane & 7) + (lane >> 4) * 8) * LD + ks * 16 + ((lane >> 3) & 1) * 8]);
+                    ldmatrix_x4(r, &Ks[(n2 * 16 + (lane & 7) + (lane >> 4) * 8) * LD + ks * 16 + ((lane >> 3) & 1) * 8]);
                     const unsigned b0[2] = {r[0], r[1]}, b1[2] = {r[2], r[3]};
-                    fam_mma(acc[2 * n2], qf[ks], b0);
-                    fam_mma(acc[2 * n2 + 1], qf[ks], b1);
+                    mma_f16(acc[2 * n2], qf[ks], b0);
+                    mma_f16(acc[2 * n2 + 1], qf[ks], b1);
                 }
             // scores, online softmax per row (the quad's 4 lanes hold a row's 64 positions)
             float mx[2] = {F32_NEG_INF, F32_NEG_INF};
@@ -457,10 +437,10 @@ template <int D> __device__ void fa_mma(const kparams &p, unsigned short *smem) 
 #pragma unroll
                 for (int d2 = 0; d2 < DT / 2; ++d2) {
                     unsigned r[4];
-                    fam_ldm_x4_t(r, &Vs[(kk * 16 + ((lane >> 3) & 1) * 8 + (lane & 7)) * LD + d2 * 16 + (lane >> 4) * 8]);
+                    ldmatrix_x4_trans(r, &Vs[(kk * 16 + ((lane >> 3) & 1) * 8 + (lane & 7)) * LD + d2 * 16 + (lane >> 4) * 8]);
                     const unsigned b0[2] = {r[0], r[1]}, b1[2] = {r[2], r[3]};
-                    fam_mma(o[2 * d2], a, b0);
-                    fam_mma(o[2 * d2 + 1], a, b1);
+                    mma_f16(o[2 * d2], a, b0);
+                    mma_f16(o[2 * d2 + 1], a, b1);
                 }
             }
         }

@@ -11,6 +11,7 @@
 // mul_mat_f32 keeps the CUDA-core tiled kernel: 16x16 output tiles, K stepped 16 at a time in shmem.
 // Grid (ceil(M / BM), ceil(N / BN), B2 * B3); W's dims 2/3 broadcast by division, as ggml's mul_mat.
 #include "common.cuh"
+#include "mma.cuh"
 
 #define TILE 16
 #define MM_BM 128
@@ -44,36 +45,6 @@ template <int T> __device__ void mm_tiled(const kparams &p) {
 }
 
 KERNEL_LB(mul_mat_f32, 256) { mm_tiled<GGML_F32>(p); }
-
-// ---- tensor-core helpers --------------------------------------------------------------------------------
-__device__ __forceinline__ unsigned smem_u32(const void *ptr) {
-    unsigned a;
-    asm("{ .reg .u64 t; cvta.to.shared.u64 t, %1; cvt.u32.u64 %0, t; }" : "=r"(a) : "l"(ptr));
-    return a;
-}
-
-__device__ __forceinline__ void ldmatrix_x4(unsigned *r, const void *ptr) {
-    asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];"
-                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3]) : "r"(smem_u32(ptr)));
-}
-
-__device__ __forceinline__ void mma_f16(float *c, const unsigned *a, const unsigned *b) {
-    asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, "
-                 "{%8, %9}, {%0, %1, %2, %3};"
-                 : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
-                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]));
-}
-
-__device__ __forceinline__ void mma_s8(int *c, const int *a, const int *b) {
-    asm volatile("mma.sync.aligned.m16n8k32.row.col.s32.s8.s8.s32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, "
-                 "{%8, %9}, {%0, %1, %2, %3};"
-                 : "+r"(c[0]), "+r"(c[1]), "+r"(c[2]), "+r"(c[3])
-                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]));
-}
-
-__device__ __forceinline__ unsigned pack_h2(unsigned short lo, unsigned short hi) {
-    return (unsigned)lo | ((unsigned)hi << 16);
-}
 
 __device__ __forceinline__ bool vec16(const tdesc &d) {
     return ((d.data | (u64)d.nb[1] | (u64)d.nb[2] | (u64)d.nb[3]) & 15) == 0;
@@ -110,9 +81,6 @@ __device__ __forceinline__ void store_acc(const tdesc &D, const float (*acc)[4][
 // F16 as it is built (the same RNE rounding as the register path, so both give the same products).
 #define MM_STAGES 4
 #define MM_LDB (MM_BK + 8)   // floats per x row of a stage (160 bytes: 16-byte rows; fragment reads conflict-free)
-__device__ __forceinline__ void cp_async16(void *dst, const void *src, int n) {
-    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;" ::"r"(smem_u32(dst)), "l"(src), "r"(n));
-}
 
 __device__ void mm_f16_pipelined(const kparams &p, unsigned char *smem) {
     typedef unsigned short ATile[MM_BM][MM_BK + MM_PAD];
@@ -154,7 +122,7 @@ __device__ void mm_f16_pipelined(const kparams &p, unsigned char *smem) {
                 cp_async16(&Bf[st][col][cb * 4], xr[i] + (bin ? kb : 0) * 4, bin ? 16 : 0);
             }
         }
-        asm volatile("cp.async.commit_group;" ::: "memory");   // an empty group past the end keeps the count
+        cp_async_commit();   // an empty group past the end keeps the count
     };
 
     float acc[2][4][4];
