@@ -21,6 +21,7 @@ from ..ir.ops import GluOp
 from ..memory import AddressSpace
 from . import cpu_ops as ops
 from .abi import Q8_1
+from .geometry import FAM_KV
 from .kernels import FA_HEAD_DIMS, FAV_GROUPS, KERNELS, W_TYPES, fa_mma_kernel, fa_vec_kernel, fav_groups
 
 Kernel = Callable[[AddressSpace, np.ndarray], None]
@@ -228,15 +229,18 @@ def _rope_set_rows(space, p):
     ops.set_rows(view(space, p, 0), _rope_of(space, p), view(space, p, 3))
 
 
-def _flash_attn_partial(space, p):
-    """The split-KV partials (flash_attn.cu): per split of ip[0] positions, (sum_j p_j v_j, m, sum_j p_j)
-    with p_j = exp(x_j - m), m the split's max; t[4] (mask, F32 or F16) may be absent (data 0)."""
+def _fa_split_scores(space, p, name: str, q16: bool = False):
+    """(scores (B, H, T, S, chunk), V per head (B, H, S, chunk, Dv), partials view, Dv) of a split-KV
+    partial kernel: x_j = scale * q . k_j + mask, positions past n_kv padded with -inf scores and zero V;
+    q rounded to F16 first when `q16`. t[4] (mask, F32 or F16) may be absent (data 0)."""
     part = view(space, p, 0)                                   # (T * B, H, n_split, Dv + 2)
     q, k, v = (ops.to_f32(view(space, p, i)) for i in (1, 2, 3))
+    if q16:
+        q = q.astype(np.float16).astype(F32)
     b_, t_, h, _ = q.shape
     n_kv, hkv, dv = k.shape[1], k.shape[2], v.shape[3]
     n_split, chunk = part.shape[2], _ip(p, 0)
-    _check(part.shape[3] == dv + 2 and n_split * chunk >= n_kv, "flash attention", "partials shape")
+    _check(part.shape[3] == dv + 2 and n_split * chunk >= n_kv, name, "partials shape")
     s = np.matmul(q.transpose(0, 2, 1, 3), np.repeat(k.transpose(0, 2, 3, 1), h // hkv, axis=1)) * F32(_fp(p, 0))
     if int(p["t"][4]["data"]):
         mask = ops.to_f32(view(space, p, 4))[:, :, :t_, :]
@@ -245,17 +249,26 @@ def _flash_attn_partial(space, p):
     s = np.concatenate([s, np.full((b_, h, t_, pad), -np.inf, F32)], axis=-1).reshape(b_, h, t_, n_split, chunk)
     vh = np.repeat(v.transpose(0, 2, 1, 3), h // hkv, axis=1)  # (B, H, n_kv, Dv)
     vh = np.concatenate([vh, np.zeros((b_, h, pad, dv), F32)], axis=2).reshape(b_, h, n_split, chunk, dv)
-    m = s.max(axis=-1)                                         # (B, H, T, S); -inf: nothing visible
-    e = np.exp(s - np.where(np.isfinite(m), m, F32(0))[..., None])
-    o = np.matmul(e.transpose(0, 1, 3, 2, 4), vh)              # (B, H, S, T, Dv)
+    return s, vh, part, dv
+
+
+def _fa_store(part, o, m, l, dv: int) -> None:
+    """Partials (O (B, H, S, T, Dv), m and l (B, H, T, S)) into the (T * B, H, n_split, Dv + 2) scratch."""
+    b_, h, n_split, t_, _ = o.shape
     out = np.empty((b_, t_, h, n_split, dv + 2), F32)
     out[..., :dv] = o.transpose(0, 3, 1, 2, 4)
     out[..., dv] = m.transpose(0, 2, 1, 3)
-    out[..., dv + 1] = e.sum(axis=-1, dtype=F32).transpose(0, 2, 1, 3)
+    out[..., dv + 1] = l.transpose(0, 2, 1, 3)
     part[...] = out.reshape(b_ * t_, h, n_split, dv + 2)
 
 
-FAM_KV = 64   # flash_attn_mma_f16_d*: positions per tile of the online softmax (geometry.FAM_KV)
+def _flash_attn_partial(space, p, name: str = "flash attention"):
+    """The exact split-KV partials (the decode kernels): per split of ip[0] positions,
+    (sum_j p_j v_j, m, sum_j p_j) with p_j = exp(x_j - m), m the split's max."""
+    s, vh, part, dv = _fa_split_scores(space, p, name)
+    m = s.max(axis=-1)                                         # (B, H, T, S); -inf: nothing visible
+    e = np.exp(s - np.where(np.isfinite(m), m, F32(0))[..., None])
+    _fa_store(part, np.matmul(e.transpose(0, 1, 3, 2, 4), vh), m, e.sum(axis=-1, dtype=F32), dv)
 
 
 def _flash_attn_mma(d: int) -> Kernel:
@@ -265,22 +278,9 @@ def _flash_attn_mma(d: int) -> Kernel:
     name = fa_mma_kernel(d)
 
     def k(space, p):
-        part = view(space, p, 0)                               # (T * B, H, n_split, Dv + 2)
-        q, kc, v = (ops.to_f32(view(space, p, i)) for i in (1, 2, 3))
-        _check(q.shape[3] == d, name, f"q head size {q.shape[3]}")
-        q = q.astype(np.float16).astype(F32)
-        b_, t_, h, _ = q.shape
-        n_kv, hkv, dv = kc.shape[1], kc.shape[2], v.shape[3]
-        n_split, chunk = part.shape[2], _ip(p, 0)
-        _check(part.shape[3] == dv + 2 and n_split * chunk >= n_kv, name, "partials shape")
-        s = np.matmul(q.transpose(0, 2, 1, 3), np.repeat(kc.transpose(0, 2, 3, 1), h // hkv, axis=1)) * F32(_fp(p, 0))
-        if int(p["t"][4]["data"]):
-            mask = ops.to_f32(view(space, p, 4))[:, :, :t_, :]
-            s = s + ops.repeat_to(mask, (b_, h, t_, n_kv))
-        pad = n_split * chunk - n_kv
-        s = np.concatenate([s, np.full((b_, h, t_, pad), -np.inf, F32)], axis=-1).reshape(b_, h, t_, n_split, chunk)
-        vh = np.repeat(v.transpose(0, 2, 1, 3), h // hkv, axis=1)  # (B, H, n_kv, Dv)
-        vh = np.concatenate([vh, np.zeros((b_, h, pad, dv), F32)], axis=2).reshape(b_, h, n_split, chunk, dv)
+        _check(int(p["t"][1]["ne"][0]) == d, name, f"q head size {int(p['t'][1]['ne'][0])}")
+        s, vh, part, dv = _fa_split_scores(space, p, name, q16=True)
+        b_, h, t_, n_split, chunk = s.shape
         m = np.full((b_, h, t_, n_split), -np.inf, F32)
         l = np.zeros_like(m)
         o = np.zeros((b_, h, n_split, t_, dv), F32)
@@ -294,11 +294,7 @@ def _flash_attn_mma(d: int) -> Kernel:
                 e16 = e.astype(np.float16).astype(F32).transpose(0, 1, 3, 2, 4)   # (B, H, S, T, tile)
                 o = o * alpha.transpose(0, 1, 3, 2)[..., None] + np.matmul(e16, vh[:, :, :, c:c + FAM_KV])
                 m = mn
-        out = np.empty((b_, t_, h, n_split, dv + 2), F32)
-        out[..., :dv] = o.transpose(0, 3, 1, 2, 4)
-        out[..., dv] = m.transpose(0, 2, 1, 3)
-        out[..., dv + 1] = l.transpose(0, 2, 1, 3)
-        part[...] = out.reshape(b_ * t_, h, n_split, dv + 2)
+        _fa_store(part, o, m, l, dv)
     return k
 
 
