@@ -14,6 +14,8 @@ Packing one record per launch once, and reusing it, keeps launches allocation-fr
 
 from __future__ import annotations
 
+import struct
+
 import numpy as np
 
 from ..ir.arena import TENSOR_DTYPE
@@ -45,21 +47,38 @@ def params_from_bytes(buf: bytearray) -> np.ndarray:
     return np.frombuffer(buf, KPARAMS).reshape(())
 
 
-# A descriptor's ne/nb sit at the same byte offsets as the struct's (nb u64 there, i64 here: the same bytes),
-# so a descriptor is three byte copies out of a struct.
-_T_DATA, _T_TYPE, _T_SHAPE = (TDESC.fields[f][1] for f in ("data", "type", "ne"))
-_S_DATA, _S_TYPE, _S_SHAPE = (TENSOR_DTYPE.fields[f][1] for f in ("data", "type", "ne"))
-_SHAPE_BYTES = 64
-assert _T_SHAPE == _S_SHAPE and TENSOR_DTYPE.fields["nb"][1] == TDESC.fields["nb"][1] == _S_SHAPE + 32
+# A descriptor is data, type, a zero pad, ne and nb (nb u64 in the struct, i64 here: the same bytes); the
+# struct holds type at 0, ne/nb at 16..80 and data at 248, so a descriptor is two reads and one write.
+_S_DATA = TENSOR_DTYPE.fields["data"][1]
+_STRUCT_SHAPE = struct.Struct("<i12x4q4q")      # a struct's type, ne, nb
+_DESC_HEAD = struct.Struct("<Qi4x4q4q")         # a whole descriptor
+_U64 = struct.Struct("<Q")
+assert [TENSOR_DTYPE.fields[f][1] for f in ("type", "ne", "nb")] == [0, 16, 48]
+assert [TDESC.fields[f][1] for f in ("data", "type", "ne", "nb")] == [0, 8, 16, 48]
 
 
 def set_desc_from_struct(buf: bytearray, slot: int, mem: memoryview, at: int) -> None:
     """Fill descriptor `slot` of a KPARAMS byte buffer from the ggml_tensor struct at byte `at` of `mem`
-    (an arena's bytes): what set_desc_from_record writes, without a numpy scalar access per field."""
-    d = slot * TDESC.itemsize
-    buf[d + _T_DATA: d + _T_DATA + 8] = mem[at + _S_DATA: at + _S_DATA + 8]
-    buf[d + _T_TYPE: d + _T_TYPE + 4] = mem[at + _S_TYPE: at + _S_TYPE + 4]
-    buf[d + _T_SHAPE: d + _T_SHAPE + _SHAPE_BYTES] = mem[at + _S_SHAPE: at + _S_SHAPE + _SHAPE_BYTES]
+    (an arena's bytes): what set_desc_from_record writes (and a zero pad), with one unpack_from and one
+    pack_into where numpy would take a scalar access per field."""
+    _DESC_HEAD.pack_into(buf, slot * TDESC.itemsize, _U64.unpack_from(mem, at + _S_DATA)[0],
+                         *_STRUCT_SHAPE.unpack_from(mem, at))
+
+
+_IP, _FP = KPARAMS.fields["ip"][1], KPARAMS.fields["fp"][1]
+
+
+def set_desc_bytes(buf: bytearray, slot: int, data: int, type_: int, ne, nb) -> None:
+    """set_desc on a KPARAMS byte buffer: one pack_into."""
+    _DESC_HEAD.pack_into(buf, slot * TDESC.itemsize, data, type_, *ne, *nb)
+
+
+def set_scalars_bytes(buf: bytearray, ip=(), fp=()) -> None:
+    """The first len(ip) int32 and len(fp) float32 scalars of a KPARAMS byte buffer (the rest untouched)."""
+    if ip:
+        struct.pack_into(f"<{len(ip)}i", buf, _IP, *ip)
+    if fp:
+        struct.pack_into(f"<{len(fp)}f", buf, _FP, *fp)
 
 
 def set_desc_from_record(p: np.ndarray, slot: int, rec) -> None:

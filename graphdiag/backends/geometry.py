@@ -8,10 +8,12 @@ Pure Python on the descriptors' ne and the ip scalars: testable without a GPU.
 
 from __future__ import annotations
 
+import struct
 from typing import Callable
 
 import numpy as np
 
+from .abi import KPARAMS, TDESC
 from .kernels import FA_HEAD_DIMS, FAV_GROUPS, KERNELS, fa_mma_kernel, fa_vec_kernel, fav_groups
 
 Dim3 = tuple[int, int, int]
@@ -44,8 +46,19 @@ TOPK_BLOCK = 128         # top_k.cu
 TOPK_SHMEM_MAX = 49152   # top_k.cu stages the row in shmem up to this many bytes (the default limit)
 
 
-def _ne(p: np.ndarray, slot: int) -> list[int]:
-    return [int(x) for x in p["t"][slot]["ne"]]
+# The geometry functions read a KPARAMS record's bytes (`p`: bytes, bytearray or memoryview), one unpack_from
+# per field, rather than numpy field views of the record.
+_NE4 = struct.Struct("<4q")
+_I32 = struct.Struct("<i")
+_DESC, _NE_AT, _IP_AT = TDESC.itemsize, TDESC.fields["ne"][1], KPARAMS.fields["ip"][1]
+
+
+def _ne(p, slot: int) -> tuple[int, int, int, int]:
+    return _NE4.unpack_from(p, slot * _DESC + _NE_AT)
+
+
+def _ip(p, i: int) -> int:
+    return _I32.unpack_from(p, _IP_AT + 4 * i)[0]
 
 
 def _cdiv(a: int, b: int) -> int:
@@ -79,7 +92,7 @@ def mmv_warps_per_row(m: int, k: int) -> int:
 
 def _mmv(p) -> Geometry:
     d = _ne(p, 0)
-    rows = MMV_WARPS // max(int(p["ip"][1]), 1) if d[1] == 1 else MMV_WARPS
+    rows = MMV_WARPS // max(_ip(p, 1), 1) if d[1] == 1 else MMV_WARPS
     return (_cdiv(d[0], rows), max(d[2] * d[3], 1), 1), (MMV_BLOCK, 1, 1), 0
 
 
@@ -90,7 +103,7 @@ def _mmv_id(p) -> Geometry:
 
 def _mmv_gathered(p) -> Geometry:
     d = _ne(p, 0)
-    rows = int(p["ip"][1])
+    rows = _ip(p, 1)
     return (_cdiv(d[0], MMV_WARPS), max(rows, 1), 1), (MMV_BLOCK, 1, 1), 0
 
 
@@ -251,9 +264,14 @@ assert set(_GEOMETRY) == set(KERNELS), sorted(set(KERNELS) ^ set(_GEOMETRY))
 
 def launch_geometry(name: str, params: np.ndarray) -> Geometry:
     """(grid, block, shmem bytes) for launching kernel `name` with the 0-d KPARAMS record `params`."""
+    return geometry_of_bytes(name, memoryview(params).cast("B"))
+
+
+def geometry_of_bytes(name: str, p) -> Geometry:
+    """launch_geometry over the record's bytes (`p`: KPARAMS.itemsize bytes, e.g. the lowering's buffer)."""
     try:
         geom = _GEOMETRY[name]
     except KeyError:
         raise KeyError(f"no launch geometry for kernel {name!r}") from None
-    grid, block, shmem = geom(params)
+    grid, block, shmem = geom(p)
     return _check_yz(name, grid), block, shmem

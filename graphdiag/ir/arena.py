@@ -35,11 +35,17 @@ class Arena:
 
     def __init__(self, capacity: int = 4096, base: int = ARENA_BASE):
         self.base = base
-        self.rec = np.zeros(capacity, TENSOR_DTYPE)
+        self._adopt(np.zeros(capacity, TENSOR_DTYPE))
         self.top = 0
         self.mark = 0
         self.skip = 0          # slots left unused after the persistent region (a graph built elsewhere)
-        self._mem: tuple[np.ndarray, memoryview] | None = None
+
+    def _adopt(self, rec: np.ndarray) -> None:
+        """Make `rec` the structs' array; `mem` is its bytes as a flat memoryview (slot i at
+        i * TENSOR_SIZE): byte-slice and struct reads and writes without a numpy call each. An attribute,
+        not a property, as it is read at every field access."""
+        self.rec = rec
+        self.mem = memoryview(rec.view(np.uint8))
 
     @property
     def capacity(self) -> int:
@@ -49,20 +55,12 @@ class Arena:
     def raw(self) -> np.ndarray:
         return self.rec.view(np.uint8).reshape(len(self.rec), TENSOR_SIZE)
 
-    @property
-    def mem(self) -> memoryview:
-        """The structs' bytes as a flat memoryview (slot i at i * TENSOR_SIZE): byte-slice reads and writes
-        without a numpy call each. Made again when the arena grows (`rec` is then a new array)."""
-        if self._mem is None or self._mem[0] is not self.rec:
-            self._mem = (self.rec, memoryview(self.rec.view(np.uint8)))
-        return self._mem[1]
-
     def new_slot(self) -> int:
         """A zeroed slot (as ggml_new_tensor_impl fully initialises the struct)."""
         if self.top == len(self.rec):
             grown = np.zeros(len(self.rec) * 2, TENSOR_DTYPE)
             grown[: len(self.rec)] = self.rec
-            self.rec = grown
+            self._adopt(grown)
         i = self.top
         self.top += 1
         self.mem[i * TENSOR_SIZE : (i + 1) * TENSOR_SIZE] = _ZERO_STRUCT
@@ -79,7 +77,7 @@ class Arena:
         while len(self.rec) < self.mark + self.skip:
             grown = np.zeros(len(self.rec) * 2, TENSOR_DTYPE)
             grown[: len(self.rec)] = self.rec
-            self.rec = grown
+            self._adopt(grown)
         self.top = self.mark + self.skip
 
     def addr(self, idx) -> int | np.ndarray:

@@ -3,14 +3,16 @@
 from __future__ import annotations
 
 import itertools
+import struct
 import threading
 
 import numpy as np
 
-from .arena import Arena
+from .arena import TENSOR_SIZE, Arena
 from .ops import Op, TensorFlag
-from .tensor import Tensor
+from .tensor import _I32, _O_FLAGS, _O_OP, _O_SRC, _SRC, Tensor
 
+_OP_FLAGS = struct.Struct(f"<i{_O_FLAGS - _O_OP - 4}xi")      # a struct's op and flags, in one read
 _uid_counter = itertools.count(1)
 _uid_lock = threading.Lock()
 
@@ -56,9 +58,8 @@ class Graph:
         nodes: list[int] = []           # added by this call (appended to self.nodes / self.leafs at the end)
         leafs: list[int] = []
         stack = [(t.idx, False)]
-        rec = self.arena.rec
-        ops, flags, srcs = rec["op"], rec["flags"], rec["src"]      # column views, taken once
-        base, size = self.arena.base, rec.dtype.itemsize
+        mem = self.arena.mem                # the structs' bytes: fields read with one unpack_from each
+        base = self.arena.base
         none, param, compute = int(Op.NONE), int(TensorFlag.PARAM), int(TensorFlag.COMPUTE)
         while stack:
             idx, expanded = stack.pop()
@@ -66,18 +67,20 @@ class Graph:
                 if idx in visited:
                     continue
                 visited.add(idx)
-                if ops[idx] == none and not (flags[idx] & param):
+                at = idx * TENSOR_SIZE
+                op, flags = _OP_FLAGS.unpack_from(mem, at + _O_OP)
+                if op == none and not (flags & param):
                     leafs.append(idx)
                 else:
-                    flags[idx] |= compute
+                    _I32.pack_into(mem, at + _O_FLAGS, flags | compute)
                     nodes.append(idx)
                 continue
             if idx in visited:
                 continue
             stack.append((idx, True))
-            for a in reversed(srcs[idx].tolist()):
+            for a in reversed(_SRC.unpack_from(mem, idx * TENSOR_SIZE + _O_SRC)):
                 if a:
-                    s = (a - base) // size
+                    s = (a - base) // TENSOR_SIZE
                     if s not in visited:
                         stack.append((s, False))
         if nodes:

@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import struct
+
 import numpy as np
 
-from .arena import TENSOR_SIZE, Arena
+from .arena import TENSOR_DTYPE, TENSOR_SIZE, Arena
 from .dtypes import GGMLType, block_size, type_size
 from .ops import Op
 
@@ -22,6 +24,15 @@ class _Members(dict):
 
 
 _TYPES, _OPS = _Members(GGMLType), _Members(Op)
+
+# Field reads straight from the arena's bytes (Arena.mem, struct i at i * TENSOR_SIZE): one unpack_from each,
+# where a numpy field view, an index and a conversion cost a few hundred ns apiece.
+_OFF = {f: TENSOR_DTYPE.fields[f][1] for f in ("type", "ne", "nb", "op", "op_params", "flags", "src",
+                                                  "view_src", "view_offs", "data", "buffer")}
+_I32, _U64, _F32 = struct.Struct("<i"), struct.Struct("<Q"), struct.Struct("<f")
+_NE, _NB, _SRC = struct.Struct("<4q"), struct.Struct("<4Q"), struct.Struct("<10Q")
+_O_TYPE, _O_NE, _O_NB, _O_OP, _O_PARAMS, _O_FLAGS, _O_SRC, _O_VIEW_SRC, _O_VIEW_OFFS, _O_DATA, _O_BUFFER = (
+    _OFF.values())
 
 
 class Tensor:
@@ -51,19 +62,19 @@ class Tensor:
     # -- fields -------------------------------------------------------------------------------------------
     @property
     def type(self) -> GGMLType:
-        return _TYPES[int(self.arena.rec["type"][self.idx])]
+        return _TYPES[_I32.unpack_from(self.arena.mem, self.idx * TENSOR_SIZE + _O_TYPE)[0]]
 
     @property
     def ne(self) -> tuple[int, int, int, int]:
-        return tuple(self.arena.rec["ne"][self.idx].tolist())   # tolist: Python ints in one C call
+        return _NE.unpack_from(self.arena.mem, self.idx * TENSOR_SIZE + _O_NE)
 
     @property
     def nb(self) -> tuple[int, int, int, int]:
-        return tuple(self.arena.rec["nb"][self.idx].tolist())
+        return _NB.unpack_from(self.arena.mem, self.idx * TENSOR_SIZE + _O_NB)
 
     @property
     def op(self) -> Op:
-        return _OPS[int(self.arena.rec["op"][self.idx])]
+        return _OPS[_I32.unpack_from(self.arena.mem, self.idx * TENSOR_SIZE + _O_OP)[0]]
 
     @property
     def op_params(self) -> np.ndarray:
@@ -71,47 +82,47 @@ class Tensor:
         return self.arena.rec["op_params"][self.idx]
 
     def param_i32(self, i: int) -> int:
-        return int(self.arena.rec["op_params"][self.idx][i])
+        return _I32.unpack_from(self.arena.mem, self.idx * TENSOR_SIZE + _O_PARAMS + 4 * i)[0]
 
     def param_f32(self, i: int) -> float:
-        return float(self.arena.rec["op_params"][self.idx][i : i + 1].view(np.float32)[0])
+        return _F32.unpack_from(self.arena.mem, self.idx * TENSOR_SIZE + _O_PARAMS + 4 * i)[0]
 
     def set_param_i32(self, i: int, v: int) -> None:
-        self.arena.rec["op_params"][self.idx][i] = v
+        _I32.pack_into(self.arena.mem, self.idx * TENSOR_SIZE + _O_PARAMS + 4 * i, v)
 
     def set_param_f32(self, i: int, v: float) -> None:
-        self.arena.rec["op_params"][self.idx][i] = np.array([v], np.float32).view(np.int32)[0]
+        _F32.pack_into(self.arena.mem, self.idx * TENSOR_SIZE + _O_PARAMS + 4 * i, v)
 
     @property
     def flags(self) -> int:
-        return int(self.arena.rec["flags"][self.idx])
+        return _I32.unpack_from(self.arena.mem, self.idx * TENSOR_SIZE + _O_FLAGS)[0]
 
     @flags.setter
     def flags(self, v: int) -> None:
-        self.arena.rec["flags"][self.idx] = v
+        _I32.pack_into(self.arena.mem, self.idx * TENSOR_SIZE + _O_FLAGS, v)
 
     @property
     def src(self) -> list["Tensor | None"]:
         arena = self.arena
         base = arena.base
         return [Tensor(arena, (a - base) // TENSOR_SIZE) if a else None
-                for a in arena.rec["src"][self.idx].tolist()]   # tolist: Python ints in one C call
+                for a in _SRC.unpack_from(arena.mem, self.idx * TENSOR_SIZE + _O_SRC)]
 
     def set_src(self, j: int, t: "Tensor | None") -> None:
         self.arena.rec["src"][self.idx][j] = 0 if t is None else t.addr
 
     @property
     def view_src(self) -> "Tensor | None":
-        a = int(self.arena.rec["view_src"][self.idx])
-        return None if a == 0 else Tensor(self.arena, self.arena.index(a))
+        a = _U64.unpack_from(self.arena.mem, self.idx * TENSOR_SIZE + _O_VIEW_SRC)[0]
+        return None if a == 0 else Tensor(self.arena, (a - self.arena.base) // TENSOR_SIZE)
 
     @property
     def view_offs(self) -> int:
-        return int(self.arena.rec["view_offs"][self.idx])
+        return _U64.unpack_from(self.arena.mem, self.idx * TENSOR_SIZE + _O_VIEW_OFFS)[0]
 
     @property
     def data(self) -> int:
-        return int(self.arena.rec["data"][self.idx])
+        return _U64.unpack_from(self.arena.mem, self.idx * TENSOR_SIZE + _O_DATA)[0]
 
     @data.setter
     def data(self, v: int) -> None:
@@ -119,7 +130,7 @@ class Tensor:
 
     @property
     def buffer(self) -> int:
-        return int(self.arena.rec["buffer"][self.idx])
+        return _U64.unpack_from(self.arena.mem, self.idx * TENSOR_SIZE + _O_BUFFER)[0]
 
     @buffer.setter
     def buffer(self, v: int) -> None:
@@ -141,8 +152,8 @@ class Tensor:
 
     def nbytes(self) -> int:
         """Bytes spanned, as ggml_nbytes."""
-        rec, i = self.arena.rec, self.idx
-        ne, nb = rec["ne"][i].tolist(), rec["nb"][i].tolist()
+        mem, at = self.arena.mem, self.idx * TENSOR_SIZE
+        ne, nb = _NE.unpack_from(mem, at + _O_NE), _NB.unpack_from(mem, at + _O_NB)
         if 0 in ne:
             return 0
         t = self.type

@@ -82,13 +82,22 @@ class KvCells:
         elsewhere and in the padding rows; written into `out` when given (an input stage's view)."""
         m = np.empty((n_rows, n_kv), np.float32) if out is None else out
         n = len(seqs)
-        ok = (self.seq[None, :n_kv] == seqs[:, None]) & (self.pos[None, :n_kv] <= pos[:, None])
-        m[:] = _NEG_INF
-        np.copyto(m[:n], _ZERO, where=ok)       # in place: no (n, n_kv) temporary to copy
+        if n and (seqs == seqs[0]).all():
+            # one sequence (a prefill): a cell is visible at its position if it holds that sequence, so one
+            # (n, n_kv) comparison against the cells' positions, other sequences' cells never visible
+            cell_pos = np.where(self.seq[:n_kv] == seqs[0], self.pos[:n_kv].astype(np.int64), _NEVER)
+            ok = cell_pos[None, :] <= pos[:, None]
+        else:
+            ok = (self.seq[None, :n_kv] == seqs[:, None]) & (self.pos[None, :n_kv] <= pos[:, None])
+        # one pass in place: each cell's value looked up by its bool (no fill to overwrite, no temporary)
+        _MASK_VALUES.take(ok.view(np.uint8), out=m[:n], mode="clip")
+        m[n:] = _NEG_INF
         return m
 
 
-_ZERO, _NEG_INF = np.float32(0.0), np.float32(-np.inf)
+_NEG_INF = np.float32(-np.inf)
+_MASK_VALUES = np.array([-np.inf, 0.0], np.float32)     # masked, visible
+_NEVER = np.int64(1) << 62       # a cell position no token's (int32) position reaches
 
 
 def _n_seqs(seqs: np.ndarray) -> int:

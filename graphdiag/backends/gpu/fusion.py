@@ -36,6 +36,7 @@ ROPE_SET_ROWS = "rope+view+set_rows"
 
 ROPE_NORMAL, ROPE_NEOX = 0, 2
 _GLU_FUSABLE = (GluOp.SWIGLU, GluOp.GEGLU)
+_COMPUTE, _OUTPUT = int(TensorFlag.COMPUTE), int(TensorFlag.OUTPUT)   # ints: an IntFlag's & runs Python code
 
 
 @dataclass(frozen=True)
@@ -65,7 +66,7 @@ def launching_nodes(graph: Graph) -> list[bool]:
 
 def _single_use(t: Tensor, consumers: dict[int, int]) -> bool:
     """ggml_node_has_n_uses(.., 1): one reader, not a view, not an output."""
-    return consumers.get(t.idx, 0) == 1 and t.view_src is None and not t.flags & TensorFlag.OUTPUT
+    return consumers.get(t.idx, 0) == 1 and t.view_src is None and not t.flags & _OUTPUT
 
 
 def _can_fuse(graph: Graph, i: int, ops: tuple[Op, ...], consumers: dict[int, int]) -> bool:
@@ -76,7 +77,7 @@ def _can_fuse(graph: Graph, i: int, ops: tuple[Op, ...], consumers: dict[int, in
     prev = None
     for k, op in enumerate(ops):
         t = graph.node(i + k)
-        if t.op != op or not t.flags & TensorFlag.COMPUTE:
+        if t.op != op or not t.flags & _COMPUTE:
             return False
         if k < len(ops) - 1 and not _single_use(t, consumers):
             return False
@@ -152,7 +153,7 @@ def _rope_set_rows(graph: Graph, i: int, consumers) -> bool:
     if rope.op != Op.ROPE or view.op != Op.VIEW or sr.op != Op.SET_ROWS:
         return False
     if not (consumers.get(rope.idx, 0) == 1 and consumers.get(view.idx, 0) == 1 and view.src[0] == rope
-            and sr.src[1] == view and sr.flags & TensorFlag.COMPUTE):
+            and sr.src[1] == view and sr.flags & _COMPUTE):
         return False
     return (rope.src[0].ne[3] == 1 and sr.type in (GGMLType.F32, GGMLType.F16)
             and view.ne[0] == rope.ne[0] * rope.ne[1] and rope.param_i32(2) in (ROPE_NORMAL, ROPE_NEOX)
@@ -170,7 +171,7 @@ def _mmv_glu(graph: Graph, i: int, consumers, cc: int, op: Op = Op.MUL_MAT) -> b
         return False            # tested last upstream; every test here is pure, so first is the same
     if op == Op.MUL_MAT_ID and gate.src[2] != up.src[2]:
         return False
-    if not all(t.flags & TensorFlag.COMPUTE for t in (gate, up, glu)):
+    if not all(t.flags & _COMPUTE for t in (gate, up, glu)):
         return False
     if not (_single_use(gate, consumers) and _single_use(up, consumers)):
         return False            # ggml_can_fuse_subgraph: gate and up are read only by the GLU

@@ -28,7 +28,8 @@ from ..drivers.base import Driver, Launch
 from .compat import MMVQ_MAX_BATCH_SIZE, mul_mat_id_needs_sync
 from .fusion import MMID_GLU, MMV_ADD, MMV_GLU, RMS_NORM_MUL, ROPE_SET_ROWS, Fusion
 from ..abi import Q8_1, Q8_1_BYTES
-from ..geometry import FA_HEAD_DIMS, FA_MAX_ROWS, fa_plan, fa_vec, launch_geometry, mmv_warps_per_row
+from ..geometry import (FA_HEAD_DIMS, FA_MAX_ROWS, fa_plan, fa_vec, geometry_of_bytes, launch_geometry,
+                        mmv_warps_per_row)
 from ..kernels import fa_mma_kernel, fa_vec_kernel
 from .pool import TempPool
 
@@ -43,18 +44,16 @@ def _launch(name: str, tensors: list[Tensor | None], ip=(), fp=(), scratch=None)
     """One launch; `scratch` = (slot, type, ne, nb) describes pool scratch in that slot (address 0 until
     the op runs and takes a buffer)."""
     buf = bytearray(abi.KPARAMS.itemsize)
-    for slot, t in enumerate(tensors):
+    desc, slot = abi.set_desc_from_struct, 0
+    for t in tensors:
         if t is not None:
-            abi.set_desc_from_struct(buf, slot, t.arena.mem, t.idx * TENSOR_SIZE)
-    p = abi.params_from_bytes(buf)
+            desc(buf, slot, t.arena.mem, t.idx * TENSOR_SIZE)
+        slot += 1
     if scratch is not None:
-        abi.set_desc(p, scratch[0], 0, scratch[1], scratch[2], scratch[3])
-    if ip:
-        p["ip"][:len(ip)] = ip
-    if fp:
-        p["fp"][:len(fp)] = fp
-    grid, block, shmem = _geometry(name, p)
-    return Launch(name, grid, block, p, shmem)
+        abi.set_desc_bytes(buf, scratch[0], 0, scratch[1], scratch[2], scratch[3])
+    abi.set_scalars_bytes(buf, ip, fp)
+    grid, block, shmem = geometry_of_bytes(name, buf)     # geometry read from the bytes, before the record
+    return Launch(name, grid, block, abi.params_from_bytes(buf), shmem)
 
 
 class KernelOp:
