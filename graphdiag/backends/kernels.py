@@ -54,6 +54,12 @@ class KernelSpec:
     doc: str = ""
 
 
+def _fa_slots(d: int) -> tuple[str, ...]:
+    """The ABI slots of a split-KV attention partial kernel of head size d (decode and batch alike)."""
+    return ("partials F32 (Dv + 2, n_split, H, T * B), pool scratch", f"q F32 ({d}, H, T, B)",
+            f"k F16 view ({d}, Hkv, n_kv)", f"v F16 view ({d}, Hkv, n_kv)", "mask F32 or F16 (n_kv, T_pad, M2, M3), optional")
+
+
 def _specs() -> dict[str, KernelSpec]:
     s: list[KernelSpec] = []
     for w in W_TYPES:
@@ -111,10 +117,7 @@ def _specs() -> dict[str, KernelSpec]:
                    ip=("n_dims", "mode"), fp=("freq_base", "freq_scale"),
                    doc="fused ROPE + VIEW + SET_ROWS: dst[idx[t], :] = f16(rope(x)[t] flattened); "
                        "the ROPE node's own output is not written"),
-        *(KernelSpec(fa_vec_kernel(d, gm),
-                     ("partials F32 (Dv + 2, n_split, H, T * B), pool scratch", f"q F32 ({d}, H, T, B)",
-                      f"k F16 view ({d}, Hkv, n_kv)", f"v F16 view ({d}, Hkv, n_kv)",
-                      "mask F32 or F16 (n_kv, T_pad, M2, M3), optional"),
+        *(KernelSpec(fa_vec_kernel(d, gm), _fa_slots(d),
                      ip=("chunk: positions per split (multiple of 32)", "1 (one token per block)"), fp=("scale",),
                      doc="split s covers positions [s * chunk, (s + 1) * chunk) of n_kv; per head h (kv head "
                          "h // (H // Hkv)), token t, split s: x_j = scale * q . k_j + mask[t, j], m = max_j x_j, "
@@ -122,10 +125,7 @@ def _specs() -> dict[str, KernelSpec]:
                          "masked split gives (0, -inf, 0). One token per block: the decode kernel (T <= 8) of "
                          f"head size {d}, H / Hkv rounded up to 1/2/4/8 = {gm}")
           for d in FA_HEAD_DIMS for gm in FAV_GROUPS),
-        *(KernelSpec(fa_mma_kernel(d),
-                     ("partials F32 (Dv + 2, n_split, H, T * B), pool scratch", f"q F32 ({d}, H, T, B)",
-                      f"k F16 view ({d}, Hkv, n_kv)", f"v F16 view ({d}, Hkv, n_kv)",
-                      "mask F32 or F16 (n_kv, T_pad, M2, M3), optional"),
+        *(KernelSpec(fa_mma_kernel(d), _fa_slots(d),
                      ip=("chunk: positions per split (multiple of 32)", "query rows per block (64)"), fp=("scale",),
                      doc="the decode kernels' partials on tensor cores (batches, T > 8): q and p enter the "
                          "products rounded to F16 (F32 accumulation); per split, tiles of 64 positions from the "
