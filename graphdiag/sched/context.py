@@ -85,8 +85,13 @@ class KvCells:
         if n and (seqs == seqs[0]).all():
             # one sequence (a prefill): a cell is visible at its position if it holds that sequence, so one
             # (n, n_kv) comparison against the cells' positions, other sequences' cells never visible
-            cell_pos = np.where(self.seq[:n_kv] == seqs[0], self.pos[:n_kv].astype(np.int64), _NEVER)
-            ok = cell_pos[None, :] <= pos[:, None]
+            mine = self.seq[:n_kv] == seqs[0]
+            cell_pos = np.where(mine, self.pos[:n_kv], _NEVER32)
+            if _int32_exact(pos, cell_pos):
+                _mask_bits(m[:n].view(np.int32), pos.astype(np.int32, copy=False), cell_pos)
+                m[n:] = _NEG_INF
+                return m
+            ok = np.where(mine, self.pos[:n_kv].astype(np.int64), _NEVER)[None, :] <= pos[:, None]
         else:
             ok = (self.seq[None, :n_kv] == seqs[:, None]) & (self.pos[None, :n_kv] <= pos[:, None])
         # one pass in place: each cell's value looked up by its bool (no fill to overwrite, no temporary)
@@ -95,9 +100,27 @@ class KvCells:
         return m
 
 
+def _int32_exact(pos: np.ndarray, cell_pos: np.ndarray) -> bool:
+    """Whether token position minus cell position is exact in int32 and negative exactly where the cell is
+    masked: positions in [0, 2**31 - 1), cells' positions (_NEVER32 for another sequence's) not negative."""
+    return (pos.dtype.kind in "iu" and cell_pos.size > 0
+            and bool(pos.min() >= 0 and pos.max() < _NEVER32 and cell_pos.min() >= 0))
+
+
+def _mask_bits(d: np.ndarray, pos: np.ndarray, cell_pos: np.ndarray) -> None:
+    """The mask's rows as int32 bits in `d` (n, n_kv), three passes in place and no temporary: the position
+    difference is negative where the cell is masked (after the token, or _NEVER32), its sign spread over the
+    word (-1 or 0) and kept where -inf has bits set (0.0 is all zero)."""
+    np.subtract(pos[:, None], cell_pos[None, :], out=d)
+    np.right_shift(d, 31, out=d)
+    np.bitwise_and(d, _NEG_INF_BITS, out=d)
+
+
 _NEG_INF = np.float32(-np.inf)
 _MASK_VALUES = np.array([-np.inf, 0.0], np.float32)     # masked, visible
 _NEVER = np.int64(1) << 62       # a cell position no token's (int32) position reaches
+_NEVER32 = np.int32(np.iinfo(np.int32).max)   # the same in int32, for tokens below that position
+_NEG_INF_BITS = _NEG_INF.view(np.int32)           # 0xff800000
 
 
 def _n_seqs(seqs: np.ndarray) -> int:

@@ -34,6 +34,34 @@ def test_kv_cells_positions_padding_and_mask():
     assert kv.n_kv() == 256 and kv.place(np.array([3]), np.array([0])).tolist() == [3]
 
 
+
+def _mask_by_definition(kv, seqs, pos, n_kv, n_rows):
+    ok = (kv.seq[None, :n_kv] == seqs[:, None]) & (kv.pos[None, :n_kv].astype(np.int64)
+                                                    <= np.asarray(pos, np.int64)[:, None])
+    m = np.full((n_rows, n_kv), -np.inf, np.float32)
+    m[:len(seqs)][ok] = 0
+    return m
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.lists(st.tuples(st.integers(0, 2), st.integers(1, 40), st.integers(0, 3)), min_size=1, max_size=4),
+       st.integers(0, 2), st.lists(st.integers(-2, 2**31 - 1), min_size=1, max_size=12), st.booleans(),
+       st.integers(0, 2))
+def test_kq_mask_bits_are_the_definitions(placed, seq, pos, one_seq, pad):
+    """The int32 bit path (one sequence, positions in int32 range) and the lookup path give the mask's
+    definition bit for bit, at the int32 edges too."""
+    kv = KvCells(512)
+    for s, n, gap in placed:
+        kv.place(np.full(n, s, np.int32), (kv.next_pos(s) + gap + np.arange(n)).astype(np.int32))
+    pos = np.asarray(pos, np.int64)
+    seqs = np.full(len(pos), seq, np.int32) if one_seq else (np.arange(len(pos)) % 3).astype(np.int32)
+    got = kv.mask(seqs, pos, 256, len(pos) + pad)
+    want = _mask_by_definition(kv, seqs, pos, 256, len(pos) + pad)
+    assert got.view(np.uint32).tobytes() == want.view(np.uint32).tobytes()
+    out = np.ones((len(pos) + pad, 256), np.float32)
+    kv.mask(seqs, pos.astype(np.int32), 256, len(pos) + pad, out=out)
+    assert out.view(np.uint32).tobytes() == want.view(np.uint32).tobytes()
+
 @pytest.fixture(scope="module")
 def model():
     return create_model(CFG, seed=11)
