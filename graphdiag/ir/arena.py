@@ -55,12 +55,17 @@ class Arena:
     def raw(self) -> np.ndarray:
         return self.rec.view(np.uint8).reshape(len(self.rec), TENSOR_SIZE)
 
-    def new_slot(self) -> int:
-        """A zeroed slot (as ggml_new_tensor_impl fully initialises the struct)."""
-        if self.top == len(self.rec):
+    def fit(self, n: int) -> None:
+        """Room for `n` slots: the array doubled until they fit (as slot-by-slot allocation doubles it)."""
+        while len(self.rec) < n:
             grown = np.zeros(len(self.rec) * 2, TENSOR_DTYPE)
             grown[: len(self.rec)] = self.rec
             self._adopt(grown)
+
+    def new_slot(self) -> int:
+        """A zeroed slot (as ggml_new_tensor_impl fully initialises the struct)."""
+        if self.top == len(self.rec):
+            self.fit(self.top + 1)
         i = self.top
         self.top += 1
         self.mem[i * TENSOR_SIZE : (i + 1) * TENSOR_SIZE] = _ZERO_STRUCT
@@ -74,10 +79,7 @@ class Arena:
         """Rewind the compute region (ggml_init over the same buf_compute_meta). With `skip` slots the
         region starts that much later: the graph's structs, hence its first node's address (the CUDA graph
         key), are elsewhere, as when the metadata buffer is a fresh allocation or another context's."""
-        while len(self.rec) < self.mark + self.skip:
-            grown = np.zeros(len(self.rec) * 2, TENSOR_DTYPE)
-            grown[: len(self.rec)] = self.rec
-            self._adopt(grown)
+        self.fit(self.mark + self.skip)
         self.top = self.mark + self.skip
 
     def addr(self, idx) -> int | np.ndarray:

@@ -9,11 +9,14 @@ that writes the cache); ffn_gate, ffn_up, GLU are consecutive (fused gate/up mat
 
 from __future__ import annotations
 
-
+import dataclasses
 import math
+import struct
+from collections import OrderedDict
 from dataclasses import dataclass
 
-from ..ir.build import Ctx
+from ..ir.arena import TENSOR_DTYPE, TENSOR_SIZE
+from ..ir.build import Ctx, contiguous_nb
 from ..ir.dtypes import GGMLType
 from ..ir.graph import Graph
 from ..ir.ops import GluOp, TensorFlag
@@ -72,6 +75,9 @@ class _Builder:
         self.m, self.cfg, self.p = model, model.cfg, params
         self.ctx = Ctx(model.arena)
         self.g = Graph(model.arena)
+        # (slot, layout(n_kv) -> (ne, nb)) of every tensor whose shape n_kv sets: all that GraphTemplates
+        # rewrites to serve another n_kv
+        self.n_kv_shaped: list[tuple[int, object]] = []
 
     def inputs(self, tokens: Tensor) -> GraphInputs:
         """The inputs made after the embedding, in llama.cpp's order: inputs are created where first used, so
@@ -80,14 +86,17 @@ class _Builder:
         c, p = self.ctx, self.p
         t = p.n_tokens
         pos = c.new_input(GGMLType.I32, (t,), "inp_pos")
-        mask = c.new_input(GGMLType.F32, (p.n_kv, _pad(t, KQ_MASK_PAD)), "kq_mask")
+        mask_ne = _mask_layout(GGMLType.F32, t)
+        mask = c.new_input(GGMLType.F32, mask_ne(p.n_kv)[0], "kq_mask")
+        # made with the mask (build_attn_inp_kv), entered into the graph where layer 0's attention first
+        # reads it: between that layer's Q/K/V fork and its join
+        cnv = c.cast(mask, GGMLType.F16, f"{mask.name} (copy)")
+        self.n_kv_shaped += [(mask.idx, mask_ne), (cnv.idx, _mask_layout(GGMLType.F16, t))]
         return GraphInputs(
             tokens=tokens,
             pos=pos,
             kq_mask=mask,
-            # made with the mask (build_attn_inp_kv), entered into the graph where layer 0's attention first
-            # reads it: between that layer's Q/K/V fork and its join
-            kq_mask_cnv=c.cast(mask, GGMLType.F16, f"{mask.name} (copy)"),
+            kq_mask_cnv=cnv,
             # llama.cpp builds inp_out_ids even when every token is an output ("this would make the graph
             # topology depend on the number of output tokens"): the last layer always has two GET_ROWS
             out_ids=c.new_input(GGMLType.I32, (p.n_outputs,), "inp_out_ids"),
@@ -126,10 +135,11 @@ class _Builder:
 
     def cache_view(self, cache_set: Tensor, name: str) -> Tensor:
         """The first n_kv cells of a cache as (head_dim, n_head_kv, n_kv); src[0] is the SET_ROWS node."""
-        cfg, n_kv = self.cfg, self.p.n_kv
-        es = cache_set.nb[0]
-        nb = (es, es * cfg.head_dim, es * cfg.n_embd_kv, es * cfg.n_embd_kv * n_kv)
-        return self.ctx.view(cache_set, (cfg.head_dim, cfg.n_head_kv, n_kv), nb, 0, name)
+        layout = _cache_view_layout(self.cfg, cache_set.nb[0])
+        ne, nb = layout(self.p.n_kv)
+        v = self.ctx.view(cache_set, ne[:3], nb, 0, name)
+        self.n_kv_shaped.append((v.idx, layout))
+        return v
 
     def ffn_dense(self, lay: Layer, il: int, cur: Tensor) -> Tensor:
         c = self.ctx
@@ -192,11 +202,102 @@ class _Builder:
         return BuiltGraph(self.g, self.p, inp, logits)
 
 
-def build_graph(model: Model, params: GraphParams) -> BuiltGraph:
-    """Build the ubatch's graph in the arena's compute region (call `arena.reset()` first to rebuild)."""
+def _mask_layout(t: GGMLType, n_tokens: int):
+    """(ne, nb) of the KQ mask (or its cast) of type t for a given n_kv: (n_kv, tokens padded), contiguous."""
+    def layout(n_kv: int):
+        ne = (n_kv, _pad(n_tokens, KQ_MASK_PAD), 1, 1)
+        return ne, contiguous_nb(t, ne)
+    return layout
+
+
+def _cache_view_layout(cfg, es: int):
+    """(ne, nb) of the first n_kv cells of a cache of `es`-byte elements, as (head_dim, n_head_kv, n_kv)."""
+    def layout(n_kv: int):
+        return ((cfg.head_dim, cfg.n_head_kv, n_kv, 1),
+                (es, es * cfg.head_dim, es * cfg.n_embd_kv, es * cfg.n_embd_kv * n_kv))
+    return layout
+
+
+def build_graph(model: Model, params: GraphParams, templates: "GraphTemplates | None" = None) -> BuiltGraph:
+    """Build the ubatch's graph in the arena's compute region (call `arena.reset()` first to rebuild); with
+    `templates`, a graph of the same shape built before is stamped out instead (the same structs)."""
     if params.n_kv > model.cfg.n_ctx:
         raise ValueError(f"n_kv {params.n_kv} > n_ctx {model.cfg.n_ctx}")
+    if templates is not None:
+        return templates.build(model, params)
     return _Builder(model, params).build()
+
+
+_LAYOUT = struct.Struct("<4q4Q")                  # ne then nb, adjacent in the struct
+assert TENSOR_DTYPE.fields["nb"][1] == TENSOR_DTYPE.fields["ne"][1] + 32
+_O_NE = TENSOR_DTYPE.fields["ne"][1]
+_INPUT_FIELDS = tuple(f.name for f in dataclasses.fields(GraphInputs))
+
+
+class _Template:
+    """A graph's structs as built (bytes of slots [start, end)), its node and leaf lists, the slots of its
+    inputs and logits, and the n_kv-shaped tensors."""
+
+    __slots__ = ("start", "end", "raw", "nodes", "leafs", "inputs", "logits", "n_kv_shaped")
+
+    def __init__(self, b: _Builder, start: int, res: BuiltGraph):
+        arena = b.m.arena
+        self.start, self.end = start, arena.top
+        self.raw = bytes(arena.mem[start * TENSOR_SIZE:arena.top * TENSOR_SIZE])
+        self.nodes, self.leafs = res.graph.nodes.copy(), res.graph.leafs.copy()
+        self.inputs = {f: getattr(res.inputs, f).idx for f in _INPUT_FIELDS}
+        self.logits = res.logits.idx
+        self.n_kv_shaped = b.n_kv_shaped
+
+
+class GraphTemplates:
+    """Graphs built before, kept to stamp out the same graph again for another n_kv (a prefill's n_kv grows
+    chunk by chunk): the structs are copied back as bytes and only the n_kv-shaped ones (the KQ mask, its
+    cast, the cache views) get their ne/nb rewritten, by the layouts the builder made them with.
+
+    Key: (n_tokens, n_seqs, n_outputs, gtype, the compute region's first slot). It is complete because the
+    builder reads nothing else: the params, the model's config and its persistent structs (type, ne, nb
+    and addresses of weights and caches, fixed once the arena is frozen; their data is never read), and the
+    first slot, which sets every compute struct's address and so every source pointer. n_kv is left out
+    of the key as it sets only the n_kv-shaped tensors' layouts. One model per instance; at most `limit`
+    graphs kept, the least recently used dropped first."""
+
+    def __init__(self, model: Model, limit: int = 8):
+        self.model, self.limit = model, limit
+        self._kept: OrderedDict[tuple, _Template] = OrderedDict()
+        self.hits = self.misses = 0
+
+    def build(self, model: Model, params: GraphParams) -> BuiltGraph:
+        if model is not self.model:
+            raise ValueError("GraphTemplates serves the model it was made for")
+        arena = model.arena
+        key = (params.n_tokens, params.n_seqs, params.n_outputs, params.gtype, arena.top)
+        tpl = self._kept.get(key)
+        if tpl is None:
+            self.misses += 1
+            b = _Builder(model, params)
+            res = b.build()
+            self._kept[key] = _Template(b, key[-1], res)
+            if len(self._kept) > self.limit:
+                self._kept.popitem(last=False)
+            return res
+        self.hits += 1
+        self._kept.move_to_end(key)
+        return self._stamp(tpl, params)
+
+    def _stamp(self, tpl: _Template, params: GraphParams) -> BuiltGraph:
+        """The template's structs in its slots, with params' n_kv layouts."""
+        arena = self.model.arena
+        arena.fit(tpl.end)
+        mem = arena.mem
+        mem[tpl.start * TENSOR_SIZE:tpl.end * TENSOR_SIZE] = tpl.raw
+        arena.top = tpl.end
+        for slot, layout in tpl.n_kv_shaped:
+            ne, nb = layout(params.n_kv)
+            _LAYOUT.pack_into(mem, slot * TENSOR_SIZE + _O_NE, *ne, *nb)
+        g = Graph(arena, tpl.nodes.copy(), tpl.leafs.copy())
+        inputs = GraphInputs(**{f: Tensor(arena, i) for f, i in tpl.inputs.items()})
+        return BuiltGraph(g, params, inputs, Tensor(arena, tpl.logits))
 
 
 def padded_n_kv(used_cells: int, n_ctx: int) -> int:

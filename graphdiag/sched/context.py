@@ -16,7 +16,7 @@ from ..backends.base import Backend
 from ..errors import InternalError, UsageError
 from ..ir.dtypes import GGMLType
 from ..ir.tensor import Tensor
-from ..model.build import DECODE, PREFILL, BuiltGraph, GraphParams, build_graph, padded_n_kv
+from ..model.build import DECODE, PREFILL, BuiltGraph, GraphParams, GraphTemplates, build_graph, padded_n_kv
 from ..model.weights import Model, load_model
 from .devices import LayerSplit
 from .scheduler import Scheduler
@@ -148,6 +148,7 @@ class Context:
         self.reuse_disabled = reuse_disabled
         self.kv = KvCells(model.cfg.n_ctx)
         self.res: BuiltGraph | None = None
+        self.templates = GraphTemplates(model)    # graphs built before, stamped out again for a new n_kv
         self._inputs: _GraphInputs | None = None  # the kept graph's input stages
         self._slot = 0                            # the input slot the next step writes
         self._prepared: _Prepared | None = None   # the next decode step's placement, done early
@@ -217,7 +218,7 @@ class Context:
         if reason:
             self.model.arena.reset()
             self.sched.reset()
-            self.res = build_graph(self.model, params)
+            self.res = build_graph(self.model, params, self.templates)
             self.sched.alloc_graph(self.res.graph)
         else:
             self.n_reused += 1
