@@ -58,12 +58,33 @@ class Columns:
         return self._slots(self.rec["view_src"]).tolist()
 
     @cached_property
+    def _src_slots(self) -> np.ndarray:
+        """(top, MAX_SRC) int64: every struct's sources as slots, -1 for NULL."""
+        return self._slots(self.rec["src"])
+
+    def count_sources(self, nodes: np.ndarray) -> list[int]:
+        """Per slot, how many times the structs at `nodes` read it (a struct read twice by one counts twice)."""
+        s = self._src_slots[nodes]
+        return np.bincount(s[s >= 0], minlength=self.top).tolist()
+
+    def count_views(self, nodes: np.ndarray) -> list[int]:
+        """Per slot, how many of the structs at `nodes` are views of it."""
+        vs = self._slots(self.rec["view_src"][nodes])
+        return np.bincount(vs[vs >= 0], minlength=self.top).tolist()
+
+    @cached_property
     def src(self) -> list[tuple[int, ...]]:
         """Each struct's sources up to its last non-NULL one (a NULL before it stays, as -1)."""
-        s = self._slots(self.rec["src"])
+        s = self._src_slots
         used = s >= 0
-        n = np.where(used.any(axis=1), s.shape[1] - np.argmax(used[:, ::-1], axis=1), 0).tolist()
-        return [tuple(row[:k]) for row, k in zip(s.tolist(), n)]
+        n = np.where(used.any(axis=1), s.shape[1] - np.argmax(used[:, ::-1], axis=1), 0)
+        out: list[tuple[int, ...]] = [()] * self.top
+        some = np.flatnonzero(n)                 # rows with a source (none of the persistent region's)
+        if some.size:
+            rows = s[some, : int(n[some].max())].tolist()
+            for i, row, k in zip(some.tolist(), rows, n[some].tolist()):
+                out[i] = tuple(row[:k])
+        return out
 
     @cached_property
     def owned(self) -> list[bool]:

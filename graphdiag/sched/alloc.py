@@ -11,7 +11,8 @@ the planned size grows. Sizes and offsets are bytes.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import bisect
+from typing import NamedTuple
 
 import numpy as np
 
@@ -51,22 +52,24 @@ class FreeList:
         return off
 
     def free(self, off: int, size: int) -> None:
+        """Return [off, off + size): merged with the free blocks it touches, the tail given back to the open
+        end. The blocks stay sorted and never touch each other or `top`, so only the neighbours can merge."""
         size = aligned(size)
-        self.blocks.append([off, size])
-        self.blocks.sort()
-        merged: list[list[int]] = []
-        for b in self.blocks:
-            if merged and merged[-1][0] + merged[-1][1] == b[0]:
-                merged[-1][1] += b[1]
-            else:
-                merged.append(b)
-        if merged and merged[-1][0] + merged[-1][1] == self.top:  # give the tail back to the open end
-            self.top = merged.pop()[0]
-        self.blocks = merged
+        blocks = self.blocks
+        k = bisect.bisect_left(blocks, [off, size])
+        if k < len(blocks) and off + size == blocks[k][0]:       # the block after
+            size += blocks.pop(k)[1]
+        if k and blocks[k - 1][0] + blocks[k - 1][1] == off:      # the block before
+            k -= 1
+            off = blocks[k][0]
+            size += blocks.pop(k)[1]
+        if off + size == self.top:
+            self.top = off
+        else:
+            blocks.insert(k, [off, size])
 
 
-@dataclass(frozen=True)
-class Placement:
+class Placement(NamedTuple):
     backend: int   # index into the allocator's backends
     offset: int    # bytes from the compute buffer's base
     size: int      # bytes planned (the tensor may shrink and still fit)
@@ -76,23 +79,15 @@ class _Planner:
     """One reserve's state over a Columns snapshot: the plan so far, one free list per backend, the
     consumers left per tensor and the live views per view_src; tensors are slots."""
 
-    def __init__(self, col: Columns, n_backends: int, nodes: list[int]):
+    def __init__(self, col: Columns, n_backends: int, nodes: np.ndarray):
         self.col = col
         self.plan: dict[int, Placement] = {}
         self.lists = [FreeList() for _ in range(n_backends)]
         self.backend_of: dict[int, int] = {}
         self.moved: set[int] = set()        # parents whose memory a node took over in place
-        self.children: dict[int, int] = {}  # consumers of each tensor
-        self.views: dict[int, int] = {}     # live views of each view_src
-        src, view_src = col.src, col.view_src
-        children, views = self.children, self.views
-        for i in nodes:
-            for s in src[i]:
-                if s >= 0:
-                    children[s] = children.get(s, 0) + 1
-            vs = view_src[i]
-            if vs >= 0:
-                views[vs] = views.get(vs, 0) + 1
+        # per slot: consumers among the nodes, and views among the nodes (of each view_src); counted down
+        self.children: list[int] = col.count_sources(nodes)
+        self.views: list[int] = col.count_views(nodes)
 
     def place(self, i: int) -> None:
         plan = self.plan
@@ -128,28 +123,60 @@ class _Planner:
                 continue
             if layout[parent] != layout[node]:
                 continue
-            if children.get(parent, 0) != 1 or views.get(parent, 0):
+            if children[parent] != 1 or views[parent]:
                 continue
             if vs >= 0:
-                if views.get(base, 0) != 1 or children.get(base, 0) or col.view_offs[parent]:
+                if views[base] != 1 or children[base] or col.view_offs[parent]:
                     continue
                 return base
             return parent
         return -1
 
-    def done_with(self, s: int, release) -> None:
-        """One consumer of `s` ran: free it (or, for a view, drop its hold on view_src) after the last one."""
-        children, views = self.children, self.views
-        children[s] -= 1
-        if children[s] or views.get(s, 0):
-            return
-        vs = self.col.view_src[s]
-        if vs < 0:
-            release(s)
-            return
-        views[vs] -= 1
-        if views[vs] == 0 and children.get(vs, 0) == 0:
-            release(vs)
+    def walk(self, nodes: list[int], hold_end: dict[int, int]) -> None:
+        """Place each node's sources and the node in order, then let go of each source it was the last to
+        read (a view: its hold on view_src, freed after its last view and reader). Inside a concurrent range
+        (`hold_end`: first position -> last) freed memory is only returned after its last node (the join):
+        branches on other streams may still be reading it. The checks of place, of one consumer's end and
+        of release are written out here: they run for every source of every node."""
+        plan, col, lists, moved = self.plan, self.col, self.lists, self.moved
+        owned, src, view_src, flags = col.owned, col.src, col.view_src, col.flags
+        children, views, place, release = self.children, self.views, self.place, self.release
+        deferred: list[int] = []
+        until = -1
+        for pos, i in enumerate(nodes):
+            if hold_end:
+                until = max(until, hold_end.get(pos, -1))
+            srcs = src[i]
+            for s in srcs:
+                if s >= 0 and s not in plan and owned[s]:
+                    place(s)
+            if i not in plan and owned[i]:
+                place(i)
+            for s in srcs:
+                if s < 0:
+                    continue
+                n = children[s] - 1
+                children[s] = n
+                if n or views[s]:
+                    continue
+                vs = view_src[s]
+                if vs >= 0:
+                    views[vs] -= 1
+                    if views[vs] or children[vs]:
+                        continue
+                    s = vs
+                # release(s), its checks first: none of them changes once the last reader ran
+                p = plan.get(s)
+                if p is None or flags[s] & _KEEP or s in moved:
+                    continue
+                if pos < until:
+                    deferred.append(s)
+                else:
+                    lists[p.backend].free(p.offset, p.size)
+            if pos == until:
+                for t in deferred:
+                    release(t)
+                deferred.clear()
 
 
 class GraphAllocator:
@@ -165,9 +192,11 @@ class GraphAllocator:
         self.leafs: list[Placement | None] = []
         self.step = -1
 
-    def alloc_graph(self, g: Graph, node_backend: list[int], leaf_backend: list[int]) -> bool:
-        """Place every tensor of `g` (reserving a new plan first if needed). Returns True if it re-planned."""
-        col = Columns(g.arena)
+    def alloc_graph(self, g: Graph, node_backend: list[int], leaf_backend: list[int],
+                    col: Columns | None = None) -> bool:
+        """Place every tensor of `g` (reserving a new plan first if needed). Returns True if it re-planned.
+        `col`: a snapshot of the arena as it is now, if the caller has one (else one is taken)."""
+        col = col if col is not None else Columns(g.arena)
         replan = self.needs_realloc(g, node_backend, leaf_backend, col)
         if replan:
             self.reserve(g, node_backend, leaf_backend, col)
@@ -192,32 +221,15 @@ class GraphAllocator:
                 col: Columns | None = None) -> None:
         """Plan offsets for every owned tensor, then grow the buffers that are too small."""
         nodes, leafs = g.nodes.tolist(), g.leafs.tolist()
-        pl = _Planner(col if col is not None else Columns(g.arena), len(self.backends), nodes)
+        pl = _Planner(col if col is not None else Columns(g.arena), len(self.backends), g.nodes)
         pl.backend_of = dict(zip(nodes, node_backend))
         pl.backend_of.update(zip(leafs, leaf_backend))
-        flags, src = pl.col.flags, pl.col.src
+        flags = pl.col.flags
         # graph inputs first, so nothing is ever placed over them (as ggml-alloc)
         for i in leafs + nodes:
             if flags[i] & _INPUT:
                 pl.place(i)
-        # inside a concurrent range, freed memory is only returned after its last node (the join): branches on
-        # other streams may still be reading it
-        hold_end = {a: b for a, b in self.hold}
-        deferred: list[int] = []
-        until = -1
-        for pos, i in enumerate(nodes):
-            until = max(until, hold_end.get(pos, -1))
-            free = deferred.append if pos < until else pl.release
-            srcs = [s for s in src[i] if s >= 0]
-            for s in srcs:
-                pl.place(s)
-            pl.place(i)
-            for s in srcs:
-                pl.done_with(s, free)
-            if pos == until:
-                for t in deferred:
-                    pl.release(t)
-                deferred.clear()
+        pl.walk(nodes, {a: b for a, b in self.hold})
         self.nodes = [pl.plan.get(i) for i in nodes]
         self.leafs = [pl.plan.get(i) for i in leafs]
         self._grow([fl.high for fl in pl.lists])

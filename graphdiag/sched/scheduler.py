@@ -64,6 +64,7 @@ class Scheduler:
         self._region: tuple[Graph, int, int] | None = None   # (graph, first slot, end slot) of our copies
         self._slot_backend: dict[int, int] = {}
         self._leaf_backends: list[int] = []
+        self._col: Columns | None = None                # the arena's fields as the last split read them
         self.step = -1
         self.pin, self.copier = pin, copier
 
@@ -91,7 +92,10 @@ class Scheduler:
         for sp in self.splits:
             nb[sp.i_start:sp.i_end] = [sp.backend] * (sp.i_end - sp.i_start)
         self.galloc.step = self.step
-        self.galloc.alloc_graph(self.graph, nb, self._leaf_backends)
+        # splitting that made no input copies wrote nothing to the arena: the allocator reads the same snapshot
+        col = self._col
+        shared = col is not None and col.top == self.arena.top and not any(sp.inputs for sp in self.splits)
+        self.galloc.alloc_graph(self.graph, nb, self._leaf_backends, col if shared else None)
         self.is_alloc = True
         if self.bus is not None:
             devices = tuple(self._device_of(self.backends[s.backend]) for s in self.splits)
@@ -134,7 +138,7 @@ class Scheduler:
         self.is_reset = False
         graph.uid = next_uid()                      # the whole graph first, as ggml_backend_sched_split_graph
         self._unwire(graph)
-        col = Columns(self.arena)               # the sources as rewired back; _make_inputs rewires again
+        col = self._col = Columns(self.arena)   # the sources as rewired back; _make_inputs rewires again
         order = graph.nodes.tolist()
         slot_b = self._assign(graph, col)
         self._slot_backend = slot_b
@@ -192,18 +196,29 @@ class Scheduler:
                 slot_b[i] = b
         last_gpu = 0
         nodes = graph.nodes.tolist()
+        get, pin = slot_b.get, self.pin
         for i in nodes:
-            srcs = [s for s in src[i] if s >= 0]
-            pinned = [slot_b[s] for s in srcs if s < mark and s in slot_b]
-            computed = {slot_b[s] for s in srcs if s >= mark and s in slot_b}
-            if pinned:
-                b = pinned[0]
-            elif self.pin is not None and (p := self.pin(Tensor(self.arena, i).name)) is not None:
-                b = p
-            elif len(computed) == 1 and not gpu[c := next(iter(computed))]:
-                b = c
-            else:
-                b = last_gpu
+            # one pass over the sources: the first persistent one placed decides; else the backends of the
+            # computed ones placed (c, and whether they differ)
+            b = c = None
+            many = False
+            for s in src[i]:
+                if (sb := get(s)) is None:            # NULL (-1) or not placed
+                    continue
+                if s < mark:
+                    b = sb
+                    break
+                if c is None:
+                    c = sb
+                elif sb != c:
+                    many = True
+            if b is None:
+                if pin is not None and (p := pin(Tensor(self.arena, i).name)) is not None:
+                    b = p
+                elif c is not None and not many and not gpu[c]:
+                    b = c
+                else:
+                    b = last_gpu
             slot_b[i] = b
             if gpu[b]:
                 last_gpu = b
@@ -217,12 +232,14 @@ class Scheduler:
     def _runs(nodes: list[int], slot_b: dict[int, int]) -> list[tuple[int, int, int]]:
         """(backend, i0, i1) for each maximal run of nodes on one backend."""
         runs: list[tuple[int, int, int]] = []
-        for i, idx in enumerate(nodes):
-            b = slot_b[idx]
-            if runs and runs[-1][0] == b:
-                runs[-1] = (b, runs[-1][1], i + 1)
-            else:
-                runs.append((b, i, i + 1))
+        bs = [slot_b[idx] for idx in nodes]
+        i0 = 0
+        for i in range(1, len(bs)):
+            if bs[i] != bs[i - 1]:
+                runs.append((bs[i0], i0, i))
+                i0 = i
+        if bs:
+            runs.append((bs[i0], i0, len(bs)))
         return runs
 
     def _make_inputs(self, idxs: list[int], b: int, slot_b: dict[int, int],

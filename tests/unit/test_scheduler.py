@@ -97,3 +97,25 @@ def test_rebuild_after_reset_gives_the_same_split_structs(model):
     sched.alloc_graph(b2.graph)
     after = [(s.graph.first_node_addr, model.arena.raw[s.graph.nodes].tobytes()) for s in sched.splits]
     assert after == before                    # same addresses, same bytes (same plan, same data)
+
+
+@pytest.mark.parametrize("n_cpu_moe", [0, 2])
+def test_the_allocator_shares_the_split_snapshot_only_when_splitting_wrote_nothing(model, n_cpu_moe, monkeypatch):
+    """Input copies add structs and rewire their readers: the allocator must then read the arena afresh, and
+    its plan must be the one a fresh snapshot gives."""
+    from graphdiag.sched.alloc import GraphAllocator
+    seen, orig = [], GraphAllocator.alloc_graph
+
+    def spy(self, g, nb, lb, col=None):
+        seen.append(col)
+        return orig(self, g, nb, lb, col)
+
+    monkeypatch.setattr(GraphAllocator, "alloc_graph", spy)
+    sched, b, _ = scheduled(model, n_cpu_moe)
+    copies = any(sp.inputs for sp in sched.splits)
+    assert copies == (n_cpu_moe > 0) and (seen[0] is None) == copies
+    plan = (list(sched.galloc.nodes), list(sched.galloc.leafs))
+    fresh = GraphAllocator(sched.backends)
+    orig(fresh, sched.graph, [sp.backend for sp in sched.splits for _ in range(sp.i_end - sp.i_start)],
+         sched._leaf_backends)
+    assert (fresh.nodes, fresh.leafs) == plan
