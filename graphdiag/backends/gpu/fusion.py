@@ -227,16 +227,44 @@ def try_fuse(graph: Graph, i: int, consumers: dict[int, int], cc: int = 900) -> 
     return None
 
 
-def fusion_plan(graph: Graph, cc: int = 900) -> dict[int, Fusion]:
+def _may_fuse(ops: list[int], ne1: list[int], ne2: list[int], i: int) -> bool:
+    """A necessary condition for try_fuse to match at node i, on the node list's ops and ne[1]/ne[2] alone:
+    each pattern's first tests, the ones that refuse most nodes (a mat-mul over a batch, a rope not followed
+    by the K-cache write). Every test of try_fuse is pure, so leaving out a node this refuses changes nothing;
+    and nothing try_fuse could raise on is skipped (each branch here is the test upstream makes first)."""
+    op = ops[i]
+    nxt = ops[i + 1] if i + 1 < len(ops) else -1
+    nxt2 = ops[i + 2] if i + 2 < len(ops) else -1
+    if op == _ROPE:
+        return nxt == _VIEW and nxt2 == _SET_ROWS
+    if op == _MUL_MAT:      # mul_mat_vec+glu: the up mat-vec (node i+1) writes one column; +add: node i does
+        return (nxt == _MUL_MAT and nxt2 == _GLU and ne1[i + 1] == 1) or ne1[i] == 1
+    if op == _MUL_MAT_ID:
+        return nxt == _MUL_MAT_ID and nxt2 == _GLU and ne2[i + 1] == 1
+    return nxt == _MUL      # RMS_NORM
+
+
+_ROPE, _VIEW, _SET_ROWS, _MUL_MAT, _MUL_MAT_ID, _GLU, _MUL = (
+    int(o) for o in (Op.ROPE, Op.VIEW, Op.SET_ROWS, Op.MUL_MAT, Op.MUL_MAT_ID, Op.GLU, Op.MUL))
+_FIRST_INTS = frozenset(int(o) for o in _FUSION_FIRST)
+
+
+def fusion_plan(graph: Graph, cc: int = 900, launches: list[bool] | None = None) -> dict[int, Fusion]:
     """try_fuse evaluated at every node the loop can reach (a node absorbed by a fusion is never tried;
-    views/no-ops and nodes without COMPUTE are skipped before try_fuse, as in the capture loop)."""
+    views/no-ops and nodes without COMPUTE are skipped before try_fuse, as in the capture loop), where
+    _may_fuse lets a match through. `launches`: launching_nodes(graph), when the caller has it."""
     consumers = consumer_counts(graph)
-    launches = launching_nodes(graph)
-    ops = graph.arena.rec["op"][graph.nodes].tolist()
+    if launches is None:
+        launches = launching_nodes(graph)
+    rec = graph.arena.rec
+    ops = rec["op"][graph.nodes].tolist()
+    ne = rec["ne"][graph.nodes]
+    ne1, ne2 = ne[:, 1].tolist(), ne[:, 2].tolist()
     plan: dict[int, Fusion] = {}
     i = 0
-    while i < graph.n_nodes:
-        if launches[i] and ops[i] in _FUSION_FIRST:
+    n = graph.n_nodes
+    while i < n:
+        if launches[i] and ops[i] in _FIRST_INTS and _may_fuse(ops, ne1, ne2, i):
             f = try_fuse(graph, i, consumers, cc)
             if f:
                 plan[i] = f
