@@ -94,10 +94,13 @@ class Columns:
         return ((slots >= mark) & (self.rec["view_src"] == 0)).tolist()
 
     @cached_property
-    def layout(self) -> list[list[int]]:
-        """(type, ne[0..3], nb[0..3]) of each struct, as a list (equal layouts compare equal)."""
-        r = self.rec
-        return np.column_stack([r["type"].astype(np.int64), r["ne"], r["nb"].astype(np.int64)]).tolist()
+    def layout(self) -> list[bytes]:
+        """type, ne[0..3] and nb[0..3] of each struct, as its bytes (equal layouts compare equal)."""
+        raw = self.rec.view(np.uint8).reshape(self.top, self.rec.dtype.itemsize)
+        fields = self.rec.dtype.fields
+        t, ne, nb = fields["type"][1], fields["ne"][1], fields["nb"][1]
+        cols = np.concatenate([raw[:, t:t + 4], raw[:, ne:ne + 32], raw[:, nb:nb + 32]], axis=1)
+        return cols.view(f"V{cols.shape[1]}").ravel().tolist()
 
     @cached_property
     def nbytes(self) -> list[int | None]:

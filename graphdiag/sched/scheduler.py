@@ -146,8 +146,9 @@ class Scheduler:
         self._rewind_region(graph)
         start = self.arena.top
         nodes, self.splits = [], []
+        crossing = len(set(slot_b.values())) > 1       # else no source lives on another backend: no copies
         for b, i0, i1 in runs:
-            inputs = self._make_inputs(order[i0:i1], b, slot_b, col)
+            inputs = self._make_inputs(order[i0:i1], b, slot_b, col) if crossing else []
             first = len(nodes)
             nodes += [c for c, _, _ in inputs] + order[i0:i1]
             self.splits.append(Split(b, first, len(nodes), None, inputs))
@@ -169,6 +170,9 @@ class Scheduler:
         every source that is a scheduler copy in the arena (is_sched_copy) becomes the copy's src[0]."""
         a = self.arena
         rec = a.rec
+        live = rec[: a.top]
+        if not ((live["op"] == Op.CPY) & (live["flags"] & int(TensorFlag.COMPUTE) == 0)).any():
+            return                                               # no scheduler copy in the arena at all
         src = rec["src"][graph.nodes]                            # (n, MAX_SRC) struct addresses
         slot = (src.astype(np.int64) - a.base) // TENSOR_SIZE
         inside = (src != 0) & (slot >= 0) & (slot < a.top)
