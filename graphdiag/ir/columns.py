@@ -58,13 +58,13 @@ class Columns:
         return self._slots(self.rec["view_src"]).tolist()
 
     @cached_property
-    def _src_slots(self) -> np.ndarray:
+    def src_slots(self) -> np.ndarray:
         """(top, MAX_SRC) int64: every struct's sources as slots, -1 for NULL."""
         return self._slots(self.rec["src"])
 
     def count_sources(self, nodes: np.ndarray) -> list[int]:
         """Per slot, how many times the structs at `nodes` read it (a struct read twice by one counts twice)."""
-        s = self._src_slots[nodes]
+        s = self.src_slots[nodes]
         return np.bincount(s[s >= 0], minlength=self.top).tolist()
 
     def count_views(self, nodes: np.ndarray) -> list[int]:
@@ -75,7 +75,7 @@ class Columns:
     @cached_property
     def src(self) -> list[tuple[int, ...]]:
         """Each struct's sources up to its last non-NULL one (a NULL before it stays, as -1)."""
-        s = self._src_slots
+        s = self.src_slots
         used = s >= 0
         n = np.where(used.any(axis=1), s.shape[1] - np.argmax(used[:, ::-1], axis=1), 0)
         out: list[tuple[int, ...]] = [()] * self.top
@@ -87,11 +87,14 @@ class Columns:
         return out
 
     @cached_property
+    def owned_mask(self) -> np.ndarray:
+        """Allocated by the graph allocator: a compute-region struct that is not a view (bool per slot)."""
+        return (np.arange(self.top) >= self.arena.mark) & (self.rec["view_src"] == 0)
+
+    @cached_property
     def owned(self) -> list[bool]:
-        """Allocated by the graph allocator: a compute-region struct that is not a view."""
-        mark = self.arena.mark
-        slots = np.arange(self.top)
-        return ((slots >= mark) & (self.rec["view_src"] == 0)).tolist()
+        """owned_mask as a list."""
+        return self.owned_mask.tolist()
 
     @cached_property
     def layout(self) -> list[bytes]:

@@ -132,12 +132,13 @@ class _Planner:
             return parent
         return -1
 
-    def walk(self, nodes: list[int], hold_end: dict[int, int]) -> None:
+    def walk(self, nodes: list[int], hold_end: dict[int, int], late: bool = True) -> None:
         """Place each node's sources and the node in order, then let go of each source it was the last to
         read (a view: its hold on view_src, freed after its last view and reader). Inside a concurrent range
         (`hold_end`: first position -> last) freed memory is only returned after its last node (the join):
         branches on other streams may still be reading it. The checks of place, of one consumer's end and
-        of release are written out here: they run for every source of every node."""
+        of release are written out here: they run for every source of every node. With `late` False
+        (_late_sources: every source is placed before its readers' turn) no source is looked at to place."""
         plan, col, lists, moved = self.plan, self.col, self.lists, self.moved
         owned, src, view_src, flags = col.owned, col.src, col.view_src, col.flags
         children, views, place, release = self.children, self.views, self.place, self.release
@@ -147,9 +148,10 @@ class _Planner:
             if hold_end:
                 until = max(until, hold_end.get(pos, -1))
             srcs = src[i]
-            for s in srcs:
-                if s >= 0 and s not in plan and owned[s]:
-                    place(s)
+            if late:
+                for s in srcs:
+                    if s >= 0 and s not in plan and owned[s]:
+                        place(s)
             if i not in plan and owned[i]:
                 place(i)
             for s in srcs:
@@ -177,6 +179,23 @@ class _Planner:
                 for t in deferred:
                     release(t)
                 deferred.clear()
+
+
+def _late_sources(col: Columns, nodes: np.ndarray, leafs: np.ndarray) -> bool:
+    """Whether a node reads an owned tensor that is placed only at that node's turn: neither a graph input
+    (inputs are placed first) nor a node earlier in the order."""
+    n = len(nodes)
+    first = np.full(col.top, n, np.int64)             # each slot's first position as a node (n: none)
+    np.minimum.at(first, nodes, np.arange(n))
+    owned = col.owned_mask
+    placed_first = np.zeros(col.top, bool)
+    placed_first[leafs] = placed_first[nodes] = True
+    placed_first &= (col.rec["flags"] & _INPUT) != 0
+    s = col.src_slots[nodes]
+    used = s >= 0
+    s = np.where(used, s, 0)
+    late = used & owned[s] & ~placed_first[s] & (first[s] >= np.arange(n)[:, None])
+    return bool(late.any())
 
 
 class GraphAllocator:
@@ -229,7 +248,7 @@ class GraphAllocator:
         for i in leafs + nodes:
             if flags[i] & _INPUT:
                 pl.place(i)
-        pl.walk(nodes, {a: b for a, b in self.hold})
+        pl.walk(nodes, {a: b for a, b in self.hold}, _late_sources(pl.col, g.nodes, g.leafs))
         self.nodes = [pl.plan.get(i) for i in nodes]
         self.leafs = [pl.plan.get(i) for i in leafs]
         self._grow([fl.high for fl in pl.lists])

@@ -117,3 +117,28 @@ def test_placement_is_stable_and_reallocs_are_counted(model):
     with counters.expect(reallocs_same=1):
         alloc.nodes = []                      # force a re-plan of a graph of the same size
         place(8)
+
+
+def test_a_source_placed_only_at_its_readers_turn_is_still_placed(model, monkeypatch):
+    """The walk skips looking for sources to place when every source is an input or an earlier node
+    (_late_sources); an owned leaf that is no input must be found and placed, as with the full walk."""
+    from graphdiag.ir.columns import Columns
+    from graphdiag.sched import alloc
+    g = build(model, 4)
+    pos = next(i for i in g.leafs.tolist() if Tensor(g.arena, i).name == "inp_pos")
+    assert not alloc._late_sources(Columns(g.arena), g.nodes, g.leafs)
+    t = Tensor(g.arena, pos)
+    t.flags = t.flags & ~TensorFlag.INPUT
+    try:
+        assert alloc._late_sources(Columns(g.arena), g.nodes, g.leafs)
+        plans = []
+        for full in (False, True):
+            if full:         # the full walk, whatever _late_sources says
+                monkeypatch.setattr(alloc, "_late_sources", lambda *a: True)
+            a = GraphAllocator([CpuBackend()])
+            a.reserve(g, [0] * g.n_nodes, [0] * len(g.leafs), Columns(g.arena))
+            plans.append((a.nodes, a.leafs))
+        assert plans[0] == plans[1]
+        assert plans[0][1][g.leafs.tolist().index(pos)] is not None        # inp_pos got memory
+    finally:
+        t.flags = t.flags | TensorFlag.INPUT
