@@ -16,7 +16,8 @@ from ..drivers.base import Driver
 from .capture import CaptureLoop, lower_graph
 from .concurrency import Region, find_regions
 from .entry import Clock, GraphEntry
-from .fusion import fusion_plan
+from .fusion import fusion_plan, launching_nodes
+from .launch_memo import LaunchMemo
 from .ledger_rows import AddressNamer, ledger_rows
 from .pool import TempPool
 from .runtime import CC_VOLTA, GraphRuntime, RuntimeOptions
@@ -51,6 +52,7 @@ class GpuBackend(Backend):
         self._pinned: dict[str, np.ndarray] = {}    # page-locked host buffers by use, grown, never shrunk
         self.force_eager = False
         self.addresses = AddressNamer()       # buffer allocation order, for comparable ledger rows
+        self.launch_memo = LaunchMemo()       # lowered launches of unchanged nodes, across graphs
         self._timers: list[tuple] = []        # (start, end) timing events per split index
         self._timed: list[int] = []           # split indices timed since the last collect
         self._timed_epoch = -1                # sync_epoch when the last timer was recorded
@@ -166,8 +168,10 @@ class GpuBackend(Backend):
     def _lowered(self, entry, graph: Graph, split: int) -> tuple[dict, list]:
         """Fusion plan and prepared launches, rebuilt only when the graph identity (uid) changed."""
         if entry.lowered is None or entry.lowered_uid != graph.uid or graph.uid == 0:
-            plan = fusion_plan(graph, self.driver.cc) if self.runtime.opt.fusion else {}
-            entry.plan, entry.lowered = plan, lower_graph(graph, plan, self.driver.cc, self.driver)
+            launches = launching_nodes(graph)
+            plan = fusion_plan(graph, self.driver.cc, launches) if self.runtime.opt.fusion else {}
+            entry.plan, entry.lowered = plan, lower_graph(graph, plan, self.driver.cc, self.driver, launches,
+                                                           self.launch_memo)
             entry.lowered_uid = graph.uid
             for i, f in sorted(plan.items()):
                 self.runtime.emit(E.FusionApplied, split, entry.key, graph.uid, node=i, pattern=f.pattern,
@@ -186,7 +190,7 @@ class GpuBackend(Backend):
     def _compute_unrecorded(self, graph: Graph, split: int) -> None:
         entry = GraphEntry(graph.first_node_addr)
         plan = fusion_plan(graph, self.driver.cc) if self.runtime.opt.fusion else {}
-        lowered = lower_graph(graph, plan, self.driver.cc, self.driver)
+        lowered = lower_graph(graph, plan, self.driver.cc, self.driver)   # no memo: lowered afresh
         # no decisions are taken here (eager, nothing captured), but what the pool does while the
         # recompute runs (an invalidation) is reported on the bus like anything else
         self.loop.evaluate(entry, graph, split, False, False, lowered, plan, [])

@@ -173,19 +173,35 @@ class CaptureLoop:
         return len(entry.instances)
 
 
-def lower_graph(graph: Graph, plan: dict[int, Fusion], cc: int, driver) -> list:
-    """Lowered op per node index (None where the loop launches nothing), prepared once."""
+def lower_graph(graph: Graph, plan: dict[int, Fusion], cc: int, driver, launches: list[bool] | None = None,
+                memo=None) -> list:
+    """Lowered op per node index (None where the loop launches nothing), prepared once. `launches`:
+    launching_nodes(graph), when the caller has it; `memo`: a LaunchMemo to take unchanged nodes from."""
+    from .descriptors import DescriptorTable
+    from .launch_memo import KEY_BYTES, key_rows
     from .lowering import lower_node, op_launches
-    out: list = [None] * graph.n_nodes
-    launches = launching_nodes(graph)
+    n = graph.n_nodes
+    out: list = [None] * n
+    if launches is None:
+        launches = launching_nodes(graph)
     names = graph.arena.rec["name"][graph.nodes].tolist()
+    descs = DescriptorTable(graph)
+    keys = key_rows(graph) if memo is not None else b""
     i = 0
-    while i < graph.n_nodes:
+    while i < n:
         f = plan.get(i)
-        end = i + 1 + (f.absorbed if f is not None else 0)
+        end = i + 1 if f is None else i + 1 + f.absorbed
         if launches[i]:
-            op = lower_node(graph, i, f, cc)
-            label = "+".join(n.decode() for n in names[i:end])
+            label = names[i].decode() if f is None else "+".join(n.decode() for n in names[i:end])
+            op = None
+            if memo is not None:
+                key = (f.pattern if f is not None else None, cc, keys[i * KEY_BYTES : end * KEY_BYTES])
+                op = memo.get(key, descs)
+            if op is None:
+                mark = len(descs.described)
+                op = lower_node(graph, i, f, cc, descs)
+                if memo is not None:
+                    memo.put(key, op, descs.described[mark:])
             for launch in op_launches(op):
                 launch.label = label
             op.prepare(driver)

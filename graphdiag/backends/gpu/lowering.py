@@ -26,6 +26,7 @@ from ...ir.tensor import Tensor
 from .. import abi
 from ..drivers.base import Driver, Launch
 from .compat import MMVQ_MAX_BATCH_SIZE, mul_mat_id_needs_sync
+from .descriptors import DescriptorTable
 from .fusion import MMID_GLU, MMV_ADD, MMV_GLU, RMS_NORM_MUL, ROPE_SET_ROWS, Fusion
 from ..abi import Q8_1, Q8_1_BYTES
 from ..geometry import (FA_HEAD_DIMS, FA_MAX_ROWS, fa_plan, fa_vec, geometry_of_bytes, launch_geometry,
@@ -40,15 +41,26 @@ def _geometry(name: str, params: np.ndarray):
     return launch_geometry(name, params)
 
 
-def _launch(name: str, tensors: list[Tensor | None], ip=(), fp=(), scratch=None) -> Launch:
+def _launch(d: "DescriptorTable | None", name: str, tensors: list[Tensor | None], ip=(), fp=(),
+            scratch=None) -> Launch:
     """One launch; `scratch` = (slot, type, ne, nb) describes pool scratch in that slot (address 0 until
     the op runs and takes a buffer)."""
     buf = bytearray(abi.KPARAMS.itemsize)
-    desc, slot = abi.set_desc_from_struct, 0
-    for t in tensors:
-        if t is not None:
-            desc(buf, slot, t.arena.mem, t.idx * TENSOR_SIZE)
-        slot += 1
+    slot = 0
+    if d is None:
+        for t in tensors:
+            if t is not None:
+                abi.set_desc_from_struct(buf, slot, t.arena.mem, t.idx * TENSOR_SIZE)
+            slot += 1
+    else:
+        refs = []
+        for t in tensors:
+            if t is not None:
+                d.write(buf, slot, t.idx)
+                refs.append((slot, t.idx))
+            slot += 1
+        # the descriptors this launch takes from structs (scratch, written next, takes its slot's place)
+        d.described.append(tuple(r for r in refs if scratch is None or r[0] != scratch[0]))
     if scratch is not None:
         abi.set_desc_bytes(buf, scratch[0], 0, scratch[1], scratch[2], scratch[3])
     abi.set_scalars_bytes(buf, ip, fp)
@@ -103,11 +115,11 @@ class SortedMulMatIdOp:
 
     n_launches = 1
 
-    def __init__(self, node: Tensor):
+    def __init__(self, node: Tensor, d: "DescriptorTable | None" = None):
         self.node = node
         w = _W[node.src[0].type]
         self.kernel = f"mul_mat_id_gathered_{w}"
-        self.template = _launch(self.kernel, [node, node.src[0], node.src[1], None])
+        self.template = _launch(d, self.kernel, [node, node.src[0], node.src[1], None])
 
     def prepare(self, driver: Driver) -> None:
         pass
@@ -149,42 +161,43 @@ def op_launches(op) -> list[Launch]:
     return [op.template] if isinstance(op, SortedMulMatIdOp) else [op.launch]
 
 
-def lower_node(graph: Graph, i: int, fusion: Fusion | None, cc: int):
-    """The lowered op for node i (with `fusion` absorbing the following nodes)."""
+def lower_node(graph: Graph, i: int, fusion: Fusion | None, cc: int, d: "DescriptorTable | None" = None):
+    """The lowered op for node i (with `fusion` absorbing the following nodes); `d`: the graph's
+    DescriptorTable, where the caller lowers many nodes (None: descriptors read from the structs)."""
     node = graph.node(i)
     if fusion is not None:
-        return _lower_fused(graph, i, fusion)
+        return _lower_fused(d, graph, i, fusion)
     op = node.op
     s = node.src
     if op == Op.GET_ROWS:
-        return KernelOp(_launch(f"get_rows_{_W[s[0].type]}", [node, s[0], s[1]]))
+        return KernelOp(_launch(d, f"get_rows_{_W[s[0].type]}", [node, s[0], s[1]]))
     if op == Op.RMS_NORM:
-        return KernelOp(_launch("rms_norm_f32", [node, s[0]], fp=(node.param_f32(0),)))
+        return KernelOp(_launch(d, "rms_norm_f32", [node, s[0]], fp=(node.param_f32(0),)))
     if op in (Op.MUL, Op.ADD):
-        return KernelOp(_launch("mul_f32" if op == Op.MUL else "add_f32", [node, s[0], s[1]]))
+        return KernelOp(_launch(d, "mul_f32" if op == Op.MUL else "add_f32", [node, s[0], s[1]]))
     if op == Op.MUL_MAT:
         if s[1].ne[1] > MMVQ_MAX_BATCH_SIZE:
-            return _mat_product(f"mul_mat_{_W[s[0].type]}", [node, s[0], s[1]], x_slot=2)
-        return _mat_product(f"mul_mat_vec_{_W[s[0].type]}", [node, s[0], s[1]], x_slot=2, ip=_mmv_ip(node, s[0]))
+            return _mat_product(d, f"mul_mat_{_W[s[0].type]}", [node, s[0], s[1]], x_slot=2)
+        return _mat_product(d, f"mul_mat_vec_{_W[s[0].type]}", [node, s[0], s[1]], x_slot=2, ip=_mmv_ip(node, s[0]))
     if op == Op.MUL_MAT_ID:
         if mul_mat_id_needs_sync(node, cc):
-            return SortedMulMatIdOp(node)
-        return KernelOp(_launch(f"mul_mat_id_vec_{_W[s[0].type]}", [node, s[0], s[1], s[2]]))
+            return SortedMulMatIdOp(node, d)
+        return KernelOp(_launch(d, f"mul_mat_id_vec_{_W[s[0].type]}", [node, s[0], s[1], s[2]]))
     if op == Op.ROPE:
-        return KernelOp(_launch("rope_f32", [node, s[0], s[1]], ip=(node.param_i32(1), node.param_i32(2)),
+        return KernelOp(_launch(d, "rope_f32", [node, s[0], s[1]], ip=(node.param_i32(1), node.param_i32(2)),
                                 fp=(node.param_f32(5), node.param_f32(6))))
     if op == Op.SET_ROWS:
-        return KernelOp(_launch(f"set_rows_{_W[node.type]}", [node, s[1], s[2]]))
+        return KernelOp(_launch(d, f"set_rows_{_W[node.type]}", [node, s[1], s[2]]))
     if op == Op.FLASH_ATTN_EXT:
-        return _lower_attention(node)
+        return _lower_attention(d, node)
     if op == Op.SOFT_MAX:
-        return KernelOp(_launch("soft_max_f32", [node, s[0]], fp=(node.param_f32(0),)))
+        return KernelOp(_launch(d, "soft_max_f32", [node, s[0]], fp=(node.param_f32(0),)))
     if op == Op.TOP_K:
-        return KernelOp(_launch("top_k_f32", [node, s[0]], ip=(node.param_i32(0),)))
+        return KernelOp(_launch(d, "top_k_f32", [node, s[0]], ip=(node.param_i32(0),)))
     if op == Op.GLU:
-        return KernelOp(_launch("glu_swiglu_f32", [node, s[0], s[1]]))
+        return KernelOp(_launch(d, "glu_swiglu_f32", [node, s[0], s[1]]))
     if op in (Op.CPY, Op.CONT):
-        return KernelOp(_launch(f"cpy_f32_{_W[node.type]}", [node, s[0]]))
+        return KernelOp(_launch(d, f"cpy_f32_{_W[node.type]}", [node, s[0]]))
     raise NotImplementedError(f"the GPU backend has no kernel for {op.name} (node {i} {node.name})")
 
 
@@ -193,23 +206,23 @@ def _mmv_ip(dst: Tensor, w: Tensor) -> tuple[int, int]:
     return (0, mmv_warps_per_row(w.ne[1], w.ne[0]) if dst.ne[1] == 1 else 1)
 
 
-def _mat_product(name: str, tensors: list[Tensor | None], x_slot: int, ip=()):
+def _mat_product(d, name: str, tensors: list[Tensor | None], x_slot: int, ip=()):
     """A mat-vec / mat-mul launch; for Q8_0 weights x (tensors[x_slot]) is first quantised to Q8_1 blocks in
     pool scratch (quantize_q8_1), which the kernel then reads in that slot: two launches, as ggml's mmvq."""
     w, x = tensors[1], tensors[x_slot]
     if w.type != GGMLType.Q8_0:
-        return KernelOp(_launch(name, tensors, ip=ip))
+        return KernelOp(_launch(d, name, tensors, ip=ip))
     if x.type != GGMLType.F32 or x.ne[0] % QK8_0:
         raise NotImplementedError(f"{name}: x must be F32 with rows of whole 32-blocks")
     nbk = x.ne[0] // QK8_0
     nb = (Q8_1_BYTES, Q8_1_BYTES * nbk, Q8_1_BYTES * nbk * x.ne[1], Q8_1_BYTES * nbk * x.ne[1] * x.ne[2])
     nbytes = nb[3] * x.ne[3]
-    quant = _launch("quantize_q8_1", [None, x], scratch=(0, Q8_1, x.ne, nb))
-    kernel = _launch(name, tensors, ip=ip, scratch=(x_slot, Q8_1, x.ne, nb))
+    quant = _launch(d, "quantize_q8_1", [None, x], scratch=(0, Q8_1, x.ne, nb))
+    kernel = _launch(d, name, tensors, ip=ip, scratch=(x_slot, Q8_1, x.ne, nb))
     return ScratchLaunchesOp([quant, kernel], [0, x_slot], nbytes)
 
 
-def _lower_attention(node: Tensor) -> ScratchLaunchesOp:
+def _lower_attention(d, node: Tensor) -> ScratchLaunchesOp:
     """Split-KV partials into pool scratch, then the combine: two launches whatever n_kv (grids vary)."""
     q, k, v, mask = node.src[:4]
     hd, n_head, n_tok, nb3 = q.ne
@@ -220,35 +233,35 @@ def _lower_attention(node: Tensor) -> ScratchLaunchesOp:
     ne = (dv + 2, n_split, n_head, n_tok * nb3)
     nb = (4, 4 * ne[0], 4 * ne[0] * ne[1], 4 * ne[0] * ne[1] * ne[2])
     kernel = fa_vec_kernel(hd, n_head // n_head_kv) if fa_vec(n_head, n_head_kv, n_tok) else fa_mma_kernel(hd)
-    part = _launch(kernel, [None, q, k, v, mask], ip=(chunk, tq), fp=(node.param_f32(0),),
+    part = _launch(d, kernel, [None, q, k, v, mask], ip=(chunk, tq), fp=(node.param_f32(0),),
                    scratch=(0, int(GGMLType.F32), ne, nb))
-    comb = _launch("flash_attn_combine_f32", [node, None], scratch=(1, int(GGMLType.F32), ne, nb))
+    comb = _launch(d, "flash_attn_combine_f32", [node, None], scratch=(1, int(GGMLType.F32), ne, nb))
     return ScratchLaunchesOp([part, comb], [0, 1], nbytes)
 
 
-def _lower_fused(graph: Graph, i: int, f: Fusion):
+def _lower_fused(d, graph: Graph, i: int, f: Fusion):
     node = graph.node(i)
     if f.pattern == RMS_NORM_MUL:
         mul = graph.node(i + 1)
-        return KernelOp(_launch("rms_norm_mul_f32", [mul, node.src[0], mul.src[1]], fp=(node.param_f32(0),)))
+        return KernelOp(_launch(d, "rms_norm_mul_f32", [mul, node.src[0], mul.src[1]], fp=(node.param_f32(0),)))
     if f.pattern == MMV_GLU:
         up, glu = graph.node(i + 1), graph.node(i + 2)
-        return _mat_product(f"mul_mat_vec_glu_{_W[node.src[0].type]}", [glu, node.src[0], up.src[0], node.src[1]],
+        return _mat_product(d, f"mul_mat_vec_glu_{_W[node.src[0].type]}", [glu, node.src[0], up.src[0], node.src[1]],
                             x_slot=3, ip=(glu.param_i32(0),))
     if f.pattern == MMID_GLU:      # experts read float x, as the unfused MUL_MAT_ID here
         up, glu = graph.node(i + 1), graph.node(i + 2)
-        return KernelOp(_launch(f"mul_mat_id_vec_glu_{_W[node.src[0].type]}",
+        return KernelOp(_launch(d, f"mul_mat_id_vec_glu_{_W[node.src[0].type]}",
                                 [glu, node.src[0], up.src[0], node.src[1], node.src[2]], ip=(glu.param_i32(0),)))
     if f.pattern == MMV_ADD:
         add = graph.node(i + 1)
         resid = add.src[1] if add.src[0] == node else add.src[0]
-        return _mat_product(f"mul_mat_vec_add_{_W[node.src[0].type]}", [add, node.src[0], node.src[1], resid],
+        return _mat_product(d, f"mul_mat_vec_add_{_W[node.src[0].type]}", [add, node.src[0], node.src[1], resid],
                             x_slot=2, ip=_mmv_ip(add, node.src[0]))
     if f.pattern == ROPE_SET_ROWS:
         sr = graph.node(i + 2)
         if sr.type != GGMLType.F16:
             raise NotImplementedError("rope+set_rows fusion needs an F16 cache")
-        return KernelOp(_launch("rope_set_rows_f16", [sr, node.src[0], node.src[1], sr.src[2]],
+        return KernelOp(_launch(d, "rope_set_rows_f16", [sr, node.src[0], node.src[1], sr.src[2]],
                                 ip=(node.param_i32(1), node.param_i32(2)),
                                 fp=(node.param_f32(5), node.param_f32(6))))
     raise ValueError(f"unknown fusion {f.pattern}")

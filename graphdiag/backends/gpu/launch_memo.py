@@ -1,0 +1,102 @@
+"""Lowered launches remembered by what they are computed from, so a rebuilt graph's unchanged nodes are not
+lowered again (a prefill's graph is new every time, as n_kv grows, but most of its nodes are not).
+
+The key of a node group (a node, or a fused group) is its fusion pattern and, per node of the group, its
+arena slot, its whole struct except the three device addresses (`data`, `buffer`, `extra`), and for each of
+its MAX_SRC sources the source's type, ne and nb (zeros for none). The key is complete: lower_node reads
+the group's op, type, ne, nb, op_params, names (the label) and source pointers, compares source pointers
+with the group's own slots (which tensor is the residual), and reads its sources' type, ne and nb — kernel
+choice, scalars and geometry (geometry.py reads only ne and ip) depend on nothing else, and cc is fixed
+per backend. What it leaves out, device addresses, enters a launch only as the `data` of the descriptors
+of the tensors it describes: a remembered launch keeps those (descriptor slot, struct slot) pairs and a
+hit writes the descriptors afresh from the current structs. A hit makes new Launch and op objects (no
+mutable state is shared between graphs); they are prepared on the driver as a lowered op always is.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from ...ir.arena import MAX_SRC
+from ...ir.graph import Graph
+from .. import abi
+from ..drivers.base import Launch
+from .descriptors import _S_NE, _SW, DescriptorTable, source_slots, struct_words
+from .lowering import KernelOp, ScratchLaunchesOp, op_launches
+
+_ADDRESS_WORDS = (1, 31, 40)                   # buffer, data, extra in ggml_tensor
+_SRC_WORDS = np.array([0, *range(_S_NE, _S_NE + 8)], np.intp)   # type (with its padding), ne, nb
+_KEY_WORDS = 1 + _SW + MAX_SRC * len(_SRC_WORDS)
+KEY_BYTES = 8 * _KEY_WORDS                     # per node
+
+
+def key_rows(graph: Graph) -> bytes:
+    """Each node's part of a key (KEY_BYTES each, in node order), by one gather over the arena."""
+    arena, nodes = graph.arena, graph.nodes
+    n = len(nodes)
+    words = struct_words(arena)
+    k = np.zeros((n, _KEY_WORDS), np.uint64)
+    k[:, 0] = nodes
+    k[:, 1 : 1 + _SW] = words[nodes]
+    for w in _ADDRESS_WORDS:
+        k[:, 1 + w] = 0
+    src, null = source_slots(arena, nodes)
+    s = np.take(words.reshape(-1), (src * _SW)[:, :, None] + _SRC_WORDS)      # (n, MAX_SRC, 9)
+    s[null] = 0
+    k[:, 1 + _SW :] = s.reshape(n, -1)
+    return k.tobytes()
+
+
+@dataclass(frozen=True)
+class _Remembered:
+    scratch: bool                  # a ScratchLaunchesOp (else a KernelOp)
+    launches: tuple                # (kernel, params bytes, grid, block, shmem, ((desc slot, struct slot), ...))
+    slots: tuple = ()              # ScratchLaunchesOp: the scratch descriptor of each launch
+    nbytes: int = 0
+
+
+class LaunchMemo:
+    """A backend's remembered lowerings. Bounded: cleared when it holds CAP groups (the next graphs fill it
+    again), so a run whose shapes keep changing does not grow it without end."""
+
+    CAP = 8192
+
+    def __init__(self):
+        self.entries: dict[tuple, _Remembered] = {}
+        self.hits = self.misses = 0
+
+    def get(self, key: tuple, d: DescriptorTable):
+        """The op remembered under `key`, made anew with descriptors from `d`; None when there is none."""
+        got = self.entries.get(key)
+        if got is None:
+            self.misses += 1
+            return None
+        self.hits += 1
+        launches = []
+        for kernel, params, grid, block, shmem, refs in got.launches:
+            buf = bytearray(params)
+            for slot, idx in refs:
+                d.write(buf, slot, idx)
+            launches.append(Launch(kernel, grid, block, abi.params_from_bytes(buf), shmem))
+        if got.scratch:
+            return ScratchLaunchesOp(launches, list(got.slots), got.nbytes)
+        return KernelOp(launches[0])
+
+    def put(self, key: tuple, op, described: list) -> None:
+        """Remember `op`, just lowered (not yet run), whose launches wrote the descriptors `described`."""
+        if type(op) is ScratchLaunchesOp:
+            got = _Remembered(True, (), tuple(op.slots), op.nbytes)
+        elif type(op) is KernelOp:
+            got = _Remembered(False, ())
+        else:
+            return                 # the sorted MUL_MAT_ID fallback reads the ids at run time: not a pure value
+        launches = op_launches(op)
+        if len(launches) != len(described):
+            return
+        if len(self.entries) >= self.CAP:
+            self.entries.clear()
+        rows = tuple((la.kernel, la.params.tobytes(), la.grid, la.block, la.shmem, refs)
+                     for la, refs in zip(launches, described))
+        self.entries[key] = _Remembered(got.scratch, rows, got.slots, got.nbytes)

@@ -1,0 +1,88 @@
+"""LaunchMemo: a remembered lowering is exactly a fresh one; a field lowering reads misses; an address hits and
+is written afresh."""
+
+import pytest
+
+from graphdiag.backends.drivers.sim import SimDriver
+from graphdiag.backends.gpu.capture import lower_graph
+from graphdiag.backends.gpu.fusion import fusion_plan
+from graphdiag.backends.gpu.launch_memo import LaunchMemo
+from graphdiag.backends.gpu.lowering import op_launches
+from graphdiag.ir.dtypes import GGMLType
+from graphdiag.ir.ops import Op
+from graphdiag.model.build import DECODE, PREFILL, GraphParams, build_graph
+from graphdiag.model.presets import PRESETS
+from graphdiag.model.weights import create_model
+
+
+def _graph(wtype=GGMLType.F16, n_tokens=1):
+    m = create_model(PRESETS["tiny"], wtype, with_data=False)
+    gtype = DECODE if n_tokens == 1 else PREFILL
+    return build_graph(m, GraphParams(n_tokens, 1, 1, gtype, 256)).graph
+
+
+def _lower(g, memo=None):
+    return lower_graph(g, fusion_plan(g, 900), 900, SimDriver(), memo=memo)
+
+
+def _launches(ops):
+    return [la for op in ops if op is not None for la in op_launches(op)]
+
+
+def _bytes(ops):
+    return [(la.kernel, la.grid, la.block, la.shmem, la.label, la.params.tobytes()) for la in _launches(ops)]
+
+
+@pytest.mark.parametrize("wtype,n_tokens", [(GGMLType.F16, 1), (GGMLType.Q8_0, 1), (GGMLType.F16, 40)])
+def test_a_remembered_lowering_is_a_fresh_one_in_new_objects(wtype, n_tokens):
+    g = _graph(wtype, n_tokens)
+    memo = LaunchMemo()
+    first = _lower(g, memo)
+    n_ops = sum(op is not None for op in first)
+    assert (memo.hits, memo.misses) == (0, n_ops)
+    again = _lower(g, memo)
+    assert (memo.hits, memo.misses) == (n_ops, n_ops)
+    assert _bytes(again) == _bytes(first) == _bytes(_lower(g))
+    assert not {id(la) for la in _launches(first)} & {id(la) for la in _launches(again)}
+    assert not {id(la.params.base) for la in _launches(first)} & {id(la.params.base) for la in _launches(again)}
+
+
+def test_moved_addresses_hit_and_are_written_from_the_structs():
+    g = _graph()
+    memo = LaunchMemo()
+    before = _bytes(_lower(g, memo))
+    for k in range(g.n_nodes):
+        g.node(k).data = 0x7000_0000 + 0x10000 * k
+    hits = memo.hits
+    after = _lower(g, memo)
+    assert memo.hits - hits == sum(op is not None for op in after)
+    assert _bytes(after) == _bytes(_lower(g)) != before
+
+
+def _first(g, op):
+    return next(g.node(i) for i in range(g.n_nodes) if g.node(i).op == op)
+
+
+@pytest.mark.parametrize("change", ["op_param", "name", "source type", "source ne"])
+def test_a_changed_field_misses(change):
+    g = _graph(n_tokens=40)
+    memo = LaunchMemo()
+    _lower(g, memo)
+    misses = memo.misses
+    if change == "op_param":              # rms_norm's eps (fused with its MUL: the group's key holds both)
+        node = _first(g, Op.RMS_NORM)
+        node.set_param_f32(0, node.param_f32(0) * 2)
+    elif change == "name":
+        _first(g, Op.SOFT_MAX if any(g.node(i).op == Op.SOFT_MAX for i in range(g.n_nodes)) else Op.GLU).name = "x"
+    elif change == "source type":         # the output mat-mul's weight: another kernel
+        mm = [g.node(i) for i in range(g.n_nodes) if g.node(i).op == Op.MUL_MAT][-1]
+        w = mm.src[0]
+        g.arena.rec["type"][w.idx] = int(GGMLType.F32)
+        g.arena.rec["nb"][w.idx] = (4, 4 * w.ne[0], 4 * w.ne[0] * w.ne[1], 4 * w.ne[0] * w.ne[1] * w.ne[2])
+    else:                                 # a source's ne (the output weight's rows): another geometry
+        mm = [g.node(i) for i in range(g.n_nodes) if g.node(i).op == Op.MUL_MAT][-1]
+        g.arena.rec["ne"][mm.src[0].idx][1] -= 32
+    fresh = _lower(g)
+    got = _lower(g, memo)
+    assert memo.misses - misses == 1
+    assert _bytes(got) == _bytes(fresh)
