@@ -274,17 +274,22 @@ class GraphAllocator:
         """Write data/buffer of every tensor from the plan, then of every compute-region view from its
         view_src (a view_src is never a view, and is placed before its views are)."""
         rec, arena = g.arena.rec, g.arena
-        placed, views = [], []
+        mark = arena.mark
+        bases = [None if b is None else b[0] for b in self.buffers]
+        idx, data, buffer, views = [], [], [], []
         for plans, idxs in ((self.leafs, g.leafs), (self.nodes, g.nodes)):
             for p, i in zip(plans, idxs.tolist()):
-                if p is not None:
-                    placed.append((i, self.buffers[p.backend][0], p.offset))
-                elif i >= arena.mark:
-                    views.append(i)
-        if placed:
-            idx = [i for i, _, _ in placed]
-            rec["data"][idx] = [base + off for _, base, off in placed]
-            rec["buffer"][idx] = [base for _, base, _ in placed]
+                if p is None:
+                    if i >= mark:
+                        views.append(i)
+                    continue
+                base = bases[p.backend]
+                idx.append(i)
+                data.append(base + p.offset)
+                buffer.append(base)
+        if idx:
+            rec["data"][idx] = data
+            rec["buffer"][idx] = buffer
         if views:
             v = np.asarray(views, np.int64)
             vs_addr = rec["view_src"][v]

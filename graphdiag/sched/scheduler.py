@@ -201,7 +201,14 @@ class Scheduler:
         last_gpu = 0
         nodes = graph.nodes.tolist()
         get, pin = slot_b.get, self.pin
-        for i in nodes:
+        if pin is None and not any(slot_b.values()):
+            # every persistent tensor read is on backend 0: then so is every node (each rule below gives 0:
+            # the first persistent source's backend, the one backend of the computed sources, last_gpu)
+            slot_b.update(dict.fromkeys(nodes, 0))
+            nodes_left: list[int] = []
+        else:
+            nodes_left = nodes
+        for i in nodes_left:
             # one pass over the sources: the first persistent one placed decides; else the backends of the
             # computed ones placed (c, and whether they differ)
             b = c = None

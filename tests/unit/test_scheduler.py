@@ -119,3 +119,16 @@ def test_the_allocator_shares_the_split_snapshot_only_when_splitting_wrote_nothi
     orig(fresh, sched.graph, [sp.backend for sp in sched.splits for _ in range(sp.i_end - sp.i_start)],
          sched._leaf_backends)
     assert (fresh.nodes, fresh.leafs) == plan
+
+
+@pytest.mark.parametrize("n_cpu_moe", [0, 2])
+def test_assignment_shortcut_gives_what_the_rules_give(model, n_cpu_moe):
+    """With no pin and every persistent tensor on backend 0, _assign puts every node on 0 without walking
+    the rules; a pin that pins nothing makes it walk them: the two agree (order of the map included)."""
+    from graphdiag.ir.columns import Columns
+    sched, b, _ = scheduled(model, n_cpu_moe)
+    sched._unwire(b.graph)
+    got = list(sched._assign(b.graph, Columns(model.arena)).items())
+    sched.pin = lambda name: None
+    assert got == list(sched._assign(b.graph, Columns(model.arena)).items())
+    assert (set(v for _, v in got) == {0}) == (n_cpu_moe == 0)
