@@ -192,23 +192,29 @@ class Scheduler:
     def _assign(self, graph: Graph, col: Columns) -> dict[int, int]:
         """Backend of every node and leaf (slot -> backend index)."""
         slot_b: dict[int, int] = {}
-        mark = self.arena.mark
         data, src = col.data, col.src
-        gpu = [be.is_gpu for be in self.backends]
         for i in graph.leafs.tolist():
             if data[i] and (b := self.owner(data[i])) is not None:
                 slot_b[i] = b
-        last_gpu = 0
         nodes = graph.nodes.tolist()
-        get, pin = slot_b.get, self.pin
-        if pin is None and not any(slot_b.values()):
-            # every persistent tensor read is on backend 0: then so is every node (each rule below gives 0:
-            # the first persistent source's backend, the one backend of the computed sources, last_gpu)
+        if self.pin is None and not any(slot_b.values()):
+            # every persistent tensor read is on backend 0: then so is every node (each rule of _assign_nodes
+            # gives 0: the first persistent source's backend, the one backend of the computed sources, last_gpu)
             slot_b.update(dict.fromkeys(nodes, 0))
-            nodes_left: list[int] = []
         else:
-            nodes_left = nodes
-        for i in nodes_left:
+            self._assign_nodes(nodes, src, slot_b)
+        for i in nodes:                          # inputs live where they are first read
+            for s in src[i]:
+                if s >= 0 and s not in slot_b:
+                    slot_b[s] = slot_b[i]
+        return slot_b
+
+    def _assign_nodes(self, nodes: list[int], src: list[tuple[int, ...]], slot_b: dict[int, int]) -> None:
+        """The module docstring's rules, node by node in order, into slot_b."""
+        mark, get, pin = self.arena.mark, slot_b.get, self.pin
+        gpu = [be.is_gpu for be in self.backends]
+        last_gpu = 0
+        for i in nodes:
             # one pass over the sources: the first persistent one placed decides; else the backends of the
             # computed ones placed (c, and whether they differ)
             b = c = None
@@ -233,11 +239,6 @@ class Scheduler:
             slot_b[i] = b
             if gpu[b]:
                 last_gpu = b
-        for i in nodes:                          # inputs live where they are first read
-            for s in src[i]:
-                if s >= 0 and s not in slot_b:
-                    slot_b[s] = slot_b[i]
-        return slot_b
 
     @staticmethod
     def _runs(nodes: list[int], slot_b: dict[int, int]) -> list[tuple[int, int, int]]:
