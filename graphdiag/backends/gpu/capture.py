@@ -189,22 +189,27 @@ def lower_graph(graph: Graph, plan: dict[int, Fusion], cc: int, driver, launches
     keys = key_rows(graph) if memo is not None else b""
     i = 0
     while i < n:
+        if not launches[i]:
+            i += 1
+            continue
         f = plan.get(i)
-        end = i + 1 if f is None else i + 1 + f.absorbed
-        if launches[i]:
-            label = names[i].decode() if f is None else "+".join(n.decode() for n in names[i:end])
-            op = None
+        if f is None:
+            end, label, pattern = i + 1, names[i].decode(), None
+        else:
+            end, pattern = i + 1 + f.absorbed, f.pattern
+            label = "+".join(n.decode() for n in names[i:end])
+        op = None
+        if memo is not None:
+            key = (pattern, cc, keys[i * KEY_BYTES : end * KEY_BYTES])
+            op = memo.get(key, descs)
+        if op is None:
+            mark = len(descs.described)
+            op = lower_node(graph, i, f, cc, descs)
             if memo is not None:
-                key = (f.pattern if f is not None else None, cc, keys[i * KEY_BYTES : end * KEY_BYTES])
-                op = memo.get(key, descs)
-            if op is None:
-                mark = len(descs.described)
-                op = lower_node(graph, i, f, cc, descs)
-                if memo is not None:
-                    memo.put(key, op, descs.described[mark:])
-            for launch in op_launches(op):
-                launch.label = label
-            op.prepare(driver)
-            out[i] = op
+                memo.put(key, op, descs.described[mark:])
+        for launch in op_launches(op):
+            launch.label = label
+        op.prepare(driver)
+        out[i] = op
         i = end
     return out

@@ -18,6 +18,7 @@ in for them, so that condition always holds here as it always does in llama.cpp.
 
 from __future__ import annotations
 
+import struct
 from dataclasses import dataclass
 
 import numpy as np
@@ -25,7 +26,8 @@ import numpy as np
 from ...ir.dtypes import GGMLType, is_quantized, type_size
 from ...ir.graph import Graph
 from ...ir.ops import VIEW_OPS, GluOp, Op, TensorFlag
-from ...ir.tensor import Tensor
+from ...ir.arena import TENSOR_SIZE
+from ...ir.tensor import _O_SRC, _SRC, Tensor
 from .compat import CC_AMPERE, CC_PASCAL, MMVQ_MAX_BATCH_SIZE
 
 RMS_NORM_MUL = "rms_norm+mul"
@@ -37,6 +39,7 @@ ROPE_SET_ROWS = "rope+view+set_rows"
 ROPE_NORMAL, ROPE_NEOX = 0, 2
 _GLU_FUSABLE = (GluOp.SWIGLU, GluOp.GEGLU)
 _COMPUTE, _OUTPUT = int(TensorFlag.COMPUTE), int(TensorFlag.OUTPUT)   # ints: an IntFlag's & runs Python code
+_SRC01 = struct.Struct("<2Q")                 # a struct's src[0] and src[1]
 
 
 @dataclass(frozen=True)
@@ -74,6 +77,7 @@ def _can_fuse(graph: Graph, i: int, ops: tuple[Op, ...], consumers: dict[int, in
     all of the same shape and all COMPUTE."""
     if i + len(ops) > graph.n_nodes:
         return False
+    mem, base = graph.arena.mem, graph.arena.base
     prev = None
     for k, op in enumerate(ops):
         t = graph.node(i + k)
@@ -81,8 +85,11 @@ def _can_fuse(graph: Graph, i: int, ops: tuple[Op, ...], consumers: dict[int, in
             return False
         if k < len(ops) - 1 and not _single_use(t, consumers):
             return False
-        if prev is not None and (prev not in (t.src[0], t.src[1]) or t.ne != prev.ne):
-            return False
+        if prev is not None:
+            # prev is t.src[0] or t.src[1]: compared as struct addresses (one arena), no Tensor built
+            a = base + prev.idx * TENSOR_SIZE
+            if a not in _SRC01.unpack_from(mem, t.idx * TENSOR_SIZE + _O_SRC) or t.ne != prev.ne:
+                return False
         prev = t
     return True
 
@@ -96,10 +103,15 @@ def _memory_ranges_ok(graph: Graph, i: int, n: int, out: int) -> bool:
     if lo == 0:
         return True             # not allocated (a graph built without memory): nothing can overlap
     hi = lo + dst.nbytes()
-    group = {graph.node(k).idx: k for k in range(i, i + n)}
+    arena, nodes = graph.arena, graph.nodes
+    mem, base = arena.mem, arena.base
+    group = {int(nodes[k]): k for k in range(i, i + n)}
     for j in range(i, i + n):
-        for s in graph.node(j).src:
-            if s is None or s.op == Op.NONE:
+        for a in _SRC.unpack_from(mem, int(nodes[j]) * TENSOR_SIZE + _O_SRC):   # Tensors only for sources
+            if not a:
+                continue
+            s = Tensor(arena, (a - base) // TENSOR_SIZE)
+            if s.op == Op.NONE:
                 continue
             s_lo = s.data
             if s_lo < hi and lo < s_lo + s.nbytes() and not (s.idx in group and group[s.idx] < j):
@@ -198,7 +210,7 @@ def _rms_norm_mul(graph: Graph, i: int, consumers) -> bool:
     if not _can_fuse(graph, i, (Op.RMS_NORM, Op.MUL), consumers):
         return False
     norm, mul = graph.node(i), graph.node(i + 1)
-    a, b = mul.src[0], mul.src[1]
+    a, b = mul.src[:2]
     if GGMLType.F32 != mul.type or a.type != GGMLType.F32 or b.type != GGMLType.F32:
         return False
     if norm == b and a.ne != norm.ne:

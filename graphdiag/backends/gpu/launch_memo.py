@@ -23,7 +23,7 @@ from ...ir.arena import MAX_SRC
 from ...ir.graph import Graph
 from .. import abi
 from ..drivers.base import Launch
-from .descriptors import _S_NE, _SW, DescriptorTable, source_slots, struct_words
+from .descriptors import _DESC, _S_NE, _SW, DescriptorTable, source_slots, struct_words
 from .lowering import KernelOp, ScratchLaunchesOp, op_launches
 
 _ADDRESS_WORDS = (1, 31, 40)                   # buffer, data, extra in ggml_tensor
@@ -52,7 +52,7 @@ def key_rows(graph: Graph) -> bytes:
 @dataclass(frozen=True)
 class _Remembered:
     scratch: bool                  # a ScratchLaunchesOp (else a KernelOp)
-    launches: tuple                # (kernel, params bytes, grid, block, shmem, ((desc slot, struct slot), ...))
+    launches: tuple                # (kernel, params bytes, grid, block, shmem, ((desc byte offset, struct slot), ...))
     slots: tuple = ()              # ScratchLaunchesOp: the scratch descriptor of each launch
     nbytes: int = 0
 
@@ -75,10 +75,15 @@ class LaunchMemo:
             return None
         self.hits += 1
         launches = []
+        rows, row_of = d.rows, d.row_of
         for kernel, params, grid, block, shmem, refs in got.launches:
             buf = bytearray(params)
-            for slot, idx in refs:
-                d.write(buf, slot, idx)
+            for at, idx in refs:                    # DescriptorTable.write, inlined (the hot loop of a hit)
+                row = row_of.get(idx)
+                if row is None:
+                    d.write(buf, at // _DESC, idx)
+                else:
+                    buf[at : at + _DESC] = rows[row : row + _DESC]
             launches.append(Launch(kernel, grid, block, abi.params_from_bytes(buf), shmem))
         if got.scratch:
             return ScratchLaunchesOp(launches, list(got.slots), got.nbytes)
@@ -97,6 +102,7 @@ class LaunchMemo:
             return
         if len(self.entries) >= self.CAP:
             self.entries.clear()
-        rows = tuple((la.kernel, la.params.tobytes(), la.grid, la.block, la.shmem, refs)
+        rows = tuple((la.kernel, la.params.tobytes(), la.grid, la.block, la.shmem,
+                      tuple((slot * _DESC, idx) for slot, idx in refs))
                      for la, refs in zip(launches, described))
         self.entries[key] = _Remembered(got.scratch, rows, got.slots, got.nbytes)
