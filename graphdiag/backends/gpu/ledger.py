@@ -116,10 +116,16 @@ def _fmt(field: str, v) -> str:
     return str(int(v))
 
 
-def _node_field_diffs(o, n):
-    """Field paths of the node struct that differ, in struct (byte) order."""
+# the 64-bit words of a PROPS_DTYPE record each node-struct field overlaps
+_FIELD_WORDS = {f: frozenset(range(off // 8, (off + dt.itemsize + 7) // 8))
+                for f, (dt, off) in TENSOR_DTYPE.fields.items()}
+
+
+def _node_field_diffs(o, n, differ: frozenset | set):
+    """Field paths of the node struct that differ, in struct (byte) order; a field none of whose words
+    is in `differ` (the record's differing words) is equal and not compared."""
     for f in TENSOR_DTYPE.names:
-        if f == "padding":
+        if f == "padding" or differ.isdisjoint(_FIELD_WORDS[f]):
             continue
         ov, nv = o[f], n[f]
         if f in ("ne", "nb", "op_params", "src"):
@@ -156,8 +162,13 @@ def first_field_diff(old: np.ndarray, new: np.ndarray, i: int) -> FieldDiff:
 def all_field_diffs(old: np.ndarray, new: np.ndarray, i: int) -> list[tuple[str, str, str]]:
     """Every differing field path of node i, with old and new values (for diff reports)."""
     o, n = old[i], new[i]
-    out = [(p, _fmt(p, ov), _fmt(p, nv)) for p, ov, nv in _node_field_diffs(o["node"], n["node"])]
+    ow, nw = (np.frombuffer(r.tobytes(), np.uint64) for r in (o, n))
+    differ = set(np.flatnonzero(ow != nw).tolist())
+    out = [(p, _fmt(p, ov), _fmt(p, nv)) for p, ov, nv in _node_field_diffs(o["node"], n["node"], differ)]
     for j in range(MAX_SRC):
+        if differ.isdisjoint((_P_DATA + j, *range(_P_NE + 4 * j, _P_NE + 4 * j + 4),
+                              *range(_P_NB + 4 * j, _P_NB + 4 * j + 4))):
+            continue                # this source's data, ne and nb are all equal
         if o["src_data"][j] != n["src_data"][j]:
             p = f"src[{j}].data"
             out.append((p, _fmt(p, o["src_data"][j]), _fmt(p, n["src_data"][j])))

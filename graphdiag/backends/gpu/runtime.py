@@ -132,7 +132,7 @@ class GraphRuntime:
         d = first_field_diff(old, snap, int(diff[0]))
         self.emit(E.PropertyDiff, split, entry.key, graph.uid, node=d.node, node_name=d.node_name, op=d.op,
                   field=d.field, old=d.old, new=d.new, n_changed_nodes=len(diff),
-                  changed=tuple(int(i) for i in diff[:512]))
+                  changed=tuple(diff[:512].tolist()))
         return True
 
     # -- gates 2-4 together -----------------------------------------------------------------------------
