@@ -86,3 +86,12 @@ def test_a_changed_field_misses(change):
     got = _lower(g, memo)
     assert memo.misses - misses == 1
     assert _bytes(got) == _bytes(fresh)
+
+
+def test_a_full_memo_starts_over_and_still_lowers_exactly():
+    g = _graph()
+    memo = LaunchMemo()
+    memo.CAP = 5
+    got = _lower(g, memo)
+    assert 0 < len(memo.entries) <= 5
+    assert _bytes(got) == _bytes(_lower(g)) == _bytes(_lower(g, memo))

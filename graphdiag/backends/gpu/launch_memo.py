@@ -61,7 +61,7 @@ class LaunchMemo:
     """A backend's remembered lowerings. Bounded: cleared when it holds CAP groups (the next graphs fill it
     again), so a run whose shapes keep changing does not grow it without end."""
 
-    CAP = 8192
+    CAP = 4096                     # groups (~3 KB each with their key): about 15 distinct graphs
 
     def __init__(self):
         self.entries: dict[tuple, _Remembered] = {}
