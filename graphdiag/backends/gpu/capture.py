@@ -187,6 +187,8 @@ def lower_graph(graph: Graph, plan: dict[int, Fusion], cc: int, driver, launches
     names = graph.arena.rec["name"][graph.nodes].tolist()
     descs = DescriptorTable(graph)
     keys = key_rows(graph) if memo is not None else b""
+    items: list[tuple] = []          # (node, label, op; None: made from the memo below), in node order
+    found: list = []
     i = 0
     while i < n:
         if not launches[i]:
@@ -198,18 +200,26 @@ def lower_graph(graph: Graph, plan: dict[int, Fusion], cc: int, driver, launches
         else:
             end, pattern = i + 1 + f.absorbed, f.pattern
             label = "+".join(n.decode() for n in names[i:end])
-        op = None
+        got = None
         if memo is not None:
             key = (pattern, cc, keys[i * KEY_BYTES : end * KEY_BYTES])
-            op = memo.get(key, descs)
-        if op is None:
+            got = memo.lookup(key)
+        if got is not None:
+            found.append(got)
+            items.append((i, label, None))
+        else:
             mark = len(descs.described)
             op = lower_node(graph, i, f, cc, descs)
             if memo is not None:
                 memo.put(key, op, descs.described[mark:])
+            items.append((i, label, op))
+        i = end
+    made = iter(memo.build(found, graph.arena)) if found else None
+    for i, label, op in items:       # prepared in node order, as they were lowered one by one
+        if op is None:
+            op = next(made)
         for launch in op_launches(op):
             launch.label = label
         op.prepare(driver)
         out[i] = op
-        i = end
     return out

@@ -9,8 +9,8 @@ with the group's own slots (which tensor is the residual), and reads its sources
 choice, scalars and geometry (geometry.py reads only ne and ip) depend on nothing else, and cc is fixed
 per backend. What it leaves out, device addresses, enters a launch only as the `data` of the descriptors
 of the tensors it describes: a remembered launch keeps those (descriptor slot, struct slot) pairs and a
-hit writes the descriptors afresh from the current structs. A hit makes new Launch and op objects (no
-mutable state is shared between graphs); they are prepared on the driver as a lowered op always is.
+hit writes those descriptors' `data` afresh from the current structs. A hit makes new Launch and op objects
+(no mutable state is shared between graphs); they are prepared on the driver as a lowered op always is.
 """
 
 from __future__ import annotations
@@ -23,7 +23,7 @@ from ...ir.arena import MAX_SRC
 from ...ir.graph import Graph
 from .. import abi
 from ..drivers.base import Launch
-from .descriptors import _DESC, _S_NE, _SW, DescriptorTable, source_slots, struct_words
+from .descriptors import _DESC, _S_DATA, _S_NE, _SW, source_slots, struct_words
 from .lowering import KernelOp, ScratchLaunchesOp, op_launches
 
 _ADDRESS_WORDS = (1, 31, 40)                   # buffer, data, extra in ggml_tensor
@@ -52,7 +52,7 @@ def key_rows(graph: Graph) -> bytes:
 @dataclass(frozen=True)
 class _Remembered:
     scratch: bool                  # a ScratchLaunchesOp (else a KernelOp)
-    launches: tuple                # (kernel, params bytes, grid, block, shmem, ((desc byte offset, struct slot), ...))
+    launches: tuple                # (kernel, params bytes, grid, block, shmem, ([data word], [struct slot]))
     slots: tuple = ()              # ScratchLaunchesOp: the scratch descriptor of each launch
     nbytes: int = 0
 
@@ -67,27 +67,41 @@ class LaunchMemo:
         self.entries: dict[tuple, _Remembered] = {}
         self.hits = self.misses = 0
 
-    def get(self, key: tuple, d: DescriptorTable):
-        """The op remembered under `key`, made anew with descriptors from `d`; None when there is none."""
+    def lookup(self, key: tuple) -> "_Remembered | None":
+        """What is remembered under `key` (None: nothing); `build` makes ops of it."""
         got = self.entries.get(key)
         if got is None:
             self.misses += 1
-            return None
-        self.hits += 1
-        launches = []
-        rows, row_of = d.rows, d.row_of
-        for kernel, params, grid, block, shmem, refs in got.launches:
-            buf = bytearray(params)
-            for at, idx in refs:                    # DescriptorTable.write, inlined (the hot loop of a hit)
-                row = row_of.get(idx)
-                if row is None:
-                    d.write(buf, at // _DESC, idx)
-                else:
-                    buf[at : at + _DESC] = rows[row : row + _DESC]
-            launches.append(Launch(kernel, grid, block, abi.params_from_bytes(buf), shmem))
-        if got.scratch:
-            return ScratchLaunchesOp(launches, list(got.slots), got.nbytes)
-        return KernelOp(launches[0])
+        else:
+            self.hits += 1
+        return got
+
+    @staticmethod
+    def build(found: list, arena) -> list:
+        """New ops for remembered groups (in order): every launch's params are the remembered bytes, one
+        record each of one array, with the `data` of each descriptor it took from a struct read from that
+        struct now (its type, ne and nb are in the key, hence as remembered)."""
+        launches = [la for got in found for la in got.launches]
+        params = np.frombuffer(bytearray(b"".join(la[1] for la in launches)), abi.KPARAMS)
+        rows: list[int] = []
+        words: list[int] = []
+        slots: list[int] = []
+        for r, la in enumerate(launches):
+            at, idx = la[5]
+            rows += [r] * len(at)
+            words += at
+            slots += idx
+        if rows:
+            record_words = params.view(np.uint64).reshape(len(launches), abi.KPARAMS.itemsize // 8)
+            record_words[rows, words] = struct_words(arena)[slots, _S_DATA]
+        ops, r = [], 0
+        for got in found:
+            made = []
+            for kernel, _, grid, block, shmem, _ in got.launches:
+                made.append(Launch(kernel, grid, block, params[r, ...], shmem))
+                r += 1
+            ops.append(ScratchLaunchesOp(made, list(got.slots), got.nbytes) if got.scratch else KernelOp(made[0]))
+        return ops
 
     def put(self, key: tuple, op, described: list) -> None:
         """Remember `op`, just lowered (not yet run), whose launches wrote the descriptors `described`."""
@@ -103,6 +117,6 @@ class LaunchMemo:
         if len(self.entries) >= self.CAP:
             self.entries.clear()
         rows = tuple((la.kernel, la.params.tobytes(), la.grid, la.block, la.shmem,
-                      tuple((slot * _DESC, idx) for slot, idx in refs))
+                      ([slot * _DESC // 8 for slot, _ in refs], [idx for _, idx in refs]))
                      for la, refs in zip(launches, described))
         self.entries[key] = _Remembered(got.scratch, rows, got.slots, got.nbytes)
