@@ -34,6 +34,8 @@ class KvCells:
         self._next: dict[int, int] = {}      # seq -> its highest position + 1
         self._used_p1 = 0                    # highest used cell + 1
         self._free = 0                       # no free cell below this one
+        self._placed: list[int] = []         # cells placed since the last removal, in order
+        self._row: _MaskRow | None = None    # the last one-token mask row, for the next to start from
 
     def next_pos(self, seq: int) -> int:
         """The position the sequence's next token takes (0 for a new sequence)."""
@@ -51,6 +53,10 @@ class KvCells:
                 raise UsageError(f"KV cache full: {n} tokens, {free.size} free cells (n_ctx {len(self.seq)})")
             cells = (free[:n] + f).astype(np.int32)
         self.seq[cells], self.pos[cells] = seqs, pos
+        if n == 1:
+            self._placed.append(int(cells[0]))
+        else:
+            self._placed.extend(cells.tolist())
         self._free = int(cells[-1]) + 1
         self._used_p1 = max(self._used_p1, int(cells[-1]) + 1)
         if n == 1:
@@ -65,6 +71,8 @@ class KvCells:
     def remove(self, seq: int) -> None:
         gone = self.seq == seq
         self.seq[gone], self.pos[gone] = -1, -1
+        self._placed.clear()                 # freed cells: a kept mask row no longer says what they hold
+        self._row = None
         self._next.pop(seq, None)
         used = np.flatnonzero(self.seq >= 0)
         self._used_p1 = int(used[-1]) + 1 if used.size else 0
@@ -82,6 +90,12 @@ class KvCells:
         elsewhere and in the padding rows; written into `out` when given (an input stage's view)."""
         m = np.empty((n_rows, n_kv), np.float32) if out is None else out
         n = len(seqs)
+        row = self._row_update(int(seqs[0]), pos, n_kv) if n == 1 else None
+        if row is not None:
+            m[0] = row
+            if n_rows > 1:
+                m[1:] = _NEG_INF
+            return m
         if n and (seqs == seqs[0]).all():
             # one sequence (a prefill): a cell is visible at its position if it holds that sequence, so one
             # (n, n_kv) comparison against the cells' positions, other sequences' cells never visible
@@ -90,6 +104,8 @@ class KvCells:
             if _int32_exact(pos, cell_pos):
                 _mask_bits(m[:n].view(np.int32), pos.astype(np.int32, copy=False), cell_pos)
                 m[n:] = _NEG_INF
+                if n == 1:
+                    self._row_keep(int(seqs[0]), pos, n_kv, m[0])
                 return m
             ok = np.where(mine, self.pos[:n_kv].astype(np.int64), _NEVER)[None, :] <= pos[:, None]
         else:
@@ -97,7 +113,50 @@ class KvCells:
         # one pass in place: each cell's value looked up by its bool (no fill to overwrite, no temporary)
         _MASK_VALUES.take(ok.view(np.uint8), out=m[:n], mode="clip")
         m[n:] = _NEG_INF
+        if n == 1:
+            self._row_keep(int(seqs[0]), pos, n_kv, m[0])
         return m
+
+    def _row_update(self, seq: int, pos: np.ndarray, n_kv: int) -> np.ndarray | None:
+        """The kept one-token row brought up to (seq, pos[0]) by the cells placed since it was made; None when
+        it cannot serve (none kept, another sequence or n_kv, an earlier or non-integer position).
+
+        Why that is the whole change: the kept row was made when every cell of `seq` sat at or before its
+        position (_row_keep), and no cell was freed since (remove drops it), so a cell not placed since
+        holds what it held then; at a position as late or later it is visible exactly as it was (its
+        sequence's cells all before both positions, other cells never). A cell placed since was free then
+        (-inf) and is worked out again from what it holds now."""
+        row = self._row
+        if row is None or row.seq != seq or row.n_kv != n_kv or pos.dtype.kind not in "iu":
+            return None
+        p = int(pos[0])
+        if p < row.pos:
+            return None
+        placed, values = self._placed, row.values
+        for c in placed[row.n_placed:]:
+            if c < n_kv:
+                values[c] = 0.0 if int(self.seq[c]) == seq and int(self.pos[c]) <= p else _NEG_INF
+        if self._next.get(seq, 0) <= p + 1:      # every cell of seq at or before p: the row stays usable
+            row.pos, row.n_placed = p, len(placed)
+        else:
+            self._row = None
+        return values
+
+    def _row_keep(self, seq: int, pos: np.ndarray, n_kv: int, values: np.ndarray) -> None:
+        """Keep a copy of a one-token row just written, when every cell of its sequence is at or before its
+        position (what _row_update relies on); drop the kept one otherwise."""
+        ok = seq >= 0 and pos.dtype.kind in "iu" and self._next.get(seq, 0) <= int(pos[0]) + 1
+        self._row = _MaskRow(seq, int(pos[0]), n_kv, len(self._placed), values.copy()) if ok else None
+
+
+class _MaskRow:
+    """A one-token KQ mask row (n_kv float32) for `seq` at `pos`, made when `n_placed` cells had been placed
+    since the last removal."""
+
+    __slots__ = ("seq", "pos", "n_kv", "n_placed", "values")
+
+    def __init__(self, seq: int, pos: int, n_kv: int, n_placed: int, values: np.ndarray):
+        self.seq, self.pos, self.n_kv, self.n_placed, self.values = seq, pos, n_kv, n_placed, values
 
 
 def _int32_exact(pos: np.ndarray, cell_pos: np.ndarray) -> bool:

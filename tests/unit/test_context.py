@@ -128,6 +128,47 @@ def test_crossing_a_256_cell_boundary_forces_a_rebuild(model):
     assert counters.reallocs_changed == 1
 
 
+@settings(max_examples=300, deadline=None)
+@given(st.lists(st.tuples(st.sampled_from(["place", "remove", "mask", "mask"]), st.integers(0, 1),
+                          st.integers(1, 30), st.integers(0, 60), st.sampled_from([256, 256, 512])),
+                min_size=1, max_size=40))
+def test_one_token_mask_rows_kept_between_calls_are_never_stale(ops):
+    """A one-token mask row is brought up to date from the one kept by the last call: through placements
+    of any sequence (ahead of the token too), removals, other sequences, n_kv and earlier positions, each
+    row equals the definition bit for bit."""
+    kv = KvCells(512)
+    for op, seq, n, p, n_kv in ops:
+        if op == "place" and np.count_nonzero(kv.seq < 0) >= n:
+            kv.place(np.full(n, seq, np.int32), (kv.next_pos(seq) + p % 4 + np.arange(n)).astype(np.int32))
+        elif op == "remove":
+            kv.remove(seq)
+        elif op == "mask":
+            if p % 3 == 0 and np.count_nonzero(kv.seq < 0):    # a decode step: place, then its row
+                pos = np.array([kv.next_pos(seq)], np.int32)
+                kv.place(np.array([seq], np.int32), pos)
+            else:                                               # any position, before or after the cells
+                pos = np.array([p], np.int32)
+            seqs = np.array([seq], np.int32)
+            out = np.full((1 + n % 2, n_kv), 7.0, np.float32)
+            kv.mask(seqs, pos, n_kv, len(out), out=out)
+            want = _mask_by_definition(kv, seqs, pos, n_kv, len(out))
+            assert out.view(np.uint32).tobytes() == want.view(np.uint32).tobytes()
+
+
+def test_a_kept_mask_row_is_not_reused_past_cells_placed_ahead_of_its_token():
+    """Cells placed ahead of a row's position make it unfit to start the next from (it would miss them as
+    later tokens reach their positions); an earlier position is worked out afresh."""
+    kv = KvCells(512)
+    kv.place(np.zeros(6, np.int32), np.arange(6, dtype=np.int32))           # cells 0..5, positions 0..5
+    seqs = np.zeros(1, np.int32)
+    for p, place_ahead in ((5, True), (9, False), (11, False), (3, False), (11, False)):
+        pos = np.array([p], np.int32)
+        got = kv.mask(seqs, pos, 256, 1)
+        assert got.tobytes() == _mask_by_definition(kv, seqs, pos, 256, 1).tobytes(), p
+        if place_ahead:
+            kv.place(np.zeros(4, np.int32), np.arange(8, 12, dtype=np.int32))  # cells 6..9 at 8..11
+
+
 def test_one_token_prefill_then_decode_reuses_the_graph(model):
     """llama.cpp's graph type is the same for prefill and decode: equal shapes reuse the graph."""
     ctx, rec, counters = context(model)
