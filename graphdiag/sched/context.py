@@ -33,6 +33,7 @@ class KvCells:
         self.pos = np.full(n_ctx, -1, np.int32)
         self._next: dict[int, int] = {}      # seq -> its highest position + 1
         self._used_p1 = 0                    # highest used cell + 1
+        self._n_kv = padded_n_kv(0, n_ctx)   # n_kv() of _used_p1, worked out again whenever it changes
         self._free = 0                       # no free cell below this one
         self._placed: list[int] = []         # cells placed since the last removal, in order
         self._row: _MaskRow | None = None    # the last one-token mask row, for the next to start from
@@ -51,7 +52,7 @@ class KvCells:
             self._placed.append(f)
             self._free = f + 1
             if f >= self._used_p1:
-                self._used_p1 = f + 1
+                self._used(f + 1)
             q = int(seqs[0])
             self._next[q] = max(self._next.get(q, 0), int(pos[0]) + 1)
             return np.array([f], np.int32)
@@ -62,7 +63,7 @@ class KvCells:
         self.seq[cells], self.pos[cells] = seqs, pos
         self._placed.extend(cells.tolist())
         self._free = int(cells[-1]) + 1
-        self._used_p1 = max(self._used_p1, int(cells[-1]) + 1)
+        self._used(max(self._used_p1, int(cells[-1]) + 1))
         if n == 1:
             q = int(seqs[0])
             self._next[q] = max(self._next.get(q, 0), int(pos[0]) + 1)
@@ -79,14 +80,17 @@ class KvCells:
         self._row = None
         self._next.pop(seq, None)
         used = np.flatnonzero(self.seq >= 0)
-        self._used_p1 = int(used[-1]) + 1 if used.size else 0
+        self._used(int(used[-1]) + 1 if used.size else 0)
         hole = np.flatnonzero(gone)
         if hole.size:
             self._free = min(self._free, int(hole[0]))
 
     def n_kv(self) -> int:
         """Cells the attention reads: highest used cell + 1, padded to 256, at most n_ctx."""
-        return padded_n_kv(self._used_p1, len(self.seq))
+        return self._n_kv
+
+    def _used(self, used_p1: int) -> None:
+        self._used_p1, self._n_kv = used_p1, padded_n_kv(used_p1, len(self.seq))
 
     def mask(self, seqs: np.ndarray, pos: np.ndarray, n_kv: int, n_rows: int,
              out: np.ndarray | None = None) -> np.ndarray:
@@ -222,8 +226,11 @@ class Context:
     # -- public API -----------------------------------------------------------------------------------------
     def decode(self, tokens: Mapping[int, int] | Sequence[int]) -> np.ndarray:
         """One token per sequence ({seq: token}, or a list for seqs 0..n-1) -> logits (n_seqs, n_vocab) f32."""
-        items = list(tokens.items()) if isinstance(tokens, Mapping) else list(enumerate(tokens))
-        keys = [s for s, _ in items]
+        if type(tokens) is dict:                          # the runner's: no (seq, token) pairs to unzip
+            keys, toks = list(tokens), list(tokens.values())
+        else:
+            items = list(tokens.items()) if isinstance(tokens, Mapping) else list(enumerate(tokens))
+            keys, toks = [s for s, _ in items], [t for _, t in items]
         pre = self._prepared
         if pre is not None and tuple(keys) == pre.seqs:   # the prepared array holds what np.array(keys) would
             seqs, pos = pre.seqs_a, pre.pos
@@ -235,7 +242,7 @@ class Context:
                 pos = pre.pos
             else:
                 pos = np.array([self.kv.next_pos(s) for s in seqs.tolist()], np.int32)
-        return self.process_ubatch(np.array([t for _, t in items], np.int32), seqs, pos, len(items), DECODE)
+        return self.process_ubatch(np.array(toks, np.int32), seqs, pos, len(keys), DECODE)
 
     def prepare_decode(self, seqs: Sequence[int]) -> None:
         """The part of the next decode step (one token for each of `seqs`) that does not depend on its tokens,
