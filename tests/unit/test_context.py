@@ -14,7 +14,8 @@ from graphdiag.memory import AddressSpace
 from graphdiag.model.build import padded_n_kv
 from graphdiag.model.presets import PRESETS
 from graphdiag.model.weights import create_model
-from graphdiag.sched.context import KvCells, make_context
+from graphdiag.sched.context import make_context
+from graphdiag.sched.kv_cells import KvCells
 
 CFG = dataclasses.replace(PRESETS["tiny"], n_layer=2, n_vocab=512, n_ctx=1024)
 
