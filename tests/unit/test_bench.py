@@ -102,6 +102,27 @@ def test_the_torch_peer_skips_cleanly_without_torch(monkeypatch):
     assert torch_prefill(PRESETS["tiny"], 8, [8, 16]) == {"torch": "absent"}
 
 
+def test_the_torch_peers_run_after_every_graphdiag_row(monkeypatch):
+    import graphdiag.bench.steps as S
+    calls = []
+
+    def row(kind):
+        def measured(opts, model, wtype, *rest):
+            calls.append((kind, model, wtype))
+            return {"kind": kind, "model": model, "wtype": wtype, "simulated": False}
+        return measured
+
+    monkeypatch.setattr(S, "measure_bandwidth", lambda backend, progress: (1e12, False, "GPU"))
+    monkeypatch.setattr(S, "decode_row", row("decode"))
+    monkeypatch.setattr(S, "prefill_row", row("prefill"))
+    monkeypatch.setattr(S, "add_torch_peer", lambda r, progress: calls.append(("peer", r["kind"], r["model"])))
+    rows = S.bench_steps(S.StepsOptions(models=("tiny", "moe-tiny"), wtypes=("f16",), prefill=8))
+    assert [r["kind"] for r in rows] == ["decode", "prefill", "decode", "prefill"]
+    # every graphdiag row first; then a peer per dense row (none for the MoE preset: no peer of it)
+    assert calls == [("decode", "tiny", "f16"), ("prefill", "tiny", "f16"), ("decode", "moe-tiny", "f16"),
+                     ("prefill", "moe-tiny", "f16"), ("peer", "decode", "tiny"), ("peer", "prefill", "tiny")]
+
+
 def test_bench_tables_show_microseconds():
     import io
     from graphdiag.bench.display import render
