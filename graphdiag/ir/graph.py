@@ -48,7 +48,8 @@ class Graph:
 
     @property
     def first_node_addr(self) -> int:
-        return self.arena.base + int(self.nodes[0]) * self.arena.rec.dtype.itemsize
+        # the struct size is TENSOR_SIZE: the arena's array is always of TENSOR_DTYPE (read 2-3 times a step)
+        return self.arena.base + self.nodes.item(0) * TENSOR_SIZE
 
     def build_forward_expand(self, t: Tensor) -> None:
         """Add `t` and everything it depends on, depth first, sources in order (ggml_visit_parents)."""
