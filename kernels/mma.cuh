@@ -16,6 +16,12 @@ __device__ __forceinline__ void ldmatrix_x4(unsigned *r, const void *ptr) {
                  : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3]) : "r"(smem_u32(ptr)));
 }
 
+// The same from a 32-bit shared-memory address (smem_u32), for loops that step precomputed addresses.
+__device__ __forceinline__ void ldmatrix_x4_at(unsigned *r, unsigned addr) {
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];"
+                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3]) : "r"(addr));
+}
+
 // The same, transposed (a row-major k x n tile read as the "col" B operand).
 __device__ __forceinline__ void ldmatrix_x4_trans(unsigned *r, const void *ptr) {
     asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0, %1, %2, %3}, [%4];"
@@ -43,5 +49,8 @@ __device__ __forceinline__ unsigned pack_h2(unsigned short lo, unsigned short hi
 // 16 bytes global -> shared, asynchronously; n < 16 source bytes (0: none) and the rest zero-filled.
 __device__ __forceinline__ void cp_async16(void *dst, const void *src, int n) {
     asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;" ::"r"(smem_u32(dst)), "l"(src), "r"(n));
+}
+__device__ __forceinline__ void cp_async16_at(unsigned dst, const void *src, int n) {
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;" ::"r"(dst), "l"(src), "r"(n));
 }
 __device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;" ::: "memory"); }

@@ -50,10 +50,10 @@ __device__ __forceinline__ bool vec16(const tdesc &d) {
     return ((d.data | (u64)d.nb[1] | (u64)d.nb[2] | (u64)d.nb[3]) & 15) == 0;
 }
 
-// A warp's accumulator fragments (2 x 4 tiles of m16n8, 4 floats each) set to 0.
-__device__ __forceinline__ void zero_acc(float (*acc)[4][4]) {
+// A warp's accumulator fragments (MI x 4 tiles of m16n8, 4 floats each) set to 0.
+template <int MI = 2> __device__ __forceinline__ void zero_acc(float (*acc)[4][4]) {
 #pragma unroll
-    for (int mi = 0; mi < 2; ++mi)
+    for (int mi = 0; mi < MI; ++mi)
 #pragma unroll
         for (int ni = 0; ni < 4; ++ni)
 #pragma unroll
@@ -61,10 +61,11 @@ __device__ __forceinline__ void zero_acc(float (*acc)[4][4]) {
 }
 
 // Store accumulator fragments: c[mi][ni][0..3] at rows m0w + mi*16 + g (+8), columns n0w + ni*8 + 2*tig (+1).
+template <int MI = 2>
 __device__ __forceinline__ void store_acc(const tdesc &D, const float (*acc)[4][4], i64 m0w, i64 n0w, i64 i2, i64 i3) {
     const int lane = threadIdx.x & 31, g = lane >> 2, tig = lane & 3;
 #pragma unroll
-    for (int mi = 0; mi < 2; ++mi)
+    for (int mi = 0; mi < MI; ++mi)
 #pragma unroll
         for (int ni = 0; ni < 4; ++ni)
 #pragma unroll
@@ -75,83 +76,132 @@ __device__ __forceinline__ void store_acc(const tdesc &D, const float (*acc)[4][
 }
 
 // ---- F16 weights x F32 activations (rounded to F16) ----------------------------------------------------
-// The pipelined path (contiguous, 16-byte aligned W and x, K % 8 == 0: every prefill projection): MM_STAGES
-// k tiles in shared memory, filled by cp.async (zero-filled past the edges) MM_STAGES - 1 tiles ahead of the
-// one being multiplied, one barrier per k step. x stays F32 in shared memory; each B fragment is rounded to
-// F16 as it is built (the same RNE rounding as the register path, so both give the same products).
+// The pipelined path (contiguous, 16-byte aligned W and x, K % 8 == 0: every prefill projection): warps as in
+// the register path. MM_STAGES k tiles of W (F16) and x (F32) in flight, filled by cp.async (zero-filled past
+// the edges). The block rounds each x tile to F16 once, into one of two F16 tiles, while the tensor cores
+// work on the other, so both operands come from ldmatrix and no warp converts what another converts too
+// (per-warp rounding kept the ALU pipe the busiest: ncu). One barrier per k step:
+//   iteration kt: wait for tile kt + 1; barrier; issue tile kt + MM_STAGES - 1 into the stage tile kt - 1
+//   left; round x of tile kt + 1 into the F16 tile that tile kt - 1 used; multiply tile kt.
+// The products and their order per output are the register path's, so both give the same results.
 #define MM_STAGES 4
-#define MM_LDB (MM_BK + 8)   // floats per x row of a stage (160 bytes: 16-byte rows; fragment reads conflict-free)
+#define MM_LDB (MM_BK + 8)   // floats per x row of a stage (160 bytes: 16-byte rows)
+#define MM_P_THREADS 256
 
 __device__ void mm_f16_pipelined(const kparams &p, unsigned char *smem) {
     typedef unsigned short ATile[MM_BM][MM_BK + MM_PAD];
-    typedef float BTile[MM_BN][MM_LDB];
+    typedef float XTile[MM_BN][MM_LDB];
+    typedef unsigned short BTile[MM_BN][MM_BK + MM_PAD];
+    constexpr int NA = MM_BM * MM_BK / 8 / MM_P_THREADS, NX = MM_BN * MM_BK / 4 / MM_P_THREADS;   // copies each
     ATile *As = (ATile *)smem;
-    BTile *Bf = (BTile *)(smem + MM_STAGES * sizeof(ATile));
+    XTile *Xf = (XTile *)(smem + MM_STAGES * sizeof(ATile));
+    BTile *Bs = (BTile *)(smem + MM_STAGES * (sizeof(ATile) + sizeof(XTile)));
     const tdesc &D = p.t[0], &W = p.t[1], &X = p.t[2];
-    const i64 M = D.ne[0], N = D.ne[1], K = W.ne[0];
+    const i64 M = D.ne[0], N = D.ne[1];
+    const int K = (int)W.ne[0];
     const i64 m0 = (i64)blockIdx.x * MM_BM, n0 = (i64)blockIdx.y * MM_BN;
     const i64 i2 = blockIdx.z % D.ne[2], i3 = blockIdx.z / D.ne[2];
     const i64 w2 = i2 / (D.ne[2] / W.ne[2]), w3 = i3 / (D.ne[3] / W.ne[3]);
     const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, wm = warp & 3, wn = warp >> 2;
-    const int g = lane >> 2, tig = lane & 3;
-    // this thread's rows of the A and B tiles (clamped to the last row: their bytes are zero-filled)
-    const char *wr[2], *xr[2];
-    bool win[2], xin[2];
+    // this thread's copies: A row idx / 4, chunk idx % 4 (8 halves); x column idx / 8, chunk idx % 8 (4
+    // floats); rows past the edge read the last row with 0 bytes (zero-filled). Shared addresses are 32-bit
+    // and precomputed (a stage is a constant step from them); each global pointer steps one k tile.
+    const char *wr[NA], *xr[NX];
+    unsigned a_dst[NA], x_dst[NX];
+    int wk[NA], xk[NX];   // the k of each chunk, or K for rows/columns past the edge (never copied)
 #pragma unroll
-    for (int i = 0; i < 2; ++i) {
-        const int idx = tid + 256 * i;   // A: row idx / 4, chunk idx % 4; B: column idx / 8, chunk idx % 8
-        const i64 m = m0 + (idx >> 2), n = n0 + (idx >> 3);
-        win[i] = m < M; xin[i] = n < N;
-        wr[i] = row_ptr(W, win[i] ? m : M - 1, w2, w3);
-        xr[i] = row_ptr(X, xin[i] ? n : N - 1, i2, i3);
+    for (int i = 0; i < NA; ++i) {
+        const int idx = tid + MM_P_THREADS * i, row = idx >> 2, c = idx & 3;
+        const i64 m = m0 + row;
+        wr[i] = row_ptr(W, m < M ? m : M - 1, w2, w3) + c * 16;
+        wk[i] = m < M ? c * 8 : K;
+        a_dst[i] = smem_u32(&As[0][row][c * 8]);
     }
-    const i64 nk = (K + MM_BK - 1) / MM_BK;
-    auto issue = [&](i64 kt) {
-        if (kt < nk) {
-            const int st = (int)(kt % MM_STAGES);
-            const i64 k0 = kt * MM_BK;
 #pragma unroll
-            for (int i = 0; i < 2; ++i) {
-                const int idx = tid + 256 * i, row = idx >> 2, c = idx & 3;
-                const i64 k = k0 + c * 8;
-                const bool in = win[i] && k < K;
-                cp_async16(&As[st][row][c * 8], wr[i] + (in ? k : 0) * 2, in ? 16 : 0);
-                const int col = idx >> 3, cb = idx & 7;
-                const i64 kb = k0 + cb * 4;
-                const bool bin = xin[i] && kb < K;
-                cp_async16(&Bf[st][col][cb * 4], xr[i] + (bin ? kb : 0) * 4, bin ? 16 : 0);
+    for (int i = 0; i < NX; ++i) {
+        const int idx = tid + MM_P_THREADS * i, col = idx >> 3, cb = idx & 7;
+        const i64 n = n0 + col;
+        xr[i] = row_ptr(X, n < N ? n : N - 1, i2, i3) + cb * 16;
+        xk[i] = n < N ? cb * 4 : K;
+        x_dst[i] = smem_u32(&Xf[0][col][cb * 4]);
+    }
+    const int nk = (K + MM_BK - 1) / MM_BK;
+    auto issue = [&](int kt) {
+        if (kt < nk) {
+            const unsigned st = (unsigned)kt % MM_STAGES;
+            const int k0 = kt * MM_BK;
+#pragma unroll
+            for (int i = 0; i < NA; ++i) {
+                const bool in = wk[i] + k0 < K;
+                cp_async16_at(a_dst[i] + st * sizeof(ATile), in ? wr[i] + k0 * 2 : wr[i], in ? 16 : 0);
+            }
+#pragma unroll
+            for (int i = 0; i < NX; ++i) {
+                const bool in = xk[i] + k0 < K;
+                cp_async16_at(x_dst[i] + st * sizeof(XTile), in ? xr[i] + k0 * 4 : xr[i], in ? 16 : 0);
             }
         }
         cp_async_commit();   // an empty group past the end keeps the count
     };
+    // x of tile kt rounded to F16: each thread 8 consecutive k of one column (64 columns x 4 chunks)
+    constexpr int RK = MM_BN * MM_BK / MM_P_THREADS;
+    const int rcol = tid / (MM_BK / RK), rc = (tid % (MM_BK / RK)) * RK;
+    auto round_x = [&](int kt) {
+        const float *f = &Xf[(unsigned)kt % MM_STAGES][rcol][rc];
+        unsigned short *h = &Bs[kt & 1][rcol][rc];
+#pragma unroll
+        for (int j = 0; j < RK; j += 8) {
+            const float4 lo = *(const float4 *)(f + j), hi = *(const float4 *)(f + j + 4);
+            *(uint4 *)(h + j) = make_uint4(pack_h2(f2h(lo.x), f2h(lo.y)), pack_h2(f2h(lo.z), f2h(lo.w)),
+                                           pack_h2(f2h(hi.x), f2h(hi.y)), pack_h2(f2h(hi.z), f2h(hi.w)));
+        }
+    };
+    // ldmatrix row addresses of stage 0, F16 tile 0, k 0
+    unsigned a_ld[2], b_ld[2];
+#pragma unroll
+    for (int mi = 0; mi < 2; ++mi) a_ld[mi] = smem_u32(&As[0][wm * 32 + mi * 16 + (lane & 15)][(lane >> 4) * 8]);
+#pragma unroll
+    for (int nj = 0; nj < 2; ++nj)
+        b_ld[nj] = smem_u32(&Bs[0][wn * 32 + nj * 16 + (lane & 7) + (lane >> 4) * 8][((lane >> 3) & 1) * 8]);
 
     float acc[2][4][4];
     zero_acc(acc);
+    // a k16 step's fragments: 2 A (16 rows each) and 4 B (8 columns each) from ldmatrix
+    auto frags = [&](unsigned (*af)[4], unsigned (*bf)[2], unsigned ao, unsigned bo) {
+#pragma unroll
+        for (int mi = 0; mi < 2; ++mi) ldmatrix_x4_at(af[mi], a_ld[mi] + ao);
+#pragma unroll
+        for (int nj = 0; nj < 2; ++nj) {
+            unsigned r[4];
+            ldmatrix_x4_at(r, b_ld[nj] + bo);
+            bf[2 * nj][0] = r[0]; bf[2 * nj][1] = r[1];
+            bf[2 * nj + 1][0] = r[2]; bf[2 * nj + 1][1] = r[3];
+        }
+    };
+    auto mmas = [&](unsigned (*af)[4], unsigned (*bf)[2]) {
+#pragma unroll
+        for (int mi = 0; mi < 2; ++mi)
+#pragma unroll
+            for (int ni = 0; ni < 4; ++ni) mma_f16(acc[mi][ni], af[mi], bf[ni]);
+    };
 #pragma unroll
     for (int s = 0; s < MM_STAGES - 1; ++s) issue(s);
-    for (i64 kt = 0; kt < nk; ++kt) {
-        asm volatile("cp.async.wait_group %0;" ::"n"(MM_STAGES - 2) : "memory");   // tile kt has landed
-        __syncthreads();                      // ... for every thread; and tile kt - 1's stage is free
+    asm volatile("cp.async.wait_group %0;" ::"n"(MM_STAGES - 2) : "memory");   // tile 0 has landed
+    __syncthreads();
+    round_x(0);
+    // the fragments are read ahead of the products that need them: k 0 before this step's copies and
+    // rounding are issued, k 16 before k 0's products (ldmatrix latency was the warps' main stall: ncu)
+    for (int kt = 0; kt < nk; ++kt) {
+        asm volatile("cp.async.wait_group %0;" ::"n"(MM_STAGES - 3) : "memory");   // tile kt + 1 has landed
+        __syncthreads();   // ... for every thread; tile kt is rounded; tile kt - 1's stage and F16 tile are free
+        const unsigned ao = ((unsigned)kt % MM_STAGES) * sizeof(ATile), bo = (kt & 1) * sizeof(BTile);
+        unsigned af0[2][4], bf0[4][2], af1[2][4], bf1[4][2];
+        frags(af0, bf0, ao, bo);
         issue(kt + MM_STAGES - 1);
-        const int st = (int)(kt % MM_STAGES);
-#pragma unroll
-        for (int kk = 0; kk < MM_BK; kk += 16) {
-            unsigned af[2][4], bf[4][2];
-#pragma unroll
-            for (int mi = 0; mi < 2; ++mi)
-                ldmatrix_x4(af[mi], &As[st][wm * 32 + mi * 16 + (lane & 15)][kk + (lane >> 4) * 8]);
-#pragma unroll
-            for (int ni = 0; ni < 4; ++ni) {
-                const float *b = &Bf[st][wn * 32 + ni * 8 + g][kk + 2 * tig];
-                const float2 lo = *(const float2 *)b, hi = *(const float2 *)(b + 8);
-                bf[ni][0] = pack_h2(f2h(lo.x), f2h(lo.y));
-                bf[ni][1] = pack_h2(f2h(hi.x), f2h(hi.y));
-            }
-#pragma unroll
-            for (int mi = 0; mi < 2; ++mi)
-#pragma unroll
-                for (int ni = 0; ni < 4; ++ni) mma_f16(acc[mi][ni], af[mi], bf[ni]);
-        }
+        if (kt + 1 < nk) round_x(kt + 1);
+        frags(af1, bf1, ao + 32, bo + 32);   // k 16: 32 bytes on
+        mmas(af0, bf0);
+        mmas(af1, bf1);
     }
     asm volatile("cp.async.wait_group 0;" ::: "memory");
     store_acc(D, acc, m0 + wm * 32, n0 + wn * 32, i2, i3);
@@ -160,7 +210,7 @@ __device__ void mm_f16_pipelined(const kparams &p, unsigned char *smem) {
 __device__ void mm_f16_registers(const kparams &p, unsigned char *smem);
 
 KERNEL_LB(mul_mat_f16, 256) {
-    extern __shared__ __align__(16) unsigned char mm_smem[];   // geometry.py: MM_STAGES stages of A and B
+    extern __shared__ __align__(16) unsigned char mm_smem[];   // geometry.py: the pipelined path's stages
     const tdesc &W = p.t[1], &X = p.t[2];
     if (W.nb[0] == 2 && vec16(W) && X.nb[0] == 4 && vec16(X) && W.ne[0] % 8 == 0) mm_f16_pipelined(p, mm_smem);
     else mm_f16_registers(p, mm_smem);

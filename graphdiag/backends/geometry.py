@@ -212,9 +212,10 @@ def _mm_tc(p) -> Geometry:
 
 
 def _mm_f16(p) -> Geometry:
-    """mul_mat_f16: the q8_0 kernel's grid, and MM_STAGES k tiles of A (F16) and B (F32) in shared memory."""
+    """mul_mat_f16: the q8_0 kernel's grid; in shared memory MM_STAGES k tiles of A (F16) and x (F32), and two
+    of x rounded to F16 (the pipelined path's; the register path uses less)."""
     grid, block, _ = _mm_tc(p)
-    return grid, block, MM_STAGES * (MM_BM * (MM_BK + 8) * 2 + MM_BN * (MM_BK + 8) * 4)
+    return grid, block, MM_STAGES * (MM_BM * (MM_BK + 8) * 2 + MM_BN * (MM_BK + 8) * 4) + 2 * MM_BN * (MM_BK + 8) * 2
 
 
 def _quantize(p) -> Geometry:
