@@ -250,6 +250,8 @@ KERNEL_LB(flash_attn_combine_f32, 256) {
 // gives (0, -inf, 0).
 #define FAM_ROWS 64
 #define FAM_KV 64
+#define F32_LOG2E 1.4426950408889634f
+#define F32_LN2 0.6931471805599453f
 #define FAM_THREADS 128
 
 __device__ __forceinline__ unsigned fam_h2(float lo, float hi) { return pack_h2(f2h(lo), f2h(hi)); }
@@ -338,6 +340,31 @@ template <int D> __device__ void fa_mma(const kparams &p, unsigned short *smem) 
         }
         cp_async_commit();
     };
+    // The mask of this thread's scores of the tile at c0: s[nt][c] at row g4 + 8 * (c >> 1), position
+    // c0 + nt * 8 + 2 * tig + (c & 1), as pairs of F16 bits (-inf past j1 and in rows past R; 0 without a
+    // mask). An aligned F16 mask (every graph's: llama.cpp casts it) is read one tile ahead, so its loads are
+    // in flight while the tile before computes (their latency was the kernel's main stall: ncu); any other
+    // mask is read when its tile comes.
+    constexpr unsigned NEG2 = 0xfc00fc00u;   // two F16 -inf
+    const bool raw_mask = !has_mask || mpair;
+    auto mask_at = [&](int k, i64 j) -> unsigned {   // raw_mask: the pair at positions j, j + 1 of row k
+        if (!rok[k] || j >= j1) return NEG2;
+        if (!has_mask) return j + 1 < j1 ? 0u : 0xfc000000u;
+        if (j + 1 < j1) return *(const unsigned *)(mrow[k] + j * 2);
+        return 0xfc000000u | *(const unsigned short *)(mrow[k] + j * 2);
+    };
+    unsigned mnext[NT][2];
+    auto mask_tile = [&](i64 c0, unsigned (*dst)[2]) {
+#pragma unroll
+        for (int nt = 0; nt < NT; ++nt)
+#pragma unroll
+            for (int k = 0; k < 2; ++k) dst[nt][k] = mask_at(k, c0 + nt * 8 + 2 * tig);
+    };
+    if (raw_mask && j0 < j1) mask_tile(j0, mnext);
+    // scores in log2 units (exp2 is one MUFU op, expf several ALU ops around it): s = mask * log2(e) +
+    // scale * log2(e) * (q . k); m and the partial's m are in these units until stored (natural units)
+    const float sl2 = scale * F32_LOG2E;
+
     if (j0 < j1) fetch(j0, 0);
     int stage = 0;
     for (i64 c0 = j0; c0 < j1; c0 += FAM_KV, stage ^= 1) {
@@ -345,31 +372,35 @@ template <int D> __device__ void fa_mma(const kparams &p, unsigned short *smem) 
         const unsigned short *Vs = Ks + FAM_KV * LD;
         // the next tile in flight while this one computes (its stage was released by the last barrier)
         if (c0 + FAM_KV < j1) fetch(c0 + FAM_KV, stage ^ 1);
-        // the mask of this thread's scores: s[nt][c] at row g4 + 8 * (c >> 1), position c0 + nt * 8 + 2 * tig + (c & 1)
         float s[NT][4];
         bool live = false;
+        if (raw_mask) {
 #pragma unroll
-        for (int nt = 0; nt < NT; ++nt)
+            for (int nt = 0; nt < NT; ++nt)
 #pragma unroll
-            for (int k = 0; k < 2; ++k) {
-                const i64 j = c0 + nt * 8 + 2 * tig;   // and j + 1
-                float x0 = F32_NEG_INF, x1 = F32_NEG_INF;
-                if (rok[k]) {
-                    if (!has_mask) {
-                        if (j < j1) x0 = 0.0f;
-                        if (j + 1 < j1) x1 = 0.0f;
-                    } else if (mpair && j + 1 < j1) {   // both positions in one 4-byte load
-                        const unsigned v = *(const unsigned *)(mrow[k] + j * 2);
-                        x0 = h2f((unsigned short)(v & 0xffffu)); x1 = h2f((unsigned short)(v >> 16));
-                    } else {
+                for (int k = 0; k < 2; ++k) {
+                    const unsigned v = mnext[nt][k];
+                    live |= v != NEG2;
+                    s[nt][2 * k] = h2f((unsigned short)(v & 0xffffu)) * F32_LOG2E;
+                    s[nt][2 * k + 1] = h2f((unsigned short)(v >> 16)) * F32_LOG2E;
+                }
+            if (c0 + FAM_KV < j1) mask_tile(c0 + FAM_KV, mnext);
+        } else {   // an F32 or unaligned mask, at full precision
+#pragma unroll
+            for (int nt = 0; nt < NT; ++nt)
+#pragma unroll
+                for (int k = 0; k < 2; ++k) {
+                    const i64 j = c0 + nt * 8 + 2 * tig;   // and j + 1
+                    float x0 = F32_NEG_INF, x1 = F32_NEG_INF;
+                    if (rok[k]) {
                         if (j < j1) x0 = m16 ? h2f(*(const unsigned short *)(mrow[k] + j * Mk.nb[0])) : *(const float *)(mrow[k] + j * Mk.nb[0]);
                         if (j + 1 < j1) x1 = m16 ? h2f(*(const unsigned short *)(mrow[k] + (j + 1) * Mk.nb[0])) : *(const float *)(mrow[k] + (j + 1) * Mk.nb[0]);
                     }
+                    s[nt][2 * k] = x0 * F32_LOG2E;
+                    s[nt][2 * k + 1] = x1 * F32_LOG2E;
+                    live |= x0 != F32_NEG_INF || x1 != F32_NEG_INF;
                 }
-                s[nt][2 * k] = x0;
-                s[nt][2 * k + 1] = x1;
-                live |= x0 != F32_NEG_INF || x1 != F32_NEG_INF;
-            }
+        }
         if (c0 + FAM_KV < j1) asm volatile("cp.async.wait_group 1;" ::: "memory");   // this tile's group
         else asm volatile("cp.async.wait_group 0;" ::: "memory");
         __syncthreads();
@@ -390,22 +421,26 @@ template <int D> __device__ void fa_mma(const kparams &p, unsigned short *smem) 
                     mma_f16(acc[2 * n2], qf[ks], b0);
                     mma_f16(acc[2 * n2 + 1], qf[ks], b1);
                 }
-            // scores, online softmax per row (the quad's 4 lanes hold a row's 64 positions)
+            // scores (a masked one stays -inf: -inf + finite), online softmax per row (the quad's 4 lanes
+            // hold a row's 64 positions)
             float mx[2] = {F32_NEG_INF, F32_NEG_INF};
 #pragma unroll
             for (int nt = 0; nt < NT; ++nt)
 #pragma unroll
                 for (int c = 0; c < 4; ++c) {
-                    if (s[nt][c] != F32_NEG_INF) s[nt][c] += scale * acc[nt][c];
+                    s[nt][c] = fmaf(sl2, acc[nt][c], s[nt][c]);
                     mx[c >> 1] = fmaxf(mx[c >> 1], s[nt][c]);
                 }
-            float alpha[2];
+            float alpha[2], mb[2];
 #pragma unroll
             for (int k = 0; k < 2; ++k) {
                 mx[k] = fmaxf(mx[k], __shfl_xor_sync(0xffffffffu, mx[k], 1));
                 mx[k] = fmaxf(mx[k], __shfl_xor_sync(0xffffffffu, mx[k], 2));
                 const float mn = fmaxf(m[k], mx[k]);
-                alpha[k] = (mn == F32_NEG_INF || m[k] == F32_NEG_INF) ? (mn == F32_NEG_INF ? 1.0f : 0.0f) : expf(m[k] - mn);
+                // exponents are taken from mb: mn, or 0 while the row has seen only -inf (then every s and
+                // m is -inf, exp2 gives 0, and o and l stay 0 whatever alpha is)
+                mb[k] = mn == F32_NEG_INF ? 0.0f : mn;
+                alpha[k] = exp2f(m[k] - mb[k]);
                 m[k] = mn;
             }
             float ls[2] = {0.0f, 0.0f};
@@ -413,10 +448,9 @@ template <int D> __device__ void fa_mma(const kparams &p, unsigned short *smem) 
             for (int nt = 0; nt < NT; ++nt)
 #pragma unroll
                 for (int c = 0; c < 4; ++c) {
-                    const int k = c >> 1;
-                    const float pj = s[nt][c] == F32_NEG_INF ? 0.0f : expf(s[nt][c] - m[k]);
+                    const float pj = exp2f(s[nt][c] - mb[c >> 1]);
                     s[nt][c] = pj;
-                    ls[k] += pj;
+                    ls[c >> 1] += pj;
                 }
 #pragma unroll
             for (int k = 0; k < 2; ++k) {
@@ -455,7 +489,7 @@ template <int D> __device__ void fa_mma(const kparams &p, unsigned short *smem) 
 #pragma unroll
         for (int i = 0; i < DT; ++i)
             *(float2 *)(out + i * 8 + 2 * tig) = make_float2(o[i][2 * k], o[i][2 * k + 1]);
-        if (tig == 0) { out[D] = m[k]; out[D + 1] = l[k]; }
+        if (tig == 0) { out[D] = m[k] * F32_LN2; out[D + 1] = l[k]; }   // m back in natural units
     }
 }
 
