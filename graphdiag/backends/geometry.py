@@ -33,6 +33,8 @@ MAX_GRID_X = 1 << 20     # cap on grid-stride grids: plenty of blocks to fill 13
 GRID_YZ_MAX = 65535      # CUDA's limit on grid.y and grid.z
 FA_SUB = 32              # a split's chunk of positions is a multiple of this (the decode kernels' tile)
 FA_MAX_ROWS = 32         # query heads per kv head the lowering takes (GQA groups beyond are refused)
+FA_COMBINE_HEADS = 4     # flash_attn_combine_f32: heads per block in a batch (prefill)
+FA_COMBINE_MIN_ROWS = 64 # ... from this many (token x batch) rows
 FA_TARGET_BLOCKS = 264   # splits are added until about 2 blocks per SM of an H200 (132 SMs)
 FAV_THREADS = 128        # flash_attn.cu flash_attn_vec_f16_d*_g*: one token per block, 128 threads, tiles of 32
 FAV_TILE = 32
@@ -202,8 +204,13 @@ def _flash_attn_mma(d: int) -> Callable[[np.ndarray], Geometry]:
 
 
 def _fa_combine(p) -> Geometry:
+    """One block per (token, FA_COMBINE_HEADS heads) at batches of FA_COMBINE_MIN_ROWS tokens or more (a
+    prefill's thousands of (head, token) blocks of one or two warps were limited by how fast blocks start),
+    one per (token, head) below; threads along Dv."""
     d, part = _ne(p, 0), _ne(p, 1)   # dst (Dv, H, T, B); partials (Dv + 2, n_split, H, T * B)
-    return (max(d[1], 1), max(part[3], 1), 1), (min(256, max(32, -(-d[0] // 32) * 32)), 1, 1), 0
+    tx = min(256, max(32, -(-d[0] // 32) * 32))
+    hb = max(1, min(FA_COMBINE_HEADS, 256 // tx, d[1])) if part[3] >= FA_COMBINE_MIN_ROWS else 1
+    return (_cdiv(d[1], hb), max(part[3], 1), 1), (tx, hb, 1), 0
 
 
 def _mm_tc(p) -> Geometry:

@@ -309,7 +309,9 @@ def flash_attn_cases() -> list[Case]:
         n_split, chunk = fa_split(n_kv, hkv)
         out.append(c.set(c.output(G.F32, d + 2, n_split, h, 1), c.randn(G.F32, d, h, 1), kview, vview, mask,
                          ip=(chunk, 1), fp=(1.0 / np.sqrt(d),)))
-    for dv, ns, h, t in ((64, 5, 4, 3), (128, 1, 2, 2), (64, 8, 32, 1)):
+    # the last two are batches of FA_COMBINE_MIN_ROWS tokens or more (several heads per block), the first of
+    # them with heads that do not fill the last block
+    for dv, ns, h, t in ((64, 5, 4, 3), (128, 1, 2, 2), (64, 8, 32, 1), (64, 2, 6, 70), (128, 3, 32, 64)):
         c = Case("flash_attn_combine_f32", f"Dv{dv}-splits{ns}-H{h}-T{t}", F32_DOT)
         part = c.rng.standard_normal((t, h, ns, dv + 2)).astype(np.float32)
         part[..., dv] *= 3.0

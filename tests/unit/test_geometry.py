@@ -62,6 +62,14 @@ def test_flash_attn_combine_takes_a_block_per_head_and_token():
         ((32, 3, 1), (64, 1, 1), 0)
 
 
+def test_flash_attn_combine_groups_heads_per_block_in_a_batch():
+    # a 512-token prefill: 4 heads of 64 dims per block; 6 heads leave the last block half full
+    assert launch_geometry("flash_attn_combine_f32", _p((64, 32, 512, 1), (66, 2, 32, 512))) == \
+        ((8, 512, 1), (64, 4, 1), 0)
+    assert launch_geometry("flash_attn_combine_f32", _p((64, 6, 70, 1), (66, 2, 6, 70)))[:2] == ((2, 70, 1), (64, 4, 1))
+    assert launch_geometry("flash_attn_combine_f32", _p((128, 32, 64, 1), (130, 3, 32, 64)))[:2] == ((16, 64, 1), (128, 2, 1))
+
+
 def test_row_kernels_scale_their_block_with_the_row():
     assert launch_geometry("rms_norm_f32", _p((64, 5, 1, 1), (64, 5, 1, 1)))[1] == (32, 1, 1)
     assert launch_geometry("rms_norm_f32", _p((2048, 5, 1, 1), (2048, 5, 1, 1)))[1] == (512, 1, 1)   # a float4 each
