@@ -123,6 +123,31 @@ def test_the_torch_peers_run_after_every_graphdiag_row(monkeypatch):
                      ("prefill", "moe-tiny", "f16"), ("peer", "decode", "tiny"), ("peer", "prefill", "tiny")]
 
 
+def test_the_progress_bar_is_drawn_between_steps_only(monkeypatch):
+    import threading
+    from graphdiag.bench.display import RichProgress
+    with RichProgress() as p:
+        # no refresh thread of rich's: a redraw could land inside a timed step
+        assert not any(type(t).__name__ == "_RefreshThread" for t in threading.enumerate())
+        drawn = []
+        monkeypatch.setattr(p.bar, "refresh", lambda: drawn.append(1))
+        p.start("phase", 100)             # drawn at once
+        for _ in range(50):
+            p.advance()                   # then at most every REFRESH_S
+        assert 1 <= len(drawn) <= 3
+
+
+def test_each_measured_run_starts_from_a_collected_heap(monkeypatch):
+    import gc
+    import graphdiag.runner
+    import graphdiag.bench.steps as S
+    order = []
+    monkeypatch.setattr(gc, "collect", lambda *a: order.append("collect") or 0)
+    monkeypatch.setattr(graphdiag.runner, "run", lambda cfg, scenario, sinks: order.append("run"))
+    S._run({"backend": "sim", "model": "tiny", "steps": 8}, S.Progress(), "label")
+    assert order == ["collect", "run"]
+
+
 def test_bench_tables_show_microseconds():
     import io
     from graphdiag.bench.display import render
