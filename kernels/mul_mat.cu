@@ -50,10 +50,10 @@ __device__ __forceinline__ bool vec16(const tdesc &d) {
     return ((d.data | (u64)d.nb[1] | (u64)d.nb[2] | (u64)d.nb[3]) & 15) == 0;
 }
 
-// A warp's accumulator fragments (MI x 4 tiles of m16n8, 4 floats each) set to 0.
-template <int MI = 2> __device__ __forceinline__ void zero_acc(float (*acc)[4][4]) {
+// A warp's accumulator fragments (2 x 4 tiles of m16n8, 4 floats each) set to 0.
+__device__ __forceinline__ void zero_acc(float (*acc)[4][4]) {
 #pragma unroll
-    for (int mi = 0; mi < MI; ++mi)
+    for (int mi = 0; mi < 2; ++mi)
 #pragma unroll
         for (int ni = 0; ni < 4; ++ni)
 #pragma unroll
@@ -61,11 +61,10 @@ template <int MI = 2> __device__ __forceinline__ void zero_acc(float (*acc)[4][4
 }
 
 // Store accumulator fragments: c[mi][ni][0..3] at rows m0w + mi*16 + g (+8), columns n0w + ni*8 + 2*tig (+1).
-template <int MI = 2>
 __device__ __forceinline__ void store_acc(const tdesc &D, const float (*acc)[4][4], i64 m0w, i64 n0w, i64 i2, i64 i3) {
     const int lane = threadIdx.x & 31, g = lane >> 2, tig = lane & 3;
 #pragma unroll
-    for (int mi = 0; mi < MI; ++mi)
+    for (int mi = 0; mi < 2; ++mi)
 #pragma unroll
         for (int ni = 0; ni < 4; ++ni)
 #pragma unroll
@@ -87,6 +86,21 @@ __device__ __forceinline__ void store_acc(const tdesc &D, const float (*acc)[4][
 #define MM_STAGES 4
 #define MM_LDB (MM_BK + 8)   // floats per x row of a stage (160 bytes: 16-byte rows)
 #define MM_P_THREADS 256
+
+// Copy `idx` of a pipelined tile (W's rows of 8-half chunks, or x's columns of 4-float chunks): its source,
+// row r0 + idx / (chunks per row) of T (R rows, broadcast dims d2, d3; past the edge the last row, never
+// copied: k = K), the k of its chunk, and its place in stage 0 of `tile`.
+template <class Tile>
+__device__ __forceinline__ void mm_copy_slot(const tdesc &T, i64 r0, i64 R, i64 d2, i64 d3, int idx, int K,
+                                             Tile &tile, const char *&src, int &k, unsigned &dst) {
+    constexpr int PER = 16 / sizeof(tile[0][0]), CH = MM_BK / PER, SH = CH == 4 ? 2 : 3;
+    static_assert(CH == 1 << SH, "chunks per row: 4 or 8");
+    const int row = idx >> SH, c = idx & (CH - 1);
+    const i64 r = r0 + row;
+    src = row_ptr(T, r < R ? r : R - 1, d2, d3) + c * 16;
+    k = r < R ? c * PER : K;
+    dst = smem_u32(&tile[row][c * PER]);
+}
 
 __device__ void mm_f16_pipelined(const kparams &p, unsigned char *smem) {
     typedef unsigned short ATile[MM_BM][MM_BK + MM_PAD];
@@ -110,21 +124,11 @@ __device__ void mm_f16_pipelined(const kparams &p, unsigned char *smem) {
     unsigned a_dst[NA], x_dst[NX];
     int wk[NA], xk[NX];   // the k of each chunk, or K for rows/columns past the edge (never copied)
 #pragma unroll
-    for (int i = 0; i < NA; ++i) {
-        const int idx = tid + MM_P_THREADS * i, row = idx >> 2, c = idx & 3;
-        const i64 m = m0 + row;
-        wr[i] = row_ptr(W, m < M ? m : M - 1, w2, w3) + c * 16;
-        wk[i] = m < M ? c * 8 : K;
-        a_dst[i] = smem_u32(&As[0][row][c * 8]);
-    }
+    for (int i = 0; i < NA; ++i)
+        mm_copy_slot(W, m0, M, w2, w3, tid + MM_P_THREADS * i, K, As[0], wr[i], wk[i], a_dst[i]);
 #pragma unroll
-    for (int i = 0; i < NX; ++i) {
-        const int idx = tid + MM_P_THREADS * i, col = idx >> 3, cb = idx & 7;
-        const i64 n = n0 + col;
-        xr[i] = row_ptr(X, n < N ? n : N - 1, i2, i3) + cb * 16;
-        xk[i] = n < N ? cb * 4 : K;
-        x_dst[i] = smem_u32(&Xf[0][col][cb * 4]);
-    }
+    for (int i = 0; i < NX; ++i)
+        mm_copy_slot(X, n0, N, i2, i3, tid + MM_P_THREADS * i, K, Xf[0], xr[i], xk[i], x_dst[i]);
     const int nk = (K + MM_BK - 1) / MM_BK;
     auto issue = [&](int kt) {
         if (kt < nk) {
