@@ -23,6 +23,14 @@ for _t in _BLOCK:
     _BLOCK_OF[_t], _SIZE_OF[_t] = _BLOCK[_t], _SIZE[_t]
 
 
+def _field(name: str) -> cached_property:
+    """A Columns attribute: struct field `name` of every slot, as a list of ints read once."""
+    def read(self) -> list[int]:
+        return self.rec[name].tolist()
+    read.__name__ = name
+    return cached_property(read)
+
+
 class Columns:
     """Fields of the structs in slots [0, arena.top), indexed by slot. Sources and view sources are slots
     (-1: none)."""
@@ -37,21 +45,10 @@ class Columns:
         a = self.arena
         return np.where(addrs == 0, -1, (addrs.astype(np.int64) - a.base) // self.rec.dtype.itemsize)
 
-    @cached_property
-    def op(self) -> list[int]:
-        return self.rec["op"].tolist()
-
-    @cached_property
-    def flags(self) -> list[int]:
-        return self.rec["flags"].tolist()
-
-    @cached_property
-    def data(self) -> list[int]:
-        return self.rec["data"].tolist()
-
-    @cached_property
-    def view_offs(self) -> list[int]:
-        return self.rec["view_offs"].tolist()
+    op = _field("op")
+    flags = _field("flags")
+    data = _field("data")
+    view_offs = _field("view_offs")
 
     @cached_property
     def view_src(self) -> list[int]:

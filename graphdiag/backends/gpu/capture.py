@@ -199,7 +199,7 @@ def lower_graph(graph: Graph, plan: dict[int, Fusion], cc: int, driver, launches
             end, label, pattern = i + 1, names[i].decode(), None
         else:
             end, pattern = i + 1 + f.absorbed, f.pattern
-            label = "+".join(n.decode() for n in names[i:end])
+            label = "+".join(name.decode() for name in names[i:end])
         got = None
         if memo is not None:
             key = (pattern, cc, keys[i * KEY_BYTES : end * KEY_BYTES])
