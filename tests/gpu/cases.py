@@ -52,7 +52,10 @@ def mat_vec_cases() -> list[Case]:
             c = Case(f"mul_mat_vec_{w}", f"K{k}-M{m}-N{n}-{layout}-xpad{xpad}", F32_DOT)
             W = _weights(c, w, k, m, layout=layout)
             out.append(c.set(c.output(G.F32, m, n), W, _x(c, w, k, n, xpad=xpad)))
-        for k, m, parts in ((2048, 512, 2), (2048, 70, 4), (1056, 33, 4), (96, 9, 2), (1280, 64, 2)):   # rows shared by warps
+        # rows shared by warps (1: one warp per row); K1280: whole 16-byte aligned rows with a partial last
+        # step (F16/F32: the predicated use of its loads; Q8_0: one staged step, then 8 blocks 4 lanes each)
+        for k, m, parts in ((2048, 512, 2), (2048, 70, 4), (1056, 33, 4), (96, 9, 2), (1280, 64, 2),
+                            (1280, 40, 1)):
             c = Case(f"mul_mat_vec_{w}", f"K{k}-M{m}-N1-{parts}-warps-per-row", F32_DOT)
             out.append(c.set(c.output(G.F32, m, 1), _weights(c, w, k, m), _x(c, w, k, 1), ip=(0, parts)))
         c = Case(f"mul_mat_vec_{w}", "K512-M96-N1-offset-2-warps-per-row", F32_DOT)     # the generic loops
@@ -81,7 +84,8 @@ def mat_mat_cases() -> list[Case]:
 def glu_cases() -> list[Case]:
     out = []
     for w in W_TYPES:
-        for k, m, n in ((1024, 300, 1), (512, 77, 5)):
+        # K1280: aligned rows with a partial last step (Q8_0: a staged step, then 8 blocks past it)
+        for k, m, n in ((1024, 300, 1), (512, 77, 5), (1280, 70, 1)):
             c = Case(f"mul_mat_vec_glu_{w}", f"K{k}-M{m}-N{n}", F32_DOT)
             out.append(c.set(c.output(G.F32, m, n), c.randn(WT[w], k, m), c.randn(WT[w], k, m),
                              _x(c, w, k, n), ip=(2,)))
