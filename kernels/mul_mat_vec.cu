@@ -245,7 +245,7 @@ __device__ __forceinline__ float q8_row_staged(const char *w, i64 K, const char 
 }
 
 // The GLU pair (gate and up rows against one column) staged together: both rows' steps are in flight at
-// once (six 16-byte loads per lane) and each x block is read once for the two dots.
+// once (six 16-byte loads per lane), and each lane takes the same block of both rows against one x block.
 __device__ __forceinline__ void q8_rows2_staged(const char *wg, const char *wu, i64 K, const char *xq, float &ag,
                                                 float &au) {
     __shared__ __align__(16) unsigned char stage2[MMV_WARPS][2][Q8_STAGE];
