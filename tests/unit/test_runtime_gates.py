@@ -126,3 +126,71 @@ def test_a_failure_mid_capture_ends_the_capture_and_the_key_warms_up_again(monke
         assert phases == ["capture", "replay", "replay"]     # properties unchanged: warm again at once
     finally:
         s.close()
+
+
+def test_eager_steps_prepare_each_op_at_first_use_and_captures_before_they_begin(monkeypatch):
+    """Lowered ops are prepared by the evaluation: eagerly, each right before its first launch (so the GPU
+    starts on the first nodes while the host packs the rest); before a capture, every op not yet prepared,
+    ahead of begin_capture. Either way no launch is issued unprepared."""
+    from graphdiag.config import resolve
+    from graphdiag.counters import Counters
+    from graphdiag.plan import StepPlan
+    from graphdiag.runner import RunResult, Session, Stepper
+
+    log = []
+    real = {n: getattr(SimDriver, n) for n in ("prepare", "launch", "begin_capture")}
+
+    def prepare(self, launch):
+        log.append(("prepare", id(launch)))
+        return real["prepare"](self, launch)
+
+    def launch(self, stream, la):
+        log.append(("launch", id(la)))
+        return real["launch"](self, stream, la)
+
+    def begin_capture(self, stream):
+        log.append(("begin", 0))
+        return real["begin_capture"](self, stream)
+
+    for name, fn in (("prepare", prepare), ("launch", launch), ("begin_capture", begin_capture)):
+        monkeypatch.setattr(SimDriver, name, fn)
+    s = Session(resolve({"backend": "sim", "steps": 0, "prompt_tokens": 4}, environ={}), E.EventBus())
+    try:
+        rec = E.Recorder()
+        s.bus.subscribe(rec)
+        st = Stepper(s, RunResult({}, [], Counters()))
+        steps = []
+        for k, plan in enumerate([StepPlan("prefill", n_tokens=40)] + [StepPlan("decode", batch=1)] * 3):
+            if k == 2:   # the capture: as if its ops had been lowered but never run (none prepared yet)
+                for entry in s.gpu.runtime.cache.entries.values():
+                    for op in entry.lowered or ():
+                        if op is not None and hasattr(op, "__slots__"):
+                            op.ready = False
+            start = len(log)
+            st.step(plan)
+            steps.append((rec.of(E.PhaseDecided)[-1].phase, start, len(log)))
+    finally:
+        s.close()
+    assert [p for p, _, _ in steps] == ["eager", "eager", "capture", "replay"]
+    prepared = set()
+    for c, k in log:
+        if c == "prepare":
+            prepared.add(k)
+        elif c == "launch":
+            assert k in prepared, "a launch issued before it was prepared"
+    # the prefill (lowered afresh): launches go out while later ops are still being prepared for the first
+    # time (a scratch op's re-pack of a launch prepared before does not count)
+    calls = log[steps[0][1]:steps[0][2]]
+    firsts = {}
+    for i, (c, k) in enumerate(calls):
+        if c == "prepare":
+            firsts.setdefault(k, i)
+    assert next(i for i, (c, _) in enumerate(calls) if c == "launch") < max(firsts.values())
+    # the capture: every op prepared before begin_capture (a scratch op's re-pack when the pool hands out
+    # another buffer may still come inside it)
+    calls = log[steps[2][1]:steps[2][2]]
+    begin = next(i for i, (c, _) in enumerate(calls) if c == "begin")
+    launched = {k for c, k in calls[begin:] if c == "launch"}
+    assert launched
+    before = {k for c, k in calls[:begin] if c == "prepare"}
+    assert launched <= before

@@ -166,12 +166,14 @@ class GpuBackend(Backend):
 
     # -- graph_compute ----------------------------------------------------------------------------------
     def _lowered(self, entry, graph: Graph, split: int) -> tuple[dict, list]:
-        """Fusion plan and prepared launches, rebuilt only when the graph identity (uid) changed."""
+        """Fusion plan and lowered launches, rebuilt only when the graph identity (uid) changed. They are
+        prepared on the driver by the evaluation (all before a capture; one by one, at first use, when
+        eager), so an eager step's first kernels start while the host still packs the rest."""
         if entry.lowered is None or entry.lowered_uid != graph.uid or graph.uid == 0:
             launches = launching_nodes(graph)
             plan = fusion_plan(graph, self.driver.cc, launches) if self.runtime.opt.fusion else {}
             entry.plan, entry.lowered = plan, lower_graph(graph, plan, self.driver.cc, self.driver, launches,
-                                                           self.launch_memo)
+                                                           self.launch_memo, prepare=False)
             entry.lowered_uid = graph.uid
             for i, f in sorted(plan.items()):
                 self.runtime.emit(E.FusionApplied, split, entry.key, graph.uid, node=i, pattern=f.pattern,
@@ -190,7 +192,7 @@ class GpuBackend(Backend):
     def _compute_unrecorded(self, graph: Graph, split: int) -> None:
         entry = GraphEntry(graph.first_node_addr)
         plan = fusion_plan(graph, self.driver.cc) if self.runtime.opt.fusion else {}
-        lowered = lower_graph(graph, plan, self.driver.cc, self.driver)   # no memo: lowered afresh
+        lowered = lower_graph(graph, plan, self.driver.cc, self.driver, prepare=False)   # no memo: afresh
         # no decisions are taken here (eager, nothing captured), but what the pool does while the
         # recompute runs (an invalidation) is reported on the bus like anything else
         self.loop.evaluate(entry, graph, split, False, False, lowered, plan, [])

@@ -92,7 +92,11 @@ class CaptureLoop:
         moved_by = ""
         began = time.perf_counter_ns()
         span = b.bus.span("capture chunk", "graph/capture", 0, rt.step, split, key, uid) if capturing else None
-        if capturing:
+        if capturing:   # every op prepared before the capture begins (a scratch op still re-packs when
+            # the pool hands it another buffer, as it does at any run)
+            for op in lowered:
+                if op is not None and not op.ready:
+                    op.prepare(drv)
             span.__enter__()
             drv.begin_capture(b.stream0)
         stream = b.stream0
@@ -133,6 +137,8 @@ class CaptureLoop:
             if op is None:                      # view/no-op, not COMPUTE, or absorbed by a fusion
                 i += 1
                 continue
+            if not op.ready:                   # lowered without preparing (eager): prepared at first use
+                op.prepare(drv)
             op.run(drv, stream, b.pool_of(stream))
             n_launches += op.n_launches
             if capturing and b.capture_aborted:
@@ -174,9 +180,12 @@ class CaptureLoop:
 
 
 def lower_graph(graph: Graph, plan: dict[int, Fusion], cc: int, driver, launches: list[bool] | None = None,
-                memo=None) -> list:
-    """Lowered op per node index (None where the loop launches nothing), prepared once. `launches`:
-    launching_nodes(graph), when the caller has it; `memo`: a LaunchMemo to take unchanged nodes from."""
+                memo=None, prepare: bool = True) -> list:
+    """Lowered op per node index (None where the loop launches nothing). `launches`: launching_nodes(graph),
+    when the caller has it; `memo`: a LaunchMemo to take unchanged nodes from. `prepare`: prepare every op
+    on the driver now, in node order; False leaves that to CaptureLoop.evaluate, which prepares each op
+    right before its first run (ops first prepared in node order still, now between the launches, so the
+    first launches go out sooner; the launches and their parameters are unchanged)."""
     from .descriptors import DescriptorTable
     from .launch_memo import KEY_BYTES, key_rows
     from .lowering import lower_node, op_launches
@@ -220,6 +229,7 @@ def lower_graph(graph: Graph, plan: dict[int, Fusion], cc: int, driver, launches
             op = next(made)
         for launch in op_launches(op):
             launch.label = label
-        op.prepare(driver)
+        if prepare:
+            op.prepare(driver)
         out[i] = op
     return out

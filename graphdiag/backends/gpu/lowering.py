@@ -1,7 +1,9 @@
 """Lowering: a node (or a fused group) to the kernel launches the GPU backend issues for it.
 
 Each lowered op is prepared once (parameters packed once) and reused while the graph's identity holds;
-`run(stream)` issues it. Kernel choice follows ggml's dispatch: mat-vec while the batch fits the mat-vec
+`run(stream)` issues it. `ready` says whether it has been prepared: an eager evaluation prepares each op
+right before its first run (capture.CaptureLoop.evaluate), so the GPU starts on the first nodes while the
+host still packs the rest. Kernel choice follows ggml's dispatch: mat-vec while the batch fits the mat-vec
 path, mat-mul (tensor cores for F16 / Q8_0) otherwise; MUL_MAT_ID takes the fast path unless the needs-sync
 rule sends it to the sorted fallback, which copies the ids to the host and synchronises the stream.
 
@@ -71,14 +73,16 @@ def _launch(d: "DescriptorTable | None", name: str, tensors: list[Tensor | None]
 class KernelOp:
     """One prepared launch."""
 
-    __slots__ = ("launch", "n_launches")
+    __slots__ = ("launch", "n_launches", "ready")
 
     def __init__(self, launch: Launch):
         self.launch = launch
         self.n_launches = 1
+        self.ready = False
 
     def prepare(self, driver: Driver) -> None:
         driver.prepare(self.launch)
+        self.ready = True
 
     def run(self, driver: Driver, stream, pool: TempPool) -> None:
         driver.launch(stream, self.launch)
@@ -88,15 +92,17 @@ class ScratchLaunchesOp:
     """Launches sharing one scratch buffer taken from the pool around them: `slots[i]` is the descriptor of
     launches[i] that holds the buffer's address (re-packed only when the pool hands out another buffer)."""
 
-    __slots__ = ("launches", "slots", "nbytes", "addr", "n_launches")
+    __slots__ = ("launches", "slots", "nbytes", "addr", "n_launches", "ready")
 
     def __init__(self, launches: list[Launch], slots: list[int], nbytes: int):
         self.launches, self.slots, self.nbytes, self.addr = launches, slots, nbytes, 0
         self.n_launches = len(launches)
+        self.ready = False
 
     def prepare(self, driver: Driver) -> None:
         for launch in self.launches:
             driver.prepare(launch)
+        self.ready = True
 
     def run(self, driver: Driver, stream, pool: TempPool) -> None:
         addr, size = pool.alloc(self.nbytes)
@@ -114,6 +120,7 @@ class SortedMulMatIdOp:
     """The MUL_MAT_ID sorted fallback: ids to the host (synchronising), one launch per used expert."""
 
     n_launches = 1
+    ready = True   # nothing to prepare: every run makes its launches
 
     def __init__(self, node: Tensor, d: "DescriptorTable | None" = None):
         self.node = node
