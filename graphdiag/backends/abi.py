@@ -59,8 +59,8 @@ assert [TDESC.fields[f][1] for f in ("data", "type", "ne", "nb")] == [0, 8, 16, 
 
 def set_desc_from_struct(buf: bytearray, slot: int, mem: memoryview, at: int) -> None:
     """Fill descriptor `slot` of a KPARAMS byte buffer from the ggml_tensor struct at byte `at` of `mem`
-    (an arena's bytes): what set_desc_from_record writes (and a zero pad), with one unpack_from and one
-    pack_into where numpy would take a scalar access per field."""
+    (an arena's bytes): its data, type, a zero pad, ne and nb, with one unpack_from and one pack_into where
+    numpy would take a scalar access per field."""
     _DESC_HEAD.pack_into(buf, slot * TDESC.itemsize, _U64.unpack_from(mem, at + _S_DATA)[0],
                          *_STRUCT_SHAPE.unpack_from(mem, at))
 
@@ -79,12 +79,3 @@ def set_scalars_bytes(buf: bytearray, ip=(), fp=()) -> None:
         struct.pack_into(f"<{len(ip)}i", buf, _IP, *ip)
     if fp:
         struct.pack_into(f"<{len(fp)}f", buf, _FP, *fp)
-
-
-def set_desc_from_record(p: np.ndarray, slot: int, rec) -> None:
-    """Fill descriptor `slot` from an arena record (a ggml_tensor struct)."""
-    d = p["t"][slot]
-    d["data"] = rec["data"]
-    d["type"] = rec["type"]
-    d["ne"] = rec["ne"]
-    d["nb"] = rec["nb"].astype(np.int64)

@@ -3,7 +3,6 @@ is written afresh."""
 
 import pytest
 
-from graphdiag.backends.drivers.sim import SimDriver
 from graphdiag.backends.gpu.capture import lower_graph
 from graphdiag.backends.gpu.fusion import fusion_plan
 from graphdiag.backends.gpu.launch_memo import LaunchMemo
@@ -22,7 +21,7 @@ def _graph(wtype=GGMLType.F16, n_tokens=1):
 
 
 def _lower(g, memo=None):
-    return lower_graph(g, fusion_plan(g, 900), 900, SimDriver(), memo=memo)
+    return lower_graph(g, fusion_plan(g, 900), 900, memo=memo)
 
 
 def _launches(ops):

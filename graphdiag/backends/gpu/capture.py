@@ -179,13 +179,12 @@ class CaptureLoop:
         return len(entry.instances)
 
 
-def lower_graph(graph: Graph, plan: dict[int, Fusion], cc: int, driver, launches: list[bool] | None = None,
-                memo=None, prepare: bool = True) -> list:
-    """Lowered op per node index (None where the loop launches nothing). `launches`: launching_nodes(graph),
-    when the caller has it; `memo`: a LaunchMemo to take unchanged nodes from. `prepare`: prepare every op
-    on the driver now, in node order; False leaves that to CaptureLoop.evaluate, which prepares each op
-    right before its first run (ops first prepared in node order still, now between the launches, so the
-    first launches go out sooner; the launches and their parameters are unchanged)."""
+def lower_graph(graph: Graph, plan: dict[int, Fusion], cc: int, launches: list[bool] | None = None,
+                memo=None) -> list:
+    """Lowered op per node index (None where the loop launches nothing), not yet prepared on the driver:
+    CaptureLoop.evaluate prepares each op right before its first run (all of them before a capture), so an
+    eager step's first launches go out while the host still packs the rest. `launches`:
+    launching_nodes(graph), when the caller has it; `memo`: a LaunchMemo to take unchanged nodes from."""
     from .descriptors import DescriptorTable
     from .launch_memo import KEY_BYTES, key_rows
     from .lowering import lower_node, op_launches
@@ -224,12 +223,10 @@ def lower_graph(graph: Graph, plan: dict[int, Fusion], cc: int, driver, launches
             items.append((i, label, op))
         i = end
     made = iter(memo.build(found, graph.arena)) if found else None
-    for i, label, op in items:       # prepared in node order, as they were lowered one by one
+    for i, label, op in items:       # in node order, as they were lowered one by one
         if op is None:
             op = next(made)
         for launch in op_launches(op):
             launch.label = label
-        if prepare:
-            op.prepare(driver)
         out[i] = op
     return out

@@ -39,10 +39,6 @@ from .pool import TempPool
 _W = {GGMLType.F32: "f32", GGMLType.F16: "f16", GGMLType.Q8_0: "q8_0"}
 
 
-def _geometry(name: str, params: np.ndarray):
-    return launch_geometry(name, params)
-
-
 def _launch(d: "DescriptorTable | None", name: str, tensors: list[Tensor | None], ip=(), fp=(),
             scratch=None) -> Launch:
     """One launch; `scratch` = (slot, type, ne, nb) describes pool scratch in that slot (address 0 until
@@ -155,7 +151,7 @@ class SortedMulMatIdOp:
             p["t"][3]["ne"] = (2, len(pairs), 1, 1)
             p["t"][3]["nb"] = (4, 8, 8 * len(pairs), 8 * len(pairs))
             p["ip"][:3] = (int(experts[lo]), int(hi - lo), int(lo))
-            grid, block, shmem = _geometry(self.kernel, p)
+            grid, block, shmem = launch_geometry(self.kernel, p)
             launch = driver.prepare(Launch(self.kernel, grid, block, p, shmem, label=self.template.label))
             driver.launch(stream, launch)
         pool.free(addr, size)
