@@ -3,7 +3,7 @@ is written afresh."""
 
 import pytest
 
-from graphdiag.backends.gpu.capture import lower_graph
+from graphdiag.backends.gpu.capture import LoweredOps, lower_graph
 from graphdiag.backends.gpu.fusion import fusion_plan
 from graphdiag.backends.gpu.launch_memo import LaunchMemo
 from graphdiag.backends.gpu.lowering import op_launches
@@ -94,3 +94,29 @@ def test_a_full_memo_starts_over_and_still_lowers_exactly():
     got = _lower(g, memo)
     assert 0 < len(memo.entries) <= 5
     assert _bytes(got) == _bytes(_lower(g)) == _bytes(_lower(g, memo))
+
+
+@pytest.mark.parametrize("memo_warm", [False, True])
+def test_ops_lowered_as_reached_are_the_whole_lowering(memo_warm):
+    """LoweredOps lowers block by block as nodes are asked for (in any order): each node's op, and with a
+    memo its hits and misses, are those of lowering the whole graph at once; a node past the lowered
+    blocks is not lowered before it is asked for."""
+    g = _graph(n_tokens=40)
+    plan = fusion_plan(g, 900)
+    memo, whole_memo = LaunchMemo(), LaunchMemo()
+    if memo_warm:
+        lower_graph(g, plan, 900, memo=memo)
+        lower_graph(g, plan, 900, memo=whole_memo)
+    whole = lower_graph(g, plan, 900, memo=whole_memo)
+    lazy = LoweredOps(g, plan, 900, memo=memo)
+    launching = [i for i, op in enumerate(whole) if op is not None]
+    assert len(launching) > 2 * LoweredOps.FIRST_BLOCK
+    first = lazy[launching[0]]
+    assert first is not None and lazy._ops[launching[-1]] is None      # one block lowered, not the rest
+    order = launching[::-1][: len(launching) // 2] + launching       # backwards, then in order
+    got = [None] * len(whole)
+    for i in order:
+        got[i] = lazy[i]
+    assert [op is None for op in got] == [op is None for op in whole]
+    assert _bytes(got) == _bytes(whole) == _bytes(list(lazy))
+    assert (memo.hits, memo.misses) == ((len(launching), len(launching)) if memo_warm else (0, len(launching)))

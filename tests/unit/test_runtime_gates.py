@@ -194,3 +194,45 @@ def test_eager_steps_prepare_each_op_at_first_use_and_captures_before_they_begin
     assert launched
     before = {k for c, k in calls[:begin] if c == "prepare"}
     assert launched <= before
+
+
+def test_an_eager_step_launches_its_first_kernels_before_the_rest_is_lowered(monkeypatch):
+    """A graph new to the backend is lowered as the eager loop reaches its nodes (LoweredOps blocks), so
+    the GPU starts on the first kernels while the host lowers the rest, as ggml's loop launches node by
+    node; the next step of the same graph lowers nothing."""
+    from graphdiag.backends.gpu.capture import LoweredOps
+    from graphdiag.config import resolve
+    from graphdiag.counters import Counters
+    from graphdiag.plan import StepPlan
+    from graphdiag.runner import RunResult, Session, Stepper
+
+    log = []
+    real_block, real_launch = LoweredOps._lower_block, SimDriver.launch
+
+    def lower_block(self):
+        log.append("lower")
+        return real_block(self)
+
+    def launch(self, stream, la):
+        log.append("launch")
+        return real_launch(self, stream, la)
+
+    monkeypatch.setattr(LoweredOps, "_lower_block", lower_block)
+    monkeypatch.setattr(SimDriver, "launch", launch)
+    s = Session(resolve({"backend": "sim", "steps": 0, "prompt_tokens": 4}, environ={}), E.EventBus())
+    try:
+        st = Stepper(s, RunResult({}, [], Counters()))
+        steps = []
+        for plan in [StepPlan("prefill", n_tokens=40)] + [StepPlan("decode", batch=1)] * 2:
+            log.clear()
+            st.step(plan)
+            steps.append(list(log))
+    finally:
+        s.close()
+    prefill, first_decode, second_decode = steps
+    assert prefill.count("lower") > 1
+    # the first launch goes out before the last block is lowered
+    assert prefill.index("launch") < len(prefill) - 1 - prefill[::-1].index("lower")
+    assert first_decode.count("lower") >= 1 and first_decode[0] == "lower"
+    # the decode graph is reused: its ops are lowered already
+    assert "lower" not in second_decode and second_decode.count("launch") == first_decode.count("launch")

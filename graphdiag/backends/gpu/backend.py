@@ -13,7 +13,7 @@ from ...memory import aligned
 from ...ir.graph import Graph
 from ..base import Backend, InputStage
 from ..drivers.base import Driver
-from .capture import CaptureLoop, lower_graph
+from .capture import CaptureLoop, LoweredOps, lower_graph
 from .concurrency import Region, find_regions
 from .entry import Clock, GraphEntry
 from .fusion import fusion_plan, launching_nodes
@@ -109,12 +109,19 @@ class GpuBackend(Backend):
         return buf[:nbytes]
 
     def tensor_get(self, addr: int, nbytes: int) -> np.ndarray:
-        """A copy read after all queued work: into page-locked memory on stream 0, then the streams are
-        waited for (ggml_backend_tensor_get_async + synchronize, as llama.cpp reads its outputs)."""
-        bounce = self.pinned("read", nbytes)
-        self.driver.memcpy_dtoh(bounce, addr, self.stream0)
+        """A copy read after all queued work (tensor_read's bytes, copied)."""
+        return self.tensor_read(addr, nbytes).copy()
+
+    def tensor_read(self, addr: int, nbytes: int) -> np.ndarray:
+        """Read after all queued work: into the page-locked read buffer on stream 0, then the streams are
+        waited for (ggml_backend_tensor_get_async + synchronize, as llama.cpp reads its outputs into its
+        pinned output buffer). The buffer itself, read-only, valid until the next read."""
+        out = self.pinned("read", nbytes)
+        self.driver.memcpy_dtoh(out, addr, self.stream0)
         self.synchronize()
-        return bounce.copy()
+        out = out.view()
+        out.flags.writeable = False
+        return out
 
     def synchronize(self) -> None:
         for s in self.streams:
@@ -166,13 +173,14 @@ class GpuBackend(Backend):
 
     # -- graph_compute ----------------------------------------------------------------------------------
     def _lowered(self, entry, graph: Graph, split: int) -> tuple[dict, list]:
-        """Fusion plan and lowered launches, rebuilt only when the graph identity (uid) changed. They are
-        prepared on the driver by the evaluation (all before a capture; one by one, at first use, when
-        eager), so an eager step's first kernels start while the host still packs the rest."""
+        """Fusion plan and lowered launches, rebuilt only when the graph identity (uid) changed. The plan is
+        made (and reported) whole; the ops are lowered as the evaluation reaches them (LoweredOps) and
+        prepared on the driver right before their first run (all of them before a capture), so an eager
+        step's first kernels start while the host still lowers and packs the rest."""
         if entry.lowered is None or entry.lowered_uid != graph.uid or graph.uid == 0:
             launches = launching_nodes(graph)
             plan = fusion_plan(graph, self.driver.cc, launches) if self.runtime.opt.fusion else {}
-            entry.plan, entry.lowered = plan, lower_graph(graph, plan, self.driver.cc, launches, self.launch_memo)
+            entry.plan, entry.lowered = plan, LoweredOps(graph, plan, self.driver.cc, launches, self.launch_memo)
             entry.lowered_uid = graph.uid
             for i, f in sorted(plan.items()):
                 self.runtime.emit(E.FusionApplied, split, entry.key, graph.uid, node=i, pattern=f.pattern,

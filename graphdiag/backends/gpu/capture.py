@@ -9,21 +9,12 @@ the following nodes it absorbed and the loop skips them, so no boundary falls in
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass
 
 from ... import events as E
 from ...ir.graph import Graph
 from .concurrency import Region
 from .entry import GraphEntry
 from .fusion import Fusion, launching_nodes
-
-
-@dataclass
-class LoweredGraph:
-    """What the loop issues per node index: (op, fusion) for nodes that launch, None for skipped ones."""
-
-    ops: list
-    n_launch_nodes: int
 
 
 class CaptureLoop:
@@ -79,7 +70,7 @@ class CaptureLoop:
 
     # -- gate 5 -------------------------------------------------------------------------------------------
     def evaluate(self, entry: GraphEntry, graph: Graph, split: int, use_graph: bool, update: bool,
-                 lowered: list, plan: dict[int, Fusion], regions: list[Region]) -> tuple[int, int]:
+                 lowered, plan: dict[int, Fusion], regions: list[Region]) -> tuple[int, int]:
         """Run or capture every node; returns (n_chunks, n_launches)."""
         b, drv, rt = self.b, self.b.driver, self.b.runtime
         capturing = use_graph and update
@@ -181,52 +172,100 @@ class CaptureLoop:
 
 def lower_graph(graph: Graph, plan: dict[int, Fusion], cc: int, launches: list[bool] | None = None,
                 memo=None) -> list:
-    """Lowered op per node index (None where the loop launches nothing), not yet prepared on the driver:
-    CaptureLoop.evaluate prepares each op right before its first run (all of them before a capture), so an
-    eager step's first launches go out while the host still packs the rest. `launches`:
-    launching_nodes(graph), when the caller has it; `memo`: a LaunchMemo to take unchanged nodes from."""
-    from .descriptors import DescriptorTable
-    from .launch_memo import KEY_BYTES, key_rows
-    from .lowering import lower_node, op_launches
-    n = graph.n_nodes
-    out: list = [None] * n
-    if launches is None:
-        launches = launching_nodes(graph)
-    names = graph.arena.rec["name"][graph.nodes].tolist()
-    descs = DescriptorTable(graph)
-    keys = key_rows(graph) if memo is not None else b""
-    items: list[tuple] = []          # (node, label, op; None: made from the memo below), in node order
-    found: list = []
-    i = 0
-    while i < n:
-        if not launches[i]:
-            i += 1
-            continue
-        f = plan.get(i)
-        if f is None:
-            end, label, pattern = i + 1, names[i].decode(), None
-        else:
-            end, pattern = i + 1 + f.absorbed, f.pattern
-            label = "+".join(name.decode() for name in names[i:end])
-        got = None
-        if memo is not None:
-            key = (pattern, cc, keys[i * KEY_BYTES : end * KEY_BYTES])
-            got = memo.lookup(key)
-        if got is not None:
-            found.append(got)
-            items.append((i, label, None))
-        else:
-            mark = len(descs.described)
-            op = lower_node(graph, i, f, cc, descs)
+    """Every node's lowered op at once (None where the loop launches nothing), not yet prepared: a
+    complete LoweredOps as a list."""
+    return list(LoweredOps(graph, plan, cc, launches, memo))
+
+
+class LoweredOps:
+    """The lowered op of each node index (None where the loop launches nothing), made as the evaluation
+    first reaches it, in blocks of node groups (a node, or a fused group): FIRST_BLOCK groups, then twice as
+    many each time (up to MAX_BLOCK, as a block's remembered groups are built together). An eager step's
+    first kernels go out while the host still lowers the rest, as ggml's eager loop launches node by node. Not prepared
+    on the driver: CaptureLoop.evaluate prepares each op right before its first run (all of them before a
+    capture). `ops[i]` lowers up to node i; iterating lowers everything. `launches`: launching_nodes(graph),
+    when the caller has it; `memo`: a LaunchMemo to take unchanged groups from.
+
+    What lowering reads is gathered when this is made (names, descriptors, memo keys): the structs of a
+    graph do not change while its uid holds, so a group lowered later is lowered as it would have been
+    then."""
+
+    FIRST_BLOCK, MAX_BLOCK = 8, 128
+
+    __slots__ = ("_graph", "_cc", "_memo", "_ops", "_groups", "_next", "_upto", "_block", "_names", "_descs",
+                 "_keys")
+
+    def __init__(self, graph: Graph, plan: dict[int, Fusion], cc: int, launches: list[bool] | None = None,
+                 memo=None):
+        from .descriptors import DescriptorTable
+        from .launch_memo import key_rows
+        n = graph.n_nodes
+        if launches is None:
+            launches = launching_nodes(graph)
+        groups: list[tuple[int, int, Fusion | None]] = []      # (first node, end, fusion), in node order
+        i = 0
+        while i < n:
+            if not launches[i]:
+                i += 1
+                continue
+            f = plan.get(i)
+            end = i + 1 + (f.absorbed if f is not None else 0)
+            groups.append((i, end, f))
+            i = end
+        self._graph, self._cc, self._memo = graph, cc, memo
+        self._ops: list = [None] * n
+        self._groups, self._next, self._upto = groups, 0, 0 if groups else n
+        self._block = self.FIRST_BLOCK
+        self._names = graph.arena.rec["name"][graph.nodes].tolist()
+        self._descs = DescriptorTable(graph)
+        self._keys = key_rows(graph) if memo is not None else b""
+
+    def __len__(self) -> int:
+        return len(self._ops)
+
+    def __getitem__(self, i: int):
+        while i >= self._upto:
+            self._lower_block()
+        return self._ops[i]
+
+    def __iter__(self):
+        while self._upto < len(self._ops):
+            self._lower_block()
+        return iter(self._ops)
+
+    def _lower_block(self) -> None:
+        from .launch_memo import KEY_BYTES
+        from .lowering import lower_node, op_launches
+        graph, cc, memo, names, descs, keys = self._graph, self._cc, self._memo, self._names, self._descs, self._keys
+        block = self._groups[self._next : self._next + self._block]
+        self._next += len(block)
+        self._block = min(2 * self._block, self.MAX_BLOCK)
+        items: list[tuple] = []          # (node, label, op; None: made from the memo below), in node order
+        found: list = []
+        for i, end, f in block:
+            if f is None:
+                label, pattern = names[i].decode(), None
+            else:
+                label, pattern = "+".join(name.decode() for name in names[i:end]), f.pattern
+            got = None
             if memo is not None:
-                memo.put(key, op, descs.described[mark:])
-            items.append((i, label, op))
-        i = end
-    made = iter(memo.build(found, graph.arena)) if found else None
-    for i, label, op in items:       # in node order, as they were lowered one by one
-        if op is None:
-            op = next(made)
-        for launch in op_launches(op):
-            launch.label = label
-        out[i] = op
-    return out
+                key = (pattern, cc, keys[i * KEY_BYTES : end * KEY_BYTES])
+                got = memo.lookup(key)
+            if got is not None:
+                found.append(got)
+                items.append((i, label, None))
+            else:
+                mark = len(descs.described)
+                op = lower_node(graph, i, f, cc, descs)
+                if memo is not None:
+                    memo.put(key, op, descs.described[mark:])
+                items.append((i, label, op))
+        made = iter(memo.build(found, graph.arena)) if found else None
+        for i, label, op in items:
+            if op is None:
+                op = next(made)
+            for launch in op_launches(op):
+                launch.label = label
+            self._ops[i] = op
+        # every node before the next group's first is final (the ones between groups launch nothing)
+        self._upto = self._groups[self._next][0] if self._next < len(self._groups) else len(self._ops)

@@ -33,7 +33,7 @@ class DescriptorTable:
     """The tensor descriptor (abi.TDESC: data, type, a zero pad, ne, nb) of every struct a graph's launches
     can describe — its nodes and their sources — made by one vectorised gather when the graph is lowered,
     so a launch copies 80 bytes per descriptor instead of decoding the struct; the bytes are those
-    abi.set_desc_from_struct writes. A snapshot: made and used within one lower_graph, while the structs
+    abi.set_desc_from_struct writes. A snapshot: made and used by one LoweredOps, while the structs
     stay as they are; a struct it lacks is read from the arena. `described` collects, per launch made
     through it, the (descriptor slot, struct slot) pairs it wrote (what a LaunchMemo re-reads)."""
 
