@@ -260,6 +260,7 @@ class Stepper:
         self._next: StepPlan | None = None     # the plan's next decode step, prepared during this one
         s.bus.subscribe(self._on_event, internal=True)
         s.ctx.before_read = self._prepare_next
+        s.ctx.logits_in_place = True           # a step's logits are used before the next read (or copied)
 
     def _on_event(self, ev: E.Event) -> None:
         if isinstance(ev, E.PhaseDecided):
@@ -343,6 +344,7 @@ class Stepper:
         bus.emit(E.StepFinished(step=step, duration_ns=dt, gpu_ns=gpu_ns, tokens=tuple(out), mode=mode))
         self.r.tokens.append(out)
         if s.cfg.verify and mode == "replay":
+            logits = logits.copy()             # in the read buffer, which the recompute's read reuses
             self._verify(step, logits)
         if s.reference is not None:
             self._oracle(step, p, batch, logits)

@@ -55,6 +55,12 @@ class Backend(abc.ABC):
     def tensor_get(self, addr: int, nbytes: int) -> np.ndarray:
         """A uint8 copy of [addr, addr + nbytes) (synchronous)."""
 
+    def tensor_read(self, addr: int, nbytes: int) -> np.ndarray:
+        """[addr, addr + nbytes) as read-only uint8 bytes that stay valid until this backend's next read
+        (synchronous). Backends that read through a buffer of their own hand out that buffer, with no copy;
+        this default is a copy (tensor_get)."""
+        return self.tensor_get(addr, nbytes)
+
     @abc.abstractmethod
     def graph_compute(self, graph: Graph, split: int) -> None:
         """Compute every node of `graph` (a split: nodes without the COMPUTE flag are skipped)."""

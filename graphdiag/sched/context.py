@@ -155,14 +155,20 @@ class Context:
 
     def read_logits(self) -> np.ndarray:
         """The last computed logits: (n_outputs, n_vocab) float32, read from the backend holding them (where
-        they live is looked up once per built graph, as the inputs)."""
+        they live is looked up once per built graph, as the inputs). A fresh array, unless `logits_in_place`
+        is set: then the backend's own read buffer, read-only and valid until the next read (as llama.cpp's
+        logits, in its pinned output buffer until the next decode), so a step copies nothing after its
+        work ends."""
         t = self.res.logits
         place = self._logits_place
         if place is None or place[0] is not self.res or place[2] != t.data:
             place = self._logits_place = (self.res, self.sched.backend_of(t), t.data, t.nbytes(), (t.ne[1], t.ne[0]))
         _, be, addr, nbytes, shape = place
-        raw = be.tensor_get(addr, nbytes)              # synchronous: waits for the backend; a fresh copy
+        # synchronous: waits for the backend
+        raw = be.tensor_read(addr, nbytes) if self.logits_in_place else be.tensor_get(addr, nbytes)
         return raw.view(np.float32).reshape(shape)
+
+    logits_in_place = False            # the runner's setting: logits valid until the next read, not copied
 
     _logits = read_logits  # the runner's name for it
 

@@ -26,6 +26,26 @@ def _device_inputs(s):
             "out_ids": get(inp.out_ids, np.int32)}
 
 
+def test_a_runs_logits_are_read_in_place_and_a_bare_contexts_are_copies():
+    """The stepper's steps take their logits from the backend's pinned read buffer, read-only, with no copy
+    (as llama.cpp's, valid until the next decode); a context used on its own hands out fresh arrays."""
+    s, st = _session()
+    try:
+        seen = []
+        real = s.ctx.read_logits
+        s.ctx.read_logits = lambda: seen.append(real()) or seen[-1]
+        for _ in range(4):
+            st.step(StepPlan("decode", batch=1))
+        read = s.gpu._pinned["read"]
+        assert all(np.shares_memory(x, read) and not x.flags.writeable for x in seen)
+        assert st.next_tok[0] == int(seen[-1].argmax())
+        s.ctx.logits_in_place = False
+        mine = s.ctx.decode([3])
+        assert mine.flags.writeable and not np.shares_memory(mine, read)
+    finally:
+        s.close()
+
+
 def test_a_replayed_step_writes_its_inputs_in_one_copy_from_pinned_memory():
     s, st = _session()
     allocs = []
