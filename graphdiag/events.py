@@ -446,32 +446,49 @@ class EventBus:
     happen, and handed over in order at `flush()` — which the context calls once the step's work is
     queued on the device, so the sinks run while the GPU computes. Internal sinks (the run's own state:
     the runtime's step number, the stepper's phases) and span sinks (NVTX ranges and marks, timelines, which
-    are about *when*) always get every event at once."""
+    are about *when*) always get every event at once. An internal sink may name the event types it takes
+    (`kinds`): it is then handed only those (and their subclasses), in subscription order with the
+    others; the bus works out each type's internal sinks once, not a call per sink per event."""
 
     def __init__(self, clock: Callable[[], int] = time.perf_counter_ns):
         self._sinks: list[Callable[[Event], None]] = []
         self._span_sinks: list[Callable[[Event], None]] = []
-        self._internal: list[Callable[[Event], None]] = []
+        self._internal: list[tuple[Callable[[Event], None], tuple[type, ...] | None]] = []
+        self._routes: dict[type, tuple] = {}     # event type -> the internal sinks it goes to
         self._held: list[Event] | None = None
         self._holds = 0                          # hold() calls not yet released: holds nest
         self.clock = clock
 
-    def subscribe(self, sink: Callable[[Event], None], spans: bool = False,
-                  internal: bool = False) -> Callable[[Event], None]:
-        (self._internal if internal else self._span_sinks if spans else self._sinks).append(sink)
+    def subscribe(self, sink: Callable[[Event], None], spans: bool = False, internal: bool = False,
+                  kinds: tuple[type, ...] | None = None) -> Callable[[Event], None]:
+        if kinds is not None and not internal:
+            raise ValueError("only internal sinks take `kinds`")
+        if internal:
+            self._internal.append((sink, tuple(kinds) if kinds is not None else None))
+            self._routes.clear()
+        else:
+            (self._span_sinks if spans else self._sinks).append(sink)
         return sink
 
     def unsubscribe(self, sink) -> None:
-        for lst in (self._sinks, self._span_sinks, self._internal):
+        for lst in (self._sinks, self._span_sinks):
             if sink in lst:
                 lst.remove(sink)
+        self._internal = [(s, k) for s, k in self._internal if s != sink]
+        self._routes.clear()
+
+    def _route(self, cls: type) -> tuple:
+        """The internal sinks events of type `cls` go to, in subscription order (worked out once)."""
+        got = self._routes[cls] = tuple(s for s, kinds in self._internal if kinds is None or issubclass(cls, kinds))
+        return got
 
     def emit(self, ev: Event) -> None:
         if ev.t_ns == 0:
             # stamped in place: the event was just made by its emitter, nobody else holds it yet (a
             # dataclasses.replace per event cost ~5 µs on the replay path)
             object.__setattr__(ev, "t_ns", self.clock())
-        for s in self._internal:
+        route = self._routes.get(type(ev))
+        for s in route if route is not None else self._route(type(ev)):
             s(ev)
         if self._held is not None:
             self._held.append(ev)

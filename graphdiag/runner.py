@@ -258,7 +258,7 @@ class Stepper:
         self.next_tok: dict[int, int] = {}
         self.phases: set[str] = set()          # phases the GPU splits took in the current step
         self._next: StepPlan | None = None     # the plan's next decode step, prepared during this one
-        s.bus.subscribe(self._on_event, internal=True)
+        s.bus.subscribe(self._on_event, internal=True, kinds=(E.PhaseDecided,))
         s.ctx.before_read = self._prepare_next
         s.ctx.logits_in_place = True           # a step's logits are used before the next read (or copied)
 

@@ -165,7 +165,7 @@ def instrumentation_share(settings: dict, label: str, progress: Progress) -> dic
             if ev.mode == "replay" and mode[0] in walls:
                 walls[mode[0]].append(ev.duration_ns)
 
-    bus.subscribe(on_event, internal=True)
+    bus.subscribe(on_event, internal=True, kinds=(E.StepFinished,))
     progress.start(f"{label} instrumentation", 2 * INSTR_ROUNDS * INSTR_STEPS + 4)
     session = Session(cfg, bus)
     try:

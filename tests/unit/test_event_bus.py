@@ -34,6 +34,26 @@ def test_held_events_reach_plain_sinks_in_order_at_flush():
     assert [e.step for e in plain] == [0, 1, 2, 3]
 
 
+
+def test_internal_sinks_with_kinds_get_only_those_types_in_subscription_order():
+    bus = E.EventBus()
+    seen = []
+    every = bus.subscribe(lambda ev: seen.append(("every", type(ev).__name__)), internal=True)
+    bus.subscribe(lambda ev: seen.append(("steps", type(ev).__name__)), internal=True, kinds=(E.StepStarted,))
+    bus.subscribe(lambda ev: seen.append(("all", type(ev).__name__)), internal=True, kinds=(E.Event,))
+    bus.emit(_ev(0))
+    bus.emit(E.UidHit(step=0))
+    assert seen == [("every", "StepStarted"), ("steps", "StepStarted"), ("all", "StepStarted"),
+                    ("every", "UidHit"), ("all", "UidHit")]
+    seen.clear()
+    bus.subscribe(lambda ev: seen.append(("late", type(ev).__name__)), internal=True, kinds=(E.UidHit,))
+    bus.unsubscribe(every)                     # both change the routes already worked out
+    bus.emit(E.UidHit(step=1))
+    bus.emit(_ev(1))
+    assert seen == [("all", "UidHit"), ("late", "UidHit"), ("steps", "StepStarted"), ("all", "StepStarted")]
+    with pytest.raises(ValueError, match="only internal sinks"):
+        bus.subscribe(print, kinds=(E.UidHit,))
+
 def test_holds_nest_and_only_the_outermost_release_delivers():
     bus = E.EventBus()
     seen = []

@@ -42,7 +42,7 @@ class GraphRuntime:
         self.cache = GraphCache(self.clock)
         self.step = -1
         self.device = 0          # the device this runtime's backend runs on: every event names it
-        bus.subscribe(self._on_event, internal=True)
+        bus.subscribe(self._on_event, internal=True, kinds=(E.StepStarted,))
 
     def _on_event(self, ev: E.Event) -> None:
         if isinstance(ev, E.StepStarted):
@@ -51,6 +51,11 @@ class GraphRuntime:
     def emit(self, cls, split: int, key: int, uid: int, **kw) -> None:
         self.bus.emit(cls(step=self.step, split=split, key=key, uid=uid, t_ns=time.perf_counter_ns(),
                           device=self.device, **kw))
+
+    def _decided(self, split: int, key: int, uid: int, phase: str, why: str, clock_us: int) -> None:
+        """emit(E.PhaseDecided, ...) without passing keywords on (half its cost: it comes every step)."""
+        self.bus.emit(E.PhaseDecided(step=self.step, split=split, key=key, uid=uid, t_ns=time.perf_counter_ns(),
+                                     device=self.device, phase=phase, why=why, clock_us=clock_us))
 
     # -- gate 1: the key --------------------------------------------------------------------------------
     def lookup(self, graph: Graph, split: int) -> GraphEntry:
@@ -141,10 +146,10 @@ class GraphRuntime:
         use_graph = update = False
         key, uid = entry.key, graph.uid
         if not self.enabled(entry, graph, split):
-            self.emit(E.PhaseDecided, split, key, uid, phase="eager", why="graphs disabled", clock_us=entry.last_used_us)
+            self._decided(split, key, uid, "eager", "graphs disabled", entry.last_used_us)
             return False, False
         if not self.compatible(entry, graph, split):
-            self.emit(E.PhaseDecided, split, key, uid, phase="eager", why="incompatible", clock_us=entry.last_used_us)
+            self._decided(split, key, uid, "eager", "incompatible", entry.last_used_us)
             return False, False
         new_key = entry.props is None
         changed = self.update_required(entry, graph, split)
@@ -167,7 +172,7 @@ class GraphRuntime:
             update = not entry.instances
             why = "no executables" if update else "unchanged"
         phase = "replay" if use_graph and not update else "capture" if use_graph else "eager"
-        self.emit(E.PhaseDecided, split, key, uid, phase=phase, why=why, clock_us=entry.last_used_us)
+        self._decided(split, key, uid, phase, why, entry.last_used_us)
         return use_graph, update
 
     def invalidate_all(self, reason: str, nbytes: int) -> None:
