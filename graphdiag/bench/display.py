@@ -29,14 +29,15 @@ def decode_table(rows: list[dict]) -> Table:
     sim = any(r["simulated"] for r in rows)
     t = Table(title="decode step, batch 1 (µs, medians after warm-up; p90 in brackets)"
                     + (" — SIMULATED: host times of numpy kernels, not GPU results" if sim else ""))
-    for col in ("preset", "replay", "eager", "graphs ×", "GPU replay", "host/replay", "kernels", "roofline",
+    for col in ("preset", "replay", "eager", "graphs ×", "GPU replay", "host/replay", "to launch", "kernels", "roofline",
                 "÷ roofline", "torch graph", "torch eager", "replay ÷ torch graph"):
         t.add_column(col, justify="left" if col == "preset" else "right")
     for r in rows:
         label = f"{r['model']} {r['wtype']}" + (" (sim)" if r["simulated"] else "")
         t.add_row(label, f"{_ms(r['replay_ms'])} ({_ms(r['replay_p90_ms'])})",
                   f"{_ms(r['eager_ms'])} ({_ms(r['eager_p90_ms'])})", _x(r["graph_speedup"]),
-                  _ms(r["replay_gpu_ms"]), _ms(r["replay_host_ms"]), str(r["kernels_per_step"] or "—"),
+                  _ms(r["replay_gpu_ms"]), _ms(r["replay_host_ms"]), _ms(r.get("replay_to_launch_ms")),
+                  str(r["kernels_per_step"] or "—"),
                   _ms(r["roofline_ms"]), _x(r["replay_over_roofline"]), _ms(r.get("torch_graph_ms")),
                   _ms(r.get("torch_eager_ms")), _x(r.get("replay_vs_torch_graph")))
     return t
@@ -57,7 +58,7 @@ def render(rows: list[dict], file=None) -> None:
     """The tables, then the copy bandwidth and the PyTorch peer's state, to `file` (stdout)."""
     console = Console(file=file)
     if not console.is_terminal:
-        console.width = 180   # a file or a pipe: one table row per line
+        console.width = 200   # a file or a pipe: one table row per line
     dec = [r for r in rows if r["kind"] == "decode"]
     pre = [r for r in rows if r["kind"] == "prefill"]
     if dec:

@@ -66,23 +66,32 @@ def step_times(events) -> dict:
 
 
 def decode_stats(events, mode: str) -> dict:
-    """Wall/GPU/host figures (ms) and kernels per step of the decode steps in `mode`, after WARMUP."""
-    phase, launches, rows = {}, {}, []
+    """Wall/GPU/host figures (ms) and kernels per step of the decode steps in `mode`, after WARMUP.
+    `to_launch_ms` (replayed steps): host time from the step's start (StepStarted) to its last executable
+    launched (ReplayLaunched), the part of the host time that comes before the GPU has the step (on the
+    simulated driver, whose kernels run inside the launch call, it holds them too)."""
+    phase, launches, started, launched, rows = {}, {}, {}, {}, []
     for e in events:
         if isinstance(e, E.StepStarted):
             phase[e.step] = (e.phase, e.n_kv)
+            started[e.step] = e.t_ns
         elif isinstance(e, (E.EagerRun, E.CaptureRun)):
             launches[e.step] = launches.get(e.step, 0) + e.n_launches
+        elif isinstance(e, E.ReplayLaunched):
+            launched[e.step] = e.t_ns
         elif isinstance(e, E.StepFinished) and e.mode == mode and phase.get(e.step, ("",))[0] == "decode":
-            rows.append((e.duration_ns / 1e6, e.gpu_ns / 1e6, launches.get(e.step), phase[e.step][1]))
+            to_launch = (launched[e.step] - started[e.step]) / 1e6 if e.step in launched else None
+            rows.append((e.duration_ns / 1e6, e.gpu_ns / 1e6, launches.get(e.step), phase[e.step][1], to_launch))
     rows = rows[WARMUP:] if len(rows) > WARMUP + 2 else rows
     if not rows:
         return {}
     wall = [r[0] for r in rows]
     kernels = [r[2] for r in rows if r[2] is not None]
+    to_launch = [r[4] for r in rows if r[4] is not None]
     return {"ms": statistics.median(wall), "p90_ms": percentile(wall, 90),
             "gpu_ms": statistics.median(r[1] for r in rows),
             "host_ms": statistics.median(max(r[0] - r[1], 0.0) for r in rows),
+            "to_launch_ms": statistics.median(to_launch) if to_launch else None,
             "kernels": int(statistics.median(kernels)) if kernels else None,
             "n_kv": int(statistics.median(r[3] for r in rows)), "steps": len(rows)}
 
@@ -209,7 +218,8 @@ def decode_row(opts: StepsOptions, model: str, wtype: str, bandwidth: float, pro
            "device": on.header.get("device"), "simulated": bool(on.header.get("simulated")), "n_kv": n_kv,
            "devices": on.header.get("settings", {}).get("devices", 1),
            "replay_ms": rep.get("ms"), "replay_p90_ms": rep.get("p90_ms"), "replay_gpu_ms": rep.get("gpu_ms"),
-           "replay_host_ms": rep.get("host_ms"), "eager_ms": eag.get("ms"), "eager_p90_ms": eag.get("p90_ms"),
+           "replay_host_ms": rep.get("host_ms"), "replay_to_launch_ms": rep.get("to_launch_ms"),
+           "eager_ms": eag.get("ms"), "eager_p90_ms": eag.get("p90_ms"),
            "eager_gpu_ms": eag.get("gpu_ms"), "kernels_per_step": eag.get("kernels"),
            "replay_steps": rep.get("steps", 0), "eager_steps": eag.get("steps", 0),
            "weight_bytes": wb, "kv_bytes": kvb, "copy_GBps": bandwidth / 1e9 if roof else None,

@@ -90,6 +90,19 @@ def test_decode_stats_drop_the_warm_up_and_skip_prefills():
     assert prefill_ms(evs + _step(9, "prefill", "eager", 7, 1, 100)) == [7.0]
 
 
+def test_decode_stats_time_a_replayed_step_from_its_start_to_its_last_launch():
+    evs = []
+    for i in range(8):
+        t = 1_000_000 * i
+        evs += [E.StepStarted(step=i, phase="decode", n_tokens=1, n_seqs=1, n_kv=256, t_ns=t),
+                E.ReplayLaunched(step=i, split=0, t_ns=t + 10_000),
+                E.ReplayLaunched(step=i, split=1, t_ns=t + 20_000 + 1000 * i),    # a second split: the last
+                E.StepFinished(step=i, duration_ns=200_000, gpu_ns=150_000, mode="replay")]
+    s = decode_stats(evs, "replay")
+    assert s["to_launch_ms"] == pytest.approx(0.0245) and s["host_ms"] == pytest.approx(0.05)
+    assert decode_stats(_step(0, "decode", "eager", 1, 1, 60) * 1, "eager")["to_launch_ms"] is None
+
+
 def test_percentile():
     assert percentile([1, 2, 3, 4, 5], 50) == 3 and percentile([1, 2], 90) == pytest.approx(1.9)
     assert percentile([], 50) != percentile([], 50)   # nan
@@ -153,13 +166,15 @@ def test_bench_tables_show_microseconds():
     from graphdiag.bench.display import render
     row = {"kind": "decode", "model": "tiny", "wtype": "f16", "simulated": False, "replay_ms": 0.385,
            "replay_p90_ms": 0.444, "eager_ms": 0.705, "eager_p90_ms": 0.71, "graph_speedup": 1.83,
-           "replay_gpu_ms": 0.192, "replay_host_ms": 0.192, "kernels_per_step": 59, "roofline_ms": 0.0076,
+           "replay_gpu_ms": 0.192, "replay_host_ms": 0.192, "replay_to_launch_ms": 0.0312, "kernels_per_step": 59,
+           "roofline_ms": 0.0076,
            "replay_over_roofline": 50.6, "torch_graph_ms": None, "torch_eager_ms": None,
            "replay_vs_torch_graph": None}
     out = io.StringIO()
     render([row], file=out)
     text = out.getvalue()
-    assert "µs" in text and "385.0 (444.0)" in text and "0.385" not in text
+    assert "µs" in text and "385.0 (444.0)" in text and "0.385" not in text and "to launch" in text
+    assert " 31.2 " in text
 
 
 def test_the_steps_table_shows_microseconds():
