@@ -120,3 +120,16 @@ def test_ops_lowered_as_reached_are_the_whole_lowering(memo_warm):
     assert [op is None for op in got] == [op is None for op in whole]
     assert _bytes(got) == _bytes(whole) == _bytes(list(lazy))
     assert (memo.hits, memo.misses) == ((len(launching), len(launching)) if memo_warm else (0, len(launching)))
+
+
+@pytest.mark.parametrize("wtype,n_tokens", [(GGMLType.F16, 1), (GGMLType.Q8_0, 1), (GGMLType.F16, 40)])
+def test_block_descriptor_tables_write_what_the_structs_say(wtype, n_tokens):
+    """Each block's DescriptorTable gathers its node range's descriptors: every launch is byte for byte
+    the one lower_node makes reading each descriptor from the structs (no table)."""
+    from graphdiag.backends.gpu.lowering import lower_node
+    g = _graph(wtype, n_tokens)
+    plan = fusion_plan(g, 900)
+    ops = lower_graph(g, plan, 900)
+    direct = [None if op is None else lower_node(g, i, plan.get(i), 900, None) for i, op in enumerate(ops)]
+    strip = lambda xs: [(k, gr, b, s, p) for k, gr, b, s, _, p in xs]      # labels come from LoweredOps
+    assert strip(_bytes(ops)) == strip(_bytes(direct)) and len(_launches(ops)) > 20

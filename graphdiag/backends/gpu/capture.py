@@ -186,19 +186,16 @@ class LoweredOps:
     capture). `ops[i]` lowers up to node i; iterating lowers everything. `launches`: launching_nodes(graph),
     when the caller has it; `memo`: a LaunchMemo to take unchanged groups from.
 
-    What lowering reads is gathered when this is made (names, descriptors, memo keys): the structs of a
-    graph do not change while its uid holds, so a group lowered later is lowered as it would have been
-    then."""
+    What lowering reads (descriptors, memo keys) is gathered for each block's node range when the block is
+    lowered: the structs of a graph do not change while its uid holds, so a group lowered later is lowered
+    as it would have been at the start."""
 
     FIRST_BLOCK, MAX_BLOCK = 8, 128
 
-    __slots__ = ("_graph", "_cc", "_memo", "_ops", "_groups", "_next", "_upto", "_block", "_names", "_descs",
-                 "_keys")
+    __slots__ = ("_graph", "_cc", "_memo", "_ops", "_groups", "_next", "_upto", "_block", "_names")
 
     def __init__(self, graph: Graph, plan: dict[int, Fusion], cc: int, launches: list[bool] | None = None,
                  memo=None):
-        from .descriptors import DescriptorTable
-        from .launch_memo import key_rows
         n = graph.n_nodes
         if launches is None:
             launches = launching_nodes(graph)
@@ -217,8 +214,6 @@ class LoweredOps:
         self._groups, self._next, self._upto = groups, 0, 0 if groups else n
         self._block = self.FIRST_BLOCK
         self._names = graph.arena.rec["name"][graph.nodes].tolist()
-        self._descs = DescriptorTable(graph)
-        self._keys = key_rows(graph) if memo is not None else b""
 
     def __len__(self) -> int:
         return len(self._ops)
@@ -234,12 +229,16 @@ class LoweredOps:
         return iter(self._ops)
 
     def _lower_block(self) -> None:
-        from .launch_memo import KEY_BYTES
+        from .descriptors import DescriptorTable
+        from .launch_memo import KEY_BYTES, key_rows
         from .lowering import lower_node, op_launches
-        graph, cc, memo, names, descs, keys = self._graph, self._cc, self._memo, self._names, self._descs, self._keys
+        graph, cc, memo, names = self._graph, self._cc, self._memo, self._names
         block = self._groups[self._next : self._next + self._block]
         self._next += len(block)
         self._block = min(2 * self._block, self.MAX_BLOCK)
+        lo, hi = block[0][0], block[-1][1]            # the block's node range
+        descs = DescriptorTable(graph, lo, hi)
+        keys = key_rows(graph, lo, hi) if memo is not None else b""
         items: list[tuple] = []          # (node, label, op; None: made from the memo below), in node order
         found: list = []
         for i, end, f in block:
@@ -249,7 +248,7 @@ class LoweredOps:
                 label, pattern = "+".join(name.decode() for name in names[i:end]), f.pattern
             got = None
             if memo is not None:
-                key = (pattern, cc, keys[i * KEY_BYTES : end * KEY_BYTES])
+                key = (pattern, cc, keys[(i - lo) * KEY_BYTES : (end - lo) * KEY_BYTES])
                 got = memo.lookup(key)
             if got is not None:
                 found.append(got)

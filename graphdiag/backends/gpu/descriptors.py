@@ -31,7 +31,7 @@ def source_slots(arena, nodes: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
 
 class DescriptorTable:
     """The tensor descriptor (abi.TDESC: data, type, a zero pad, ne, nb) of every struct a graph's launches
-    can describe — its nodes and their sources — made by one vectorised gather when the graph is lowered,
+    can describe — its nodes lo..hi and their sources — made by one vectorised gather when they are lowered,
     so a launch copies 80 bytes per descriptor instead of decoding the struct; the bytes are those
     abi.set_desc_from_struct writes. A snapshot: made and used by one LoweredOps, while the structs
     stay as they are; a struct it lacks is read from the arena. `described` collects, per launch made
@@ -39,9 +39,9 @@ class DescriptorTable:
 
     __slots__ = ("rows", "row_of", "mem", "described")
 
-    def __init__(self, graph: Graph):
+    def __init__(self, graph: Graph, lo: int = 0, hi: int | None = None):
         arena = graph.arena
-        nodes = graph.nodes
+        nodes = graph.nodes[lo:hi]
         src, null = source_slots(arena, nodes)
         slots = np.unique(np.concatenate([nodes, src[~null]]))
         w = struct_words(arena)[slots]

@@ -32,9 +32,10 @@ _KEY_WORDS = 1 + _SW + MAX_SRC * len(_SRC_WORDS)
 KEY_BYTES = 8 * _KEY_WORDS                     # per node
 
 
-def key_rows(graph: Graph) -> bytes:
-    """Each node's part of a key (KEY_BYTES each, in node order), by one gather over the arena."""
-    arena, nodes = graph.arena, graph.nodes
+def key_rows(graph: Graph, lo: int = 0, hi: int | None = None) -> bytes:
+    """Each node's part of a key (KEY_BYTES each, in node order) for the graph's nodes lo..hi, by one gather
+    over the arena."""
+    arena, nodes = graph.arena, graph.nodes[lo:hi]
     n = len(nodes)
     words = struct_words(arena)
     k = np.zeros((n, _KEY_WORDS), np.uint64)
