@@ -268,3 +268,30 @@ def test_page_locked_buffers_and_batched_copies_land_where_they_belong(driver, s
     for (addr, src), off in zip(srcs, offsets):
         assert np.array_equal(back[off:off + src.nbytes], src)
     driver.mem_free(dev)
+
+
+def test_single_and_one_by_one_copies_land_where_they_belong(driver, stream):
+    """A stage's one copy, and every copy one by one where the driver refuses batches: prepared once (host
+    addresses read then), issued every step, each landing at its own device address."""
+    host = driver.host_alloc(4096)
+    dev = driver.mem_alloc(1 << 16)
+    offsets, sizes = (0, 1024, 5000), (4, 1000, 256)
+    srcs, start = [], 0
+    for off, n in zip(offsets, sizes):
+        srcs.append((dev + off, host[start:start + n]))
+        start += n
+    back = driver.host_alloc(1 << 16)
+    try:
+        for items, refused in ((srcs[:1], None), (srcs, "refused here")):
+            driver.batch_copies_error = refused
+            prepared = driver.copies_prepare(items)
+            for _ in range(2):                           # issued again with new bytes in the same memory
+                host[:start] = RNG.integers(0, 255, start, dtype=np.uint8)
+                driver.copies_issue(prepared, stream)
+                driver.memcpy_dtoh(back, dev, stream)
+                driver.stream_synchronize(stream)
+                for (addr, src), off in zip(items, offsets):
+                    assert np.array_equal(back[off:off + src.nbytes], src)
+    finally:
+        driver.batch_copies_error = None
+        driver.mem_free(dev)
