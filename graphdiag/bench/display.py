@@ -29,8 +29,8 @@ def decode_table(rows: list[dict]) -> Table:
     sim = any(r["simulated"] for r in rows)
     t = Table(title="decode step, batch 1 (µs, medians after warm-up; p90 in brackets)"
                     + (" — SIMULATED: host times of numpy kernels, not GPU results" if sim else ""))
-    for col in ("preset", "replay", "eager", "graphs ×", "GPU replay", "host/replay", "to launch", "kernels", "roofline",
-                "÷ roofline", "torch graph", "torch eager", "replay ÷ torch graph"):
+    for col in ("preset", "replay", "eager", "graphs ×", "GPU replay", "host/replay", "to launch", "kernels",
+                "roofline", "÷ roofline", "torch graph", "torch eager", "replay ÷ torch graph"):
         t.add_column(col, justify="left" if col == "preset" else "right")
     for r in rows:
         label = f"{r['model']} {r['wtype']}" + (" (sim)" if r["simulated"] else "")

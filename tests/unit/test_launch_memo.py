@@ -133,3 +133,29 @@ def test_block_descriptor_tables_write_what_the_structs_say(wtype, n_tokens):
     direct = [None if op is None else lower_node(g, i, plan.get(i), 900, None) for i, op in enumerate(ops)]
     strip = lambda xs: [(k, gr, b, s, p) for k, gr, b, s, _, p in xs]      # labels come from LoweredOps
     assert strip(_bytes(ops)) == strip(_bytes(direct)) and len(_launches(ops)) > 20
+
+
+def test_a_block_whose_lowering_raised_is_lowered_again_not_skipped(monkeypatch):
+    """A lowering error inside a block leaves that block to be lowered at the next ask (the step that
+    raised is reported; a later step of the same graph must not find its nodes without ops)."""
+    import graphdiag.backends.gpu.lowering as L
+    g = _graph(n_tokens=40)
+    plan = fusion_plan(g, 900)
+    whole = lower_graph(g, plan, 900)
+    launching = [i for i, op in enumerate(whole) if op is not None]
+    bad = launching[LoweredOps.FIRST_BLOCK + 3]          # in the second block
+    real, calls = L.lower_node, []
+
+    def flaky(graph, i, *a):
+        calls.append(i)
+        if i == bad and calls.count(i) == 1:
+            raise RuntimeError("lowering failed")
+        return real(graph, i, *a)
+
+    monkeypatch.setattr(L, "lower_node", flaky)
+    lazy = LoweredOps(g, plan, 900, memo=LaunchMemo())
+    assert lazy[launching[0]] is not None
+    with pytest.raises(RuntimeError, match="lowering failed"):
+        lazy[bad]
+    assert lazy[bad] is not None and calls.count(bad) == 2
+    assert _bytes(list(lazy)) == _bytes(whole)

@@ -181,9 +181,9 @@ class LoweredOps:
     """The lowered op of each node index (None where the loop launches nothing), made as the evaluation
     first reaches it, in blocks of node groups (a node, or a fused group): FIRST_BLOCK groups, then twice as
     many each time (up to MAX_BLOCK, as a block's remembered groups are built together). An eager step's
-    first kernels go out while the host still lowers the rest, as ggml's eager loop launches node by node. Not prepared
-    on the driver: CaptureLoop.evaluate prepares each op right before its first run (all of them before a
-    capture). `ops[i]` lowers up to node i; iterating lowers everything. `launches`: launching_nodes(graph),
+    first kernels go out while the host still lowers the rest, as ggml's eager loop launches node by node.
+    Not prepared on the driver: CaptureLoop.evaluate prepares each op right before its first run (all of
+    them before a capture). `ops[i]` lowers up to node i; iterating lowers everything. `launches`: launching_nodes(graph),
     when the caller has it; `memo`: a LaunchMemo to take unchanged groups from.
 
     What lowering reads (descriptors, memo keys) is gathered for each block's node range when the block is
@@ -234,8 +234,6 @@ class LoweredOps:
         from .lowering import lower_node, op_launches
         graph, cc, memo, names = self._graph, self._cc, self._memo, self._names
         block = self._groups[self._next : self._next + self._block]
-        self._next += len(block)
-        self._block = min(2 * self._block, self.MAX_BLOCK)
         lo, hi = block[0][0], block[-1][1]            # the block's node range
         descs = DescriptorTable(graph, lo, hi)
         keys = key_rows(graph, lo, hi) if memo is not None else b""
@@ -266,5 +264,9 @@ class LoweredOps:
             for launch in op_launches(op):
                 launch.label = label
             self._ops[i] = op
+        # the block is done only now: a lowering that raised leaves it to be lowered again at the next ask,
+        # never a node without its op
+        self._next += len(block)
+        self._block = min(2 * self._block, self.MAX_BLOCK)
         # every node before the next group's first is final (the ones between groups launch nothing)
         self._upto = self._groups[self._next][0] if self._next < len(self._groups) else len(self._ops)
