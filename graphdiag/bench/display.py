@@ -67,6 +67,10 @@ def render(rows: list[dict], file=None) -> None:
         console.print(f"roofline: (weight bytes + KV bytes read) / device-to-device copy "
                       f"{'—' if bw is None else f'{bw:.0f} GB/s'} measured in this run"
                       + (" (simulated: a host memcpy)" if dec[0]["simulated"] else ""))
+        refs = [f"{r['model']} {r['wtype']} {r['host_ref_us']:.0f}" for r in dec if r.get("host_ref_us") is not None]
+        if refs:
+            console.print("host reference before each row (µs of a fixed piece of host Python; the host figures "
+                          "scale with it): " + ", ".join(refs))
         shares = [f"{r['model']} {r['wtype']} {_pct(r.get('instr_share_pct'))}" for r in dec if "instr_share_pct" in r]
         if shares:
             live = any(r.get("instr_nvtx_live") for r in dec)

@@ -15,7 +15,7 @@ from ..model.build import padded_n_kv
 from ..model.presets import get_preset, weight_type
 from ..model.weights import LOAD_PROGRESS, create_model
 from . import roofline as R
-from .timing import percentile
+from .timing import host_reference_us, percentile
 
 WARMUP = 2                     # decode steps of each mode dropped before the statistics
 PREFILL_REPS = 3               # timed prefills after the first (each at the next positions)
@@ -206,6 +206,7 @@ def instrumentation_share(settings: dict, label: str, progress: Progress) -> dic
 def decode_row(opts: StepsOptions, model: str, wtype: str, bandwidth: float, progress: Progress) -> dict:
     base = {"backend": opts.backend, "model": model, "wtype": wtype, "steps": opts.steps,
             "prompt_tokens": opts.prompt_tokens, "chunk_size": opts.chunk_size, **opts.settings}
+    host_ref = host_reference_us()
     on = _run(base, progress, f"{model} {wtype} graphs on")
     off = _run({**base, "graphs_disabled": True}, progress, f"{model} {wtype} graphs off")
     rep, eag = decode_stats(on.events, "replay"), decode_stats(off.events, "eager")
@@ -223,7 +224,7 @@ def decode_row(opts: StepsOptions, model: str, wtype: str, bandwidth: float, pro
            "eager_gpu_ms": eag.get("gpu_ms"), "kernels_per_step": eag.get("kernels"),
            "replay_steps": rep.get("steps", 0), "eager_steps": eag.get("steps", 0),
            "weight_bytes": wb, "kv_bytes": kvb, "copy_GBps": bandwidth / 1e9 if roof else None,
-           "roofline_ms": roof}
+           "roofline_ms": roof, "host_ref_us": host_ref}
     if rep:
         row.update(instrumentation_share(base, f"{model} {wtype}", progress))
     row["graph_speedup"] = _ratio(row["eager_ms"], row["replay_ms"])

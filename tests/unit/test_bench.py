@@ -38,6 +38,7 @@ def test_bench_steps_json_rows_on_the_simulated_driver(capsys):
     rows = [json.loads(l) for l in out.out.splitlines()]
     dec, pre = rows
     assert dec["kind"] == "decode" and dec["simulated"] is True and dec["model"] == "tiny"
+    assert dec["host_ref_us"] > 0
     for k in ("replay_ms", "eager_ms", "roofline_ms", "replay_p90_ms", "replay_host_ms", "replay_over_roofline"):
         assert dec[k] > 0, k
     assert dec["kernels_per_step"] > 10 and dec["n_kv"] == 256 and "torch_graph_ms" not in dec
@@ -53,6 +54,7 @@ def test_bench_steps_table_labels_simulated_timings(capsys):
     out = capsys.readouterr().out
     assert "SIMULATED" in out and "tiny q8_0 (sim)" in out and "roofline" in out
     assert "instrumentation (event record, counters; NVTX idle: no tool) on a replayed step: tiny q8_0 " in out
+    assert "host reference before each row (µs of a fixed piece of host Python" in out and "tiny q8_0 " in out
 
 
 def test_roofline_bytes_count_every_weight_once_but_one_embedding_row():
