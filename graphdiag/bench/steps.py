@@ -147,7 +147,7 @@ def _ratio(a, b):
     return a / b if a and b else None
 
 
-INSTR_ROUNDS = 6               # alternating rounds of bare and instrumented replayed steps
+INSTR_ROUNDS = 10              # alternating rounds of bare and instrumented replayed steps
 INSTR_STEPS = 12               # replayed steps per round
 
 
@@ -155,7 +155,9 @@ def instrumentation_share(settings: dict, label: str, progress: Progress) -> dic
     """The instrumentation's share of a replayed step: one session's replayed steps with the sinks a
     recorded run attaches (the JSON-lines event record, the counters, NVTX ranges when a tool listens)
     against the same steps on a bare bus, in alternating rounds, so both see one graph, one placement and
-    the same clocks. Medians of the steps' wall times (StepFinished, as replay_ms)."""
+    the same clocks. Each round's median step wall time (StepFinished, as replay_ms); the share is the median
+    over rounds of an instrumented round against the bare round before it, so a drift across the rounds (the
+    KV cache growing past a padding boundary, the host slowing down) enters one pair, not the whole split."""
     import os
 
     from ..counters import Counters
@@ -165,14 +167,14 @@ def instrumentation_share(settings: dict, label: str, progress: Progress) -> dic
     from ..runner import RunResult, Session, Stepper
     cfg = resolve({**settings, "nvtx": False})
     bus = E.EventBus()
-    walls: dict[str, list[int]] = {"bare": [], "on": []}
+    walls: dict[str, list[list[int]]] = {"bare": [], "on": []}     # per round, the replayed steps' walls
     mode = ["warm-up"]
 
     def on_event(ev) -> None:
         if isinstance(ev, E.StepFinished):
             progress.advance()
             if ev.mode == "replay" and mode[0] in walls:
-                walls[mode[0]].append(ev.duration_ns)
+                walls[mode[0]][-1].append(ev.duration_ns)
 
     bus.subscribe(on_event, internal=True, kinds=(E.StepFinished,))
     progress.start(f"{label} instrumentation", 2 * INSTR_ROUNDS * INSTR_STEPS + 4)
@@ -186,8 +188,10 @@ def instrumentation_share(settings: dict, label: str, progress: Progress) -> dic
             sinks = [record, Counters()]
             for _ in range(INSTR_ROUNDS):
                 mode[0] = "bare"
+                walls["bare"].append([])
                 stepper.run(decode)
                 mode[0] = "on"
+                walls["on"].append([])
                 for k in sinks:
                     bus.subscribe(k)
                 if nvtx.enabled:
@@ -197,10 +201,20 @@ def instrumentation_share(settings: dict, label: str, progress: Progress) -> dic
                     bus.unsubscribe(k)
     finally:
         session.close()
-    bare = statistics.median(walls["bare"]) / 1e6 if walls["bare"] else None
-    on = statistics.median(walls["on"]) / 1e6 if walls["on"] else None
-    return {"instr_bare_ms": bare, "instr_on_ms": on, "instr_nvtx_live": nvtx.enabled,
-            "instr_share_pct": 100 * (on - bare) / bare if bare and on else None}
+    return {**instrumentation_figures(walls["bare"], walls["on"]), "instr_nvtx_live": nvtx.enabled}
+
+
+def instrumentation_figures(bare: list[list[int]], on: list[list[int]]) -> dict:
+    """From the rounds' replayed-step walls (ns; round k of `on` follows round k of `bare`): the medians of
+    all bare and all instrumented steps (ms), and the share, the median over rounds with steps on both sides
+    of (instrumented round's median / bare round's median - 1), in percent."""
+    flat = lambda rounds: [x for r in rounds for x in r]
+    pairs = [(statistics.median(b), statistics.median(o)) for b, o in zip(bare, on) if b and o]
+    b_all, o_all = flat(bare), flat(on)
+    return {"instr_bare_ms": statistics.median(b_all) / 1e6 if b_all else None,
+            "instr_on_ms": statistics.median(o_all) / 1e6 if o_all else None,
+            "instr_share_pct": statistics.median(100 * (o - b) / b for b, o in pairs) if pairs else None,
+            "instr_rounds": len(pairs)}
 
 
 def decode_row(opts: StepsOptions, model: str, wtype: str, bandwidth: float, progress: Progress) -> dict:
