@@ -262,9 +262,8 @@ class Stepper:
         s.ctx.before_read = self._prepare_next
         s.ctx.logits_in_place = True           # a step's logits are used before the next read (or copied)
 
-    def _on_event(self, ev: E.Event) -> None:
-        if isinstance(ev, E.PhaseDecided):
-            self.phases.add(ev.phase)
+    def _on_event(self, ev: E.PhaseDecided) -> None:     # subscribed for PhaseDecided only
+        self.phases.add(ev.phase)
 
     def run(self, plan: list[StepPlan]) -> None:
         """Walk the plan. The bus holds the sinks' events for the whole walk: a step's events reach them

@@ -170,11 +170,10 @@ def instrumentation_share(settings: dict, label: str, progress: Progress) -> dic
     walls: dict[str, list[list[int]]] = {"bare": [], "on": []}     # per round, the replayed steps' walls
     mode = ["warm-up"]
 
-    def on_event(ev) -> None:
-        if isinstance(ev, E.StepFinished):
-            progress.advance()
-            if ev.mode == "replay" and mode[0] in walls:
-                walls[mode[0]][-1].append(ev.duration_ns)
+    def on_event(ev: E.StepFinished) -> None:            # subscribed for StepFinished only
+        progress.advance()
+        if ev.mode == "replay" and mode[0] in walls:
+            walls[mode[0]][-1].append(ev.duration_ns)
 
     bus.subscribe(on_event, internal=True, kinds=(E.StepFinished,))
     progress.start(f"{label} instrumentation", 2 * INSTR_ROUNDS * INSTR_STEPS + 4)

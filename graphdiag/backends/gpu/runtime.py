@@ -44,9 +44,8 @@ class GraphRuntime:
         self.device = 0          # the device this runtime's backend runs on: every event names it
         bus.subscribe(self._on_event, internal=True, kinds=(E.StepStarted,))
 
-    def _on_event(self, ev: E.Event) -> None:
-        if isinstance(ev, E.StepStarted):
-            self.step = ev.step
+    def _on_event(self, ev: E.StepStarted) -> None:      # subscribed for StepStarted only
+        self.step = ev.step
 
     def emit(self, cls, split: int, key: int, uid: int, **kw) -> None:
         self.bus.emit(cls(step=self.step, split=split, key=key, uid=uid, t_ns=time.perf_counter_ns(),
