@@ -482,16 +482,25 @@ class EventBus:
         got = self._routes[cls] = tuple(s for s, kinds in self._internal if kinds is None or issubclass(cls, kinds))
         return got
 
-    def emit(self, ev: Event) -> None:
+    def emit(self, ev: Event, complete: Callable[[Event], None] | None = None) -> None:
+        """Deliver `ev`. `complete(ev)`, when given, fills in fields that cost time to work out and that only
+        observers read (UidMiss's digests): it runs before the first sink sees the event. For held plain
+        sinks that is at flush(), once the step's work is queued on the device; with no plain sink it never
+        runs. An internal or span sink for the event, or an unheld bus, has it run at once."""
         if ev.t_ns == 0:
             # stamped in place: the event was just made by its emitter, nobody else holds it yet (a
             # dataclasses.replace per event cost ~5 µs on the replay path)
             object.__setattr__(ev, "t_ns", self.clock())
         route = self._routes.get(type(ev))
-        for s in route if route is not None else self._route(type(ev)):
+        if route is None:
+            route = self._route(type(ev))
+        if complete is not None and (route or self._held is None or self._span_sinks):
+            complete(ev)
+            complete = None
+        for s in route:
             s(ev)
         if self._held is not None:
-            self._held.append(ev)
+            self._held.append(ev if complete is None else (ev, complete))
         else:
             for s in self._sinks:
                 s(ev)
@@ -506,10 +515,15 @@ class EventBus:
             self._held = []
 
     def flush(self) -> None:
-        """Deliver the queued events, in order, and keep holding."""
+        """Deliver the queued events, in order (completing those emitted with `complete`), and keep holding."""
         while self._held:
             pending, self._held = self._held, []
+            if not self._sinks:
+                continue                 # nobody to deliver to: nothing to complete either
             for ev in pending:
+                if type(ev) is tuple:    # (event, complete): emitted with fields still to fill in
+                    ev, complete = ev
+                    complete(ev)
                 for s in self._sinks:
                     s(ev)
 

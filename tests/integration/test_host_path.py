@@ -255,3 +255,31 @@ def test_scattered_inputs_go_to_the_driver_as_one_batch_of_copies():
         assert (got["mask"][0, :204] == 0).all() and np.isneginf(got["mask"][0, 204:]).all()
     finally:
         s.close()
+
+
+def test_uid_miss_digests_are_worked_out_at_flush_from_the_ledger_the_decision_took():
+    """UidMiss's digests are filled in when the held events are delivered, after the step's work is queued
+    (not before its first kernel), and they are those of the snapshot the runtime compared: equal for a graph
+    seen again, and what ledger.props_digest / shape_digest give for the entry's ledger."""
+    from graphdiag.backends.gpu.ledger import props_digest, shape_digest
+    s, st = _session()
+    try:
+        rec = s.bus.subscribe(E.Recorder())
+        hashed = []
+        real = rt_mod.props_digest
+        rt_mod.props_digest = lambda snap: hashed.append(len(snap)) or real(snap)
+        queued = []
+        real_launch = s.gpu.driver.launch
+        s.gpu.driver.launch = lambda *a: queued.append(len(hashed)) or real_launch(*a)
+        try:
+            st.step(StepPlan("prefill", n_tokens=6))
+        finally:
+            rt_mod.props_digest, s.gpu.driver.launch = real, real_launch
+        assert queued and queued[-1] == 0 and hashed   # none before the last launch; done by the step's end
+        misses = rec.of(E.UidMiss)
+        assert misses and all(len(m.props_digest) == 16 and len(m.shape_digest) == 16 for m in misses)
+        entry = s.gpu.runtime.cache.entries[misses[-1].key]
+        assert misses[-1].props_digest == props_digest(entry.props)
+        assert misses[-1].shape_digest == shape_digest(entry.props)
+    finally:
+        s.close()

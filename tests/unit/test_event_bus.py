@@ -145,3 +145,43 @@ def test_every_event_class_builds_as_its_dataclass_fields_say_and_stays_frozen(c
     with pytest.raises(TypeError):
         cls(no_such_field=1)
     assert E.Event.from_dict(ev.to_dict()) == ev
+
+
+def test_completion_runs_before_the_first_sink_sees_the_event_and_off_the_held_path():
+    """bus.emit's `complete` (UidMiss's digests) runs at flush for held plain sinks, at once for internal or
+    span sinks or an unheld bus, and not at all when no sink takes the event."""
+    calls = []
+
+    def complete(ev):
+        calls.append(ev.step)
+        object.__setattr__(ev, "props_digest", f"d{ev.step}")
+
+    bus = E.EventBus()
+    plain = bus.subscribe(lambda ev: calls.append(("plain", ev.props_digest)))
+    bus.hold()
+    bus.emit(E.UidMiss(step=1), complete)
+    assert calls == []                                   # held: not worked out during the step
+    bus.flush()
+    assert calls == [1, ("plain", "d1")]
+    calls.clear()
+    bus.release()
+    bus.emit(E.UidMiss(step=2), complete)                # unheld: delivered, so completed, at once
+    assert calls == [2, ("plain", "d2")]
+    calls.clear()
+    bus.unsubscribe(plain)
+    bus.hold()
+    bus.emit(E.UidMiss(step=3), complete)
+    bus.release()
+    assert calls == []                                   # no sink: nothing to complete
+    spans = bus.subscribe(lambda ev: calls.append(("span", getattr(ev, "props_digest", None))), spans=True)
+    bus.hold()
+    bus.emit(E.UidMiss(step=4), complete)                # a span sink sees it now: completed now
+    assert calls == [4, ("span", "d4")]
+    bus.unsubscribe(spans)
+    calls.clear()
+    bus.subscribe(lambda ev: calls.append(("internal", ev.props_digest)), internal=True, kinds=(E.UidMiss,))
+    bus.emit(E.UidMiss(step=5), complete)
+    assert calls == [5, ("internal", "d5")]
+    bus.emit(_ev(6), complete)                           # no internal route for it: held until a flush
+    assert calls == [5, ("internal", "d5")]
+    bus.release()
