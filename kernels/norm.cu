@@ -1,11 +1,12 @@
-// Row reductions: one block per row (grid = (ne1, ne2, ne3)), threads striding over ne0 (rms_norm: n / 4
+// Row reductions: one block per row (grid = (ne1, ne2, ne3)), threads striding over ne0 (rms_norm: n / 16
 // threads, 32..1024; soft_max: 32..256).
 #include "common.cuh"
 
 // Fast path (contiguous 16-byte aligned rows of x, dst and w, n % 4 == 0, n <= 16 * blockDim): each thread
 // loads its float4s of x and w at once, keeps x in registers across the reduction, and writes once: one
 // memory round trip per row instead of n / blockDim serial loads (decode's one-row norms are latency-bound:
-// 19 us for a 4096-wide row in the old loop on the H200). geometry.py sizes the block to n / 4 threads.
+// 19 us for a 4096-wide row in the old loop on the H200). geometry.py sizes the block to n / (4 * RMS_V)
+// threads, so each thread takes RMS_V float4s (a 4096-wide row: 256 threads).
 #define RMS_V 4   // float4s per thread in the fast path
 
 __device__ __forceinline__ bool rms_fast(const tdesc &d, i64 n) {

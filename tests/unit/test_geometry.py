@@ -72,9 +72,10 @@ def test_flash_attn_combine_groups_heads_per_block_in_a_batch():
 
 def test_row_kernels_scale_their_block_with_the_row():
     assert launch_geometry("rms_norm_f32", _p((64, 5, 1, 1), (64, 5, 1, 1)))[1] == (32, 1, 1)
-    assert launch_geometry("rms_norm_f32", _p((2048, 5, 1, 1), (2048, 5, 1, 1)))[1] == (512, 1, 1)   # a float4 each
-    assert launch_geometry("rms_norm_mul_f32", _p((4096, 1, 1, 1), (4096, 1, 1, 1)))[1] == (1024, 1, 1)
+    assert launch_geometry("rms_norm_f32", _p((2048, 5, 1, 1), (2048, 5, 1, 1)))[1] == (128, 1, 1)   # 4 float4s each
+    assert launch_geometry("rms_norm_mul_f32", _p((4096, 1, 1, 1), (4096, 1, 1, 1)))[1] == (256, 1, 1)
     assert launch_geometry("rms_norm_f32", _p((16384, 2, 1, 1), (16384, 2, 1, 1)))[:2] == ((2, 1, 1), (1024, 1, 1))
+    assert launch_geometry("rms_norm_f32", _p((32768, 1, 1, 1), (32768, 1, 1, 1)))[1] == (1024, 1, 1)  # generic loop
     assert launch_geometry("soft_max_f32", _p((2048, 5, 1, 1), (2048, 5, 1, 1)))[1] == (256, 1, 1)
 
 
