@@ -54,6 +54,19 @@ def prefill_table(rows: list[dict]) -> Table:
     return t
 
 
+def _host_refs(console: Console, rows: list[dict]) -> None:
+    """The host reference before each row (and before its PyTorch peer, which runs later): a ratio whose two
+    sides were timed at different host speeds says so here."""
+    def ref(r):
+        peer = r.get("torch_host_ref_us")
+        return f"{r['model']} {r['wtype']} {r['host_ref_us']:.0f}" + ("" if peer is None else f" / {peer:.0f}")
+    refs = [ref(r) for r in rows if r.get("host_ref_us") is not None]
+    if refs:
+        peers = any(r.get("torch_host_ref_us") is not None for r in rows)
+        console.print("host reference before each row" + (" / before its PyTorch peer" if peers else "")
+                      + " (µs of a fixed piece of host Python; the host figures scale with it): " + ", ".join(refs))
+
+
 def render(rows: list[dict], file=None) -> None:
     """The tables, then the copy bandwidth and the PyTorch peer's state, to `file` (stdout)."""
     console = Console(file=file)
@@ -67,10 +80,7 @@ def render(rows: list[dict], file=None) -> None:
         console.print(f"roofline: (weight bytes + KV bytes read) / device-to-device copy "
                       f"{'—' if bw is None else f'{bw:.0f} GB/s'} measured in this run"
                       + (" (simulated: a host memcpy)" if dec[0]["simulated"] else ""))
-        refs = [f"{r['model']} {r['wtype']} {r['host_ref_us']:.0f}" for r in dec if r.get("host_ref_us") is not None]
-        if refs:
-            console.print("host reference before each row (µs of a fixed piece of host Python; the host figures "
-                          "scale with it): " + ", ".join(refs))
+        _host_refs(console, dec)
         shares = [f"{r['model']} {r['wtype']} {_pct(r.get('instr_share_pct'))}" for r in dec if "instr_share_pct" in r]
         if shares:
             live = any(r.get("instr_nvtx_live") for r in dec)
@@ -78,6 +88,7 @@ def render(rows: list[dict], file=None) -> None:
                           + ") on a replayed step: " + ", ".join(shares))
     if pre:
         console.print(prefill_table(pre))
+        _host_refs(console, pre)
     peers = {r.get("torch") for r in rows if r.get("torch")}
     if peers:
         console.print("PyTorch: " + ", ".join(sorted(peers)))

@@ -250,8 +250,11 @@ def _wants_peer(opts: StepsOptions, row: dict) -> bool:
 
 
 def add_torch_peer(row: dict, progress: Progress) -> None:
-    """The PyTorch peer of a measured row (decode or prefill), on the row's shapes, with the ratios."""
+    """The PyTorch peer of a measured row (decode or prefill), on the row's shapes, with the ratios, and the
+    host reference taken right before it (`torch_host_ref_us`): the peers run after every graphdiag row, so
+    minutes can separate the two sides, and the lent hosts change speed over minutes."""
     cfg = get_preset(row["model"])
+    host_ref = host_reference_us()
     if row["kind"] == "decode":
         from .torch_peer import torch_decode
         progress.start(f"{row['model']} PyTorch peer", 1)
@@ -268,12 +271,15 @@ def add_torch_peer(row: dict, progress: Progress) -> None:
         row.update(torch_prefill(cfg, p, [k * p for k in range(1, PREFILL_REPS + 1)]))
         progress.advance()
         row["prefill_vs_torch"] = _ratio(row["prefill_ms"], row.get("torch_prefill_ms"))
+    if row.get("torch_prefill_ms") is not None or row.get("torch_graph_ms") is not None:
+        row["torch_host_ref_us"] = host_ref
 
 
 def prefill_row(opts: StepsOptions, model: str, wtype: str, progress: Progress) -> dict:
     """Prefills of opts.prefill tokens, one after another in one sequence (positions 0, P, 2P, ...); the
     first is dropped as warm-up, so both sides time prefills at positions P .. PREFILL_REPS * P."""
     p = opts.prefill
+    host_ref = host_reference_us()
     timeline = [{"at_step": k, "prefill": p} for k in range(1, PREFILL_REPS + 1)]
     settings = {"backend": opts.backend, "model": model, "wtype": wtype, "steps": PREFILL_REPS,
                 "prompt_tokens": p, "chunk_size": opts.chunk_size, **opts.settings}
@@ -281,7 +287,7 @@ def prefill_row(opts: StepsOptions, model: str, wtype: str, progress: Progress) 
     xs = prefill_ms(r.events)
     row = {"kind": "prefill", "model": model, "wtype": wtype, "backend": r.header.get("backend"),
            "device": r.header.get("device"), "simulated": bool(r.header.get("simulated")), "n_tokens": p,
-           "prefill_ms": statistics.median(xs) if xs else None, "prefill_reps": len(xs)}
+           "prefill_ms": statistics.median(xs) if xs else None, "prefill_reps": len(xs), "host_ref_us": host_ref}
     return row
 
 

@@ -46,6 +46,7 @@ def test_bench_steps_json_rows_on_the_simulated_driver(capsys):
     assert dec["instr_bare_ms"] > 0 and dec["instr_on_ms"] > 0 and dec["instr_nvtx_live"] is False
     assert dec["instr_rounds"] >= 1 and dec["instr_share_pct"] is not None
     assert pre["kind"] == "prefill" and pre["n_tokens"] == 8 and pre["prefill_ms"] > 0 and pre["prefill_reps"] == 3
+    assert pre["host_ref_us"] > 0 and "torch_host_ref_us" not in pre
     assert "tiny q8_0 graphs on" in out.err      # progress on stderr
 
 
@@ -127,6 +128,40 @@ def test_the_torch_peer_skips_cleanly_without_torch(monkeypatch):
     from graphdiag.bench.torch_peer import torch_decode, torch_prefill
     assert torch_decode(PRESETS["tiny"], 256, 100) == {"torch": "absent"}
     assert torch_prefill(PRESETS["tiny"], 8, [8, 16]) == {"torch": "absent"}
+
+
+def test_a_peer_row_carries_the_host_reference_taken_right_before_it(monkeypatch):
+    """The peers run after every graphdiag row, minutes later: each takes its own host reference, shown
+    beside the row's own under both tables; a peer that timed nothing (no torch) takes none."""
+    import io
+    import graphdiag.bench.steps as S
+    import graphdiag.bench.torch_peer as T
+    from graphdiag.bench.display import render
+    refs = iter([180.0, 185.0])
+    monkeypatch.setattr(S, "host_reference_us", lambda: next(refs))
+    monkeypatch.setattr(T, "torch_prefill", lambda cfg, n, positions: {"torch": "2.9", "torch_prefill_ms": 10.0})
+    monkeypatch.setattr(T, "torch_decode", lambda cfg, n_kv, pos: {"torch": "2.9", "torch_graph_ms": 2.3,
+                                                                    "torch_eager_ms": 20.0})
+    pre = {"kind": "prefill", "model": "1b", "wtype": "f16", "simulated": False, "n_tokens": 512,
+           "prefill_ms": 19.0, "host_ref_us": 350.0}
+    dec = {"kind": "decode", "model": "1b", "wtype": "f16", "simulated": False, "n_kv": 256, "replay_ms": 1.2,
+           "replay_p90_ms": 1.3, "eager_ms": 1.4, "eager_p90_ms": 1.5, "graph_speedup": 1.17, "replay_gpu_ms": 1.15,
+           "replay_host_ms": 0.05, "replay_to_launch_ms": 0.03, "kernels_per_step": 212, "roofline_ms": 0.5,
+           "replay_over_roofline": 2.4, "host_ref_us": 340.0}
+    S.add_torch_peer(pre, S.Progress())
+    S.add_torch_peer(dec, S.Progress())
+    assert pre["torch_host_ref_us"] == 180.0 and pre["prefill_vs_torch"] == pytest.approx(1.9)
+    assert dec["torch_host_ref_us"] == 185.0
+    out = io.StringIO()
+    render([dec, pre], file=out)
+    text = out.getvalue()
+    assert text.count("before its PyTorch peer") == 2
+    assert "1b f16 340 / 185" in text and "1b f16 350 / 180" in text
+    monkeypatch.setattr(T, "torch_prefill", lambda cfg, n, positions: {"torch": "absent"})
+    refs = iter([190.0])
+    bare = {k: pre[k] for k in ("kind", "model", "wtype", "simulated", "n_tokens", "prefill_ms", "host_ref_us")}
+    S.add_torch_peer(bare, S.Progress())
+    assert "torch_host_ref_us" not in bare
 
 
 def test_the_torch_peers_run_after_every_graphdiag_row(monkeypatch):
