@@ -45,10 +45,11 @@ class Backend(abc.ABC):
     def tensor_set(self, addr: int, data: np.ndarray) -> None:
         """Write the bytes of `data` at `addr` (synchronous)."""
 
-    def input_stage(self, layout: tuple[tuple[int, int], ...], slot: int = 0) -> InputStage:
+    def input_stage(self, layout: tuple[tuple[int, int], ...], slot: int = 0, grow: int = 0) -> InputStage:
         """The host side of a graph's inputs at these (addr, nbytes) (backends may batch the copies). The
         context keeps two stages per graph (slots 0 and 1) and alternates: one can be written for the next
-        step while the other's copies may still be in flight."""
+        step while the other's copies may still be in flight. `grow`: how many bytes more a later graph of
+        the same batch may need (its mask at the most cells), for backends that reserve host memory."""
         return InputStage(self, layout)
 
     @abc.abstractmethod

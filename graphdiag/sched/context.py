@@ -230,8 +230,11 @@ class Context:
             by_backend.setdefault(id(be := self.sched.backend_of(t)), (be, []))[1].append(i)
         views: list = [None] * len(tensors)
         stages = []
+        mask = inp.kq_mask                 # a later graph of this batch: the same rows at up to n_ctx cells
+        grow = max(self.model.cfg.n_ctx - mask.ne[0], 0) * (mask.nbytes() // max(mask.ne[0], 1))
         for be, members in by_backend.values():
-            st = be.input_stage(tuple((tensors[i].data, tensors[i].nbytes()) for i in members), slot)
+            st = be.input_stage(tuple((tensors[i].data, tensors[i].nbytes()) for i in members), slot,
+                                grow if 2 in members else 0)
             stages.append(st)
             for i, raw in zip(members, st.views):
                 t = tensors[i]

@@ -95,6 +95,9 @@ class KvCells:
             # (n, n_kv) comparison against the cells' positions, other sequences' cells never visible
             mine = self.seq[:n_kv] == seqs[0]
             cell_pos = np.where(mine, self.pos[:n_kv], _NEVER32)
+            if n > 1 and _staircase(m, pos, cell_pos):
+                m[n:] = _NEG_INF
+                return m
             if _int32_exact(pos, cell_pos):
                 _mask_bits(m[:n].view(np.int32), pos.astype(np.int32, copy=False), cell_pos)
                 m[n:] = _NEG_INF
@@ -158,6 +161,36 @@ def _int32_exact(pos: np.ndarray, cell_pos: np.ndarray) -> bool:
     masked: positions in [0, 2**31 - 1), cells' positions (_NEVER32 for another sequence's) not negative."""
     return (pos.dtype.kind in "iu" and cell_pos.size > 0
             and bool(pos.min() >= 0 and pos.max() < _NEVER32 and cell_pos.min() >= 0))
+
+
+def _staircase(m: np.ndarray, pos: np.ndarray, cell_pos: np.ndarray) -> bool:
+    """The rows of a prefill whose tokens take consecutive positions over cells that hold consecutive
+    positions from cell 0 on (every cell after them unseen by the batch): row i sees the first t0 + i cells,
+    so every row is a window of one array of n_kv zeros then n_kv -inf, each starting one element before
+    the row above; written in one copy from that window (`m`'s first len(pos) rows). False, with nothing
+    written, for any other layout. Why by hand: the three in-place passes of _mask_bits over a 512 x 2048
+    mask took 1.7 ms on the GPU host; one copy from a cache-resident template takes a third of that."""
+    n, n_kv = len(pos), len(cell_pos)
+    if pos.dtype.kind not in "iu" or n_kv == 0:
+        return False
+    p0, last = int(pos[0]), int(pos[-1])
+    if last - p0 != n - 1 or (n > 2 and not (np.diff(pos) == 1).all()):
+        return False
+    seen = cell_pos <= last                       # the cells the last row sees: a prefix of consecutive positions
+    n_seen = int(np.count_nonzero(seen))
+    c0 = int(cell_pos[0])
+    if n_seen == 0 or not seen[:n_seen].all() or not (cell_pos[:n_seen] == np.arange(c0, c0 + n_seen)).all():
+        return False
+    t0 = p0 - c0 + 1                              # cells row 0 sees
+    if t0 < 0 or t0 + n - 1 > n_seen:
+        return False
+    tpl = np.empty(2 * n_kv, np.float32)
+    tpl[:n_kv] = 0.0
+    tpl[n_kv:] = _NEG_INF
+    start = n_kv - t0                             # row i starts at start - i (>= 0: t0 + n - 1 <= n_kv)
+    m[:n] = np.lib.stride_tricks.as_strided(tpl[start:], (n, n_kv), (-tpl.itemsize, tpl.itemsize),
+                                            writeable=False)
+    return True
 
 
 def _mask_bits(d: np.ndarray, pos: np.ndarray, cell_pos: np.ndarray) -> None:

@@ -80,6 +80,29 @@ def test_a_replayed_step_writes_its_inputs_in_one_copy_from_pinned_memory():
         s.close()
 
 
+def test_prefills_at_growing_n_kv_pin_their_inputs_once():
+    """The input slots are reserved for the batch's mask at n_ctx cells when first made (as llama.cpp sizes
+    its input buffers for the worst case): later prefills of that size, at every larger n_kv, pin nothing."""
+    s, st = _session()
+    allocs = []
+    real_alloc = s.driver.host_alloc
+    s.driver.host_alloc = lambda n: allocs.append(n) or real_alloc(n)
+    try:
+        st.step(StepPlan("prefill", n_tokens=200))
+        first = len(allocs)
+        seen = set()
+        for _ in range(6):
+            st.step(StepPlan("prefill", n_tokens=200))
+            seen.add(s.ctx.res.inputs.kq_mask.ne[0])
+        assert len(seen) >= 4 and allocs[first:] == []
+        got = _device_inputs(s)                          # the last prefill's mask landed whole
+        pos = got["pos"]
+        want = np.where(np.arange(got["mask"].shape[1])[None, :] <= pos[:, None], 0.0, -np.inf)
+        assert np.array_equal(got["mask"][:len(pos)], want.astype(np.float32))
+    finally:
+        s.close()
+
+
 def test_writing_inputs_waits_for_copies_still_in_flight():
     """Copies from page-locked memory run asynchronously: a stage whose last send was not followed by a
     synchronisation waits before its views are written again."""

@@ -63,6 +63,47 @@ def test_kq_mask_bits_are_the_definitions(placed, seq, pos, one_seq, pad):
     kv.mask(seqs, pos.astype(np.int32), 256, len(pos) + pad, out=out)
     assert out.view(np.uint32).tobytes() == want.view(np.uint32).tobytes()
 
+@settings(max_examples=150, deadline=None)
+@given(st.lists(st.tuples(st.integers(0, 1), st.integers(1, 40), st.sampled_from([0, 0, 0, 2])), max_size=3),
+       st.integers(1, 70), st.integers(-3, 3), st.sampled_from([256, 512]), st.integers(0, 3),
+       st.booleans())
+def test_prefill_mask_staircase_is_the_definition(history, n, shift, n_kv, pad, remove_first):
+    """A prefill's rows (consecutive positions) over a cache whose sequence-0 cells hold consecutive
+    positions or not (gaps, another sequence's cells among them, a freed hole, a batch starting before or
+    after the cache's last position): bit for bit the mask's definition, whichever path writes it."""
+    kv = KvCells(1024)
+    for s, k, gap in history:
+        kv.place(np.full(k, s, np.int32), (kv.next_pos(s) + gap + np.arange(k)).astype(np.int32))
+    if remove_first and history:
+        kv.remove(history[0][0])
+    p0 = max(kv.next_pos(0) + shift, 0)
+    pos = (p0 + np.arange(n)).astype(np.int32)
+    seqs = np.zeros(n, np.int32)
+    kv.place(seqs, pos)
+    n_kv = max(n_kv, kv.n_kv())
+    want = _mask_by_definition(kv, seqs, pos, n_kv, n + pad)
+    out = np.ones((n + pad, n_kv), np.float32)
+    kv.mask(seqs, pos, n_kv, n + pad, out=out)
+    assert out.view(np.uint32).tobytes() == want.view(np.uint32).tobytes()
+
+
+def test_the_prefill_staircase_takes_a_plain_prefill():
+    """The plain prefill after a prompt (consecutive cells and positions) takes the one-copy path."""
+    from graphdiag.sched import kv_cells
+    kv = KvCells(1024)
+    kv.place(np.zeros(300, np.int32), np.arange(300, dtype=np.int32))
+    pos = np.arange(300, 500, dtype=np.int32)
+    kv.place(np.zeros(200, np.int32), pos)
+    cell_pos = kv.pos[:512].copy()
+    cell_pos[kv.seq[:512] != 0] = np.iinfo(np.int32).max
+    m = np.ones((200, 512), np.float32)
+    assert kv_cells._staircase(m, pos, cell_pos)
+    assert (m[0, :301] == 0).all() and np.isneginf(m[0, 301:]).all()
+    assert (m[199, :500] == 0).all() and np.isneginf(m[199, 500:]).all()
+    cell_pos[10] = 5                          # not consecutive: the bit path
+    assert not kv_cells._staircase(m, pos, cell_pos)
+
+
 @pytest.fixture(scope="module")
 def model():
     return create_model(CFG, seed=11)

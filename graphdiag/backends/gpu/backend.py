@@ -96,16 +96,19 @@ class GpuBackend(Backend):
         self.driver.memcpy_htod(addr, data, self.stream0)
         self._pending_host.append(data)
 
-    def input_stage(self, layout: tuple[tuple[int, int], ...], slot: int = 0) -> InputStage:
-        return _PinnedStage(self, layout, slot)
+    def input_stage(self, layout: tuple[tuple[int, int], ...], slot: int = 0, grow: int = 0) -> InputStage:
+        return _PinnedStage(self, layout, slot, grow)
 
-    def pinned(self, use: str, nbytes: int) -> np.ndarray:
+    def pinned(self, use: str, nbytes: int, reserve: int = 0) -> np.ndarray:
         """`nbytes` of the page-locked host buffer kept for `use` ("inputs0/1", "read"): made on first need and
-        grown by doubling, so steps allocate nothing and a rebuilt graph takes the same memory."""
+        grown by doubling, or to `reserve` bytes when that is more, so steps allocate nothing and a rebuilt
+        graph takes the same memory. The inputs reserve what the batch's mask takes at n_ctx cells, as
+        llama.cpp sizes its input buffers for the worst case when the context is made: pinning 2-4 MB took
+        1-2 ms of a 1b prefill's host time on the GPU host, each time n_kv grew past the buffer."""
         buf = self._pinned.get(use)
         if buf is None or buf.nbytes < nbytes:
-            buf = self._pinned[use] = self.driver.host_alloc(max(nbytes, 2 * (buf.nbytes if buf is not None else 0),
-                                                                  4096))
+            buf = self._pinned[use] = self.driver.host_alloc(max(nbytes, reserve, 4096,
+                                                                  2 * (buf.nbytes if buf is not None else 0)))
         return buf[:nbytes]
 
     def tensor_get(self, addr: int, nbytes: int) -> np.ndarray:
@@ -312,10 +315,11 @@ class _PinnedStage(InputStage):
     stage of the same slot takes the same memory (one graph's inputs are live at a time), so writing waits
     for whichever stage of the slot sent last."""
 
-    def __init__(self, backend: GpuBackend, layout: tuple[tuple[int, int], ...], slot: int = 0):
+    def __init__(self, backend: GpuBackend, layout: tuple[tuple[int, int], ...], slot: int = 0, grow: int = 0):
         self.backend, self.layout, self.slot = backend, layout, slot
         runs = _copy_runs(layout)
-        buf = backend.pinned(f"inputs{slot}", sum(aligned(total) for _, total, _ in runs))
+        need = sum(aligned(total) for _, total, _ in runs)
+        buf = backend.pinned(f"inputs{slot}", need, need + aligned(grow) if grow else 0)
         self.views: list[np.ndarray] = [buf[:0]] * len(layout)
         sends: list[tuple[int, np.ndarray]] = []
         off = 0
