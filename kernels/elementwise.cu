@@ -1,5 +1,5 @@
-// Element-wise kernels: one thread per destination element, 256 per block, grid-stride loop (the grid is
-// capped, see geometry.py). Sources broadcast by modulo, as ggml's binary ops. Dense F32 operands of one
+// Element-wise kernels: one thread per destination element (the binary ops: per four), 256 per block,
+// grid-stride loop (the grid is capped, see geometry.py). Sources broadcast by modulo, as ggml's binary ops. Dense F32 operands of one
 // shape take a flat float4 path; otherwise indices are unravelled in 32 bits when they fit (common.cuh).
 #include "common.cuh"
 

@@ -84,56 +84,85 @@ __device__ __forceinline__ void store_acc(const tdesc &D, const float (*acc)[4][
 //   left; round x of tile kt + 1 into the F16 tile that tile kt - 1 used; multiply tile kt.
 // The products and their order per output are the register path's, so both give the same results.
 #define MM_STAGES 4
-#define MM_LDB (MM_BK + 8)   // floats per x row of a stage (160 bytes: 16-byte rows)
 #define MM_P_THREADS 256
 
-// Copy `idx` of a pipelined tile (W's rows of 8-half chunks, or x's columns of 4-float chunks): its source,
-// row r0 + idx / (chunks per row) of T (R rows, broadcast dims d2, d3; past the edge the last row, never
-// copied: k = K), the k of its chunk, and its place in stage 0 of `tile`.
-template <class Tile>
+// Copy `idx` of a pipelined tile (W's rows of 8-half chunks, or x's columns of 4-float chunks, BK k per
+// row): its source, row r0 + idx / (chunks per row) of T (R rows, broadcast dims d2, d3; past the edge the
+// last row, never copied: k = K), the k of its chunk, and its place in stage 0 of `tile`.
+template <int BK, class Tile>
 __device__ __forceinline__ void mm_copy_slot(const tdesc &T, i64 r0, i64 R, i64 d2, i64 d3, int idx, int K,
                                              Tile &tile, const char *&src, int &k, unsigned &dst) {
-    constexpr int PER = 16 / sizeof(tile[0][0]), CH = MM_BK / PER, SH = CH == 4 ? 2 : 3;
-    static_assert(CH == 1 << SH, "chunks per row: 4 or 8");
-    const int row = idx >> SH, c = idx & (CH - 1);
+    constexpr int PER = 16 / sizeof(tile[0][0]), CH = BK / PER;
+    static_assert(CH == 4 || CH == 8 || CH == 16, "chunks per row: 4, 8 or 16");
+    const int row = idx / CH, c = idx % CH;
     const i64 r = r0 + row;
     src = row_ptr(T, r < R ? r : R - 1, d2, d3) + c * 16;
     k = r < R ? c * PER : K;
     dst = smem_u32(&tile[row][c * PER]);
 }
 
-__device__ void mm_f16_pipelined(const kparams &p, unsigned char *smem) {
-    typedef unsigned short ATile[MM_BM][MM_BK + MM_PAD];
-    typedef float XTile[MM_BN][MM_LDB];
-    typedef unsigned short BTile[MM_BN][MM_BK + MM_PAD];
-    constexpr int NA = MM_BM * MM_BK / 8 / MM_P_THREADS, NX = MM_BN * MM_BK / 4 / MM_P_THREADS;   // copies each
+// A warp's MI x NI accumulator fragments (m16n8, 4 floats each) set to 0, and stored: c[mi][ni][0..3] at rows
+// m0w + mi*16 + g (+8), columns n0w + ni*8 + 2*tig (+1).
+template <int MI, int NI> __device__ __forceinline__ void zero_acc_t(float (*acc)[NI][4]) {
+#pragma unroll
+    for (int mi = 0; mi < MI; ++mi)
+#pragma unroll
+        for (int ni = 0; ni < NI; ++ni)
+#pragma unroll
+            for (int c = 0; c < 4; ++c) acc[mi][ni][c] = 0.0f;
+}
+
+template <int MI, int NI>
+__device__ __forceinline__ void store_acc_t(const tdesc &D, const float (*acc)[NI][4], i64 m0w, i64 n0w, i64 i2, i64 i3) {
+    const int lane = threadIdx.x & 31, g = lane >> 2, tig = lane & 3;
+#pragma unroll
+    for (int mi = 0; mi < MI; ++mi)
+#pragma unroll
+        for (int ni = 0; ni < NI; ++ni)
+#pragma unroll
+            for (int c = 0; c < 4; ++c) {
+                const i64 m = m0w + mi * 16 + g + (c >= 2 ? 8 : 0), n = n0w + ni * 8 + 2 * tig + (c & 1);
+                if (m < D.ne[0] && n < D.ne[1]) store_f(D, m, n, i2, i3, acc[mi][ni][c]);
+            }
+}
+
+// The pipelined tile of BM rows x BN columns, WGM x WGN warps (each (BM / WGM) x (BN / WGN)), k tiles of BK
+// with STAGES of them in flight. Every output's k16 products are accumulated in k order whatever the tiling,
+// so every geometry gives the register path's results bit for bit. Shared memory (geometry.py mm_f16_smem):
+// STAGES x (BM x (BK + 8) halves of W + BN x (BK + 8) floats of x) + 2 x BN x (BK + 8) halves of x as F16.
+template <int BM, int BN, int WGM, int WGN, int STAGES, int BK>
+__device__ __forceinline__ void mm_f16_tiles(const kparams &p, unsigned char *smem) {
+    constexpr int THREADS = 32 * WGM * WGN, WM = BM / WGM, WN = BN / WGN, MI = WM / 16, NI = WN / 8, KS = BK / 16;
+    static_assert(MI * 16 == WM && NI * 8 == WN && NI % 2 == 0 && KS * 16 == BK, "16-row, 16-column, k16 steps");
+    typedef unsigned short ATile[BM][BK + MM_PAD];
+    typedef float XTile[BN][BK + 8];            // 16-byte rows
+    typedef unsigned short BTile[BN][BK + MM_PAD];
+    constexpr int NA = BM * BK / 8 / THREADS, NX = BN * BK / 4 / THREADS;   // copies each
+    static_assert(NA * THREADS * 8 == BM * BK && NX * THREADS * 4 == BN * BK, "whole copies per thread");
     ATile *As = (ATile *)smem;
-    XTile *Xf = (XTile *)(smem + MM_STAGES * sizeof(ATile));
-    BTile *Bs = (BTile *)(smem + MM_STAGES * (sizeof(ATile) + sizeof(XTile)));
+    XTile *Xf = (XTile *)(smem + STAGES * sizeof(ATile));
+    BTile *Bs = (BTile *)(smem + STAGES * (sizeof(ATile) + sizeof(XTile)));
     const tdesc &D = p.t[0], &W = p.t[1], &X = p.t[2];
     const i64 M = D.ne[0], N = D.ne[1];
     const int K = (int)W.ne[0];
-    const i64 m0 = (i64)blockIdx.x * MM_BM, n0 = (i64)blockIdx.y * MM_BN;
+    const i64 m0 = (i64)blockIdx.x * BM, n0 = (i64)blockIdx.y * BN;
     const i64 i2 = blockIdx.z % D.ne[2], i3 = blockIdx.z / D.ne[2];
     const i64 w2 = i2 / (D.ne[2] / W.ne[2]), w3 = i3 / (D.ne[3] / W.ne[3]);
-    const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, wm = warp & 3, wn = warp >> 2;
-    // this thread's copies: A row idx / 4, chunk idx % 4 (8 halves); x column idx / 8, chunk idx % 8 (4
-    // floats); rows past the edge read the last row with 0 bytes (zero-filled). Shared addresses are 32-bit
-    // and precomputed (a stage is a constant step from them); each global pointer steps one k tile.
+    const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, wm = warp % WGM, wn = warp / WGM;
+    // this thread's copies (rows past the edge read the last row with 0 bytes: zero-filled). Shared addresses
+    // are 32-bit and precomputed (a stage is a constant step from them); each global pointer steps one k tile.
     const char *wr[NA], *xr[NX];
     unsigned a_dst[NA], x_dst[NX];
     int wk[NA], xk[NX];   // the k of each chunk, or K for rows/columns past the edge (never copied)
 #pragma unroll
-    for (int i = 0; i < NA; ++i)
-        mm_copy_slot(W, m0, M, w2, w3, tid + MM_P_THREADS * i, K, As[0], wr[i], wk[i], a_dst[i]);
+    for (int i = 0; i < NA; ++i) mm_copy_slot<BK>(W, m0, M, w2, w3, tid + THREADS * i, K, As[0], wr[i], wk[i], a_dst[i]);
 #pragma unroll
-    for (int i = 0; i < NX; ++i)
-        mm_copy_slot(X, n0, N, i2, i3, tid + MM_P_THREADS * i, K, Xf[0], xr[i], xk[i], x_dst[i]);
-    const int nk = (K + MM_BK - 1) / MM_BK;
+    for (int i = 0; i < NX; ++i) mm_copy_slot<BK>(X, n0, N, i2, i3, tid + THREADS * i, K, Xf[0], xr[i], xk[i], x_dst[i]);
+    const int nk = (K + BK - 1) / BK;
     auto issue = [&](int kt) {
         if (kt < nk) {
-            const unsigned st = (unsigned)kt % MM_STAGES;
-            const int k0 = kt * MM_BK;
+            const unsigned st = (unsigned)kt % STAGES;
+            const int k0 = kt * BK;
 #pragma unroll
             for (int i = 0; i < NA; ++i) {
                 const bool in = wk[i] + k0 < K;
@@ -147,11 +176,12 @@ __device__ void mm_f16_pipelined(const kparams &p, unsigned char *smem) {
         }
         cp_async_commit();   // an empty group past the end keeps the count
     };
-    // x of tile kt rounded to F16: each thread 8 consecutive k of one column (64 columns x 4 chunks)
-    constexpr int RK = MM_BN * MM_BK / MM_P_THREADS;
-    const int rcol = tid / (MM_BK / RK), rc = (tid % (MM_BK / RK)) * RK;
+    // x of tile kt rounded to F16: each thread RK consecutive k of one column
+    constexpr int RK = BN * BK / THREADS;
+    static_assert(RK % 8 == 0 && BK % RK == 0, "rounding: whole 8-float runs");
+    const int rcol = tid / (BK / RK), rc = (tid % (BK / RK)) * RK;
     auto round_x = [&](int kt) {
-        const float *f = &Xf[(unsigned)kt % MM_STAGES][rcol][rc];
+        const float *f = &Xf[(unsigned)kt % STAGES][rcol][rc];
         unsigned short *h = &Bs[kt & 1][rcol][rc];
 #pragma unroll
         for (int j = 0; j < RK; j += 8) {
@@ -161,21 +191,21 @@ __device__ void mm_f16_pipelined(const kparams &p, unsigned char *smem) {
         }
     };
     // ldmatrix row addresses of stage 0, F16 tile 0, k 0
-    unsigned a_ld[2], b_ld[2];
+    unsigned a_ld[MI], b_ld[NI / 2];
 #pragma unroll
-    for (int mi = 0; mi < 2; ++mi) a_ld[mi] = smem_u32(&As[0][wm * 32 + mi * 16 + (lane & 15)][(lane >> 4) * 8]);
+    for (int mi = 0; mi < MI; ++mi) a_ld[mi] = smem_u32(&As[0][wm * WM + mi * 16 + (lane & 15)][(lane >> 4) * 8]);
 #pragma unroll
-    for (int nj = 0; nj < 2; ++nj)
-        b_ld[nj] = smem_u32(&Bs[0][wn * 32 + nj * 16 + (lane & 7) + (lane >> 4) * 8][((lane >> 3) & 1) * 8]);
+    for (int nj = 0; nj < NI / 2; ++nj)
+        b_ld[nj] = smem_u32(&Bs[0][wn * WN + nj * 16 + (lane & 7) + (lane >> 4) * 8][((lane >> 3) & 1) * 8]);
 
-    float acc[2][4][4];
-    zero_acc(acc);
-    // a k16 step's fragments: 2 A (16 rows each) and 4 B (8 columns each) from ldmatrix
+    float acc[MI][NI][4];
+    zero_acc_t<MI, NI>(acc);
+    // a k16 step's fragments: MI A (16 rows each) and NI B (8 columns each) from ldmatrix
     auto frags = [&](unsigned (*af)[4], unsigned (*bf)[2], unsigned ao, unsigned bo) {
 #pragma unroll
-        for (int mi = 0; mi < 2; ++mi) ldmatrix_x4_at(af[mi], a_ld[mi] + ao);
+        for (int mi = 0; mi < MI; ++mi) ldmatrix_x4_at(af[mi], a_ld[mi] + ao);
 #pragma unroll
-        for (int nj = 0; nj < 2; ++nj) {
+        for (int nj = 0; nj < NI / 2; ++nj) {
             unsigned r[4];
             ldmatrix_x4_at(r, b_ld[nj] + bo);
             bf[2 * nj][0] = r[0]; bf[2 * nj][1] = r[1];
@@ -184,40 +214,57 @@ __device__ void mm_f16_pipelined(const kparams &p, unsigned char *smem) {
     };
     auto mmas = [&](unsigned (*af)[4], unsigned (*bf)[2]) {
 #pragma unroll
-        for (int mi = 0; mi < 2; ++mi)
+        for (int mi = 0; mi < MI; ++mi)
 #pragma unroll
-            for (int ni = 0; ni < 4; ++ni) mma_f16(acc[mi][ni], af[mi], bf[ni]);
+            for (int ni = 0; ni < NI; ++ni) mma_f16(acc[mi][ni], af[mi], bf[ni]);
     };
 #pragma unroll
-    for (int s = 0; s < MM_STAGES - 1; ++s) issue(s);
-    asm volatile("cp.async.wait_group %0;" ::"n"(MM_STAGES - 2) : "memory");   // tile 0 has landed
+    for (int s = 0; s < STAGES - 1; ++s) issue(s);
+    cp_async_wait_pending<STAGES - 2>();   // tile 0 has landed
     __syncthreads();
     round_x(0);
-    // the fragments are read ahead of the products that need them: k 0 before this step's copies and
-    // rounding are issued, k 16 before k 0's products (ldmatrix latency was the warps' main stall: ncu)
+    // the fragments are read a k16 step ahead of the products that need them: k 0 before this step's copies
+    // and rounding are issued (ldmatrix latency was the warps' main stall: ncu)
     for (int kt = 0; kt < nk; ++kt) {
-        asm volatile("cp.async.wait_group %0;" ::"n"(MM_STAGES - 3) : "memory");   // tile kt + 1 has landed
+        cp_async_wait_pending<STAGES - 3>();   // tile kt + 1 has landed
         __syncthreads();   // ... for every thread; tile kt is rounded; tile kt - 1's stage and F16 tile are free
-        const unsigned ao = ((unsigned)kt % MM_STAGES) * sizeof(ATile), bo = (kt & 1) * sizeof(BTile);
-        unsigned af0[2][4], bf0[4][2], af1[2][4], bf1[4][2];
-        frags(af0, bf0, ao, bo);
-        issue(kt + MM_STAGES - 1);
+        const unsigned ao = ((unsigned)kt % STAGES) * sizeof(ATile), bo = (kt & 1) * sizeof(BTile);
+        unsigned af[2][MI][4], bf[2][NI][2];
+        frags(af[0], bf[0], ao, bo);
+        issue(kt + STAGES - 1);
         if (kt + 1 < nk) round_x(kt + 1);
-        frags(af1, bf1, ao + 32, bo + 32);   // k 16: 32 bytes on
-        mmas(af0, bf0);
-        mmas(af1, bf1);
+#pragma unroll
+        for (int ks = 0; ks < KS; ++ks) {
+            if (ks + 1 < KS) frags(af[(ks + 1) & 1], bf[(ks + 1) & 1], ao + 32 * (ks + 1), bo + 32 * (ks + 1));
+            mmas(af[ks & 1], bf[ks & 1]);
+        }
     }
     asm volatile("cp.async.wait_group 0;" ::: "memory");
-    store_acc(D, acc, m0 + wm * 32, n0 + wn * 32, i2, i3);
+    store_acc_t<MI, NI>(D, acc, m0 + wm * WM, n0 + wn * WN, i2, i3);
+}
+
+__device__ void mm_f16_pipelined(const kparams &p, unsigned char *smem) {
+    mm_f16_tiles<MM_BM, MM_BN, 4, 2, MM_STAGES, MM_BK>(p, smem);
 }
 
 __device__ void mm_f16_registers(const kparams &p, unsigned char *smem);
 
+// The pipelined path's k tile: 64 when the launch got the shared memory of four such stages (geometry.py
+// gives it to grids of at most one block per SM, where a second resident block could not use the room),
+// else 32 (two blocks per SM). The same products in the same order either way.
+#define MM_SMEM_K64 (MM_STAGES * (MM_BM * 72 * 2 + MM_BN * 72 * 4) + 2 * MM_BN * 72 * 2)
+
 KERNEL_LB(mul_mat_f16, 256) {
     extern __shared__ __align__(16) unsigned char mm_smem[];   // geometry.py: the pipelined path's stages
     const tdesc &W = p.t[1], &X = p.t[2];
-    if (W.nb[0] == 2 && vec16(W) && X.nb[0] == 4 && vec16(X) && W.ne[0] % 8 == 0) mm_f16_pipelined(p, mm_smem);
-    else mm_f16_registers(p, mm_smem);
+    if (W.nb[0] == 2 && vec16(W) && X.nb[0] == 4 && vec16(X) && W.ne[0] % 8 == 0) {
+        unsigned smem_bytes;
+        asm("mov.u32 %0, %%dynamic_smem_size;" : "=r"(smem_bytes));
+        if (smem_bytes >= MM_SMEM_K64) mm_f16_tiles<MM_BM, MM_BN, 4, 2, MM_STAGES, 64>(p, mm_smem);
+        else mm_f16_pipelined(p, mm_smem);
+    } else {
+        mm_f16_registers(p, mm_smem);
+    }
 }
 
 // The general path (views, odd strides or K): two stages through registers.

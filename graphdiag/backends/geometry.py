@@ -27,6 +27,8 @@ TILE = 16                # mul_mat.cu mul_mat_f32: 16x16 output tile per 256-thr
 MM_BM, MM_BN = 128, 64   # mul_mat.cu tensor-core kernels (f16, q8_0): 128 x 64 output tile, 256 threads
 MM_BLOCK = 256
 MM_BK, MM_STAGES = 32, 4   # mul_mat_f16: k tiles of 32, four stages in flight (dynamic shared memory)
+MM_BK_WIDE = 64            # ... k tiles of 64 for grids of at most MM_ONE_WAVE blocks
+MM_ONE_WAVE = 132          # the H200's SMs: such a grid is one block per SM
 QUANT_WARPS = 8          # quantize.cu: one warp per 32-block, 8 warps per block
 ELEMENTWISE_BLOCK = 256  # element-wise / rope kernels: one thread per element or pair, grid-stride loop
 MAX_GRID_X = 1 << 20     # cap on grid-stride grids: plenty of blocks to fill 132 SMs, no overflow
@@ -143,6 +145,15 @@ def _elementwise(slot: int, per: int = 1) -> Callable[[np.ndarray], Geometry]:
     return geom
 
 
+def _binary(p) -> Geometry:
+    """add / mul / swiglu: a thread per 4 destination elements (the dense path takes a float4 each; the
+    broadcast path's grid-stride loop covers any count). A thread per element left three blocks in four with
+    nothing to do: a 1b prefill's swiglu (512 x 8192) launched 16384 blocks for 4096 blocks of work."""
+    n = _ne(p, 0)
+    total = n[0] * n[1] * n[2] * n[3]
+    return (max(min(_cdiv(total, 4 * ELEMENTWISE_BLOCK), MAX_GRID_X), 1), 1, 1), (ELEMENTWISE_BLOCK, 1, 1), 0
+
+
 def fa_vec(n_head: int, n_head_kv: int, n_tokens: int) -> bool:
     """Whether a FLASH_ATTN_EXT node takes a decode kernel flash_attn_vec_f16_d*_g* (one token per block)."""
     return n_tokens <= FAV_MAX_TOKENS and n_head // max(n_head_kv, 1) <= FAV_MAX_G
@@ -222,11 +233,21 @@ def _mm_tc(p) -> Geometry:
     return (_cdiv(d[0], MM_BM), _cdiv(d[1], MM_BN), max(d[2] * d[3], 1)), (MM_BLOCK, 1, 1), 0
 
 
+def mm_f16_smem(bk: int) -> int:
+    """mul_mat_f16's shared memory with k tiles of `bk`: MM_STAGES tiles of A (F16) and x (F32), and two of x
+    rounded to F16 (the pipelined path's; the register path uses less). Rows padded by 8 elements."""
+    return MM_STAGES * (MM_BM * (bk + 8) * 2 + MM_BN * (bk + 8) * 4) + 2 * MM_BN * (bk + 8) * 2
+
+
 def _mm_f16(p) -> Geometry:
-    """mul_mat_f16: the q8_0 kernel's grid; in shared memory MM_STAGES k tiles of A (F16) and x (F32), and two
-    of x rounded to F16 (the pipelined path's; the register path uses less)."""
+    """mul_mat_f16: the q8_0 kernel's grid. A grid of at most MM_ONE_WAVE blocks runs one block per SM whatever
+    its shared memory, so it gets k tiles of 64 (the kernel reads its dynamic shared-memory size to choose:
+    half the barriers and twice the bytes in flight per step); a larger grid keeps k tiles of 32, where two
+    blocks share an SM. H200, PDL off (kernel microbenchmark, one call each): K2048 M2048 N512 37.7 -> 33.2 us,
+    K8192 M2048 N512 133.6 -> 114.1 us; K2048 M8192 N512 (512 blocks) 111.3 us with tiles of 32, 126.4 with 64."""
     grid, block, _ = _mm_tc(p)
-    return grid, block, MM_STAGES * (MM_BM * (MM_BK + 8) * 2 + MM_BN * (MM_BK + 8) * 4) + 2 * MM_BN * (MM_BK + 8) * 2
+    one_wave = grid[0] * grid[1] * grid[2] <= MM_ONE_WAVE
+    return grid, block, mm_f16_smem(MM_BK_WIDE if one_wave else MM_BK)
 
 
 def _quantize(p) -> Geometry:
@@ -254,7 +275,7 @@ def _table() -> dict[str, Callable[[np.ndarray], Geometry]]:
         t[f"mul_mat_id_gathered_{w}"] = _mmv_gathered
     t.update({
         "rms_norm_f32": _rms_rows, "rms_norm_mul_f32": _rms_rows, "soft_max_f32": _per_row(1),
-        "mul_f32": _elementwise(0), "add_f32": _elementwise(0), "glu_swiglu_f32": _elementwise(0),
+        "mul_f32": _binary, "add_f32": _binary, "glu_swiglu_f32": _binary,
         "cpy_f32_f32": _elementwise(1), "cpy_f32_f16": _elementwise(1),
         "rope_f32": _elementwise(1, per=2),
         "set_rows_f16": _elementwise(1), "set_rows_f32": _elementwise(1),

@@ -67,11 +67,12 @@ def mat_vec_cases() -> list[Case]:
 
 
 def mat_mat_cases() -> list[Case]:
-    """Tensor-core tiles (128 x 64) with partial edges, several k steps, W broadcast over batches."""
+    """Tensor-core tiles (128 x 64) with partial edges, several k steps, W broadcast over batches; F16 grids
+    of at most one block per SM take k tiles of 64, the 2100 x 600 grid (170 blocks) tiles of 32."""
     out = []
     for w in W_TYPES:
         shapes = [(160, 50, 37, 1, 1), (256, 64, 16, 2, 1), (96, 33, 20, 2, 2), (256, 300, 130, 1, 1),
-                  (1408, 512, 250, 1, 1)]
+                  (1408, 512, 250, 1, 1), (96, 2100, 600, 1, 1)]
         if w != "q8_0":
             shapes.append((72, 40, 24, 1, 1))   # K not a multiple of the 32-wide k step
             shapes.append((60, 40, 24, 1, 1))   # rows not 16-byte aligned: F16 takes the register path

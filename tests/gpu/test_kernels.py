@@ -50,3 +50,26 @@ def test_kernel_matches_the_simulator(case, driver, stream, error_log):
     err = compare(case, ref, got, check_bound=False)
     error_log[f"{case.kernel}[{case.id}]"] = err
     assert err <= case.bound, f"error {err:.3g} of max|ref| exceeds the bound {case.bound:.3g}"
+
+
+@pytest.mark.parametrize("k, m, n", [(2048, 256, 200), (160, 300, 70), (96, 2100, 600)])
+def test_mul_mat_f16_k_tiles_of_32_and_64_give_the_same_bits(k, m, n, driver, stream):
+    """The pipelined mul_mat_f16 chooses its k tile by the shared memory it was given (geometry: 64 for
+    grids of at most one block per SM, else 32): every output's k16 products are summed in the same order,
+    so both give the same bits."""
+    from graphdiag.backends.geometry import mm_f16_smem
+    from graphdiag.backends.drivers.base import Launch as L
+    from graphdiag.ir.dtypes import GGMLType as G
+    from kernel_cases import Case
+    c = Case("mul_mat_f16", f"k-tiles-K{k}-M{m}-N{n}")
+    c.set(c.output(G.F32, m, n), c.randn(G.F16, k, m), c.randn(G.F32, k, n))
+    outs = []
+    for bk in (32, 64):
+        class Dev(GpuDevice):
+            def run(self, name, params, _bk=bk):
+                grid, block, _ = launch_geometry(name, params)
+                self.drv.launch(self.stream, self.drv.prepare(L(name, grid, block, params, mm_f16_smem(_bk))))
+                self.drv.stream_synchronize(self.stream)
+        outs.append(c.run(Dev(driver, stream)))
+    assert outs[0].tobytes() == outs[1].tobytes()
+    assert not (outs[0].view(np.uint32) == 0xFFFFFFFF).any()     # every output written

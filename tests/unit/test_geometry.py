@@ -143,3 +143,31 @@ def test_the_lowering_shares_rows_only_for_one_column():
     w = NS(ne=(2048, 512, 1, 1))                     # 1b's K/V projection: K 2048, M 512
     assert _mmv_ip(NS(ne=(512, 1, 1, 1)), w) == (0, 2)
     assert _mmv_ip(NS(ne=(512, 4, 1, 1)), w) == (0, 1)
+
+
+def _cu_defines(path):
+    import re
+    return dict(re.findall(r"^#define (MM_\w+) (.+?)(?:\s*//.*)?$", path.read_text(), re.M))
+
+
+def test_mul_mat_f16_takes_k_tiles_of_64_for_grids_of_one_block_per_sm():
+    """The k tile goes to the kernel as its shared-memory size: the kernel's threshold (MM_SMEM_K64, from
+    its own constants) is what geometry gives a one-wave grid, and more than it gives a larger one."""
+    from graphdiag.backends.geometry import MM_ONE_WAVE, mm_f16_smem
+    from graphdiag.resources import kernels_dir
+    d = _cu_defines(kernels_dir() / "mul_mat.cu")
+    expr = d["MM_SMEM_K64"]
+    for name in ("MM_STAGES", "MM_BM", "MM_BN"):
+        expr = expr.replace(name, d[name])
+    k64 = eval(expr, {})                         # plain integer arithmetic from the .cu file
+    assert k64 == mm_f16_smem(64) > mm_f16_smem(32)
+    one_wave = launch_geometry("mul_mat_f16", _p((2048, 512, 1, 1), (2048, 2048, 1, 1), (2048, 512, 1, 1)))
+    assert one_wave[0] == (16, 8, 1) and 16 * 8 <= MM_ONE_WAVE and one_wave[2] == k64
+    wide = launch_geometry("mul_mat_f16", _p((8192, 512, 1, 1), (2048, 8192, 1, 1), (2048, 512, 1, 1)))
+    assert wide[0] == (64, 8, 1) and wide[2] == mm_f16_smem(32) < k64
+
+
+def test_binary_ops_take_a_thread_per_four_elements():
+    assert launch_geometry("glu_swiglu_f32", _p((8192, 512, 1, 1)))[0] == (4096, 1, 1)
+    assert launch_geometry("add_f32", _p((3, 1, 1, 1)))[0] == (1, 1, 1)
+    assert launch_geometry("mul_f32", _p((1025, 1, 1, 1)))[0] == (2, 1, 1)
