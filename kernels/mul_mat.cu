@@ -75,16 +75,13 @@ __device__ __forceinline__ void store_acc(const tdesc &D, const float (*acc)[4][
 }
 
 // ---- F16 weights x F32 activations (rounded to F16) ----------------------------------------------------
-// The pipelined path (contiguous, 16-byte aligned W and x, K % 8 == 0: every prefill projection): warps as in
-// the register path. MM_STAGES k tiles of W (F16) and x (F32) in flight, filled by cp.async (zero-filled past
-// the edges). The block rounds each x tile to F16 once, into one of two F16 tiles, while the tensor cores
-// work on the other, so both operands come from ldmatrix and no warp converts what another converts too
-// (per-warp rounding kept the ALU pipe the busiest: ncu). One barrier per k step:
-//   iteration kt: wait for tile kt + 1; barrier; issue tile kt + MM_STAGES - 1 into the stage tile kt - 1
-//   left; round x of tile kt + 1 into the F16 tile that tile kt - 1 used; multiply tile kt.
-// The products and their order per output are the register path's, so both give the same results.
-#define MM_STAGES 4
-#define MM_P_THREADS 256
+// The pipelined path (contiguous, 16-byte aligned W and x, K % 8 == 0: every prefill projection): the register
+// path's 128 x 64 tile and warps, W in MM_STAGES k tiles of MM_BK_P by cp.async (zero-filled past the edges), x
+// through registers (mm_f16_tiles). H200, PDL off (.out/mmx/bench.py, 27 tilings, all bit-identical):
+// K2048 M8192 N512 113.5 -> 81.2 us, K8192 M2048 N512 119.1 -> 97.8 us, K2048 M2048 N512 35.0 -> 26.8 us
+// against the F32-staged kernel before it. The products and their order per output are the register path's.
+#define MM_STAGES 3   // W's k tiles in flight (the pipelined path)
+#define MM_BK_P 64    // the pipelined path's k tile
 
 // Copy `idx` of a pipelined tile (W's rows of 8-half chunks, or x's columns of 4-float chunks, BK k per
 // row): its source, row r0 + idx / (chunks per row) of T (R rows, broadcast dims d2, d3; past the edge the
@@ -126,22 +123,23 @@ __device__ __forceinline__ void store_acc_t(const tdesc &D, const float (*acc)[N
             }
 }
 
-// The pipelined tile of BM rows x BN columns, WGM x WGN warps (each (BM / WGM) x (BN / WGN)), k tiles of BK
-// with STAGES of them in flight. Every output's k16 products are accumulated in k order whatever the tiling,
-// so every geometry gives the register path's results bit for bit. Shared memory (geometry.py mm_f16_smem):
-// STAGES x (BM x (BK + 8) halves of W + BN x (BK + 8) floats of x) + 2 x BN x (BK + 8) halves of x as F16.
+// The pipelined tile of BM rows x BN columns, WGM x WGN warps (each (BM / WGM) x (BN / WGN)), k tiles of BK.
+// W by cp.async, STAGES tiles in flight; x through registers: each thread loads its float4s of tile kt + 2
+// while tile kt is multiplied and rounds them to F16 into the free one of two B tiles after it, so x takes
+// no F32 staging in shared memory and no separate rounding pass (the F32 stages and their rounding were a
+// third of the shared-memory traffic of the earlier kernel). One barrier per k step. Every output sums its
+// k16 products in k order whatever the tiling, so each geometry gives the register path's bits. Shared
+// memory (geometry.py mm_f16_smem): STAGES x BM x (BK + 8) halves of W + 2 x BN x (BK + 8) halves of x.
 template <int BM, int BN, int WGM, int WGN, int STAGES, int BK>
 __device__ __forceinline__ void mm_f16_tiles(const kparams &p, unsigned char *smem) {
     constexpr int THREADS = 32 * WGM * WGN, WM = BM / WGM, WN = BN / WGN, MI = WM / 16, NI = WN / 8, KS = BK / 16;
-    static_assert(MI * 16 == WM && NI * 8 == WN && NI % 2 == 0 && KS * 16 == BK, "16-row, 16-column, k16 steps");
+    static_assert(MI * 16 == WM && NI * 8 == WN && NI % 2 == 0 && KS * 16 == BK, "steps");
     typedef unsigned short ATile[BM][BK + MM_PAD];
-    typedef float XTile[BN][BK + 8];            // 16-byte rows
     typedef unsigned short BTile[BN][BK + MM_PAD];
-    constexpr int NA = BM * BK / 8 / THREADS, NX = BN * BK / 4 / THREADS;   // copies each
+    constexpr int NA = BM * BK / 8 / THREADS, NX = BN * BK / 4 / THREADS;
     static_assert(NA * THREADS * 8 == BM * BK && NX * THREADS * 4 == BN * BK, "whole copies per thread");
     ATile *As = (ATile *)smem;
-    XTile *Xf = (XTile *)(smem + STAGES * sizeof(ATile));
-    BTile *Bs = (BTile *)(smem + STAGES * (sizeof(ATile) + sizeof(XTile)));
+    BTile *Bs = (BTile *)(smem + STAGES * sizeof(ATile));
     const tdesc &D = p.t[0], &W = p.t[1], &X = p.t[2];
     const i64 M = D.ne[0], N = D.ne[1];
     const int K = (int)W.ne[0];
@@ -149,15 +147,24 @@ __device__ __forceinline__ void mm_f16_tiles(const kparams &p, unsigned char *sm
     const i64 i2 = blockIdx.z % D.ne[2], i3 = blockIdx.z / D.ne[2];
     const i64 w2 = i2 / (D.ne[2] / W.ne[2]), w3 = i3 / (D.ne[3] / W.ne[3]);
     const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, wm = warp % WGM, wn = warp / WGM;
-    // this thread's copies (rows past the edge read the last row with 0 bytes: zero-filled). Shared addresses
-    // are 32-bit and precomputed (a stage is a constant step from them); each global pointer steps one k tile.
-    const char *wr[NA], *xr[NX];
-    unsigned a_dst[NA], x_dst[NX];
-    int wk[NA], xk[NX];   // the k of each chunk, or K for rows/columns past the edge (never copied)
+    const char *wr[NA];
+    unsigned a_dst[NA];
+    int wk[NA];
 #pragma unroll
     for (int i = 0; i < NA; ++i) mm_copy_slot<BK>(W, m0, M, w2, w3, tid + THREADS * i, K, As[0], wr[i], wk[i], a_dst[i]);
+    // x: chunk idx = tid + THREADS * i: column idx / (BK / 4), 4 floats at k (idx % (BK / 4)) * 4
+    constexpr int XC = BK / 4;
+    const float *xr[NX];
+    int xk[NX];
+    unsigned short *xdst[NX];
 #pragma unroll
-    for (int i = 0; i < NX; ++i) mm_copy_slot<BK>(X, n0, N, i2, i3, tid + THREADS * i, K, Xf[0], xr[i], xk[i], x_dst[i]);
+    for (int i = 0; i < NX; ++i) {
+        const int idx = tid + THREADS * i, col = idx / XC, c = idx % XC;
+        const i64 n = n0 + col;
+        xr[i] = (const float *)row_ptr(X, n < N ? n : N - 1, i2, i3) + c * 4;
+        xk[i] = n < N ? c * 4 : K;
+        xdst[i] = &Bs[0][col][c * 4];
+    }
     const int nk = (K + BK - 1) / BK;
     auto issue = [&](int kt) {
         if (kt < nk) {
@@ -168,39 +175,30 @@ __device__ __forceinline__ void mm_f16_tiles(const kparams &p, unsigned char *sm
                 const bool in = wk[i] + k0 < K;
                 cp_async16_at(a_dst[i] + st * sizeof(ATile), in ? wr[i] + k0 * 2 : wr[i], in ? 16 : 0);
             }
-#pragma unroll
-            for (int i = 0; i < NX; ++i) {
-                const bool in = xk[i] + k0 < K;
-                cp_async16_at(x_dst[i] + st * sizeof(XTile), in ? xr[i] + k0 * 4 : xr[i], in ? 16 : 0);
-            }
         }
-        cp_async_commit();   // an empty group past the end keeps the count
+        cp_async_commit();
     };
-    // x of tile kt rounded to F16: each thread RK consecutive k of one column
-    constexpr int RK = BN * BK / THREADS;
-    static_assert(RK % 8 == 0 && BK % RK == 0, "rounding: whole 8-float runs");
-    const int rcol = tid / (BK / RK), rc = (tid % (BK / RK)) * RK;
-    auto round_x = [&](int kt) {
-        const float *f = &Xf[(unsigned)kt % STAGES][rcol][rc];
-        unsigned short *h = &Bs[kt & 1][rcol][rc];
+    float4 xv[NX];
+    auto load_x = [&](int kt) {
+        const int k0 = kt * BK;
 #pragma unroll
-        for (int j = 0; j < RK; j += 8) {
-            const float4 lo = *(const float4 *)(f + j), hi = *(const float4 *)(f + j + 4);
-            *(uint4 *)(h + j) = make_uint4(pack_h2(f2h(lo.x), f2h(lo.y)), pack_h2(f2h(lo.z), f2h(lo.w)),
-                                           pack_h2(f2h(hi.x), f2h(hi.y)), pack_h2(f2h(hi.z), f2h(hi.w)));
-        }
+        for (int i = 0; i < NX; ++i)
+            xv[i] = (kt < nk && xk[i] + k0 < K) ? __ldg((const float4 *)(xr[i] + k0)) : make_float4(0.f, 0.f, 0.f, 0.f);
     };
-    // ldmatrix row addresses of stage 0, F16 tile 0, k 0
+    auto store_x = [&](int buf) {
+#pragma unroll
+        for (int i = 0; i < NX; ++i)
+            *(uint2 *)(xdst[i] + buf * (sizeof(BTile) / 2)) =
+                make_uint2(pack_h2(f2h(xv[i].x), f2h(xv[i].y)), pack_h2(f2h(xv[i].z), f2h(xv[i].w)));
+    };
     unsigned a_ld[MI], b_ld[NI / 2];
 #pragma unroll
     for (int mi = 0; mi < MI; ++mi) a_ld[mi] = smem_u32(&As[0][wm * WM + mi * 16 + (lane & 15)][(lane >> 4) * 8]);
 #pragma unroll
     for (int nj = 0; nj < NI / 2; ++nj)
         b_ld[nj] = smem_u32(&Bs[0][wn * WN + nj * 16 + (lane & 7) + (lane >> 4) * 8][((lane >> 3) & 1) * 8]);
-
     float acc[MI][NI][4];
     zero_acc_t<MI, NI>(acc);
-    // a k16 step's fragments: MI A (16 rows each) and NI B (8 columns each) from ldmatrix
     auto frags = [&](unsigned (*af)[4], unsigned (*bf)[2], unsigned ao, unsigned bo) {
 #pragma unroll
         for (int mi = 0; mi < MI; ++mi) ldmatrix_x4_at(af[mi], a_ld[mi] + ao);
@@ -220,23 +218,24 @@ __device__ __forceinline__ void mm_f16_tiles(const kparams &p, unsigned char *sm
     };
 #pragma unroll
     for (int s = 0; s < STAGES - 1; ++s) issue(s);
-    cp_async_wait_pending<STAGES - 2>();   // tile 0 has landed
-    __syncthreads();
-    round_x(0);
-    // the fragments are read a k16 step ahead of the products that need them: k 0 before this step's copies
-    // and rounding are issued (ldmatrix latency was the warps' main stall: ncu)
+    load_x(0);
+    store_x(0);
+    load_x(1);
     for (int kt = 0; kt < nk; ++kt) {
-        cp_async_wait_pending<STAGES - 3>();   // tile kt + 1 has landed
-        __syncthreads();   // ... for every thread; tile kt is rounded; tile kt - 1's stage and F16 tile are free
+        cp_async_wait_pending<STAGES - 2>();   // tile kt has landed
+        __syncthreads();   // x of tile kt stored; every warp is done with tile kt - 1
         const unsigned ao = ((unsigned)kt % STAGES) * sizeof(ATile), bo = (kt & 1) * sizeof(BTile);
+        issue(kt + STAGES - 1);
         unsigned af[2][MI][4], bf[2][NI][2];
         frags(af[0], bf[0], ao, bo);
-        issue(kt + STAGES - 1);
-        if (kt + 1 < nk) round_x(kt + 1);
 #pragma unroll
         for (int ks = 0; ks < KS; ++ks) {
             if (ks + 1 < KS) frags(af[(ks + 1) & 1], bf[(ks + 1) & 1], ao + 32 * (ks + 1), bo + 32 * (ks + 1));
             mmas(af[ks & 1], bf[ks & 1]);
+        }
+        if (kt + 1 < nk) {
+            store_x((kt + 1) & 1);   // the buffer tile kt - 1 used: free since the barrier
+            load_x(kt + 2);
         }
     }
     asm volatile("cp.async.wait_group 0;" ::: "memory");
@@ -244,27 +243,16 @@ __device__ __forceinline__ void mm_f16_tiles(const kparams &p, unsigned char *sm
 }
 
 __device__ void mm_f16_pipelined(const kparams &p, unsigned char *smem) {
-    mm_f16_tiles<MM_BM, MM_BN, 4, 2, MM_STAGES, MM_BK>(p, smem);
+    mm_f16_tiles<MM_BM, MM_BN, 4, 2, MM_STAGES, MM_BK_P>(p, smem);
 }
 
 __device__ void mm_f16_registers(const kparams &p, unsigned char *smem);
 
-// The pipelined path's k tile: 64 when the launch got the shared memory of four such stages (geometry.py
-// gives it to grids of at most one block per SM, where a second resident block could not use the room),
-// else 32 (two blocks per SM). The same products in the same order either way.
-#define MM_SMEM_K64 (MM_STAGES * (MM_BM * 72 * 2 + MM_BN * 72 * 4) + 2 * MM_BN * 72 * 2)
-
 KERNEL_LB(mul_mat_f16, 256) {
     extern __shared__ __align__(16) unsigned char mm_smem[];   // geometry.py: the pipelined path's stages
     const tdesc &W = p.t[1], &X = p.t[2];
-    if (W.nb[0] == 2 && vec16(W) && X.nb[0] == 4 && vec16(X) && W.ne[0] % 8 == 0) {
-        unsigned smem_bytes;
-        asm("mov.u32 %0, %%dynamic_smem_size;" : "=r"(smem_bytes));
-        if (smem_bytes >= MM_SMEM_K64) mm_f16_tiles<MM_BM, MM_BN, 4, 2, MM_STAGES, 64>(p, mm_smem);
-        else mm_f16_pipelined(p, mm_smem);
-    } else {
-        mm_f16_registers(p, mm_smem);
-    }
+    if (W.nb[0] == 2 && vec16(W) && X.nb[0] == 4 && vec16(X) && W.ne[0] % 8 == 0) mm_f16_pipelined(p, mm_smem);
+    else mm_f16_registers(p, mm_smem);
 }
 
 // The general path (views, odd strides or K): two stages through registers.

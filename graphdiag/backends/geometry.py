@@ -26,9 +26,7 @@ MMV_STEP = 1024          # elements of a row one warp step loads (32 lanes x 8 h
 TILE = 16                # mul_mat.cu mul_mat_f32: 16x16 output tile per 256-thread block
 MM_BM, MM_BN = 128, 64   # mul_mat.cu tensor-core kernels (f16, q8_0): 128 x 64 output tile, 256 threads
 MM_BLOCK = 256
-MM_BK, MM_STAGES = 32, 4   # mul_mat_f16: k tiles of 32, four stages in flight (dynamic shared memory)
-MM_BK_WIDE = 64            # ... k tiles of 64 for grids of at most MM_ONE_WAVE blocks
-MM_ONE_WAVE = 132          # the H200's SMs: such a grid is one block per SM
+MM_BK_P, MM_STAGES = 64, 3   # mul_mat_f16's pipelined path: W in three k tiles of 64 in flight (dynamic shmem)
 QUANT_WARPS = 8          # quantize.cu: one warp per 32-block, 8 warps per block
 ELEMENTWISE_BLOCK = 256  # element-wise / rope kernels: one thread per element or pair, grid-stride loop
 MAX_GRID_X = 1 << 20     # cap on grid-stride grids: plenty of blocks to fill 132 SMs, no overflow
@@ -233,21 +231,16 @@ def _mm_tc(p) -> Geometry:
     return (_cdiv(d[0], MM_BM), _cdiv(d[1], MM_BN), max(d[2] * d[3], 1)), (MM_BLOCK, 1, 1), 0
 
 
-def mm_f16_smem(bk: int) -> int:
-    """mul_mat_f16's shared memory with k tiles of `bk`: MM_STAGES tiles of A (F16) and x (F32), and two of x
-    rounded to F16 (the pipelined path's; the register path uses less). Rows padded by 8 elements."""
-    return MM_STAGES * (MM_BM * (bk + 8) * 2 + MM_BN * (bk + 8) * 4) + 2 * MM_BN * (bk + 8) * 2
+def mm_f16_smem() -> int:
+    """mul_mat_f16's shared memory: the pipelined path's MM_STAGES k tiles of W (F16) and two of x rounded to
+    F16, rows padded by 8 halves (x goes through registers; the register path uses less)."""
+    return MM_STAGES * MM_BM * (MM_BK_P + 8) * 2 + 2 * MM_BN * (MM_BK_P + 8) * 2
 
 
 def _mm_f16(p) -> Geometry:
-    """mul_mat_f16: the q8_0 kernel's grid. A grid of at most MM_ONE_WAVE blocks runs one block per SM whatever
-    its shared memory, so it gets k tiles of 64 (the kernel reads its dynamic shared-memory size to choose:
-    half the barriers and twice the bytes in flight per step); a larger grid keeps k tiles of 32, where two
-    blocks share an SM. H200, PDL off (kernel microbenchmark, one call each): K2048 M2048 N512 37.7 -> 33.2 us,
-    K8192 M2048 N512 133.6 -> 114.1 us; K2048 M8192 N512 (512 blocks) 111.3 us with tiles of 32, 126.4 with 64."""
+    """mul_mat_f16: the q8_0 kernel's grid, the pipelined path's shared memory."""
     grid, block, _ = _mm_tc(p)
-    one_wave = grid[0] * grid[1] * grid[2] <= MM_ONE_WAVE
-    return grid, block, mm_f16_smem(MM_BK_WIDE if one_wave else MM_BK)
+    return grid, block, mm_f16_smem()
 
 
 def _quantize(p) -> Geometry:

@@ -67,8 +67,8 @@ def mat_vec_cases() -> list[Case]:
 
 
 def mat_mat_cases() -> list[Case]:
-    """Tensor-core tiles (128 x 64) with partial edges, several k steps, W broadcast over batches; F16 grids
-    of at most one block per SM take k tiles of 64, the 2100 x 600 grid (170 blocks) tiles of 32."""
+    """Tensor-core tiles (128 x 64) with partial edges, several k steps, W broadcast over batches, and a grid
+    of more blocks than the GPU has SMs (2100 x 600: 170)."""
     out = []
     for w in W_TYPES:
         shapes = [(160, 50, 37, 1, 1), (256, 64, 16, 2, 1), (96, 33, 20, 2, 2), (256, 300, 130, 1, 1),

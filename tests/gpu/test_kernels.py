@@ -53,23 +53,18 @@ def test_kernel_matches_the_simulator(case, driver, stream, error_log):
 
 
 @pytest.mark.parametrize("k, m, n", [(2048, 256, 200), (160, 300, 70), (96, 2100, 600)])
-def test_mul_mat_f16_k_tiles_of_32_and_64_give_the_same_bits(k, m, n, driver, stream):
-    """The pipelined mul_mat_f16 chooses its k tile by the shared memory it was given (geometry: 64 for
-    grids of at most one block per SM, else 32): every output's k16 products are summed in the same order,
-    so both give the same bits."""
-    from graphdiag.backends.geometry import mm_f16_smem
-    from graphdiag.backends.drivers.base import Launch as L
+def test_mul_mat_f16_pipelined_and_register_paths_give_the_same_bits(k, m, n, driver, stream):
+    """The same W and x through the pipelined path (16-byte aligned rows) and the register path (W's rows
+    one half apart: not aligned): every output sums the same k16 products in the same order, so the bits agree."""
     from graphdiag.ir.dtypes import GGMLType as G
     from kernel_cases import Case
-    c = Case("mul_mat_f16", f"k-tiles-K{k}-M{m}-N{n}")
-    c.set(c.output(G.F32, m, n), c.randn(G.F16, k, m), c.randn(G.F32, k, n))
     outs = []
-    for bk in (32, 64):
-        class Dev(GpuDevice):
-            def run(self, name, params, _bk=bk):
-                grid, block, _ = launch_geometry(name, params)
-                self.drv.launch(self.stream, self.drv.prepare(L(name, grid, block, params, mm_f16_smem(_bk))))
-                self.drv.stream_synchronize(self.stream)
-        outs.append(c.run(Dev(driver, stream)))
-    assert outs[0].tobytes() == outs[1].tobytes()
+    for pad in (0, 1):
+        c = Case("mul_mat_f16", f"paths-K{k}-M{m}-N{n}")   # the same seed: the same values both times
+        w = c.rng.standard_normal((m, k)).astype(np.float32)
+        x = c.randn(G.F32, k, n)
+        wd = c.put(G.F16, np.concatenate([w, np.zeros((m, pad), np.float32)], axis=1))
+        c.set(c.output(G.F32, m, n), c.view(wd, (k, m), (2, 2 * (k + pad))), x)
+        outs.append(c.run(GpuDevice(driver, stream)))
     assert not (outs[0].view(np.uint32) == 0xFFFFFFFF).any()     # every output written
+    assert outs[0].tobytes() == outs[1].tobytes()

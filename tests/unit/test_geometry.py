@@ -147,24 +147,19 @@ def test_the_lowering_shares_rows_only_for_one_column():
 
 def _cu_defines(path):
     import re
-    return dict(re.findall(r"^#define (MM_\w+) (.+?)(?:\s*//.*)?$", path.read_text(), re.M))
+    return dict(re.findall(r"^#define (MM_\w+) (\S+)", path.read_text(), re.M))
 
 
-def test_mul_mat_f16_takes_k_tiles_of_64_for_grids_of_one_block_per_sm():
-    """The k tile goes to the kernel as its shared-memory size: the kernel's threshold (MM_SMEM_K64, from
-    its own constants) is what geometry gives a one-wave grid, and more than it gives a larger one."""
-    from graphdiag.backends.geometry import MM_ONE_WAVE, mm_f16_smem
+def test_mul_mat_f16_shared_memory_is_what_its_pipelined_path_takes():
+    """The kernel's stages (its own #defines) are what geometry sizes: a mismatch would let the kernel write
+    past its shared memory."""
+    from graphdiag.backends import geometry as g
     from graphdiag.resources import kernels_dir
-    d = _cu_defines(kernels_dir() / "mul_mat.cu")
-    expr = d["MM_SMEM_K64"]
-    for name in ("MM_STAGES", "MM_BM", "MM_BN"):
-        expr = expr.replace(name, d[name])
-    k64 = eval(expr, {})                         # plain integer arithmetic from the .cu file
-    assert k64 == mm_f16_smem(64) > mm_f16_smem(32)
-    one_wave = launch_geometry("mul_mat_f16", _p((2048, 512, 1, 1), (2048, 2048, 1, 1), (2048, 512, 1, 1)))
-    assert one_wave[0] == (16, 8, 1) and 16 * 8 <= MM_ONE_WAVE and one_wave[2] == k64
-    wide = launch_geometry("mul_mat_f16", _p((8192, 512, 1, 1), (2048, 8192, 1, 1), (2048, 512, 1, 1)))
-    assert wide[0] == (64, 8, 1) and wide[2] == mm_f16_smem(32) < k64
+    d = {k: int(v) for k, v in _cu_defines(kernels_dir() / "mul_mat.cu").items() if v.isdigit()}
+    assert (d["MM_STAGES"], d["MM_BK_P"], d["MM_BM"], d["MM_BN"]) == (g.MM_STAGES, g.MM_BK_P, g.MM_BM, g.MM_BN)
+    want = d["MM_STAGES"] * d["MM_BM"] * (d["MM_BK_P"] + 8) * 2 + 2 * d["MM_BN"] * (d["MM_BK_P"] + 8) * 2
+    grid, block, shmem = launch_geometry("mul_mat_f16", _p((2048, 512, 1, 1), (2048, 2048, 1, 1), (2048, 512, 1, 1)))
+    assert grid == (16, 8, 1) and block == (256, 1, 1) and shmem == want == g.mm_f16_smem() == 73728
 
 
 def test_binary_ops_take_a_thread_per_four_elements():
