@@ -1,9 +1,11 @@
 // Mat-mul for N > 8 (prefill).
 //
 // mul_mat_f16 and mul_mat_q8_0 run on tensor cores with mma.sync (PTX, so NVRTC needs no <mma.h>):
-// block tile 128 (weight rows m) x 64 (columns n) x 32 (k), 256 threads = 8 warps as 4 (m) x 2 (n), each
-// warp 32 x 32. Two shared-memory stages; the next k tile is loaded into registers while the current one is
-// multiplied, so one barrier per k step. Rows padded so fragment reads are bank-conflict free.
+// block tile 128 (weight rows m) x 64 (columns n), 256 threads = 8 warps as 4 (m) x 2 (n), each warp 32 x 32.
+// The register paths (q8_0, and f16 for unaligned views): k tiles of 32 in two shared-memory stages, the next
+// loaded into registers while the current one is multiplied, so one barrier per k step. mul_mat_f16's
+// pipelined path (aligned rows: every prefill projection) is mm_f16_tiles below. Rows padded so fragment
+// reads are bank-conflict free.
 //   f16:  A = W (F16), B = x rounded to F16 on load (as ggml's cuBLAS path converts src1), fp32 accumulate,
 //         mma.m16n8k16 with ldmatrix.
 //   q8_0: A = W's int8 quants, B = x as Q8_1 blocks (quantize.cu), mma.m16n8k32 s8 -> s32 per 32-block,
@@ -17,7 +19,7 @@
 #define MM_BM 128
 #define MM_BN 64
 #define MM_BK 32
-#define MM_PAD 8   // halves of padding per shmem row (row stride 80 bytes)
+#define MM_PAD 8   // halves of padding per shmem row (k tiles of 32: 80-byte rows; of 64: 144)
 
 template <int T> __device__ void mm_tiled(const kparams &p) {
     __shared__ float ws[TILE][TILE + 1];   // +1: column reads ws[tx][kk] hit distinct banks
