@@ -52,30 +52,6 @@ __device__ __forceinline__ bool vec16(const tdesc &d) {
     return ((d.data | (u64)d.nb[1] | (u64)d.nb[2] | (u64)d.nb[3]) & 15) == 0;
 }
 
-// A warp's accumulator fragments (2 x 4 tiles of m16n8, 4 floats each) set to 0.
-__device__ __forceinline__ void zero_acc(float (*acc)[4][4]) {
-#pragma unroll
-    for (int mi = 0; mi < 2; ++mi)
-#pragma unroll
-        for (int ni = 0; ni < 4; ++ni)
-#pragma unroll
-            for (int c = 0; c < 4; ++c) acc[mi][ni][c] = 0.0f;
-}
-
-// Store accumulator fragments: c[mi][ni][0..3] at rows m0w + mi*16 + g (+8), columns n0w + ni*8 + 2*tig (+1).
-__device__ __forceinline__ void store_acc(const tdesc &D, const float (*acc)[4][4], i64 m0w, i64 n0w, i64 i2, i64 i3) {
-    const int lane = threadIdx.x & 31, g = lane >> 2, tig = lane & 3;
-#pragma unroll
-    for (int mi = 0; mi < 2; ++mi)
-#pragma unroll
-        for (int ni = 0; ni < 4; ++ni)
-#pragma unroll
-            for (int c = 0; c < 4; ++c) {
-                const i64 m = m0w + mi * 16 + g + (c >= 2 ? 8 : 0), n = n0w + ni * 8 + 2 * tig + (c & 1);
-                if (m < D.ne[0] && n < D.ne[1]) store_f(D, m, n, i2, i3, acc[mi][ni][c]);
-            }
-}
-
 // ---- F16 weights x F32 activations (rounded to F16) ----------------------------------------------------
 // The pipelined path (contiguous, 16-byte aligned W and x, K % 8 == 0: every prefill projection): the register
 // path's 128 x 64 tile and warps, W in MM_STAGES k tiles of MM_BK_P by cp.async (zero-filled past the edges), x
@@ -85,8 +61,7 @@ __device__ __forceinline__ void store_acc(const tdesc &D, const float (*acc)[4][
 #define MM_STAGES 3   // W's k tiles in flight (the pipelined path)
 #define MM_BK_P 64    // the pipelined path's k tile
 
-// Copy `idx` of a pipelined tile (W's rows of 8-half chunks, or x's columns of 4-float chunks, BK k per
-// row): its source, row r0 + idx / (chunks per row) of T (R rows, broadcast dims d2, d3; past the edge the
+// Copy `idx` of a pipelined W tile (rows of BK halves in 16-byte chunks): its source, row r0 + idx / (chunks per row) of T (R rows, broadcast dims d2, d3; past the edge the
 // last row, never copied: k = K), the k of its chunk, and its place in stage 0 of `tile`.
 template <int BK, class Tile>
 __device__ __forceinline__ void mm_copy_slot(const tdesc &T, i64 r0, i64 R, i64 d2, i64 d3, int idx, int K,
@@ -102,7 +77,7 @@ __device__ __forceinline__ void mm_copy_slot(const tdesc &T, i64 r0, i64 R, i64 
 
 // A warp's MI x NI accumulator fragments (m16n8, 4 floats each) set to 0, and stored: c[mi][ni][0..3] at rows
 // m0w + mi*16 + g (+8), columns n0w + ni*8 + 2*tig (+1).
-template <int MI, int NI> __device__ __forceinline__ void zero_acc_t(float (*acc)[NI][4]) {
+template <int MI, int NI> __device__ __forceinline__ void zero_acc(float (*acc)[NI][4]) {
 #pragma unroll
     for (int mi = 0; mi < MI; ++mi)
 #pragma unroll
@@ -112,7 +87,7 @@ template <int MI, int NI> __device__ __forceinline__ void zero_acc_t(float (*acc
 }
 
 template <int MI, int NI>
-__device__ __forceinline__ void store_acc_t(const tdesc &D, const float (*acc)[NI][4], i64 m0w, i64 n0w, i64 i2, i64 i3) {
+__device__ __forceinline__ void store_acc(const tdesc &D, const float (*acc)[NI][4], i64 m0w, i64 n0w, i64 i2, i64 i3) {
     const int lane = threadIdx.x & 31, g = lane >> 2, tig = lane & 3;
 #pragma unroll
     for (int mi = 0; mi < MI; ++mi)
@@ -200,7 +175,7 @@ __device__ __forceinline__ void mm_f16_tiles(const kparams &p, unsigned char *sm
     for (int nj = 0; nj < NI / 2; ++nj)
         b_ld[nj] = smem_u32(&Bs[0][wn * WN + nj * 16 + (lane & 7) + (lane >> 4) * 8][((lane >> 3) & 1) * 8]);
     float acc[MI][NI][4];
-    zero_acc_t<MI, NI>(acc);
+    zero_acc<MI, NI>(acc);
     auto frags = [&](unsigned (*af)[4], unsigned (*bf)[2], unsigned ao, unsigned bo) {
 #pragma unroll
         for (int mi = 0; mi < MI; ++mi) ldmatrix_x4_at(af[mi], a_ld[mi] + ao);
@@ -241,7 +216,7 @@ __device__ __forceinline__ void mm_f16_tiles(const kparams &p, unsigned char *sm
         }
     }
     asm volatile("cp.async.wait_group 0;" ::: "memory");
-    store_acc_t<MI, NI>(D, acc, m0 + wm * WM, n0 + wn * WN, i2, i3);
+    store_acc<MI, NI>(D, acc, m0 + wm * WM, n0 + wn * WN, i2, i3);
 }
 
 __device__ void mm_f16_pipelined(const kparams &p, unsigned char *smem) {
@@ -320,7 +295,7 @@ __device__ void mm_f16_registers(const kparams &p, unsigned char *smem) {
     };
 
     float acc[2][4][4];
-    zero_acc(acc);
+    zero_acc<2, 4>(acc);
 
     const i64 nk = (K + MM_BK - 1) / MM_BK;
     load(0);
@@ -350,7 +325,7 @@ __device__ void mm_f16_registers(const kparams &p, unsigned char *smem) {
         if (kt + 1 < nk) store(s ^ 1);
         __syncthreads();
     }
-    store_acc(D, acc, m0 + wm * 32, n0 + wn * 32, i2, i3);
+    store_acc<2, 4>(D, acc, m0 + wm * 32, n0 + wn * 32, i2, i3);
 }
 
 // ---- Q8_0 weights x Q8_1 activations, integer tensor cores ---------------------------------------------
@@ -407,7 +382,7 @@ KERNEL_LB(mul_mat_q8_0, 256) {
     };
 
     float acc[2][4][4];
-    zero_acc(acc);
+    zero_acc<2, 4>(acc);
 
     load(0);
     store(0);
@@ -442,5 +417,5 @@ KERNEL_LB(mul_mat_q8_0, 256) {
         if (kb + 1 < nkb) store(s ^ 1);
         __syncthreads();
     }
-    store_acc(D, acc, m0 + wm * 32, n0 + wn * 32, i2, i3);
+    store_acc<2, 4>(D, acc, m0 + wm * 32, n0 + wn * 32, i2, i3);
 }
