@@ -444,8 +444,8 @@ class EventBus:
     Held delivery keeps the observers off a step's critical path: between `hold()` and `release()` the
     decision events for plain sinks (record, counters, terminal, JSON lines) are queued, stamped as they
     happen, and handed over in order at `flush()` — which the context calls once the step's work is
-    queued on the device, so the sinks run while the GPU computes. Internal sinks (the run's own state:
-    the runtime's step number, the stepper's phases) and span sinks (NVTX ranges and marks, timelines, which
+    queued on the device, so the sinks run while the GPU computes (`post` even defers making the event).
+    Internal sinks (the run's own state) and span sinks (NVTX ranges and marks, timelines, which
     are about *when*) always get every event at once. An internal sink may name the event types it takes
     (`kinds`): it is then handed only those (and their subclasses), in subscription order with the
     others; the bus works out each type's internal sinks once, not a call per sink per event."""
@@ -507,6 +507,19 @@ class EventBus:
         for s in self._span_sinks:
             s(ev)
 
+    def post(self, cls: type, *fields, complete: Callable[[Event], None] | None = None) -> None:
+        """emit(cls(*fields), complete), the fields in declaration order (t_ns stamped by the caller), for
+        the events of every replayed step: when the event would only be queued (the bus held, no internal
+        or span sink for its type), its fields are queued instead and the event is made when flush() hands
+        it over, once the step's work is queued on the device. The sinks see the same event either way."""
+        route = self._routes.get(cls)
+        if route is None:
+            route = self._route(cls)
+        if route or self._held is None or self._span_sinks:
+            self.emit(cls(*fields), complete)
+        else:
+            self._held.append((cls, fields, complete))
+
     def hold(self) -> None:
         """Queue plain sinks' events until flush() or the matching release(); holds nest (a run holds
         across its steps, each step holds within it)."""
@@ -521,9 +534,14 @@ class EventBus:
             if not self._sinks:
                 continue                 # nobody to deliver to: nothing to complete either
             for ev in pending:
-                if type(ev) is tuple:    # (event, complete): emitted with fields still to fill in
-                    ev, complete = ev
-                    complete(ev)
+                if type(ev) is tuple:
+                    if len(ev) == 2:     # (event, complete): emitted with fields still to fill in
+                        ev, complete = ev
+                    else:                # (type, fields, complete): posted, made now
+                        cls, fields, complete = ev
+                        ev = cls(*fields)
+                    if complete is not None:
+                        complete(ev)
                 for s in self._sinks:
                     s(ev)
 

@@ -258,12 +258,12 @@ class Stepper:
         self.next_tok: dict[int, int] = {}
         self.phases: set[str] = set()          # phases the GPU splits took in the current step
         self._next: StepPlan | None = None     # the plan's next decode step, prepared during this one
-        s.bus.subscribe(self._on_event, internal=True, kinds=(E.PhaseDecided,))
+        self._gpu_time = None                  # the last step's GpuTime, read during the next step
+        for be in s.ctx.sched.backends:         # the GPU runtimes add each phase they decide
+            if be.is_gpu:
+                be.runtime.phases = self.phases
         s.ctx.before_read = self._prepare_next
         s.ctx.logits_in_place = True           # a step's logits are used before the next read (or copied)
-
-    def _on_event(self, ev: E.PhaseDecided) -> None:     # subscribed for PhaseDecided only
-        self.phases.add(ev.phase)
 
     def run(self, plan: list[StepPlan]) -> None:
         """Walk the plan. The bus holds the sinks' events for the whole walk: a step's events reach them
@@ -289,10 +289,18 @@ class Stepper:
         finally:
             self._next = None
             self.s.bus.release()
+            self._read_gpu_time()
+
+    def _read_gpu_time(self) -> None:
+        t, self._gpu_time = self._gpu_time, None
+        if t is not None:
+            t.read()
 
     def _prepare_next(self) -> None:
-        """Between a step's launch and its read-back: the next decode step's token-independent host work
-        (Context.prepare_decode), so it runs while the GPU computes instead of after."""
+        """Between a step's launch and its read-back: the previous step's GPU time is read (its events are
+        long done) and the next decode step's token-independent host work done (Context.prepare_decode),
+        so both run while the GPU computes instead of between a read-back and the next launch."""
+        self._read_gpu_time()
         nxt, self._next = self._next, None
         if nxt is not None:
             self.s.ctx.prepare_decode(range(nxt.batch))
@@ -332,15 +340,21 @@ class Stepper:
                 batch = {q: self.next_tok.get(q, 1 + q) for q in range(p.batch)}
                 logits = s.ctx.decode(batch)
         dt = time.perf_counter_ns() - t0
-        gpu_ns = s.gpu.collect_gpu_ns() if s.gpu is not None else 0
+        # the GPU time is read later (GpuTime.fill, when the sinks get the event: after the next launch)
+        if self._gpu_time is not None:         # the previous step's, unread (no step ran in between)
+            self._read_gpu_time()
+        gpu_time = self._gpu_time = s.gpu.take_gpu_time() if s.gpu is not None else None
         if device is not None:
             self._device_time(step, device)
         seqs = list(batch)
         out = logits.argmax(axis=1).tolist()
         for q, t in zip(seqs[-len(out):], out):
-            self.next_tok[q] = int(t)
-        mode = next((m for m in ("eager", "capture", "replay") if m in self.phases), "cpu")
-        bus.emit(E.StepFinished(step=step, duration_ns=dt, gpu_ns=gpu_ns, tokens=tuple(out), mode=mode))
+            self.next_tok[q] = t
+        ph = self.phases
+        mode = "eager" if "eager" in ph else "capture" if "capture" in ph else "replay" if "replay" in ph else "cpu"
+        # posted: step, split, key, uid, t_ns, device, duration_ns, gpu_ns (filled in), tokens, mode
+        bus.post(E.StepFinished, step, -1, 0, 0, bus.clock(), 0, dt, 0, tuple(out), mode,
+                 complete=None if gpu_time is None else gpu_time.fill)
         self.r.tokens.append(out)
         if s.cfg.verify and mode == "replay":
             logits = logits.copy()             # in the read buffer, which the recompute's read reuses

@@ -18,7 +18,7 @@ import contextlib
 
 from .. import events as E
 from ..errors import NoDeviceError, UsageError
-from .gpu.backend import GpuBackend
+from .gpu.backend import GpuBackend, GpuTimes
 
 MAX_SIM_DEVICES = 8
 
@@ -147,8 +147,11 @@ class GpuGroup:
     def __init__(self, gpus: list[GpuBackend]):
         self.gpus = gpus
 
+    def take_gpu_time(self) -> GpuTimes:
+        return GpuTimes([g.take_gpu_time() for g in self.gpus])
+
     def collect_gpu_ns(self) -> int:
-        return sum(g.collect_gpu_ns() for g in self.gpus)
+        return self.take_gpu_time().read()
 
     @contextlib.contextmanager
     def verifying(self):

@@ -118,11 +118,12 @@ class Context:
         pre, self._prepared = self._prepared, None
         cells = pre.cells if pre is not None else self.kv.place(seqs, pos)
         params = self._params(len(tokens), _n_seqs(seqs), n_outputs, gtype, self.kv.n_kv())
-        self.bus.emit(E.StepStarted(step=step, phase=gtype, n_tokens=params.n_tokens, n_seqs=params.n_seqs,
-                                    n_kv=params.n_kv))
-        self.sched.step = step
+        bus = self.bus
+        # posted (made when the sinks take them): the fields in order, from step, split, key, uid, t_ns, device
+        bus.post(E.StepStarted, step, -1, 0, 0, bus.clock(), 0, gtype, params.n_tokens, params.n_seqs, params.n_kv)
+        self.sched.step = step             # the GPU runtimes' step too
         reason = self._reuse_reason(params)
-        self.bus.emit(E.ContextDecision(step=step, reused=not reason, reason=reason))
+        bus.post(E.ContextDecision, step, -1, 0, 0, bus.clock(), 0, not reason, reason)
         if reason:
             self.model.arena.reset()
             self.sched.reset()

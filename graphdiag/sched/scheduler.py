@@ -65,8 +65,21 @@ class Scheduler:
         self._slot_backend: dict[int, int] = {}
         self._leaf_backends: list[int] = []
         self._col: Columns | None = None                # the arena's fields as the last split read them
+        self._runtimes = [be.runtime for be in self.backends if be.is_gpu]
         self.step = -1
         self.pin, self.copier = pin, copier
+
+    @property
+    def step(self) -> int:
+        """The step in progress (the context sets it as each starts); the GPU backends' runtimes take it too,
+        for the events they emit."""
+        return self._step
+
+    @step.setter
+    def step(self, step: int) -> None:
+        self._step = step
+        for rt in self._runtimes:
+            rt.step = step
 
     # -- setup ----------------------------------------------------------------------------------------------
     def register_buffer(self, addr: int, nbytes: int, backend: Backend) -> None:

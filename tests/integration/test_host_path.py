@@ -204,6 +204,39 @@ def test_the_step_timers_are_read_without_a_second_synchronisation():
         s.close()
 
 
+def test_a_steps_gpu_time_is_read_after_the_next_launch_and_its_events_are_reused():
+    """Between a replayed step's read-back and the next graph launch no timing event is queried: a step's GPU
+    time is read once the next step's work is queued, yet every sink (plain, internal) gets it filled in, and
+    the timing events go back to be used again (a long run makes no more than a few pairs)."""
+    s, st = _session()
+    plain, internal = E.Recorder(), E.Recorder()
+    s.bus.subscribe(plain)
+    try:
+        st.run([StepPlan("decode", batch=1)] * 4)
+        drv = s.gpu.driver
+        log = []
+        for name in ("event_elapsed_ms", "graph_launch", "stream_synchronize"):
+            real = getattr(drv, name)
+            setattr(drv, name, lambda *a, _r=real, _n=name: log.append(_n) or _r(*a))
+        st.run([StepPlan("decode", batch=1)] * 40)
+        between = []            # what came between each read-back and the launch after it
+        for name in log:
+            if name == "stream_synchronize":
+                between.append([])
+            elif between:
+                between[-1].append(name)
+        assert [b for b in between[:-1] if b[0] != "graph_launch"] == []
+        assert log.count("event_elapsed_ms") == 40
+        finished = plain.of(E.StepFinished)
+        assert len(finished) == 44 and all(e.gpu_ns > 0 for e in finished)
+        assert len(s.gpu._timers) <= 3
+        s.bus.subscribe(internal, internal=True, kinds=(E.StepFinished,))
+        st.run([StepPlan("decode", batch=1)] * 3)
+        assert [e.gpu_ns > 0 for e in internal.events] == [True] * 3
+    finally:
+        s.close()
+
+
 _TIMELINE = [{"at_step": 4, "alternate_batches": [1, 2]}, {"at_step": 8, "batch": 1},
              {"at_step": 10, "prefill": 40}, {"at_step": 12, "idle_s": 30.0}, {"at_step": 14, "batch": 3}]
 

@@ -185,3 +185,34 @@ def test_completion_runs_before_the_first_sink_sees_the_event_and_off_the_held_p
     bus.emit(_ev(6), complete)                           # no internal route for it: held until a flush
     assert calls == [5, ("internal", "d5")]
     bus.release()
+
+
+def test_a_posted_event_is_made_when_the_sinks_take_it_and_equals_the_emitted_one(monkeypatch):
+    """post(cls, *fields): held with no internal or span sink for the type, only the fields are queued and
+    the event is made at flush (completed first, when asked); otherwise it is made and emitted at once. The
+    sinks get the same event as emit(cls(**fields)) would give them."""
+    made = []
+    real_init = E.PhaseDecided.__init__
+    monkeypatch.setattr(E.PhaseDecided, "__init__", lambda self, *a, **k: made.append(1) or real_init(self, *a, **k))
+    fields = (3, 0, 7, 9, 11, 0, "replay", "unchanged", 42)
+    want = E.PhaseDecided(step=3, split=0, key=7, uid=9, t_ns=11, phase="replay", why="unchanged", clock_us=42)
+    made.clear()
+    bus = E.EventBus()
+    plain = bus.subscribe(E.Recorder())
+    bus.hold()
+    bus.post(E.PhaseDecided, *fields)
+    bus.post(E.StepFinished, 3, -1, 0, 0, 12, 0, 5, 0, (1,), "replay",
+             complete=lambda ev: object.__setattr__(ev, "gpu_ns", 99))
+    assert made == [] and plain.events == []
+    bus.flush()
+    assert made == [1] and plain.events[0] == want
+    assert plain.events[1] == E.StepFinished(step=3, t_ns=12, duration_ns=5, gpu_ns=99, tokens=(1,), mode="replay")
+    internal = bus.subscribe(E.Recorder(), internal=True, kinds=(E.PhaseDecided,))
+    bus.post(E.PhaseDecided, *fields)             # an internal sink for the type: made at once
+    assert made == [1, 1] and internal.events == [want] and len(plain.events) == 2
+    bus.flush()
+    assert plain.events[2] == want
+    bus.release()
+    bus.unsubscribe(internal)
+    bus.post(E.PhaseDecided, *fields)             # not held: delivered at once
+    assert plain.events[3] == want

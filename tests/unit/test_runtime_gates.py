@@ -87,7 +87,7 @@ def test_verify_keeps_the_step_timers_and_close_destroys_every_event(monkeypatch
         s.gpu.graph_compute(s.ctx.sched.splits[0].graph, 0)
         with s.gpu.verifying():
             pass
-        assert s.gpu._timed == [0]
+        assert len(s.gpu._timed) == 1 and s.gpu.collect_gpu_ns() > 0
     finally:
         s.close()
     assert made and not [ev for ev in made if ev.alive]

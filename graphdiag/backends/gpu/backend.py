@@ -53,8 +53,9 @@ class GpuBackend(Backend):
         self.force_eager = False
         self.addresses = AddressNamer()       # buffer allocation order, for comparable ledger rows
         self.launch_memo = LaunchMemo()       # lowered launches of unchanged nodes, across graphs
-        self._timers: list[tuple] = []        # (start, end) timing events per split index
-        self._timed: list[int] = []           # split indices timed since the last collect
+        self._timers: list[tuple] = []        # every (start, end) pair of timing events made (close destroys them)
+        self._free_timers: list[tuple] = []   # pairs not held by a GpuTime still to be read
+        self._timed: list[tuple] = []         # pairs recorded since the last take_gpu_time
         self._timed_epoch = -1                # sync_epoch when the last timer was recorded
 
     # -- temporary pools ----------------------------------------------------------------------------------
@@ -213,24 +214,31 @@ class GpuBackend(Backend):
             return
         if self.force_eager:
             return self._compute_unrecorded(graph, split)
-        while len(self._timers) <= split:
-            self._timers.append((self.driver.event_create(timing=True), self.driver.event_create(timing=True)))
-        self.driver.event_record(self._timers[split][0], self.stream0)
+        if self._free_timers:
+            pair = self._free_timers.pop()
+        else:
+            pair = (self.driver.event_create(timing=True), self.driver.event_create(timing=True))
+            self._timers.append(pair)
+        self.driver.event_record(pair[0], self.stream0)
         try:
             self._compute(graph, split)
         finally:
-            self.driver.event_record(self._timers[split][1], self.stream0)
-            self._timed.append(split)
+            self.driver.event_record(pair[1], self.stream0)
+            self._timed.append(pair)
             self._timed_epoch = self.sync_epoch
 
+    def take_gpu_time(self) -> "GpuTime":
+        """The GPU time (CUDA events on stream 0) of the splits computed since the last call, to be read
+        later: the runner reads a step's once the next step's work is queued, so the two event queries
+        are not between a read-back and the next launch. The events stay the GpuTime's until it is read
+        (a later step times itself with other events)."""
+        t = GpuTime(self, self._timed, self._timed_epoch)
+        self._timed = []
+        return t
+
     def collect_gpu_ns(self) -> int:
-        """GPU time (CUDA events on stream 0) of the splits computed since the last call; synchronises
-        unless that happened after the last timer was recorded (the step's read-back waited already)."""
-        if self._timed and self._timed_epoch == self.sync_epoch:
-            self.synchronize()
-        total = sum(self.driver.event_elapsed_ms(*self._timers[i]) for i in self._timed)
-        self._timed.clear()
-        return int(total * 1e6)
+        """take_gpu_time(), read now."""
+        return self.take_gpu_time().read()
 
     def _compute(self, graph: Graph, split: int) -> None:
         rt = self.runtime
@@ -243,9 +251,8 @@ class GpuBackend(Backend):
                 with self.bus.span("replay", "graph/replay", len(entry.instances), rt.step, split, entry.key,
                                    graph.uid):
                     n = self.loop.replay(entry)
-                t1 = time.perf_counter_ns()   # made here, not through rt.emit's keywords: it comes every step
-                self.bus.emit(E.ReplayLaunched(step=rt.step, split=split, key=entry.key, uid=graph.uid, t_ns=t1,
-                                               device=rt.device, n_chunks=n, duration_ns=t1 - t0))
+                t1 = time.perf_counter_ns()   # posted, not through rt.emit's keywords: it comes every step
+                self.bus.post(E.ReplayLaunched, rt.step, split, entry.key, graph.uid, t1, rt.device, n, t1 - t0)
                 return
             plan, lowered = self._lowered(entry, graph, split)
             # eager while warming up a key (graphs enabled, entry cold) is labelled "warmup" in timelines
@@ -304,6 +311,45 @@ class GpuBackend(Backend):
         for s in self.streams:
             self.driver.stream_destroy(s)
         self.streams = []
+
+
+class GpuTime:
+    """GPU time of some computed splits, read once when first asked: synchronises unless that happened after
+    its last timer was recorded (the step's read-back waited already), then gives its events back."""
+
+    __slots__ = ("backend", "pairs", "epoch", "ns")
+
+    def __init__(self, backend: GpuBackend, pairs: list[tuple], epoch: int):
+        self.backend, self.pairs, self.epoch = backend, pairs, epoch
+        self.ns: int | None = None
+
+    def read(self) -> int:
+        if self.ns is None:
+            be = self.backend
+            if self.pairs and self.epoch == be.sync_epoch:
+                be.synchronize()
+            self.ns = int(sum(be.driver.event_elapsed_ms(a, b) for a, b in self.pairs) * 1e6)
+            be._free_timers.extend(self.pairs)
+            self.pairs = []
+        return self.ns
+
+    def fill(self, ev) -> None:
+        """bus.emit's `complete` for a StepFinished emitted before its GPU time was read."""
+        object.__setattr__(ev, "gpu_ns", self.read())
+
+
+class GpuTimes:
+    """Several backends' GpuTime, read as their sum (a run over several GPUs)."""
+
+    __slots__ = ("times",)
+
+    def __init__(self, times: list[GpuTime]):
+        self.times = times
+
+    def read(self) -> int:
+        return sum(t.read() for t in self.times)
+
+    fill = GpuTime.fill
 
 
 class _PinnedStage(InputStage):

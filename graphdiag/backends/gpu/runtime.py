@@ -53,19 +53,18 @@ class GraphRuntime:
         self.cache = GraphCache(self.clock)
         self.step = -1
         self.device = 0          # the device this runtime's backend runs on: every event names it
-        bus.subscribe(self._on_event, internal=True, kinds=(E.StepStarted,))
-
-    def _on_event(self, ev: E.StepStarted) -> None:      # subscribed for StepStarted only
-        self.step = ev.step
+        self.phases: set | None = None   # where the phases decided are added (the stepper's, for its step)
 
     def emit(self, cls, split: int, key: int, uid: int, complete=None, **kw) -> None:
         self.bus.emit(cls(step=self.step, split=split, key=key, uid=uid, t_ns=time.perf_counter_ns(),
                           device=self.device, **kw), complete)
 
     def _decided(self, split: int, key: int, uid: int, phase: str, why: str, clock_us: int) -> None:
-        """emit(E.PhaseDecided, ...) without passing keywords on (half its cost: it comes every step)."""
-        self.bus.emit(E.PhaseDecided(step=self.step, split=split, key=key, uid=uid, t_ns=time.perf_counter_ns(),
-                                     device=self.device, phase=phase, why=why, clock_us=clock_us))
+        """emit(E.PhaseDecided, ...), posted (it comes every step: made when the sinks take it)."""
+        if self.phases is not None:
+            self.phases.add(phase)
+        self.bus.post(E.PhaseDecided, self.step, split, key, uid, time.perf_counter_ns(), self.device, phase, why,
+                      clock_us)
 
     # -- gate 1: the key --------------------------------------------------------------------------------
     def lookup(self, graph: Graph, split: int) -> GraphEntry:
@@ -128,7 +127,7 @@ class GraphRuntime:
                 raise InternalError(f"CUDA graph uid {graph.uid} reused with {graph.n_nodes} nodes but "
                                     f"{entry.n_nodes} recorded (llama.cpp aborts: GGML_ASSERT node_props.size() "
                                     f"== n_nodes)")
-            self.emit(E.UidHit, split, entry.key, graph.uid)
+            self.bus.post(E.UidHit, self.step, split, entry.key, graph.uid, time.perf_counter_ns(), self.device)
             return False
         old_uid, entry.uid = entry.uid, graph.uid
         snap = snapshot(graph.arena, graph.nodes)
