@@ -53,6 +53,7 @@ class Context:
         self._slot = 0                            # the input slot the next step writes
         self._prepared: _Prepared | None = None   # the next decode step's placement, done early
         self._logits_place: tuple | None = None   # (res, backend, addr, nbytes, shape)
+        self._logits_view: tuple | None = None    # (the read buffer, its float32 logits view)
         self.step = 0
         self.n_reused = 0
 
@@ -166,8 +167,13 @@ class Context:
             place = self._logits_place = (self.res, self.sched.backend_of(t), t.data, t.nbytes(), (t.ne[1], t.ne[0]))
         _, be, addr, nbytes, shape = place
         # synchronous: waits for the backend
-        raw = be.tensor_read(addr, nbytes) if self.logits_in_place else be.tensor_get(addr, nbytes)
-        return raw.view(np.float32).reshape(shape)
+        if not self.logits_in_place:
+            return be.tensor_get(addr, nbytes).view(np.float32).reshape(shape)
+        raw = be.tensor_read(addr, nbytes)
+        kept = self._logits_view       # (raw, logits): a backend hands out the same read buffer each step
+        if kept is None or kept[0] is not raw or kept[1].shape != shape:
+            kept = self._logits_view = (raw, raw.view(np.float32).reshape(shape))
+        return kept[1]
 
     logits_in_place = False            # the runner's setting: logits valid until the next read, not copied
 

@@ -50,6 +50,7 @@ class GpuBackend(Backend):
         self.sync_epoch = 0                         # synchronize() calls so far
         self.inputs_sent_epoch = [-1, -1]           # per input slot: sync_epoch when a stage last sent
         self._pinned: dict[str, np.ndarray] = {}    # page-locked host buffers by use, grown, never shrunk
+        self._read_view: tuple | None = None        # (read buffer, bytes, its slice, read-only view) of tensor_read
         self.force_eager = False
         self.addresses = AddressNamer()       # buffer allocation order, for comparable ledger rows
         self.launch_memo = LaunchMemo()       # lowered launches of unchanged nodes, across graphs
@@ -120,12 +121,15 @@ class GpuBackend(Backend):
         """Read after all queued work: into the page-locked read buffer on stream 0, then the streams are
         waited for (ggml_backend_tensor_get_async + synchronize, as llama.cpp reads its outputs into its
         pinned output buffer). The buffer itself, read-only, valid until the next read."""
-        out = self.pinned("read", nbytes)
-        self.driver.memcpy_dtoh(out, addr, self.stream0)
+        kept = self._read_view         # the same views while the buffer and the size stay
+        if kept is None or kept[0] is not self._pinned.get("read") or kept[1] != nbytes:
+            buf = self.pinned("read", nbytes)
+            view = buf.view()
+            view.flags.writeable = False
+            kept = self._read_view = (self._pinned["read"], nbytes, buf, view)
+        self.driver.memcpy_dtoh(kept[2], addr, self.stream0)
         self.synchronize()
-        out = out.view()
-        out.flags.writeable = False
-        return out
+        return kept[3]
 
     def synchronize(self) -> None:
         for s in self.streams:
