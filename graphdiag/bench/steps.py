@@ -11,6 +11,7 @@ from types import SimpleNamespace
 
 from .. import events as E
 from ..config import resolve
+from ..errors import UsageError
 from ..model.build import padded_n_kv
 from ..model.presets import get_preset, weight_type
 from ..model.weights import LOAD_PROGRESS, create_model
@@ -216,9 +217,50 @@ def instrumentation_figures(bare: list[list[int]], on: list[list[int]]) -> dict:
             "instr_rounds": len(pairs)}
 
 
-def decode_row(opts: StepsOptions, model: str, wtype: str, bandwidth: float, progress: Progress) -> dict:
-    base = {"backend": opts.backend, "model": model, "wtype": wtype, "steps": opts.steps,
+def _decode_settings(opts: StepsOptions, model: str, wtype: str) -> dict:
+    return {"backend": opts.backend, "model": model, "wtype": wtype, "steps": opts.steps,
             "prompt_tokens": opts.prompt_tokens, "chunk_size": opts.chunk_size, **opts.settings}
+
+
+def _prefill_run(opts: StepsOptions, model: str, wtype: str) -> tuple[dict, SimpleNamespace]:
+    """The settings and the timeline (as a scenario) of a prefill row's run."""
+    p = opts.prefill
+    from ..scenario import TimelineChange
+    timeline = [TimelineChange(at_step=k, prefill=p) for k in range(1, PREFILL_REPS + 1)]
+    settings = {"backend": opts.backend, "model": model, "wtype": wtype, "steps": PREFILL_REPS,
+                "prompt_tokens": p, "chunk_size": opts.chunk_size, **opts.settings}
+    return settings, SimpleNamespace(name=None, path="bench steps --prefill", timeline=timeline)
+
+
+def check_steps(opts: StepsOptions) -> None:
+    """Every run the benchmark makes, checked as `graphdiag run` checks its own before anything is built
+    (config.validate_run: the KV cells each run's plan needs, ...): an impossible --steps, --prompt-tokens
+    or --prefill is one line (UsageError) at once, not an error after minutes of other rows. The decode
+    row's instrumentation rounds decode more steps than --steps: they are checked too."""
+    from ..config import validate_run
+    instr_steps = 3 + 2 * INSTR_ROUNDS * INSTR_STEPS
+    for model in opts.models:
+        n_ctx = get_preset(model).n_ctx
+        if opts.prefill and (PREFILL_REPS + 1) * opts.prefill > n_ctx:
+            raise UsageError(f"--prefill {opts.prefill}: the prefill row runs {PREFILL_REPS + 1} prefills of that "
+                             f"many tokens in one sequence, {(PREFILL_REPS + 1) * opts.prefill} KV cells, and model "
+                             f"{model} has {n_ctx} (n_ctx): at most --prefill {n_ctx // (PREFILL_REPS + 1)}")
+        for wtype in opts.wtypes:
+            base = _decode_settings(opts, model, wtype)
+            cfg = resolve({**base, "nvtx": False})
+            validate_run(cfg)
+            if cfg.prompt_tokens + instr_steps > n_ctx:     # one sequence: a prefill, then decode steps
+                raise UsageError(f"--prompt-tokens {cfg.prompt_tokens}: the decode row's instrumentation rounds "
+                                 f"decode {instr_steps} steps after the prompt, {cfg.prompt_tokens + instr_steps} "
+                                 f"KV cells, and model {model} has {n_ctx} (n_ctx): at most --prompt-tokens "
+                                 f"{n_ctx - instr_steps}")
+            if opts.prefill:
+                settings, sc = _prefill_run(opts, model, wtype)
+                validate_run(resolve({**settings, "nvtx": False}), sc)
+
+
+def decode_row(opts: StepsOptions, model: str, wtype: str, bandwidth: float, progress: Progress) -> dict:
+    base = _decode_settings(opts, model, wtype)
     host_ref = host_reference_us()
     on = _run(base, progress, f"{model} {wtype} graphs on")
     off = _run({**base, "graphs_disabled": True}, progress, f"{model} {wtype} graphs off")
@@ -280,10 +322,8 @@ def prefill_row(opts: StepsOptions, model: str, wtype: str, progress: Progress) 
     first is dropped as warm-up, so both sides time prefills at positions P .. PREFILL_REPS * P."""
     p = opts.prefill
     host_ref = host_reference_us()
-    timeline = [{"at_step": k, "prefill": p} for k in range(1, PREFILL_REPS + 1)]
-    settings = {"backend": opts.backend, "model": model, "wtype": wtype, "steps": PREFILL_REPS,
-                "prompt_tokens": p, "chunk_size": opts.chunk_size, **opts.settings}
-    r = _run(settings, progress, f"{model} {wtype} prefill {p}", SimpleNamespace(name=None, timeline=timeline))
+    settings, sc = _prefill_run(opts, model, wtype)
+    r = _run(settings, progress, f"{model} {wtype} prefill {p}", sc)
     xs = prefill_ms(r.events)
     row = {"kind": "prefill", "model": model, "wtype": wtype, "backend": r.header.get("backend"),
            "device": r.header.get("device"), "simulated": bool(r.header.get("simulated")), "n_tokens": p,
@@ -296,6 +336,7 @@ def bench_steps(opts: StepsOptions, progress: Progress | None = None) -> list[di
     peers run after every graphdiag row, so torch's import, its CUDA allocator and its threads are not in the
     process while graphdiag is timed (a 1b prefill measured 25 ms without them, 29-32 ms after a peer ran)."""
     progress = progress or Progress()
+    check_steps(opts)
     bandwidth, _, _ = measure_bandwidth(opts.backend, progress)
     rows = []
     for model in opts.models:

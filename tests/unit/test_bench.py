@@ -30,6 +30,27 @@ def test_impossible_values_are_one_line_errors(capsys, argv):
     _one_line_error(capsys, argv)
 
 
+@pytest.mark.parametrize("argv,says", [
+    (["--steps", "99999"], "step 4081 would need 4097"),
+    (["--prompt-tokens", "99999"], "the run needs more KV cells than model tiny has"),
+    (["--prompt-tokens", "3900"], "instrumentation rounds decode 243 steps after the prompt, 4143 KV cells"),
+    (["--prefill", "2000"], "4 prefills of that many tokens in one sequence, 8000 KV cells, and model tiny has 4096 "
+                            "(n_ctx): at most --prefill 1024"),
+    (["--model", "tiny,1b", "--steps", "4090"], "step 4081 would need 4097"),
+])
+def test_a_run_the_benchmark_cannot_make_is_refused_before_anything_is_built(capsys, monkeypatch, argv, says):
+    """Every run of every row is checked up front, as `graphdiag run` checks its own: no bandwidth copy, no
+    model built, no row measured first (the later row's prefill used to fail after the earlier rows ran)."""
+    import graphdiag.bench.steps as S
+
+    def built(*a, **k):
+        raise AssertionError("something was built before the check")
+    monkeypatch.setattr(S, "measure_bandwidth", built)
+    monkeypatch.setattr(S, "create_model", built)
+    line = _one_line_error(capsys, ["bench", "steps", "--backend", "sim", *argv])
+    assert says in line
+
+
 def test_bench_steps_json_rows_on_the_simulated_driver(capsys):
     rc = main(["bench", "steps", "--backend", "sim", "--model", "tiny", "--wtype", "q8_0", "--steps", "8",
                "--prompt-tokens", "4", "--prefill", "8", "--json"])
