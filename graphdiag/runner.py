@@ -286,6 +286,9 @@ class Stepper:
                 self._next = nxt if nxt is not None and nxt.kind == "decode" else None
                 self.step(p)
                 p = nxt
+        except BaseException:
+            self._gpu_time = None          # a failed walk reads no more timers: its error goes out as it is
+            raise
         finally:
             self._next = None
             self.s.bus.release()

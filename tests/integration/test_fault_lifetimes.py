@@ -119,3 +119,36 @@ def test_close_releases_everything_after_a_step_failed_mid_capture():
     assert all(not x.alive for x in execs)
     assert all(not x.alive for x in streams)
     assert not s.driver._allocs and not s.driver._captures
+
+
+def test_a_failed_step_is_reported_as_itself_when_the_timers_of_the_step_before_fail_too():
+    """A step's GPU time is read once the next step is queued. When that next step fails, and the device
+    errs from then on (a sticky CUDA error), the run still ends with the step's own error, not one from
+    reading the timers; the step before keeps its StepFinished, its GPU time unmeasured (0)."""
+    s, bus, st = _session()
+    rec = bus.subscribe(E.Recorder())
+    try:
+        st.run([StepPlan("decode", batch=1)] * 4)
+        real_launch = s.driver.graph_launch
+
+        def sticky(*a):
+            raise CudaError("CUDA_ERROR_ILLEGAL_ADDRESS", "cuEventElapsedTime", "injected")
+
+        calls = []
+
+        def launch(*a):
+            calls.append(1)
+            if len(calls) == 1:                          # step 4 replays; step 5's launch fails
+                return real_launch(*a)
+            s.driver.event_elapsed_ms = sticky          # every later call fails, as after an illegal address
+            raise CudaError("CUDA_ERROR_ILLEGAL_ADDRESS", "cuGraphLaunch", "injected")
+        s.driver.graph_launch = launch
+        with pytest.raises(CudaError, match="cuGraphLaunch"):
+            st.run([StepPlan("decode", batch=1)] * 3)
+        s.driver.graph_launch = real_launch
+    finally:
+        s.driver.event_elapsed_ms = lambda *a: 0.0
+        s.close()
+    finished = rec.of(E.StepFinished)
+    assert [e.step for e in finished] == [0, 1, 2, 3, 4] and finished[-1].gpu_ns == 0
+    assert all(e.gpu_ns > 0 for e in finished[:-1])

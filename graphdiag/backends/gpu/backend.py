@@ -338,8 +338,14 @@ class GpuTime:
         return self.ns
 
     def fill(self, ev) -> None:
-        """bus.emit's `complete` for a StepFinished emitted before its GPU time was read."""
-        object.__setattr__(ev, "gpu_ns", self.read())
+        """bus.emit's `complete` for a StepFinished emitted before its GPU time was read. A device error on
+        the way (a later step failed and the run is ending with that error, which the sinks get next)
+        leaves the time unmeasured (0) rather than replacing the error being reported."""
+        try:
+            ns = self.read()
+        except GraphdiagError:
+            ns = 0
+        object.__setattr__(ev, "gpu_ns", ns)
 
 
 class GpuTimes:
