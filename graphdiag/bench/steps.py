@@ -224,8 +224,8 @@ def _decode_settings(opts: StepsOptions, model: str, wtype: str) -> dict:
 
 def _prefill_run(opts: StepsOptions, model: str, wtype: str) -> tuple[dict, SimpleNamespace]:
     """The settings and the timeline (as a scenario) of a prefill row's run."""
-    p = opts.prefill
     from ..scenario import TimelineChange
+    p = opts.prefill
     timeline = [TimelineChange(at_step=k, prefill=p) for k in range(1, PREFILL_REPS + 1)]
     settings = {"backend": opts.backend, "model": model, "wtype": wtype, "steps": PREFILL_REPS,
                 "prompt_tokens": p, "chunk_size": opts.chunk_size, **opts.settings}
