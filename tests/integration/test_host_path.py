@@ -46,6 +46,30 @@ def test_a_runs_logits_are_read_in_place_and_a_bare_contexts_are_copies():
         s.close()
 
 
+def test_the_in_place_logits_view_is_kept_while_the_read_buffer_and_size_stay():
+    """Steps of one graph get the same read-only logits array (no view, flags or reshape per step), holding
+    each step's own logits; a read of another size, or after the buffer grew, gets a view of its own."""
+    s, st = _session()
+    try:
+        seen = []
+        real = s.ctx.read_logits
+        s.ctx.read_logits = lambda: seen.append((real(), None)) or seen[-1][0]
+        for _ in range(3):
+            st.step(StepPlan("decode", batch=1))
+            t = s.ctx.res.logits
+            seen[-1] = (seen[-1][0], s.gpu.tensor_get(t.data, t.nbytes()).view(np.float32).reshape(1, -1))
+        assert seen[1][0] is seen[2][0] and not seen[2][0].flags.writeable
+        assert np.array_equal(seen[2][0], seen[2][1])
+        s.ctx.logits_in_place = True
+        many = s.ctx.prefill([5, 6, 7, 8, 9], all_logits=True)     # 5 rows: another size, a grown buffer
+        t = s.ctx.res.logits
+        assert many.shape == (5, t.ne[0]) and many is not seen[2][0]
+        assert np.array_equal(many, s.gpu.tensor_get(t.data, t.nbytes()).view(np.float32).reshape(5, -1))
+        assert np.shares_memory(many, s.gpu._pinned["read"]) and not many.flags.writeable
+    finally:
+        s.close()
+
+
 def test_a_replayed_step_writes_its_inputs_in_one_copy_from_pinned_memory():
     s, st = _session()
     allocs = []
