@@ -150,6 +150,8 @@ def _ratio(a, b):
 
 INSTR_ROUNDS = 10              # alternating rounds of bare and instrumented replayed steps
 INSTR_STEPS = 12               # replayed steps per round
+INSTR_WARMUP = 3               # decode steps after the prompt before the first round
+INSTR_DECODE = INSTR_WARMUP + 2 * INSTR_ROUNDS * INSTR_STEPS   # decode steps one instrumentation session takes
 
 
 def instrumentation_share(settings: dict, label: str, progress: Progress) -> dict:
@@ -177,12 +179,12 @@ def instrumentation_share(settings: dict, label: str, progress: Progress) -> dic
             walls[mode[0]][-1].append(ev.duration_ns)
 
     bus.subscribe(on_event, internal=True, kinds=(E.StepFinished,))
-    progress.start(f"{label} instrumentation", 2 * INSTR_ROUNDS * INSTR_STEPS + 4)
+    progress.start(f"{label} instrumentation", INSTR_DECODE + 1)
     session = Session(cfg, bus)
     try:
         stepper = Stepper(session, RunResult({}, [], Counters()))
         decode = [StepPlan("decode", batch=1)] * INSTR_STEPS
-        stepper.run([StepPlan("prefill", n_tokens=cfg.prompt_tokens)] + decode[:3])
+        stepper.run([StepPlan("prefill", n_tokens=cfg.prompt_tokens)] + decode[:INSTR_WARMUP])
         nvtx = NvtxSink()
         with JsonlWriter(os.devnull, {"schema": "bench"}) as record:
             sinks = [record, Counters()]
@@ -238,7 +240,7 @@ def check_steps(opts: StepsOptions) -> None:
     or --prefill is one line (UsageError) at once, not an error after minutes of other rows. The decode
     row's instrumentation rounds decode more steps than --steps: they are checked too."""
     from ..config import validate_run
-    instr_steps = 3 + 2 * INSTR_ROUNDS * INSTR_STEPS
+    instr_steps = INSTR_DECODE
     for model in opts.models:
         n_ctx = get_preset(model).n_ctx
         if opts.prefill and (PREFILL_REPS + 1) * opts.prefill > n_ctx:
