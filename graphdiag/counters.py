@@ -11,6 +11,7 @@ COUNTER_NAMES = (
     "eager_runs", "captures", "instantiates", "updates", "update_refusals", "replays", "uid_hits", "uid_misses",
     "warmup_completions", "warmup_resets", "evictions", "invalidations", "graphs_reused", "graphs_rebuilt",
     "reallocs_same", "reallocs_changed", "fusions", "incompatible", "disabled", "chunks_destroyed",
+    "faults_injected", "step_failures",
 )
 
 
@@ -19,7 +20,8 @@ COUNTER_NAMES = (
 _ONE: dict[type, str] = {E.EagerRun: "eager_runs", E.CaptureRun: "captures", E.ChunkInstantiated: "instantiates",
                          E.ChunkUpdated: "updates", E.ReplayLaunched: "replays", E.UidHit: "uid_hits",
                          E.UidMiss: "uid_misses", E.Evicted: "evictions", E.PoolInvalidated: "invalidations",
-                         E.FusionApplied: "fusions", E.Incompatible: "incompatible", E.GraphsDisabled: "disabled"}
+                         E.FusionApplied: "fusions", E.Incompatible: "incompatible", E.GraphsDisabled: "disabled",
+                         E.FaultInjected: "faults_injected", E.StepFailed: "step_failures"}
 _NONE: set[type] = set()
 
 
@@ -87,6 +89,10 @@ class Counters:
                 c["disabled"] += 1
             case E.ChunksDestroyed():
                 c["chunks_destroyed"] += ev.count
+            case E.FaultInjected():
+                c["faults_injected"] += 1
+            case E.StepFailed():
+                c["step_failures"] += 1
             case _:
                 return False
         return True

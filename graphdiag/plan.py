@@ -7,7 +7,8 @@ apply from their `at_step`: `batch` (sequences decoded together), `idle_s` (cloc
 graph's structs move to a new place every N steps, as when each request builds its graph in a fresh
 metadata buffer: node pointers, hence graph keys, keep changing), `separate_arena_batch` (decode steps of
 that batch, or prefills of that many tokens, build their graph in a separate arena, as a draft model's own
-context: graph keys of their own).
+context: graph keys of their own), `fault` (a driver call of that step fails: the step is rolled back and
+the walk goes on).
 
 The plan is lazy: `plan_steps` returns a sequence whose length is known at once and whose steps are made
 as they are walked, so ten million steps cost nothing before the run starts.
@@ -31,6 +32,7 @@ class StepPlan:
     batch: int = 1       # decode: sequences 0..batch-1 each get one token
     idle_s: float = 0.0  # advance the runtime's clock by this much before the step
     arena_slot: int = 0  # where the step's graph structs start (0: the context's own metadata buffer)
+    fault: str = ""      # a driver-call fault armed for this step ("" none; backends/drivers/faults.py)
 
     @property
     def tokens(self) -> int:
@@ -57,7 +59,7 @@ class Plan:
         batch, cycle, k = self.batch, None, 0
         every, since, own = 0, 0, 0        # new_arena_every, its start step; separate_arena_batch
         for step in range(self.batch, self.batch + self.steps):
-            idle, prefill = 0.0, 0
+            idle, prefill, fault = 0.0, 0, ""
             for item in self.by_step.get(step, ()):
                 if "batch" in item:
                     batch, cycle = int(item["batch"]), None
@@ -69,17 +71,18 @@ class Plan:
                     own = int(item["separate_arena_batch"])
                 idle += float(item.get("idle_s", 0.0))
                 prefill = int(item.get("prefill", 0)) or prefill
+                fault = item.get("fault") or fault
             slot = ARENA_SHIFT * (1 + (step - since) // every) if every else 0
             if own and prefill == own:
                 slot = DRAFT_ARENA_SLOT
             if prefill:
-                yield StepPlan("prefill", n_tokens=prefill, seq=0, idle_s=idle, arena_slot=slot)
+                yield StepPlan("prefill", n_tokens=prefill, seq=0, idle_s=idle, arena_slot=slot, fault=fault)
                 continue
             if cycle:
                 batch, k = cycle[k % len(cycle)], k + 1
             if own and batch == own:
                 slot = DRAFT_ARENA_SLOT
-            yield StepPlan("decode", batch=batch, idle_s=idle, arena_slot=slot)
+            yield StepPlan("decode", batch=batch, idle_s=idle, arena_slot=slot, fault=fault)
 
 
 def plan_steps(cfg, scenario=None) -> Plan:

@@ -23,7 +23,8 @@ from .backends.gpu.entry import Clock
 from .backends.gpu.runtime import RuntimeOptions
 from .config import RunConfig
 from .counters import Counters
-from .errors import GraphdiagError, NoDeviceError, RunInterrupted
+from .backends.drivers.faults import FaultInjector, calls_of, recoverable
+from .errors import CudaError, GraphdiagError, NoDeviceError, OutOfDeviceMemory, RunInterrupted
 from .model.presets import get_preset, weight_type
 from .model.reference import Reference
 from .model.weights import create_model
@@ -83,6 +84,8 @@ class Session:
         sim = self.driver is not None and self.driver.simulated
         self.clock = clock or (Clock(self.driver.now_us) if sim else Clock())
         self.cpu, self.gpu, self.ctx, self.devices, self.split = None, None, None, None, None
+        self.faults = FaultInjector([self.driver, *self.extra_drivers], self._fault_fired)
+        self.fault_fired = ""          # the kind of the fault that fired in the current step ("" none)
         try:
             if self.driver is not None:
                 for d in self.extra_drivers:
@@ -102,6 +105,11 @@ class Session:
         except BaseException:
             self.close()           # a half-built session (bad preset, weights that do not fit) releases the device
             raise
+
+    def _fault_fired(self, kind: str, call: str, error: str) -> None:
+        self.fault_fired = kind
+        step = self.ctx.step if self.ctx is not None else -1
+        self.bus.emit(E.FaultInjected(step=step, t_ns=self.bus.clock(), fault=kind, call=call, error=error))
 
     def _open_gpus(self, make) -> None:
         """One GPU backend, or with --devices N one per device and the layer split over them."""
@@ -284,7 +292,13 @@ class Stepper:
                     self.s.clock.advance(p.idle_s)
                 self._place_graph(p.arena_slot)
                 self._next = nxt if nxt is not None and nxt.kind == "decode" else None
-                self.step(p)
+                try:
+                    self.step(p)
+                except CudaError as e:
+                    if not recoverable(e):
+                        raise
+                    # reported (StepFailed) and rolled back: the walk goes on as a caller of llama_decode
+                    # that gets -2/-3 back and submits its next batch
                 p = nxt
         except BaseException:
             self._gpu_time = None          # a failed walk reads no more timers: its error goes out as it is
@@ -328,20 +342,51 @@ class Stepper:
         bus.hold()
         try:
             self._step(p, step, device)
+        except BaseException as e:
+            self._failed(p, step, e, device)
+            raise
         finally:
             bus.release()
+
+    def _failed(self, p: StepPlan, step: int, e: BaseException, device) -> None:
+        """A step that raised: its GPU timers are given back unread and its device records dropped; unless
+        the run is being stopped (Ctrl-C, a closed pipe), the failure is reported (StepFailed). The context
+        has rolled the step back already (Context._roll_back); a real (not injected) failure the run goes
+        on from is one of the run's failures."""
+        s = self.s
+        fault, s.fault_fired = s.fault_fired, ""
+        if s.gpu is not None:
+            s.gpu.take_gpu_time().discard()
+        if device is not None:
+            with contextlib.suppress(GraphdiagError):
+                device.end_step()
+        if isinstance(e, (KeyboardInterrupt, BrokenPipeError)):
+            return
+        rec = recoverable(e)
+        s.bus.emit(E.StepFailed(step=step, t_ns=s.bus.clock(), error=f"{type(e).__name__}: {e}", fault=fault,
+                                status=-2 if isinstance(e, OutOfDeviceMemory) else -3, recoverable=rec,
+                                phase=p.kind))
+        if rec and not fault:
+            self.r.failures.append(f"step {step} failed: {e} (rolled back; the run went on)")
 
     def _step(self, p: StepPlan, step: int, device) -> None:
         s, bus = self.s, self.s.bus
         t0 = time.perf_counter_ns()
-        with bus.span("step", "run/step", step, step):
-            if p.kind == "prefill":
-                toks = self.rng.integers(1, s.model.cfg.n_vocab, p.n_tokens).tolist()
-                logits = s.ctx.prefill(toks, seq=p.seq)
-                batch = {p.seq: toks}
-            else:
-                batch = {q: self.next_tok.get(q, 1 + q) for q in range(p.batch)}
-                logits = s.ctx.decode(batch)
+        if p.fault:
+            s.faults.arm(p.fault)
+        try:
+            with bus.span("step", "run/step", step, step):
+                if p.kind == "prefill":
+                    toks = self.rng.integers(1, s.model.cfg.n_vocab, p.n_tokens).tolist()
+                    logits = s.ctx.prefill(toks, seq=p.seq)
+                    batch = {p.seq: toks}
+                else:
+                    batch = {q: self.next_tok.get(q, 1 + q) for q in range(p.batch)}
+                    logits = s.ctx.decode(batch)
+        finally:
+            if p.fault and not s.faults.disarm():
+                bus.emit(E.FaultMissed(step=step, t_ns=bus.clock(), fault=p.fault, calls=calls_of(p.fault)))
+        s.fault_fired = ""
         dt = time.perf_counter_ns() - t0
         # the GPU time is read later (GpuTime.fill, when the sinks get the event: after the next launch)
         if self._gpu_time is not None:         # the previous step's, unread (no step ran in between)

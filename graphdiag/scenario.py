@@ -6,7 +6,8 @@
     [run]        # RunConfig fields: model, wtype, prompt_tokens, steps, batch, chunk_size, fusion, ...
     [env]        # llama.cpp / ggml environment knobs the scenario sets, values as strings
     timeline = [ { at_step = 4, batch = 2 }, { at_step = 9, idle_s = 11 },
-                 { at_step = 12, prefill = 32 }, { at_step = 2, alternate_batches = [1, 2] } ]
+                 { at_step = 12, prefill = 32 }, { at_step = 2, alternate_batches = [1, 2] },
+                 { at_step = 14, fault = "launch" } ]
     [expect]     # COUNTER, COUNTER_min, COUNTER_max (any Counters name, plus chunks and distinct_keys),
                  # refusal_reasons, property_diff_fields (lists of str), no_replay, graphs_disabled (bool);
                  # diagnoses: thrash_keys, never_replayed, graph_bytes_peak, stale_replays_prevented,
@@ -27,6 +28,7 @@ from typing import Any, Mapping
 
 from . import resources
 from ._toml_lines import line_of
+from .backends.drivers.faults import FAULT_KINDS
 from .config import ENV_KNOBS, RunConfig, resolve
 from .counters import COUNTER_NAMES
 from .errors import ScenarioError, UsageError
@@ -37,10 +39,11 @@ RUN_FIELDS: dict[str, type] = {
     "compute_capability": str, "reuse_disabled": bool, "graphs_disabled": bool, "devices": int, "tensor_split": list,
 }
 CHANGES: dict[str, type] = {"batch": int, "idle_s": float, "prefill": int, "alternate_batches": list,
-                            "new_arena_every": int, "separate_arena_batch": int}
+                            "new_arena_every": int, "separate_arena_batch": int, "fault": str}
 TOP_LEVEL: dict[str, type] = {"name": str, "description": str, "cause": str, "run": dict, "env": dict,
                               "timeline": list, "expect": dict}
-DIAGNOSES = ("thrash_keys", "never_replayed", "graph_bytes_peak", "stale_replays_prevented", "strict_failures")
+DIAGNOSES = ("thrash_keys", "never_replayed", "graph_bytes_peak", "stale_replays_prevented", "strict_failures",
+             "unrecovered_failures", "faults_missed")
 BOUNDED = (*COUNTER_NAMES, "chunks", "distinct_keys", *DIAGNOSES)
 EXPECT: dict[str, type] = ({n + s: int for n in BOUNDED for s in ("", "_min", "_max")}
                            | {"refusal_reasons": list, "property_diff_fields": list, "no_replay": bool,
@@ -55,7 +58,9 @@ class TimelineChange:
     prefill: a prefill ubatch of this many tokens at this step; alternate_batches: cycle through these
     batch sizes, one per step, from this step on; new_arena_every: the graph's structs (node pointers, the
     CUDA graph key) move every N steps; separate_arena_batch: steps of that batch build their graph in an
-    arena of their own (a draft model's context), so they get keys of their own."""
+    arena of their own (a draft model's context), so they get keys of their own; fault: the first driver
+    call of that kind in this step fails as the driver would fail it ("launch", "capture", "instantiate",
+    "update", "oom"): the step fails, is rolled back and the run goes on."""
 
     at_step: int
     batch: int | None = None
@@ -64,6 +69,7 @@ class TimelineChange:
     alternate_batches: tuple[int, ...] | None = None
     new_arena_every: int | None = None        # node pointers move every N steps from here on
     separate_arena_batch: int | None = None   # steps of this batch build their graph in their own arena
+    fault: str | None = None                  # a driver call of this step fails (backends/drivers/faults.py)
     line: int = field(default=0, compare=False)     # where the entry is in its file (for messages)
 
     # Read-only mapping view of the fields that are set, so step planners can treat it as the TOML table.
@@ -237,6 +243,10 @@ class _Validator:
 
     def change(self, key: str, value, index: int):
         value = self.typed(value, CHANGES[key], key, "timeline", key, index)
+        if key == "fault":
+            if value not in FAULT_KINDS:
+                self.fail(f"fault must be one of {', '.join(FAULT_KINDS)}, not {value!r}", "timeline", key, index)
+            return value
         values = value if key == "alternate_batches" else [value]
         if key == "alternate_batches" and len(values) < 2:
             self.fail("alternate_batches needs at least two batch sizes", "timeline", key, index)

@@ -188,6 +188,8 @@ def render_report(header: RunHeader, events: Iterable[E.Event], summary: Summary
 
 def _overview(s: Summary) -> str:
     modes = ", ".join(f"{n} {m}" for m, n in s.step_modes.items())
+    failed = len(s.faults.failures)
+    modes += f"{', ' if modes else ''}{failed} failed" if failed else ""
     return (f"{s.steps} steps ({modes or 'none'}) · {s.distinct_keys} graph key"
             f"{'s' if s.distinct_keys != 1 else ''} · max {s.max_chunks} chunks per graph")
 

@@ -24,4 +24,8 @@ def diagnosis_lines(s) -> list[str]:
         more = f" (+{len(gm.never_replayed) - 3} more)" if len(gm.never_replayed) > 3 else ""
         out.append(f"captured but never replayed: {len(gm.never_replayed)}: {'; '.join(gm.never_replayed[:3])}{more}")
     out += [f"stale replay prevented: {x}" for x in gm.stale[:3]]
+    fs = s.faults
+    out += [f.line() for f in fs.failures]
+    out += [f"fault absorbed: {x}" for x in fs.absorbed]
+    out += [f"fault missed: {x}" for x in fs.missed]
     return out

@@ -100,7 +100,26 @@ def _describe_gate(ev: E.Event) -> str:
             why = f": {ev.reason}" if ev.reason else ""
             return f"run {ev.status} ({ev.steps_done} steps finished){why}"
         case _:
-            return _describe_chunk(ev)
+            return _describe_failure(ev) or _describe_chunk(ev)
+
+
+def _describe_failure(ev: E.Event) -> str:
+    """describe() of the events of a failed step ("" for any other)."""
+    match ev:
+        case E.FaultInjected():
+            return f"fault {ev.fault!r} injected: {ev.call} returned {ev.error}"
+        case E.FaultMissed():
+            return f"fault {ev.fault!r} armed but never fired (no {ev.calls} in this step)"
+        case E.StepFailed():
+            how = "rolled back, the run goes on" if ev.recoverable else "the run ends"
+            return f"{ev.phase} step FAILED ({ev.error}) · llama_decode returns {ev.status} · {how}"
+        case E.CellsRemoved():
+            return (f"KV cells removed: seq {ev.seq} pos [{ev.pos_min}, +inf) ({ev.n_cells} cell"
+                    f"{'s' if ev.n_cells != 1 else ''})")
+        case E.EntryReset():
+            ended = "capture ended, " if ev.capture_ended else ""
+            return f"graph released after the failure: {ended}{ev.n_executables} executable(s) destroyed, warmup reset"
+    return ""
 
 
 def _describe_chunk(ev: E.Event) -> str:
@@ -150,7 +169,8 @@ def property_diff_line(ev: E.PropertyDiff, most: int = 8) -> str:
 
 # Fixed levels; PhaseDecided, WarmupTransition and the cause events are decided in EventLog.
 LEVEL = {
-    E.Evicted: 0, E.PoolInvalidated: 0,
+    E.Evicted: 0, E.PoolInvalidated: 0, E.FaultInjected: 0, E.FaultMissed: 0, E.StepFailed: 0, E.CellsRemoved: 1,
+    E.EntryReset: 0,
     E.ContextDecision: 1, E.SchedRealloc: 1, E.GraphSplit: 1, E.UidMiss: 1, E.FusionApplied: 2,
     E.ConcurrentRegion: 1, E.ChunkBoundary: 1, E.ChunkInstantiated: 1, E.ChunkUpdated: 1,
     E.UpdateRefused: 1, E.ChunksDestroyed: 1, E.WarmupTransition: 1, E.NodeCountChanged: 1,

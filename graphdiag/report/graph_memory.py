@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 
 from .. import events as E
 
+FAILED_STEP = "released after a failed step"
 SIM_MODEL = "modelled: ~10 KiB of device memory per kernel node (simulated driver)"
 CUDA_MEASURED = ("measured: free device memory before - after each instantiate (cuMemGetInfo, which moves in "
                  "the chunks the driver reserves: a small executable may show 0, the next the whole chunk)")
@@ -101,6 +102,9 @@ def graph_memory(simulated: bool, events) -> GraphMemory:
             case E.Evicted():
                 for kc in [kc for kc in held if kc[0] == ev.key]:
                     drop(held.pop(kc), ev.step, "evicted")
+            case E.EntryReset():
+                for kc in [kc for kc in held if kc[0] == ev.key]:
+                    drop(held.pop(kc), ev.step, FAILED_STEP)
             case E.CaptureRun():
                 captured[ev.key] = last_props.get(ev.key, "")
             case E.PoolInvalidated():
@@ -126,8 +130,9 @@ def graph_memory(simulated: bool, events) -> GraphMemory:
     everything = done + list(held.values())
     gm.executables = len(everything)
     # an executable made at the run's last step and still held had no later step to replay in: not a finding
+    # nor one released because its step failed (the failure is reported as itself)
     idle = [x for x in sorted(everything, key=lambda x: (x.step, x.key, x.chunk))
-            if not x.replayed and not (x.gone_step < 0 and x.step == last_step)]
+            if not x.replayed and not (x.gone_step < 0 and x.step == last_step) and x.gone_why != FAILED_STEP]
     gm.never_replayed = [x.describe() for x in idle]
     for x in idle:
         keys[x.key].never_replayed += 1

@@ -12,7 +12,8 @@ from .console import make_console
 
 
 def step_rows(events: Iterable[E.Event]) -> list[tuple]:
-    """(step, kind, n_tokens, mode, wall_ns, gpu_ns, tokens) per finished step."""
+    """(step, kind, n_tokens, mode, wall_ns, gpu_ns, tokens) per finished step, and per failed step with
+    mode "FAILED" (no time, no tokens)."""
     started: dict[int, E.StepStarted] = {}
     rows = []
     for ev in events:
@@ -22,6 +23,9 @@ def step_rows(events: Iterable[E.Event]) -> list[tuple]:
             st = started.get(ev.step)
             rows.append((ev.step, st.phase if st else "?", st.n_tokens if st else 0, ev.mode, ev.duration_ns,
                          ev.gpu_ns, tuple(ev.tokens)))
+        elif isinstance(ev, E.StepFailed):
+            st = started.get(ev.step)
+            rows.append((ev.step, ev.phase, st.n_tokens if st else 0, "FAILED", 0, 0, ()))
     return rows
 
 
@@ -53,7 +57,8 @@ def render_steps(events: list[E.Event], file: TextIO | None = None, head: int = 
             continue
         step, kind, n_in, mode, wall, gpu, toks = r
         out = " ".join(map(str, toks[:8])) + (" …" if len(toks) > 8 else "")
-        t.add_row(str(step), kind, str(n_in), mode, f"{wall / 1e3:.1f} µs", f"{gpu / 1e3:.1f} µs" if gpu else "-",
+        t.add_row(str(step), kind, str(n_in), mode, f"{wall / 1e3:.1f} µs" if wall else "-",
+                  f"{gpu / 1e3:.1f} µs" if gpu else "-",
                   out)
     con.print("")
     con.print(t)

@@ -4,7 +4,9 @@ A run is strict-clean when graphs did what a runtime developer expects of them: 
 did not ask for (a split found incompatible, graphs disabled by the device, a capture abandoned), no key
 thrash, no executable captured but never replayed, and no flood of update refusals at one key. Warmup
 (a key's first calls, and the call after a named property change) and graphs the user disabled
-(GGML_CUDA_DISABLE_GRAPHS, --no-graphs, a scenario's graphs_disabled) are explained.
+(GGML_CUDA_DISABLE_GRAPHS, --no-graphs, a scenario's graphs_disabled) are explained. A failed step the run
+did not recover from (the run ended, or no step finished after it) and a fault that never fired fail too;
+a recovered one is reported, not a finding.
 """
 
 from __future__ import annotations
@@ -13,12 +15,13 @@ from collections import Counter
 
 from .. import events as E
 from .graph_memory import GraphMemory
+from .failures import Faults
 from .thrash import KeyThrash
 
 REFUSAL_FLOOD = 4        # update refusals at one key (llama.cpp #12420: "CUDA graph update failed" in a loop)
 
 
-def strict_findings(events, thrash: list[KeyThrash], memory: GraphMemory) -> list[str]:
+def strict_findings(events, thrash: list[KeyThrash], memory: GraphMemory, faults: Faults | None = None) -> list[str]:
     """One line per cause that fails a strict run (empty: strict-clean)."""
     out = []
     eager_incompatible: Counter = Counter()
@@ -49,4 +52,7 @@ def strict_findings(events, thrash: list[KeyThrash], memory: GraphMemory) -> lis
         if sum(by.values()) >= REFUSAL_FLOOD:
             why = ", ".join(f"{r} ×{n}" for r, n in by.most_common())
             out.append(f"update-refusal flood: key {key:#x} refused {sum(by.values())} updates ({why})")
+    if faults is not None:
+        out += [f"unrecovered failure: {f.line()}" for f in faults.unrecovered]
+        out += [f"fault missed: {m}" for m in faults.missed]
     return out

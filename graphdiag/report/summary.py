@@ -18,6 +18,7 @@ from ..counters import Counters
 from .graph_memory import GraphMemory, graph_memory
 from .accounting import Accounting, account
 from .devices import DeviceReport, device_report
+from .failures import Faults, faults
 from .record import RunHeader, as_header
 from .strict import strict_findings
 from .thrash import KeyThrash, find_thrash
@@ -88,6 +89,7 @@ class Summary:
     graph_memory: GraphMemory = field(default_factory=GraphMemory)   # executables' device memory per key
     strict: list[str] = field(default_factory=list)       # what `run --strict` fails on (empty: clean)
     devices: DeviceReport | None = None                   # per device, on several (--devices N); else None
+    faults: Faults = field(default_factory=Faults)        # failed steps, injected faults (failures.py)
 
     @property
     def diagnoses(self) -> dict[str, int]:
@@ -95,7 +97,8 @@ class Summary:
         gm = self.graph_memory
         return {"thrash_keys": len(self.thrash), "never_replayed": len(gm.never_replayed),
                 "graph_bytes_peak": gm.peak_bytes, "stale_replays_prevented": gm.stale_replays_prevented,
-                "strict_failures": len(self.strict)}
+                "strict_failures": len(self.strict), "unrecovered_failures": len(self.faults.unrecovered),
+                "faults_missed": len(self.faults.missed)}
 
     @property
     def distinct_keys(self) -> int:
@@ -154,7 +157,8 @@ def summarize(header: RunHeader | dict[str, Any], events: Iterable[E.Event]) -> 
     s.accounting = account(events)
     s.thrash = find_thrash(events)
     s.graph_memory = graph_memory(header.simulated, events)
-    s.strict = strict_findings(events, s.thrash, s.graph_memory)
+    s.faults = faults(events)
+    s.strict = strict_findings(events, s.thrash, s.graph_memory, s.faults)
     s.devices = device_report(events)
     return s
 

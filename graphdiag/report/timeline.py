@@ -54,6 +54,18 @@ def decision_of(ev: E.Event) -> tuple[str, dict] | None:
             return "capture abandoned", {"reason": ev.reason}
         case E.GraphsDisabled() | E.Incompatible():
             return ev.kind.replace("_", " "), {"what": describe(ev)}
+        case E.FaultInjected():
+            return f"fault: {ev.fault}", {"call": ev.call, "error": ev.error}
+        case E.FaultMissed():
+            return f"fault missed: {ev.fault}", {"waited_for": ev.calls}
+        case E.StepFailed():
+            return "step failed", {"error": ev.error, "fault": ev.fault, "status": ev.status,
+                                   "recoverable": ev.recoverable}
+        case E.CellsRemoved():
+            return "KV cells removed", {"seq": ev.seq, "pos_min": ev.pos_min, "cells": ev.n_cells}
+        case E.EntryReset():
+            return "graph released", {"executables": ev.n_executables, "capture_ended": ev.capture_ended,
+                                      "reason": ev.reason}
     return None
 
 

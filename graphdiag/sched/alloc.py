@@ -262,7 +262,14 @@ class GraphAllocator:
             if n > 0 and (cur is None or n > cur[1]):
                 if cur is not None:
                     be.buffer_free(cur[0])
-                self.buffers[b] = (be.buffer_alloc(n), n)
+                    self.buffers[b] = None
+                try:
+                    self.buffers[b] = (be.buffer_alloc(n), n)
+                except BaseException:
+                    # ggml_gallocr_reserve_n: the buffer is NULL after a failed allocation and the reserve
+                    # returns false; the plans go too, so the next graph is planned and allocated again
+                    self.nodes, self.leafs = [], []
+                    raise
                 grown.append(be.name)
         self.need = list(need)
         if self.bus is not None:

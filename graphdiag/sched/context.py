@@ -118,6 +118,31 @@ class Context:
         step = self.step
         pre, self._prepared = self._prepared, None
         cells = pre.cells if pre is not None else self.kv.place(seqs, pos)
+        try:
+            return self._run_ubatch(step, tokens, seqs, pos, cells, pre, n_outputs, gtype)
+        except BaseException:
+            self._roll_back(step, seqs, pos)
+            raise
+
+    def _roll_back(self, step: int, seqs: np.ndarray, pos: np.ndarray) -> None:
+        """llama_decode's failure path: every position the failed ubatch placed is removed from the cache
+        (seq_rm(seq, pos_min, -1) for each of its sequences), and so is the next step's placement if it was
+        made already, so the next decode sees the cache as it was before. The step still counts (the next
+        one gets the next number). A graph that was built and allocated stays the kept one, as llama.cpp's
+        gf_res_prev_active (a failed build or allocation left none: see _run_ubatch)."""
+        pre, self._prepared = self._prepared, None
+        first: dict[int, int] = {}
+        for q, p in zip(seqs.tolist(), pos.tolist()):
+            first[q] = min(first.get(q, p), p)
+        if pre is not None:
+            for q, p in zip(pre.seqs, pre.pos.tolist()):
+                first[q] = min(first.get(q, p), p)
+        for q, p0 in sorted(first.items()):
+            n = self.kv.seq_rm(q, p0)
+            self.bus.emit(E.CellsRemoved(step=step, t_ns=self.bus.clock(), seq=q, pos_min=p0, n_cells=n))
+        self.step = step + 1
+
+    def _run_ubatch(self, step: int, tokens, seqs, pos, cells, pre, n_outputs: int, gtype: str) -> np.ndarray:
         params = self._params(len(tokens), _n_seqs(seqs), n_outputs, gtype, self.kv.n_kv())
         bus = self.bus
         # posted (made when the sinks take them): the fields in order, from step, split, key, uid, t_ns, device
@@ -126,10 +151,12 @@ class Context:
         reason = self._reuse_reason(params)
         bus.post(E.ContextDecision, step, -1, 0, 0, bus.clock(), 0, not reason, reason)
         if reason:
+            self.res = None                # not kept until it is built and allocated (gf_res_prev_active)
             self.model.arena.reset()
             self.sched.reset()
-            self.res = build_graph(self.model, params, self.templates)
-            self.sched.alloc_graph(self.res.graph)
+            res = build_graph(self.model, params, self.templates)
+            self.sched.alloc_graph(res.graph)
+            self.res = res
         else:
             self.n_reused += 1
         self._set_inputs(tokens, seqs, pos, cells, pre)

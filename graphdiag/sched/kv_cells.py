@@ -60,16 +60,28 @@ class KvCells:
         return cells
 
     def remove(self, seq: int) -> None:
-        gone = self.seq == seq
+        self.seq_rm(seq, 0)
+
+    def seq_rm(self, seq: int, p0: int) -> int:
+        """Free the cells of `seq` at positions >= p0 (llama_kv_cache::seq_rm(seq, p0, -1)); returns how many.
+        The sequence's next position becomes its highest remaining one + 1, and the lowest free cell is
+        looked for from the first freed one, so the next placement takes the same cells again."""
+        gone = (self.seq == seq) & (self.pos >= p0)
+        n = int(np.count_nonzero(gone))
         self.seq[gone], self.pos[gone] = -1, -1
         self._placed.clear()                 # freed cells: a kept mask row no longer says what they hold
         self._row = None
-        self._next.pop(seq, None)
+        left = self.pos[self.seq == seq]
+        if left.size:
+            self._next[seq] = int(left.max()) + 1
+        else:
+            self._next.pop(seq, None)
         used = np.flatnonzero(self.seq >= 0)
         self._used(int(used[-1]) + 1 if used.size else 0)
         hole = np.flatnonzero(gone)
         if hole.size:
             self._free = min(self._free, int(hole[0]))
+        return n
 
     def n_kv(self) -> int:
         """Cells the attention reads: highest used cell + 1, padded to 256, at most n_ctx."""

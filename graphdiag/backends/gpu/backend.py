@@ -249,37 +249,41 @@ class GpuBackend(Backend):
         with self.bus.span("graph_compute", "graph/compute", graph.uid, rt.step, split, graph.first_node_addr,
                            graph.uid):
             entry = rt.lookup(graph, split)
-            use_graph, update = rt.decide(entry, graph, split)
-            t0 = time.perf_counter_ns()
-            if use_graph and not update:
-                with self.bus.span("replay", "graph/replay", len(entry.instances), rt.step, split, entry.key,
-                                   graph.uid):
-                    n = self.loop.replay(entry)
-                t1 = time.perf_counter_ns()   # posted, not through rt.emit's keywords: it comes every step
-                self.bus.post(E.ReplayLaunched, rt.step, split, entry.key, graph.uid, t1, rt.device, n, t1 - t0)
-                return
-            plan, lowered = self._lowered(entry, graph, split)
-            # eager while warming up a key (graphs enabled, entry cold) is labelled "warmup" in timelines
-            cold = not entry.warmup_complete and not use_graph and entry.props is not None
-            name = "capture" if use_graph else ("warmup" if cold else "eager")
-            with self.bus.span(name, f"graph/{name}", graph.uid, rt.step, split, entry.key, graph.uid):
-                try:
-                    n_chunks, n_launches = self.loop.evaluate(entry, graph, split, use_graph, update, lowered,
-                                                              plan, self._regions_for(graph))
-                except BaseException:
-                    self._abandon_capture(entry)
-                    raise
-            dt = time.perf_counter_ns() - t0
-            if use_graph and self.capture_aborted:
-                self.capture_aborted = False
-                entry.warmup_complete = False
-                rt.emit(E.EagerRun, split, entry.key, graph.uid, n_launches=n_launches, duration_ns=dt)
-            elif use_graph:
-                rt.emit(E.CaptureRun, split, entry.key, graph.uid, n_chunks=n_chunks, n_launches=n_launches,
-                        duration_ns=dt)
-                rt.emit(E.LedgerCaptured, split, entry.key, graph.uid, nodes=ledger_rows(entry.props, self.addresses))
-            else:
-                rt.emit(E.EagerRun, split, entry.key, graph.uid, n_launches=n_launches, duration_ns=dt)
+            try:
+                self._decide_and_run(entry, graph, split)
+            except BaseException as e:
+                self._release_failed(entry, graph, split, e)
+                raise
+
+    def _decide_and_run(self, entry, graph: Graph, split: int) -> None:
+        rt = self.runtime
+        use_graph, update = rt.decide(entry, graph, split)
+        t0 = time.perf_counter_ns()
+        if use_graph and not update:
+            with self.bus.span("replay", "graph/replay", len(entry.instances), rt.step, split, entry.key,
+                               graph.uid):
+                n = self.loop.replay(entry)
+            t1 = time.perf_counter_ns()   # posted, not through rt.emit's keywords: it comes every step
+            self.bus.post(E.ReplayLaunched, rt.step, split, entry.key, graph.uid, t1, rt.device, n, t1 - t0)
+            return
+        plan, lowered = self._lowered(entry, graph, split)
+        # eager while warming up a key (graphs enabled, entry cold) is labelled "warmup" in timelines
+        cold = not entry.warmup_complete and not use_graph and entry.props is not None
+        name = "capture" if use_graph else ("warmup" if cold else "eager")
+        with self.bus.span(name, f"graph/{name}", graph.uid, rt.step, split, entry.key, graph.uid):
+            n_chunks, n_launches = self.loop.evaluate(entry, graph, split, use_graph, update, lowered,
+                                                      plan, self._regions_for(graph))
+        dt = time.perf_counter_ns() - t0
+        if use_graph and self.capture_aborted:
+            self.capture_aborted = False
+            entry.warmup_complete = False
+            rt.emit(E.EagerRun, split, entry.key, graph.uid, n_launches=n_launches, duration_ns=dt)
+        elif use_graph:
+            rt.emit(E.CaptureRun, split, entry.key, graph.uid, n_chunks=n_chunks, n_launches=n_launches,
+                    duration_ns=dt)
+            rt.emit(E.LedgerCaptured, split, entry.key, graph.uid, nodes=ledger_rows(entry.props, self.addresses))
+        else:
+            rt.emit(E.EagerRun, split, entry.key, graph.uid, n_launches=n_launches, duration_ns=dt)
 
     def end_capture_for_pool(self) -> None:
         """The pool is about to synchronise and invalidate every graph (llama.cpp: "invalidate
@@ -292,15 +296,28 @@ class GpuBackend(Backend):
             except GraphdiagError:
                 pass                     # an invalidated capture ends in an error: nothing left to destroy
 
-    def _abandon_capture(self, entry) -> None:
-        """A failure mid-capture: end and drop the half-captured graph so the streams stay usable and
-        close() can release everything; the entry must warm up again before it is trusted."""
+    def _release_failed(self, entry, graph: Graph, split: int, error: BaseException) -> None:
+        """A failure while the split computed (a launch, a capture, an instantiate or update that failed):
+        a capture in progress is ended and dropped so the streams stay usable, and the entry's executables
+        are destroyed and its warmup reset — what they hold is a half-made step's — so the key warms up
+        again. Upstream ggml aborts on any CUDA error (CUDA_CHECK); this is what a runtime that survives the
+        error has to do before the next decode, and it is reported (EntryReset)."""
         entry.warmup_complete = False
+        ended = False
         if self.driver.is_capturing(self.stream0):
+            ended = True
+            self.capture_aborted = False
             try:
                 self.driver.graph_destroy(self.driver.end_capture(self.stream0))
             except GraphdiagError:
                 pass                     # an invalidated capture ends in an error: nothing left to destroy
+        n = 0
+        try:
+            n = self.runtime.destroy_instances(entry, 0)
+        finally:
+            why = f"{type(error).__name__}: {error}" if str(error) else type(error).__name__
+            self.runtime.emit(E.EntryReset, split, entry.key, graph.uid, n_executables=n, capture_ended=ended,
+                              reason=why)
 
     def close(self) -> None:
         for e in self.runtime.cache.clear():
@@ -337,6 +354,11 @@ class GpuTime:
             self.pairs = []
         return self.ns
 
+    def discard(self) -> None:
+        """A failed step's timers: given back unread (the step has no GPU time to report)."""
+        self.backend._free_timers.extend(self.pairs)
+        self.pairs, self.ns = [], 0
+
     def fill(self, ev) -> None:
         """bus.emit's `complete` for a StepFinished emitted before its GPU time was read. A device error on
         the way (a later step failed and the run is ending with that error, which the sinks get next)
@@ -358,6 +380,10 @@ class GpuTimes:
 
     def read(self) -> int:
         return sum(t.read() for t in self.times)
+
+    def discard(self) -> None:
+        for t in self.times:
+            t.discard()
 
     fill = GpuTime.fill
 
