@@ -228,6 +228,7 @@ def validate_run(cfg: RunConfig, scenario=None, as_json: bool = False, verbosity
                          f"{cfg.model} has {model.n_layer} layers")
     warnings += _backend_options(cfg, scenario)
     _check_timeline(cfg, scenario)
+    _check_faults(cfg, scenario)
     demand = kv_demand(plan_steps(cfg, scenario), model.n_ctx)
     if demand.overflow_step is not None:
         raise UsageError(f"the run needs more KV cells than model {cfg.model} has (n_ctx {model.n_ctx}): step "
@@ -296,6 +297,15 @@ def _backend_options(cfg: RunConfig, scenario) -> list[str]:
         if src == "scenario":
             warnings.append(f"{_named(cfg, scenario, name, flag)} does nothing on --backend cpu (ignored)")
     return warnings
+
+
+def _check_faults(cfg: RunConfig, scenario) -> None:
+    """A fault fails a GPU driver call: the CPU backend has none to fail."""
+    for change in getattr(scenario, "timeline", ()) or ():
+        if change.get("fault") and cfg.backend == "cpu":
+            raise UsageError(f"{scenario.path}:{change.line or 1}: fault {change['fault']!r} at step "
+                             f"{change.at_step} fails a GPU driver call, and the cpu backend has no driver "
+                             f"(use --backend sim or cuda)")
 
 
 def _check_timeline(cfg: RunConfig, scenario) -> None:

@@ -102,18 +102,48 @@ def test_failure_mid_capture_on_the_gpu_ends_the_capture_and_recovers(monkeypatc
         return real_launch(self, stream, launch)
 
     monkeypatch.setattr(CudaDriver, "launch", failing_launch)
-    s = Session(resolve({"backend": "cuda", "steps": 0, "prompt_tokens": 4}, environ={}), E.EventBus())
+    bus, seen = E.EventBus(), []
+    bus.subscribe(seen.append)
+    s = Session(resolve({"backend": "cuda", "steps": 0, "prompt_tokens": 4, "oracle": True}, environ={}), bus)
     try:
         st = Stepper(s, RunResult({}, [], Counters()))
         st.step(StepPlan("decode", batch=1))
+        pos = s.ctx.kv.next_pos(0)
         with pytest.raises(CudaError, match="injected"):
             st.step(StepPlan("decode", batch=1))
         assert not s.driver.is_capturing(s.gpu.stream0)
+        assert s.ctx.kv.next_pos(0) == pos                  # the failed step's KV cell was removed
         fail["on"] = False
         for _ in range(3):
             st.step(StepPlan("decode", batch=1))
+        checks = [e for e in seen if isinstance(e, E.OracleCheck)]
+        assert [c.step for c in checks] == [0, 2, 3, 4]       # step 1 failed; every other step checked
+        assert all(c.ok for c in checks), [(c.step, c.rel_err) for c in checks]
+        assert [e.phase for e in seen if isinstance(e, E.PhaseDecided) and e.step > 1] == ["capture", "replay", "replay"]
     finally:
         s.close()
+
+
+def test_batch_1_to_2_on_the_gpu_is_refused_and_reinstantiated():
+    """1 -> 2 tokens drops the one-column fusions: the real driver refuses the update (TOPOLOGY_CHANGED)."""
+    r = run_gpu(steps=10, oracle=True, timeline=[{"at_step": 5, "batch": 2}])
+    assert_oracle(r)
+    outcome = [e for e in of(r, E.ChunkUpdated, E.UpdateRefused, E.ChunkInstantiated) if e.step == 6]
+    assert [type(e) for e in outcome] == [E.UpdateRefused, E.ChunkInstantiated]
+    assert outcome[0].reason == "TOPOLOGY_CHANGED" and outcome[1].after_refusal
+
+
+@pytest.mark.parametrize("kind,step", [("launch", 6), ("capture", 2), ("instantiate", 2)])
+def test_an_injected_fault_on_the_gpu_fails_at_the_driver_call_and_recovers(kind, step):
+    """The fault fails the real driver call's boundary (cuGraphLaunch / cuStreamEndCapture after a real
+    end of capture / cuGraphInstantiate): the step is rolled back and later steps match the oracle and
+    generate the tokens of the run without the fault."""
+    clean = run_gpu(steps=10, oracle=True)
+    r = run_gpu(steps=10, oracle=True, verify=True, timeline=[{"at_step": step, "fault": kind}])
+    (f,) = of(r, E.StepFailed)
+    assert f.step == step and f.fault == kind and f.recoverable
+    assert assert_oracle(r) < 1e-3 and all(v.ok for v in of(r, E.VerifyResult))
+    assert sum(r.tokens, []) == sum(clean.tokens, [])[: len(sum(r.tokens, []))]
 
 
 def test_programmatic_dependent_launch_changes_timing_only(monkeypatch):

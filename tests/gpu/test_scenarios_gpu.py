@@ -13,8 +13,10 @@ pytestmark = [pytest.mark.gpu, pytest.mark.usefixtures("require_gpu")]
 
 @pytest.mark.parametrize("scenario", list_scenarios(), ids=lambda s: s.name)
 def test_scenario_on_gpu(scenario):
-    cfg = resolve({"backend": "cuda", "oracle": True}, scenario.run, environ=scenario.environ({}))
+    verify = scenario.name.startswith("fault-")      # the fault scenarios with --verify --oracle (issue 25)
+    cfg = resolve({"backend": "cuda", "oracle": True, "verify": verify}, scenario.run, environ=scenario.environ({}))
     r = run(cfg, scenario)
     assert r.header["backend"] == "cuda"
     assert check_expectations(scenario, summarize(r.header, r.events)) == []
     assert all(c.ok for c in r.events if isinstance(c, E.OracleCheck)), r.failures
+    assert all(v.ok for v in r.events if isinstance(v, E.VerifyResult)), r.failures

@@ -20,8 +20,9 @@ def _session(**kw):
 
 def test_a_refused_update_whose_reinstantiate_fails_leaves_no_destroyed_executable():
     s, bus, st = _session(chunk_size=8)
-    refused = []
+    refused, seen = [], []
     bus.subscribe(lambda e: refused.append(e) if isinstance(e, E.UpdateRefused) else None)
+    bus.subscribe(seen.append)
     try:
         for _ in range(3):                                   # eager, capture, replay at 1 token
             st.step(StepPlan("decode", batch=1))
@@ -37,8 +38,11 @@ def test_a_refused_update_whose_reinstantiate_fails_leaves_no_destroyed_executab
             st.step(StepPlan("decode", batch=2))             # capture: chunk 0 refused, re-instantiate fails
         s.driver.instantiate = real
         assert refused
-        assert all(x.alive for x in entry.instances)          # the chunks before the refused one survive
-        assert len(entry.instances) == refused[0].chunk and not s.driver.is_capturing(s.gpu.stream0)
+        # the failed step releases the entry: the chunks before the refused one (alive until then) are
+        # destroyed with it, the destroyed one was never kept, and the key warms up again
+        reset = [e for e in seen if isinstance(e, E.EntryReset)]
+        assert len(reset) == 1 and reset[0].n_executables == refused[0].chunk
+        assert entry.instances == [] and not entry.warmup_complete and not s.driver.is_capturing(s.gpu.stream0)
     finally:
         s.close()
 
