@@ -98,6 +98,12 @@ def open_output(path: Path, what: str) -> TextIO:
 _FLUSH_AFTER = (E.StepFinished, E.RunEnded)
 
 
+def _closed() -> BrokenPipeError:
+    """The reader of `--events -` went away. Without an errno: click turns an EPIPE OSError into exit 1,
+    main() turns this one into the quiet exit 141 (as the terminal report's)."""
+    return BrokenPipeError("output closed")
+
+
 class JsonlWriter:
     """An event sink writing the record. Subscribe it WITHOUT spans, as essential (its errors end the
     run: the record is the user's artifact); call `close()` (or use `with`).
@@ -139,7 +145,7 @@ class JsonlWriter:
             self._f.write(_ENCODER.encode(obj) + "\n")
         except BrokenPipeError:
             self._abandon()
-            raise
+            raise _closed() from None
         except OSError as e:
             self._abandon()
             raise self._error(e) from None
@@ -151,7 +157,7 @@ class JsonlWriter:
             self._f.flush()
         except BrokenPipeError:
             self._abandon()
-            raise
+            raise _closed() from None
         except OSError as e:
             self._abandon()
             raise self._error(e) from None

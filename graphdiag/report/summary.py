@@ -88,6 +88,7 @@ class Summary:
     graph_memory: GraphMemory = field(default_factory=GraphMemory)   # executables' device memory per key
     strict: list[str] = field(default_factory=list)       # what `run --strict` fails on (empty: clean)
     devices: DeviceReport | None = None                   # per device, on several (--devices N); else None
+    sinks_cut_off: list[str] = field(default_factory=list)   # outputs that failed mid-run: "NAME at step N: error"
 
     @property
     def diagnoses(self) -> dict[str, int]:
@@ -156,6 +157,7 @@ def summarize(header: RunHeader | dict[str, Any], events: Iterable[E.Event]) -> 
     s.graph_memory = graph_memory(header.simulated, events)
     s.strict = strict_findings(events, s.thrash, s.graph_memory)
     s.devices = device_report(events)
+    s.sinks_cut_off = [f"{e.sink} at step {e.step}: {e.error}" for e in events if isinstance(e, E.SinkFailed)]
     return s
 
 
