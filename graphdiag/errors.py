@@ -53,6 +53,7 @@ class KernelCompileError(GraphdiagError):
 
 INTERNAL_EXIT = 3     # a bug in graphdiag (or a broken llama.cpp invariant), never bad input
 INTERRUPTED_EXIT = 130  # Ctrl-C (128 + SIGINT)
+TERMINATED_EXIT = 143   # SIGTERM (128 + 15)
 
 
 class InternalError(GraphdiagError):
@@ -67,13 +68,21 @@ class EventWriteError(GraphdiagError):
 
 
 class RunInterrupted(GraphdiagError):
-    """The run was stopped (Ctrl-C) at `step`; the summary so far was printed and the record says so."""
+    """The run was stopped (Ctrl-C, or SIGTERM: `terminated`) at `step`; the summary so far was printed and
+    the record says so."""
 
     exit_code = INTERRUPTED_EXIT
 
-    def __init__(self, step: int):
+    def __init__(self, step: int, terminated: bool = False):
         self.step = step
-        super().__init__(f"interrupted at step {step}")
+        if terminated:
+            self.exit_code = TERMINATED_EXIT
+        super().__init__(f"{'terminated (SIGTERM)' if terminated else 'interrupted'} at step {step}")
+
+
+class Terminated(KeyboardInterrupt):
+    """SIGTERM, raised by the run's handler (interrupts.terminate_as_interrupt): a KeyboardInterrupt, so
+    the run ends through the same paths as after Ctrl-C."""
 
 
 class VerifyMismatch(GraphdiagError):

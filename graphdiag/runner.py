@@ -24,11 +24,12 @@ from .backends.gpu.runtime import RuntimeOptions
 from .config import RunConfig
 from .counters import Counters
 from .backends.drivers.faults import FaultInjector, calls_of, recoverable
-from .errors import CudaError, GraphdiagError, NoDeviceError, OutOfDeviceMemory, RunInterrupted
+from .errors import CudaError, GraphdiagError, NoDeviceError, OutOfDeviceMemory, RunInterrupted, Terminated
 from .model.presets import get_preset, weight_type
 from .model.reference import Reference
 from .model.weights import create_model
 from .plan import StepPlan, plan_steps
+from .release import releasing
 from .sched.context import make_context
 
 # max|a-b|/max|b| of a step's logits against the oracle. F16: ~1e-4 measured (the F16 KV cache's rounding).
@@ -103,7 +104,10 @@ class Session:
                                     self.split, self.devices.copy if self.devices is not None else None)
             self.reference = Reference(self.model, q8_1_activations=self.gpu is not None) if cfg.oracle else None
         except BaseException:
-            self.close()           # a half-built session (bad preset, weights that do not fit) releases the device
+            # a half-built session (bad preset, weights that do not fit) releases the device; its own error
+            # is the one to report, not a release's after it
+            with contextlib.suppress(Exception):
+                self.close()
             raise
 
     def _fault_fired(self, kind: str, call: str, error: str) -> None:
@@ -146,18 +150,20 @@ class Session:
         return ", ".join(names)
 
     def close(self) -> None:
-        if self.ctx is not None:
-            self.ctx.sched.close()
-        if self.devices is not None:
-            self.devices.close()                   # every device's backend, then its driver
-        elif self.gpu is not None:
-            self.gpu.close()
-        if self.cpu is not None:
-            self.cpu.close()
-        if self.devices is None:
-            for d in (self.driver, *self.extra_drivers):
-                if d is not None:
-                    d.close()
+        """Release the scheduler's buffers, the backends, the drivers: each tried, the first error raised."""
+        with releasing() as release:
+            if self.ctx is not None:
+                release(self.ctx.sched.close)
+            if self.devices is not None:
+                release(self.devices.close)        # every device's backend, then its driver
+            elif self.gpu is not None:
+                release(self.gpu.close)
+            if self.cpu is not None:
+                release(self.cpu.close)
+            if self.devices is None:
+                for d in (self.driver, *self.extra_drivers):
+                    if d is not None:
+                        release(d.close)
 
 
 def make_header(cfg: RunConfig, s: Session, scenario: str | None) -> dict:
@@ -171,16 +177,23 @@ def make_header(cfg: RunConfig, s: Session, scenario: str | None) -> dict:
 
 
 def run(cfg: RunConfig, scenario=None, sinks=(), span_sinks=(), on_header=None, device_sinks=(),
-        cupti: bool = False, warn=None) -> RunResult:
+        cupti: bool = False, warn=None, essential=()) -> RunResult:
     """Run the plan; every event reaches `sinks` live. Returns the header, the events and the counters.
     Each step's device records (modelled on the simulated driver; CUPTI's on CUDA when `cupti`) go to
-    `device_sinks`; `warn(line)` hears why there are none where they were asked for."""
+    `device_sinks`; `warn(line)` hears why there are none where they were asked for, and of a sink that
+    failed and was cut off (the others still get every event). The sinks in `essential` (the record) end
+    the run when they fail instead."""
     bus = E.EventBus()
     rec, counters = E.Recorder(), Counters()
-    for s in (rec, counters, *sinks):
-        bus.subscribe(s)
+    for s in (rec, counters):
+        bus.subscribe(s, essential=True)
+    for s in sinks:
+        bus.subscribe(s, essential=any(s is x for x in essential))
     for s in span_sinks:
         bus.subscribe(s, spans=True)
+    if warn is not None:
+        bus.on_sink_error = lambda f: warn(f"{f.sink} failed at step {f.step} ({f.error}): cut off, "
+                                           f"every other output still gets every event")
     session = Session(cfg, bus)
     session.device_source, session.device_sinks = _open_device(session, cupti, warn), list(device_sinks)
     header = make_header(cfg, session, getattr(scenario, "name", None))
@@ -190,11 +203,19 @@ def run(cfg: RunConfig, scenario=None, sinks=(), span_sinks=(), on_header=None, 
     result = RunResult(header, rec.events, counters)
     try:
         walk_recorded(session, result, plan_steps(cfg, scenario))
-    finally:
-        if session.device_source is not None:
-            session.device_source.close()
-        session.close()
+    except BaseException:
+        with contextlib.suppress(Exception):   # the run's error is the one to report, not a release's echo
+            _close_session(session)
+        raise
+    _close_session(session)
     return result
+
+
+def _close_session(session: Session) -> None:
+    with releasing() as release:
+        if session.device_source is not None:
+            release(session.device_source.close)
+        release(session.close)
 
 
 def _open_device(session: Session, cupti: bool, warn):
@@ -214,8 +235,8 @@ def walk_recorded(session: "Session", result: RunResult, plan) -> None:
     status, reason = "complete", ""
     try:
         Stepper(session, result).run(plan)
-    except KeyboardInterrupt:
-        status, reason = "interrupted", "Ctrl-C"
+    except KeyboardInterrupt as e:
+        status, reason = "interrupted", "SIGTERM" if isinstance(e, Terminated) else "Ctrl-C"
         raise
     except BrokenPipeError:
         status, reason = "interrupted", "output closed (broken pipe)"
@@ -415,7 +436,7 @@ class Stepper:
         records = device.end_step()
         self.s.bus.emit(device_time(step, device.source, records))
         for sink in self.s.device_sinks:
-            sink(records)
+            self.s.bus.guarded(sink, step, records)   # cut off with its owner when it raises
 
     def _verify(self, step: int, logits: np.ndarray) -> None:
         ctx = self.s.ctx
@@ -445,75 +466,112 @@ def run_cli(settings: dict, scenario: str | None = None, events_path: str | None
     """`graphdiag run`: resolve settings (CLI > scenario > env), validate everything before anything is
     built, run with live sinks, render the summary.
 
-    Exit status: 0, or 1 when a check failed (--verify, --oracle, a scenario's expectations). Ctrl-C prints
-    the summary so far and raises RunInterrupted (130); the record ends with a RunEnded event either way."""
+    Exit status: 0, or 1 when a check failed (--verify, --oracle, a scenario's expectations). Ctrl-C (or
+    SIGTERM) prints the summary so far and raises RunInterrupted (130; 143); the record ends with a
+    RunEnded event either way. `--events -` writes the record to `out` (stdout) and everything else the
+    run prints to `err`, so stdout holds only JSON lines."""
     import os
     import sys
 
     from .config import resolve, validate_run
+    from .interrupts import terminate_as_interrupt
     from .scenario import load_scenario
 
     out, err = out or sys.stdout, err or sys.stderr
+    _distinct_outputs(events_path, timeline_path)
+    record_stream = None
+    if events_path == "-":
+        record_stream, out = out, err
     sc = load_scenario(scenario) if scenario else None
     environ = sc.environ(os.environ) if sc else os.environ
     cfg = resolve(settings, sc.run if sc else None, environ=environ, env_origins=sc.env_origins() if sc else None)
     for w in validate_run(cfg, sc, as_json=as_json, verbosity=verbosity):
         err.write(f"graphdiag: warning: {w}\n")
     header, events = {}, E.Recorder()
-    try:
-        result = _run_with_sinks(cfg, sc, events_path, as_json, verbosity, out, header, events,
-                                 timeline_path=timeline_path, cupti=cupti, err=err)
-    except KeyboardInterrupt:
-        partial = RunResult(header, events.events, Counters())
-        _render_result(partial, sc, as_json, out, strict)
-        ended = next((e for e in reversed(events.events) if isinstance(e, E.RunEnded)), None)
-        step = ended.step if ended is not None else 0
-        if not as_json:
-            out.write(f"interrupted at step {step} (summary of the steps so far)\n")
-        raise RunInterrupted(step) from None
-    return _render_result(result, sc, as_json, out, strict)
+    with terminate_as_interrupt():
+        try:
+            result = _run_with_sinks(cfg, sc, events_path, as_json, verbosity, out, header, events,
+                                     timeline_path=timeline_path, cupti=cupti, err=err,
+                                     record_stream=record_stream)
+        except KeyboardInterrupt as e:
+            partial = RunResult(header, events.events, Counters())
+            _render_result(partial, sc, as_json, out, strict)
+            ended = next((e for e in reversed(events.events) if isinstance(e, E.RunEnded)), None)
+            step = ended.step if ended is not None else 0
+            if not as_json:
+                out.write(f"interrupted at step {step} (summary of the steps so far)\n")
+            raise RunInterrupted(step, terminated=isinstance(e, Terminated)) from None
+        return _render_result(result, sc, as_json, out, strict)
+
+
+def _distinct_outputs(events_path: str | None, timeline_path: str | None) -> None:
+    """--events and --timeline naming one file (by path, link or hard link) is bad input."""
+    import os
+
+    from .errors import UsageError
+    if not events_path or not timeline_path or "-" in (events_path, timeline_path):
+        return
+    same = os.path.realpath(events_path) == os.path.realpath(timeline_path)
+    if not same and os.path.exists(events_path) and os.path.exists(timeline_path):
+        same = os.path.samefile(events_path, timeline_path)
+    if same:
+        raise UsageError(f"--events and --timeline name the same file ({events_path}): give each its own")
 
 
 def _run_with_sinks(cfg: RunConfig, sc, events_path, as_json: bool, verbosity: int, out, header: dict,
-                    recorder, timeline_path=None, cupti: bool = False, err=None) -> RunResult:
-    """Open the record (before any model is built: a path that cannot be written fails first), wire the
-    console, the record and NVTX, run. `header` and `recorder` keep what an interrupted run leaves."""
+                    recorder, timeline_path=None, cupti: bool = False, err=None, record_stream=None) -> RunResult:
+    """Open the record and the timeline (before any model is built: a path that cannot be written fails
+    first), wire the console, the record and NVTX, run, close every one however the run ends (each close
+    tried, a second Ctrl-C or a SIGTERM held back until the files are written). `header` and `recorder`
+    keep what an interrupted run leaves. The record is essential (its failure ends the run); the console,
+    the timeline and NVTX are cut off alone when they fail."""
+    import sys
+
+    from .interrupts import shielded
     from .report.console import ConsoleReporter
     from .report.record import JsonlWriter
 
-    writer = JsonlWriter(events_path) if events_path else None
-    console = ConsoleReporter(None, verbosity, file=out, total_steps=len(plan_steps(cfg, sc)),
-                              progress=None if not as_json else False)
-    sinks, starts = [recorder], [header.update]
-    if writer is not None:                   # the record first: it must get every event, whatever the console does
-        sinks.append(writer)
-        starts.append(writer.start)
-    if not as_json:
-        sinks.append(console)
-        starts.append(console.start)
-    span_sinks, device_sinks = [], []
-    timeline = None
-    if timeline_path:                        # the trace-event timeline: every event, spans and device records
-        from .report.timeline import TimelineWriter
-        timeline = TimelineWriter(timeline_path)
-        span_sinks.append(timeline)
-        device_sinks.append(timeline.add_device)
-        starts.append(timeline.start)
-    if cfg.nvtx:
-        from .report.nvtx_sink import NvtxSink
-        nv = NvtxSink()
-        if nv.enabled:
-            span_sinks.append(nv)
+    err = err or sys.stderr
+    outputs = []                             # what the finally closes, in order
     try:
+        writer = None
+        if record_stream is not None:
+            writer = JsonlWriter("<stdout>", stream=record_stream)
+        elif events_path:
+            writer = JsonlWriter(events_path)
+        timeline = None
+        if timeline_path:                    # the trace-event timeline: every event, spans and device records
+            from .report.timeline import TimelineWriter
+            timeline = TimelineWriter(timeline_path)
+        outputs = [o for o in (timeline, writer) if o is not None]
+        console = ConsoleReporter(None, verbosity, file=out, total_steps=len(plan_steps(cfg, sc)),
+                                  progress=None if not as_json else False)
+        outputs.insert(0, console)
+        sinks, starts = [recorder], [header.update]
+        if writer is not None:               # the record first: it must get every event, whatever the console does
+            sinks.append(writer)
+            starts.append(writer.start)
+        if not as_json:
+            sinks.append(console)
+            starts.append(console.start)
+        span_sinks, device_sinks = [], []
+        if timeline is not None:
+            span_sinks.append(timeline)
+            device_sinks.append(timeline.add_device)
+            starts.append(timeline.start)
+        if cfg.nvtx:
+            from .report.nvtx_sink import NvtxSink
+            nv = NvtxSink()
+            if nv.enabled:
+                span_sinks.append(nv)
+                outputs.append(nv)
         return run(cfg, sc, sinks, span_sinks, on_header=lambda h: [f(h) for f in starts], device_sinks=device_sinks,
                    cupti=cupti or timeline is not None,
-                   warn=lambda w: (err or sys.stderr).write(f"graphdiag: warning: {w}\n"))
+                   warn=lambda w: err.write(f"graphdiag: warning: {w}\n"), essential=[recorder, writer])
     finally:
-        if timeline is not None:
-            timeline.close()
-        console.close()
-        if writer is not None:
-            writer.close()
+        with shielded(), releasing() as release:
+            for o in outputs:
+                release(o.close)
 
 
 def _render_result(result: RunResult, sc, as_json: bool, out, strict: bool = False) -> int:

@@ -18,6 +18,7 @@ import contextlib
 
 from .. import events as E
 from ..errors import NoDeviceError, UsageError
+from ..release import releasing
 from .gpu.backend import GpuBackend, GpuTimes
 
 MAX_SIM_DEVICES = 8
@@ -135,10 +136,12 @@ class DeviceSet:
         return True
 
     def close(self) -> None:
-        for gpu in reversed(self.gpus):
-            gpu.close()
-        for d in reversed(self.drivers):
-            d.close()
+        """Every device's backend, then every driver: each tried, the first error raised once all were."""
+        with releasing() as release:
+            for gpu in reversed(self.gpus):
+                release(gpu.close)
+            for d in reversed(self.drivers):
+                release(d.close)
 
 
 class GpuGroup:

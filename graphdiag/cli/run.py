@@ -36,8 +36,9 @@ import click
 @click.option("--oracle", is_flag=True, default=None, help="Check every step's logits against the numpy oracle.")
 @click.option("--no-nvtx", "nvtx", flag_value=False, default=None, help="Emit no NVTX ranges.")
 @click.option("--scenario", default=None, help="Run a scenario (name or .toml path) and check its expectations.")
-@click.option("--events", "events_path", type=click.Path(dir_okay=False, writable=True), default=None,
-              help="Write every event as JSON lines to this file.")
+@click.option("--events", "events_path", type=click.Path(dir_okay=False, writable=True, allow_dash=True),
+              default=None, help="Write every event as JSON lines to this file; '-': to stdout (the report then "
+                                 "goes to stderr).")
 @click.option("--timeline", "timeline_path", type=click.Path(dir_okay=False, writable=True), default=None,
               help="Write a Chrome trace-event timeline (open it in ui.perfetto.dev): host scopes, decisions, "
                    "device kernels (CUPTI on CUDA, modelled on the simulated driver).")

@@ -97,6 +97,7 @@ class ConsoleReporter:
         self.progress: Progress | None = None
         self._header: RunHeader | None = None
         self._broken = self._told = False
+        self.sink_name = "the terminal report"
         if header is not None:
             self.start(header)
 
@@ -278,6 +279,7 @@ def _notes(s: Summary) -> list[str]:
     if s.oracle_checks:
         notes.append(f"oracle: {s.oracle_checks} checks, max relative error {s.oracle_max_rel_err:.3g} "
                      f"(bound {s.oracle_bound:g}), {s.oracle_failures} over the bound")
+    notes += [f"cut off: {c} (every other output got every event)" for c in s.sinks_cut_off]
     notes += end_lines(s)
     return notes
 

@@ -99,6 +99,8 @@ def _describe_gate(ev: E.Event) -> str:
         case E.RunEnded():
             why = f": {ev.reason}" if ev.reason else ""
             return f"run {ev.status} ({ev.steps_done} steps finished){why}"
+        case E.SinkFailed():
+            return f"{ev.sink} failed ({ev.error}): cut off, every other output still gets every event"
         case _:
             return _describe_failure(ev) or _describe_chunk(ev)
 
@@ -169,8 +171,8 @@ def property_diff_line(ev: E.PropertyDiff, most: int = 8) -> str:
 
 # Fixed levels; PhaseDecided, WarmupTransition and the cause events are decided in EventLog.
 LEVEL = {
-    E.Evicted: 0, E.PoolInvalidated: 0, E.FaultInjected: 0, E.FaultMissed: 0, E.StepFailed: 0, E.CellsRemoved: 1,
-    E.EntryReset: 0,
+    E.Evicted: 0, E.PoolInvalidated: 0, E.SinkFailed: 0, E.FaultInjected: 0, E.FaultMissed: 0, E.StepFailed: 0,
+    E.CellsRemoved: 1, E.EntryReset: 0,
     E.ContextDecision: 1, E.SchedRealloc: 1, E.GraphSplit: 1, E.UidMiss: 1, E.FusionApplied: 2,
     E.ConcurrentRegion: 1, E.ChunkBoundary: 1, E.ChunkInstantiated: 1, E.ChunkUpdated: 1,
     E.UpdateRefused: 1, E.ChunksDestroyed: 1, E.WarmupTransition: 1, E.NodeCountChanged: 1,

@@ -50,6 +50,7 @@ class NvtxSink:
         self.enabled = type(self.domain).__name__ != "DummyDomain"
         self._attrs: dict[tuple[str, str], object] = {}
         self.depth = 0
+        self.sink_name = "NVTX"
 
     def attributes(self, message: str, category: str, color: int | None = None):
         """Event attributes for (message, category), built once; the payload is set per use."""

@@ -90,6 +90,7 @@ class Summary:
     strict: list[str] = field(default_factory=list)       # what `run --strict` fails on (empty: clean)
     devices: DeviceReport | None = None                   # per device, on several (--devices N); else None
     faults: Faults = field(default_factory=Faults)        # failed steps, injected faults (failures.py)
+    sinks_cut_off: list[str] = field(default_factory=list)   # outputs that failed mid-run: "NAME at step N: error"
 
     @property
     def diagnoses(self) -> dict[str, int]:
@@ -160,6 +161,7 @@ def summarize(header: RunHeader | dict[str, Any], events: Iterable[E.Event]) -> 
     s.faults = faults(events)
     s.strict = strict_findings(events, s.thrash, s.graph_memory, s.faults)
     s.devices = device_report(events)
+    s.sinks_cut_off = [f"{e.sink} at step {e.step}: {e.error}" for e in events if isinstance(e, E.SinkFailed)]
     return s
 
 

@@ -21,6 +21,7 @@ from pathlib import Path
 from .. import events as E
 from ..errors import EventWriteError
 from .eventlog import describe
+from .record import open_output
 
 HOST_PID, DEVICE_PID = 1, 2
 HOST_TID, DECISION_TID, COUNTER_TID = 1, 2, 3
@@ -70,14 +71,16 @@ def decision_of(ev: E.Event) -> tuple[str, dict] | None:
 
 
 class TimelineWriter:
-    """Collects trace events; `close()` writes the file (idempotent). `simulated` labels the device."""
+    """Collects trace events; `close()` writes the file (idempotent). `simulated` labels the device.
+
+    The file is opened, and shown writable, by the constructor (a path that cannot be written, /dev/full
+    included, fails before the run); the runner closes it however the run ends, SIGTERM and a second
+    Ctrl-C included (runner.shielded)."""
 
     def __init__(self, path: str | Path, simulated: bool = False):
         self.path = Path(path)
-        try:
-            self.path.open("w").close()       # a path that cannot be written fails before the run
-        except OSError as e:
-            raise EventWriteError(f"cannot write the timeline {self.path}: {e.strerror or e}") from None
+        self._f = open_output(self.path, "the timeline")
+        self.sink_name = f"the timeline {self.path}"
         self.simulated = simulated
         self.n_devices = 1
         self.out: list[dict] = []
@@ -231,7 +234,9 @@ class TimelineWriter:
                 e["dur"] = round(e["dur"] / 1e3, 3)
         doc = {"traceEvents": self._metadata() + self.out, "displayTimeUnit": "ms",
                "otherData": {"generator": "graphdiag", "simulated_device": self.simulated}}
+        f, self._f = self._f, None
         try:
-            self.path.write_text(json.dumps(doc, separators=(",", ":")), encoding="utf-8")
+            with f:
+                f.write(json.dumps(doc, separators=(",", ":")))
         except OSError as e:
             raise EventWriteError(f"cannot write the timeline {self.path}: {e.strerror or e}") from None

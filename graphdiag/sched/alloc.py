@@ -22,6 +22,7 @@ from ..ir.columns import Columns
 from ..ir.graph import Graph
 from ..ir.ops import Op, TensorFlag
 from ..memory import aligned
+from ..release import releasing
 
 _KEEP = int(TensorFlag.INPUT | TensorFlag.OUTPUT)
 _INPUT = int(TensorFlag.INPUT)
@@ -306,9 +307,10 @@ class GraphAllocator:
             rec["buffer"][v] = rec["buffer"][vs]
 
     def close(self) -> None:
-        """Free the compute buffers."""
-        for b, cur in enumerate(self.buffers):
-            if cur is not None:
-                self.backends[b].buffer_free(cur[0])
-        self.buffers = [None] * len(self.backends)
+        """Free the compute buffers (each tried: the first error raised once all were)."""
+        with releasing() as release:
+            for b, cur in enumerate(self.buffers):
+                if cur is not None:
+                    release(self.backends[b].buffer_free, cur[0])
+            self.buffers = [None] * len(self.backends)
 

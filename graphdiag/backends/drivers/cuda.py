@@ -390,22 +390,31 @@ class CudaDriver(Driver):
             _check(D.cuMemsetD8Async(dst, value, nbytes, stream), "cuMemsetD8Async")
 
     def close(self) -> None:
-        """Wait for the device, then release everything this driver created, and the primary context."""
+        """Wait for the device, then release everything this driver created, and the primary context: every
+        release tried even when one fails (a sticky error fails them all), the first failure raised once
+        all were."""
         if self._closed:
             return
         self._closed = True
-        D.cuCtxSynchronize()   # errors ignored from here on: release as much as possible
+        first = [None]                # (status, call) of the first release that failed: raised once all were tried
+
+        def tried(result: tuple, call: str) -> None:
+            if result[0] and first[0] is None:
+                first[0] = (result[0], call)
+        tried(D.cuCtxSynchronize(), "cuCtxSynchronize")
         for kind, destroy in (("exec", D.cuGraphExecDestroy), ("graph", D.cuGraphDestroy),
                               ("event", D.cuEventDestroy), ("stream", D.cuStreamDestroy), ("mem", D.cuMemFree),
                               ("host", D.cuMemFreeHost)):
             for h in self._owned[kind].values():
-                destroy(h)
+                tried(destroy(h), getattr(destroy, "__name__", kind))
             self._owned[kind].clear()
         for mod in self._modules.values():
-            D.cuModuleUnload(mod)
+            tried(D.cuModuleUnload(mod), "cuModuleUnload")
         self._modules.clear()
         self._functions.clear()
-        D.cuDevicePrimaryCtxRelease(self._dev)
+        tried(D.cuDevicePrimaryCtxRelease(self._dev), "cuDevicePrimaryCtxRelease")
+        if first[0] is not None:
+            raise _error(*first[0])
 
     # several devices (a layer split): the context made current around work, peer access, copies between them
     def make_current(self) -> None:

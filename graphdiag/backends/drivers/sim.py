@@ -19,6 +19,7 @@ import numpy as np
 
 from ...errors import CaptureError, CudaError
 from ...memory import AddressSpace
+from ...release import releasing
 from ..sim_kernels import SIM_KERNELS
 from .base import DeviceInfo, Driver, Launch, UpdateOutcome
 from .sim_graph import Capture, Node, SimExec, SimGraph, SimHandle, compare_graphs
@@ -398,10 +399,11 @@ class SimDriver(Driver):
             self.info = dataclasses.replace(self.info, total_memory=self.space.capacity)
 
     def close(self) -> None:
-        """Free all device memory still allocated."""
-        for addr in sorted(self._allocs):
-            self.space.free(addr)
-        self._allocs.clear()
+        """Free all device memory still allocated (each tried: the first error raised once all were)."""
+        with releasing() as release:
+            for addr in sorted(self._allocs):
+                release(self.space.free, addr)
+            self._allocs.clear()
 
 
 def _host_bytes(a: np.ndarray, call: str) -> np.ndarray:

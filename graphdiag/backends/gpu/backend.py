@@ -9,6 +9,7 @@ import numpy as np
 
 from ... import events as E
 from ...errors import GraphdiagError
+from ...release import releasing
 from ...memory import aligned
 from ...ir.graph import Graph
 from ..base import Backend, InputStage
@@ -320,18 +321,21 @@ class GpuBackend(Backend):
                               reason=why)
 
     def close(self) -> None:
-        for e in self.runtime.cache.clear():
-            self.runtime.destroy_instances(e, 0)
-        for pool in self.pools.values():
-            pool.close()
-        self.pools.clear()
-        for addr in list(self.buffers):
-            self.buffer_free(addr)
-        for ev in [self.fork_event, *self.join_events, *(e for pair in self._timers for e in pair)]:
-            self.driver.event_destroy(ev)
-        for s in self.streams:
-            self.driver.stream_destroy(s)
-        self.streams = []
+        """Release the executables, the pools, the buffers, the events and the streams: each one tried even
+        when one before it fails, the first error raised once all were."""
+        with releasing() as release:
+            for e in self.runtime.cache.clear():
+                release(self.runtime.destroy_instances, e, 0)
+            for pool in self.pools.values():
+                release(pool.close)
+            self.pools.clear()
+            for addr in list(self.buffers):
+                release(self.buffer_free, addr)
+            for ev in [self.fork_event, *self.join_events, *(e for pair in self._timers for e in pair)]:
+                release(self.driver.event_destroy, ev)
+            for s in self.streams:
+                release(self.driver.stream_destroy, s)
+            self.streams = []
 
 
 class GpuTime:

@@ -12,6 +12,7 @@ from __future__ import annotations
 from typing import Callable
 
 from ...errors import OutOfDeviceMemory
+from ...release import releasing
 from ..drivers.base import Driver
 
 LOOK_AHEAD = 1.05   # ggml over-allocates new pool buffers by 5 % so slightly larger requests still fit
@@ -61,13 +62,14 @@ class TempPool:
         self.invalidate("free into full pool", size)
 
     def clear(self) -> int:
-        """Free every cached buffer; returns the bytes freed."""
+        """Free every cached buffer (each tried: the first error raised once all were); returns the bytes freed."""
         freed = 0
-        for addr, sz in self.cached:
-            self._device_free(addr)
-            freed += sz
-        self.pool_size -= freed
-        self.cached.clear()
+        with releasing() as release:
+            for addr, sz in self.cached:
+                release(self._device_free, addr)
+                freed += sz
+            self.pool_size -= freed
+            self.cached.clear()
         return freed
 
     def _device_alloc(self, size: int) -> tuple[int, int]:

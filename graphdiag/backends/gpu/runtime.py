@@ -13,6 +13,7 @@ from dataclasses import dataclass
 
 from ... import events as E
 from ...errors import InternalError
+from ...release import releasing
 from ...ir.graph import Graph
 from ..drivers.base import Driver
 from .compat import check_compatibility
@@ -79,10 +80,13 @@ class GraphRuntime:
         return entry
 
     def destroy_instances(self, entry: GraphEntry, first: int) -> int:
+        """Destroy the entry's executables from `first` on (each tried: the first error raised once all
+        were, none left in the entry); returns how many."""
         n = len(entry.instances) - first
-        for inst in entry.instances[first:]:
-            self.driver.exec_destroy(inst)
-        del entry.instances[first:]
+        with releasing() as release:
+            for inst in entry.instances[first:]:
+                release(self.driver.exec_destroy, inst)
+            del entry.instances[first:]
         return max(n, 0)
 
     # -- gate 4a: enablement ----------------------------------------------------------------------------
