@@ -597,7 +597,8 @@ def _render_result(result: RunResult, sc, as_json: bool, out, strict: bool = Fal
     else:
         from .report.steps import render_steps
         render_summary(summary, file=out)
-        render_steps(result.events, file=out, simulated=bool(result.header.get("simulated")))
+        from .report.measured import simulated_timings
+        render_steps(result.events, file=out, simulated=simulated_timings(result.header))
         for f in failures:
             out.write(f"FAILED: {f}\n")
         if sc is not None and not failures and summary.ended is not None and summary.ended.status == "complete":

@@ -1,11 +1,14 @@
-"""Rendering of `bench steps`: a rich table of the rows (simulated timings labelled so) and a rich progress
-display on stderr. Only draws what bench_steps returned."""
+"""Rendering of `bench steps`: the rows as tables within 80 columns (one column per preset, one row per
+figure; simulated timings labelled so) and progress on stderr: a rich bar on a terminal, plain lines
+otherwise. Only draws what bench_steps returned."""
 
 from __future__ import annotations
 
 import time
 
+from rich import box
 from rich.console import Console
+from rich.measure import Measurement
 from rich.progress import BarColumn, MofNCompleteColumn, Progress as Bar, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
@@ -25,75 +28,162 @@ def _x(v) -> str:
     return "—" if v is None else f"{v:.2f}×"
 
 
-def decode_table(rows: list[dict]) -> Table:
+WIDTH = 80            # every table fits this many columns: presets go side by side only as far as they fit
+
+
+def _label(r: dict) -> str:
+    return f"{r['model']} {r['wtype']}" + (" (sim)" if r["simulated"] else "")
+
+
+def decode_metrics(sim: bool) -> list[tuple[str, object]]:
+    """(row name, cell of a result row) of the decode table, one row per figure. On the simulated driver
+    the "GPU" part of a replayed step is the host's numpy time (its kernels run inside the driver calls)."""
+    return [
+        ("replay (p90)", lambda r: f"{_ms(r['replay_ms'])} ({_ms(r['replay_p90_ms'])})"),
+        ("eager (p90)", lambda r: f"{_ms(r['eager_ms'])} ({_ms(r['eager_p90_ms'])})"),
+        ("graphs × (eager ÷ replay)", lambda r: _x(r["graph_speedup"])),
+        ("numpy in replay (sim)" if sim else "GPU replay", lambda r: _ms(r["replay_gpu_ms"])),
+        ("host outside numpy" if sim else "host/replay", lambda r: _ms(r["replay_host_ms"])),
+        ("to launch", lambda r: _ms(r.get("replay_to_launch_ms"))),
+        ("kernels", lambda r: str(r["kernels_per_step"] or "—")),
+        ("roofline", lambda r: _ms(r["roofline_ms"])),
+        ("replay ÷ roofline", lambda r: _x(r["replay_over_roofline"])),
+        ("torch graph", lambda r: _ms(r.get("torch_graph_ms"))),
+        ("torch eager", lambda r: _ms(r.get("torch_eager_ms"))),
+        ("replay ÷ torch graph", lambda r: _x(r.get("replay_vs_torch_graph"))),
+    ]
+
+
+def _transposed(rows: list[dict], metrics: list[tuple[str, object]]) -> Table:
+    """One column per result row (preset and weight type), one row per figure."""
+    t = Table(box=box.SIMPLE_HEAD, show_edge=False, pad_edge=False, header_style=None)
+    t.add_column("µs", justify="left", no_wrap=True)
+    for r in rows:
+        t.add_column(_label(r), justify="right", no_wrap=True)
+    for name, cell in metrics:
+        t.add_row(name, *(cell(r) for r in rows))
+    return t
+
+
+def fitted_tables(rows: list[dict], metrics: list[tuple[str, object]], console: Console,
+                  width: int = WIDTH) -> list[Table]:
+    """The transposed table of `rows`, split into as many tables as it takes for each to fit `width`
+    columns (a row whose column alone is wider still gets a table of its own)."""
+    wide = console.options.update(max_width=10 * width)      # the table's natural width, not the console's
+    tables, group = [], []
+    for r in rows:
+        if group and Measurement.get(console, wide, _transposed(group + [r], metrics)).maximum > width:
+            tables.append(_transposed(group, metrics))
+            group = []
+        group.append(r)
+    return tables + ([_transposed(group, metrics)] if group else [])
+
+
+def decode_title(rows: list[dict]) -> str:
     sim = any(r["simulated"] for r in rows)
-    t = Table(title="decode step, batch 1 (µs, medians after warm-up; p90 in brackets)"
-                    + (" — SIMULATED: host times of numpy kernels, not GPU results" if sim else ""))
-    for col in ("preset", "replay", "eager", "graphs ×", "GPU replay", "host/replay", "to launch", "kernels",
-                "roofline", "÷ roofline", "torch graph", "torch eager", "replay ÷ torch graph"):
-        t.add_column(col, justify="left" if col == "preset" else "right")
-    for r in rows:
-        label = f"{r['model']} {r['wtype']}" + (" (sim)" if r["simulated"] else "")
-        t.add_row(label, f"{_ms(r['replay_ms'])} ({_ms(r['replay_p90_ms'])})",
-                  f"{_ms(r['eager_ms'])} ({_ms(r['eager_p90_ms'])})", _x(r["graph_speedup"]),
-                  _ms(r["replay_gpu_ms"]), _ms(r["replay_host_ms"]), _ms(r.get("replay_to_launch_ms")),
-                  str(r["kernels_per_step"] or "—"),
-                  _ms(r["roofline_ms"]), _x(r["replay_over_roofline"]), _ms(r.get("torch_graph_ms")),
-                  _ms(r.get("torch_eager_ms")), _x(r.get("replay_vs_torch_graph")))
-    return t
+    return ("decode step, batch 1 (µs, medians after warm-up; p90 in brackets)"
+            + (" — SIMULATED: host times of numpy kernels, not GPU results" if sim else ""))
 
 
-def prefill_table(rows: list[dict]) -> Table:
-    t = Table(title="prefill (µs, median of the timed prefills)")
-    for col in ("preset", "tokens", "graphdiag", "torch", "graphdiag ÷ torch"):
-        t.add_column(col, justify="left" if col == "preset" else "right")
-    for r in rows:
-        label = f"{r['model']} {r['wtype']}" + (" (sim)" if r["simulated"] else "")
-        t.add_row(label, str(r["n_tokens"]), _ms(r["prefill_ms"]), _ms(r.get("torch_prefill_ms")),
-                  _x(r.get("prefill_vs_torch")))
-    return t
+PREFILL_METRICS = [("tokens", lambda r: str(r["n_tokens"])), ("graphdiag", lambda r: _ms(r["prefill_ms"])),
+                   ("torch", lambda r: _ms(r.get("torch_prefill_ms"))),
+                   ("graphdiag ÷ torch", lambda r: _x(r.get("prefill_vs_torch")))]
 
 
 def _host_refs(console: Console, rows: list[dict]) -> None:
     """The host reference before each row (and before its PyTorch peer, which runs later): a ratio whose two
-    sides were timed at different host speeds says so here."""
+    sides were timed at different host speeds says so here. One line per row, so no reference is broken."""
     def ref(r):
         peer = r.get("torch_host_ref_us")
-        return f"{r['model']} {r['wtype']} {r['host_ref_us']:.0f}" + ("" if peer is None else f" / {peer:.0f}")
+        return f"  {r['model']} {r['wtype']} {r['host_ref_us']:.0f}" + ("" if peer is None else f" / {peer:.0f}")
     refs = [ref(r) for r in rows if r.get("host_ref_us") is not None]
     if refs:
         peers = any(r.get("torch_host_ref_us") is not None for r in rows)
-        console.print("host reference before each row" + (" / before its PyTorch peer" if peers else "")
-                      + " (µs of a fixed piece of host Python; the host figures scale with it): " + ", ".join(refs))
+        console.print("host reference before each row" + (" / before its PyTorch peer" if peers else "") + ":")
+        for line in refs:
+            console.print(line)
+        console.print("  (µs of a fixed piece of host Python; the host figures scale with it)")
 
 
-def render(rows: list[dict], file=None) -> None:
-    """The tables, then the copy bandwidth and the PyTorch peer's state, to `file` (stdout)."""
-    console = Console(file=file)
+def render(rows: list[dict], file=None, console: Console | None = None) -> None:
+    """The tables, then the copy bandwidth and the PyTorch peer's state, to `file` (stdout), within WIDTH
+    columns."""
+    console = console or Console(file=file, highlight=False)
     if not console.is_terminal:
-        console.width = 200   # a file or a pipe: one table row per line
+        console.width = WIDTH
     dec = [r for r in rows if r["kind"] == "decode"]
     pre = [r for r in rows if r["kind"] == "prefill"]
     if dec:
-        console.print(decode_table(dec))
+        console.print(decode_title(dec))
+        for t in fitted_tables(dec, decode_metrics(any(r["simulated"] for r in dec)), console):
+            console.print(t)
         bw = dec[0].get("copy_GBps")
         console.print(f"roofline: (weight bytes + KV bytes read) / device-to-device copy "
                       f"{'—' if bw is None else f'{bw:.0f} GB/s'} measured in this run"
                       + (" (simulated: a host memcpy)" if dec[0]["simulated"] else ""))
         _host_refs(console, dec)
-        shares = [f"{r['model']} {r['wtype']} {_pct(r.get('instr_share_pct'))}" for r in dec if "instr_share_pct" in r]
+        shares = [f"  {r['model']} {r['wtype']} {_pct(r.get('instr_share_pct'))}" for r in dec if "instr_share_pct" in r]
         if shares:
             live = any(r.get("instr_nvtx_live") for r in dec)
             console.print("instrumentation (event record, counters" + (", NVTX" if live else "; NVTX idle: no tool")
-                          + ") on a replayed step: " + ", ".join(shares))
+                          + ") on a replayed step:")
+            for line in shares:
+                console.print(line)
     if pre:
-        console.print(prefill_table(pre))
+        console.print("prefill (µs, median of the timed prefills)")
+        for t in fitted_tables(pre, PREFILL_METRICS, console):
+            console.print(t)
         _host_refs(console, pre)
     peers = {r.get("torch") for r in rows if r.get("torch")}
     if peers:
         console.print("PyTorch: " + ", ".join(sorted(peers)))
     elif rows and rows[0]["simulated"]:
         console.print("PyTorch peer: skipped (simulated run)")
+
+
+class PlainProgress(Progress):
+    """Progress as plain lines on a file that is not a terminal (a log, CI): 'bench steps: tiny f16 graphs
+    on 3/65' when a phase starts, when it completes, and at most every EVERY_S in between (a line is a few
+    µs of host time; a live bar would be redrawn into a file)."""
+
+    EVERY_S = 10.0
+
+    def __init__(self, file, clock=time.monotonic):
+        self.file, self.clock = file, clock
+        self.label, self.total, self.done, self._said = "", 0, 0, 0.0
+
+    def __enter__(self) -> "PlainProgress":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        pass
+
+    def _say(self, text: str) -> None:
+        self.file.write(f"bench steps: {text}\n")
+        self.file.flush()
+        self._said = self.clock()
+
+    def _due(self) -> bool:
+        return self.clock() - self._said >= self.EVERY_S
+
+    def start(self, label: str, total: int) -> None:
+        self.label, self.total, self.done = label, total, 0
+        self._say(f"{label} 0/{total}")
+
+    def note(self, text: str) -> None:
+        if self._due():
+            self._say(f"{self.label} · {text}")
+
+    def advance(self, n: int = 1) -> None:
+        self.done += n
+        if self.done == self.total or self._due():
+            self._say(f"{self.label} {self.done}/{self.total}")
+
+
+def progress_for(stream) -> Progress:
+    """A rich bar on a terminal, plain lines otherwise."""
+    isatty = getattr(stream, "isatty", None)
+    return RichProgress() if isatty is not None and isatty() else PlainProgress(stream)
 
 
 class RichProgress(Progress):

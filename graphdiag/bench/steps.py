@@ -15,6 +15,7 @@ from ..errors import UsageError
 from ..model.build import padded_n_kv
 from ..model.presets import get_preset, weight_type
 from ..model.weights import LOAD_PROGRESS, create_model
+from ..report.measured import gpu_time_source
 from . import roofline as R
 from .timing import host_reference_us, percentile
 
@@ -275,6 +276,7 @@ def decode_row(opts: StepsOptions, model: str, wtype: str, bandwidth: float, pro
     row = {"kind": "decode", "model": model, "wtype": wtype, "backend": on.header.get("backend"),
            "device": on.header.get("device"), "simulated": bool(on.header.get("simulated")), "n_kv": n_kv,
            "devices": on.header.get("settings", {}).get("devices", 1),
+           "gpu_time_source": gpu_time_source(on.header),     # what replay_gpu_ms / eager_gpu_ms measured
            "replay_ms": rep.get("ms"), "replay_p90_ms": rep.get("p90_ms"), "replay_gpu_ms": rep.get("gpu_ms"),
            "replay_host_ms": rep.get("host_ms"), "replay_to_launch_ms": rep.get("to_launch_ms"),
            "eager_ms": eag.get("ms"), "eager_p90_ms": eag.get("p90_ms"),

@@ -57,9 +57,12 @@ def steps(backend, models, wtypes, steps, prompt_tokens, chunk_size, prefill, no
           as_json):
     """Decode step times per preset and weight type: replay and eager (median, p90), GPU time, kernels per
     step, host time of a replayed step, the HBM roofline and step ÷ roofline, and PyTorch eager / CUDA graph
-    on the same shapes when torch is importable. Progress goes to stderr."""
+    on the same shapes when torch is importable. Progress goes to stderr (plain lines when it is not a
+    terminal)."""
     from ..bench import StepsOptions, bench_steps
-    from ..bench.display import RichProgress, render
+    import sys
+
+    from ..bench.display import progress_for, render
     from ..config import resolve
     from ..model.presets import PRESETS, WEIGHT_TYPES
     split = {k: v for k, v in (("devices", devices), ("tensor_split", tensor_split)) if v is not None}
@@ -67,7 +70,7 @@ def steps(backend, models, wtypes, steps, prompt_tokens, chunk_size, prefill, no
     opts = StepsOptions(_names(models, PRESETS, "preset"), _names(wtypes, [w for w in WEIGHT_TYPES if w != "f32"],
                         "weight type"), backend, steps, prompt_tokens, chunk_size, prefill, not no_torch,
                         settings=split)
-    with RichProgress() as progress:
+    with progress_for(sys.stderr) as progress:      # plain lines when stderr is not a terminal
         rows = bench_steps(opts, progress)
     if as_json:
         for r in rows:

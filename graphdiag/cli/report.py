@@ -25,9 +25,11 @@ def report(record: Path, as_json: bool, verbose: int, plot_path: Path | None = N
     header, events = read_record(record)
     summary = summarize(header, events)
     if plot_path is not None:
+        from ..report.measured import simulated_timings
         from ..report.plot import plot
         plot(summary.accounting, events, plot_path, title=f"{record.name}: {summary.header.model} on "
-             f"{summary.header.device}" + (" (SIMULATED)" if summary.header.simulated else ""))
+             f"{summary.header.device}" + (" (SIMULATED)" if summary.header.simulated else ""),
+             simulated=simulated_timings(summary.header))
     if as_json:
         click.echo(summary.to_json())
     else:

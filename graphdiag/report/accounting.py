@@ -44,9 +44,11 @@ class StepTime:
 
 @dataclass
 class PhaseTime:
-    """Medians over the phase's steps (ns), and the bound: "GPU" when the device, between its first and
-    last kernel, is busy at least as long as it waits for the host, else "host" (device time only: on the
-    simulated driver the wall time is numpy's, not a GPU's)."""
+    """Medians over the phase's steps (ns), and the bound (bound_of): "GPU" when the device is busy for at
+    least half of the step's wall time, else "host". The wall time holds the host's work before the step's
+    first kernel, the device's idle gaps and the read-back after its last kernel, so a step whose kernels
+    run back to back after a long host prelude is host-bound. On the simulated driver the wall time is the
+    host's (numpy) and the busy time modelled: its steps read host-bound, which is what they are."""
     phase: str
     steps: int = 0
     tokens: int = 0
@@ -144,5 +146,12 @@ def _phase(name: str, steps: list[StepTime]) -> PhaseTime:
     p.mgmt = {k: _median([s.mgmt[k] for s in steps]) for k in MGMT}
     p.mgmt_total_ns = sum(s.mgmt_ns for s in steps)
     if any(s.n_kernels for s in steps):
-        p.bound = "GPU" if p.busy_ns >= p.idle_ns else "host"
+        p.bound = bound_of(p.wall_ns, p.busy_ns)
     return p
+
+
+def bound_of(wall_ns: int, busy_ns: int) -> str:
+    """"GPU" when the device is busy (kernels) for at least half of the wall time (ns), else "host": the
+    other half is the host's (before the first kernel, between kernels, after the last). Both figures come
+    from events every driver emits (StepFinished.duration_ns, DeviceTime.busy_ns)."""
+    return "GPU" if wall_ns > 0 and 2 * busy_ns >= wall_ns else "host"

@@ -6,6 +6,7 @@ from rich.table import Table
 
 from .accounting import MGMT, Accounting
 from .eventlog import fmt_ns
+from .measured import device_label
 
 
 def _us(ns: int) -> str:
@@ -23,10 +24,12 @@ def accounting_tables(acc: Accounting, simulated: bool) -> list[Table]:
         return []
     dev = {"modelled": "device MODELLED by the simulated driver", "cupti": "device from CUPTI"}.get(
         acc.source, "no device records (run --cupti on CUDA)")
-    host = ";\nhost times of numpy kernels" if simulated else ""
-    t = _t("Time per step (µs, medians)", "phase", "steps", "wall", "dev busy", "dev idle", "bound",
-           "graph mgmt")
-    t.caption, t.caption_justify = f"{dev}{host}", "left"
+    host = ";\nwall: host times of numpy kernels" if simulated else ""
+    t = _t("Time per step (µs, medians)", "phase", "steps", "wall", device_label("dev busy", acc.source),
+           device_label("dev idle", acc.source), "bound", "graph mgmt")
+    bound = ("\nbound: GPU when the device is busy for half the wall time or more, else host"
+             if any(p.bound for p in acc.phases) else "")
+    t.caption, t.caption_justify = f"{dev}{host}{bound}", "left"
     for p in acc.phases:
         t.add_row(p.phase, str(p.steps), _us(p.wall_ns), _us(p.busy_ns), _us(p.idle_ns), p.bound or "-",
                   _us(p.mgmt_ns))

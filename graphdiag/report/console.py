@@ -19,6 +19,7 @@ from .. import events as E
 from .eventlog import EventLog, fmt_ns
 from .record import RunHeader, as_header
 from .diagnoses_view import diagnosis_lines
+from .measured import gpu_phrase, simulated_timings, timing_name
 from .summary import Summary, disabled_cause
 
 WIDTH = 120          # fixed width of plain (non-terminal) output
@@ -104,6 +105,7 @@ class ConsoleReporter:
     def start(self, header: RunHeader | dict) -> None:
         """Print the run header and start the progress bar (when wanted)."""
         self._header = as_header(header)
+        self.log.gpu_label = gpu_phrase(simulated_timings(self._header))
         try:
             for line in header_lines(self._header):
                 self.console.print(line, markup=False)
@@ -165,7 +167,7 @@ def render_summary(summary: Summary, file: TextIO | None = None, console: Consol
         tables.append(device_table(summary.devices))
     tables += [_timing_table(summary)] if summary.timings else []
     from .accounting_view import accounting_tables
-    tables += accounting_tables(summary.accounting, summary.header.simulated and summary.header.backend != "cpu")
+    tables += accounting_tables(summary.accounting, simulated_timings(summary.header))
     for t in tables + [_llama_table(summary), _counter_table(summary)]:
         con.print("")
         con.print(t)
@@ -231,16 +233,17 @@ def timing_title(what: str, simulated: bool) -> str:
 
 
 def _timing_table(s: Summary) -> Table:
-    sim = s.header.simulated and s.header.backend != "cpu"
+    sim = simulated_timings(s.header)
     t = table(timing_title("Timing (medians)", sim), "what", "median", "samples")
     for name, tm in s.timings.items():
-        t.add_row("step sim device" if sim and name == "step gpu" else name, fmt_ns(tm.median_ns), str(tm.n))
+        t.add_row(timing_name(name, sim), fmt_ns(tm.median_ns), str(tm.n))
     # like with like: synchronised decode steps, eager (warmup, graphs not used) against replayed; prefill
     # steps are eager too but process many tokens, so they are not in the comparison
     eager, replay = s.timings.get("step (eager decode)"), s.timings.get("step (replay)")
     if eager and replay and replay.median_ns:
-        t.add_row("replay speedup (eager decode step ÷ replay step)",
-                  f"{eager.median_ns / replay.median_ns:.1f}×", f"{eager.n}/{replay.n}")
+        one = " (1 sample)" if min(eager.n, replay.n) == 1 else ""   # one step is not a measured speedup
+        t.add_row(f"replay {'ratio' if one else 'speedup'} (eager decode step ÷ replay step)",
+                  f"{eager.median_ns / replay.median_ns:.1f}×{one}", f"{eager.n}/{replay.n}")
     return t
 
 

@@ -24,6 +24,7 @@ from .eventlog import describe
 from .ledger import LedgerChange, compare_ledgers
 from .node_diff import CaptureNodeDiff, compare_run_captures, compare_step_captures
 from .devices import device_report
+from .measured import gpu_time_source, simulated_timings
 from .record import RunHeader
 from .summary import summarize
 
@@ -113,6 +114,35 @@ class Delta:
 
 
 @dataclass
+class TimingDelta(Delta):
+    """A median time (ns) of both runs with its spread (median absolute deviation over the samples: the
+    steps of that phase, the splits or chunks) and sample count. `verdict`: "noise" when the change is
+    within the runs' combined spread, "1 sample" when either side has one (no spread: never a speedup),
+    "faster" / "slower" otherwise, "" when a side has none."""
+
+    control_spread: int = 0
+    test_spread: int = 0
+    control_n: int = 0
+    test_n: int = 0
+
+    @property
+    def verdict(self) -> str:
+        if self.delta is None:
+            return ""
+        if min(self.control_n, self.test_n) == 1:
+            return "1 sample"
+        if abs(self.delta) <= self.control_spread + self.test_spread:
+            return "noise"
+        return "faster" if self.delta < 0 else "slower"
+
+
+def timing_delta(name: str, a, b) -> TimingDelta:
+    """The TimingDelta of two summary Timings (either None: the run has no sample of it)."""
+    return TimingDelta(name, a.median_ns if a else None, b.median_ns if b else None,
+                       a.spread_ns if a else 0, b.spread_ns if b else 0, a.n if a else 0, b.n if b else 0)
+
+
+@dataclass
 class SettingChange:
     name: str
     control: Any
@@ -129,13 +159,14 @@ class RunDiff:
     test: str
     settings: list[SettingChange] = field(default_factory=list)
     counters: list[Delta] = field(default_factory=list)
-    timings: list[Delta] = field(default_factory=list)
+    timings: list[TimingDelta] = field(default_factory=list)
     first_divergence: StepDiff | None = None
     ledger: list[LedgerChange] = field(default_factory=list)
     nodes: list[CaptureNodeDiff] = field(default_factory=list)
     tokens_differ_at: int | None = None
     devices: list[Delta] = field(default_factory=list)   # per-device outcomes, when either run had several
     simulated: tuple[bool, bool] = (False, False)   # whose timings are the simulated driver's host times
+    gpu_time_source: tuple[str, str] = ("", "")     # what each run's "step gpu" measured (measured.py)
 
     @property
     def equal(self) -> bool:
@@ -147,6 +178,8 @@ class RunDiff:
         for group in ("counters", "timings"):
             for item, delta in zip(d[group], getattr(self, group)):
                 item["delta"] = delta.delta
+                if group == "timings":
+                    item["verdict"] = delta.verdict
         return d | {"equal": self.equal}
 
     def to_json(self) -> str:
@@ -236,12 +269,14 @@ def diff_runs(control: tuple[RunHeader, list[E.Event]], test: tuple[RunHeader, l
     d.first_divergence = _first_divergence(_by_step(ea, ca), _by_step(eb, cb))
     sa, sb = summarize(ha, ea), summarize(hb, eb)
     d.counters = [Delta(n, sa.counters[n], sb.counters[n]) for n in sa.counters if n != "refusals_by_reason"]
-    d.timings = [Delta(n, _median(sa, n), _median(sb, n)) for n in dict.fromkeys([*sa.timings, *sb.timings])]
+    d.timings = [timing_delta(n, sa.timings.get(n), sb.timings.get(n))
+                 for n in dict.fromkeys([*sa.timings, *sb.timings])]
     d.ledger = compare_ledgers(ea, ca, eb, cb)
     d.nodes = compare_run_captures(a_all, ca.key, b_all, cb.key)
     d.tokens_differ_at = _tokens_differ_at(ea, eb)
     d.devices = _device_deltas(ea, eb)
-    d.simulated = (ha.simulated and ha.backend != "cpu", hb.simulated and hb.backend != "cpu")
+    d.simulated = (simulated_timings(ha), simulated_timings(hb))
+    d.gpu_time_source = (gpu_time_source(ha), gpu_time_source(hb))
     return d
 
 
@@ -261,11 +296,6 @@ def _device_deltas(a: list[E.Event], b: list[E.Event]) -> list[Delta]:
         for f in DEVICE_FIGURES:
             out.append(Delta(f"dev{dev} {f}", getattr(da, f, None), getattr(db, f, None)))
     return out
-
-
-def _median(s, name: str) -> int | None:
-    t = s.timings.get(name)
-    return t.median_ns if t else None
 
 
 def _settings(a: RunHeader, b: RunHeader) -> list[SettingChange]:

@@ -5,7 +5,8 @@ from __future__ import annotations
 from typing import TextIO
 
 from .console import SIMULATED_TIMES, make_console, table
-from .diff import Change, Delta, RunDiff, StepDiff
+from .diff import Change, Delta, RunDiff, StepDiff, TimingDelta
+from .measured import timing_name
 from .eventlog import fmt_ns
 from .node_diff import CaptureNodeDiff, CaptureRef
 
@@ -168,14 +169,27 @@ def timing_note(d: RunDiff) -> str:
 
 
 def _timing_table(d: RunDiff):
+    """Medians of both runs, the delta, the runs' combined spread (± MAD of control + of test) and the
+    change: a percentage, "noise" within the spread, "(1 sample)" where a side has one sample only."""
     if not d.timings:
         return None
     note = timing_note(d)
+    sim = any(d.simulated)
     t = table(f"Timing (medians) — {note}" if note else "Timing (medians)", "what", "control", "test", "delta",
-              "change")
+              "spread", "change")
     for m in d.timings:
-        t.add_row(m.name, _ns(m.control), _ns(m.test), _signed_ns(m), _percent(m))
+        spread = "-" if m.delta is None else "±" + fmt_ns(m.control_spread + m.test_spread)
+        t.add_row(timing_name(m.name, sim), _ns(m.control), _ns(m.test), _signed_ns(m), spread, _change(m))
+    t.caption = "change within the spread (median absolute deviations of both runs' samples) reads noise"
+    t.caption_justify = "left"
     return t
+
+
+def _change(m: TimingDelta) -> str:
+    verdict = m.verdict
+    if verdict == "1 sample":
+        return "(1 sample)"
+    return "noise" if verdict == "noise" else _percent(m)
 
 
 def _ns(v: int | None) -> str:

@@ -46,13 +46,14 @@ def _chunk(ev) -> str:
     return f"chunk {ev.chunk}"
 
 
-def describe(ev: E.Event) -> str:
-    """What the event says, without the step/split/key prefix (stateless; diff uses it too)."""
+def describe(ev: E.Event, gpu_label: str = "gpu") -> str:
+    """What the event says, without the step/split/key prefix (stateless; diff uses it too). `gpu_label`
+    names a step's GPU time (measured.gpu_phrase: what it is on the simulated driver)."""
     match ev:
         case E.StepStarted():
             return f"{ev.phase} · n_tokens {ev.n_tokens} · n_seqs {ev.n_seqs} · n_kv {ev.n_kv}"
         case E.StepFinished():
-            gpu = f" (gpu {fmt_ns(ev.gpu_ns)})" if ev.gpu_ns else ""
+            gpu = f" ({gpu_label} {fmt_ns(ev.gpu_ns)})" if ev.gpu_ns else ""
             return f"done · {ev.mode or '-'} · {fmt_ns(ev.duration_ns)}{gpu}"
         case E.ContextDecision():
             return "graph reused" if ev.reused else f"graph rebuilt ({ev.reason})"
@@ -188,6 +189,7 @@ class EventLog:
     whether a warmup reset happened, so a phase transition is one line that says why."""
 
     def __init__(self):
+        self.gpu_label = "gpu"                # what a step's GPU time is called (set from the run header)
         self.phase: dict[int, str] = {}
         self.cause: dict[int, str] = {}
         self.reset: set[int] = set()
@@ -212,6 +214,8 @@ class EventLog:
             return [(2 if ev.status == "complete" else 0, f"{prefix(ev)} · {describe(ev)}")]
         if isinstance(ev, E.PropertyDiff):
             return [(LEVEL[E.PropertyDiff], f"{prefix(ev)} · {property_diff_line(ev)}")]
+        if isinstance(ev, E.StepFinished):
+            return [(LEVEL[E.StepFinished], f"{prefix(ev)} · {describe(ev, self.gpu_label)}")]
         return [(LEVEL.get(type(ev), 2), f"{prefix(ev)} · {describe(ev)}")]
 
     def _phase(self, ev: E.PhaseDecided) -> list[tuple[int, str]]:

@@ -44,32 +44,14 @@ def recaptures(events) -> list[tuple[int, str]]:
     return out
 
 
-def plot(acc: Accounting, events: list, path: str | Path, title: str = "") -> Path:
-    """Draw the figure to `path` (the suffix picks PNG or SVG); UsageError without matplotlib."""
+def plot(acc: Accounting, events: list, path: str | Path, title: str = "", simulated: bool = False) -> Path:
+    """Draw the figure to `path` (the suffix picks PNG or SVG); UsageError without matplotlib. `simulated`:
+    the record's timings are the simulated driver's (the axis and the legend say what they are)."""
     path = Path(path)
     if path.suffix.lower() not in (".png", ".svg"):
         raise UsageError(f"--plot writes .png or .svg, not {path.name!r}")
     plt = _matplotlib()
-    fig, (top, bottom) = plt.subplots(2, 1, figsize=(12, 7), height_ratios=(3, 2), sharex=True)
-    for phase, color in COLORS.items():
-        steps = [s for s in acc.steps if s.phase == phase]
-        if steps:
-            top.bar([s.step for s in steps], [s.wall_ns / 1e3 for s in steps], color=color, width=0.8,
-                    label=f"{phase} ({len(steps)})")
-    if any(s.busy_ns for s in acc.steps):
-        top.plot([s.step for s in acc.steps], [max(s.busy_ns, 1) / 1e3 for s in acc.steps], "k.", ms=4,
-                 label=f"device busy ({acc.source})")
-    top.set_yscale("log")
-    top.set_ylabel("step wall time (µs)")
-    top.set_xlabel("step")
-    for k, (step, why) in enumerate(recaptures(events)):
-        top.axvline(step, color="#444444", ls="--", lw=0.8)
-        top.annotate(why, (step, 1), xycoords=("data", "axes fraction"), xytext=(3, -12 - 11 * (k % 4)),
-                     textcoords="offset points", fontsize=7, rotation=0, va="top")
-    top.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.01, 1.0))
-    top.set_title(title or "time per step by phase, recaptures marked with their cause", fontsize=10)
-    _chunks(bottom, events)
-    fig.tight_layout()
+    fig = figure(plt, acc, events, title, simulated)
     try:
         fig.savefig(path, dpi=110)
     except OSError as e:
@@ -79,7 +61,32 @@ def plot(acc: Accounting, events: list, path: str | Path, title: str = "") -> Pa
     return path
 
 
-def _chunks(ax, events) -> None:
+def figure(plt, acc: Accounting, events: list, title: str, simulated: bool):
+    """The two panels (see the module docstring), as a matplotlib Figure."""
+    fig, (top, bottom) = plt.subplots(2, 1, figsize=(12, 7), height_ratios=(3, 2), sharex=True)
+    for phase, color in COLORS.items():
+        steps = [s for s in acc.steps if s.phase == phase]
+        if steps:
+            top.bar([s.step for s in steps], [s.wall_ns / 1e3 for s in steps], color=color, width=0.8,
+                    label=f"{phase} ({len(steps)})")
+    if any(s.busy_ns for s in acc.steps):
+        top.plot([s.step for s in acc.steps], [max(s.busy_ns, 1) / 1e3 for s in acc.steps], "k.", ms=4,
+                 label=f"{'sim ' if acc.source == 'modelled' else ''}device busy ({acc.source})")
+    top.set_yscale("log")
+    top.set_ylabel(f"step wall time (µs{', host numpy time: SIMULATED' if simulated else ''})")
+    top.set_xlabel("step")
+    for k, (step, why) in enumerate(recaptures(events)):
+        top.axvline(step, color="#444444", ls="--", lw=0.8)
+        top.annotate(why, (step, 1), xycoords=("data", "axes fraction"), xytext=(3, -12 - 11 * (k % 4)),
+                     textcoords="offset points", fontsize=7, rotation=0, va="top")
+    top.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.01, 1.0))
+    top.set_title(title or "time per step by phase, recaptures marked with their cause", fontsize=10)
+    _chunks(bottom, events, simulated)
+    fig.tight_layout()
+    return fig
+
+
+def _chunks(ax, events, simulated: bool) -> None:
     ups = [e for e in events if isinstance(e, (E.ChunkUpdated, E.ChunkInstantiated, E.UpdateRefused))]
     styles = {E.ChunkUpdated: ("update", "#4C72B0", "o"), E.ChunkInstantiated: ("instantiate", "#DD8452", "s"),
               E.UpdateRefused: ("update refused", "#C44E52", "x")}
@@ -87,7 +94,7 @@ def _chunks(ax, events) -> None:
         xs = [(e.step, e.duration_ns / 1e3, e.chunk) for e in ups if isinstance(e, cls)]
         if xs:
             ax.scatter([x[0] for x in xs], [x[1] for x in xs], c=color, marker=marker, label=f"{name} ({len(xs)})")
-    ax.set_ylabel("per chunk (µs)")
+    ax.set_ylabel(f"per chunk (µs{', host time: SIMULATED' if simulated else ''})")
     ax.set_xlabel("step")
     ax.set_title("update vs instantiate cost per chunk", fontsize=10)
     if ups:

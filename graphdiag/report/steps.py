@@ -9,6 +9,7 @@ from rich.table import Table
 
 from .. import events as E
 from .console import make_console
+from .measured import gpu_column
 
 
 def step_rows(events: Iterable[E.Event]) -> list[tuple]:
@@ -41,13 +42,14 @@ def generated(events: Iterable[E.Event]) -> dict[int, list[int]]:
 
 def render_steps(events: list[E.Event], file: TextIO | None = None, head: int = 8, tail: int = 4,
                  simulated: bool = False) -> None:
-    """The steps table then the generated tokens. On the simulated driver the device column is host time."""
+    """The steps table then the generated tokens. On the simulated driver the gpu column is the host's time
+    in numpy (measured.gpu_column)."""
     rows = step_rows(events)
     if not rows:
         return
     con = make_console(file)
     t = Table(title="Steps", title_justify="left", box=None, pad_edge=False)
-    gpu_col = "sim device" if simulated else "gpu"
+    gpu_col = gpu_column(simulated)
     for col in ("step", "kind", "tokens in", "phase", "wall", gpu_col, "tokens out"):
         t.add_column(col, justify="right" if col in ("step", "tokens in", "wall", gpu_col) else "left")
     shown = rows if len(rows) <= head + tail else rows[:head] + [None] + rows[-tail:]

@@ -19,6 +19,7 @@ from .graph_memory import GraphMemory, graph_memory
 from .accounting import Accounting, account
 from .devices import DeviceReport, device_report
 from .failures import Faults, faults
+from .measured import gpu_time_source, simulated_timings
 from .record import RunHeader, as_header
 from .strict import strict_findings
 from .thrash import KeyThrash, find_thrash
@@ -46,10 +47,18 @@ class KeySummary:
 
 @dataclass
 class Timing:
-    """A median over `n` samples, in nanoseconds (0 when n == 0)."""
+    """A median over `n` samples and their spread (median absolute deviation from it), in nanoseconds (0
+    when n == 0; the spread is 0 for one sample)."""
 
     median_ns: int = 0
     n: int = 0
+    spread_ns: int = 0
+
+
+def timing_of(samples: list[int]) -> Timing:
+    """Median and median absolute deviation (ns) of the samples."""
+    med = statistics.median(samples)
+    return Timing(int(med), len(samples), int(statistics.median(abs(x - med) for x in samples)))
 
 
 # timing name -> (event type, attribute); step timings are added per mode in _timings
@@ -120,7 +129,8 @@ class Summary:
         d["distinct_keys"] = self.distinct_keys
         d["llama_counters"] = self.llama_counters
         d["ended"] = self.ended.to_dict() if self.ended is not None else None
-        d["timings_simulated"] = self.header.simulated and self.header.backend != "cpu"
+        d["timings_simulated"] = simulated_timings(self.header)
+        d["gpu_time_source"] = gpu_time_source(self.header)     # what timings["step gpu"] measured
         d["diagnoses"] = self.diagnoses
         return d
 
@@ -228,7 +238,7 @@ def _timings(events: list[E.Event]) -> dict[str, Timing]:
                                       if e.mode == "eager" and phase.get(e.step) == "decode"]
     samples["step"] = [e.duration_ns for e in finished]
     samples["step gpu"] = [e.gpu_ns for e in finished if e.gpu_ns]
-    return {k: Timing(int(statistics.median(v)), len(v)) for k, v in samples.items() if v}
+    return {k: timing_of(v) for k, v in samples.items() if v}
 
 
 def refusal_reasons(summary: Summary) -> list[str]:

@@ -97,12 +97,15 @@ def test_open_slices_are_closed_at_write_time(tmp_path):
     assert xs["step 0"]["dur"] == 2.0 and xs["graph_compute"]["dur"] == 1.0
 
 
-def test_accounting_eager_is_host_bound_and_replay_gpu_bound(traced):
+def test_accounting_on_the_simulated_driver_is_host_bound(traced):
+    """The wall time is numpy's on the host and the device busy time modelled (µs): every phase is
+    host-bound (it read "GPU" for replays when the bound ignored the host's time before the first kernel)."""
     _, result = traced
     acc = account(result.events)
     phases = {p.phase: p for p in acc.phases}
     assert acc.source == "modelled"
-    assert phases["eager"].bound == "host" and phases["replay"].bound == "GPU"
+    assert {p.bound for p in phases.values()} == {"host"}
+    assert phases["replay"].busy_ns * 2 < phases["replay"].wall_ns
     assert phases["replay"].mgmt["launch"] > 0 and phases["capture"].mgmt["instantiate"] > 0
     assert phases["replay"].idle_ns < phases["eager"].idle_ns
     assert acc.tokens > 0 and acc.mgmt_per_token_ns == acc.mgmt_total_ns // acc.tokens

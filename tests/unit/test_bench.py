@@ -2,6 +2,7 @@
 byte counts, the statistics over a run's events, and the PyTorch peer skipping cleanly without torch."""
 
 import json
+import re
 import sys
 
 import pytest
@@ -68,15 +69,28 @@ def test_bench_steps_json_rows_on_the_simulated_driver(capsys):
     assert dec["instr_rounds"] >= 1 and dec["instr_share_pct"] is not None
     assert pre["kind"] == "prefill" and pre["n_tokens"] == 8 and pre["prefill_ms"] > 0 and pre["prefill_reps"] == 3
     assert pre["host_ref_us"] > 0 and "torch_host_ref_us" not in pre
-    assert "tiny q8_0 graphs on" in out.err      # progress on stderr
+    assert dec["gpu_time_source"] == "numpy host time"
+    # progress on stderr, which is not a terminal here: plain lines, each phase from 0 to its whole, whose
+    # totals are what the inputs make (1 prompt + 8 steps; the instrumentation session; 1 + 3 prefills)
+    lines = out.err.splitlines()
+    assert all(l.startswith("bench steps: ") for l in lines) and "\x1b" not in out.err
+    ends = [l for l in lines if l.endswith(("/1", "/9", "/244", "/4"))]
+    assert ends == ["bench steps: device-to-device copy 0/1", "bench steps: device-to-device copy 1/1",
+                    "bench steps: tiny q8_0 graphs on 0/9", "bench steps: tiny q8_0 graphs on 9/9",
+                    "bench steps: tiny q8_0 graphs off 0/9", "bench steps: tiny q8_0 graphs off 9/9",
+                    "bench steps: tiny q8_0 instrumentation 0/244", "bench steps: tiny q8_0 instrumentation 244/244",
+                    "bench steps: tiny q8_0 prefill 8 0/4", "bench steps: tiny q8_0 prefill 8 4/4"]
 
 
 def test_bench_steps_table_labels_simulated_timings(capsys):
     assert main(["bench", "steps", "--backend", "sim", "--wtype", "q8_0", "--steps", "8", "--prompt-tokens", "4"]) == 0
     out = capsys.readouterr().out
     assert "SIMULATED" in out and "tiny q8_0 (sim)" in out and "roofline" in out
-    assert "instrumentation (event record, counters; NVTX idle: no tool) on a replayed step: tiny q8_0 " in out
-    assert "host reference before each row (µs of a fixed piece of host Python" in out and "tiny q8_0 " in out
+    assert "numpy in replay (sim)" in out and "GPU replay" not in out
+    assert "instrumentation (event record, counters; NVTX idle: no tool) on a replayed step:\n  tiny q8_0 " in out
+    assert "host reference before each row:\n  tiny q8_0 " in out
+    assert "(µs of a fixed piece of host Python; the host figures scale with it)" in out
+    assert max(len(l) for l in out.splitlines()) <= 80
 
 
 def test_roofline_bytes_count_every_weight_once_but_one_embedding_row():
@@ -244,7 +258,7 @@ def test_bench_tables_show_microseconds():
     render([row], file=out)
     text = out.getvalue()
     assert "µs" in text and "385.0 (444.0)" in text and "0.385" not in text and "to launch" in text
-    assert " 31.2 " in text
+    assert re.search(r"^to launch +31\.2$", text, re.M)
 
 
 def test_the_steps_table_shows_microseconds():
@@ -262,3 +276,72 @@ def test_durations_are_shown_in_microseconds_below_a_second():
     from graphdiag.report.eventlog import fmt_ns
     assert [fmt_ns(n) for n in (850, 12_500, 610_000, 2_700_000, 53_090_000, 11_000_000_000)] == \
         ["0.8 µs", "12.5 µs", "610.0 µs", "2700 µs", "53090 µs", "11.0 s"]
+
+
+def _decode_row(model, wtype, simulated=False, scale=1.0):
+    """A decode result row as decode_row returns it, with wide figures (a 7b step in ms)."""
+    return {"kind": "decode", "model": model, "wtype": wtype, "simulated": simulated, "n_kv": 4096,
+            "replay_ms": 12.3456 * scale, "replay_p90_ms": 13.4567 * scale, "eager_ms": 14.1 * scale,
+            "eager_p90_ms": 15.2 * scale, "graph_speedup": 1.14, "replay_gpu_ms": 11.5 * scale,
+            "replay_host_ms": 0.85, "replay_to_launch_ms": 0.0312, "kernels_per_step": 1212, "roofline_ms": 0.5,
+            "replay_over_roofline": 24.6, "torch_graph_ms": 2.3, "torch_eager_ms": 20.0,
+            "replay_vs_torch_graph": 5.36, "host_ref_us": 340.0, "torch_host_ref_us": 185.0, "copy_GBps": 3912.0,
+            "instr_share_pct": 1.23, "instr_nvtx_live": False, "torch": "2.9"}
+
+
+@pytest.mark.parametrize("simulated", [False, True])
+def test_bench_steps_reads_at_80_columns_with_every_number_whole(simulated):
+    """Six rows of wide figures in an 80-column console: no line longer than 80 and every cell, whole, on a
+    line (the 13-column table was 150 columns wide and rich wrapped or cut its cells)."""
+    import io
+    from rich.console import Console
+    from graphdiag.bench.display import PREFILL_METRICS, decode_metrics, render
+    rows = [_decode_row(m, w, simulated, scale) for m, scale in (("tiny", 1.0), ("1b", 10.0), ("moe-tiny", 100.0))
+            for w in ("f16", "q8_0")]
+    pre = {"kind": "prefill", "model": "7b", "wtype": "q8_0", "simulated": simulated, "n_tokens": 512,
+           "prefill_ms": 123.45, "torch_prefill_ms": 100.0, "prefill_vs_torch": 1.2345, "host_ref_us": 300.0}
+    out = io.StringIO()
+    render(rows + [pre], console=Console(file=out, width=80))
+    text = out.getvalue()
+    lines = text.splitlines()
+    assert max(len(l) for l in lines) <= 80 and "…" not in text
+    for r in rows:
+        label = f"{r['model']} {r['wtype']}" + (" (sim)" if simulated else "")
+        header = next(l for l in lines if l.startswith("µs ") and f" {label}" in l)
+        for name, cell in decode_metrics(simulated):
+            row = next(l for l in lines[lines.index(header):] if l.startswith(name))
+            assert cell(r) in row, (name, cell(r), row)
+    assert "1234560.0 (1345670.0)" in text          # a 1.2 s step, whole
+    after = lines[lines.index("prefill (µs, median of the timed prefills)"):]
+    for name, cell in PREFILL_METRICS:
+        assert cell(pre) in next(l for l in after if l.startswith(name + " "))
+    assert ("numpy in replay (sim)" in text) == simulated and ("GPU replay" in text) == (not simulated)
+
+
+def test_plain_progress_says_each_phase_s_start_its_end_and_at_most_every_few_seconds():
+    import io
+    from graphdiag.bench.display import PlainProgress
+    now = [0.0]
+    out = io.StringIO()
+    p = PlainProgress(out, clock=lambda: now[0])
+    p.start("tiny f16 graphs on", 6)
+    for k in range(6):
+        now[0] += 4.0                 # a step every 4 s: a line when EVERY_S (10 s) has passed, and the last
+        p.advance()
+    p.note("weights 0.10/0.20 GB")    # just said: not due
+    now[0] += 11
+    p.note("weights 0.20/0.20 GB")
+    assert out.getvalue().splitlines() == ["bench steps: tiny f16 graphs on 0/6", "bench steps: tiny f16 graphs on 3/6",
+                                           "bench steps: tiny f16 graphs on 6/6",
+                                           "bench steps: tiny f16 graphs on · weights 0.20/0.20 GB"]
+
+
+def test_progress_is_a_bar_on_a_terminal_only():
+    import io
+    from graphdiag.bench.display import PlainProgress, RichProgress, progress_for
+
+    class Tty(io.StringIO):
+        def isatty(self):
+            return True
+    assert isinstance(progress_for(io.StringIO()), PlainProgress)
+    assert isinstance(progress_for(Tty()), RichProgress)

@@ -33,7 +33,7 @@ def test_run_without_gpu_falls_back_to_the_announced_simulated_driver(capsys, mo
     assert main(["run", "--steps", "4", "--prompt-tokens", "4"]) == 0
     out = capsys.readouterr().out
     assert "SIMULATED" in out and "replay" in out and "graphs reused" in out
-    assert "sim device" in out                      # per-step table, device time labelled simulated
+    assert "gpu (numpy)" in out                     # per-step table: the GPU time is numpy's on the host
     gen = [l for l in out.splitlines() if l.startswith("generated (seq 0): ")]
     assert gen and len(gen[0].split(": ")[1].split()) == 4
 
