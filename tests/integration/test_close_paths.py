@@ -8,7 +8,7 @@ from graphdiag.backends.drivers.sim import SimDriver
 from graphdiag.cli.main import main
 from graphdiag.config import resolve
 from graphdiag.counters import Counters
-from graphdiag.errors import CudaError, OutOfDeviceMemory
+from graphdiag.errors import CudaError
 from graphdiag.plan import StepPlan
 from graphdiag.runner import RunResult, Session, Stepper
 
@@ -89,16 +89,16 @@ def test_a_failed_run_reports_its_own_error_not_a_release_after_it(capsys, monke
     from graphdiag.runner import Stepper as S
     real_step = S.step
 
-    def oom_at_3(self, p):
+    def sticky_at_3(self, p):             # a sticky error ends the run (an OOM is rolled back and goes on)
         if self.s.ctx.step == 3:
-            raise OutOfDeviceMemory(1 << 30, "pool alloc (capped)")
+            raise CudaError("CUDA_ERROR_ILLEGAL_ADDRESS", "cuGraphLaunch")
         return real_step(self, p)
-    monkeypatch.setattr(S, "step", oom_at_3)
+    monkeypatch.setattr(S, "step", sticky_at_3)
     real_destroy = SimDriver.stream_destroy
     monkeypatch.setattr(SimDriver, "stream_destroy", lambda self, s: (_ for _ in ()).throw(_injected("stream_destroy")))
     assert main(["run", "--backend", "sim", "--prompt-tokens", "4", "--steps", "6"]) == 2
     err = capsys.readouterr().err
-    assert "CUDA_ERROR_OUT_OF_MEMORY" in err and "INVALID_HANDLE" not in err, err
+    assert "CUDA_ERROR_ILLEGAL_ADDRESS" in err and "INVALID_HANDLE" not in err, err
     monkeypatch.setattr(SimDriver, "stream_destroy", real_destroy)
 
 
