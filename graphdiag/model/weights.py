@@ -251,7 +251,8 @@ def _gb(n: int) -> str:
 
 def check_fits(model: Model, groups: dict[int, list[Tensor]], gpu: Backend | list[Backend]) -> None:
     """Refuse, in one line and before any allocation, a model this machine cannot hold; size each simulated
-    device for it. Host memory holds the CPU backend's tensors and, for a simulated device, the device's.
+    device for it. Host memory holds the CPU backend's tensors and, for a simulated device that computes,
+    the device's.
     `groups[i]` are the tensors of `gpu[i]` (one backend or a list, one per device), the last the CPU's."""
     gpus = gpu if isinstance(gpu, list) else [gpu]
     need = {gi: sum(aligned(t.nbytes()) for t in ts) for gi, ts in groups.items()}
@@ -262,8 +263,8 @@ def check_fits(model: Model, groups: dict[int, list[Tensor]], gpu: Backend | lis
             total = dev[0].info.total_memory
             if total and need[gi] > total:
                 raise UsageError(f"{what} needs {_gb(need[gi])} of GPU memory; {dev[0].info.name} has {_gb(total)}")
-        else:
-            host += need[gi]
+        elif dev is None or dev[0].computes:
+            host += need[gi]      # a decisions-only simulated device reserves its memory, holding no bytes
     avail = available_host_bytes()
     if host + HOST_MARGIN > avail:
         where = "host memory (the simulated device lives there)" if devs[0] is not None else "host memory"

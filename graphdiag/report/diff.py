@@ -134,6 +134,7 @@ class RunDiff:
     ledger: list[LedgerChange] = field(default_factory=list)
     nodes: list[CaptureNodeDiff] = field(default_factory=list)
     tokens_differ_at: int | None = None
+    tokens_not_computed: list[str] = field(default_factory=list)   # runs of the decisions-only simulator
     devices: list[Delta] = field(default_factory=list)   # per-device outcomes, when either run had several
     simulated: tuple[bool, bool] = (False, False)   # whose timings are the simulated driver's host times
 
@@ -240,6 +241,7 @@ def diff_runs(control: tuple[RunHeader, list[E.Event]], test: tuple[RunHeader, l
     d.ledger = compare_ledgers(ea, ca, eb, cb)
     d.nodes = compare_run_captures(a_all, ca.key, b_all, cb.key)
     d.tokens_differ_at = _tokens_differ_at(ea, eb)
+    d.tokens_not_computed = [n for n, h in zip(names, (ha, hb)) if h.sim_mode == "decisions"]
     d.devices = _device_deltas(ea, eb)
     d.simulated = (ha.simulated and ha.backend != "cpu", hb.simulated and hb.backend != "cpu")
     return d
