@@ -55,9 +55,13 @@ def model_bytes(cfg) -> tuple[int, int]:
 def compute_cost_line(cfg) -> str | None:
     """One line saying what computing cfg's model on the simulated driver costs (resident bytes, rough time),
     for the presets above small; None for smaller ones. Derived from the preset's sizes, not measured."""
+    from .model.weights import HOST_MARGIN, available_host_bytes
+
     if cfg.model not in DECISIONS_BY_DEFAULT:
         return None
     nbytes, elements = model_bytes(cfg)
+    if nbytes + HOST_MARGIN > available_host_bytes():
+        return None           # it cannot run here: loading refuses it in one line, naming the bytes
     first = elements * FIRST_STEP_NS_PER_ELEMENT / 60e9
     step = elements * STEP_NS_PER_ELEMENT / 1e9
     why = mode_reason(cfg)

@@ -294,12 +294,18 @@ def load_model(model: Model, gpu: Backend | list[Backend], cpu: Backend | None =
         groups[len(gpus) if on_cpu(t.name, n_cpu_moe) else dev].append(t)
     check_fits(model, groups, gpu)
     total = sum(t.nbytes() for t in model.tensors())
+    if progress is None and not all(d is None or d[0].computes for d in map(_device, gpus)):
+        progress = _no_progress   # decisions-only: the memory is reserved and the fills modelled, at once
     with _progress(progress, total, f"{model.cfg.name} {model.wtype.name} weights") as tick:
         buffers = []
         for gi, backend in enumerate([*gpus, cpu]):
             if groups[gi]:
                 buffers.append(_upload_group(model, backend, groups[gi], tick))
     return buffers
+
+
+def _no_progress(done: int, total: int) -> None:
+    pass
 
 
 class _progress:
