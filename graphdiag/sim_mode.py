@@ -33,10 +33,9 @@ def mode_reason(cfg) -> str:
     src = cfg.sources.get("sim_mode", "default")
     if cfg.sim_mode is not None:
         return "--sim-mode" if src == "cli" else src
-    if cfg.model in DECISIONS_BY_DEFAULT:
-        needs = " and ".join(f for f, on in (("--verify", cfg.verify), ("--oracle", cfg.oracle)) if on)
-        return f"{needs} need{'s' if ' and ' not in needs else ''} computed results" if needs else \
-            f"default for model {cfg.model}"
+    needs = [flag for flag, on in (("--verify", cfg.verify), ("--oracle", cfg.oracle)) if on]
+    if cfg.model in DECISIONS_BY_DEFAULT and needs:
+        return f"{' and '.join(needs)} need{'s' if len(needs) == 1 else ''} computed results"
     return f"default for model {cfg.model}"
 
 
