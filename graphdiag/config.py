@@ -68,6 +68,7 @@ class RunConfig:
     compute_capability: str = "9.0"  # simulated driver only
     verify: bool = False             # recompute each replayed step eagerly and compare
     oracle: bool = False             # compare each step's logits with the independent numpy forward
+    sim_mode: str | None = None      # simulated driver: "compute" | "decisions" (None: sim_mode.sim_mode decides)
     nvtx: bool = True
     sources: dict[str, str] = field(default_factory=dict)  # field -> "default" | "env NAME" | "cli" | "scenario"
 
@@ -80,6 +81,8 @@ class RunConfig:
             # GGML_CUDA_GRAPH_CHUNK_SIZE is atoi'd and only tested `> 0` (a negative value: one graph per
             # split, as 0); only an explicit --chunk-size / scenario value is refused
             self._fail("chunk_size", f"invalid chunk size {self.chunk_size}: must be >= 0 (0 = one graph per split)")
+        if self.sim_mode not in (None, "compute", "decisions"):
+            self._fail("sim_mode", f"unknown sim mode {self.sim_mode!r} (choose compute or decisions)")
         if self.wtype not in ("f16", "q8_0"):
             self._fail("wtype", f"unknown weight type {self.wtype!r} (choose f16 or q8_0)")
         for name in ("prompt_tokens", "batch"):
@@ -195,6 +198,83 @@ def kernel_cache_dir(environ: Mapping[str, str] | None = None) -> "Path":
     return (Path(xdg) if xdg else Path.home() / ".cache") / "graphdiag" / "kernels"
 
 
+# The BLAS thread knobs numpy's BLAS reads when it loads, in the order OpenBLAS honours them (MKL: its own, then OMP)
+BLAS_ENV = ("OPENBLAS_NUM_THREADS", "GOTO_NUM_THREADS", "OMP_NUM_THREADS", "MKL_NUM_THREADS")
+MAX_BLAS_THREADS = 8
+_blas_applied: "BlasThreads | None" = None
+
+
+@dataclass(frozen=True)
+class BlasThreads:
+    """What numpy's BLAS was told: `threads` (None: not told, its own default of one per core), the usable
+    `cores`, and `source`: "default" (graphdiag's), "env NAME" (the user's), or "not set"."""
+
+    threads: int | None
+    cores: int
+    source: str
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+    def describe(self) -> str:
+        """e.g. "1 (2 cores; graphdiag's default for <= 2 cores)"."""
+        if self.source == "default":
+            rule = "<= 2 cores" if self.cores <= 2 else f"half the cores, at most {MAX_BLAS_THREADS}"
+            return f"{self.threads} ({self.cores} cores; graphdiag's default: {rule})"
+        if self.source.startswith("env "):
+            return f"{self.threads} ({self.cores} cores; {self.source})"
+        return f"BLAS default, one per core ({self.cores} cores; not set before numpy loaded)"
+
+
+def usable_cores() -> int:
+    """CPU cores this process may run on (its affinity mask: a container's share), else os.cpu_count()."""
+    try:
+        return len(os.sched_getaffinity(0))
+    except (AttributeError, OSError):
+        return os.cpu_count() or 1
+
+
+def default_blas_threads(cores: int) -> int:
+    """One BLAS thread on <= 2 cores, else half the cores, at most MAX_BLAS_THREADS. Why: the simulator's and
+    the oracle's products are mostly mat-vecs (memory-bound: more threads add little), OpenBLAS threads spin
+    while they wait, and they compete with the run's own host thread and anything else on the machine — a
+    CPU-oracle run on a busy 2-core machine ran 3x faster with one BLAS thread than with two."""
+    return 1 if cores <= 2 else min(cores // 2, MAX_BLAS_THREADS)
+
+
+def _user_blas(environ: Mapping[str, str], cores: int) -> "BlasThreads | None":
+    for name in BLAS_ENV:
+        if environ.get(name, "").strip():
+            return BlasThreads(_atoi(environ[name]) or None, cores, f"env {name}")
+    return None
+
+
+def apply_blas_threads(environ=None, cores: int | None = None) -> BlasThreads:
+    """Tell numpy's BLAS how many threads to use, before numpy loads (the CLI entry calls this first): a
+    thread count the user set in BLAS_ENV wins and is left alone; else default_blas_threads goes into every
+    BLAS_ENV name. Returns (and remembers, for the run header) what applies."""
+    import sys
+    global _blas_applied
+    environ = os.environ if environ is None else environ
+    cores = usable_cores() if cores is None else cores
+    got = _user_blas(environ, cores)
+    if got is None and "numpy" not in sys.modules:
+        n = default_blas_threads(cores)
+        for name in BLAS_ENV:
+            environ[name] = str(n)
+        got = BlasThreads(n, cores, "default")
+    _blas_applied = got if got is not None else BlasThreads(None, cores, "not set")
+    return _blas_applied
+
+
+def blas_threads(environ: Mapping[str, str] | None = None) -> BlasThreads:
+    """What numpy's BLAS was told (the header says it): apply_blas_threads's result, else the environment's."""
+    if _blas_applied is not None:
+        return _blas_applied
+    cores = usable_cores()
+    return _user_blas(os.environ if environ is None else environ, cores) or BlasThreads(None, cores, "not set")
+
+
 def debug_requested(environ: Mapping[str, str] | None = None) -> bool:
     """GRAPHDIAG_DEBUG set to anything but "", "0": internal errors show their traceback."""
     environ = os.environ if environ is None else environ
@@ -227,6 +307,7 @@ def validate_run(cfg: RunConfig, scenario=None, as_json: bool = False, verbosity
         raise UsageError(f"{_named(cfg, scenario, 'n_cpu_moe', '--n-cpu-moe')} {cfg.n_cpu_moe}: model "
                          f"{cfg.model} has {model.n_layer} layers")
     warnings += _backend_options(cfg, scenario)
+    warnings += _check_sim_mode(cfg, scenario, model)
     _check_timeline(cfg, scenario)
     _check_faults(cfg, scenario)
     demand = kv_demand(plan_steps(cfg, scenario), model.n_ctx)
@@ -306,6 +387,30 @@ def _check_faults(cfg: RunConfig, scenario) -> None:
             raise UsageError(f"{scenario.path}:{change.line or 1}: fault {change['fault']!r} at step "
                              f"{change.at_step} fails a GPU driver call, and the cpu backend has no driver "
                              f"(use --backend sim or cuda)")
+
+
+def _check_sim_mode(cfg: RunConfig, scenario, model) -> list[str]:
+    """--sim-mode acts on the simulated driver only; decisions-only computes nothing, so it cannot go with
+    --verify/--oracle (they compare computed results) nor with a MoE model (the expert routing the sorted
+    MUL_MAT_ID fallback reads back decides its launches). A scenario's value on cuda/cpu is ignored."""
+    if cfg.sim_mode is None:
+        return []
+    flag = _named(cfg, scenario, "sim_mode", "--sim-mode")
+    if cfg.backend in ("cuda", "cpu"):
+        if cfg.sources.get("sim_mode") == "scenario":
+            return [f"{flag} acts on the simulated driver only: ignored on --backend {cfg.backend}"]
+        raise UsageError(f"{flag} {cfg.sim_mode} acts on the simulated driver only: --backend {cfg.backend} has "
+                         f"none (use --backend sim, or drop it)")
+    if cfg.sim_mode != "decisions":
+        return []
+    for name, on in (("verify", cfg.verify), ("oracle", cfg.oracle)):
+        if on:
+            raise UsageError(f"{flag} decisions computes no results, and {_named(cfg, scenario, name, '--' + name)} "
+                             f"compares them: drop one (--sim-mode compute computes every kernel)")
+    if model.is_moe:
+        raise UsageError(f"{flag} decisions: model {cfg.model} routes tokens to experts by computed values, which "
+                         f"decide the MoE fallback's launches (use --sim-mode compute)")
+    return []
 
 
 def _check_timeline(cfg: RunConfig, scenario) -> None:

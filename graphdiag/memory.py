@@ -1,7 +1,7 @@
 """Address spaces backed by numpy: host memory for the CPU backend, device memory for the simulated driver.
 
-Addresses are plain ints (like `data` pointers). Each allocation is one numpy byte buffer; lookups go
-through a sorted list of bases. `ndarray()` gives a strided numpy view for a ggml (type, ne, nb) at an address.
+Addresses are plain ints (like `data` pointers). Each allocation is one numpy byte buffer (none when the
+space is only reserved: the simulator's decisions-only mode); lookups go through a sorted list of bases. `ndarray()` gives a strided numpy view for a ggml (type, ne, nb) at an address.
 """
 
 from __future__ import annotations
@@ -22,15 +22,20 @@ def aligned(n: int) -> int:
 
 
 class AddressSpace:
-    """Allocations at increasing addresses from `base`; `capacity` bytes in all (None = unbounded)."""
+    """Allocations at increasing addresses from `base`; `capacity` bytes in all (None = unbounded).
 
-    def __init__(self, base: int, capacity: int | None = None, name: str = "host"):
+    `materialised=False` reserves the addresses and counts the bytes (the same addresses, `used` and
+    capacity checks as a materialised space) but keeps no bytes behind them: reading one is a bug."""
+
+    def __init__(self, base: int, capacity: int | None = None, name: str = "host", materialised: bool = True):
         self.name = name
         self.base = base
         self.capacity = capacity
+        self.materialised = materialised
         self.next = base
         self.used = 0
         self._bases: list[int] = []
+        self._sizes: dict[int, int] = {}
         self._bufs: dict[int, np.ndarray] = {}
 
     def alloc(self, nbytes: int) -> int:
@@ -39,24 +44,29 @@ class AddressSpace:
             raise OutOfDeviceMemory(nbytes)
         addr = self.next
         self.next += (nbytes + ALIGN - 1) // ALIGN * ALIGN + ALIGN  # a gap: overruns never alias a neighbour
-        self._bufs[addr] = np.zeros(nbytes, np.uint8)
+        self._sizes[addr] = nbytes
+        if self.materialised:
+            self._bufs[addr] = np.zeros(nbytes, np.uint8)
         bisect.insort(self._bases, addr)
         self.used += nbytes
         return addr
 
     def free(self, addr: int) -> None:
-        buf = self._bufs.pop(addr, None)
-        if buf is None:
+        nbytes = self._sizes.pop(addr, None)
+        if nbytes is None:
             raise ValueError(f"{self.name}: free of unknown address {addr:#x}")
+        self._bufs.pop(addr, None)
         self._bases.pop(bisect.bisect_left(self._bases, addr))
-        self.used -= len(buf)
+        self.used -= nbytes
 
     def owns(self, addr: int) -> bool:
         i = bisect.bisect_right(self._bases, addr) - 1
-        return i >= 0 and addr < self._bases[i] + len(self._bufs[self._bases[i]])
+        return i >= 0 and addr < self._bases[i] + self._sizes[self._bases[i]]
 
     def locate(self, addr: int, nbytes: int = 0) -> tuple[np.ndarray, int]:
         """(buffer, offset) holding [addr, addr+nbytes)."""
+        if not self.materialised:
+            raise RuntimeError(f"{self.name}: memory is reserved, not materialised: nothing may read or write it")
         i = bisect.bisect_right(self._bases, addr) - 1
         if i < 0:
             raise ValueError(f"{self.name}: address {addr:#x} is not allocated")

@@ -65,13 +65,16 @@ def open_driver(cfg: RunConfig):
     else:
         note = ""
     from .backends.drivers.sim import SimDriver
-    return SimDriver(compute_capability=cfg.cc_tuple), note
+    from .sim_mode import sim_mode
+    return SimDriver(compute_capability=cfg.cc_tuple, compute=sim_mode(cfg) == "compute"), note
 
 
 class Session:
     """Everything one run holds; `close()` releases it in reverse order."""
 
-    def __init__(self, cfg: RunConfig, bus: E.EventBus, clock: Clock | None = None):
+    def __init__(self, cfg: RunConfig, bus: E.EventBus, clock: Clock | None = None, warn=None):
+        """`warn(line)` hears, before the model is built, what computing a big model on the simulated
+        driver will cost."""
         self.cfg, self.bus = cfg, bus
         if cfg.devices > 1 and cfg.backend != "cpu":   # a layer split: one driver per device
             from .backends.device_set import open_drivers
@@ -83,6 +86,11 @@ class Session:
         # the eviction clock: wall time on CUDA (ggml_time_us); on the simulated driver its modelled time,
         # so a run's decisions never depend on the host's speed or load
         sim = self.driver is not None and self.driver.simulated
+        if sim and self.driver.computes and warn is not None:
+            from .sim_mode import compute_cost_line
+            line = compute_cost_line(cfg)
+            if line:
+                warn(line)
         self.clock = clock or (Clock(self.driver.now_us) if sim else Clock())
         self.cpu, self.gpu, self.ctx, self.devices, self.split = None, None, None, None, None
         self.faults = FaultInjector([self.driver, *self.extra_drivers], self._fault_fired)
@@ -140,6 +148,18 @@ class Session:
         return "cpu" if self.driver is None else ("sim" if self.driver.simulated else "cuda")
 
     @property
+    def computes(self) -> bool:
+        """Whether results (logits) are computed: False on the simulated driver's decisions-only mode."""
+        return self.driver is None or self.driver.computes
+
+    @property
+    def sim_mode(self) -> str:
+        """"compute" | "decisions" on the simulated driver, "" elsewhere."""
+        if self.driver is None or not self.driver.simulated:
+            return ""
+        return "compute" if self.driver.computes else "decisions"
+
+    @property
     def device(self) -> str:
         if self.driver is None:
             return "CPU (numpy)"
@@ -167,10 +187,19 @@ class Session:
 
 
 def make_header(cfg: RunConfig, s: Session, scenario: str | None) -> dict:
+    """The record's first line (report.record.RunHeader). On the simulated driver the settings show the
+    mode it ran in (sim_mode, with why); `blas` is what numpy's BLAS was told (config.blas_threads)."""
+    from .config import blas_threads
+    from .sim_mode import mode_reason
+    settings = cfg.settings()
+    if s.sim_mode:
+        settings["sim_mode"] = s.sim_mode
     return {
         "schema": "graphdiag-events", "version": E.SCHEMA_VERSION, "graphdiag_version": __version__,
         "backend": s.backend_name, "device": s.device, "simulated": s.driver is not None and s.driver.simulated,
-        "model": cfg.model, "settings": cfg.settings(), "sources": dict(cfg.sources),
+        "model": cfg.model, "settings": settings, "sources": dict(cfg.sources),
+        "sim_mode": s.sim_mode, "sim_mode_reason": mode_reason(cfg) if s.sim_mode else "",
+        "blas": blas_threads().to_dict(),
         "started": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
         "scenario": scenario, "note": s.note,
     }
@@ -194,7 +223,7 @@ def run(cfg: RunConfig, scenario=None, sinks=(), span_sinks=(), on_header=None, 
     if warn is not None:
         bus.on_sink_error = lambda f: warn(f"{f.sink} failed at step {f.step} ({f.error}): cut off, "
                                            f"every other output still gets every event")
-    session = Session(cfg, bus)
+    session = Session(cfg, bus, warn=warn)
     session.device_source, session.device_sinks = _open_device(session, cupti, warn), list(device_sinks)
     header = make_header(cfg, session, getattr(scenario, "name", None))
     if on_header is not None:
@@ -416,8 +445,10 @@ class Stepper:
         if device is not None:
             self._device_time(step, device)
         seqs = list(batch)
-        out = logits.argmax(axis=1).tolist()
-        for q, t in zip(seqs[-len(out):], out):
+        # decisions-only: the logits are not computed, so neither are tokens (the next step feeds the same
+        # placeholders; no decision depends on token values)
+        out = logits.argmax(axis=1).tolist() if s.computes else []
+        for q, t in zip(seqs[len(seqs) - len(out):], out):
             self.next_tok[q] = t
         ph = self.phases
         mode = "eager" if "eager" in ph else "capture" if "capture" in ph else "replay" if "replay" in ph else "cpu"
@@ -598,7 +629,8 @@ def _render_result(result: RunResult, sc, as_json: bool, out, strict: bool = Fal
         from .report.steps import render_steps
         render_summary(summary, file=out)
         from .report.measured import simulated_timings
-        render_steps(result.events, file=out, simulated=simulated_timings(result.header))
+        render_steps(result.events, file=out, simulated=simulated_timings(result.header),
+                     tokens_computed=result.header.get("sim_mode") != "decisions")
         for f in failures:
             out.write(f"FAILED: {f}\n")
         if sc is not None and not failures and summary.ended is not None and summary.ended.status == "complete":

@@ -80,8 +80,11 @@ def open_drivers(cfg) -> tuple[list, str]:
         note = ""
     if n > MAX_SIM_DEVICES:
         raise UsageError(f"devices {n}: the simulated driver models at most {MAX_SIM_DEVICES} devices")
+    from ..sim_mode import sim_mode
     from .drivers.sim import SimDriver
-    return [SimDriver(compute_capability=cfg.cc_tuple, name=f"simulated GPU {i}", device=i) for i in range(n)], note
+    compute = sim_mode(cfg) == "compute"
+    return [SimDriver(compute_capability=cfg.cc_tuple, name=f"simulated GPU {i}", device=i, compute=compute)
+            for i in range(n)], note
 
 
 class DeviceSet:

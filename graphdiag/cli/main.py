@@ -54,8 +54,11 @@ def _register() -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """Entry point: run the group; every error ends in one line on stderr and an exit status."""
-    from ..config import debug_requested
+    """Entry point: run the group; every error ends in one line on stderr and an exit status. numpy's BLAS
+    threads are set first, before anything loads numpy (config.apply_blas_threads)."""
+    from ..config import apply_blas_threads, debug_requested
+
+    apply_blas_threads()
 
     global _debug
     _debug = debug_requested(os.environ)

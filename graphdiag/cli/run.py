@@ -32,6 +32,10 @@ import click
 @click.option("--pool-cap", type=int, default=None, help="Bytes the temporary pool may hold on the device.")
 @click.option("--pool-max-buffers", type=int, default=None, help="Buffers the pool caches (ggml: 256).")
 @click.option("--cc", "compute_capability", default=None, help="Compute capability of the simulated GPU (e.g. 6.1).")
+@click.option("--sim-mode", "sim_mode", type=click.Choice(["compute", "decisions"]), default=None,
+              help="Simulated driver: compute every kernel in numpy, or decisions only (kernels modelled, memory "
+                   "reserved, no logits or tokens; the same decisions). Default: decisions for 1b and 7b unless "
+                   "--verify or --oracle needs results, else compute.")
 @click.option("--verify", is_flag=True, default=None, help="Recompute every replayed step eagerly and compare.")
 @click.option("--oracle", is_flag=True, default=None, help="Check every step's logits against the numpy oracle.")
 @click.option("--no-nvtx", "nvtx", flag_value=False, default=None, help="Emit no NVTX ranges.")

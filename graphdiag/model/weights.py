@@ -251,7 +251,8 @@ def _gb(n: int) -> str:
 
 def check_fits(model: Model, groups: dict[int, list[Tensor]], gpu: Backend | list[Backend]) -> None:
     """Refuse, in one line and before any allocation, a model this machine cannot hold; size each simulated
-    device for it. Host memory holds the CPU backend's tensors and, for a simulated device, the device's.
+    device for it. Host memory holds the CPU backend's tensors and, for a simulated device that computes,
+    the device's.
     `groups[i]` are the tensors of `gpu[i]` (one backend or a list, one per device), the last the CPU's."""
     gpus = gpu if isinstance(gpu, list) else [gpu]
     need = {gi: sum(aligned(t.nbytes()) for t in ts) for gi, ts in groups.items()}
@@ -262,8 +263,8 @@ def check_fits(model: Model, groups: dict[int, list[Tensor]], gpu: Backend | lis
             total = dev[0].info.total_memory
             if total and need[gi] > total:
                 raise UsageError(f"{what} needs {_gb(need[gi])} of GPU memory; {dev[0].info.name} has {_gb(total)}")
-        else:
-            host += need[gi]
+        elif dev is None or dev[0].computes:
+            host += need[gi]      # a decisions-only simulated device reserves its memory, holding no bytes
     avail = available_host_bytes()
     if host + HOST_MARGIN > avail:
         where = "host memory (the simulated device lives there)" if devs[0] is not None else "host memory"
@@ -293,12 +294,18 @@ def load_model(model: Model, gpu: Backend | list[Backend], cpu: Backend | None =
         groups[len(gpus) if on_cpu(t.name, n_cpu_moe) else dev].append(t)
     check_fits(model, groups, gpu)
     total = sum(t.nbytes() for t in model.tensors())
+    if progress is None and not all(d is None or d[0].computes for d in map(_device, gpus)):
+        progress = _no_progress   # decisions-only: the memory is reserved and the fills modelled, at once
     with _progress(progress, total, f"{model.cfg.name} {model.wtype.name} weights") as tick:
         buffers = []
         for gi, backend in enumerate([*gpus, cpu]):
             if groups[gi]:
                 buffers.append(_upload_group(model, backend, groups[gi], tick))
     return buffers
+
+
+def _no_progress(done: int, total: int) -> None:
+    pass
 
 
 class _progress:

@@ -57,11 +57,28 @@ def header_lines(header: RunHeader) -> list[str]:
              f"started {header.started}"]
     if header.note:
         lines.insert(1, f"note: {header.note}")
+    lines += run_mode_lines(header)
     items = []
     for name, value in header.settings.items():
         src = header.sources.get(name, "default")
         items.append(f"{name}={_setting(value)}" + ("" if src == "default" else f" [{src}]"))
     return lines + _wrap_items("settings:", items)
+
+
+def run_mode_lines(header: RunHeader) -> list[str]:
+    """Which mode the simulated driver ran in (and why), and numpy's BLAS threads; none for an older record."""
+    lines = []
+    if header.sim_mode == "decisions":
+        lines += [f"simulator: DECISIONS ONLY ({header.sim_mode_reason}) · no logits, no tokens "
+                  f"(--sim-mode compute computes them)",
+                  "  kernels modelled, not computed · device memory reserved, not materialised · the same decisions"]
+    elif header.sim_mode == "compute":
+        lines.append(f"simulator: computing ({header.sim_mode_reason}) · every kernel in numpy, every device "
+                     f"byte in host memory")
+    if header.blas:
+        from ..config import BlasThreads
+        lines.append(f"numpy BLAS threads: {BlasThreads(**header.blas).describe()}")
+    return lines
 
 
 def _wrap_items(first: str, items: list[str]) -> list[str]:
@@ -193,8 +210,10 @@ def _overview(s: Summary) -> str:
     modes = ", ".join(f"{n} {m}" for m, n in s.step_modes.items())
     failed = len(s.faults.failures)
     modes += f"{', ' if modes else ''}{failed} failed" if failed else ""
+    mode = {"decisions": " · simulator decisions-only (tokens not computed)",
+            "compute": " · simulator computing"}.get(s.header.sim_mode, "")
     return (f"{s.steps} steps ({modes or 'none'}) · {s.distinct_keys} graph key"
-            f"{'s' if s.distinct_keys != 1 else ''} · max {s.max_chunks} chunks per graph")
+            f"{'s' if s.distinct_keys != 1 else ''} · max {s.max_chunks} chunks per graph{mode}")
 
 
 TEXT_COLUMNS = ("key", "what", "counter", "setting", "node", "field", "change")

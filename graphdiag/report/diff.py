@@ -164,6 +164,7 @@ class RunDiff:
     ledger: list[LedgerChange] = field(default_factory=list)
     nodes: list[CaptureNodeDiff] = field(default_factory=list)
     tokens_differ_at: int | None = None
+    tokens_not_computed: list[str] = field(default_factory=list)   # runs of the decisions-only simulator
     devices: list[Delta] = field(default_factory=list)   # per-device outcomes, when either run had several
     simulated: tuple[bool, bool] = (False, False)   # whose timings are the simulated driver's host times
     gpu_time_source: tuple[str, str] = ("", "")     # what each run's "step gpu" measured (measured.py)
@@ -274,6 +275,7 @@ def diff_runs(control: tuple[RunHeader, list[E.Event]], test: tuple[RunHeader, l
     d.ledger = compare_ledgers(ea, ca, eb, cb)
     d.nodes = compare_run_captures(a_all, ca.key, b_all, cb.key)
     d.tokens_differ_at = _tokens_differ_at(ea, eb)
+    d.tokens_not_computed = [n for n, h in zip(names, (ha, hb)) if h.sim_mode == "decisions"]
     d.devices = _device_deltas(ea, eb)
     d.simulated = (simulated_timings(ha), simulated_timings(hb))
     d.gpu_time_source = (gpu_time_source(ha), gpu_time_source(hb))

@@ -35,6 +35,8 @@ def render_run_diff(d: RunDiff, file: TextIO | None = None) -> None:
     con.print("")
     tokens = ("identical at every common step" if d.tokens_differ_at is None
               else f"first differ at step {d.tokens_differ_at}")
+    if d.tokens_not_computed:
+        tokens = f"not computed in {' and '.join(d.tokens_not_computed)} (decisions-only simulator)"
     con.print(f"Tokens: {tokens}", markup=False)
 
 

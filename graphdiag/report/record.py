@@ -44,6 +44,9 @@ class RunHeader:
     started: str = ""
     scenario: str | None = None
     note: str = ""                 # what the runner wants said, e.g. "no GPU (...); using the SIMULATED driver"
+    sim_mode: str = ""             # the simulated driver's mode: "compute" | "decisions" ("": not simulated)
+    sim_mode_reason: str = ""      # why, e.g. "default for model 7b", "--sim-mode", "--verify needs computed results"
+    blas: dict[str, Any] = field(default_factory=dict)   # config.BlasThreads.to_dict(): numpy's BLAS threads
     graphdiag_version: str = __version__
     schema: str = SCHEMA_NAME
     version: int = E.SCHEMA_VERSION

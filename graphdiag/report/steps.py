@@ -40,10 +40,14 @@ def generated(events: Iterable[E.Event]) -> dict[int, list[int]]:
     return out
 
 
+NOT_COMPUTED = "not computed"
+
+
 def render_steps(events: list[E.Event], file: TextIO | None = None, head: int = 8, tail: int = 4,
-                 simulated: bool = False) -> None:
+                 simulated: bool = False, tokens_computed: bool = True) -> None:
     """The steps table then the generated tokens. On the simulated driver the gpu column is the host's time
-    in numpy (measured.gpu_column)."""
+    in numpy (measured.gpu_column); in its decisions-only mode (`tokens_computed` False) no token was
+    computed, and the table says so."""
     rows = step_rows(events)
     if not rows:
         return
@@ -58,12 +62,16 @@ def render_steps(events: list[E.Event], file: TextIO | None = None, head: int = 
             t.add_row("…", f"{len(rows) - head - tail} more", "", "", "", "", "")
             continue
         step, kind, n_in, mode, wall, gpu, toks = r
-        out = " ".join(map(str, toks[:8])) + (" …" if len(toks) > 8 else "")
+        out = " ".join(map(str, toks[:8])) + (" …" if len(toks) > 8 else "") if tokens_computed else NOT_COMPUTED
         t.add_row(str(step), kind, str(n_in), mode, f"{wall / 1e3:.1f} µs" if wall else "-",
                   f"{gpu / 1e3:.1f} µs" if gpu else "-",
                   out)
     con.print("")
     con.print(t)
+    if not tokens_computed:
+        con.print(f"generated tokens: {NOT_COMPUTED} (the simulator ran decisions only: kernels modelled, no "
+                  f"logits; --sim-mode compute computes them)", markup=False)
+        return
     for seq, toks in generated(events).items():
         shown_toks = " ".join(map(str, toks[:32])) + (" …" if len(toks) > 32 else "")
         con.print(f"generated (seq {seq}): {shown_toks}", markup=False)

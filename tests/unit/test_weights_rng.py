@@ -134,11 +134,20 @@ def test_a_model_that_cannot_fit_is_refused_up_front_naming_the_bytes(monkeypatc
 
 
 def test_run_7b_without_a_gpu_is_one_line_and_exit_2(capsys, monkeypatch):
+    """Computing 7b on the simulated driver needs its bytes in host memory (no cost line: the refusal says it)."""
     monkeypatch.setattr(W, "available_host_bytes", lambda: 4 << 30)
-    rc = main(["run", "--backend", "sim", "--model", "7b", "--steps", "1"])
+    rc = main(["run", "--backend", "sim", "--model", "7b", "--steps", "1", "--sim-mode", "compute"])
     err = capsys.readouterr().err
     lines = [l for l in err.splitlines() if l.strip()]
     assert rc == 2 and len(lines) == 1 and "bytes" in lines[0] and "7b" in lines[0], err
+
+
+def test_run_7b_decisions_only_fits_a_small_host(capsys, monkeypatch):
+    """Decisions-only (7b's default without --verify/--oracle) reserves the device's memory: none of it is host memory."""
+    monkeypatch.setattr(W, "available_host_bytes", lambda: 4 << 30)
+    assert main(["run", "--backend", "sim", "--model", "7b", "--steps", "1", "--json"]) == 0
+    out = capsys.readouterr()
+    assert '"sim_mode": "decisions"' in out.out and "loading" not in out.err, out.err
 
 
 def test_load_progress_reaches_the_callback():

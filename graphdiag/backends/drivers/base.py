@@ -70,6 +70,9 @@ class Driver(abc.ABC):
     # a LaunchLog (launch_log.py) told what the host issues, for naming device records by graph node;
     # None (the default) costs one attribute test per call
     tracer = None
+    # whether kernels compute results and device memory holds bytes; False: the simulated driver's
+    # decisions-only mode (every call decided and timed as usual, nothing computed or stored)
+    computes = True
 
     def graph_kernel_nodes(self, graph) -> list[tuple[int, int]]:
         """(node handle, tools id) of each kernel node of a captured graph, in the graph's node order."""

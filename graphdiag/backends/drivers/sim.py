@@ -6,6 +6,11 @@ stream into the capture; the fork must be joined back (an event recorded on it, 
 capture that the origin ends up depending on) before end_capture. Each node depends, in this order, on the
 previous position of its stream and on the positions of the events its stream waited on.
 Timings (event_elapsed_ms) are host wall-clock differences: simulated, not device time.
+
+Decisions-only mode (`compute=False`, for models too big to compute in numpy): device memory is reserved,
+not materialised (the same addresses, capacity and free-memory figures, no bytes), kernels and copies are
+modelled, not run (the same counters, captured nodes and modelled clock), and a copy to the host reads
+zeros. Every decision is the same as in compute mode; results (logits) are not computed.
 """
 
 from __future__ import annotations
@@ -32,7 +37,7 @@ _node_ids = itertools.count(1)         # graph node ids, unique in the process (
 @dataclass
 class SimCounters:
     """Calls seen by the driver. `launches` counts every launch() call, captured or not; `kernels_run` counts
-    kernel bodies executed (eager launches plus graph replays)."""
+    kernel bodies executed, or modelled in decisions-only mode (eager launches plus graph replays)."""
 
     launches: int = 0
     captured_launches: int = 0
@@ -66,7 +71,8 @@ class SimEvent(SimHandle):
 
 class SimDriver(Driver):
     """A CUDA driver over numpy. `space` is the device memory (memory_bytes=None: unbounded, reported as
-    total_memory 0); `counters` the calls seen; `null_stream` stands for stream=None (never captures)."""
+    total_memory 0); `counters` the calls seen; `null_stream` stands for stream=None (never captures);
+    `computes`: kernels run and memory holds bytes (False: decisions-only, see the module docstring)."""
 
     # Modelled time (ns) each operation takes: the simulated clock that drives the graph cache's eviction
     # sweep advances by these, never by the host's speed, so identical runs decide identically.
@@ -81,14 +87,15 @@ class SimDriver(Driver):
     EXEC_KERNEL_NODE_BYTES = 10 << 10
 
     def __init__(self, compute_capability=(9, 0), memory_bytes: int | None = 8 << 30, name="simulated GPU",
-                 device: int = 0, peer: bool = True):
+                 device: int = 0, peer: bool = True, compute: bool = True):
         """`device`: the ordinal of one of several simulated devices (its memory lies DEVICE_STRIDE further
-        on); `peer`: whether it can reach the others' memory (modelled peer access)."""
+        on); `peer`: whether it can reach the others' memory (modelled peer access); `compute`: False for
+        decisions-only."""
         self.info = DeviceInfo(name if "simulated" in name else f"{name} (simulated)", tuple(compute_capability),
                                memory_bytes or 0, True)
-        self.device, self.peer = device, peer
+        self.device, self.peer, self.computes = device, peer, bool(compute)
         self.space = AddressSpace(base=DEVICE_BASE + device * DEVICE_STRIDE, capacity=memory_bytes,
-                                  name=self.info.name)
+                                  name=self.info.name, materialised=self.computes)
         self.counters = SimCounters()
         self.null_stream = SimStream()
         self._captures: list[Capture] = []  # captures in progress
@@ -279,7 +286,8 @@ class SimDriver(Driver):
 
     def _run_node(self, n: Node) -> None:
         if n.type == "kernel":
-            n.fn(self.space, n.params)
+            if self.computes:
+                n.fn(self.space, n.params)
             self.counters.kernels_run += 1
         else:
             self._copy(n.dst, n.src, n.nbytes)
@@ -306,7 +314,8 @@ class SimDriver(Driver):
                                  launch.params.copy(), fn=launch.handle, label=launch.label,
                                  node_id=next(_node_ids)))
             return
-        launch.handle(self.space, launch.params)
+        if self.computes:
+            launch.handle(self.space, launch.params)
         self.counters.kernels_run += 1
         if self.activity is not None:
             self.activity.kernel(launch.kernel, launch.grid, s.id, self.modelled_ns)
@@ -330,7 +339,12 @@ class SimDriver(Driver):
         return max(total - self.space.used - self.exec_bytes, 0), total
 
     def _copy(self, dst, src, nbytes: int) -> None:
-        """Copy nbytes; dst/src are device addresses (int) or host uint8 arrays."""
+        """Copy nbytes; dst/src are device addresses (int) or host uint8 arrays. Decisions-only: a host
+        destination reads zeros, a device one keeps nothing."""
+        if not self.computes:
+            if not isinstance(dst, int):
+                dst[:nbytes] = 0
+            return
         s = self.space.bytes(src, nbytes) if isinstance(src, int) else src[:nbytes]
         if isinstance(dst, int):
             self.space.bytes(dst, nbytes)[:] = s
@@ -366,7 +380,8 @@ class SimDriver(Driver):
         """Outside capture only (nothing captures a memset here)."""
         if self._captures:
             self._fail_capture(list(self._captures), "memset_d8")
-        self.space.bytes(int(dst), int(nbytes))[:] = value
+        if self.computes:
+            self.space.bytes(int(dst), int(nbytes))[:] = value
 
     # -- several devices: modelled peer access and copies between simulated devices ----------------------
     def make_current(self) -> None:
@@ -386,7 +401,8 @@ class SimDriver(Driver):
             self._fail_capture(list(self._captures), "memcpy_peer")
         s = self._stream(stream, "memcpy_peer")
         self.modelled_ns += self.MEMCPY_NS
-        self.space.bytes(int(dst), int(nbytes))[:] = src_driver.space.bytes(int(src), int(nbytes))
+        if self.computes and src_driver.computes:
+            self.space.bytes(int(dst), int(nbytes))[:] = src_driver.space.bytes(int(src), int(nbytes))
         if self.activity is not None:
             self.activity.memcpy("memcpy_peer", nbytes, s.id, self.modelled_ns)
 
