@@ -44,11 +44,14 @@ def recaptures(events) -> list[tuple[int, str]]:
     return out
 
 
-def plot(acc: Accounting, events: list, path: str | Path, title: str = "") -> Path:
-    """Draw the figure to `path` (the suffix picks PNG or SVG); UsageError without matplotlib."""
+def plot(acc: Accounting, events: list, path: str | Path, title: str = "", source: str = "the record") -> Path:
+    """Draw the figure to `path` (the suffix picks PNG or SVG); UsageError without matplotlib, or when
+    `source` (the record, for the message) has no finished step to draw."""
     path = Path(path)
     if path.suffix.lower() not in (".png", ".svg"):
         raise UsageError(f"--plot writes .png or .svg, not {path.name!r}")
+    if not acc.steps:
+        raise UsageError(f"nothing to plot: {source} has no finished steps")
     plt = _matplotlib()
     fig, (top, bottom) = plt.subplots(2, 1, figsize=(12, 7), height_ratios=(3, 2), sharex=True)
     for phase, color in COLORS.items():
@@ -66,7 +69,8 @@ def plot(acc: Accounting, events: list, path: str | Path, title: str = "") -> Pa
         top.axvline(step, color="#444444", ls="--", lw=0.8)
         top.annotate(why, (step, 1), xycoords=("data", "axes fraction"), xytext=(3, -12 - 11 * (k % 4)),
                      textcoords="offset points", fontsize=7, rotation=0, va="top")
-    top.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.01, 1.0))
+    if top.get_legend_handles_labels()[0]:      # an empty legend() warns
+        top.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.01, 1.0))
     top.set_title(title or "time per step by phase, recaptures marked with their cause", fontsize=10)
     _chunks(bottom, events)
     fig.tight_layout()
