@@ -352,14 +352,15 @@ def _scenario_overrides(cfg: RunConfig, scenario) -> list[str]:
         raise UsageError(f"{_flag(cfg, 'batch')} would replace the batch sizes scenario {scenario.name}'s timeline "
                          f"sets ({scenario.path}:{c.line}: {what} at step {c.at_step}): drop --batch")
     warnings = []
+    run, env = getattr(scenario, "run", {}), getattr(scenario, "env", {})   # a bench plan has a timeline only
     for name in cli:
-        if name in scenario.run:
-            was, where = f"{name} = {scenario.run[name]!r}", scenario.where("run." + name)
+        if name in run:
+            was, where = f"{name} = {run[name]!r}", scenario.where("run." + name)
         else:
-            knob = next((k for k in scenario.env if ENV_KNOBS[k][0] == name), None)
+            knob = next((k for k in env if ENV_KNOBS[k][0] == name), None)
             if knob is None:
                 continue
-            was, where = f"{knob}={scenario.env[knob]!r}", scenario.where("env." + knob)
+            was, where = f"{knob}={env[knob]!r}", scenario.where("env." + knob)
         warnings.append(f"{_flag(cfg, name)} overrides scenario {scenario.name}'s {was} ({where}); its "
                         f"expectations were written for that value")
     return warnings

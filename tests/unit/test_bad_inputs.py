@@ -68,6 +68,12 @@ def test_an_unknown_refusal_reason_is_refused_at_load_listing_the_valid_ones(cap
     assert "PARAMETERS_CHANGED" in line and "SUCCESS" not in line
 
 
+def test_the_refusal_reasons_a_scenario_may_expect_are_the_drivers():
+    from graphdiag.backends.drivers.base import UpdateResult
+    from graphdiag.scenario import REFUSAL_REASONS
+    assert REFUSAL_REASONS == tuple(r.name for r in UpdateResult if r is not UpdateResult.SUCCESS)
+
+
 @pytest.mark.parametrize("a,b", [("batch = 2", "batch = 3"), ("batch = 2", "alternate_batches = [1, 2]"),
                                  ("prefill = 8", "batch = 2"), ("alternate_batches = [1, 2]", "prefill = 8"),
                                  ("idle_s = 11", "idle_s = 1"), ("new_arena_every = 2", "new_arena_every = 3")])
