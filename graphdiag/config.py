@@ -30,6 +30,14 @@ ENV_KNOBS = {
 }
 
 
+# knobs llama.cpp reads as on/off with atoi: name -> (what it turns on or off, True where atoi != 0 means off).
+# A value other than 0 or 1 is read as atoi reads it ("yes", "off", "true" are 0; "2" is not), and said so.
+ATOI_SWITCHES = {"GGML_CUDA_PDL": ("PDL", False), "GGML_CUDA_DISABLE_FUSION": ("fusion", True),
+                 "GGML_CUDA_GRAPH_OPT": ("concurrent streams", False),
+                 "LLAMA_GRAPH_REUSE_DISABLE": ("graph reuse", True)}
+FLT_MAX, FLT_MIN = 3.4028234663852886e38, 1.1754943508222875e-38   # float32's largest, smallest normal
+
+
 def _atoi(v: str) -> int:
     """C atoi: leading integer, 0 when there is none."""
     v = v.lstrip(" \t\n\v\f\r")
@@ -128,6 +136,11 @@ class RunConfig:
         if sum(shares) <= 0:
             self._fail("tensor_split", f"tensor-split {given}: the shares sum to 0 (omit it to split by free "
                        f"memory, as llama.cpp does)")
+        if any(x and not FLT_MIN <= x <= FLT_MAX for x in shares) or sum(shares) > FLT_MAX:
+            # llama.cpp reads each share with std::stof and sums them as floats: these would overflow (or
+            # round to 0) there, and the split points come out as NaN
+            self._fail("tensor_split", f"tensor-split {given}: the shares must fit llama.cpp's 32-bit floats "
+                       f"(each 0 or {FLT_MIN:.2g} to {FLT_MAX:.2g}, and so must their sum): use numbers like 3,1")
 
     def _fail(self, name: str, msg: str):
         src = self.sources.get(name, "default")
@@ -170,6 +183,7 @@ def resolve(cli: Mapping[str, Any], scenario: Mapping[str, Any] | None = None,
     environ = os.environ if environ is None else environ
     cfg = RunConfig()
     cfg.env_origins = dict(env_origins or {})
+    cfg.env_values = {name: environ[name] for name in ENV_KNOBS if name in environ}   # as given, for messages
     fields = {f.name for f in dataclasses.fields(RunConfig)} - {"sources"}
     cfg.sources = {f: "default" for f in fields}
     for name, (fld, parse) in ENV_KNOBS.items():
@@ -308,6 +322,7 @@ def validate_run(cfg: RunConfig, scenario=None, as_json: bool = False, verbosity
                          f"{cfg.model} has {model.n_layer} layers")
     warnings += _backend_options(cfg, scenario)
     warnings += _check_sim_mode(cfg, scenario, model)
+    warnings += _one_device_options(cfg, scenario) + _env_readings(cfg) + _scenario_overrides(cfg, scenario)
     _check_timeline(cfg, scenario)
     _check_faults(cfg, scenario)
     demand = kv_demand(plan_steps(cfg, scenario), model.n_ctx)
@@ -423,3 +438,71 @@ def _check_timeline(cfg: RunConfig, scenario) -> None:
             raise UsageError(f"{scenario.path}:{change.line or 1}: timeline entry {i} (at_step {change.at_step}) "
                              f"is outside this run's decode steps {first}–{last}"
                              + (f" (set by {given})" if given else ""))
+
+
+# the run command's flag for a setting where it is not --NAME (bool settings: the flag that sets them)
+FLAGS = {"compute_capability": "--cc", "fusion": "--no-fusion", "graphs_disabled": "--no-graphs",
+         "reuse_disabled": "--no-reuse", "nvtx": "--no-nvtx"}
+
+
+def _flag(cfg: RunConfig, name: str) -> str:
+    """The command line that set `name`: "--steps 3", "--no-fusion", "--tensor-split 3,1"."""
+    flag, value = FLAGS.get(name, "--" + name.replace("_", "-")), getattr(cfg, name)
+    if isinstance(value, bool):
+        return flag
+    return f"{flag} {','.join(f'{x:g}' for x in value) if isinstance(value, tuple) else value}"
+
+
+def _scenario_overrides(cfg: RunConfig, scenario) -> list[str]:
+    """A flag wins over the scenario's [run] or [env] (CLI > scenario), said in one warning naming the
+    scenario's line; --batch is refused where the timeline sets batches (it would replace what the
+    scenario shows)."""
+    if scenario is None:
+        return []
+    cli = [n for n, src in cfg.sources.items() if src == "cli"]
+    sets_batch = [c for c in scenario.timeline if "batch" in c or "alternate_batches" in c]
+    if "batch" in cli and sets_batch:
+        c = sets_batch[0]
+        what = f"batch = {c['batch']}" if "batch" in c else f"alternate_batches = {list(c['alternate_batches'])}"
+        raise UsageError(f"{_flag(cfg, 'batch')} would replace the batch sizes scenario {scenario.name}'s timeline "
+                         f"sets ({scenario.path}:{c.line}: {what} at step {c.at_step}): drop --batch")
+    warnings = []
+    run, env = getattr(scenario, "run", {}), getattr(scenario, "env", {})   # a bench plan has a timeline only
+    for name in cli:
+        if name in run:
+            was, where = f"{name} = {run[name]!r}", scenario.where("run." + name)
+        else:
+            knob = next((k for k in env if ENV_KNOBS[k][0] == name), None)
+            if knob is None:
+                continue
+            was, where = f"{knob}={env[knob]!r}", scenario.where("env." + knob)
+        warnings.append(f"{_flag(cfg, name)} overrides scenario {scenario.name}'s {was} ({where}); its "
+                        f"expectations were written for that value")
+    return warnings
+
+
+def _one_device_options(cfg: RunConfig, scenario) -> list[str]:
+    """Concurrent streams act on one device only (upstream's rule): with --devices N > 1, asked for on the
+    command line it is an error; from a scenario or GGML_CUDA_GRAPH_OPT, a warning (llama.cpp runs on)."""
+    if cfg.devices < 2 or not cfg.concurrent_streams:
+        return []
+    streams = _named(cfg, scenario, "concurrent_streams", "--concurrent-streams")
+    devices = f"{_named(cfg, scenario, 'devices', '--devices')} {cfg.devices}"
+    why = f"does nothing with {devices}: llama.cpp's concurrent streams (GGML_CUDA_GRAPH_OPT) need exactly one device"
+    if cfg.sources.get("concurrent_streams") == "cli":
+        raise UsageError(f"{streams} {why}; drop one")
+    return [f"{streams} {why} (ignored)"]
+
+
+def _env_readings(cfg: RunConfig) -> list[str]:
+    """An on/off knob whose value is not 0 or 1, read as llama.cpp reads it (atoi), said in one line."""
+    warnings = []
+    for name, (what, inverted) in ATOI_SWITCHES.items():
+        raw = getattr(cfg, "env_values", {}).get(name)
+        if raw is None or raw.strip() in ("0", "1") or cfg.sources.get(ENV_KNOBS[name][0]) != f"env {name}":
+            continue
+        on = (_atoi(raw) != 0) != inverted
+        origin = getattr(cfg, "env_origins", {}).get(name)
+        warnings.append(f"{name}={raw!r}{' (set in ' + origin + ')' if origin else ''} is read as llama.cpp "
+                        f"reads it, with atoi ({_atoi(raw)}): {what} {'on' if on else 'off'} (write 0 or 1)")
+    return warnings

@@ -81,6 +81,7 @@ class RunEnded(Event):
     after the last one when complete); status: "complete" | "interrupted" | "failed"; reason: why it
     stopped ("" when complete): "Ctrl-C", the CUDA error, "output closed (broken pipe)"."""
     kind: ClassVar[str] = "run_ended"
+    STATUSES: ClassVar[tuple[str, ...]] = ("complete", "interrupted", "failed")
     status: str = "complete"
     steps_done: int = 0            # steps finished
     reason: str = ""

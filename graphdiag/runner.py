@@ -634,7 +634,8 @@ def _render_result(result: RunResult, sc, as_json: bool, out, strict: bool = Fal
         for f in failures:
             out.write(f"FAILED: {f}\n")
         if sc is not None and not failures and summary.ended is not None and summary.ended.status == "complete":
-            out.write(f"scenario {sc.name}: every expectation holds\n")
+            # a scenario without [expect] checked nothing: say so rather than claim anything held
+            out.write(f"scenario {sc.name}: {'every expectation holds' if sc.expect else 'no expectations to check'}\n")
         if sc is not None and getattr(sc, "cause", ""):
             out.write(f"cause: {sc.cause}\n")
     return 1 if failures else 0

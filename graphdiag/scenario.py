@@ -49,6 +49,14 @@ BOUNDED = (*COUNTER_NAMES, "chunks", "distinct_keys", *DIAGNOSES)
 EXPECT: dict[str, type] = ({n + s: int for n in BOUNDED for s in ("", "_min", "_max")}
                            | {"refusal_reasons": list, "property_diff_fields": list, "no_replay": bool,
                               "graphs_disabled": bool})
+# the reasons an update can be refused for: drivers.base.UpdateResult's names but SUCCESS (UpdateRefused.reason;
+# written out: scenarios load without numpy, which the drivers need; a test keeps the two equal)
+REFUSAL_REASONS = ("ERROR", "TOPOLOGY_CHANGED", "NODE_TYPE_CHANGED", "FUNCTION_CHANGED", "PARAMETERS_CHANGED",
+                   "NOT_SUPPORTED", "UNSUPPORTED_FUNCTION_CHANGE", "ATTRIBUTES_CHANGED")
+# the eviction sweep acts after 10 s idle, so a day shows all a longer pause would; the clock stays an int64
+MAX_IDLE_S = 86_400
+# timeline fields that decide the same thing (what the step decodes): two at one step, one would win
+OVERRIDING = ("batch", "alternate_batches", "prefill")
 
 
 @dataclass(frozen=True)
@@ -240,7 +248,23 @@ class _Validator:
                           "timeline", "at_step", i)
             out.append(TimelineChange(at, **{change[0]: self.change(change[0], e[change[0]], i)},
                                       line=line_of(self.text, "timeline", "at_step", i)))
+        self.one_per_step(out)
         return tuple(out)
+
+    def one_per_step(self, changes: list[TimelineChange]) -> None:
+        """Two entries at one step may not set the same field, nor two of OVERRIDING (one would win
+        silently); entries of different kinds (a batch and an idle time, a fault) may share a step."""
+        seen: dict[tuple[int, str], TimelineChange] = {}
+        for c in changes:
+            field_ = next(k for k in c.keys() if k != "at_step")
+            slot = (c.at_step, "decoded" if field_ in OVERRIDING else field_)
+            first = seen.setdefault(slot, c)
+            if first is not c:
+                other = next(k for k in first.keys() if k != "at_step")
+                what = ("as the entry on line {} does at the same step: write one entry (merge them or move one)"
+                        if other == field_ else "and the entry on line {} at the same step sets " + other
+                        + ": one would silently override the other (move one)").format(first.line)
+                raise ScenarioError(f"{self.path}:{c.line}: timeline entry at_step {c.at_step} sets {field_}, {what}")
 
     def change(self, key: str, value, index: int):
         value = self.typed(value, CHANGES[key], key, "timeline", key, index)
@@ -256,6 +280,9 @@ class _Validator:
                 self.typed(v, int, "alternate_batches items", "timeline", key, index)
             if v < (0 if key == "idle_s" else 1):
                 self.fail(f"{key} must be {'>= 0' if key == 'idle_s' else '>= 1'}, not {v}", "timeline", key, index)
+            if key == "idle_s" and not v <= MAX_IDLE_S:       # nan compares false: refused too
+                self.fail(f"idle_s must be a number of seconds from 0 to {MAX_IDLE_S} (a day; entries idle "
+                          f"after 10 s are evicted), not {v:g}", "timeline", key, index)
         return tuple(values) if key == "alternate_batches" else value
 
     def expect(self, expect: dict) -> dict:
@@ -265,6 +292,10 @@ class _Validator:
             if EXPECT[k] is list:
                 for item in v:
                     self.typed(item, str, f"expect.{k} items", "expect", k)
+                    if k == "refusal_reasons" and item not in REFUSAL_REASONS:
+                        self.fail(f"unknown refusal reason {item!r} in expect.refusal_reasons"
+                                  f"{_close(item, REFUSAL_REASONS)} (the driver's: {', '.join(REFUSAL_REASONS)})",
+                                  "expect", k)
             elif EXPECT[k] is int and v < 0:
                 self.fail(f"expect.{k} must be >= 0", "expect", k)
         return dict(expect)

@@ -8,6 +8,7 @@ import json
 import click
 
 POSITIVE = click.IntRange(min=1)
+MAX_LEDGER_REPS = 10_000     # ~20 s on 7b at ~2 ms a repetition; the medians settle long before
 
 
 @click.group()
@@ -18,12 +19,17 @@ def bench() -> None:
 @bench.command("ledger")
 @click.option("--model", default="7b", help="Preset whose decode graph is checked (built without data).")
 @click.option("--batch", type=POSITIVE, default=1, help="Sequences in the decode graph (>= 1).")
-@click.option("--reps", type=POSITIVE, default=50, help="Timed repetitions (>= 1).")
+@click.option("--reps", type=click.IntRange(1, MAX_LEDGER_REPS), default=50,
+              help=f"Timed repetitions (1 to {MAX_LEDGER_REPS}).")
 def ledger(model, batch, reps):
     """Time the full node-property ledger comparison (a uid miss) for a decode graph."""
     from ..bench import ledger_bench
+    from ..errors import UsageError
     from ..model.presets import get_preset
-    get_preset(model)   # an unknown preset is a one-line error before anything is built
+    n_ctx = get_preset(model).n_ctx    # an unknown preset is a one-line error before anything is built
+    if batch > n_ctx:                  # a decode step of N sequences puts N tokens in the KV cache
+        raise UsageError(f"--batch {batch}: model {model} has n_ctx {n_ctx} KV cells, and a decode step of "
+                         f"{batch} sequences needs one each (at most --batch {n_ctx})")
     r = ledger_bench(model, batch, reps=reps)
     click.echo(f"{r['model']} decode graph: {r['n_nodes']} nodes, snapshot {r['snapshot_bytes'] / 1e6:.2f} MB")
     click.echo(f"  snapshot gather  {r['gather_us']:9.1f} us (median of {reps})")

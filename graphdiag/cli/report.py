@@ -26,10 +26,13 @@ def report(record: Path, as_json: bool, verbose: int, plot_path: Path | None = N
     summary = summarize(header, events)
     if plot_path is not None:
         from ..report.measured import simulated_timings
-        from ..report.plot import plot
+        from ..report.plot import plot, recaptures
         plot(summary.accounting, events, plot_path, title=f"{record.name}: {summary.header.model} on "
              f"{summary.header.device}" + (" (SIMULATED)" if summary.header.simulated else ""),
-             simulated=simulated_timings(summary.header))
+             simulated=simulated_timings(summary.header), source=str(record))
+        # on stderr: --json keeps stdout JSON
+        click.echo(f"graphdiag: plot of {record} ({len(summary.accounting.steps)} steps, "
+                   f"{len(recaptures(events))} recaptures marked) written to {plot_path}", err=True)
     if as_json:
         click.echo(summary.to_json())
     else:

@@ -5,6 +5,14 @@ from __future__ import annotations
 import click
 
 
+def _one_scenario(given: tuple[str, ...]) -> str | None:
+    """--scenario at most once: click would keep the last one and drop the others silently."""
+    if len(given) > 1:
+        from ..errors import UsageError
+        raise UsageError(f"--scenario given {len(given)} times ({', '.join(given)}): a run runs one scenario")
+    return given[0] if given else None
+
+
 @click.command()
 @click.option("--backend", type=click.Choice(["auto", "cuda", "sim", "cpu"]), default=None,
               help="cuda: the GPU; sim: the simulated driver; cpu: numpy only. Default: cuda when a GPU is "
@@ -39,7 +47,8 @@ import click
 @click.option("--verify", is_flag=True, default=None, help="Recompute every replayed step eagerly and compare.")
 @click.option("--oracle", is_flag=True, default=None, help="Check every step's logits against the numpy oracle.")
 @click.option("--no-nvtx", "nvtx", flag_value=False, default=None, help="Emit no NVTX ranges.")
-@click.option("--scenario", default=None, help="Run a scenario (name or .toml path) and check its expectations.")
+@click.option("--scenario", multiple=True, callback=lambda ctx, param, v: _one_scenario(v),
+              help="Run a scenario (name or .toml path) and check its expectations.")
 @click.option("--events", "events_path", type=click.Path(dir_okay=False, writable=True, allow_dash=True),
               default=None, help="Write every event as JSON lines to this file; '-': to stdout (the report then "
                                  "goes to stderr).")

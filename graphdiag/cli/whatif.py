@@ -23,16 +23,24 @@ def whatif(record: Path, policy: str, max_graphs: int, as_json: bool) -> None:
     """Replay RECORD's graph_compute calls under another key POLICY, with the same warmup, ledger and
     eviction rules, and compare captures, instantiates, updates, replays, eager runs and graphs held with
     the recorded run (first-node is replayed too: it should reproduce the record)."""
+    from .. import events as E
+    from ..errors import EventFileError, UsageError
     from ..report.record import read_record
     from ..report.whatif import POLICIES, what_if
-    from ..errors import UsageError
 
     if policy not in POLICIES:
         raise UsageError(f"unknown key policy {policy!r} (known: {', '.join(POLICIES)})")
     header, events = read_record(record)
     chunk = header.settings.get("chunk_size", 512)
     pols = ("first-node",) if policy == "first-node" else ("first-node", policy)
-    w = what_if(events, pols, max_graphs, chunk if isinstance(chunk, int) else 512)
+    try:
+        w = what_if(events, pols, max_graphs, chunk if isinstance(chunk, int) else 512)
+    except EventFileError as e:
+        raise EventFileError(f"{record}: {e}") from None
+    if not any(isinstance(e, E.RunEnded) for e in events):
+        last = max((e.step for e in events), default=0)
+        click.echo(f"graphdiag: warning: {record} has no run end (the run was cut short?): the comparison "
+                   f"covers its calls up to step {last}", err=True)
     if as_json:
         click.echo(json.dumps(w.to_dict(policy), indent=2))
         return

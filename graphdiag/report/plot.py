@@ -44,12 +44,16 @@ def recaptures(events) -> list[tuple[int, str]]:
     return out
 
 
-def plot(acc: Accounting, events: list, path: str | Path, title: str = "", simulated: bool = False) -> Path:
-    """Draw the figure to `path` (the suffix picks PNG or SVG); UsageError without matplotlib. `simulated`:
-    the record's timings are the simulated driver's (the axis and the legend say what they are)."""
+def plot(acc: Accounting, events: list, path: str | Path, title: str = "", simulated: bool = False,
+         source: str = "the record") -> Path:
+    """Draw the figure to `path` (the suffix picks PNG or SVG); UsageError without matplotlib, or when
+    `source` (the record, for the message) has no finished step to draw. `simulated`: the record's timings
+    are the simulated driver's (the axis and the legend say what they are)."""
     path = Path(path)
     if path.suffix.lower() not in (".png", ".svg"):
         raise UsageError(f"--plot writes .png or .svg, not {path.name!r}")
+    if not acc.steps:
+        raise UsageError(f"nothing to plot: {source} has no finished steps")
     plt = _matplotlib()
     fig = figure(plt, acc, events, title, simulated)
     try:
@@ -79,7 +83,8 @@ def figure(plt, acc: Accounting, events: list, title: str, simulated: bool):
         top.axvline(step, color="#444444", ls="--", lw=0.8)
         top.annotate(why, (step, 1), xycoords=("data", "axes fraction"), xytext=(3, -12 - 11 * (k % 4)),
                      textcoords="offset points", fontsize=7, rotation=0, va="top")
-    top.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.01, 1.0))
+    if top.get_legend_handles_labels()[0]:      # an empty legend() warns
+        top.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.01, 1.0))
     top.set_title(title or "time per step by phase, recaptures marked with their cause", fontsize=10)
     _chunks(bottom, events, simulated)
     fig.tight_layout()

@@ -226,9 +226,36 @@ def read_record(path: str | Path) -> tuple[RunHeader, list[E.Event]]:
     lines = text.split("\n")
     truncated = not text.endswith("\n")
     header = _read_header(path, lines[0], truncated and len(lines) == 1)
-    events = [_read_event(path, n, line, truncated and n == len(lines))
-              for n, line in enumerate(lines[1:], start=2) if line.strip()]
-    return header, events
+    numbered = [(n, _read_event(path, n, line, truncated and n == len(lines)))
+                for n, line in enumerate(lines[1:], start=2) if line.strip()]
+    _check_steps(path, header, numbered)
+    return header, [ev for _, ev in numbered]
+
+
+MAX_STEP = 2**63 - 1    # where the header does not say how many steps the run had
+
+
+def _check_steps(path: Path, header: RunHeader, numbered: list[tuple[int, E.Event]]) -> None:
+    """Events come in step order (-1: before the first step), within the run's steps (its `batch`
+    prefills and `steps` decode steps; the run's end comes at the step after the last), and the run ended
+    with a status runs end with. Anything else is a damaged or edited record, whose report would be nonsense."""
+    s = header.settings
+    plain = all(isinstance(s.get(k), int) and not isinstance(s.get(k), bool) for k in ("batch", "steps"))
+    last, at, most = -1, 0, (s["batch"] + s["steps"] if plain else MAX_STEP)
+    for n, ev in numbered:
+        if ev.step < -1:
+            raise EventFileError(f"{path}:{n}: step {ev.step} is not a step (steps count from 0; -1: before the "
+                                 f"first)")
+        if ev.step > most:
+            raise EventFileError(f"{path}:{n}: step {ev.step} is beyond the run's {most} steps (batch "
+                                 f"{s['batch']} prefills + steps {s['steps']}, from its header)")
+        if ev.step < last:
+            raise EventFileError(f"{path}:{n}: step {ev.step} comes after step {last} (line {at}): the "
+                                 f"record's events are out of order")
+        if isinstance(ev, E.RunEnded) and ev.status not in E.RunEnded.STATUSES:
+            raise EventFileError(f"{path}:{n}: run_ended with an unknown status {ev.status!r} (a run ends "
+                                 f"{', '.join(E.RunEnded.STATUSES)})")
+        last, at = ev.step, n
 
 
 def _parse(path: Path, lineno: int, line: str, last_and_unterminated: bool) -> Any:
@@ -262,7 +289,7 @@ def _read_event(path: Path, lineno: int, line: str, last: bool) -> E.Event:
     kind = obj.get("kind")
     if not isinstance(kind, str) or kind not in E.EVENT_TYPES or kind in ("span_begin", "span_end"):
         raise EventFileError(f"{path}:{lineno}: unknown event kind {kind!r}")
-    bad = _wrong_type(E.EVENT_TYPES[kind], obj)
+    bad = _missing(E.EVENT_TYPES[kind], obj) or _wrong_type(E.EVENT_TYPES[kind], obj)
     if bad:
         raise EventFileError(f"{path}:{lineno}: malformed {kind} event ({bad})")
     try:
@@ -286,6 +313,21 @@ _TYPES = {
 # array fields whose items the reports use as numbers
 _INT_ITEMS = {("step_finished", "tokens"), ("graph_split", "uids"), ("graph_split", "n_nodes"),
               ("property_diff", "changed"), ("concurrent_region", "branch_sizes")}
+
+
+# fields a record may lack: added to their event after schema 1 was first written (an older record means
+# their defaults), or written only when set (device, on several devices only)
+OPTIONAL = {"device", "graph_split.devices", "property_diff.changed", "uid_miss.n_nodes",
+            "uid_miss.props_digest", "uid_miss.shape_digest", "uid_miss.first_ne", "phase_decided.clock_us",
+            "chunk_instantiated.mem_bytes"}
+
+
+def _missing(cls, obj: dict[str, Any]) -> str:
+    """'' when `obj` has every field its event type writes (OPTIONAL aside), else the first one missing."""
+    for f in dataclasses.fields(cls):
+        if f.name not in obj and f.name not in OPTIONAL and f"{cls.kind}.{f.name}" not in OPTIONAL:
+            return f"no {f.name}"
+    return ""
 
 
 def _wrong_type(cls, obj: dict[str, Any]) -> str:

@@ -267,6 +267,10 @@ def what_if(events, policies=POLICIES, max_graphs: int = 0, chunk_size: int = 51
             raise UsageError(f"unknown key policy {p!r} (known: {', '.join(POLICIES)})")
     events = [e for e in events if not isinstance(e, (E.SpanBegin, E.SpanEnd))]
     calls = recorded_calls(events)
+    if not calls:              # every count would be 0 under every policy: nothing was compared
+        n = sum(isinstance(e, E.StepFinished) for e in events)
+        raise EventFileError(f"no graph_compute calls of a GPU split to replay (the record has {n} finished "
+                             f"step{'s' if n != 1 else ''}{'' if n else ': no run was recorded'})")
     chunks_of, learned, launches = _learn(calls)
     _chunks(events, calls, chunks_of, learned)
     outcomes = []
