@@ -142,7 +142,8 @@ def test_a_fault_that_never_fires_is_reported_and_fails_strict():
     assert any(x.startswith("fault missed: step 5") and "cuGraphExecUpdate" in x for x in s.strict)
 
 
-def test_a_sticky_error_ends_the_run_after_rolling_back(monkeypatch):
+def _third_graph_launch_fails(monkeypatch, result: str) -> None:
+    """The simulated driver's third cuGraphLaunch returns `result` (a real failure: no fault armed)."""
     from graphdiag.backends.drivers.sim import SimDriver
     real = SimDriver.graph_launch
     calls = {"n": 0}
@@ -150,9 +151,13 @@ def test_a_sticky_error_ends_the_run_after_rolling_back(monkeypatch):
     def launch(self, exec_, stream):
         calls["n"] += 1
         if calls["n"] == 3:
-            raise CudaError("CUDA_ERROR_ILLEGAL_ADDRESS", "cuGraphLaunch", "test")
+            raise CudaError(result, "cuGraphLaunch", "test")
         return real(self, exec_, stream)
     monkeypatch.setattr(SimDriver, "graph_launch", launch)
+
+
+def test_a_sticky_error_ends_the_run_after_rolling_back(monkeypatch):
+    _third_graph_launch_fails(monkeypatch, "CUDA_ERROR_ILLEGAL_ADDRESS")
     cfg = resolve({"backend": "sim", "steps": 10, "prompt_tokens": 4}, environ={})
     bus_events = []
     with pytest.raises(CudaError, match="ILLEGAL_ADDRESS"):
@@ -163,16 +168,7 @@ def test_a_sticky_error_ends_the_run_after_rolling_back(monkeypatch):
 
 
 def test_a_real_recoverable_failure_goes_on_and_fails_the_run(monkeypatch):
-    from graphdiag.backends.drivers.sim import SimDriver
-    real = SimDriver.graph_launch
-    calls = {"n": 0}
-
-    def launch(self, exec_, stream):
-        calls["n"] += 1
-        if calls["n"] == 3:
-            raise CudaError("CUDA_ERROR_LAUNCH_OUT_OF_RESOURCES", "cuGraphLaunch", "test")
-        return real(self, exec_, stream)
-    monkeypatch.setattr(SimDriver, "graph_launch", launch)
+    _third_graph_launch_fails(monkeypatch, "CUDA_ERROR_LAUNCH_OUT_OF_RESOURCES")
     cfg = resolve({"backend": "sim", "steps": 10, "prompt_tokens": 4}, environ={})
     r = run(cfg, _scenario())
     assert of(r.events, E.RunEnded)[0].status == "complete" and len(r.tokens) == 1 + 10 - 1

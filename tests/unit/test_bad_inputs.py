@@ -11,16 +11,10 @@ import pytest
 from graphdiag.cli.main import main
 from graphdiag.scenario import list_scenarios
 
-QUICK = ["--backend", "sim", "--prompt-tokens", "4"]
+from support.cli import QUICK, one_line
 
 
-def _one_line(capsys, argv, code=2, prefix=r"graphdiag: error:"):
-    rc = main(argv)
-    err = capsys.readouterr().err
-    lines = [l for l in err.splitlines() if l.strip()]
-    assert rc == code, err
-    assert len(lines) == 1 and re.match(prefix, lines[0]) and "Traceback" not in err, err
-    return lines[0]
+_one_line = one_line
 
 
 def _warnings(err: str) -> list[str]:

@@ -19,16 +19,10 @@ from graphdiag.report.record import read_record, write_record
 from support import synth
 
 ROOT = Path(__file__).resolve().parents[2]
-QUICK = ["--backend", "sim", "--prompt-tokens", "4"]
+from support.cli import QUICK, one_line
 
 
-def _one_line(capsys, argv, code=2, prefix=r"graphdiag( diff)?: error:"):
-    rc = main(argv)
-    err = capsys.readouterr().err
-    lines = [l for l in err.splitlines() if l.strip()]
-    assert rc == code, err
-    assert len(lines) == 1 and re.match(prefix, lines[0]) and "Traceback" not in err, err
-    return lines[0]
+_one_line = one_line
 
 
 # -- 1. no traceback for bad input --------------------------------------------------------------------------

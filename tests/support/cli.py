@@ -1,0 +1,20 @@
+"""Running the CLI entry in a test: one-line errors."""
+
+from __future__ import annotations
+
+import re
+
+from graphdiag.cli.main import main
+
+QUICK = ["--backend", "sim", "--prompt-tokens", "4"]
+
+
+def one_line(capsys, argv, code=2, prefix=r"graphdiag( diff)?: error:") -> str:
+    """Run `graphdiag ARGV`: it must exit `code` with exactly one line on stderr, matching `prefix`, and no
+    traceback; returns that line."""
+    rc = main(argv)
+    err = capsys.readouterr().err
+    lines = [l for l in err.splitlines() if l.strip()]
+    assert rc == code, err
+    assert len(lines) == 1 and re.match(prefix, lines[0]) and "Traceback" not in err, err
+    return lines[0]
