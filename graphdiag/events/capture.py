@@ -1,0 +1,117 @@
+"""Capture and replay: fusion, concurrent regions, chunk boundaries, each chunk's capture, instantiate,
+update or refusal, eager runs, replays and pool invalidation."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import ClassVar
+
+from .base import Event
+
+
+@dataclass(frozen=True)
+class FusionApplied(Event):
+    kind: ClassVar[str] = "fusion"
+    node: int = -1
+    pattern: str = ""              # "rms_norm+mul", "mul_mat_vec+glu", "rope+view+set_rows"
+    absorbed: int = 0              # following nodes skipped
+
+
+@dataclass(frozen=True)
+class ConcurrentRegion(Event):
+    kind: ClassVar[str] = "concurrent_region"
+    fork_node: int = -1
+    join_node: int = -1
+    fork_name: str = ""
+    n_branches: int = 0
+    branch_sizes: tuple = ()
+
+
+@dataclass(frozen=True)
+class ChunkBoundary(Event):
+    kind: ClassVar[str] = "chunk_boundary"
+    chunk: int = 0
+    start_node: int = 0            # first node of the chunk
+    end_node: int = 0              # one past the last node
+    moved_by: str = ""             # "" | "concurrent region" | "fusion" (boundary later than chunk_end)
+
+
+@dataclass(frozen=True)
+class ChunkCaptured(Event):
+    kind: ClassVar[str] = "chunk_captured"
+    chunk: int = 0
+    n_graph_nodes: int = 0         # CUDA graph nodes captured
+    capture_ns: int = 0
+
+
+@dataclass(frozen=True)
+class ChunkInstantiated(Event):
+    kind: ClassVar[str] = "chunk_instantiated"
+    chunk: int = 0
+    duration_ns: int = 0
+    after_refusal: bool = False
+    mem_bytes: int = 0             # device memory the executable took: free memory before - after (cuMemGetInfo;
+
+
+@dataclass(frozen=True)
+class ChunkUpdated(Event):
+    kind: ClassVar[str] = "chunk_updated"
+    chunk: int = 0
+    duration_ns: int = 0
+
+
+@dataclass(frozen=True)
+class UpdateRefused(Event):
+    kind: ClassVar[str] = "update_refused"
+    chunk: int = 0
+    reason: str = ""               # UpdateResult name, e.g. "TOPOLOGY_CHANGED"
+    error_node: str = ""
+    duration_ns: int = 0
+
+
+@dataclass(frozen=True)
+class CaptureAbandoned(Event):
+    """A capture ended and dropped before it completed (the pool invalidated every graph meanwhile);
+    the split finished eagerly from node `node`'s chunk."""
+    kind: ClassVar[str] = "capture_abandoned"
+    chunk: int = 0
+    node: int = 0
+    reason: str = ""
+
+
+@dataclass(frozen=True)
+class ChunksDestroyed(Event):
+    kind: ClassVar[str] = "chunks_destroyed"
+    first: int = 0
+    count: int = 0
+
+
+@dataclass(frozen=True)
+class EagerRun(Event):
+    kind: ClassVar[str] = "eager_run"
+    n_launches: int = 0
+    duration_ns: int = 0
+
+
+@dataclass(frozen=True)
+class CaptureRun(Event):
+    kind: ClassVar[str] = "capture_run"
+    n_chunks: int = 0
+    n_launches: int = 0
+    duration_ns: int = 0
+
+
+@dataclass(frozen=True)
+class ReplayLaunched(Event):
+    kind: ClassVar[str] = "replay"
+    n_chunks: int = 0
+    duration_ns: int = 0
+
+
+@dataclass(frozen=True)
+class PoolInvalidated(Event):
+    kind: ClassVar[str] = "pool_invalidated"
+    reason: str = ""               # "alloc failure" | "free into full pool"
+    n_graphs: int = 0              # entries cleared
+    n_captured: int = 0            # executables destroyed
+    nbytes: int = 0
