@@ -249,7 +249,7 @@ def _close_session(session: Session) -> None:
 
 def _open_device(session: Session, cupti: bool, warn):
     """The session's device activity source, or None (with a warning when CUPTI was asked for)."""
-    from .report.device import DeviceSourceUnavailable, open_device_source
+    from .report.sources import DeviceSourceUnavailable, open_device_source
     try:
         return open_device_source(session.driver, cupti, session.extra_drivers)
     except DeviceSourceUnavailable as e:
@@ -463,7 +463,7 @@ class Stepper:
             self._oracle(step, p, batch, logits)
 
     def _device_time(self, step: int, device) -> None:
-        from .report.device import device_time
+        from .report.sources.attribution import device_time
         records = device.end_step()
         self.s.bus.emit(device_time(step, device.source, records))
         for sink in self.s.device_sinks:
@@ -559,8 +559,8 @@ def _run_with_sinks(cfg: RunConfig, sc, events_path, as_json: bool, verbosity: i
     import sys
 
     from .interrupts import shielded
-    from .report.console import ConsoleReporter
-    from .report.record import JsonlWriter
+    from .report.sinks.console import ConsoleReporter
+    from .report.record.write import JsonlWriter
 
     err = err or sys.stderr
     outputs = []                             # what the finally closes, in order
@@ -572,7 +572,7 @@ def _run_with_sinks(cfg: RunConfig, sc, events_path, as_json: bool, verbosity: i
             writer = JsonlWriter(events_path)
         timeline = None
         if timeline_path:                    # the trace-event timeline: every event, spans and device records
-            from .report.timeline import TimelineWriter
+            from .report.sinks.timeline import TimelineWriter
             timeline = TimelineWriter(timeline_path)
         outputs = [o for o in (timeline, writer) if o is not None]
         console = ConsoleReporter(None, verbosity, file=out, total_steps=len(plan_steps(cfg, sc)),
@@ -591,7 +591,7 @@ def _run_with_sinks(cfg: RunConfig, sc, events_path, as_json: bool, verbosity: i
             device_sinks.append(timeline.add_device)
             starts.append(timeline.start)
         if cfg.nvtx:
-            from .report.nvtx_sink import NvtxSink
+            from .report.sinks.nvtx_sink import NvtxSink
             nv = NvtxSink()
             if nv.enabled:
                 span_sinks.append(nv)
@@ -609,8 +609,8 @@ def _render_result(result: RunResult, sc, as_json: bool, out, strict: bool = Fal
     """The summary (tables or JSON), the steps table, failures and the scenario's verdict; 1 if any failed."""
     import json
 
-    from .report.console import render_summary
-    from .report.summary import summarize
+    from .report.views.console import render_summary
+    from .report.analysis.summary import summarize
     from .scenario import check_expectations
 
     summary = summarize(result.header, result.events)
@@ -626,9 +626,9 @@ def _render_result(result: RunResult, sc, as_json: bool, out, strict: bool = Fal
             d["cause"] = sc.cause
         out.write(json.dumps(d, indent=2) + "\n")
     else:
-        from .report.steps import render_steps
+        from .report.views.steps import render_steps
         render_summary(summary, file=out)
-        from .report.measured import simulated_timings
+        from .report.analysis.measured import simulated_timings
         render_steps(result.events, file=out, simulated=simulated_timings(result.header),
                      tokens_computed=result.header.get("sim_mode") != "decisions")
         for f in failures:

@@ -15,7 +15,7 @@ from ..errors import UsageError
 from ..model.build import padded_n_kv
 from ..model.presets import get_preset, weight_type
 from ..model.weights import LOAD_PROGRESS, create_model
-from ..report.measured import gpu_time_source
+from ..report.analysis.measured import gpu_time_source
 from . import roofline as R
 from .timing import host_reference_us, percentile
 
@@ -166,8 +166,8 @@ def instrumentation_share(settings: dict, label: str, progress: Progress) -> dic
 
     from ..counters import Counters
     from ..plan import StepPlan
-    from ..report.nvtx_sink import NvtxSink
-    from ..report.record import JsonlWriter
+    from ..report.sinks.nvtx_sink import NvtxSink
+    from ..report.record.write import JsonlWriter
     from ..runner import RunResult, Session, Stepper
     cfg = resolve({**settings, "nvtx": False})
     bus = E.EventBus()

@@ -32,9 +32,9 @@ def diff(ctx: click.Context, control: Path, test: Path | None, steps: tuple[int,
 
 
 def _compare(control: Path, test: Path | None, steps: tuple[int, ...], as_json: bool) -> bool:
-    from ..report.diff import diff_runs, diff_steps
-    from ..report.diff_view import render_run_diff, render_step_diff
-    from ..report.record import read_record
+    from ..report.analysis.diff import diff_runs, diff_steps
+    from ..report.views.diff import render_run_diff, render_step_diff
+    from ..report.record.read import read_record
 
     out = sys.stdout
     if test is None:

@@ -18,15 +18,15 @@ import click
                    "(needs graphdiag[plot]).")
 def report(record: Path, as_json: bool, verbose: int, plot_path: Path | None = None) -> None:
     """Render the report of RECORD, a JSON-lines event file written by `graphdiag run --events`."""
-    from ..report.console import render_report
-    from ..report.record import read_record
-    from ..report.summary import summarize
+    from ..report.views.console import render_report
+    from ..report.record.read import read_record
+    from ..report.analysis.summary import summarize
 
     header, events = read_record(record)
     summary = summarize(header, events)
     if plot_path is not None:
-        from ..report.measured import simulated_timings
-        from ..report.plot import plot, recaptures
+        from ..report.analysis.measured import simulated_timings
+        from ..report.views.plot import plot, recaptures
         plot(summary.accounting, events, plot_path, title=f"{record.name}: {summary.header.model} on "
              f"{summary.header.device}" + (" (SIMULATED)" if summary.header.simulated else ""),
              simulated=simulated_timings(summary.header), source=str(record))

@@ -25,8 +25,8 @@ def whatif(record: Path, policy: str, max_graphs: int, as_json: bool) -> None:
     the recorded run (first-node is replayed too: it should reproduce the record)."""
     from .. import events as E
     from ..errors import EventFileError, UsageError
-    from ..report.record import read_record
-    from ..report.whatif import POLICIES, what_if
+    from ..report.record.read import read_record
+    from ..report.analysis.whatif import POLICIES, what_if
 
     if policy not in POLICIES:
         raise UsageError(f"unknown key policy {policy!r} (known: {', '.join(POLICIES)})")

@@ -1,12 +1,10 @@
-"""Sinks and analyses over a run's events: the JSON-lines record, the summary, the terminal report,
-the diff of two runs (or two steps), and NVTX ranges. Re-exported flat; each concept lives in its module."""
+"""Everything that reads, judges and shows a run's events, one role per folder (bottom to top):
 
-from .console import ConsoleReporter, render_report, render_summary
-from .diff import RunDiff, StepDiff, diff_runs, diff_steps
-from .nvtx_sink import NvtxSink
-from .record import JsonlWriter, RunHeader, as_header, read_record, write_record
-from .summary import Summary, summarize
+  record/    the JSON-lines record: its header (the schema), writing it (JsonlWriter) and reading it back
+  sources/   where device activity comes from: the simulated driver's modelled timeline, CUPTI
+  analysis/  pure functions, events in, data out: summary, diff, what-if, thrash, graph memory, accounting...
+  views/     data in, drawing out: the terminal tables, the diff text, the steps table, the plot
+  sinks/     fed live from the bus: the terminal report (console), NVTX ranges, the trace-event timeline
 
-__all__ = ["ConsoleReporter", "JsonlWriter", "NvtxSink", "RunDiff", "RunHeader", "StepDiff", "Summary",
-           "as_header", "diff_runs", "diff_steps", "read_record", "render_report", "render_summary",
-           "summarize", "write_record"]
+Analyses never import a view or a sink, views never import a sink; tests/unit/test_layers.py holds the rule.
+"""

@@ -4,8 +4,8 @@ import pytest
 
 from graphdiag import events as E
 from graphdiag.config import resolve
-from graphdiag.report.graph_memory import CUDA_MEASURED
-from graphdiag.report.summary import summarize
+from graphdiag.report.analysis.graph_memory import CUDA_MEASURED
+from graphdiag.report.analysis.summary import summarize
 from graphdiag.runner import run
 from graphdiag.scenario import check_expectations, load_scenario
 

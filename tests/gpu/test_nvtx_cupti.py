@@ -36,7 +36,7 @@ if loaded:
     os.environ["NVTX_INJECTION64_PATH"] = loaded[0]
 print("injection", os.environ.get("NVTX_INJECTION64_PATH"), file=sys.stderr)
 from graphdiag.config import resolve
-from graphdiag.report.nvtx_sink import NvtxSink
+from graphdiag.report.sinks.nvtx_sink import NvtxSink
 from graphdiag.runner import run
 sink = NvtxSink()
 assert sink.enabled, "NVTX found no tool"

@@ -4,7 +4,7 @@ import pytest
 
 from graphdiag import events as E
 from graphdiag.config import resolve
-from graphdiag.report.summary import summarize
+from graphdiag.report.analysis.summary import summarize
 from graphdiag.runner import run
 from graphdiag.scenario import check_expectations, list_scenarios
 

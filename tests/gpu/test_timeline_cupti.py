@@ -16,7 +16,7 @@ pytestmark = pytest.mark.gpu
 
 def _run(settings, tmp_path, name):
     pytest.importorskip("cupti")
-    from graphdiag.report.timeline import TimelineWriter
+    from graphdiag.report.sinks.timeline import TimelineWriter
     from graphdiag.runner import run
     path = tmp_path / f"{name}.json"
     tl, steps = TimelineWriter(path), []
@@ -48,7 +48,7 @@ def test_replayed_step_kernels_match_the_captured_graph(require_gpu, tmp_path):
 
 
 def test_1b_timeline(require_gpu, tmp_path):
-    from graphdiag.report.accounting import account
+    from graphdiag.report.analysis.accounting import account
     result, steps, doc = _run({"model": "1b", "steps": 8, "prompt_tokens": 32}, tmp_path, "1b")
     evs = doc["traceEvents"]
     assert doc["otherData"]["simulated_device"] is False

@@ -6,11 +6,11 @@ import pytest
 
 from graphdiag import events as E
 from graphdiag.cli.main import main
-from graphdiag.report.graph_memory import SIM_MODEL, graph_memory
+from graphdiag.report.analysis.graph_memory import SIM_MODEL, graph_memory
 from graphdiag.report.record import read_record, write_record
-from graphdiag.report.summary import summarize
-from graphdiag.report.thrash import find_thrash
-from graphdiag.report.whatif import what_if
+from graphdiag.report.analysis.summary import summarize
+from graphdiag.report.analysis.thrash import find_thrash
+from graphdiag.report.analysis.whatif import what_if
 from tests.support.simrun import run_sim
 
 SPEC = [{"at_step": 2, "alternate_batches": [4, 1, 1, 1]}]
@@ -114,7 +114,7 @@ def test_thread_scenarios_hold_and_name_their_cause(name, capsys):
 def test_an_executable_made_at_the_last_step_is_not_a_never_replayed_finding():
     """A run that ends on a capture step (e.g. a batch change one step before the end) is strict-clean."""
     from support.simrun import run_sim
-    from graphdiag.report.graph_memory import graph_memory
+    from graphdiag.report.analysis.graph_memory import graph_memory
     r = run_sim(steps=5, timeline=[{"at_step": 4, "batch": 2}])   # ends with the 2-sequence graph's capture
     gm = graph_memory(True, r.events)
     last = max(e.step for e in r.events if isinstance(e, E.StepStarted))

@@ -22,7 +22,7 @@ REPO = HERE.parent.parent
 
 SCRIPT = textwrap.dedent("""
     from graphdiag import events as E
-    from graphdiag.report.nvtx_sink import NvtxSink
+    from graphdiag.report.sinks.nvtx_sink import NvtxSink
     bus = E.EventBus()
     sink = bus.subscribe(NvtxSink(), spans=True)
     print("enabled", sink.enabled)
@@ -137,7 +137,7 @@ def test_nvtx_sink_is_a_noop_without_a_tool(tmp_path):
 RUN_SCRIPT = textwrap.dedent("""
     from graphdiag import runner
     from graphdiag.config import resolve
-    from graphdiag.report.nvtx_sink import NvtxSink
+    from graphdiag.report.sinks.nvtx_sink import NvtxSink
     sink = NvtxSink()
     result = runner.run(resolve({"backend": "sim", "steps": 4}, environ={}), span_sinks=[sink])
     sink.close()

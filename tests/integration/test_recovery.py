@@ -11,7 +11,7 @@ from graphdiag.config import resolve
 from graphdiag.counters import Counters
 from graphdiag.errors import CudaError
 from graphdiag.plan import StepPlan
-from graphdiag.report.summary import summarize
+from graphdiag.report.analysis.summary import summarize
 from graphdiag.runner import RunResult, Session, Stepper, run
 from graphdiag.sched.kv_cells import KvCells
 

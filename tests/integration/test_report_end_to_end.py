@@ -13,10 +13,10 @@ from graphdiag import runner
 from graphdiag.cli.diff import diff
 from graphdiag.cli.report import report
 from graphdiag.config import resolve
-from graphdiag.report.diff import diff_runs, diff_steps
-from graphdiag.report.nvtx_sink import NvtxSink
+from graphdiag.report.analysis.diff import diff_runs, diff_steps
+from graphdiag.report.sinks.nvtx_sink import NvtxSink
 from graphdiag.report.record import RunHeader, read_record, write_record
-from graphdiag.report.summary import summarize
+from graphdiag.report.analysis.summary import summarize
 from graphdiag.scenario import check_expectations, list_scenarios
 from support.simrun import run_sim
 
@@ -86,7 +86,7 @@ def test_scenario_e2e_expectations_hold(scenario):
 def test_report_e2e_live_sinks_wired_through_the_header_hook(tmp_path):
     import io
 
-    from graphdiag.report.console import ConsoleReporter
+    from graphdiag.report.sinks.console import ConsoleReporter
     from graphdiag.report.record import JsonlWriter
 
     buf, path = io.StringIO(), tmp_path / "live.jsonl"

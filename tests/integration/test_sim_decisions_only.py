@@ -12,7 +12,7 @@ import pytest
 from graphdiag import events as E
 from graphdiag.cli.main import main
 from graphdiag.config import resolve
-from graphdiag.report.summary import summarize
+from graphdiag.report.analysis.summary import summarize
 from graphdiag.runner import Session, run
 from graphdiag.scenario import load_scenario
 from support.decisions import decision_stream, first_difference

@@ -9,8 +9,8 @@ import pytest
 
 from graphdiag import events as E
 from graphdiag.config import resolve
-from graphdiag.report.accounting import account
-from graphdiag.report.timeline import TimelineWriter
+from graphdiag.report.analysis.accounting import account
+from graphdiag.report.sinks.timeline import TimelineWriter
 from graphdiag.runner import run
 
 STEPS = 8
@@ -129,7 +129,7 @@ def test_run_cli_timeline_flag(tmp_path):
 def test_accounting_tables_fit_80_columns(traced):
     import io
     from rich.console import Console
-    from graphdiag.report.accounting_view import accounting_tables
+    from graphdiag.report.views.accounting import accounting_tables
     _, result = traced
     out = io.StringIO()
     con = Console(file=out, width=80, color_system=None)

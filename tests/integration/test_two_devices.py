@@ -10,7 +10,7 @@ from graphdiag.cli.main import main
 from graphdiag.config import resolve
 from graphdiag.ir.tensor import Tensor
 from graphdiag.report.record import read_record
-from graphdiag.report.summary import summarize
+from graphdiag.report.analysis.summary import summarize
 from graphdiag.runner import ORACLE_BOUND, Session
 from graphdiag.sched.devices import LayerSplit, split_points
 from support.decisions import decision_stream, first_difference

@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 from graphdiag import events as E
-from graphdiag.report.accounting import account, bound_of
+from graphdiag.report.analysis.accounting import account, bound_of
 
 
 def _steps(wall_ns: int, busy_ns: int, span_ns: int, n: int = 5, source: str = "cupti") -> list[E.Event]:

@@ -263,7 +263,7 @@ def test_bench_tables_show_microseconds():
 
 def test_the_steps_table_shows_microseconds():
     import io
-    from graphdiag.report.steps import render_steps
+    from graphdiag.report.views.steps import render_steps
     from support.simrun import run_sim
     r = run_sim(steps=2)
     out = io.StringIO()
@@ -273,7 +273,7 @@ def test_the_steps_table_shows_microseconds():
 
 
 def test_durations_are_shown_in_microseconds_below_a_second():
-    from graphdiag.report.eventlog import fmt_ns
+    from graphdiag.report.analysis.eventlog import fmt_ns
     assert [fmt_ns(n) for n in (850, 12_500, 610_000, 2_700_000, 53_090_000, 11_000_000_000)] == \
         ["0.8 µs", "12.5 µs", "610.0 µs", "2700 µs", "53090 µs", "11.0 s"]
 

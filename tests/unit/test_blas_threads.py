@@ -72,7 +72,7 @@ def test_apply_leaves_a_user_setting_alone_and_never_acts_once_numpy_is_loaded(m
 
 
 def test_header_line_says_the_thread_count_and_why():
-    from graphdiag.report.console import run_mode_lines
+    from graphdiag.report.views.console import run_mode_lines
     from graphdiag.report.record import RunHeader
     lines = run_mode_lines(RunHeader(blas=BlasThreads(1, 2, "default").to_dict()))
     assert lines == ["numpy BLAS threads: 1 (2 cores; graphdiag's default: <= 2 cores)"]

@@ -10,8 +10,8 @@ import pytest
 
 from graphdiag import events as E
 from graphdiag.errors import UsageError
-from graphdiag.report.diff import diff_runs, diff_steps
-from graphdiag.report.diff_view import render_run_diff, render_step_diff
+from graphdiag.report.analysis.diff import diff_runs, diff_steps
+from graphdiag.report.views.diff import render_run_diff, render_step_diff
 from support import synth
 
 

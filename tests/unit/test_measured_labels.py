@@ -13,12 +13,12 @@ import pytest
 
 from graphdiag import events as E
 from graphdiag.cli.main import main
-from graphdiag.report.diff import diff_runs
-from graphdiag.report.diff_view import render_run_diff
-from graphdiag.report.eventlog import EventLog
+from graphdiag.report.analysis.diff import diff_runs
+from graphdiag.report.views.diff import render_run_diff
+from graphdiag.report.analysis.eventlog import EventLog
 from graphdiag.report.record import write_record
-from graphdiag.report.steps import render_steps
-from graphdiag.report.summary import summarize
+from graphdiag.report.views.steps import render_steps
+from graphdiag.report.analysis.summary import summarize
 from support import synth
 
 
@@ -87,7 +87,7 @@ def test_the_live_event_log_names_the_step_gpu_time_only_once_told_the_run_is_si
 def test_a_speedup_from_one_sample_says_so():
     header, events = synth.steady_decode()          # one eager decode step against five replays
     out = io.StringIO()
-    from graphdiag.report.console import render_summary
+    from graphdiag.report.views.console import render_summary
     render_summary(summarize(header, events), file=out)
     line = next(l for l in out.getvalue().splitlines() if "eager decode step ÷ replay step" in l)
     assert "(1 sample)" in line and "speedup" not in line
@@ -100,8 +100,8 @@ def test_a_speedup_from_one_sample_says_so():
 
 def test_the_plot_axis_says_a_simulated_wall_is_numpy_host_time():
     plt = pytest.importorskip("matplotlib.pyplot")
-    from graphdiag.report.accounting import account
-    from graphdiag.report.plot import figure
+    from graphdiag.report.analysis.accounting import account
+    from graphdiag.report.views.plot import figure
     _, events = synth.steady_decode()
     events = _with_device_time(events, "modelled")
     fig = figure(plt, account(events), events, "", simulated=True)

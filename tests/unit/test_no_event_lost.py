@@ -111,7 +111,7 @@ def test_a_span_sink_and_its_side_channel_are_cut_off_together():
 
 # -- a run whose terminal report fails -------------------------------------------------------------------
 def test_a_failing_terminal_report_is_cut_off_and_the_record_gets_every_event(capsys, tmp_path, monkeypatch):
-    from graphdiag.report.console import ConsoleReporter
+    from graphdiag.report.sinks.console import ConsoleReporter
     good = tmp_path / "good.jsonl"
     assert main(["run", *QUICK, "--steps", "4", "--events", str(good)]) == 0
     capsys.readouterr()
@@ -246,7 +246,7 @@ def test_sigterm_ends_the_run_as_an_interrupt_and_writes_the_timeline(tmp_path):
 
 
 def test_a_second_ctrl_c_while_the_timeline_is_written_still_writes_it(capsys, tmp_path, monkeypatch):
-    from graphdiag.report.timeline import TimelineWriter
+    from graphdiag.report.sinks.timeline import TimelineWriter
     from graphdiag.runner import Stepper
     real_step, real_meta = Stepper.step, TimelineWriter._metadata
 

@@ -3,9 +3,9 @@
 from __future__ import annotations
 
 from graphdiag import events as E
-from graphdiag.report.eventlog import EventLog
-from graphdiag.report.node_diff import captures_by_key, compare_rows, row_fields
-from graphdiag.report.summary import summarize
+from graphdiag.report.analysis.eventlog import EventLog
+from graphdiag.report.analysis.node_diff import captures_by_key, compare_rows, row_fields
+from graphdiag.report.analysis.summary import summarize
 from support import synth
 
 ROW = (3, "inp_embd", "GET_ROWS", "F32", (512, 1, 1, 1), (4, 2048, 2048, 2048), "c3cce9a0", 16, "b1+0x800",

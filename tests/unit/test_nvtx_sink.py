@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from graphdiag import events as E
-from graphdiag.report.nvtx_sink import NvtxSink
+from graphdiag.report.sinks.nvtx_sink import NvtxSink
 
 
 class FakeAttrs:

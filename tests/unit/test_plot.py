@@ -43,6 +43,6 @@ def test_plot_without_matplotlib_is_one_line(record, tmp_path, monkeypatch, caps
 
 
 def test_recaptures_carry_their_cause():
-    from graphdiag.report.plot import recaptures
+    from graphdiag.report.views.plot import recaptures
     _, events = synth.batch_change()
     assert any("ne[1]" in why for _, why in recaptures(events))

@@ -9,7 +9,7 @@ import pytest
 from graphdiag import events as E
 from graphdiag.errors import EventFileError
 from graphdiag.report.record import JsonlWriter, RunHeader, read_record, write_record
-from graphdiag.report.summary import summarize
+from graphdiag.report.analysis.summary import summarize
 from support import synth
 
 

@@ -8,9 +8,10 @@ import os
 import pytest
 
 from graphdiag import events as E
-from graphdiag.report.console import ConsoleReporter, header_lines, render_report
+from graphdiag.report.sinks.console import ConsoleReporter
+from graphdiag.report.views.console import header_lines, render_report
 from graphdiag.report.record import RunHeader
-from graphdiag.report.summary import summarize
+from graphdiag.report.analysis.summary import summarize
 from support import synth
 from support.normalise import check_golden
 

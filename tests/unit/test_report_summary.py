@@ -6,7 +6,7 @@ import json
 
 from graphdiag import events as E
 from graphdiag.counters import Counters
-from graphdiag.report.summary import summarize
+from graphdiag.report.analysis.summary import summarize
 from support import synth
 
 

@@ -265,8 +265,8 @@ def test_no_graphs_names_the_command_line(capsys, monkeypatch):
 
 
 def test_replay_speedup_compares_decode_steps_not_the_prefill():
-    from graphdiag.report.summary import summarize
-    from graphdiag.report.console import render_summary
+    from graphdiag.report.analysis.summary import summarize
+    from graphdiag.report.views.console import render_summary
     import io
     header, events = synth.batch_change()
     s = summarize(header, events)

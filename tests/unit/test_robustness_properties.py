@@ -8,9 +8,9 @@ import json
 from hypothesis import HealthCheck, given, settings, strategies as st
 
 from graphdiag.errors import GraphdiagError
-from graphdiag.report.diff import diff_runs
+from graphdiag.report.analysis.diff import diff_runs
 from graphdiag.report.record import read_record, write_record
-from graphdiag.report.summary import summarize
+from graphdiag.report.analysis.summary import summarize
 from graphdiag.scenario import load_file
 from support import synth
 

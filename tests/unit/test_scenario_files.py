@@ -10,7 +10,7 @@ import pytest
 from graphdiag import resources
 from graphdiag.config import resolve
 from graphdiag.errors import ScenarioError
-from graphdiag.report.summary import summarize
+from graphdiag.report.analysis.summary import summarize
 from graphdiag.scenario import TimelineChange, check_expectations, list_scenarios, load_file, load_scenario
 from support import synth
 

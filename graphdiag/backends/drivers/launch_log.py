@@ -17,7 +17,7 @@ from typing import Callable
 class ActivityRecord:
     """One device record, CUPTI-shaped. Times are ns (the source's clock until a source converts them to
     the host's perf_counter_ns). graph_id/node_id are 0 outside graph launches; `correlation` groups the
-    kernels of one graph launch. `label` and `via` are filled by attribution (report/device.py)."""
+    kernels of one graph launch. `label` and `via` are filled by attribution (report/sources/attribution.py)."""
 
     kind: str                  # "kernel" | "memcpy" | "memset"
     name: str

@@ -101,7 +101,7 @@ class SimDriver(Driver):
         self._captures: list[Capture] = []  # captures in progress
         self._allocs: set[int] = set()
         self.modelled_ns = 0                # simulated time spent so far (see LAUNCH_NS ...)
-        self.activity = None                # a SimActivity: the modelled device timeline (report/device.py)
+        self.activity = None                # a SimActivity: the modelled device timeline (report/sources/simulated.py)
         self.exec_bytes = 0                 # modelled device memory held by live executables
 
     def now_us(self) -> int:

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from .. import events as E
+from ... import events as E
 
 FAILED_STEP = "released after a failed step"
 SIM_MODEL = "modelled: ~10 KiB of device memory per kernel node (simulated driver)"

@@ -16,8 +16,8 @@ from __future__ import annotations
 import math
 from dataclasses import asdict, dataclass, field
 
-from .. import events as E
-from ..errors import EventFileError, UsageError
+from ... import events as E
+from ...errors import EventFileError, UsageError
 
 POLICIES = ("first-node", "first-node+shape", "content-hash")
 SWEEP_EVERY_US = 5_000_000       # as backends/gpu/entry.py (ggml's)
@@ -304,7 +304,7 @@ def _chunks(events, calls: list[Call], chunks_of: dict, learned: dict) -> None:
 
 
 def _baseline(events) -> dict:
-    from ..counters import Counters
+    from ...counters import Counters
     cn = Counters()
     for ev in events:
         cn(ev)

@@ -18,7 +18,7 @@ import statistics
 from dataclasses import dataclass, field
 from typing import Iterable
 
-from .. import events as E
+from ... import events as E
 
 MGMT = ("check", "capture", "instantiate", "update", "launch")
 PHASES = ("prefill", "eager", "capture", "replay", "cpu")

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from .. import events as E
+from ... import events as E
 
 
 @dataclass

@@ -14,7 +14,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from .. import events as E
+from ... import events as E
 
 Facts = dict[tuple[str, str], str]
 CaptureId = tuple[str, int]          # (phase of the step, capture number of that key in that phase)

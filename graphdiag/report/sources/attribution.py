@@ -1,5 +1,5 @@
-"""Device activity per step: where it comes from (the simulated driver's modelled timeline, or CUPTI via
-cupti_source.py), which graphdiag node(s) each kernel computes, and the step's DeviceTime figures.
+"""Device activity per step, whichever source it comes from (simulated.py's modelled timeline, or CUPTI via
+cupti.py): which graphdiag node(s) each kernel computes, and the step's DeviceTime figures.
 
 Attribution (pure): eager kernels take the labels of the eager launches of the same kernel function in
 issue order; the kernels of one graph launch (one correlation id) are matched to that launch's captured
@@ -9,11 +9,10 @@ kernel nodes by graph node id where the id is known ("node id"), else by their r
 
 from __future__ import annotations
 
-import time
 from collections import defaultdict, deque
 
-from .. import events as E
-from ..backends.drivers.launch_log import ActivityRecord, GraphLaunch, KernelLaunch, LaunchLog
+from ... import events as E
+from ...backends.drivers.launch_log import ActivityRecord, GraphLaunch, KernelLaunch, LaunchLog
 
 SOURCE_MODELLED, SOURCE_CUPTI = "modelled", "cupti"
 
@@ -97,74 +96,5 @@ def _labels(labels: set[str], most: int = 3) -> str:
     return ", ".join(s[:most]) + (f" (+{len(s) - most})" if len(s) > most else "")
 
 
-class SimDeviceSource:
-    """The simulated driver's modelled device timeline, placed on the host clock at each step's start."""
-
-    source = SOURCE_MODELLED
-    simulated = True
-
-    def __init__(self, driver):
-        from ..backends.drivers.sim_activity import SimActivity
-        self.driver = driver
-        self.log = driver.tracer = LaunchLog()
-        self.activity = driver.activity = SimActivity()
-        self._offset = 0
-
-    def begin_step(self) -> None:
-        self.activity.take()
-        self.log.take()
-        self.activity.cursor = max(self.activity.cursor, self.driver.modelled_ns)
-        self._offset = time.perf_counter_ns() - self.driver.modelled_ns
-
-    def end_step(self) -> list[ActivityRecord]:
-        """The step's records, attributed, on the host's perf_counter_ns clock."""
-        return attributed_on_host_clock(self.activity.take(), self.log, self._offset)
-
-    def close(self) -> None:
-        self.driver.tracer = self.driver.activity = None
-
-
 class DeviceSourceUnavailable(Exception):
     """No device activity here (one line saying why, e.g. cupti-python is not installed)."""
-
-
-class MultiDeviceSource:
-    """The simulated devices of a layer split: one modelled source each, a step's records tagged with
-    their device."""
-
-    source = SOURCE_MODELLED
-    simulated = True
-
-    def __init__(self, drivers):
-        self.sources = [SimDeviceSource(d) for d in drivers]
-
-    def begin_step(self) -> None:
-        for s in self.sources:
-            s.begin_step()
-
-    def end_step(self) -> list[ActivityRecord]:
-        out = []
-        for device, s in enumerate(self.sources):
-            records = s.end_step()
-            for r in records:
-                r.device = device
-            out += records
-        return out
-
-    def close(self) -> None:
-        for s in self.sources:
-            s.close()
-
-
-def open_device_source(driver, want_cupti: bool, more_drivers=()):
-    """The device source for `driver` (and the other devices of a layer split): modelled on the simulated
-    driver, CUPTI on CUDA when asked for (DeviceSourceUnavailable when cupti-python is missing; on several
-    devices its records are all filed under device 0), None for the CPU backend."""
-    if driver is None:
-        return None
-    if driver.simulated:
-        return MultiDeviceSource([driver, *more_drivers]) if more_drivers else SimDeviceSource(driver)
-    if not want_cupti:
-        return None
-    from .cupti_source import CuptiSource
-    return CuptiSource(driver)

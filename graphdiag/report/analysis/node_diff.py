@@ -4,7 +4,7 @@ Each capture's ledger is a tuple of rows (index, name, op, type, ne, nb, op_para
 sources) with addresses already written as `bN+0xOFF`, so rows of two runs compare as they are. Nodes are
 matched by index; a row becomes {field path: value} (`ne[1]`, `src[0].data`, ...) and every path whose
 value differs is one `NodeChange`. Pure functions: the diff of two runs and of two steps of one run both
-come here, and diff_view.py renders.
+come here, and views/diff.py renders.
 
 Captures are numbered per key and per step phase ("decode #0", "prefill #0"): a run whose batch makes it
 capture its prefill graph too still compares its first decode capture with the other run's first decode
@@ -16,7 +16,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
-from .. import events as E
+from ... import events as E
 
 Row = tuple
 

@@ -1,16 +1,16 @@
-"""The per-device table of a layer-split run (report/devices.py's DeviceReport), and its link lines."""
+"""The per-device table of a layer-split run (analysis/devices.py's DeviceReport), and its link lines."""
 
 from __future__ import annotations
 
 from rich.table import Table
 
-from .devices import DeviceReport
-from .eventlog import fmt_ns
+from ..analysis.devices import DeviceReport
+from ..analysis.eventlog import fmt_ns
+from .tables import table
 
 
 def device_table(r: DeviceReport) -> Table:
     """Devices, their layers and their caches' outcomes (split calls), at 80 columns."""
-    from .console import table
     sim = " — SIMULATED devices" if r.simulated else ""
     t = table(f"Per device (layer split by {r.shares_from}; split calls per phase){sim}", "dev", "layers",
               "keys", "eager", "capt", "replay", "inst", "upd", "refused", "replay split")

@@ -1,5 +1,5 @@
 """`graphdiag report RECORD --plot FILE.png|.svg`: a picture of where the time goes. Only draws what
-accounting.py and the decision events say; matplotlib is the optional extra `graphdiag[plot]`.
+analysis/accounting.py and the decision events say; matplotlib is the optional extra `graphdiag[plot]`.
 
 Top: wall time per step (µs, log scale), coloured by phase, each recapture marked with its cause.
 Bottom: update vs instantiate cost per chunk, in step order (refused updates marked).
@@ -9,9 +9,9 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from .. import events as E
-from ..errors import UsageError
-from .accounting import Accounting
+from ... import events as E
+from ...errors import UsageError
+from ..analysis.accounting import Accounting
 
 COLORS = {"prefill": "#8172B3", "eager": "#C44E52", "capture": "#DD8452", "replay": "#55A868", "cpu": "#999999"}
 

@@ -13,14 +13,14 @@ from collections import Counter
 from dataclasses import dataclass, field
 from typing import Any, Iterable
 
-from .. import events as E
-from ..counters import Counters
+from ... import events as E
+from ...counters import Counters
 from .graph_memory import GraphMemory, graph_memory
 from .accounting import Accounting, account
 from .devices import DeviceReport, device_report
 from .failures import Faults, faults
 from .measured import gpu_time_source, simulated_timings
-from .record import RunHeader, as_header
+from ..record.header import RunHeader, as_header
 from .strict import strict_findings
 from .thrash import KeyThrash, find_thrash
 

@@ -4,11 +4,11 @@ from __future__ import annotations
 
 from typing import TextIO
 
-from .console import SIMULATED_TIMES, make_console, table
-from .diff import Change, Delta, RunDiff, StepDiff, TimingDelta
-from .measured import timing_name
-from .eventlog import fmt_ns
-from .node_diff import CaptureNodeDiff, CaptureRef
+from .tables import SIMULATED_TIMES, make_console, table
+from ..analysis.diff import Change, Delta, RunDiff, StepDiff, TimingDelta
+from ..analysis.measured import timing_name
+from ..analysis.eventlog import fmt_ns
+from ..analysis.node_diff import CaptureNodeDiff, CaptureRef
 
 MOST_FIELDS = 20     # differing fields rendered per capture; the JSON output keeps all of them
 

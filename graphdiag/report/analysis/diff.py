@@ -1,4 +1,4 @@
-"""Compare two runs (control vs test), or two steps of one run. Pure analysis; diff_view.py renders.
+"""Compare two runs (control vs test), or two steps of one run. Pure analysis; views/diff.py renders.
 
 Decisions are compared as per-step sequences of events with what differs by run or by time taken out:
 timestamps, durations, tokens, and addresses. Graph keys and uids become first-seen ordinals per run
@@ -18,14 +18,14 @@ import re
 from dataclasses import dataclass, field
 from typing import Any
 
-from .. import events as E
-from ..errors import UsageError
+from ... import events as E
+from ...errors import UsageError
 from .eventlog import describe
 from .ledger import LedgerChange, compare_ledgers
 from .node_diff import CaptureNodeDiff, compare_run_captures, compare_step_captures
 from .devices import device_report
 from .measured import gpu_time_source, simulated_timings
-from .record import RunHeader
+from ..record.header import RunHeader
 from .summary import summarize
 
 # clock_us (the eviction clock), mem_bytes (measured) and props_digest (covers addresses) vary between runs
@@ -302,7 +302,7 @@ def _device_deltas(a: list[E.Event], b: list[E.Event]) -> list[Delta]:
 
 def _settings(a: RunHeader, b: RunHeader) -> list[SettingChange]:
     """Settings that differ; one a record predates (devices, tensor_split) reads as its default."""
-    from ..config import RunConfig
+    from ...config import RunConfig
     default = RunConfig().settings()
     names = dict.fromkeys([*a.settings, *b.settings])
     va = {n: a.settings.get(n, default.get(n)) for n in names}

@@ -18,10 +18,10 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from .. import events as E
-from ..errors import EventWriteError
-from .eventlog import describe
-from .record import open_output
+from ... import events as E
+from ...errors import EventWriteError
+from ..analysis.eventlog import describe
+from ..record.write import open_output
 
 HOST_PID, DEVICE_PID = 1, 2
 HOST_TID, DECISION_TID, COUNTER_TID = 1, 2, 3

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from .. import events as E
+from ... import events as E
 
 MIN_RETURNS = 2          # a variant coming back this often (after another one) is thrash, not a change
 

@@ -1,47 +1,27 @@
-"""The terminal report (rich): run header, live event log with a progress bar, summary tables.
+"""The terminal report (rich): run header, event log, summary tables. Only draws; the live report (with its
+progress bar) is sinks/console.py, fed from the bus.
 
-Everything renders into any file object. `make_console(file, plain=True)` gives a fixed-width console with
-no colour and no terminal features, which is what tests and redirected output get.
+Everything renders into any file object. `make_console(file, plain=True)` (tables.py) gives a fixed-width
+console with no colour and no terminal features, which is what tests and redirected output get.
 """
 
 from __future__ import annotations
 
 import dataclasses
-import sys
 from typing import Iterable, TextIO
 
-from rich import box
 from rich.console import Console
-from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
-from .. import events as E
-from .eventlog import EventLog, fmt_ns
-from .record import RunHeader, as_header
-from .diagnoses_view import diagnosis_lines
-from .measured import gpu_phrase, simulated_timings, timing_name
-from .summary import Summary, disabled_cause
-
-WIDTH = 120          # fixed width of plain (non-terminal) output
-
-
-def make_console(file: TextIO | None = None, plain: bool | None = None) -> Console:
-    """A console on `file` (stdout by default). plain=None: plain unless the file is a terminal."""
-    file = file if file is not None else sys.stdout
-    if plain is None:
-        plain = not (hasattr(file, "isatty") and file.isatty())
-    if plain:
-        con = Console(file=file, width=WIDTH, color_system=None, force_terminal=False, highlight=False,
-                      emoji=False, soft_wrap=True, no_color=True)
-    else:
-        con = Console(file=file, highlight=False, soft_wrap=True)
-    con.on_broken_pipe = _broken_pipe        # rich would exit the process (SystemExit 1) before the record ends
-    return con
-
-
-def _broken_pipe() -> None:
-    raise BrokenPipeError("output closed")
-
+from ... import events as E
+from ..analysis.eventlog import EventLog, fmt_ns
+from ..analysis.measured import gpu_phrase, simulated_timings, timing_name
+from ..analysis.summary import Summary, disabled_cause
+from ..record.header import RunHeader, as_header
+from .accounting import accounting_tables
+from .devices import device_table, link_lines
+from .diagnoses import diagnosis_lines
+from .tables import WIDTH, make_console, table, timing_title
 
 def header_lines(header: RunHeader) -> list[str]:
     """The run header: backend (SIMULATED said plainly, or the GPU's name), model, scenario, then every
@@ -76,7 +56,7 @@ def run_mode_lines(header: RunHeader) -> list[str]:
         lines.append(f"simulator: computing ({header.sim_mode_reason}) · every kernel in numpy, every device "
                      f"byte in host memory")
     if header.blas:
-        from ..config import BlasThreads
+        from ...config import BlasThreads
         lines.append(f"numpy BLAS threads: {BlasThreads(**header.blas).describe()}")
     return lines
 
@@ -99,79 +79,30 @@ def _setting(v) -> str:
     return "-" if v is None else str(v)
 
 
-class ConsoleReporter:
-    """An event sink printing the run header, the event log up to `verbosity` and a progress bar over
-    `total_steps` (only on a terminal unless `progress` says otherwise). Without a header at construction,
-    `start(header)` (the runner's on_header hook) prints it. Call `close()` at the end."""
+class RunLog:
+    """Draws a run's header and its event log up to `verbosity` on `console`: what the live terminal report
+    (sinks/console.py) and `graphdiag report` print, one line per decision the log shows."""
 
-    def __init__(self, header: RunHeader | dict | None = None, verbosity: int = 0, file: TextIO | None = None,
-                 total_steps: int | None = None, progress: bool | None = None, console: Console | None = None):
-        self.console = console or make_console(file)
+    def __init__(self, console: Console, verbosity: int = 0):
+        self.console = console
         self.verbosity = verbosity
         self.log = EventLog()
-        if progress is None:
-            progress = self.console.is_terminal and bool(total_steps)
-        self._want_progress, self._total = progress, total_steps
-        self.progress: Progress | None = None
-        self._header: RunHeader | None = None
-        self._broken = self._told = False
-        self.sink_name = "the terminal report"
-        if header is not None:
-            self.start(header)
+        self.header: RunHeader | None = None
 
-    def start(self, header: RunHeader | dict) -> None:
-        """Print the run header and start the progress bar (when wanted)."""
-        self._header = as_header(header)
-        self.log.gpu_label = gpu_phrase(simulated_timings(self._header))
-        try:
-            for line in header_lines(self._header):
+    def start(self, header: RunHeader) -> None:
+        """Print the run header."""
+        self.header = header
+        self.log.gpu_label = gpu_phrase(simulated_timings(header))
+        for line in header_lines(header):
+            self.console.print(line, markup=False)
+
+    def draw(self, ev: E.Event) -> None:
+        """Print the lines `ev` gives at this verbosity (a GraphsDisabled says its cause in full)."""
+        if isinstance(ev, E.GraphsDisabled) and self.header is not None:
+            ev = dataclasses.replace(ev, reason=disabled_cause(self.header, ev.reason))
+        for level, line in self.log.feed(ev):
+            if level <= self.verbosity:
                 self.console.print(line, markup=False)
-        except BrokenPipeError:
-            self._broken = True
-            return
-        if self._want_progress and self.progress is None:
-            self.progress = self._start_progress(self._total)
-
-    def _start_progress(self, total: int | None) -> Progress:
-        p = Progress(TextColumn("step"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
-                     console=self.console, transient=True)
-        self._task = p.add_task("steps", total=total)
-        p.start()
-        return p
-
-    def __call__(self, ev: E.Event) -> None:
-        if self._broken:
-            if not self._told:             # the header found the pipe closed: end the run at its first event
-                self._told = True
-                raise BrokenPipeError("output closed")
-            return
-        if isinstance(ev, E.GraphsDisabled) and self._header is not None:
-            ev = dataclasses.replace(ev, reason=disabled_cause(self._header, ev.reason))
-        try:
-            for level, line in self.log.feed(ev):
-                if level <= self.verbosity:
-                    self.console.print(line, markup=False)
-            if self.progress is not None and isinstance(ev, E.StepFinished):
-                self.progress.advance(self._task)
-        except BrokenPipeError:
-            self._broken = self._told = True   # the reader went away: say nothing more, let the run end
-            raise
-
-    def close(self) -> None:
-        """Stop the progress bar (idempotent)."""
-        if self.progress is not None:
-            p, self.progress = self.progress, None
-            try:
-                p.stop()
-            except BrokenPipeError:
-                pass
-
-    def __enter__(self) -> "ConsoleReporter":
-        return self
-
-    def __exit__(self, *exc) -> bool:
-        self.close()
-        return False
 
 
 def render_summary(summary: Summary, file: TextIO | None = None, console: Console | None = None) -> None:
@@ -180,10 +111,8 @@ def render_summary(summary: Summary, file: TextIO | None = None, console: Consol
     con.print(_overview(summary), markup=False)
     tables = [_key_table(summary)] if summary.keys else []
     if summary.devices is not None:
-        from .devices_view import device_table
         tables.append(device_table(summary.devices))
     tables += [_timing_table(summary)] if summary.timings else []
-    from .accounting_view import accounting_tables
     tables += accounting_tables(summary.accounting, simulated_timings(summary.header))
     for t in tables + [_llama_table(summary), _counter_table(summary)]:
         con.print("")
@@ -199,9 +128,10 @@ def render_report(header: RunHeader, events: Iterable[E.Event], summary: Summary
                   verbosity: int = 0) -> None:
     """The whole offline report: header, event log at `verbosity`, summary (what `graphdiag report` prints)."""
     con = make_console(file)
-    reporter = ConsoleReporter(header, verbosity, console=con, progress=False)
+    log = RunLog(con, verbosity)
+    log.start(as_header(header))
     for ev in events:
-        reporter(ev)
+        log.draw(ev)
     con.print("")
     render_summary(summary, console=con)
 
@@ -214,18 +144,6 @@ def _overview(s: Summary) -> str:
             "compute": " · simulator computing"}.get(s.header.sim_mode, "")
     return (f"{s.steps} steps ({modes or 'none'}) · {s.distinct_keys} graph key"
             f"{'s' if s.distinct_keys != 1 else ''} · max {s.max_chunks} chunks per graph{mode}")
-
-
-TEXT_COLUMNS = ("key", "what", "counter", "setting", "node", "field", "change")
-
-
-def table(title: str, *cols: str, left: tuple[str, ...] = ()) -> Table:
-    """A borderless table; text columns (TEXT_COLUMNS and `left`) align left, numbers right."""
-    t = Table(title=title, title_justify="left", title_style=None, box=box.SIMPLE_HEAD, show_edge=False,
-              pad_edge=False, header_style=None)
-    for c in cols:
-        t.add_column(c, justify="left" if c in TEXT_COLUMNS or c in left else "right", no_wrap=True)
-    return t
 
 
 def _key_table(s: Summary) -> Table:
@@ -241,14 +159,6 @@ def _key_table(s: Summary) -> Table:
     t.caption = "  ".join(f"k{i} = {k.key:#x}" for i, k in enumerate(s.keys, 1))
     t.caption_justify = "left"
     return t
-
-
-SIMULATED_TIMES = "SIMULATED driver: host times, not GPU times"
-
-
-def timing_title(what: str, simulated: bool) -> str:
-    """A timing table's title, saying so when its numbers come from the simulated driver."""
-    return f"{what} — {SIMULATED_TIMES}" if simulated else what
 
 
 def _timing_table(s: Summary) -> Table:
@@ -293,7 +203,6 @@ def _notes(s: Summary) -> list[str]:
     notes += [f"graphs disabled: {r}" for r in s.disabled_reasons]
     notes += [f"incompatible: {r}" for r in s.incompatible]
     if s.devices is not None:
-        from .devices_view import link_lines
         notes += link_lines(s.devices)
     notes += diagnosis_lines(s)
     if s.verify_checks:

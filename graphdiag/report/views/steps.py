@@ -7,9 +7,9 @@ from typing import Iterable, TextIO
 
 from rich.table import Table
 
-from .. import events as E
-from .console import make_console
-from .measured import gpu_column
+from ... import events as E
+from .tables import make_console
+from ..analysis.measured import gpu_column
 
 
 def step_rows(events: Iterable[E.Event]) -> list[tuple]:

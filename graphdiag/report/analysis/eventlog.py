@@ -11,7 +11,7 @@ Level 2 (-vv): every step, uid hit, lookup, launch and recorded capture ledger.
 
 from __future__ import annotations
 
-from .. import events as E
+from ... import events as E
 
 
 def fmt_ns(ns: int) -> str:

@@ -1,12 +1,13 @@
-"""Tables of the time accounting (accounting.py): per phase, graph management, top kernels. Only draws."""
+"""Tables of the time accounting (analysis/accounting.py): per phase, graph management, top kernels. Only draws."""
 
 from __future__ import annotations
 
 from rich.table import Table
 
-from .accounting import MGMT, Accounting
-from .eventlog import fmt_ns
-from .measured import device_label
+from ..analysis.accounting import MGMT, Accounting
+from ..analysis.eventlog import fmt_ns
+from ..analysis.measured import device_label
+from .tables import table
 
 
 def _us(ns: int) -> str:
@@ -14,7 +15,6 @@ def _us(ns: int) -> str:
 
 
 def _t(title: str, *cols: str) -> Table:
-    from .console import table
     return table(title, *cols, left=("phase", "kernel", "nodes", "bound"))
 
 

@@ -12,8 +12,8 @@ from __future__ import annotations
 
 import time
 
-from ..backends.drivers.launch_log import ActivityRecord, LaunchLog
-from .device import SOURCE_CUPTI, DeviceSourceUnavailable, attributed_on_host_clock
+from ...backends.drivers.launch_log import ActivityRecord, LaunchLog
+from .attribution import SOURCE_CUPTI, DeviceSourceUnavailable, attributed_on_host_clock
 
 try:
     from cupti import cupti

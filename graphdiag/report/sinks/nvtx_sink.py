@@ -12,7 +12,7 @@ When no tool is attached, `nvtx.get_domain` returns a shared dummy domain and th
 
 from __future__ import annotations
 
-from .. import events as E
+from ... import events as E
 
 DOMAIN = "graphdiag"
 

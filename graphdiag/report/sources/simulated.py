@@ -10,8 +10,10 @@ waiting on the host; a graph launch submits all its nodes at once and they run b
 from __future__ import annotations
 
 import itertools
+import time
 
-from .launch_log import ActivityRecord
+from ...backends.drivers.launch_log import ActivityRecord, LaunchLog
+from .attribution import SOURCE_MODELLED, attributed_on_host_clock
 
 
 class SimActivity:
@@ -58,3 +60,57 @@ class SimActivity:
     def take(self) -> list[ActivityRecord]:
         out, self.records = self.records, []
         return out
+
+
+class SimDeviceSource:
+    """The simulated driver's modelled device timeline, placed on the host clock at each step's start."""
+
+    source = SOURCE_MODELLED
+    simulated = True
+
+    def __init__(self, driver):
+        self.driver = driver
+        self.log = driver.tracer = LaunchLog()
+        self.activity = driver.activity = SimActivity()
+        self._offset = 0
+
+    def begin_step(self) -> None:
+        self.activity.take()
+        self.log.take()
+        self.activity.cursor = max(self.activity.cursor, self.driver.modelled_ns)
+        self._offset = time.perf_counter_ns() - self.driver.modelled_ns
+
+    def end_step(self) -> list[ActivityRecord]:
+        """The step's records, attributed, on the host's perf_counter_ns clock."""
+        return attributed_on_host_clock(self.activity.take(), self.log, self._offset)
+
+    def close(self) -> None:
+        self.driver.tracer = self.driver.activity = None
+
+
+class MultiDeviceSource:
+    """The simulated devices of a layer split: one modelled source each, a step's records tagged with
+    their device."""
+
+    source = SOURCE_MODELLED
+    simulated = True
+
+    def __init__(self, drivers):
+        self.sources = [SimDeviceSource(d) for d in drivers]
+
+    def begin_step(self) -> None:
+        for s in self.sources:
+            s.begin_step()
+
+    def end_step(self) -> list[ActivityRecord]:
+        out = []
+        for device, s in enumerate(self.sources):
+            records = s.end_step()
+            for r in records:
+                r.device = device
+            out += records
+        return out
+
+    def close(self) -> None:
+        for s in self.sources:
+            s.close()

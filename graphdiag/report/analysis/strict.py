@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from collections import Counter
 
-from .. import events as E
+from ... import events as E
 from .graph_memory import GraphMemory
 from .failures import Faults
 from .thrash import KeyThrash

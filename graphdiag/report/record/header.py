@@ -1,0 +1,58 @@
+"""The record's schema and its first line: `RunHeader`, what a run was (also the top of every report).
+
+A record is UTF-8 JSON lines: this header (`{"schema": "graphdiag-events", "version": 1, ...}`), then one
+event's `to_dict()` per line (write.py writes them, read.py reads and checks them back).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass, field
+from typing import Any
+
+from ... import __version__
+from ... import events as E
+
+SCHEMA_NAME = "graphdiag-events"
+
+
+@dataclass
+class RunHeader:
+    """What a run was: the first line of a record, and the top of every report.
+
+    backend: "cuda" | "sim" | "cpu"; device: the GPU's name or "simulated GPU (cc 9.0)";
+    settings: RunConfig.settings(); sources: RunConfig.sources (setting -> "default" | "env NAME" |
+    "scenario" | "cli"); started: ISO-8601 local time; scenario: the scenario's name or None."""
+
+    backend: str = "sim"
+    device: str = ""
+    simulated: bool = True
+    model: str = ""
+    settings: dict[str, Any] = field(default_factory=dict)
+    sources: dict[str, str] = field(default_factory=dict)
+    started: str = ""
+    scenario: str | None = None
+    note: str = ""                 # what the runner wants said, e.g. "no GPU (...); using the SIMULATED driver"
+    sim_mode: str = ""             # the simulated driver's mode: "compute" | "decisions" ("": not simulated)
+    sim_mode_reason: str = ""      # why, e.g. "default for model 7b", "--sim-mode", "--verify needs computed results"
+    blas: dict[str, Any] = field(default_factory=dict)   # config.BlasThreads.to_dict(): numpy's BLAS threads
+    graphdiag_version: str = __version__
+    schema: str = SCHEMA_NAME
+    version: int = E.SCHEMA_VERSION
+
+    def to_dict(self) -> dict[str, Any]:
+        """The header as the record's first JSON object (schema and version first)."""
+        d = dataclasses.asdict(self)
+        head = {"schema": d.pop("schema"), "version": d.pop("version")}
+        return head | d
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> "RunHeader":
+        """Build from a header object; unknown fields (from a newer writer) are ignored."""
+        names = {f.name for f in dataclasses.fields(cls)}
+        return cls(**{k: v for k, v in d.items() if k in names})
+
+
+def as_header(header: "RunHeader | dict[str, Any]") -> RunHeader:
+    """A RunHeader from either a RunHeader or the header dict the runner builds."""
+    return header if isinstance(header, RunHeader) else RunHeader.from_dict(header)
