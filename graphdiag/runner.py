@@ -21,7 +21,7 @@ from .backends.cpu import CpuBackend
 from .backends.gpu.backend import GpuBackend
 from .backends.gpu.entry import Clock
 from .backends.gpu.runtime import RuntimeOptions
-from .config import RunConfig
+from .config import RunConfig, kernel_cache_dir
 from .counters import Counters
 from .backends.drivers.faults import FaultInjector, calls_of, recoverable
 from .errors import CudaError, GraphdiagError, NoDeviceError, OutOfDeviceMemory, RunInterrupted, Terminated
@@ -57,7 +57,7 @@ def open_driver(cfg: RunConfig):
     if cfg.backend in ("auto", "cuda"):
         try:
             from .backends.drivers.cuda import CudaDriver
-            return CudaDriver.open(), ""
+            return CudaDriver.open(cache_dir=kernel_cache_dir()), ""
         except NoDeviceError as e:
             if cfg.backend == "cuda":
                 raise
@@ -78,7 +78,7 @@ class Session:
         self.cfg, self.bus = cfg, bus
         if cfg.devices > 1 and cfg.backend != "cpu":   # a layer split: one driver per device
             from .backends.device_set import open_drivers
-            drivers, self.note = open_drivers(cfg)
+            drivers, self.note = open_drivers(cfg, cache_dir=kernel_cache_dir())
             self.driver, self.extra_drivers = drivers[0], drivers[1:]
         else:
             self.driver, self.note = open_driver(cfg)

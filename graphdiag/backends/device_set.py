@@ -51,9 +51,10 @@ class CurrentContext:
         setattr(self._driver, name, value)
 
 
-def open_drivers(cfg) -> tuple[list, str]:
+def open_drivers(cfg, cache_dir=None) -> tuple[list, str]:
     """(one driver per device, note) for --devices N > 1; UsageError before anything is built when N
-    exceeds the devices present."""
+    exceeds the devices present. cache_dir: where CUDA drivers cache compiled kernels (handed down from
+    config.kernel_cache_dir(); None: no disk cache)."""
     n = cfg.devices
     if cfg.backend in ("auto", "cuda"):
         from .drivers import cuda
@@ -70,7 +71,7 @@ def open_drivers(cfg) -> tuple[list, str]:
             drivers = []
             try:
                 for i in range(n):
-                    drivers.append(CurrentContext(cuda.CudaDriver.open(i)))
+                    drivers.append(CurrentContext(cuda.CudaDriver.open(i, cache_dir=cache_dir)))
             except BaseException:
                 for d in drivers:
                     d.close()

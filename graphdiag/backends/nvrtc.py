@@ -1,4 +1,5 @@
-"""NVRTC: compile kernels/*.cu to CUBIN for one GPU architecture, cached on disk.
+"""NVRTC: compile kernels/*.cu to CUBIN for one GPU architecture, cached on disk in the folder it is given
+(config.kernel_cache_dir(), handed down through CudaDriver.open by the runner; none given: no disk cache).
 
 With drivers/cuda.py, the only module importing cuda-python. CUBIN, never PTX: a driver JIT-compiles only
 PTX up to its own ISA version, and an NVRTC newer than the driver emits newer PTX (driver 580 = CUDA 13.0
@@ -25,12 +26,6 @@ from ..resources import kernels_dir
 # Kernels are declared with KERNEL(name) / KERNEL_LB(name, threads) (kernels/common.cuh).
 _KERNEL_DECL = re.compile(r"^\s*KERNEL(?:_LB)?\((\w+)", re.MULTILINE)
 BASE_OPTIONS = ("-std=c++17",)
-
-
-def default_cache_dir() -> Path:
-    """$GRAPHDIAG_CACHE_DIR, else $XDG_CACHE_HOME/graphdiag/kernels, else ~/.cache/graphdiag/kernels."""
-    from ..config import kernel_cache_dir
-    return kernel_cache_dir()
 
 
 def arch_for(cc: tuple[int, int]) -> str:
@@ -120,7 +115,7 @@ class KernelCompiler:
     """Compiles and caches the CUBIN of each kernels/*.cu file for one architecture (e.g. 'sm_90')."""
 
     arch: str
-    cache_dir: Path | None = None      # None: default_cache_dir(); caching is skipped if it is unwritable
+    cache_dir: Path | None = None      # None: no disk cache; caching is skipped if it is unwritable
     kdir: Path | None = None           # None: resources.kernels_dir()
     extra_options: tuple[str, ...] = ()
     compiled: int = field(default=0, init=False)   # NVRTC runs (cache misses), for tests and reports
@@ -128,7 +123,7 @@ class KernelCompiler:
 
     def __post_init__(self) -> None:
         self.kdir = Path(self.kdir) if self.kdir else kernels_dir()
-        self.cache_dir = Path(self.cache_dir) if self.cache_dir else default_cache_dir()
+        self.cache_dir = Path(self.cache_dir) if self.cache_dir else None
 
     @property
     def options(self) -> tuple[str, ...]:
@@ -147,6 +142,7 @@ class KernelCompiler:
         return {p.name: p.read_bytes() for p in sorted(self.kdir.glob("*.cuh"))}
 
     def cache_path(self, stem: str) -> Path:
+        """Where the CUBIN of kernels/<stem>.cu is cached (needs a cache_dir)."""
         path = self.kdir / f"{stem}.cu"
         key = cache_key(path.read_bytes(), self.headers(), self.options, self.arch, nvrtc_version())
         return self.cache_dir / f"{stem}-{self.arch}-{key[:24]}.cubin"
@@ -154,14 +150,16 @@ class KernelCompiler:
     def cubin(self, stem: str) -> bytes:
         """The CUBIN of kernels/<stem>.cu: from the cache, else compiled now (and cached)."""
         path = self.kdir / f"{stem}.cu"
-        cached = self.cache_path(stem)
-        try:
-            return cached.read_bytes()
-        except OSError:
-            pass
+        cached = self.cache_path(stem) if self.cache_dir is not None else None
+        if cached is not None:
+            try:
+                return cached.read_bytes()
+            except OSError:
+                pass
         image = compile_cubin(path.read_bytes(), str(path), self.headers(), self.options)
         self.compiled += 1
-        _write_atomic(cached, image)
+        if cached is not None:
+            _write_atomic(cached, image)
         return image
 
     def compile_all(self) -> dict[str, bytes]:

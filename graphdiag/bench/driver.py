@@ -145,9 +145,10 @@ def main(argv=None) -> int:
     ap.add_argument("--json", help="also write the figures to this JSON file")
     args = ap.parse_args(argv)
     from ..backends.drivers.cuda import CudaDriver
+    from ..config import kernel_cache_dir
     from ..errors import GraphdiagError
     try:
-        drv = CudaDriver.open()
+        drv = CudaDriver.open(cache_dir=kernel_cache_dir())
     except GraphdiagError as exc:
         print(f"bench_driver: {exc}", file=sys.stderr)
         return exc.exit_code

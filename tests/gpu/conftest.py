@@ -13,8 +13,9 @@ from graphdiag.errors import NoDeviceError
 @pytest.fixture(scope="session")
 def driver():
     from graphdiag.backends.drivers.cuda import CudaDriver
+    from graphdiag.config import kernel_cache_dir
     try:
-        drv = CudaDriver.open()
+        drv = CudaDriver.open(cache_dir=kernel_cache_dir())
     except NoDeviceError as exc:
         pytest.skip(f"no GPU: {exc}")
     yield drv

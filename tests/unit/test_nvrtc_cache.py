@@ -5,10 +5,12 @@ from __future__ import annotations
 
 import pytest
 
+from graphdiag import events as E
 from graphdiag import resources
 from graphdiag.backends import nvrtc
 from graphdiag.backends.kernels import KERNELS
-from graphdiag.errors import KernelCompileError
+from graphdiag.config import RunConfig, kernel_cache_dir
+from graphdiag.errors import KernelCompileError, NoDeviceError
 
 KEY_ARGS = dict(source=b"src", headers={"common.cuh": b"h"}, options=("-std=c++17",), arch="sm_90",
                 nvrtc_version=(13, 0))
@@ -39,12 +41,37 @@ def test_cache_key_is_length_prefixed():
         nvrtc.cache_key(**{**KEY_ARGS, "source": b"a", "arch": "bc"})
 
 
-def test_default_cache_dir_follows_the_environment(monkeypatch, tmp_path):
+def test_the_cache_dir_follows_the_environment(monkeypatch, tmp_path):
     monkeypatch.setenv("GRAPHDIAG_CACHE_DIR", str(tmp_path / "k"))
-    assert nvrtc.default_cache_dir() == tmp_path / "k"
+    assert kernel_cache_dir() == tmp_path / "k"
     monkeypatch.delenv("GRAPHDIAG_CACHE_DIR")
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
-    assert nvrtc.default_cache_dir() == tmp_path / "graphdiag" / "kernels"
+    assert kernel_cache_dir() == tmp_path / "graphdiag" / "kernels"
+
+
+def _refusing_open(seen):
+    def open_(cls, device=0, compiler=None, cache_dir=None):
+        seen.append((device, cache_dir))
+        raise NoDeviceError("no CUDA device (test)")
+    return classmethod(open_)
+
+
+@pytest.mark.parametrize("devices", [1, 2])
+def test_the_runner_hands_the_cache_dir_down_to_the_cuda_driver(monkeypatch, tmp_path, devices):
+    # the environment is read in config.py; NVRTC gets the folder through CudaDriver.open, never looks it up
+    from graphdiag.backends.drivers import cuda
+    from graphdiag.runner import Session
+    seen = []
+    monkeypatch.setenv("GRAPHDIAG_CACHE_DIR", str(tmp_path / "k"))
+    monkeypatch.setattr(cuda.CudaDriver, "open", _refusing_open(seen))
+    monkeypatch.setattr(cuda, "device_count", lambda: devices)
+    with pytest.raises(NoDeviceError):
+        Session(RunConfig(backend="cuda", devices=devices), E.EventBus())
+    assert seen and all(cache_dir == tmp_path / "k" for _, cache_dir in seen)
+
+
+def test_a_compiler_without_a_cache_dir_caches_nothing():
+    assert nvrtc.KernelCompiler("sm_90").cache_dir is None
 
 
 def test_arch_for_compute_capability():

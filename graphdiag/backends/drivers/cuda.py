@@ -10,6 +10,7 @@ time (NVRTC -> CUBIN, disk-cached), on the first prepare() of a kernel the file 
 from __future__ import annotations
 
 import ctypes
+from pathlib import Path
 from dataclasses import dataclass
 
 import numpy as np
@@ -135,8 +136,11 @@ class CudaDriver(Driver):
         self._closed = False
 
     @classmethod
-    def open(cls, device: int = 0, compiler: KernelCompiler | None = None) -> "CudaDriver":
-        """Retain `device`'s primary context; NoDeviceError (one line) without cuda-python, driver or GPU."""
+    def open(cls, device: int = 0, compiler: KernelCompiler | None = None,
+             cache_dir: Path | None = None) -> "CudaDriver":
+        """Retain `device`'s primary context; NoDeviceError (one line) without cuda-python, driver or GPU.
+        Kernels compile with `compiler`, else with one caching CUBINs in `cache_dir` (the runner hands down
+        config.kernel_cache_dir(); None: no disk cache)."""
         count = device_count()
         if not 0 <= device < count:
             raise NoDeviceError(f"no CUDA device {device}: the driver reports {count}")
@@ -144,7 +148,7 @@ class CudaDriver(Driver):
         ctx = _check(D.cuDevicePrimaryCtxRetain(dev), "cuDevicePrimaryCtxRetain")
         _check(D.cuCtxSetCurrent(ctx), "cuCtxSetCurrent")
         info = _device_info(dev)
-        return cls(device, dev, ctx, info, compiler or KernelCompiler(arch_for(info.compute_capability)))
+        return cls(device, dev, ctx, info, compiler or KernelCompiler(arch_for(info.compute_capability), cache_dir=cache_dir))
 
     # streams and events
     def stream_create(self):
