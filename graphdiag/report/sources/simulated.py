@@ -5,6 +5,9 @@ instantiate and update advances) and runs on one modelled device queue: a kernel
 submitted or when the previous one ends, whichever is later. An eager kernel costs the host LAUNCH_NS
 (5 µs) to submit and the device KERNEL_NS plus a little per thread block, so eager steps show the device
 waiting on the host; a graph launch submits all its nodes at once and they run back to back.
+
+SimDeviceSource attaches the model (and a LaunchLog) to a simulated driver and hands each step's records
+over, attributed and on the host clock; MultiDeviceSource does so for each device of a layer split.
 """
 
 from __future__ import annotations
