@@ -306,14 +306,15 @@ def validate_run(cfg: RunConfig, scenario=None, as_json: bool = False, verbosity
     """Every check a run needs before anything is built: the model preset, options that cannot act on the
     chosen backend, the scenario's timeline against the resolved steps, the KV cells the plan needs, the
     smallest pool cap that can work. Raises UsageError; returns warnings (one line each)."""
-    from .model.presets import get_preset
+    from .model.source import check_wtype, model_config
     from .plan import kv_demand, plan_steps
 
     warnings: list[str] = []
     if verbosity and as_json:
         raise UsageError("-v prints the event log, which --json does not print: drop one "
                          "(--events FILE keeps every event)")
-    model = get_preset(cfg.model)
+    model = model_config(cfg.model)
+    check_wtype(cfg.model, cfg.wtype, cfg.sources.get("wtype", "default"))
     if cfg.n_cpu_moe and not model.is_moe:
         raise UsageError(f"{_named(cfg, scenario, 'n_cpu_moe', '--n-cpu-moe')} {cfg.n_cpu_moe}: model {cfg.model} "
                          f"has no experts (a MoE preset: moe-tiny)")

@@ -25,9 +25,9 @@ from .config import RunConfig
 from .counters import Counters
 from .backends.drivers.faults import FaultInjector, calls_of, recoverable
 from .errors import CudaError, GraphdiagError, NoDeviceError, OutOfDeviceMemory, RunInterrupted, Terminated
-from .model.presets import get_preset, weight_type
+from .ir.dtypes import GGMLType
+from .model.source import build_model, model_config
 from .model.reference import Reference
-from .model.weights import create_model
 from .plan import StepPlan, plan_steps
 from .release import releasing
 from .sched.context import make_context
@@ -106,7 +106,7 @@ class Session:
                                       cfg.pdl)
                 make = lambda d, name=None: GpuBackend(d, bus, opts, self.clock, cfg.pool_cap, cfg.pool_max_buffers, name)
                 self._open_gpus(make)
-            self.model = create_model(get_preset(cfg.model), weight_type(cfg.wtype), seed=cfg.seed)
+            self.model = build_model(cfg.model, cfg.wtype, seed=cfg.seed)
             gpus = self.devices.gpus if self.devices is not None else [self.gpu] if self.gpu is not None else []
             self.ctx = make_context(self.model, [*gpus, self.cpu], bus, cfg.n_cpu_moe, cfg.reuse_disabled,
                                     self.split, self.devices.copy if self.devices is not None else None)
@@ -131,7 +131,7 @@ class Session:
         from .backends.device_set import DeviceSet, GpuGroup
         from .sched.devices import LayerSplit
         self.devices = DeviceSet([self.driver, *self.extra_drivers], make)
-        n_layer = get_preset(self.cfg.model).n_layer
+        n_layer = model_config(self.cfg.model).n_layer
         if self.cfg.tensor_split is not None:
             self.split = LayerSplit.of(n_layer, self.cfg.tensor_split)
         else:
@@ -186,6 +186,17 @@ class Session:
                         release(d.close)
 
 
+def _model_file(model) -> dict:
+    """What a GGUF model's header says of its file ({} for a preset)."""
+    g = model.file
+    if g is None:
+        return {}
+    types: dict[str, int] = {}
+    for t in g.types.values():
+        types[t.name] = types.get(t.name, 0) + 1
+    return {"path": str(g.path), "arch": g.arch, "tensors": len(g.types), "types": types, "bytes": g.n_bytes}
+
+
 def make_header(cfg: RunConfig, s: Session, scenario: str | None) -> dict:
     """The record's first line (report.record.RunHeader). On the simulated driver the settings show the
     mode it ran in (sim_mode, with why); `blas` is what numpy's BLAS was told (config.blas_threads)."""
@@ -199,7 +210,7 @@ def make_header(cfg: RunConfig, s: Session, scenario: str | None) -> dict:
         "backend": s.backend_name, "device": s.device, "simulated": s.driver is not None and s.driver.simulated,
         "model": cfg.model, "settings": settings, "sources": dict(cfg.sources),
         "sim_mode": s.sim_mode, "sim_mode_reason": mode_reason(cfg) if s.sim_mode else "",
-        "blas": blas_threads().to_dict(),
+        "blas": blas_threads().to_dict(), "model_file": _model_file(s.model),
         "started": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
         "scenario": scenario, "note": s.note,
     }
@@ -321,6 +332,7 @@ class Stepper:
             if be.is_gpu:
                 be.runtime.phases = self.phases
         s.ctx.before_read = self._prepare_next
+        self._has_q8_0 = any(t.type == GGMLType.Q8_0 for t in s.model.tensors())
         s.ctx.logits_in_place = True           # a step's logits are used before the next read (or copied)
 
     def run(self, plan: list[StepPlan]) -> None:
@@ -485,7 +497,7 @@ class Stepper:
         want = ref.prefill(batch[p.seq], seq=p.seq) if p.kind == "prefill" else ref.decode(batch)
         err = float(np.max(np.abs(logits - want)) / max(np.max(np.abs(want)), 1e-30))
         bound = ORACLE_BOUND[self.s.cfg.wtype]
-        if self.s.cfg.wtype == "q8_0" and self.s.gpu is not None:
+        if self.s.gpu is not None and self._has_q8_0:         # the run's weight type, or a file's own types
             bound = ORACLE_BOUND_Q8_1
         self.s.bus.emit(E.OracleCheck(step=step, ok=err <= bound, rel_err=err, bound=bound))
         if err > bound:
