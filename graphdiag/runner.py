@@ -439,7 +439,10 @@ class Stepper:
         try:
             with bus.span("step", "run/step", step, step):
                 if p.kind == "prefill":
-                    toks = self.rng.integers(1, s.model.cfg.n_vocab, p.n_tokens).tolist()
+                    if s.cfg.prompt_ids and step < s.cfg.batch:     # a sequence's prompt (the plan's first steps)
+                        toks = list(s.cfg.prompt_ids)
+                    else:
+                        toks = self.rng.integers(1, s.model.cfg.n_vocab, p.n_tokens).tolist()
                     logits = s.ctx.prefill(toks, seq=p.seq)
                     batch = {p.seq: toks}
                 else:
@@ -641,8 +644,12 @@ def _render_result(result: RunResult, sc, as_json: bool, out, strict: bool = Fal
         from .report.steps import render_steps
         render_summary(summary, file=out)
         from .report.measured import simulated_timings
+        mf = result.header.get("model_file") or {}
+        if mf:
+            from .model.gguf_io import detokenizer
         render_steps(result.events, file=out, simulated=simulated_timings(result.header),
-                     tokens_computed=result.header.get("sim_mode") != "decisions")
+                     tokens_computed=result.header.get("sim_mode") != "decisions",
+                     text=detokenizer(mf["path"]) if mf else None)
         for f in failures:
             out.write(f"FAILED: {f}\n")
         if sc is not None and not failures and summary.ended is not None and summary.ended.status == "complete":

@@ -240,3 +240,44 @@ def _vocab(n_vocab: int, TokenType) -> tuple[list[str], list[int]]:
     tokens += [f"\u2581t{i}" for i in range(n_vocab - len(tokens))]
     types += [TokenType.NORMAL] * (n_vocab - len(types))
     return tokens, [int(t) for t in types]
+
+
+def detokenizer(path: str | Path):
+    """ids -> text through the file's vocabulary, as llama.cpp's token_to_piece joins pieces: SPM ("llama":
+    "▁" is a space, <0xNN> a byte) and byte-level BPE ("gpt2": each character stands for one byte); None for
+    a file with another tokenizer or none. Exact for the pieces; special tokens print as their text."""
+    r = _reader(Path(path))
+    kind, pieces = _value(r, "tokenizer.ggml.model"), _value(r, "tokenizer.ggml.tokens")
+    if not pieces or kind not in ("llama", "gpt2"):
+        return None
+    table = [_spm_bytes(p) for p in pieces] if kind == "llama" else [_bpe_bytes(p) for p in pieces]
+
+    def text(ids) -> str:
+        return b"".join(table[i] for i in ids if 0 <= i < len(table)).decode("utf-8", "replace")
+    return text
+
+
+def _spm_bytes(piece: str) -> bytes:
+    if len(piece) == 6 and piece.startswith("<0x") and piece.endswith(">"):
+        try:
+            return bytes([int(piece[3:5], 16)])
+        except ValueError:
+            pass
+    return piece.replace("\u2581", " ").encode("utf-8")
+
+
+def _byte_decoder() -> dict[str, int]:
+    """GPT-2's byte-level alphabet inverted: the printable bytes stand for themselves, the others for 256 + n."""
+    keep = [*range(ord("!"), ord("~") + 1), *range(0xA1, 0xAC + 1), *range(0xAE, 0xFF + 1)]
+    extra = iter(range(256, 512))
+    return {chr(b if b in keep else next(extra)): b for b in range(256)}
+
+
+_BYTES = _byte_decoder()
+
+
+def _bpe_bytes(piece: str) -> bytes:
+    try:
+        return bytes(_BYTES[c] for c in piece)
+    except KeyError:
+        return piece.encode("utf-8")

@@ -137,3 +137,27 @@ def test_wtype_with_a_file_and_a_bad_export_name_are_refused(tmp_path, capsys, e
     assert "has its own types" in one_line(capsys, ["run", "--model", str(exported["f16"]), "--wtype", "q8_0"])
     assert "must end in .gguf" in one_line(capsys, ["export-gguf", str(tmp_path / "x.bin")])
     assert "MoE preset" in one_line(capsys, ["export-gguf", "--model", "moe-tiny", str(tmp_path / "m.gguf")])
+
+
+def test_prompt_ids_are_the_prompt_and_the_tokens_print_as_text(exported, capsys):
+    argv = ["run", "--backend", "sim", "--model", str(exported["f16"]), "--steps", "3", "--oracle"]
+    assert main([*argv, "--prompt-ids", "1,300,301,302"]) == 0
+    out = capsys.readouterr().out
+    assert "prompt_ids=" in out and "0 over the bound" in out
+    ids = [int(x) for x in out.split("generated (seq 0): ")[1].splitlines()[0].split()]
+    text = out.split("generated (seq 0) as text: ")[1].splitlines()[0]
+    assert text == repr("".join(f" t{i - 259}" for i in ids))          # the exported vocabulary's pieces
+    assert main([*argv, "--prompt-ids", "1,300,301,303"]) == 0          # another prompt, other tokens
+    assert capsys.readouterr().out.split("generated (seq 0): ")[1].splitlines()[0] != " ".join(map(str, ids))
+
+
+def test_prompt_ids_bad_values_are_refused(capsys, exported):
+    assert "outside model" in one_line(capsys, ["run", "--model", str(exported["f16"]), "--prompt-ids", "1,4096"])
+    assert "not a list of token ids" in one_line(capsys, ["run", "--prompt-ids", "1,-2"])
+    assert "disagree" in one_line(capsys, ["run", "--prompt-ids", "1,2", "--prompt-tokens", "3"])
+
+
+def test_the_detokenizer_joins_pieces_as_llama_cpp(tmp_path):
+    from graphdiag.model.gguf_io import _bpe_bytes, _spm_bytes
+    assert _spm_bytes("\u2581hello") == b" hello" and _spm_bytes("<0x0A>") == b"\n" and _spm_bytes("<0xZZ>") == b"<0xZZ>"
+    assert _bpe_bytes("\u0120world") == b" world" and _bpe_bytes("\u010a") == b"\n"
