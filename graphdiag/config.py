@@ -60,6 +60,7 @@ class RunConfig:
     wtype: str = "f16"               # weight type: "f16" | "q8_0"
     seed: int = 0
     prompt_tokens: int = 16
+    prompt_ids: tuple | None = None  # the prompt's token ids (--prompt-ids), each sequence's; None: seeded random
     steps: int = 32
     batch: int = 1                   # sequences decoded together (n_seqs = n_tokens per decode step)
     chunk_size: int = DEFAULT_CHUNK_SIZE
@@ -93,6 +94,7 @@ class RunConfig:
             self._fail("sim_mode", f"unknown sim mode {self.sim_mode!r} (choose compute or decisions)")
         if self.wtype not in ("f16", "q8_0"):
             self._fail("wtype", f"unknown weight type {self.wtype!r} (choose f16 or q8_0)")
+        self._check_prompt_ids()
         for name in ("prompt_tokens", "batch"):
             if getattr(self, name) < 1:
                 self._fail(name, f"{name.replace('_', '-')} must be >= 1, not {getattr(self, name)}")
@@ -113,6 +115,24 @@ class RunConfig:
             self._fail("compute_capability", f"compute capability {self.compute_capability} is not a plausible "
                        f"CUDA device (major {CC_MAJOR[0]}–{CC_MAJOR[1]}, minor 0–9, e.g. 6.1 or 9.0)")
         return self
+
+    def _check_prompt_ids(self) -> None:
+        """--prompt-ids "2,651,..." (or a scenario's list): non-negative token ids, as many as --prompt-tokens
+        if that is given too; they set prompt_tokens. That they are in the vocabulary is validate_run's."""
+        ids = self.prompt_ids
+        if ids is None:
+            return
+        items = ids.split(",") if isinstance(ids, str) else list(ids)
+        try:
+            parsed = tuple(int(x) for x in items if not isinstance(x, bool))
+        except (TypeError, ValueError):
+            parsed = ()
+        if not parsed or len(parsed) != len(items) or min(parsed) < 0:
+            self._fail("prompt_ids", f"prompt-ids {ids!r} is not a list of token ids (e.g. 2,651,1030)")
+        if self.sources.get("prompt_tokens", "default") != "default" and self.prompt_tokens != len(parsed):
+            self._fail("prompt_tokens", f"prompt-tokens {self.prompt_tokens} and prompt-ids ({len(parsed)} ids) "
+                       f"disagree: give one")
+        self.prompt_ids, self.prompt_tokens = parsed, len(parsed)
 
     def _check_devices(self) -> None:
         """--devices N >= 1; --tensor-split only with N > 1: N shares, none negative, a positive sum."""
@@ -160,6 +180,8 @@ class RunConfig:
         d.pop("sources")
         if self.tensor_split is not None:       # as given: "3,1"
             d["tensor_split"] = ",".join(f"{x:g}" for x in self.tensor_split)
+        if self.prompt_ids is None:
+            d.pop("prompt_ids")                 # the seeded random prompt (records before it had no such key)
         return d
 
 
@@ -306,14 +328,18 @@ def validate_run(cfg: RunConfig, scenario=None, as_json: bool = False, verbosity
     """Every check a run needs before anything is built: the model preset, options that cannot act on the
     chosen backend, the scenario's timeline against the resolved steps, the KV cells the plan needs, the
     smallest pool cap that can work. Raises UsageError; returns warnings (one line each)."""
-    from .model.presets import get_preset
+    from .model.source import check_wtype, model_config
     from .plan import kv_demand, plan_steps
 
     warnings: list[str] = []
     if verbosity and as_json:
         raise UsageError("-v prints the event log, which --json does not print: drop one "
                          "(--events FILE keeps every event)")
-    model = get_preset(cfg.model)
+    model = model_config(cfg.model)
+    check_wtype(cfg.model, cfg.wtype, cfg.sources.get("wtype", "default"))
+    if cfg.prompt_ids and max(cfg.prompt_ids) >= model.n_vocab:
+        raise UsageError(f"prompt-ids: token {max(cfg.prompt_ids)} is outside model {cfg.model}'s vocabulary of "
+                         f"{model.n_vocab} tokens")
     if cfg.n_cpu_moe and not model.is_moe:
         raise UsageError(f"{_named(cfg, scenario, 'n_cpu_moe', '--n-cpu-moe')} {cfg.n_cpu_moe}: model {cfg.model} "
                          f"has no experts (a MoE preset: moe-tiny)")

@@ -25,9 +25,9 @@ from .config import RunConfig, kernel_cache_dir
 from .counters import Counters
 from .backends.drivers.faults import FaultInjector, calls_of, recoverable
 from .errors import CudaError, GraphdiagError, NoDeviceError, OutOfDeviceMemory, RunInterrupted, Terminated
-from .model.presets import get_preset, weight_type
+from .ir.dtypes import GGMLType
+from .model.source import build_model, model_config
 from .model.reference import Reference
-from .model.weights import create_model
 from .plan import StepPlan, plan_steps
 from .release import releasing
 from .sched.context import make_context
@@ -106,7 +106,7 @@ class Session:
                                       cfg.pdl)
                 make = lambda d, name=None: GpuBackend(d, bus, opts, self.clock, cfg.pool_cap, cfg.pool_max_buffers, name)
                 self._open_gpus(make)
-            self.model = create_model(get_preset(cfg.model), weight_type(cfg.wtype), seed=cfg.seed)
+            self.model = build_model(cfg.model, cfg.wtype, seed=cfg.seed)
             gpus = self.devices.gpus if self.devices is not None else [self.gpu] if self.gpu is not None else []
             self.ctx = make_context(self.model, [*gpus, self.cpu], bus, cfg.n_cpu_moe, cfg.reuse_disabled,
                                     self.split, self.devices.copy if self.devices is not None else None)
@@ -131,7 +131,7 @@ class Session:
         from .backends.device_set import DeviceSet, GpuGroup
         from .sched.devices import LayerSplit
         self.devices = DeviceSet([self.driver, *self.extra_drivers], make)
-        n_layer = get_preset(self.cfg.model).n_layer
+        n_layer = model_config(self.cfg.model).n_layer
         if self.cfg.tensor_split is not None:
             self.split = LayerSplit.of(n_layer, self.cfg.tensor_split)
         else:
@@ -186,6 +186,17 @@ class Session:
                         release(d.close)
 
 
+def _model_file(model) -> dict:
+    """What a GGUF model's header says of its file ({} for a preset)."""
+    g = model.file
+    if g is None:
+        return {}
+    types: dict[str, int] = {}
+    for t in g.types.values():
+        types[t.name] = types.get(t.name, 0) + 1
+    return {"path": str(g.path), "arch": g.arch, "tensors": len(g.types), "types": types, "bytes": g.n_bytes}
+
+
 def make_header(cfg: RunConfig, s: Session, scenario: str | None) -> dict:
     """The record's first line (report.record.RunHeader). On the simulated driver the settings show the
     mode it ran in (sim_mode, with why); `blas` is what numpy's BLAS was told (config.blas_threads)."""
@@ -199,7 +210,7 @@ def make_header(cfg: RunConfig, s: Session, scenario: str | None) -> dict:
         "backend": s.backend_name, "device": s.device, "simulated": s.driver is not None and s.driver.simulated,
         "model": cfg.model, "settings": settings, "sources": dict(cfg.sources),
         "sim_mode": s.sim_mode, "sim_mode_reason": mode_reason(cfg) if s.sim_mode else "",
-        "blas": blas_threads().to_dict(),
+        "blas": blas_threads().to_dict(), "model_file": _model_file(s.model),
         "started": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
         "scenario": scenario, "note": s.note,
     }
@@ -321,6 +332,7 @@ class Stepper:
             if be.is_gpu:
                 be.runtime.phases = self.phases
         s.ctx.before_read = self._prepare_next
+        self._has_q8_0 = any(t.type == GGMLType.Q8_0 for t in s.model.tensors())
         s.ctx.logits_in_place = True           # a step's logits are used before the next read (or copied)
 
     def run(self, plan: list[StepPlan]) -> None:
@@ -427,7 +439,10 @@ class Stepper:
         try:
             with bus.span("step", "run/step", step, step):
                 if p.kind == "prefill":
-                    toks = self.rng.integers(1, s.model.cfg.n_vocab, p.n_tokens).tolist()
+                    if s.cfg.prompt_ids and step < s.cfg.batch:     # a sequence's prompt (the plan's first steps)
+                        toks = list(s.cfg.prompt_ids)
+                    else:
+                        toks = self.rng.integers(1, s.model.cfg.n_vocab, p.n_tokens).tolist()
                     logits = s.ctx.prefill(toks, seq=p.seq)
                     batch = {p.seq: toks}
                 else:
@@ -485,7 +500,7 @@ class Stepper:
         want = ref.prefill(batch[p.seq], seq=p.seq) if p.kind == "prefill" else ref.decode(batch)
         err = float(np.max(np.abs(logits - want)) / max(np.max(np.abs(want)), 1e-30))
         bound = ORACLE_BOUND[self.s.cfg.wtype]
-        if self.s.cfg.wtype == "q8_0" and self.s.gpu is not None:
+        if self.s.gpu is not None and self._has_q8_0:         # the run's weight type, or a file's own types
             bound = ORACLE_BOUND_Q8_1
         self.s.bus.emit(E.OracleCheck(step=step, ok=err <= bound, rel_err=err, bound=bound))
         if err > bound:
@@ -629,8 +644,12 @@ def _render_result(result: RunResult, sc, as_json: bool, out, strict: bool = Fal
         from .report.views.steps import render_steps
         render_summary(summary, file=out)
         from .report.analysis.measured import simulated_timings
+        mf = result.header.get("model_file") or {}
+        if mf:
+            from .model.gguf_io import detokenizer
         render_steps(result.events, file=out, simulated=simulated_timings(result.header),
-                     tokens_computed=result.header.get("sim_mode") != "decisions")
+                     tokens_computed=result.header.get("sim_mode") != "decisions",
+                     text=detokenizer(mf["path"]) if mf else None)
         for f in failures:
             out.write(f"FAILED: {f}\n")
         if sc is not None and not failures and summary.ended is not None and summary.ended.status == "complete":

@@ -34,7 +34,7 @@ from .counters import COUNTER_NAMES
 from .errors import ScenarioError, UsageError
 
 RUN_FIELDS: dict[str, type] = {
-    "model": str, "wtype": str, "prompt_tokens": int, "steps": int, "batch": int, "chunk_size": int,
+    "model": str, "wtype": str, "prompt_tokens": int, "prompt_ids": list, "steps": int, "batch": int, "chunk_size": int,
     "fusion": bool, "concurrent_streams": bool, "n_cpu_moe": int, "pool_cap": int, "pool_max_buffers": int,
     "compute_capability": str, "reuse_disabled": bool, "graphs_disabled": bool, "devices": int, "tensor_split": list,
     "sim_mode": str,

@@ -42,10 +42,9 @@ def mode_reason(cfg) -> str:
 def model_bytes(cfg) -> tuple[int, int]:
     """(device bytes, weight elements) of cfg's model: every weight and KV-cache tensor, aligned as loaded."""
     from .memory import aligned
-    from .model.presets import get_preset, weight_type
-    from .model.weights import create_model
+    from .model.source import build_model
 
-    model = create_model(get_preset(cfg.model), weight_type(cfg.wtype), with_data=False)
+    model = build_model(cfg.model, cfg.wtype, with_data=False)
     tensors = model.tensors()
     elements = sum(t.nelements() for t in tensors if not t.name.startswith("cache_"))
     return sum(aligned(t.nbytes()) for t in tensors), elements

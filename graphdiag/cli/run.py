@@ -21,6 +21,8 @@ def _one_scenario(given: tuple[str, ...]) -> str | None:
 @click.option("--wtype", type=click.Choice(["f16", "q8_0"]), default=None, help="Weight type.")
 @click.option("--seed", type=int, default=None, help="Weight and prompt seed.")
 @click.option("--prompt-tokens", type=int, default=None, help="Prompt length prefilled per sequence.")
+@click.option("--prompt-ids", default=None, help="The prompt as token ids, comma-separated (each sequence's; "
+              "default: seeded random tokens).")
 @click.option("--steps", type=int, default=None, help="Decode steps.")
 @click.option("--batch", type=int, default=None, help="Sequences decoded together (tokens per decode step).")
 @click.option("--chunk-size", type=int, default=None,

@@ -70,7 +70,8 @@ class Model:
     output: Tensor
     layers: list[Layer]
     host: Mapping[str, np.ndarray] = field(default_factory=dict)   # HostWeights when the model has values
-    seed: int | None = None   # None: a structure-only model (weights load as zeros)
+    seed: int | None = None   # None: a structure-only model (weights load as zeros), or a file's
+    file: object = None       # the GgufModel the weights come from (model/gguf_io.py), else None
     _dense: dict[str, np.ndarray] = field(default_factory=dict, repr=False)
 
     def tensors(self) -> list[Tensor]:
@@ -86,7 +87,12 @@ class Model:
 
 
 def _weight(ctx: Ctx, t: GGMLType, ne, name: str) -> Tensor:
-    return ctx.new_tensor(t, ne, name)
+    types = _TYPES.get()
+    return ctx.new_tensor(types.get(name, t) if types else t, ne, name)
+
+
+# the types of a file's weights while its structs are made (create_model's `types`), else None
+_TYPES: contextvars.ContextVar[Mapping[str, GGMLType] | None] = contextvars.ContextVar("weight_types", default=None)
 
 
 def _layer_structs(ctx: Ctx, cfg: ModelConfig, wt: GGMLType, il: int) -> Layer:
@@ -113,18 +119,23 @@ def _layer_structs(ctx: Ctx, cfg: ModelConfig, wt: GGMLType, il: int) -> Layer:
 
 
 def create_model(cfg: ModelConfig, wtype: GGMLType = GGMLType.F16, seed: int = 0, arena: Arena | None = None,
-                 with_data: bool = True) -> Model:
+                 with_data: bool = True, types: Mapping[str, GGMLType] | None = None) -> Model:
     """Build the persistent structs in `arena` (then freeze it). `with_data`: the weights have values (drawn
-    from `seed` where they are loaded, and on the host on first read); else they load as zeros."""
+    from `seed` where they are loaded, and on the host on first read); else they load as zeros. `types`:
+    each weight's own type where it has one (a file's), else `wtype`."""
     arena = arena if arena is not None else Arena()
     if arena.top != 0:
         raise ValueError("create_model needs an empty arena: the model is its persistent region")
     ctx = Ctx(arena)
     wt = GGMLType(wtype)
-    tok_embd = _weight(ctx, wt, (cfg.n_embd, cfg.n_vocab), "token_embd.weight")
-    layers = [_layer_structs(ctx, cfg, wt, il) for il in range(cfg.n_layer)]
-    output_norm = _weight(ctx, GGMLType.F32, (cfg.n_embd,), "output_norm.weight")
-    output = _weight(ctx, wt, (cfg.n_embd, cfg.n_vocab), "output.weight")
+    token = _TYPES.set(types)
+    try:
+        tok_embd = _weight(ctx, wt, (cfg.n_embd, cfg.n_vocab), "token_embd.weight")
+        layers = [_layer_structs(ctx, cfg, wt, il) for il in range(cfg.n_layer)]
+        output_norm = _weight(ctx, GGMLType.F32, (cfg.n_embd,), "output_norm.weight")
+        output = _weight(ctx, wt, (cfg.n_embd, cfg.n_vocab), "output.weight")
+    finally:
+        _TYPES.reset(token)
     for il, lay in enumerate(layers):
         lay.k_cache = ctx.new_tensor(GGMLType.F16, (cfg.n_embd_kv, cfg.n_ctx), f"cache_k_l{il}")
         lay.v_cache = ctx.new_tensor(GGMLType.F16, (cfg.n_embd_kv, cfg.n_ctx), f"cache_v_l{il}")
@@ -355,9 +366,11 @@ def _upload_group(model: Model, backend: Backend, tensors: list[Tensor], tick) -
     off = 0
     for t in tensors:
         t.data, t.buffer = base + off, base
-        weight = model.seed is not None and t.name in model.host
-        if dev is not None and weight:
+        weight = (model.seed is not None or model.file is not None) and t.name in model.host
+        if dev is not None and weight and model.file is None:
             _fill_on_device(*dev, t, model.seed)
+        elif weight and model.file is not None:
+            backend.tensor_set(t.data, model.host.draw(t.name))     # the file's bytes, uploaded as they are
         elif dev is not None:
             # ggml clears the KV buffers: unwritten cells are masked, but 0 * NaN garbage would still poison
             dev[0].memset_d8(t.data, 0, t.nbytes(), dev[1])
@@ -369,3 +382,13 @@ def _upload_group(model: Model, backend: Backend, tensors: list[Tensor], tick) -
         tick(t.nbytes())
     backend.synchronize()   # loaded means on the device: a fill error surfaces here, not in step 0
     return WeightBuffer(backend, base, total, tuple(t.name for t in tensors))
+
+
+def create_file_model(g, with_data: bool = True) -> Model:
+    """The model of a validated GGUF file (model/gguf_io.GgufModel): its config, each weight in the file's
+    type, the values the file's (memory-mapped) unless `with_data` is False (structure only)."""
+    from .gguf_io import FileWeights
+    model = create_model(g.cfg, g.main_type, with_data=False, types=g.types)
+    if with_data:
+        model.file, model.host = g, FileWeights(g)
+    return model

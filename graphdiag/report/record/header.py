@@ -36,6 +36,7 @@ class RunHeader:
     sim_mode: str = ""             # the simulated driver's mode: "compute" | "decisions" ("": not simulated)
     sim_mode_reason: str = ""      # why, e.g. "default for model 7b", "--sim-mode", "--verify needs computed results"
     blas: dict[str, Any] = field(default_factory=dict)   # config.BlasThreads.to_dict(): numpy's BLAS threads
+    model_file: dict[str, Any] = field(default_factory=dict)   # a GGUF model: path, arch, tensor types, bytes
     graphdiag_version: str = __version__
     schema: str = SCHEMA_NAME
     version: int = E.SCHEMA_VERSION

@@ -38,6 +38,11 @@ def header_lines(header: RunHeader) -> list[str]:
     if header.note:
         lines.insert(1, f"note: {header.note}")
     lines += run_mode_lines(header)
+    mf = header.model_file
+    if mf:
+        types = ", ".join(f"{n} ×{k}" for n, k in sorted(mf.get("types", {}).items()))
+        lines.append(f"model file: {mf.get('path')} ({mf.get('arch')}, {mf.get('tensors')} tensors: {types}; "
+                     f"{mf.get('bytes', 0):,} bytes of weights, memory-mapped; --wtype does not apply)")
     items = []
     for name, value in header.settings.items():
         src = header.sources.get(name, "default")

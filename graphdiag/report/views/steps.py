@@ -44,10 +44,10 @@ NOT_COMPUTED = "not computed"
 
 
 def render_steps(events: list[E.Event], file: TextIO | None = None, head: int = 8, tail: int = 4,
-                 simulated: bool = False, tokens_computed: bool = True) -> None:
+                 simulated: bool = False, tokens_computed: bool = True, text=None) -> None:
     """The steps table then the generated tokens. On the simulated driver the gpu column is the host's time
     in numpy (measured.gpu_column); in its decisions-only mode (`tokens_computed` False) no token was
-    computed, and the table says so."""
+    computed, and the table says so. `text(ids) -> str`: a model file's vocabulary, to show them as text."""
     rows = step_rows(events)
     if not rows:
         return
@@ -75,3 +75,5 @@ def render_steps(events: list[E.Event], file: TextIO | None = None, head: int = 
     for seq, toks in generated(events).items():
         shown_toks = " ".join(map(str, toks[:32])) + (" …" if len(toks) > 32 else "")
         con.print(f"generated (seq {seq}): {shown_toks}", markup=False)
+        if text is not None:
+            con.print(f"generated (seq {seq}) as text: {text(toks)!r}", markup=False)

@@ -1,0 +1,28 @@
+"""`graphdiag export-gguf`: a preset written as a llama GGUF file that llama.cpp loads."""
+
+from __future__ import annotations
+
+import click
+
+
+@click.command("export-gguf")
+@click.option("--model", default="tiny", show_default=True, help="Preset (tiny, small, 1b, 7b; dense only).")
+@click.option("--wtype", default="f16", show_default=True, help="Weight type of the mat-mul weights (f16, q8_0).")
+@click.option("--seed", default=0, show_default=True, type=click.IntRange(0, 2**31 - 1),
+              help="The seed of the preset's weights (as `run --seed`).")
+@click.argument("out", type=click.Path(dir_okay=False, writable=True))
+def export_gguf(model: str, wtype: str, seed: int, out: str) -> None:
+    """Write preset MODEL (graphdiag's seeded weights, an SPM vocabulary of placeholder pieces) as a llama
+    GGUF at OUT, so `graphdiag run --model OUT` and llama.cpp run the identical model."""
+    from ..errors import UsageError
+    from ..model.gguf_io import export_gguf as write
+    from ..model.presets import get_preset, weight_type
+    from ..model.weights import create_model
+
+    if not out.endswith(".gguf"):
+        raise UsageError(f"{out}: the output's name must end in .gguf (that is how --model tells a file)")
+    cfg = get_preset(model)
+    m = create_model(cfg, weight_type(wtype), seed=seed)
+    n = write(m, out, model)
+    click.echo(f"wrote {out}: {model} ({cfg.n_layer} layers, n_embd {cfg.n_embd}, vocab {cfg.n_vocab}), "
+               f"{m.wtype.name} weights from seed {seed}, {n:,} bytes")
