@@ -194,7 +194,8 @@ def main(argv=None) -> int:
     ap.add_argument("--only", default="", help="substring(s) of the row names, comma-separated")
     args = ap.parse_args(argv)
     from graphdiag.backends.drivers.cuda import CudaDriver
-    drv = CudaDriver.open()
+    from graphdiag.config import kernel_cache_dir
+    drv = CudaDriver.open(cache_dir=kernel_cache_dir())
     b = Bench(drv)
     rows = []
     for gen in (mat_vec_rows, glu_rows, attention_rows, mat_mul_rows):
