@@ -29,10 +29,11 @@ FLOORS = (
     ("run", ("runner", "bench", "cli", "__main__")),
 )
 
-# Rooms beside each other on the floors above: what each may not import although it sits lower.
+# What a room never imports, said outright (the floors forbid the rooms above it already; a device source,
+# on a floor below, is no business of an analysis or a view either).
 NEVER = {
-    "report.analysis": ("report.sources", "rich", "matplotlib", "nvtx", "cupti"),   # events in, data out
-    "report.views": ("report.sources",),                                            # data in, drawing out
+    "report.analysis": ("report.views", "report.sinks", "report.sources", "rich", "matplotlib", "nvtx", "cupti"),
+    "report.views": ("report.sinks", "report.sources"),          # data in, drawing out
     "report.record": ("rich", "matplotlib"),
 }
 
