@@ -170,7 +170,7 @@ def test_verify_on_a_big_model_says_up_front_what_it_will_cost(monkeypatch):
 
     def stop(*a, **k):
         raise KeyboardInterrupt
-    monkeypatch.setattr(runner, "create_model", stop)
+    monkeypatch.setattr(runner, "build_model", stop)
     monkeypatch.setattr("graphdiag.model.weights.available_host_bytes", lambda: 64 << 30)   # it would fit
     cfg = resolve({"backend": "sim", "model": "7b", "verify": True}, environ={})
     with pytest.raises(KeyboardInterrupt):

@@ -25,7 +25,7 @@ def _warnings(err: str) -> list[str]:
 def no_model(monkeypatch):
     """Any attempt to build the model fails the test: these errors must come first."""
     import graphdiag.runner as runner
-    monkeypatch.setattr(runner, "create_model", lambda *a, **kw: pytest.fail("a model was built"))
+    monkeypatch.setattr(runner, "build_model", lambda *a, **kw: pytest.fail("a model was built"))
 
 
 def _scenario(tmp_path, name: str, body: str):

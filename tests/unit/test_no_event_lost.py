@@ -163,7 +163,7 @@ def no_model(monkeypatch):
     """Building a model fails the test, even where a later error (a close's) would hide the failure."""
     import graphdiag.runner as runner
     built = []
-    monkeypatch.setattr(runner, "create_model", lambda *a, **kw: built.append(1) or pytest.fail("a model was built"))
+    monkeypatch.setattr(runner, "build_model", lambda *a, **kw: built.append(1) or pytest.fail("a model was built"))
     yield
     assert not built, "a model was built"
 

@@ -77,7 +77,7 @@ def test_record_fields_of_the_wrong_type_are_one_line(capsys, tmp_path, field, v
 
 def test_memory_error_is_bad_input_not_a_traceback(capsys, monkeypatch):
     import graphdiag.runner as runner
-    monkeypatch.setattr(runner, "create_model", lambda *a, **kw: (_ for _ in ()).throw(MemoryError()))
+    monkeypatch.setattr(runner, "build_model", lambda *a, **kw: (_ for _ in ()).throw(MemoryError()))
     assert "out of host memory" in _one_line(capsys, ["run", *QUICK, "--steps", "1"])
 
 
@@ -109,7 +109,7 @@ def test_the_traceback_only_when_debugging(capsys, monkeypatch, how):
 def no_model(monkeypatch):
     """Any attempt to build the model fails the test: these errors must come first."""
     import graphdiag.runner as runner
-    monkeypatch.setattr(runner, "create_model", lambda *a, **kw: pytest.fail("a model was built"))
+    monkeypatch.setattr(runner, "build_model", lambda *a, **kw: pytest.fail("a model was built"))
 
 
 @pytest.mark.parametrize("argv,needle", [
