@@ -196,12 +196,7 @@ def export_gguf(model, out: str | Path, name: str) -> int:
     out = Path(out)
     w = GGUFWriter(str(out), "llama")
     w.add_name(f"graphdiag {name} ({model.wtype.name}, seed {model.seed})")
-    w.add_context_length(cfg.n_ctx)
-    w.add_embedding_length(cfg.n_embd)
-    w.add_block_count(cfg.n_layer)
-    w.add_feed_forward_length(cfg.n_ff)
-    w.add_head_count(cfg.n_head)
-    w.add_head_count_kv(cfg.n_head_kv)
+    write_shape(w, cfg)
     w.add_rope_dimension_count(cfg.head_dim)
     w.add_rope_freq_base(cfg.rope_base)
     w.add_layer_norm_rms_eps(cfg.norm_eps)
@@ -229,6 +224,16 @@ def export_gguf(model, out: str | Path, name: str) -> int:
     finally:
         w.close()
     return out.stat().st_size
+
+
+def write_shape(w, cfg: ModelConfig) -> None:
+    """The hyper-parameters llama.cpp's loader needs, under the writer's architecture."""
+    w.add_context_length(cfg.n_ctx)
+    w.add_embedding_length(cfg.n_embd)
+    w.add_block_count(cfg.n_layer)
+    w.add_feed_forward_length(cfg.n_ff)
+    w.add_head_count(cfg.n_head)
+    w.add_head_count_kv(cfg.n_head_kv)
 
 
 def _vocab(n_vocab: int, TokenType) -> tuple[list[str], list[int]]:

@@ -9,7 +9,7 @@ import pytest
 
 from graphdiag.cli.main import main
 from graphdiag.config import resolve
-from graphdiag.model.gguf_io import export_gguf, open_gguf
+from graphdiag.model.gguf_io import open_gguf, write_shape
 from graphdiag.model.presets import ModelConfig
 from graphdiag.model.weights import create_model
 from graphdiag.runner import run
@@ -79,12 +79,7 @@ def _write(path, cfg=SMALL, arch="llama", drop=(), reshape=None, retype=None):
     """A small GGUF like export_gguf's, with one thing wrong."""
     m = create_model(cfg, seed=3)
     w = gguf.GGUFWriter(str(path), arch)
-    w.add_block_count(cfg.n_layer)
-    w.add_embedding_length(cfg.n_embd)
-    w.add_feed_forward_length(cfg.n_ff)
-    w.add_head_count(cfg.n_head)
-    w.add_head_count_kv(cfg.n_head_kv)
-    w.add_context_length(cfg.n_ctx)
+    write_shape(w, cfg)
     w.add_token_list([f"t{i}" for i in range(cfg.n_vocab)])
     for t in m.tensors():
         if t.name.startswith("cache_") or t.name in drop:
