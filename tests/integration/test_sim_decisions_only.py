@@ -188,7 +188,9 @@ def test_7b_decisions_only_reaches_its_steps_fast_and_stays_small():
             "t0 = time.monotonic()\n"
             "from graphdiag.cli.main import main\n"
             "rc = main(['run', '--backend', 'sim', '--model', '7b', '--steps', '32', '--json'])\n"
-            "print('MEASURE', rc, time.monotonic() - t0, resource.getrusage(resource.RUSAGE_SELF).ru_maxrss,"
+            # VmHWM, not ru_maxrss: Linux carries ru_maxrss over an exec from the forked parent (pytest's size)
+            "hwm = next(int(l.split()[1]) for l in open('/proc/self/status') if l.startswith('VmHWM:'))\n"
+            "print('MEASURE', rc, time.monotonic() - t0, hwm,"
             " file=sys.stderr)\n")
     p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300,
                        env={"PYTHONPATH": str(ROOT), "PATH": "/usr/bin:/bin"})
@@ -197,4 +199,4 @@ def test_7b_decisions_only_reaches_its_steps_fast_and_stays_small():
     d = json.loads(p.stdout)
     assert rc == "0" and d["header"]["sim_mode"] == "decisions" and d["steps"] == 33
     assert float(wall) < 120, wall
-    assert int(maxrss_kib) * 1024 < 3 << 30, maxrss_kib
+    assert int(maxrss_kib) * 1024 < 2 << 30, maxrss_kib     # the target: under 2 GiB
