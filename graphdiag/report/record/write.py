@@ -90,22 +90,18 @@ class JsonlWriter:
             self(ev)
 
     def _write(self, obj: dict[str, Any]) -> None:
-        if self._f is None:
-            return
-        try:
-            self._f.write(_ENCODER.encode(obj) + "\n")
-        except BrokenPipeError:
-            self._abandon()
-            raise _closed() from None
-        except OSError as e:
-            self._abandon()
-            raise self._error(e) from None
+        if self._f is not None:
+            self._guarded(self._f.write, _ENCODER.encode(obj) + "\n")
 
     def _flush(self) -> None:
-        if self._f is None:
-            return
+        if self._f is not None:
+            self._guarded(self._f.flush)
+
+    def _guarded(self, call, *args) -> None:
+        """A write or flush of the record: a closed reader or a full disk abandons the file and is raised
+        as the record's own error."""
         try:
-            self._f.flush()
+            call(*args)
         except BrokenPipeError:
             self._abandon()
             raise _closed() from None
