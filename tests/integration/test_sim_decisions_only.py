@@ -32,13 +32,9 @@ def _run(mode: str, sc=None, **settings):
 
 
 def _facts(r) -> dict:
-    """What must not differ between the modes: decisions, counters, memory figures, the modelled device
-    (with several devices only its kernel counts: their modelled busy time differs between two identical
-    compute runs too)."""
+    """What must not differ between the modes: decisions, counters, memory figures, the modelled device."""
     s = summarize(r.header, r.events)
-    several = r.header["settings"]["devices"] > 1
-    device = [(e.step, e.n_kernels, e.n_memcpy, tuple((k, n) for k, _, _, n in e.top)) if several else
-              (e.step, e.n_kernels, e.busy_ns, e.span_ns, e.memcpy_ns, e.top)
+    device = [(e.step, e.n_kernels, e.busy_ns, e.span_ns, e.memcpy_ns, e.top)
               for e in r.events if isinstance(e, E.DeviceTime)]
     ended = [e.to_dict() for e in r.events if isinstance(e, E.RunEnded)]
     return {"decisions": decision_stream(r.events), "counters": r.counters.snapshot(),

@@ -37,3 +37,22 @@ def test_graphdiag_diff_of_two_identical_sim_runs_exits_0(tmp_path, capsys):
                      "--events", str(tmp_path / f"{name}.jsonl")]) == 0
     capsys.readouterr()
     assert main(["diff", str(tmp_path / "a.jsonl"), str(tmp_path / "b.jsonl")]) == 0, capsys.readouterr().out
+
+
+def test_two_identical_runs_over_two_devices_model_identical_device_time(monkeypatch):
+    """The devices of a layer split start each step's modelled timeline at one host instant: how their
+    kernels overlap (the step's device busy and span) is the model's, not the host's. Each host clock read
+    here moves a random amount, as on a loaded host; before, two devices' timelines were placed at two
+    reads and their overlap moved with the host."""
+    import random
+    real = time.perf_counter_ns
+    rnd = random.Random(1)
+    monkeypatch.setattr(time, "perf_counter_ns", lambda: real() + rnd.randrange(10**6))
+
+    def device(r):
+        return [(e.step, e.device, e.busy_ns, e.span_ns, e.idle_ns, e.n_kernels)
+                for e in r.events if isinstance(e, E.DeviceTime)]
+    a = run_sim(devices=2, prompt_tokens=4, steps=6)
+    b = run_sim(devices=2, prompt_tokens=4, steps=6)
+    assert device(a) and device(a) == device(b)
+

@@ -77,11 +77,13 @@ class SimDeviceSource:
         self.activity = driver.activity = SimActivity()
         self._offset = 0
 
-    def begin_step(self) -> None:
+    def begin_step(self, host_ns: int | None = None) -> None:
+        """`host_ns`: the host instant the step's modelled records start from (now, unless given: the
+        devices of a split share one, so how their timelines line up is the model's, not the host's)."""
         self.activity.take()
         self.log.take()
         self.activity.cursor = max(self.activity.cursor, self.driver.modelled_ns)
-        self._offset = time.perf_counter_ns() - self.driver.modelled_ns
+        self._offset = (time.perf_counter_ns() if host_ns is None else host_ns) - self.driver.modelled_ns
 
     def end_step(self) -> list[ActivityRecord]:
         """The step's records, attributed, on the host's perf_counter_ns clock."""
@@ -102,8 +104,9 @@ class MultiDeviceSource:
         self.sources = [SimDeviceSource(d) for d in drivers]
 
     def begin_step(self) -> None:
+        now = time.perf_counter_ns()           # one instant for every device (two would differ by host speed)
         for s in self.sources:
-            s.begin_step()
+            s.begin_step(now)
 
     def end_step(self) -> list[ActivityRecord]:
         out = []
