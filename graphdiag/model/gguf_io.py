@@ -32,10 +32,6 @@ TYPES = {0: GGMLType.F32, 1: GGMLType.F16, 8: GGMLType.Q8_0}     # GGUF tensor t
 N_SPECIAL = 3 + 256              # <unk> <s> </s> and the byte tokens of the exported vocabulary
 
 
-def is_gguf_path(name: str) -> bool:
-    return str(name).endswith(".gguf")
-
-
 @dataclass
 class GgufModel:
     """A validated llama GGUF: its config, every tensor's type and (numpy) shape, and the file."""
@@ -48,7 +44,7 @@ class GgufModel:
 
     @property
     def main_type(self) -> GGMLType:
-        """The type most of the mat-mul weights' bytes are in (what the header shows as the weight type)."""
+        """The type most of the mat-mul weights (by count) are in: what the model reports as its weight type."""
         by: dict[GGMLType, int] = {}
         for name, t in self.types.items():
             if not name.endswith("norm.weight"):
@@ -79,9 +75,18 @@ def _value(reader, key: str, default=None):
         return default
 
 
-@lru_cache(maxsize=8)
 def open_gguf(path_str: str) -> GgufModel:
-    """The file's config and tensor types, every needed tensor checked; UsageError naming what is wrong."""
+    """The file's config and tensor types, every needed tensor checked; UsageError naming what is wrong.
+    Read once per file version: the checks are redone when the file's size or modification time changes."""
+    try:
+        st = Path(path_str).stat()
+    except OSError:
+        st = None
+    return _open(path_str, (st.st_size, st.st_mtime_ns) if st is not None else None)
+
+
+@lru_cache(maxsize=8)
+def _open(path_str: str, version) -> GgufModel:
     path = Path(path_str)
     r = _reader(path)
     arch = _value(r, "general.architecture")

@@ -14,10 +14,13 @@ def is_file(name: str) -> bool:
 
 def model_config(name: str) -> ModelConfig:
     """The preset called `name`, or the config of the GGUF file at `name` (every tensor checked)."""
-    if is_file(name):
-        from .gguf_io import open_gguf
-        return open_gguf(str(Path(name).resolve())).cfg
-    return get_preset(name)
+    return _file(name).cfg if is_file(name) else get_preset(name)
+
+
+def _file(name: str):
+    """The validated GGUF file at path `name` (model/gguf_io.GgufModel)."""
+    from .gguf_io import open_gguf
+    return open_gguf(str(Path(name).resolve()))
 
 
 def check_wtype(name: str, wtype: str, wtype_source: str) -> None:
@@ -30,6 +33,5 @@ def build_model(name: str, wtype: str, seed: int = 0, with_data: bool = True):
     """The Model of a preset (seeded weights) or of a GGUF file (its weights, memory-mapped)."""
     from .weights import create_file_model, create_model
     if is_file(name):
-        from .gguf_io import open_gguf
-        return create_file_model(open_gguf(str(Path(name).resolve())), with_data)
+        return create_file_model(_file(name), with_data)
     return create_model(get_preset(name), weight_type(wtype), seed=seed, with_data=with_data)

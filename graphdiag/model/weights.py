@@ -86,35 +86,32 @@ class Model:
         return self._dense[name]
 
 
-def _weight(ctx: Ctx, t: GGMLType, ne, name: str) -> Tensor:
-    types = _TYPES.get()
+def _weight(ctx: Ctx, t: GGMLType, ne, name: str, types: Mapping[str, GGMLType] | None = None) -> Tensor:
+    """A weight struct of type `t`, or of its own type in `types` (a file's)."""
     return ctx.new_tensor(types.get(name, t) if types else t, ne, name)
 
 
-# the types of a file's weights while its structs are made (create_model's `types`), else None
-_TYPES: contextvars.ContextVar[Mapping[str, GGMLType] | None] = contextvars.ContextVar("weight_types", default=None)
-
-
-def _layer_structs(ctx: Ctx, cfg: ModelConfig, wt: GGMLType, il: int) -> Layer:
+def _layer_structs(ctx: Ctx, cfg: ModelConfig, wt: GGMLType, il: int,
+                   types: Mapping[str, GGMLType] | None = None) -> Layer:
     p, d, dkv = f"blk.{il}.", cfg.n_embd, cfg.n_embd_kv
     lay = Layer(
-        attn_norm=_weight(ctx, GGMLType.F32, (d,), p + "attn_norm.weight"),
-        wq=_weight(ctx, wt, (d, d), p + "attn_q.weight"),
-        wk=_weight(ctx, wt, (d, dkv), p + "attn_k.weight"),
-        wv=_weight(ctx, wt, (d, dkv), p + "attn_v.weight"),
-        wo=_weight(ctx, wt, (d, d), p + "attn_output.weight"),
-        ffn_norm=_weight(ctx, GGMLType.F32, (d,), p + "ffn_norm.weight"),
+        attn_norm=_weight(ctx, GGMLType.F32, (d,), p + "attn_norm.weight", types),
+        wq=_weight(ctx, wt, (d, d), p + "attn_q.weight", types),
+        wk=_weight(ctx, wt, (d, dkv), p + "attn_k.weight", types),
+        wv=_weight(ctx, wt, (d, dkv), p + "attn_v.weight", types),
+        wo=_weight(ctx, wt, (d, d), p + "attn_output.weight", types),
+        ffn_norm=_weight(ctx, GGMLType.F32, (d,), p + "ffn_norm.weight", types),
     )
     if cfg.is_moe:
         e, f = cfg.n_expert, cfg.n_ff_exp
-        lay.ffn_gate_inp = _weight(ctx, GGMLType.F32, (d, e), p + "ffn_gate_inp.weight")
-        lay.ffn_gate_exps = _weight(ctx, wt, (d, f, e), p + "ffn_gate_exps.weight")
-        lay.ffn_up_exps = _weight(ctx, wt, (d, f, e), p + "ffn_up_exps.weight")
-        lay.ffn_down_exps = _weight(ctx, wt, (f, d, e), p + "ffn_down_exps.weight")
+        lay.ffn_gate_inp = _weight(ctx, GGMLType.F32, (d, e), p + "ffn_gate_inp.weight", types)
+        lay.ffn_gate_exps = _weight(ctx, wt, (d, f, e), p + "ffn_gate_exps.weight", types)
+        lay.ffn_up_exps = _weight(ctx, wt, (d, f, e), p + "ffn_up_exps.weight", types)
+        lay.ffn_down_exps = _weight(ctx, wt, (f, d, e), p + "ffn_down_exps.weight", types)
     else:
-        lay.ffn_gate = _weight(ctx, wt, (d, cfg.n_ff), p + "ffn_gate.weight")
-        lay.ffn_up = _weight(ctx, wt, (d, cfg.n_ff), p + "ffn_up.weight")
-        lay.ffn_down = _weight(ctx, wt, (cfg.n_ff, d), p + "ffn_down.weight")
+        lay.ffn_gate = _weight(ctx, wt, (d, cfg.n_ff), p + "ffn_gate.weight", types)
+        lay.ffn_up = _weight(ctx, wt, (d, cfg.n_ff), p + "ffn_up.weight", types)
+        lay.ffn_down = _weight(ctx, wt, (cfg.n_ff, d), p + "ffn_down.weight", types)
     return lay
 
 
@@ -128,14 +125,10 @@ def create_model(cfg: ModelConfig, wtype: GGMLType = GGMLType.F16, seed: int = 0
         raise ValueError("create_model needs an empty arena: the model is its persistent region")
     ctx = Ctx(arena)
     wt = GGMLType(wtype)
-    token = _TYPES.set(types)
-    try:
-        tok_embd = _weight(ctx, wt, (cfg.n_embd, cfg.n_vocab), "token_embd.weight")
-        layers = [_layer_structs(ctx, cfg, wt, il) for il in range(cfg.n_layer)]
-        output_norm = _weight(ctx, GGMLType.F32, (cfg.n_embd,), "output_norm.weight")
-        output = _weight(ctx, wt, (cfg.n_embd, cfg.n_vocab), "output.weight")
-    finally:
-        _TYPES.reset(token)
+    tok_embd = _weight(ctx, wt, (cfg.n_embd, cfg.n_vocab), "token_embd.weight", types)
+    layers = [_layer_structs(ctx, cfg, wt, il, types) for il in range(cfg.n_layer)]
+    output_norm = _weight(ctx, GGMLType.F32, (cfg.n_embd,), "output_norm.weight", types)
+    output = _weight(ctx, wt, (cfg.n_embd, cfg.n_vocab), "output.weight", types)
     for il, lay in enumerate(layers):
         lay.k_cache = ctx.new_tensor(GGMLType.F16, (cfg.n_embd_kv, cfg.n_ctx), f"cache_k_l{il}")
         lay.v_cache = ctx.new_tensor(GGMLType.F16, (cfg.n_embd_kv, cfg.n_ctx), f"cache_v_l{il}")
