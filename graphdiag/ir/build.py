@@ -122,6 +122,13 @@ class Ctx:
         """Write rows of `rows` into `dst` at `idxs`; the result is a view of dst (ggml_set_rows)."""
         return self.new_tensor(dst.type, dst.ne, name, Op.SET_ROWS, (dst, rows, idxs), dst, 0, dst.nb)
 
+    def scale(self, a: Tensor, s: float, name: str, bias: float = 0.0) -> Tensor:
+        """a * s + bias (ggml_scale / ggml_scale_bias: op_params f32 [s, bias])."""
+        x = self.new_tensor(GGMLType.F32, a.ne, name, Op.SCALE, (a,))
+        x.set_param_f32(0, s)
+        x.set_param_f32(1, bias)
+        return x
+
     def soft_max(self, a: Tensor, name: str, scale: float = 1.0) -> Tensor:
         x = self.new_tensor(GGMLType.F32, a.ne, name, Op.SOFT_MAX, (a,))
         x.set_param_f32(0, scale)
