@@ -12,6 +12,7 @@ class GGMLType(enum.IntEnum):
     F16 = 1
     Q4_0 = 2
     Q5_0 = 6
+    Q5_1 = 7
     Q8_0 = 8
     Q8_1 = 9
     Q4_K = 12
@@ -28,14 +29,14 @@ Q8_0_BLOCK = np.dtype([("d", "<f2"), ("qs", "i1", (QK8_0,))])
 
 QK_K = 256   # super-block of the K-quants
 # ggml's block sizes (elements) and block byte sizes (ggml-common.h): Q4_0 = f16 d + 16 nibble bytes; Q5_0 =
-# f16 d + 4 bytes of high bits + 16 nibble bytes; Q8_1 = f16 d, f16 d*sum + 32 int8; Q4_K = f16 d, f16 dmin,
+# f16 d + 4 bytes of high bits + 16 nibble bytes; Q5_1 = Q5_0 with an f16 min m after d; Q8_1 = f16 d, f16 d*sum + 32 int8; Q4_K = f16 d, f16 dmin,
 # 12 bytes of 6-bit scales/mins + 128 nibble bytes; Q5_K = Q4_K + 32 bytes of high bits; Q6_K = 128 low-nibble
 # bytes + 64 high-bit bytes + 16 int8 scales + f16 d; Q8_K = f32 d + 256 int8 + 16 int16 block sums.
 _BLOCK = {GGMLType.F32: 1, GGMLType.F16: 1, GGMLType.BF16: 1, GGMLType.I32: 1,
-          GGMLType.Q4_0: 32, GGMLType.Q5_0: 32, GGMLType.Q8_0: QK8_0, GGMLType.Q8_1: 32,
+          GGMLType.Q4_0: 32, GGMLType.Q5_0: 32, GGMLType.Q5_1: 32, GGMLType.Q8_0: QK8_0, GGMLType.Q8_1: 32,
           GGMLType.Q4_K: QK_K, GGMLType.Q5_K: QK_K, GGMLType.Q6_K: QK_K, GGMLType.Q8_K: QK_K}
 _SIZE = {GGMLType.F32: 4, GGMLType.F16: 2, GGMLType.BF16: 2, GGMLType.I32: 4,
-         GGMLType.Q4_0: 18, GGMLType.Q5_0: 22, GGMLType.Q8_0: Q8_0_BLOCK.itemsize, GGMLType.Q8_1: 36,
+         GGMLType.Q4_0: 18, GGMLType.Q5_0: 22, GGMLType.Q5_1: 24, GGMLType.Q8_0: Q8_0_BLOCK.itemsize, GGMLType.Q8_1: 36,
          GGMLType.Q4_K: 144, GGMLType.Q5_K: 176, GGMLType.Q6_K: 210, GGMLType.Q8_K: 292}
 NUMPY = {GGMLType.F32: np.float32, GGMLType.F16: np.float16, GGMLType.I32: np.int32}
 
