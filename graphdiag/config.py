@@ -57,7 +57,7 @@ def _atoi(v: str) -> int:
 class RunConfig:
     backend: str = "auto"            # "cuda" | "sim" | "cpu" | "auto" (cuda when a GPU is present, else sim)
     model: str = "tiny"
-    wtype: str = "f16"               # weight type: "f16" | "q8_0"
+    wtype: str = "f16"               # weight type: a model.presets.WEIGHT_TYPES name ("f16", "q8_0", "q4_k", ...)
     seed: int = 0
     prompt_tokens: int = 16
     prompt_ids: tuple | None = None  # the prompt's token ids (--prompt-ids), each sequence's; None: seeded random
@@ -92,8 +92,9 @@ class RunConfig:
             self._fail("chunk_size", f"invalid chunk size {self.chunk_size}: must be >= 0 (0 = one graph per split)")
         if self.sim_mode not in (None, "compute", "decisions"):
             self._fail("sim_mode", f"unknown sim mode {self.sim_mode!r} (choose compute or decisions)")
-        if self.wtype not in ("f16", "q8_0"):
-            self._fail("wtype", f"unknown weight type {self.wtype!r} (choose f16 or q8_0)")
+        from .model.presets import WEIGHT_TYPES
+        if self.wtype.lower() not in WEIGHT_TYPES:
+            self._fail("wtype", f"unknown weight type {self.wtype!r} (choose {', '.join(WEIGHT_TYPES)})")
         self._check_prompt_ids()
         for name in ("prompt_tokens", "batch"):
             if getattr(self, name) < 1:
@@ -328,7 +329,7 @@ def validate_run(cfg: RunConfig, scenario=None, as_json: bool = False, verbosity
     """Every check a run needs before anything is built: the model preset, options that cannot act on the
     chosen backend, the scenario's timeline against the resolved steps, the KV cells the plan needs, the
     smallest pool cap that can work. Raises UsageError; returns warnings (one line each)."""
-    from .model.source import check_wtype, model_config
+    from .model.source import check_backend_types, check_wtype, model_config
     from .plan import kv_demand, plan_steps
 
     warnings: list[str] = []
@@ -337,6 +338,7 @@ def validate_run(cfg: RunConfig, scenario=None, as_json: bool = False, verbosity
                          "(--events FILE keeps every event)")
     model = model_config(cfg.model)
     check_wtype(cfg.model, cfg.wtype, cfg.sources.get("wtype", "default"))
+    check_backend_types(cfg.model, cfg.wtype, cfg.backend)
     if cfg.prompt_ids and max(cfg.prompt_ids) >= model.n_vocab:
         raise UsageError(f"prompt-ids: token {max(cfg.prompt_ids)} is outside model {cfg.model}'s vocabulary of "
                          f"{model.n_vocab} tokens")

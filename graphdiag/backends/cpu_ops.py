@@ -1,8 +1,8 @@
 """The operations' semantics as pure numpy functions (the CPU backend, the simulated kernels and the oracle).
 
 Arrays are laid out as AddressSpace.ndarray returns them: axes outermost first, so a ggml tensor
-(ne0, ne1, ne2, ne3) is an array of shape (ne3, ne2, ne1, ne0); a Q8_0 tensor is an array of block records
-(ne3, ne2, ne1, ne0 // 32). Everything computes in float32 (weights are dequantised to float32 first;
+(ne0, ne1, ne2, ne3) is an array of shape (ne3, ne2, ne1, ne0); a block-type tensor (Q8_0, Q4_K, ..., and
+BF16) is an array of its graphdiag.quants.BLOCK_DTYPE records (ne3, ne2, ne1, ne0 // block). Everything computes in float32 (weights are dequantised to float32 first;
 matmuls accumulate in float32). Functions return new arrays, except `set_rows`, `copy` and
 `mul_mat_id_rows`, which write into a destination view in place.
 
@@ -16,17 +16,17 @@ from __future__ import annotations
 import numpy as np
 
 from ..errors import GraphdiagError
-from ..ir.dtypes import Q8_0_BLOCK
-from ..memory import dequantize_q8_0
+from ..quants import dequantize
 
 F32 = np.float32
 
 
 # -- helpers ---------------------------------------------------------------------------------------------
 def to_f32(a: np.ndarray) -> np.ndarray:
-    """Values of an F32/F16/I32 array or a Q8_0 block array as float32 (Q8_0 rows grow 32x along the last axis)."""
-    if a.dtype == Q8_0_BLOCK:
-        return dequantize_q8_0(a)
+    """Values of an F32/F16/I32 array or a block array as float32 (a block type's rows grow by its block size
+    along the last axis: ggml's dequantize_row_* values)."""
+    if a.dtype.names:
+        return dequantize(a)
     return a.astype(F32, copy=False)
 
 
@@ -99,7 +99,7 @@ def top_k(x: np.ndarray, k: int) -> np.ndarray:
 def get_rows(table: np.ndarray, ids: np.ndarray) -> np.ndarray:
     """dst[i3, i2, i1, :] = table[i3 % T3, i2 % T2, ids[0, i3, i2, i1], :] as float32.
 
-    table: (T3, T2, n_rows, ne0) (Q8_0: blocks); ids: I32 (1, n3, n2, n1) -> (n3, n2, n1, ne0).
+    table: (T3, T2, n_rows, ne0) (a block type: blocks); ids: I32 (1, n3, n2, n1) -> (n3, n2, n1, ne0).
     Only the selected rows are dequantised."""
     ids = ids[0].astype(np.intp, copy=False)
     n3, n2, _ = ids.shape
@@ -135,7 +135,7 @@ def copy(dst: np.ndarray, src: np.ndarray) -> None:
 def mul_mat(w: np.ndarray, x: np.ndarray) -> np.ndarray:
     """dst[b3, b2, n, m] = sum_k W[b3 // r3, b2 // r2, m, k] * x[b3, b2, n, k] (float32).
 
-    w: (W3, W2, M, K) any type (Q8_0: blocks); x: (B3, B2, N, K); r2 = B2 / W2, r3 = B3 / W3 -> (B3, B2, N, M)."""
+    w: (W3, W2, M, K) any type (a block type: blocks); x: (B3, B2, N, K); r2 = B2 / W2, r3 = B3 / W3 -> (B3, B2, N, M)."""
     wf = to_f32(w)
     for axis in (0, 1):
         if wf.shape[axis] != x.shape[axis] and wf.shape[axis] != 1:

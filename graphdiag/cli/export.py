@@ -7,7 +7,9 @@ import click
 
 @click.command("export-gguf")
 @click.option("--model", default="tiny", show_default=True, help="Preset (tiny, small, 1b, 7b; dense only).")
-@click.option("--wtype", default="f16", show_default=True, help="Weight type of the mat-mul weights (f16, q8_0).")
+@click.option("--wtype", default="f16", show_default=True,
+              help="Weight type of the mat-mul weights and the embedding (f16, bf16, f32, q8_0, q4_0, q5_0, q5_1, "
+                   "q4_k, q5_k, q6_k; a K-quant falls back where rows are no multiple of 256, as llama.cpp's).")
 @click.option("--seed", default=0, show_default=True, type=click.IntRange(0, 2**31 - 1),
               help="The seed of the preset's weights (as `run --seed`).")
 @click.argument("out", type=click.Path(dir_okay=False, writable=True))
@@ -17,7 +19,7 @@ def export_gguf(model: str, wtype: str, seed: int, out: str) -> None:
     from ..errors import UsageError
     from ..model.gguf_io import export_gguf as write
     from ..model.presets import get_preset, weight_type
-    from ..model.weights import create_model
+    from ..model.weights import create_model, fallback_note
 
     if not out.endswith(".gguf"):
         raise UsageError(f"{out}: the output's name must end in .gguf (that is how --model tells a file)")
@@ -26,3 +28,5 @@ def export_gguf(model: str, wtype: str, seed: int, out: str) -> None:
     n = write(m, out, model)
     click.echo(f"wrote {out}: {model} ({cfg.n_layer} layers, n_embd {cfg.n_embd}, vocab {cfg.n_vocab}), "
                f"{m.wtype.name} weights from seed {seed}, {n:,} bytes")
+    if m.fallbacks:
+        click.echo(fallback_note(m))

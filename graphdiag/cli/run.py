@@ -18,7 +18,9 @@ def _one_scenario(given: tuple[str, ...]) -> str | None:
               help="cuda: the GPU; sim: the simulated driver; cpu: numpy only. Default: cuda when a GPU is "
                    "present, else sim (announced as simulated).")
 @click.option("--model", default=None, help="Model preset: tiny, small, 1b, 7b, moe-tiny.")
-@click.option("--wtype", type=click.Choice(["f16", "q8_0"]), default=None, help="Weight type.")
+@click.option("--wtype", default=None, help="Weight type of a preset's mat-mul weights and embedding: f16, bf16, "
+              "f32, q8_0, q4_0, q5_0, q5_1, q4_k, q5_k, q6_k (a K-quant falls back where rows are no multiple of "
+              "256, as llama.cpp's quantizer).")
 @click.option("--seed", type=int, default=None, help="Weight and prompt seed.")
 @click.option("--prompt-tokens", type=int, default=None, help="Prompt length prefilled per sequence.")
 @click.option("--prompt-ids", default=None, help="The prompt as token ids, comma-separated (each sequence's; "

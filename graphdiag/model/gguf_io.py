@@ -5,11 +5,12 @@ Reading (`open_gguf`) takes the hyper-parameters from the metadata with llama.cp
 and checks every tensor graphdiag's llama graph needs — present, of the shape the metadata implies and of a
 type graphdiag computes — before anything is built; the tensor data stays memory-mapped (the `gguf`
 package's reader) and is viewed, not copied, in the host layout the rest of graphdiag uses (numpy axes
-outermost first; Q8_0 as ggml's 34-byte blocks). Writing (`export_gguf`) stores a preset's seeded weights
+outermost first; a block type as records of ggml's block, graphdiag.quants.BLOCK_DTYPE). Writing (`export_gguf`) stores a preset's seeded weights
 with the metadata and an SPM vocabulary (`<unk>`, `<s>`, `</s>`, the 256 byte tokens, then placeholder
 pieces) that llama.cpp's loader accepts, so graphdiag and llama.cpp can run the identical model.
 
-Supported here: architecture `llama` (Mistral-style files included), tensor types F32, F16 and Q8_0.
+Supported here: architecture `llama` (Mistral-style files included), tensor types F32, F16, BF16, Q8_0, Q4_0,
+Q5_0, Q5_1, Q4_K, Q5_K and Q6_K (TYPES).
 """
 
 from __future__ import annotations
@@ -23,12 +24,18 @@ from typing import Iterator
 import numpy as np
 
 from ..errors import UsageError
-from ..ir.dtypes import Q8_0_BLOCK, GGMLType
+from ..ir.dtypes import GGMLType, block_size, row_size
+from ..quants import BLOCK_DTYPE, type_of
 from .presets import ModelConfig
 
 SUPPORTED_ARCHS = ("llama",)
 N_CTX_MAX = 4096                 # KV cells graphdiag gives a file's model (its context length if smaller)
-TYPES = {0: GGMLType.F32, 1: GGMLType.F16, 8: GGMLType.Q8_0}     # GGUF tensor type -> graphdiag's
+# GGUF tensor type -> graphdiag's (the same numbers: ggml's enum)
+TYPES = {int(t): t for t in (GGMLType.F32, GGMLType.F16, GGMLType.BF16, GGMLType.Q8_0, GGMLType.Q4_0, GGMLType.Q5_0,
+                             GGMLType.Q5_1, GGMLType.Q4_K, GGMLType.Q5_K, GGMLType.Q6_K)}
+# llama_ftype of a file whose mat-mul weights are all of one type (general.file_type; K-quants as their _M mix)
+FILE_TYPE = {GGMLType.F32: 0, GGMLType.F16: 1, GGMLType.Q4_0: 2, GGMLType.Q8_0: 7, GGMLType.Q5_0: 8,
+             GGMLType.Q5_1: 9, GGMLType.Q4_K: 15, GGMLType.Q5_K: 17, GGMLType.Q6_K: 18, GGMLType.BF16: 32}
 N_SPECIAL = 3 + 256              # <unk> <s> </s> and the byte tokens of the exported vocabulary
 
 
@@ -107,12 +114,23 @@ def _open(path_str: str, version) -> GgufModel:
         gt = TYPES.get(int(t.tensor_type))
         if gt is None or (norm and gt != GGMLType.F32):
             raise UsageError(f"{path}: tensor {name} is {t.tensor_type.name}, which graphdiag does not compute "
-                             f"(supported: {'F32' if norm else 'F32, F16, Q8_0'})")
+                             f"(supported: {'F32' if norm else ', '.join(x.name for x in TYPES.values())})")
+        _check_bytes(path, name, gt, ne, int(t.n_bytes))
         if t.data_offset + t.n_bytes > len(r.data):
             raise UsageError(f"{path}: tensor {name} runs past the end of the file (truncated?)")
         types[name] = gt
         n_bytes += int(t.n_bytes)
     return GgufModel(path, cfg, types, arch, n_bytes)
+
+
+def _check_bytes(path: Path, name: str, t: GGMLType, ne: tuple[int, ...], n_bytes: int) -> None:
+    """A tensor's rows must hold whole blocks of its type, and its data the bytes its shape implies."""
+    if ne[0] % block_size(t):
+        raise UsageError(f"{path}: tensor {name} is {t.name} with rows of {ne[0]} elements, no multiple of its "
+                         f"{block_size(t)}-element block")
+    want = row_size(t, ne[0]) * int(np.prod(ne[1:], dtype=np.int64))
+    if n_bytes != want:
+        raise UsageError(f"{path}: tensor {name} holds {n_bytes:,} bytes; {t.name} of shape {list(ne)} is {want:,}")
 
 
 def _config(path: Path, r, arch: str) -> ModelConfig:
@@ -174,9 +192,9 @@ class FileWeights(Mapping):
                 self._r = _reader(self.g.path)
                 self._by = {t.name: t for t in self._r.tensors}
             t = self._by[name]
-            got = t.data
-            if self.g.types[name] == GGMLType.Q8_0:          # (rows, bytes) -> (rows, blocks) of block_q8_0
-                got = got.view(Q8_0_BLOCK)
+            got, dt = t.data, BLOCK_DTYPE[self.g.types[name]]
+            if dt.names:                 # (rows, bytes) -> (rows, blocks) of the type's block records
+                got = got.view(np.uint8).view(dt)
             self._cache[name] = got
         return got
 
@@ -205,7 +223,7 @@ def export_gguf(model, out: str | Path, name: str) -> int:
     w.add_rope_dimension_count(cfg.head_dim)
     w.add_rope_freq_base(cfg.rope_base)
     w.add_layer_norm_rms_eps(cfg.norm_eps)
-    w.add_file_type({GGMLType.F32: 0, GGMLType.F16: 1, GGMLType.Q8_0: 7}[model.wtype])
+    w.add_file_type(FILE_TYPE[model.wtype])
     tokens, types = _vocab(cfg.n_vocab, TokenType)
     w.add_tokenizer_model("llama")
     w.add_token_list(tokens)
@@ -216,8 +234,9 @@ def export_gguf(model, out: str | Path, name: str) -> int:
     w.add_eos_token_id(2)
     for n, _, _ in expected_tensors(cfg):
         a = model.host[n]
-        if a.dtype == Q8_0_BLOCK:
-            w.add_tensor(n, np.ascontiguousarray(a).view(np.uint8), raw_dtype=GGMLQuantizationType.Q8_0)
+        if a.dtype.names:            # blocks written as their bytes, typed for the reader
+            w.add_tensor(n, np.ascontiguousarray(a).view(np.uint8),
+                         raw_dtype=GGMLQuantizationType(int(type_of(a))))
         else:
             w.add_tensor(n, np.ascontiguousarray(a))
     try:

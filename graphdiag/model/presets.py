@@ -5,10 +5,16 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from ..errors import UsageError
-from ..ir.dtypes import GGMLType
+from ..ir.dtypes import GGMLType, block_size
 
-# Weight storage types a run may choose (norm weights are always F32, the KV cache always F16).
-WEIGHT_TYPES = {"f16": GGMLType.F16, "q8_0": GGMLType.Q8_0, "f32": GGMLType.F32}
+# Weight storage types a run may choose for every mat-mul weight and the token embedding (norm weights are
+# always F32, the KV cache always F16). Q5_1 is here because Q5_K falls back to it (preset_type).
+WEIGHT_TYPES = {"f16": GGMLType.F16, "q8_0": GGMLType.Q8_0, "f32": GGMLType.F32, "bf16": GGMLType.BF16,
+                "q4_0": GGMLType.Q4_0, "q5_0": GGMLType.Q5_0, "q5_1": GGMLType.Q5_1, "q4_k": GGMLType.Q4_K,
+                "q5_k": GGMLType.Q5_K, "q6_k": GGMLType.Q6_K}
+# llama-quant.cpp's tensor_type_fallback: a K-quant whose rows (ne0) are no multiple of 256 becomes this type;
+# a type whose block still does not divide the row (or a 32-block type that does not) becomes F16.
+K_FALLBACK = {GGMLType.Q4_K: GGMLType.Q5_0, GGMLType.Q5_K: GGMLType.Q5_1, GGMLType.Q6_K: GGMLType.Q8_0}
 
 
 @dataclass(frozen=True)
@@ -64,8 +70,18 @@ def get_preset(name: str) -> ModelConfig:
 
 
 def weight_type(name: str) -> GGMLType:
-    """'f16' | 'q8_0' (| 'f32', for tests) -> GGMLType."""
+    """A --wtype name ('f16', 'q8_0', 'q4_k', ...; case-insensitive) -> GGMLType."""
     try:
         return WEIGHT_TYPES[name.lower()]
     except KeyError:
         raise UsageError(f"unknown weight type {name!r} (known: {', '.join(WEIGHT_TYPES)})") from None
+
+
+def preset_type(t: GGMLType, ne0: int) -> GGMLType:
+    """The type llama.cpp's quantizer stores a tensor of row length ne0 in when asked for `t`."""
+    t = GGMLType(t)
+    bs = block_size(t)
+    if ne0 % bs == 0:
+        return t
+    got = K_FALLBACK.get(t, t)
+    return got if ne0 % block_size(got) == 0 else GGMLType.F16

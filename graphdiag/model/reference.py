@@ -11,7 +11,7 @@ from collections.abc import Mapping, Sequence
 
 import numpy as np
 
-from ..memory import dequantize_q8_0
+from ..quants import dequantize, q8_1_activations, type_of
 from .weights import Model
 
 F64 = np.float64
@@ -78,13 +78,13 @@ class Reference:
     """Forward passes over ubatches, with a KV cache per sequence (positions continue where they left off)."""
 
     def __init__(self, model: Model, q8_1_activations: bool = False):
-        """q8_1_activations: the backend rounds x to Q8_1 before Q8_0 products (the GPU backend, as ggml's
-        quantized paths); the numpy CPU backend multiplies plain floats."""
+        """q8_1_activations: the backend rounds x to Q8_1 before products with a block-quantised weight (the
+        GPU backend, as ggml's MMVQ/MMQ paths); the numpy CPU backend multiplies plain floats."""
         self.m, self.cfg = model, model.cfg
         self.q8_1 = q8_1_activations
         self.seqs: dict[int, _SeqCache] = {}
         self._w: dict[str, np.ndarray] = {}   # float64 weights: 8 bytes a parameter, for small presets
-        self._q8: set[str] = set()            # weights stored as Q8_0
+        self._q8: set[str] = set()            # weights whose products take Q8_1-rounded activations on a GPU
 
     def seq_len(self, seq: int) -> int:
         return self.seqs[seq].n_pos if seq in self.seqs else 0
@@ -93,9 +93,9 @@ class Reference:
         """The stored weight dequantised, as float64 (numpy axes outermost first); cached."""
         if name not in self._w:
             a = self.m.host[name]
-            if a.dtype.names:
+            if a.dtype.names and q8_1_activations(type_of(a)):
                 self._q8.add(name)
-            self._w[name] = (dequantize_q8_0(a) if a.dtype.names else a).astype(F64)
+            self._w[name] = (dequantize(a) if a.dtype.names else a).astype(F64)
         return self._w[name]
 
     # -- public API --------------------------------------------------------------------------------------
@@ -130,9 +130,9 @@ class Reference:
 
     # -- blocks --------------------------------------------------------------------------------------------
     def _mm(self, x: np.ndarray, name: str) -> np.ndarray:
-        """x @ W^T for a stored (out, in) weight. Against a Q8_0 weight, x is first rounded to Q8_1 as ggml's
-        quantized mat-vec and mat-mul paths do (per 32 values: d = max|x| / 127 stored as f16, q = rint(x/d))
-        — the arithmetic llama.cpp defines, so the oracle bound stays tight for Q8_0 runs (GPU backend)."""
+        """x @ W^T for a stored (out, in) weight. Against a block-quantised weight (Q4_0, Q5_0, Q5_1, Q8_0, Q4_K,
+        Q5_K, Q6_K), x is first rounded to Q8_1 as ggml's quantized mat-vec and mat-mul paths do (per 32 values: d = max|x| / 127 stored as f16, q = rint(x/d))
+        — the arithmetic llama.cpp defines, so the oracle bound stays tight for quantised runs (GPU backend)."""
         w = self.w(name)
         return (_q8_1_rounded(x) if self.q8_1 and name in self._q8 else x) @ w.T
 

@@ -7,9 +7,15 @@ when something there reads it (`Model.host`: the CPU backend, the oracle), to th
 standard deviation 1/sqrt(ne0) for mat-mul weights, 1 for the token embedding, 1 + 0.1 noise for norm
 weights (a pure 1 would hide a missing MUL), so activations stay O(1) and greedy tokens depend on the input.
 Host arrays are in ggml layout, numpy axes outermost first: a ggml weight of ne = (K, M) is a numpy (M, K)
-array, an expert stack ne = (K, M, E) is (E, M, K). Stored types: the run's weight type (F16 or Q8_0; F32 for
-tests) for mat-mul weights and the token embedding table, F32 for norm weights and the MoE router. The KV
-cache is F16, ne = (head_dim * n_head_kv, n_ctx) per layer, K and V alike (flash attention), zeroed on load.
+array, an expert stack ne = (K, M, E) is (E, M, K). Stored types: the run's weight type (presets.WEIGHT_TYPES)
+for mat-mul weights and the token embedding table — or, where a row (ne0) is no multiple of a K-quant's 256,
+the type llama.cpp's quantizer falls back to (presets.preset_type; `Model.fallbacks` names them) — F32 for
+norm weights and the MoE router. The KV cache is F16, ne = (head_dim * n_head_kv, n_ctx) per layer, K and V
+alike (flash attention), zeroed on load.
+
+F32, F16 and Q8_0 weights are drawn on a device by rng_fill; the other types have no device generator: their
+F32 values are drawn on the host with the same generator, quantised there (graphdiag.quants, ggml's reference
+quantisers) and uploaded, so the device holds the bytes the host's copy holds.
 """
 
 from __future__ import annotations
@@ -30,10 +36,14 @@ from ..backends.geometry import launch_geometry
 from ..errors import UsageError
 from ..ir.arena import Arena
 from ..ir.build import Ctx, contiguous_nb
-from ..ir.dtypes import GGMLType
+from ..ir.dtypes import GGMLType, block_size
 from ..ir.tensor import Tensor
-from ..memory import aligned, dequantize_q8_0, quantize_q8_0
-from .presets import ModelConfig
+from ..memory import aligned, quantize_q8_0
+from ..quants import dequantize, quantize
+from .presets import ModelConfig, preset_type
+
+# Types the rng_fill kernel draws on a device (kernels/rng.cu); the others are drawn and quantised on the host.
+DEVICE_FILL = (GGMLType.F32, GGMLType.F16, GGMLType.Q8_0)
 
 # Tensor-name suffixes of the expert stacks: the ops using them run where they live (--n-cpu-moe).
 EXPERT_SUFFIXES = ("ffn_gate_exps.weight", "ffn_up_exps.weight", "ffn_down_exps.weight")
@@ -72,6 +82,7 @@ class Model:
     host: Mapping[str, np.ndarray] = field(default_factory=dict)   # HostWeights when the model has values
     seed: int | None = None   # None: a structure-only model (weights load as zeros), or a file's
     file: object = None       # the GgufModel the weights come from (model/gguf_io.py), else None
+    fallbacks: dict[str, GGMLType] = field(default_factory=dict)   # preset weights not in wtype: name -> type
     _dense: dict[str, np.ndarray] = field(default_factory=dict, repr=False)
 
     def tensors(self) -> list[Tensor]:
@@ -82,36 +93,43 @@ class Model:
         """The stored weight `name` dequantised to float32 (numpy axes outermost first); cached."""
         if name not in self._dense:
             a = self.host[name]
-            self._dense[name] = dequantize_q8_0(a) if a.dtype.names else a.astype(np.float32)
+            self._dense[name] = dequantize(a) if a.dtype.names else a.astype(np.float32)
         return self._dense[name]
 
 
-def _weight(ctx: Ctx, t: GGMLType, ne, name: str, types: Mapping[str, GGMLType] | None = None) -> Tensor:
-    """A weight struct of type `t`, or of its own type in `types` (a file's)."""
-    return ctx.new_tensor(types.get(name, t) if types else t, ne, name)
+def _weight(ctx: Ctx, t: GGMLType, ne, name: str, types: Mapping[str, GGMLType] | None = None,
+            fallbacks: dict[str, GGMLType] | None = None) -> Tensor:
+    """A weight struct of type `t`, or of its own type in `types` (a file's). A preset's weight whose rows do
+    not fit `t`'s blocks takes llama.cpp's fallback type, recorded in `fallbacks`."""
+    if types:
+        return ctx.new_tensor(types.get(name, t), ne, name)
+    got = preset_type(t, ne[0])
+    if got != t and fallbacks is not None:
+        fallbacks[name] = got
+    return ctx.new_tensor(got, ne, name)
 
 
 def _layer_structs(ctx: Ctx, cfg: ModelConfig, wt: GGMLType, il: int,
-                   types: Mapping[str, GGMLType] | None = None) -> Layer:
+                   types: Mapping[str, GGMLType] | None = None, fb: dict[str, GGMLType] | None = None) -> Layer:
     p, d, dkv = f"blk.{il}.", cfg.n_embd, cfg.n_embd_kv
     lay = Layer(
-        attn_norm=_weight(ctx, GGMLType.F32, (d,), p + "attn_norm.weight", types),
-        wq=_weight(ctx, wt, (d, d), p + "attn_q.weight", types),
-        wk=_weight(ctx, wt, (d, dkv), p + "attn_k.weight", types),
-        wv=_weight(ctx, wt, (d, dkv), p + "attn_v.weight", types),
-        wo=_weight(ctx, wt, (d, d), p + "attn_output.weight", types),
-        ffn_norm=_weight(ctx, GGMLType.F32, (d,), p + "ffn_norm.weight", types),
+        attn_norm=_weight(ctx, GGMLType.F32, (d,), p + "attn_norm.weight", types, fb),
+        wq=_weight(ctx, wt, (d, d), p + "attn_q.weight", types, fb),
+        wk=_weight(ctx, wt, (d, dkv), p + "attn_k.weight", types, fb),
+        wv=_weight(ctx, wt, (d, dkv), p + "attn_v.weight", types, fb),
+        wo=_weight(ctx, wt, (d, d), p + "attn_output.weight", types, fb),
+        ffn_norm=_weight(ctx, GGMLType.F32, (d,), p + "ffn_norm.weight", types, fb),
     )
     if cfg.is_moe:
         e, f = cfg.n_expert, cfg.n_ff_exp
-        lay.ffn_gate_inp = _weight(ctx, GGMLType.F32, (d, e), p + "ffn_gate_inp.weight", types)
-        lay.ffn_gate_exps = _weight(ctx, wt, (d, f, e), p + "ffn_gate_exps.weight", types)
-        lay.ffn_up_exps = _weight(ctx, wt, (d, f, e), p + "ffn_up_exps.weight", types)
-        lay.ffn_down_exps = _weight(ctx, wt, (f, d, e), p + "ffn_down_exps.weight", types)
+        lay.ffn_gate_inp = _weight(ctx, GGMLType.F32, (d, e), p + "ffn_gate_inp.weight", types, fb)
+        lay.ffn_gate_exps = _weight(ctx, wt, (d, f, e), p + "ffn_gate_exps.weight", types, fb)
+        lay.ffn_up_exps = _weight(ctx, wt, (d, f, e), p + "ffn_up_exps.weight", types, fb)
+        lay.ffn_down_exps = _weight(ctx, wt, (f, d, e), p + "ffn_down_exps.weight", types, fb)
     else:
-        lay.ffn_gate = _weight(ctx, wt, (d, cfg.n_ff), p + "ffn_gate.weight", types)
-        lay.ffn_up = _weight(ctx, wt, (d, cfg.n_ff), p + "ffn_up.weight", types)
-        lay.ffn_down = _weight(ctx, wt, (cfg.n_ff, d), p + "ffn_down.weight", types)
+        lay.ffn_gate = _weight(ctx, wt, (d, cfg.n_ff), p + "ffn_gate.weight", types, fb)
+        lay.ffn_up = _weight(ctx, wt, (d, cfg.n_ff), p + "ffn_up.weight", types, fb)
+        lay.ffn_down = _weight(ctx, wt, (cfg.n_ff, d), p + "ffn_down.weight", types, fb)
     return lay
 
 
@@ -125,15 +143,16 @@ def create_model(cfg: ModelConfig, wtype: GGMLType = GGMLType.F16, seed: int = 0
         raise ValueError("create_model needs an empty arena: the model is its persistent region")
     ctx = Ctx(arena)
     wt = GGMLType(wtype)
-    tok_embd = _weight(ctx, wt, (cfg.n_embd, cfg.n_vocab), "token_embd.weight", types)
-    layers = [_layer_structs(ctx, cfg, wt, il, types) for il in range(cfg.n_layer)]
+    fb: dict[str, GGMLType] = {}
+    tok_embd = _weight(ctx, wt, (cfg.n_embd, cfg.n_vocab), "token_embd.weight", types, fb)
+    layers = [_layer_structs(ctx, cfg, wt, il, types, fb) for il in range(cfg.n_layer)]
     output_norm = _weight(ctx, GGMLType.F32, (cfg.n_embd,), "output_norm.weight", types)
-    output = _weight(ctx, wt, (cfg.n_embd, cfg.n_vocab), "output.weight", types)
+    output = _weight(ctx, wt, (cfg.n_embd, cfg.n_vocab), "output.weight", types, fb)
     for il, lay in enumerate(layers):
         lay.k_cache = ctx.new_tensor(GGMLType.F16, (cfg.n_embd_kv, cfg.n_ctx), f"cache_k_l{il}")
         lay.v_cache = ctx.new_tensor(GGMLType.F16, (cfg.n_embd_kv, cfg.n_ctx), f"cache_v_l{il}")
     arena.freeze()
-    model = Model(cfg, wt, arena, tok_embd, output_norm, output, layers)
+    model = Model(cfg, wt, arena, tok_embd, output_norm, output, layers, fallbacks=fb)
     if with_data:
         model.seed = seed
         model.host = HostWeights(model, seed)   # nothing drawn until the host reads a weight
@@ -141,9 +160,12 @@ def create_model(cfg: ModelConfig, wtype: GGMLType = GGMLType.F16, seed: int = 0
 
 
 def _store(x: np.ndarray, t: GGMLType) -> np.ndarray:
+    """float32 values -> the stored array of type `t`. Q8_0 rounds halves to even as rng_fill_q8_0 does
+    (memory.quantize_q8_0; ggml's reference rounds them away from zero: equal but at exact halves); every
+    other type is ggml's reference quantiser."""
     if t == GGMLType.Q8_0:
         return quantize_q8_0(x)
-    return x.astype(np.float16) if t == GGMLType.F16 else x.astype(np.float32)
+    return quantize(x, t)
 
 
 def value_spec(t: Tensor) -> tuple[np.float32, np.float32]:
@@ -227,6 +249,7 @@ class WeightBuffer:
 Progress = Callable[[int, int], None]
 LOAD_PROGRESS: contextvars.ContextVar[Progress | None] = contextvars.ContextVar("load_progress", default=None)
 LOUD_BYTES = 1 << 30
+LOUD_HOST_BYTES = 16 << 20       # host-quantised weights show progress from here (K-quants: ~5 M weights/s/core)
 HOST_MARGIN = 512 << 20          # host bytes kept free beyond the model (activations, temporaries)
 SIM_HEADROOM = 1 << 30           # simulated device bytes beyond the model (compute buffers, the pool)
 
@@ -300,12 +323,47 @@ def load_model(model: Model, gpu: Backend | list[Backend], cpu: Backend | None =
     total = sum(t.nbytes() for t in model.tensors())
     if progress is None and not all(d is None or d[0].computes for d in map(_device, gpus)):
         progress = _no_progress   # decisions-only: the memory is reserved and the fills modelled, at once
-    with _progress(progress, total, f"{model.cfg.name} {model.wtype.name} weights") as tick:
+    label = f"{model.cfg.name} {model.wtype.name} weights"
+    hosted = sum(t.nbytes() for t in model.tensors() if _host_quantised(model, t))
+    if hosted:
+        label += f" ({hosted:,} bytes drawn and quantised on the host)"
+    with _progress(progress, total, label, loud=total >= LOUD_BYTES or hosted >= LOUD_HOST_BYTES) as tick:
         buffers = []
         for gi, backend in enumerate([*gpus, cpu]):
             if groups[gi]:
                 buffers.append(_upload_group(model, backend, groups[gi], tick))
     return buffers
+
+
+def _host_quantised(model: Model, t: Tensor) -> bool:
+    """Whether loading draws and quantises weight `t` on the host although a device holds it."""
+    return model.file is None and model.seed is not None and t.type not in DEVICE_FILL and t.name in model.host
+
+
+def fallback_note(model: Model) -> str:
+    """One line naming the preset weights stored in llama.cpp's fallback type ('' when none), e.g.
+    'Q4_K weights with rows no multiple of 256 fell back as llama.cpp's quantizer does: blk.0-3.ffn_down
+    (1408 wide) -> Q5_0'."""
+    if not model.fallbacks:
+        return ""
+    groups: dict[tuple[str, int, str], list[str]] = {}
+    by_name = {t.name: t for t in model.tensors()}
+    for name, t in model.fallbacks.items():
+        parts = name.split(".")
+        layer, stem = (parts[1], ".".join(parts[2:-1])) if parts[0] == "blk" else ("", ".".join(parts[:-1]))
+        groups.setdefault((stem, by_name[name].ne[0], t.name), []).append(layer)
+    items = []
+    for (stem, ne0, to), layers in groups.items():
+        where = f"blk.{_span(layers)}.{stem}" if layers[0] else stem
+        items.append(f"{where} ({ne0} wide) -> {to}")
+    return (f"{model.wtype.name} weights with rows no multiple of {block_size(model.wtype)} fell back as "
+            f"llama.cpp's quantizer does: " + ", ".join(items))
+
+
+def _span(layers: list[str]) -> str:
+    """'0-3' for consecutive layer numbers, else them comma-separated."""
+    n = sorted(int(x) for x in layers)
+    return f"{n[0]}-{n[-1]}" if len(n) > 1 and n == list(range(n[0], n[-1] + 1)) else ",".join(map(str, n))
 
 
 def _no_progress(done: int, total: int) -> None:
@@ -315,11 +373,12 @@ def _no_progress(done: int, total: int) -> None:
 class _progress:
     """Context manager yielding tick(nbytes): the caller's callback, or a rich bar on stderr (big models)."""
 
-    def __init__(self, fn: Progress | None, total: int, label: str):
+    def __init__(self, fn: Progress | None, total: int, label: str, loud: bool = False):
         self.fn, self.total, self.label, self.done, self.bar = fn or LOAD_PROGRESS.get(), total, label, 0, None
+        self.loud = loud
 
     def __enter__(self) -> Callable[[int], None]:
-        if self.fn is None and self.total >= LOUD_BYTES:
+        if self.fn is None and self.loud:
             from rich.console import Console
             from rich.progress import BarColumn, DownloadColumn, Progress as Bar, TextColumn, TimeElapsedColumn
             self.bar = Bar(TextColumn("{task.description}"), BarColumn(), DownloadColumn(), TimeElapsedColumn(),
@@ -360,8 +419,12 @@ def _upload_group(model: Model, backend: Backend, tensors: list[Tensor], tick) -
     for t in tensors:
         t.data, t.buffer = base + off, base
         weight = (model.seed is not None or model.file is not None) and t.name in model.host
-        if dev is not None and weight and model.file is None:
+        if dev is not None and weight and model.file is None and t.type in DEVICE_FILL:
             _fill_on_device(*dev, t, model.seed)
+        elif dev is not None and weight and model.file is None and not getattr(dev[0], "computes", True):
+            dev[0].memset_d8(t.data, 0, t.nbytes(), dev[1])   # decisions only: no bytes are kept, none drawn
+        elif dev is not None and weight and model.file is None:
+            backend.tensor_set(t.data, model.host.draw(t.name))     # drawn and quantised on the host
         elif weight and model.file is not None:
             backend.tensor_set(t.data, model.host.draw(t.name))     # the file's bytes, uploaded as they are
         elif dev is not None:

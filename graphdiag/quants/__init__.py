@@ -16,11 +16,19 @@ from ..ir.dtypes import GGMLType, block_size
 from .codecs import dequantize_bytes, quantize_bytes
 from .layouts import BLOCK_DTYPE, type_of
 
-__all__ = ["BLOCK_DTYPE", "QUANT_TYPES", "dequantize", "quantize", "type_of"]
+__all__ = ["BLOCK_DTYPE", "QUANT_TYPES", "dequantize", "q8_1_activations", "quantize", "type_of"]
 
 G = GGMLType
 # Types both directions work for (Q8_K is a layout only: ggml uses it for activations on the CPU).
 QUANT_TYPES = (G.F32, G.F16, G.BF16, G.Q4_0, G.Q5_0, G.Q5_1, G.Q8_0, G.Q8_1, G.Q4_K, G.Q5_K, G.Q6_K)
+
+# Weight types whose CUDA products (ggml's MMVQ mat-vec, MMQ mat-mul) run on Q8_1-quantised activations.
+Q8_1_ACTIVATION_TYPES = (G.Q4_0, G.Q5_0, G.Q5_1, G.Q8_0, G.Q4_K, G.Q5_K, G.Q6_K)
+
+
+def q8_1_activations(t) -> bool:
+    """Whether a GPU mat-mul against a weight of type `t` first rounds its activations to Q8_1."""
+    return int(t) in Q8_1_ACTIVATION_TYPES
 
 
 def _check(t) -> GGMLType:
