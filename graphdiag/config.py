@@ -375,17 +375,19 @@ def min_pool_cap(demand, model, wtype: str = "f16") -> tuple[int, int]:
     """(bytes, step): the largest pool buffer one step asks for. The pool frees every cached buffer and
     retries when a request does not fit, so the run works iff the cap holds its largest single request,
     over-allocated by LOOK_AHEAD: the flash-attention scratch (geometry.fa_plan: the split-KV partials) or,
-    with Q8_0 weights, the Q8_1 copy of a mat-mul's activations (36 bytes per 32 values)."""
+    with Q8_0 (or another block type's) weights, the Q8_1 copy of a mat-mul's activations (36 bytes per 32 values)."""
     from .backends.geometry import fa_plan
     from .backends.gpu.pool import LOOK_AHEAD
     from .model.build import padded_n_kv
+    from .model.presets import weight_type
+    from .quants import q8_1_activations
 
     best, at = 0, -1
     widest = max(model.n_embd, model.n_ff, model.n_ff_exp)
     for step, p, cells in demand.steps:
         n_kv = padded_n_kv(cells, model.n_ctx)
         size = fa_plan(model.head_dim, model.n_head, model.n_head_kv, n_kv, p.tokens)[3]
-        if wtype == "q8_0":
+        if q8_1_activations(weight_type(wtype)):      # Q8_0 and every other block type (MMVQ/MMQ)
             size = max(size, 36 * (widest // 32) * p.tokens)
         want = max(int(size * LOOK_AHEAD + 255) // 256 * 256, 256)
         if want > best:

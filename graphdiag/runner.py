@@ -29,7 +29,7 @@ from .ir.dtypes import GGMLType
 from .quants import q8_1_activations
 from .model.source import build_model, model_config
 from .model.reference import Reference
-from .model.weights import fallback_note
+from .model.fallbacks import fallback_note
 from .plan import StepPlan, plan_steps
 from .release import releasing
 from .sched.context import make_context

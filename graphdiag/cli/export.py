@@ -19,7 +19,8 @@ def export_gguf(model: str, wtype: str, seed: int, out: str) -> None:
     from ..errors import UsageError
     from ..model.gguf_io import export_gguf as write
     from ..model.presets import get_preset, weight_type
-    from ..model.weights import create_model, fallback_note
+    from ..model.fallbacks import fallback_note
+    from ..model.weights import create_model
 
     if not out.endswith(".gguf"):
         raise UsageError(f"{out}: the output's name must end in .gguf (that is how --model tells a file)")

@@ -21,33 +21,35 @@ GROUP_MAX_EPS = F(1e-15)
 
 
 def _seqsum(a: np.ndarray) -> np.ndarray:
-    """Sum over the last axis, left to right in float32 (C's `s += a[i]`)."""
-    return np.cumsum(a, axis=-1, dtype=F)[..., -1]
+    """Sum over axis 0 of an (n, m) array, left to right in float32 (C's `s += a[i]`): numpy reduces a
+    non-contiguous axis one row after another (its pairwise summation acts only along a contiguous one)."""
+    return np.add.reduce(a, axis=0, dtype=F)
 
 
 def _nearest(v: np.ndarray, lo: int, hi: int) -> np.ndarray:
     """nearest_int(v) clamped to [lo, hi], as float32."""
-    return np.clip(np.rint(v), lo, hi).astype(F, copy=False)
+    v = np.rint(v)
+    return np.clip(v, lo, hi, out=v)
 
 
 def make_qkx2(x: np.ndarray, w: np.ndarray, nmax: int, rmin: float, rdelta: float, nstep: int):
-    """make_qkx2_quants over rows of x (m, n) with weights w: (scale (m,), the_min (m,), L (m, n) float32)."""
-    err = np.errstate(divide="ignore", invalid="ignore", over="ignore")
-    err.__enter__()
-    try:
-        mn, mx = np.minimum(x.min(axis=-1), F(0)), x.max(axis=-1)
+    """make_qkx2_quants over rows of x (m, n) with weights w: (scale (m,), the_min (m,), L (m, n) float32).
+    Works on the transposed (n, m) arrays: element i of every row is one contiguous vector."""
+    x, w = np.ascontiguousarray(x.T), np.ascontiguousarray(w.T)
+    with np.errstate(divide="ignore", invalid="ignore", over="ignore"):
+        mn, mx = np.minimum(x.min(axis=0), F(0)), x.max(axis=0)
         sum_w, sum_x = _seqsum(w), _seqsum(w * x)
         flat = mx == mn
         span = np.where(flat, F(1), mx - mn)
         iscale = F(nmax) / span
         scale = F(1) / iscale
-        L = _nearest(iscale[:, None] * (x - mn[:, None]), 0, nmax)
-        diff = scale[:, None] * L + mn[:, None] - x
+        L = _nearest(iscale * (x - mn), 0, nmax)
+        diff = scale * L + mn - x
         best = _seqsum(w * (diff * diff))
         for step in range(nstep + 1):
             span = np.where(flat, F(1), mx - mn)          # min moves as better fits are found: C reuses it
             iscale = (F(rmin) + F(rdelta) * F(step) + F(nmax)) / span
-            lx = _nearest(iscale[:, None] * (x - mn[:, None]), 0, nmax)
+            lx = _nearest(iscale * (x - mn), 0, nmax)
             wl = w * lx
             sum_l, sum_l2, sum_xl = _seqsum(wl), _seqsum(wl * lx), _seqsum(wl * x)
             D = sum_w * sum_l2 - sum_l * sum_l
@@ -56,34 +58,33 @@ def make_qkx2(x: np.ndarray, w: np.ndarray, nmax: int, rmin: float, rdelta: floa
             pos = this_min > 0
             this_min = np.where(pos, F(0), this_min)
             this_scale = np.where(pos, sum_xl / sum_l2, this_scale)
-            d2 = this_scale[:, None] * lx + this_min[:, None] - x
+            d2 = this_scale * lx + this_min - x
             cur = _seqsum(w * (d2 * d2))
             better = (D > 0) & (cur < best) & ~flat
-            L = np.where(better[:, None], lx, L)
+            L = np.where(better, lx, L)
             best = np.where(better, cur, best)
             scale = np.where(better, this_scale, scale)
             mn = np.where(better, this_min, mn)
-    finally:
-        err.__exit__(None, None, None)
-    L[flat] = 0
-    return np.where(flat, F(0), scale).astype(F), (-mn).astype(F), L
+    L[:, flat] = 0
+    return np.where(flat, F(0), scale).astype(F), (-mn).astype(F), np.ascontiguousarray(L.T)
 
 
 def make_qx(x: np.ndarray, nmax: int):
     """make_qx_quants(rmse_type 1, no importance weights) over rows of x (m, n): (scale (m,), L (m, n)),
-    L = l + nmax as float32."""
+    L = l + nmax as float32. Transposed inside as make_qkx2."""
+    ax = np.abs(x)
+    imax = ax.argmax(axis=-1)                            # the first of equal maxima, as C's strict `>`
+    amax = np.take_along_axis(ax, imax[:, None], -1)[:, 0]
+    vmax = np.take_along_axis(x, imax[:, None], -1)[:, 0]
+    x = np.ascontiguousarray(x.T)
     with np.errstate(divide="ignore", invalid="ignore", over="ignore"):
-        ax = np.abs(x)
-        imax = ax.argmax(axis=-1)
-        amax = np.take_along_axis(ax, imax[:, None], -1)[:, 0]
-        vmax = np.take_along_axis(x, imax[:, None], -1)[:, 0]
         zero = amax < GROUP_MAX_EPS
         vmax = np.where(zero, F(1), vmax)
         w = x * x
         wx = w * x
 
         def fit(iscale):
-            lx = _nearest(iscale[:, None] * x, -nmax, nmax - 1)
+            lx = _nearest(iscale * x, -nmax, nmax - 1)
             return lx, _seqsum(wx * lx), _seqsum((w * lx) * lx)
         lx, sumlx, suml2 = fit(F(-nmax) / vmax)
         L = lx + F(nmax)
@@ -92,11 +93,11 @@ def make_qx(x: np.ndarray, nmax: int):
         for step in (*range(-9, 0), *range(1, 10)):
             lx, sumlx, suml2 = fit(-(F(nmax) + F(0.1) * F(step)) / vmax)
             upd = (suml2 > 0) & (sumlx * sumlx > best * suml2)
-            L = np.where(upd[:, None], lx + F(nmax), L)
+            L = np.where(upd, lx + F(nmax), L)
             scale = np.where(upd, sumlx / suml2, scale)
             best = np.where(upd, scale * sumlx, best)
-    L[zero] = 0
-    return np.where(zero, F(0), scale).astype(F), L
+    L[:, zero] = 0
+    return np.where(zero, F(0), scale).astype(F), np.ascontiguousarray(L.T)
 
 
 def _pack_scales(ls: np.ndarray, lm: np.ndarray) -> np.ndarray:
@@ -110,7 +111,7 @@ def _k_scales(x: np.ndarray, nmax: int, rmin: float, nstep: int):
     """The shared first half of Q4_K/Q5_K: x (n, 256) -> (d f16 (n,), dmin f16 (n,), scales (n, 12), L (n, 256))."""
     n = len(x)
     xs = x.reshape(n * 8, 32)
-    av_x = np.sqrt(_seqsum(xs * xs) / F(32))
+    av_x = np.sqrt(_seqsum(np.ascontiguousarray(xs.T) ** 2) / F(32))
     scales, mins, L = make_qkx2(xs, av_x[:, None] + np.abs(xs), nmax, rmin, F(0.1), nstep)
     scales, mins, L = scales.reshape(n, 8), mins.reshape(n, 8), L.reshape(n, 8, 32)
     max_scale = np.maximum(scales.max(axis=1), F(0))

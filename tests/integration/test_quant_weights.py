@@ -18,7 +18,8 @@ from graphdiag.memory import quantize_q8_0
 from graphdiag.model.gguf_io import open_gguf
 from graphdiag.model.presets import PRESETS, ModelConfig, preset_type
 from graphdiag.model.reference import Reference
-from graphdiag.model.weights import create_model, fallback_note, load_model, value_spec
+from graphdiag.model.fallbacks import fallback_note
+from graphdiag.model.weights import create_model, load_model, value_spec
 from graphdiag.quants import dequantize, quantize
 from support.cli import one_line
 
