@@ -113,3 +113,14 @@ def test_an_exported_file_holds_the_types_and_bytes_and_runs_on_the_cpu(tmp_path
     capsys.readouterr()
     assert main(["run", "--backend", "cpu", "--model", str(p), "--steps", "3", "--oracle"]) == 0
     assert "0 over the bound" in capsys.readouterr().out
+
+
+def test_a_tensor_of_partial_blocks_or_the_wrong_bytes_is_refused_naming_it():
+    # gguf's writer cannot write such a file (it checks the same): the reader's check, called as open_gguf does
+    from graphdiag.errors import UsageError
+    from graphdiag.model.gguf_io import _check_bytes
+    with pytest.raises(UsageError, match="blk.0.ffn_down.weight is Q4_K with rows of 640 elements, no multiple"):
+        _check_bytes("f.gguf", "blk.0.ffn_down.weight", G.Q4_K, (640, 256), 256 * 640 // 256 * 144)
+    with pytest.raises(UsageError, match="holds 100 bytes; Q6_K of shape \\[512, 2\\] is 840"):
+        _check_bytes("f.gguf", "w", G.Q6_K, (512, 2), 100)
+    _check_bytes("f.gguf", "w", G.Q5_1, (64, 3), 3 * 2 * 24)
