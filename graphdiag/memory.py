@@ -110,7 +110,9 @@ def dequantize_q8_0(blocks: np.ndarray) -> np.ndarray:
 
 
 def quantize_q8_0(x: np.ndarray) -> np.ndarray:
-    """(..., n) float32 with n % 32 == 0 -> (..., n/32) Q8_0 records (round to nearest, as ggml)."""
+    """(..., n) float32 with n % 32 == 0 -> (..., n/32) Q8_0 records, halves rounded to even as rng_fill_q8_0
+    rounds them (a preset's Q8_0 weights). ggml's quantize_row_q8_0_ref rounds halves away from zero: the two
+    differ only where x / d is exactly k + 0.5; graphdiag.quants.quantize(x, Q8_0) is ggml's."""
     x = np.asarray(x, np.float32)
     blocks = x.reshape(*x.shape[:-1], x.shape[-1] // QK8_0, QK8_0)
     amax = np.abs(blocks).max(axis=-1)
