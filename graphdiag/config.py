@@ -16,6 +16,9 @@ from .errors import UsageError
 DEFAULT_CHUNK_SIZE = 512
 MAX_SEED = 2**63 - 1
 CC_MAJOR = (1, 15)          # compute capabilities a CUDA device could report (sm_10 .. sm_15x)
+# --wtype names (model.presets.WEIGHT_TYPES maps them to ggml types; here so that checking a setting, e.g.
+# listing the scenarios, needs no numpy)
+WTYPES = ("f16", "q8_0", "f32", "bf16", "q4_0", "q5_0", "q5_1", "q4_k", "q5_k", "q6_k")
 
 # name -> (RunConfig field, parser). Semantics follow llama.cpp exactly.
 ENV_KNOBS = {
@@ -92,9 +95,8 @@ class RunConfig:
             self._fail("chunk_size", f"invalid chunk size {self.chunk_size}: must be >= 0 (0 = one graph per split)")
         if self.sim_mode not in (None, "compute", "decisions"):
             self._fail("sim_mode", f"unknown sim mode {self.sim_mode!r} (choose compute or decisions)")
-        from .model.presets import WEIGHT_TYPES
-        if self.wtype.lower() not in WEIGHT_TYPES:
-            self._fail("wtype", f"unknown weight type {self.wtype!r} (choose {', '.join(WEIGHT_TYPES)})")
+        if self.wtype.lower() not in WTYPES:
+            self._fail("wtype", f"unknown weight type {self.wtype!r} (choose {', '.join(WTYPES)})")
         self._check_prompt_ids()
         for name in ("prompt_tokens", "batch"):
             if getattr(self, name) < 1:

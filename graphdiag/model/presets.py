@@ -4,14 +4,13 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from ..config import WTYPES
 from ..errors import UsageError
 from ..ir.dtypes import GGMLType, block_size
 
 # Weight storage types a run may choose for every mat-mul weight and the token embedding (norm weights are
 # always F32, the KV cache always F16). Q5_1 is here because Q5_K falls back to it (preset_type).
-WEIGHT_TYPES = {"f16": GGMLType.F16, "q8_0": GGMLType.Q8_0, "f32": GGMLType.F32, "bf16": GGMLType.BF16,
-                "q4_0": GGMLType.Q4_0, "q5_0": GGMLType.Q5_0, "q5_1": GGMLType.Q5_1, "q4_k": GGMLType.Q4_K,
-                "q5_k": GGMLType.Q5_K, "q6_k": GGMLType.Q6_K}
+WEIGHT_TYPES = {name: GGMLType[name.upper()] for name in WTYPES}
 # llama-quant.cpp's tensor_type_fallback: a K-quant whose rows (ne0) are no multiple of 256 becomes this type;
 # a type whose block still does not divide the row (or a 32-block type that does not) becomes F16.
 K_FALLBACK = {GGMLType.Q4_K: GGMLType.Q5_0, GGMLType.Q5_K: GGMLType.Q5_1, GGMLType.Q6_K: GGMLType.Q8_0}
