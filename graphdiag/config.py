@@ -16,8 +16,8 @@ from .errors import UsageError
 DEFAULT_CHUNK_SIZE = 512
 MAX_SEED = 2**63 - 1
 CC_MAJOR = (1, 15)          # compute capabilities a CUDA device could report (sm_10 .. sm_15x)
-# --wtype names (model.presets.WEIGHT_TYPES maps them to ggml types; here so that checking a setting, e.g.
-# listing the scenarios, needs no numpy)
+# --wtype names: model.presets.WEIGHT_TYPES's keys (it maps them to ggml types; it is on the engine floor and
+# imports numpy, which checking a setting, e.g. listing the scenarios, must not)
 WTYPES = ("f16", "q8_0", "f32", "bf16", "q4_0", "q5_0", "q5_1", "q4_k", "q5_k", "q6_k")
 
 # name -> (RunConfig field, parser). Semantics follow llama.cpp exactly.

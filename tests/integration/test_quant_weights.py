@@ -28,6 +28,12 @@ MINI = ModelConfig("mini", 2, 256, 4, 2, 640, 512, n_ctx=256)       # n_ff 640: 
 NEW = ("bf16", "q4_0", "q5_0", "q5_1", "q4_k", "q5_k", "q6_k")
 
 
+def test_the_settings_know_the_same_weight_types_as_the_presets():
+    from graphdiag.config import WTYPES
+    from graphdiag.model.presets import WEIGHT_TYPES
+    assert tuple(WEIGHT_TYPES) == WTYPES
+
+
 def test_k_quants_fall_back_as_llama_cpps_quantizer_does():
     assert preset_type(G.Q4_K, 1408) == G.Q5_0 and preset_type(G.Q5_K, 1408) == G.Q5_1
     assert preset_type(G.Q6_K, 1408) == G.Q8_0 and preset_type(G.Q4_K, 2048) == G.Q4_K
