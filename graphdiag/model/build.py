@@ -257,7 +257,7 @@ def build_graph(model: Model, params: GraphParams, templates: "GraphTemplates | 
     `templates`, a graph of the same shape built before is stamped out instead (the same structs)."""
     if params.n_kv > model.cfg.n_ctx:
         raise ValueError(f"n_kv {params.n_kv} > n_ctx {model.cfg.n_ctx}")
-    if templates is not None:
+    if templates is not None and _stampable(model):
         return templates.build(model, params)
     return builder_for(model)(model, params).build()
 
@@ -266,6 +266,13 @@ def builder_for(model: Model) -> type["_Builder"]:
     """The graph builder of the model's architecture (model/arch/: the registry)."""
     from .arch import get_arch
     return get_arch(model.cfg.arch).Builder
+
+
+def _stampable(model: Model) -> bool:
+    """Whether GraphTemplates may stamp the arch's graphs: it rewrites one set of n_kv-shaped tensors, so an
+    arch whose graphs have others (gemma3's SWA cache) sets STAMPABLE = False and is built afresh."""
+    from .arch import get_arch
+    return getattr(get_arch(model.cfg.arch), "STAMPABLE", True)
 
 
 _LAYOUT = struct.Struct("<4q4Q")                  # ne then nb, adjacent in the struct
