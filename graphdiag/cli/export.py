@@ -1,4 +1,4 @@
-"""`graphdiag export-gguf`: a preset written as a llama GGUF file that llama.cpp loads."""
+"""`graphdiag export-gguf`: a preset written as a GGUF file (llama, qwen2 or qwen3) that llama.cpp loads."""
 
 from __future__ import annotations
 
