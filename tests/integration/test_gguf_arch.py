@@ -154,3 +154,10 @@ def test_the_exported_file_runs_decides_and_generates_as_the_preset_of_its_arch(
 def test_export_of_an_unknown_architecture_is_refused_in_one_line(tmp_path, capsys):
     line = one_line(capsys, ["export-gguf", "--arch", "phi3", str(tmp_path / "x.gguf")])
     assert "architecture 'phi3' is not supported (supported: llama, qwen2, qwen3" in line
+
+
+def test_a_head_size_without_flash_attention_kernels_is_refused_on_graph_backends_only(tmp_path, capsys):
+    p = write_arch_gguf(tmp_path / "hd48.gguf", "qwen3", dataclasses.replace(MINI, n_embd_head=48))
+    assert "head_dim 48 has no flash-attention kernel on the graph backends" in _refusal(capsys, p)
+    assert main(["run", "--backend", "cpu", "--model", str(p), "--steps", "2", "--prompt-tokens", "3", "--oracle"]) == 0
+    assert "0 over the bound" in capsys.readouterr().out
