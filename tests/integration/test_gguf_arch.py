@@ -78,6 +78,11 @@ def create_model_host(cfg, name):
     return create_model(cfg, seed=0).host[name]
 
 
+def test_a_per_layer_array_of_equal_values_reads_as_that_value(tmp_path):
+    p = write_arch_gguf(tmp_path / "arr.gguf", "qwen3", extra={"qwen3.attention.key_length": [32, 32]})
+    assert open_gguf(str(p)).cfg.head_dim == 32
+
+
 def test_a_wide_head_qwen3_file_takes_head_dim_from_key_length(tmp_path):
     p = write_arch_gguf(tmp_path / "wide.gguf", "qwen3", MINI_QWEN3_WIDE)
     r = gguf.GGUFReader(p)
@@ -102,6 +107,9 @@ def _refusal(capsys, path) -> str:
     ("qwen3", dict(drop=("blk.0.attn_k_norm.weight",)), "tensor blk.0.attn_k_norm.weight is missing"),
     ("qwen2", dict(cfg=dataclasses.replace(MINI, n_embd_head=64)), "llama.cpp's qwen2 needs head_dim = n_embd / n_head = 32"),
     ("qwen3", dict(extra={"qwen3.rope.dimension_count": 16}), "rope.dimension_count 16 must be equal"),
+    ("qwen3", dict(extra={"qwen3.attention.key_length": [32, 16]}),
+     "metadata qwen3.attention.key_length = [32, 16] is not an integer graphdiag can use (per-layer values"),
+    ("qwen3", dict(extra={"qwen3.rope.scaling.factor": "x"}), "metadata qwen3.rope.scaling.factor = 'x' is not a number"),
     ("qwen2", dict(extra={"qwen2.rope.scaling.type": "yarn", "qwen2.rope.scaling.factor": 4.0}),
      "rope scaling (qwen2.rope.scaling.type 'yarn', factor 4.0) is not computed by graphdiag"),
     ("llama", dict(extra_tensors={"rope_freqs.weight": np.ones(16)}),

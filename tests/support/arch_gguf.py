@@ -28,7 +28,7 @@ def write_arch_gguf(path: Path, arch: str, cfg: ModelConfig = MINI, tied: bool =
                     seed: int = 3, drop: tuple[str, ...] = (), extra: dict | None = None,
                     extra_tensors: dict | None = None) -> Path:
     """A GGUF of arch_config(arch, cfg, tied) with seeded weights; `drop`: tensors left out; `extra`: more
-    metadata (key -> int/float/str); `extra_tensors`: more tensors (name -> f32 array)."""
+    metadata (key -> int/float/str/list); `extra_tensors`: more tensors (name -> f32 array)."""
     import gguf
     from graphdiag.model.bpe_vocab import write_bpe_vocab
     from graphdiag.model.gguf_io import _write_spm_vocab, write_shape
@@ -41,7 +41,7 @@ def write_arch_gguf(path: Path, arch: str, cfg: ModelConfig = MINI, tied: bool =
     else:
         write_bpe_vocab(w, c.n_vocab)
     for k, v in (extra or {}).items():
-        add = {int: w.add_uint32, float: w.add_float32, str: w.add_string}[type(v)]
+        add = {int: w.add_uint32, float: w.add_float32, str: w.add_string, list: w.add_array}[type(v)]
         add(k, v)
     for t in m.tensors():
         if t.name.startswith("cache_") or t.name in drop:

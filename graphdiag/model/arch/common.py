@@ -54,10 +54,32 @@ class Meta:
 
     def need(self, key: str) -> int:
         """A required positive integer `{arch}.key`; UsageError naming it otherwise."""
-        v = self.get(key)
-        if isinstance(v, bool) or not isinstance(v, (int, np.integer)) or v <= 0:
+        v = self.count(key, None)
+        if v is None or v <= 0:
             raise UsageError(f"{self.path}: metadata {self.arch}.{key} is missing or not a positive integer")
+        return v
+
+    def count(self, key: str, default):
+        """An integer `{arch}.key` (`default` when absent). llama.cpp also takes a per-layer array for some
+        (get_key_or_arr): one with equal entries reads as that value; another is refused in one line."""
+        v = self.get(key)
+        if v is None:
+            return default
+        if isinstance(v, (list, tuple)) and v and len(set(v)) == 1:
+            v = v[0]
+        if isinstance(v, bool) or not isinstance(v, (int, np.integer)):
+            raise self.fail(f"metadata {self.arch}.{key} = {v!r} is not an integer graphdiag can use "
+                            f"(per-layer values are not supported)")
         return int(v)
+
+    def real(self, key: str, default):
+        """A number `{arch}.key` as a float (`default` when absent); UsageError naming it otherwise."""
+        v = self.get(key)
+        if v is None:
+            return default
+        if isinstance(v, bool) or not isinstance(v, (int, float, np.integer, np.floating)):
+            raise self.fail(f"metadata {self.arch}.{key} = {v!r} is not a number")
+        return float(v)
 
     def fail(self, what: str) -> UsageError:
         return UsageError(f"{self.path}: {what}")
@@ -67,18 +89,19 @@ def base_config(meta: Meta, **arch_fields) -> ModelConfig:
     """The hyper-parameters every llama-family file gives, with llama.cpp's defaults for absent keys and its
     checks; `arch_fields` are the architecture's own ModelConfig fields (rope_type, ...)."""
     n_embd, n_head = meta.need("embedding_length"), meta.need("attention.head_count")
-    n_head_kv = int(meta.get("attention.head_count_kv", n_head))
+    n_head_kv = meta.count("attention.head_count_kv", n_head)
     n_vocab = _n_vocab(meta)
     if n_head_kv <= 0 or n_head % n_head_kv or n_vocab <= 0:
         raise meta.fail(f"inconsistent metadata (heads {n_head}, kv heads {n_head_kv}, vocab {n_vocab})")
-    k_len = int(meta.get("attention.key_length", n_embd // n_head))
-    v_len = int(meta.get("attention.value_length", n_embd // n_head))
-    n_rot = int(meta.get("rope.dimension_count", k_len))
+    k_len = meta.count("attention.key_length", n_embd // n_head)
+    v_len = meta.count("attention.value_length", n_embd // n_head)
+    n_rot = meta.count("rope.dimension_count", k_len)
     if k_len <= 0 or v_len != k_len or n_rot != k_len:
         # llama.cpp's llama/qwen2/qwen3 graphs assert n_embd_head_v == n_embd_head_k == n_rot
         raise meta.fail(f"{meta.arch}.attention.key_length {k_len}, value_length {v_len} and "
                         f"rope.dimension_count {n_rot} must be equal ({meta.arch}'s graph assumes it)")
-    if meta.get("attention.layer_norm_rms_epsilon") is None:
+    eps = meta.real("attention.layer_norm_rms_epsilon", None)
+    if eps is None:
         raise meta.fail(f"metadata {meta.arch}.attention.layer_norm_rms_epsilon is missing (llama.cpp requires it)")
     _check_rope_scaling(meta)
     n_ctx = min(meta.need("context_length"), N_CTX_MAX)
@@ -88,8 +111,7 @@ def base_config(meta: Meta, **arch_fields) -> ModelConfig:
     fields.update(arch_fields)
     return ModelConfig(meta.path.stem, meta.need("block_count"), n_embd, n_head, n_head_kv,
                        meta.need("feed_forward_length"), n_vocab,
-                       rope_base=float(meta.get("rope.freq_base", 10000.0)),
-                       norm_eps=float(meta.get("attention.layer_norm_rms_epsilon")), n_ctx=n_ctx, **fields)
+                       rope_base=meta.real("rope.freq_base", 10000.0), norm_eps=eps, n_ctx=n_ctx, **fields)
 
 
 def _n_vocab(meta: Meta) -> int:
@@ -104,8 +126,8 @@ def _n_vocab(meta: Meta) -> int:
 def _check_rope_scaling(meta: Meta) -> None:
     """graphdiag's rope has no frequency scaling: a file that asks for it is refused, not run wrongly."""
     kind = meta.get("rope.scaling.type", "linear")
-    factor = meta.get("rope.scaling.factor", meta.get("rope.scale_linear", 0.0))
-    if kind not in ("none", "linear") or float(factor or 0.0) not in (0.0, 1.0):
+    factor = meta.real("rope.scaling.factor", meta.real("rope.scale_linear", 0.0))
+    if kind not in ("none", "linear") or factor not in (0.0, 1.0):
         raise meta.fail(f"rope scaling ({meta.arch}.rope.scaling.type {kind!r}, factor {factor}) is not "
                         f"computed by graphdiag")
 

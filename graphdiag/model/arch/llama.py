@@ -20,12 +20,12 @@ NAME = "llama"
 ROPE_TYPE = ROPE_NORM
 # tensors llama.cpp's llama graph uses when present and graphdiag's does not: refused, not ignored
 UNSUPPORTED = ("rope_freqs.weight", "attn_output.bias", "ffn_gate.bias", "ffn_up.bias", "ffn_down.bias",
-               "attn_qkv.weight", "output.bias")
+               "attn_qkv.weight")
 
 
 def config(meta: Meta) -> ModelConfig:
     refuse_present(meta, UNSUPPORTED)
-    if int(meta.get("expert_count", 0) or 0) > 0:
+    if meta.count("expert_count", 0) > 0:
         # llama.cpp's llama MoE normalises the top-k weights (norm_w): not graphdiag's MoE preset graph
         raise meta.fail(f"{NAME}.expert_count {meta.get('expert_count')}: MoE llama files are not supported")
     return base_config(meta, rope_type=ROPE_TYPE)
