@@ -274,7 +274,3 @@ def _stampable(model: Model) -> bool:
 def padded_n_kv(used_cells: int, n_ctx: int) -> int:
     """llama.cpp's n_kv: cells in use (highest used cell + 1) padded to KV_PAD, at most n_ctx."""
     return min(n_ctx, max(KV_PAD, _pad(used_cells, KV_PAD)))
-
-
-# graphs stamped out again for another n_kv live in their own module; imported last (it reads this one)
-from .templates import GraphTemplates  # noqa: E402
