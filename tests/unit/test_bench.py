@@ -106,6 +106,14 @@ def test_roofline_bytes_count_every_weight_once_but_one_embedding_row():
     assert R.roofline_ms(2 * 10**9, 0, 4e12) == pytest.approx(0.5)   # the 1b figure of the notes: ~0.49 ms
 
 
+def test_a_tied_output_reads_the_whole_embedding_table_as_its_lm_head():
+    import dataclasses
+    cfg = PRESETS["tiny"]
+    untied = R.weight_bytes_read(create_model(cfg, with_data=False))
+    tied = R.weight_bytes_read(create_model(dataclasses.replace(cfg, tied_output=True), with_data=False))
+    assert tied == untied           # output.weight's bytes gone, the same bytes read from token_embd instead
+
+
 def test_copy_bandwidth_through_the_simulated_driver():
     from graphdiag.backends.drivers.sim import SimDriver
     drv = SimDriver()
