@@ -76,6 +76,10 @@ template <> __device__ __forceinline__ float row_elem<GGML_F32>(const char *row,
 template <> __device__ __forceinline__ float row_elem<GGML_F16>(const char *row, i64 k, i64 nb0) {
     return h2f(*(const unsigned short *)(row + k * nb0));
 }
+#define GGML_BF16_ELEM 30   // BF16 (quants.cuh names it GGML_BF16): the upper half of an F32
+template <> __device__ __forceinline__ float row_elem<GGML_BF16_ELEM>(const char *row, i64 k, i64 nb0) {
+    return __uint_as_float((unsigned)*(const unsigned short *)(row + k * nb0) << 16);
+}
 template <> __device__ __forceinline__ float row_elem<GGML_Q8_0>(const char *row, i64 k, i64 nb0) {
     const char *blk = row + (k / QK8_0) * nb0;   // block_q8_0: f16 scale, then 32 int8 quants
     return h2f(*(const unsigned short *)blk) * (float)(signed char)blk[2 + k % QK8_0];
@@ -169,13 +173,16 @@ __device__ __forceinline__ float block_max(float v, float *red) {
 
 __device__ __forceinline__ float silu(float x) { return x / (1.0f + expf(-x)); }
 
+// ggml-cuda's op_gelu (unary.cuh ggml_cuda_op_gelu_single), term for term: the tanh approximation.
+__device__ __forceinline__ float gelu_tanh(float x) {
+    const float GELU_COEF_A = 0.044715f, SQRT_2_OVER_PI = 0.79788456080286535587989211986876f;
+    return 0.5f * x * (1.0f + tanhf(SQRT_2_OVER_PI * x * (1.0f + GELU_COEF_A * x * x)));
+}
+
 // ggml's GLU variants: 0 = REGLU, 1 = GEGLU (tanh approximation), 2 = SWIGLU.
 __device__ __forceinline__ float glu(int op, float g, float u) {
     if (op == 0) return fmaxf(g, 0.0f) * u;
-    if (op == 1) {
-        const float c = 0.7978845608028654f;  // sqrt(2/pi)
-        return 0.5f * g * (1.0f + tanhf(c * (g + 0.044715f * g * g * g))) * u;
-    }
+    if (op == 1) return gelu_tanh(g) * u;
     return silu(g) * u;
 }
 

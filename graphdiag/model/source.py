@@ -51,6 +51,15 @@ def check_backend_types(name: str, wtype: str, backend: str) -> None:
                          f"yet (GPU: {', '.join(t.name for t in GPU_WEIGHT_TYPES)}); use --backend cpu")
 
 
+def check_backend(name: str, cfg: ModelConfig, backend: str) -> None:
+    """A graph backend (cuda, sim, auto) runs attention with flash-attention kernels of a few head sizes: a
+    model of another head_dim is refused up front (the CPU backend computes any)."""
+    from ..backends.kernels import FA_HEAD_DIMS
+    if backend != "cpu" and cfg.head_dim not in FA_HEAD_DIMS:
+        raise UsageError(f"model {name}: head_dim {cfg.head_dim} has no flash-attention kernel on the graph "
+                         f"backends (head sizes {', '.join(map(str, FA_HEAD_DIMS))}); --backend cpu runs it")
+
+
 def build_model(name: str, wtype: str, seed: int = 0, with_data: bool = True):
     """The Model of a preset (seeded weights) or of a GGUF file (its weights, memory-mapped)."""
     from .weights import create_file_model, create_model

@@ -16,7 +16,8 @@ from ..backends.base import Backend
 from ..errors import InternalError, UsageError
 from ..ir.dtypes import GGMLType
 from ..ir.tensor import Tensor
-from ..model.build import DECODE, PREFILL, BuiltGraph, GraphParams, GraphTemplates, build_graph
+from ..model.build import DECODE, PREFILL, BuiltGraph, GraphParams, build_graph
+from ..model.templates import GraphTemplates
 from ..model.weights import Model, load_model
 from .devices import LayerSplit
 from .kv_cells import KvCells

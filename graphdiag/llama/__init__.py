@@ -1,0 +1,1 @@
+"""Real llama.cpp, watched: its CUDA graph calls and log lines (graphdiag llama)."""
