@@ -331,7 +331,7 @@ def validate_run(cfg: RunConfig, scenario=None, as_json: bool = False, verbosity
     """Every check a run needs before anything is built: the model preset, options that cannot act on the
     chosen backend, the scenario's timeline against the resolved steps, the KV cells the plan needs, the
     smallest pool cap that can work. Raises UsageError; returns warnings (one line each)."""
-    from .model.source import check_backend, check_backend_types, check_wtype, model_config
+    from .model.source import check_backend, check_wtype, model_config
     from .plan import kv_demand, plan_steps
 
     warnings: list[str] = []
@@ -340,7 +340,6 @@ def validate_run(cfg: RunConfig, scenario=None, as_json: bool = False, verbosity
                          "(--events FILE keeps every event)")
     model = model_config(cfg.model)
     check_wtype(cfg.model, cfg.wtype, cfg.sources.get("wtype", "default"))
-    check_backend_types(cfg.model, cfg.wtype, cfg.backend)
     check_backend(cfg.model, model, cfg.backend)
     if cfg.prompt_ids and max(cfg.prompt_ids) >= model.n_vocab:
         raise UsageError(f"prompt-ids: token {max(cfg.prompt_ids)} is outside model {cfg.model}'s vocabulary of "

@@ -5,8 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from ..errors import UsageError
-from ..ir.dtypes import GGMLType
-from .presets import ModelConfig, get_preset, preset_type, weight_type
+from .presets import ModelConfig, get_preset, weight_type
 
 
 def is_file(name: str) -> bool:
@@ -28,27 +27,6 @@ def check_wtype(name: str, wtype: str, wtype_source: str) -> None:
     """--wtype chooses a preset's weight type; a file's weights have their own types."""
     if is_file(name) and wtype_source not in ("default", ""):
         raise UsageError(f"--wtype {wtype} chooses a preset's weight type; {name} has its own types (drop --wtype)")
-
-
-# Weight types the GPU backends (CUDA and the simulated driver) compute today; the others run on --backend cpu.
-GPU_WEIGHT_TYPES = (GGMLType.F32, GGMLType.F16, GGMLType.Q8_0)
-
-
-def check_backend_types(name: str, wtype: str, backend: str) -> None:
-    """Refuse, before anything is built, weights of a type the chosen backend has no kernels for."""
-    if backend == "cpu":
-        return
-    if is_file(name):
-        types = set(_file(name).types.values())
-    else:
-        cfg, wt = get_preset(name), weight_type(wtype)
-        types = {preset_type(wt, ne0) for ne0 in (cfg.n_embd, cfg.n_ff or cfg.n_ff_exp)}
-    missing = sorted(t.name for t in types if t not in GPU_WEIGHT_TYPES)
-    if missing:
-        what = f"model {name}'s" if is_file(name) else f"--wtype {wtype.lower()} gives"
-        who = f"--backend {backend}" if backend != "auto" else "the default backend (cuda, else sim)"
-        raise UsageError(f"{who}: {what} {', '.join(missing)} weights, which have no GPU kernels "
-                         f"yet (GPU: {', '.join(t.name for t in GPU_WEIGHT_TYPES)}); use --backend cpu")
 
 
 def check_backend(name: str, cfg: ModelConfig, backend: str) -> None:
