@@ -37,6 +37,7 @@ class GraphParams:
     n_outputs: int
     gtype: str        # DECODE | PREFILL
     n_kv: int         # KV cells the attention reads, padded to KV_PAD (capped at n_ctx)
+    n_kv_swa: int = 0  # the same for the sliding-window cache of an iSWA model (0: none)
 
     def __post_init__(self):
         if self.gtype not in (DECODE, PREFILL):
@@ -223,6 +224,10 @@ def build_graph(model: Model, params: GraphParams, templates: "GraphTemplates | 
     `templates`, a graph of the same shape built before is stamped out instead (the same structs)."""
     if params.n_kv > model.cfg.n_ctx:
         raise ValueError(f"n_kv {params.n_kv} > n_ctx {model.cfg.n_ctx}")
+    if getattr(model.cfg, "arch", "llama") == "gemma3":
+        # built afresh each time: GraphTemplates stamps one n_kv-shaped set, an iSWA graph has two
+        from .arch.gemma3_graph import Gemma3Builder
+        return Gemma3Builder(model, params).build()
     if templates is not None:
         return templates.build(model, params)
     return _Builder(model, params).build()

@@ -32,7 +32,7 @@ def _reuse_blocker(prev: GraphParams, new: GraphParams) -> str:
     the inputs' can_reuse (the KQ mask's ne[0] must equal n_kv). Prefill and decode are not different graph
     types in llama.cpp (both LLM_GRAPH_TYPE_DEFAULT): only their shapes tell them apart."""
     for field, label in (("n_tokens", "n_tokens"), ("n_seqs", "n_seqs"), ("n_outputs", "n_outputs"),
-                         ("n_kv", "n_kv")):
+                         ("n_kv", "n_kv"), ("n_kv_swa", "n_kv (SWA)")):
         a, b = getattr(prev, field), getattr(new, field)
         if a != b:
             return f"{label} {a}→{b}"
