@@ -69,6 +69,7 @@ class RunConfig:
     pdl: bool = True                 # programmatic dependent launch on 9.0+ (GGML_CUDA_PDL, on by default)
     graphs_disabled: bool = False
     reuse_disabled: bool = False
+    swa_full: bool = False           # a full-size SWA cache (llama.cpp's swa_full; off as llama-server, on in its C API)
     n_cpu_moe: int = 0
     devices: int = 1                 # GPUs the layers are split across (llama.cpp --split-mode layer)
     tensor_split: tuple | None = None  # share of the layers per device (--tensor-split); None: by free memory

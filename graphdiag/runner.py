@@ -27,7 +27,7 @@ from .backends.drivers.faults import FaultInjector, calls_of, recoverable
 from .errors import CudaError, GraphdiagError, NoDeviceError, OutOfDeviceMemory, RunInterrupted, Terminated
 from .ir.dtypes import GGMLType
 from .model.source import build_model, model_config
-from .model.reference import Reference
+from .model.oracle import make_reference
 from .plan import StepPlan, plan_steps
 from .release import releasing
 from .sched.context import make_context
@@ -106,11 +106,12 @@ class Session:
                                       cfg.pdl)
                 make = lambda d, name=None: GpuBackend(d, bus, opts, self.clock, cfg.pool_cap, cfg.pool_max_buffers, name)
                 self._open_gpus(make)
-            self.model = build_model(cfg.model, cfg.wtype, seed=cfg.seed)
+            self.model = build_model(cfg.model, cfg.wtype, seed=cfg.seed, swa_full=cfg.swa_full, n_seq_max=cfg.batch)
             gpus = self.devices.gpus if self.devices is not None else [self.gpu] if self.gpu is not None else []
             self.ctx = make_context(self.model, [*gpus, self.cpu], bus, cfg.n_cpu_moe, cfg.reuse_disabled,
                                     self.split, self.devices.copy if self.devices is not None else None)
-            self.reference = Reference(self.model, q8_1_activations=self.gpu is not None) if cfg.oracle else None
+            self.reference = (make_reference(self.model, q8_1_activations=self.gpu is not None)
+                              if cfg.oracle else None)
         except BaseException:
             # a half-built session (bad preset, weights that do not fit) releases the device; its own error
             # is the one to report, not a release's after it

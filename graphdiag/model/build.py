@@ -224,10 +224,10 @@ def build_graph(model: Model, params: GraphParams, templates: "GraphTemplates | 
     `templates`, a graph of the same shape built before is stamped out instead (the same structs)."""
     if params.n_kv > model.cfg.n_ctx:
         raise ValueError(f"n_kv {params.n_kv} > n_ctx {model.cfg.n_ctx}")
-    if getattr(model.cfg, "arch", "llama") == "gemma3":
-        # built afresh each time: GraphTemplates stamps one n_kv-shaped set, an iSWA graph has two
-        from .arch.gemma3_graph import Gemma3Builder
-        return Gemma3Builder(model, params).build()
+    if model.graph_builder is not None:
+        # an architecture's own builder (model/arch), built afresh each time: GraphTemplates stamps one
+        # n_kv-shaped set, an iSWA graph has two
+        return model.graph_builder(model, params)
     if templates is not None:
         return templates.build(model, params)
     return _Builder(model, params).build()

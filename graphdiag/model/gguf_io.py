@@ -26,7 +26,7 @@ from ..errors import UsageError
 from ..ir.dtypes import Q8_0_BLOCK, GGMLType
 from .presets import ModelConfig
 
-SUPPORTED_ARCHS = ("llama",)
+SUPPORTED_ARCHS = ("llama", "gemma3")
 N_CTX_MAX = 4096                 # KV cells graphdiag gives a file's model (its context length if smaller)
 TYPES = {0: GGMLType.F32, 1: GGMLType.F16, 8: GGMLType.Q8_0}     # GGUF tensor type -> graphdiag's
 N_SPECIAL = 3 + 256              # <unk> <s> </s> and the byte tokens of the exported vocabulary
@@ -92,10 +92,15 @@ def _open(path_str: str, version) -> GgufModel:
     arch = _value(r, "general.architecture")
     if arch not in SUPPORTED_ARCHS:
         raise UsageError(f"{path}: architecture {arch!r} is not supported (supported: {', '.join(SUPPORTED_ARCHS)})")
-    cfg = _config(path, r, arch)
     infos = {t.name: t for t in r.tensors}
+    if arch == "gemma3":
+        cfg = _gemma3_config(path, r, "output.weight" not in infos)
+        expected = _gemma3_tensors(cfg)
+    else:
+        cfg = _config(path, r, arch)
+        expected = expected_tensors(cfg)
     types, n_bytes = {}, 0
-    for name, ne, norm in expected_tensors(cfg):
+    for name, ne, norm in expected:
         t = infos.get(name)
         if t is None:
             raise UsageError(f"{path}: tensor {name} is missing (a {arch} model of {cfg.n_layer} layers needs it)")
@@ -139,6 +144,36 @@ def _config(path: Path, r, arch: str) -> ModelConfig:
     return ModelConfig(path.stem, need("block_count"), n_embd, n_head, n_head_kv, need("feed_forward_length"),
                        n_vocab, rope_base=float(_value(r, f"{arch}.rope.freq_base", 10000.0)),
                        norm_eps=float(_value(r, f"{arch}.attention.layer_norm_rms_epsilon", 1e-5)), n_ctx=n_ctx)
+
+
+def _n_vocab(r) -> int:
+    """Tokens in the file's vocabulary, else the embedding's rows (0 when neither says)."""
+    vocab = _value(r, "tokenizer.ggml.tokens")
+    emb = next((t for t in r.tensors if t.name == "token_embd.weight"), None)
+    return len(vocab) if vocab else (int(emb.shape[1]) if emb is not None and len(emb.shape) > 1 else 0)
+
+
+def _gemma3_config(path: Path, r, tied: bool):
+    """A gemma3 file's config (model/arch/gemma3.config_from_metadata: llama.cpp's defaults), n_ctx capped
+    at N_CTX_MAX; one line naming a missing or inconsistent key."""
+    from .arch.gemma3 import config_from_metadata
+    kv = {k: _value(r, k) for k in r.fields if k.startswith("gemma3.")}
+    n_ctx = min(int(kv.get("gemma3.context_length") or N_CTX_MAX), N_CTX_MAX)
+    try:
+        cfg = config_from_metadata(kv, _n_vocab(r), path.stem, n_ctx, tied=tied)
+    except (TypeError, ValueError) as e:
+        raise UsageError(f"{path}: unreadable gemma3 metadata ({e})") from None
+    except UsageError as e:
+        raise UsageError(f"{path}: {e}") from None
+    if min(cfg.n_embd, cfg.n_head, cfg.n_head_kv, cfg.head_dim, cfg.n_ff, cfg.n_vocab) <= 0 or cfg.n_head % cfg.n_head_kv:
+        raise UsageError(f"{path}: inconsistent metadata (n_embd {cfg.n_embd}, heads {cfg.n_head}, kv heads "
+                         f"{cfg.n_head_kv}, head_dim {cfg.head_dim}, vocab {cfg.n_vocab})")
+    return cfg
+
+
+def _gemma3_tensors(cfg) -> list[tuple[str, tuple[int, ...], bool]]:
+    from .arch.gemma3 import weight_shapes
+    return [(name, ne, name.endswith("norm.weight")) for name, ne in weight_shapes(cfg).items()]
 
 
 def expected_tensors(cfg: ModelConfig) -> Iterator[tuple[str, tuple[int, ...], bool]]:

@@ -29,9 +29,15 @@ def check_wtype(name: str, wtype: str, wtype_source: str) -> None:
         raise UsageError(f"--wtype {wtype} chooses a preset's weight type; {name} has its own types (drop --wtype)")
 
 
-def build_model(name: str, wtype: str, seed: int = 0, with_data: bool = True):
-    """The Model of a preset (seeded weights) or of a GGUF file (its weights, memory-mapped)."""
+def build_model(name: str, wtype: str, seed: int = 0, with_data: bool = True, swa_full: bool = False,
+                n_seq_max: int = 1):
+    """The Model of a preset (seeded weights) or of a GGUF file (its weights, memory-mapped). A file with a
+    sliding window sizes its SWA cache for `n_seq_max` sequences, or as the global one with `swa_full`."""
     from .weights import create_file_model, create_model
     if is_file(name):
-        return create_file_model(_file(name), with_data)
+        g = _file(name)
+        if g.arch == "gemma3":
+            from .arch import gemma3_model
+            return gemma3_model.create_file_model(g, with_data, swa_full=swa_full, n_seq_max=n_seq_max)
+        return create_file_model(g, with_data)
     return create_model(get_preset(name), weight_type(wtype), seed=seed, with_data=with_data)

@@ -72,6 +72,7 @@ class Model:
     host: Mapping[str, np.ndarray] = field(default_factory=dict)   # HostWeights when the model has values
     seed: int | None = None   # None: a structure-only model (weights load as zeros), or a file's
     file: object = None       # the GgufModel the weights come from (model/gguf_io.py), else None
+    graph_builder: Callable | None = None   # (model, GraphParams) -> BuiltGraph of another architecture
     _dense: dict[str, np.ndarray] = field(default_factory=dict, repr=False)
 
     def tensors(self) -> list[Tensor]:

@@ -12,23 +12,8 @@ from __future__ import annotations
 import numpy as np
 
 from ..errors import UsageError
-from ..model.build import KV_PAD, padded_n_kv
-
-N_UBATCH = 512        # llama.cpp's default n_ubatch: the most tokens one ubatch places
-
-
-def pad(n: int, m: int) -> int:
-    return (n + m - 1) // m * m
-
-
-def swa_cache_size(n_ctx: int, n_swa: int, n_seq_max: int, n_ubatch: int = N_UBATCH, unified: bool = True,
-                   swa_full: bool = False) -> int:
-    """Cells of the SWA cache (llama_kv_cache_iswa's size_swa): pad256(min(n_ctx, n_swa * (n_seq_max if the
-    cache is unified else 1) + n_ubatch)), or n_ctx with swa_full. The pad is the SWA cache's own (always 256,
-    llama.cpp issue 17037), so it may exceed an n_ctx that is no multiple of 256, as upstream."""
-    if swa_full:
-        return n_ctx
-    return pad(min(n_ctx, n_swa * (n_seq_max if unified else 1) + n_ubatch), KV_PAD)
+from ..model.build import padded_n_kv
+from ..model.kv_sizes import N_UBATCH, swa_cache_size  # noqa: F401  (the sizes live with the model)
 
 
 def is_masked_swa(n_swa: int, p0, p1):

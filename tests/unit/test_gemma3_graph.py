@@ -7,7 +7,8 @@ import pytest
 
 from graphdiag.errors import UsageError
 from graphdiag.ir.ops import Op, TensorFlag, is_view_or_noop
-from graphdiag.model.arch.gemma3 import Gemma3Config, config_from_metadata, create_model, swa_pattern
+from graphdiag.model.arch.gemma3 import config_from_metadata, swa_pattern
+from graphdiag.model.arch.gemma3_model import create_model
 from graphdiag.model.build import DECODE, PREFILL, GraphParams, build_graph
 
 # Gemma 3 270M's metadata (gemma-3-270m-q4_k_m.gguf, read with gguf 0.19.0): keys absent from it are absent here

@@ -27,12 +27,8 @@ from ...errors import UsageError
 from ...ir.arena import Arena
 from ...ir.build import Ctx
 from ...ir.dtypes import GGMLType
-from ...ir.graph import Graph
-from ...ir.ops import GluOp, Op, TensorFlag
 from ...ir.tensor import Tensor
-from ...sched.swa_cells import N_UBATCH, swa_cache_size
-
-ROPE_NEOX = 2          # ggml's GGML_ROPE_TYPE_NEOX (llama_model_rope_type: gemma3)
+from ..kv_sizes import N_UBATCH, swa_cache_size
 
 
 @dataclass(frozen=True)
@@ -193,17 +189,3 @@ def create_structs(cfg: Gemma3Config, arena: Arena, types: Mapping[str, GGMLType
     tok = made["token_embd.weight"]
     return Gemma3Structs(tok, made["output_norm.weight"], made.get("output.weight", tok), layers)
 
-
-def create_model(cfg: Gemma3Config, wtype: GGMLType = GGMLType.F16, seed: int = 0, with_data: bool = True,
-                 types: Mapping[str, GGMLType] | None = None, arena: Arena | None = None):
-    """A Gemma 3 Model (weights.Model) in a fresh arena, frozen; `with_data`: seeded values as the presets'
-    (weights.HostWeights), else zeros (a structure-only model)."""
-    from ..weights import HostWeights, Model
-    arena = arena if arena is not None else Arena()
-    s = create_structs(cfg, arena, types or {}, GGMLType(wtype))
-    arena.freeze()
-    model = Model(cfg, GGMLType(wtype), arena, s.tok_embd, s.output_norm, s.output, s.layers)
-    if with_data:
-        model.seed = seed
-        model.host = HostWeights(model, seed)
-    return model

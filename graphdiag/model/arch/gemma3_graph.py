@@ -11,7 +11,9 @@ from ...ir.dtypes import GGMLType
 from ...ir.graph import Graph
 from ...ir.ops import GluOp, Op, TensorFlag
 from ...ir.tensor import Tensor
-from .gemma3 import ROPE_NEOX
+from ..build import BuiltGraph
+
+ROPE_NEOX = 2          # ggml's GGML_ROPE_TYPE_NEOX (llama_model_rope_type: gemma3)
 
 
 @dataclass(frozen=True)
@@ -140,8 +142,7 @@ class Gemma3Builder:
         cur = self.norm(cur, lay.ffn_post_norm, "ffn_post_norm", il, norm_il=-1)
         return c.add(cur, sa_out, f"l_out-{il}")
 
-    def build(self):
-        from ..build import BuiltGraph
+    def build(self) -> BuiltGraph:
         c, cfg = self.c, self.cfg
         tokens = c.new_input(GGMLType.I32, (self.p.n_tokens,), "inp_tokens")
         x = c.scale(c.get_rows(self.m.tok_embd, tokens, "inp_embd"), math.sqrt(cfg.n_embd), "inp_scaled")
