@@ -27,7 +27,7 @@ from .backends.drivers.faults import FaultInjector, calls_of, recoverable
 from .errors import CudaError, GraphdiagError, NoDeviceError, OutOfDeviceMemory, RunInterrupted, Terminated
 from .ir.dtypes import GGMLType
 from .model.source import build_model, model_config
-from .model.oracle import make_reference
+from .model.reference import Reference
 from .plan import StepPlan, plan_steps
 from .release import releasing
 from .sched.context import make_context
@@ -110,8 +110,7 @@ class Session:
             gpus = self.devices.gpus if self.devices is not None else [self.gpu] if self.gpu is not None else []
             self.ctx = make_context(self.model, [*gpus, self.cpu], bus, cfg.n_cpu_moe, cfg.reuse_disabled,
                                     self.split, self.devices.copy if self.devices is not None else None)
-            self.reference = (make_reference(self.model, q8_1_activations=self.gpu is not None)
-                              if cfg.oracle else None)
+            self.reference = Reference(self.model, q8_1_activations=self.gpu is not None) if cfg.oracle else None
         except BaseException:
             # a half-built session (bad preset, weights that do not fit) releases the device; its own error
             # is the one to report, not a release's after it

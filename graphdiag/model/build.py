@@ -72,6 +72,8 @@ def _pad(n: int, m: int) -> int:
 
 
 class _Builder:
+    TEMPLATES = True   # GraphTemplates may stamp this builder's graphs out again (one n_kv-shaped set)
+
     def __init__(self, model: Model, params: GraphParams):
         self.m, self.cfg, self.p = model, model.cfg, params
         self.ctx = Ctx(model.arena)
@@ -113,16 +115,13 @@ class _Builder:
     def attention(self, lay: Layer, il: int, cur: Tensor, inp: GraphInputs) -> Tensor:
         """Q/K/V, rope, cache writes, flash attention and the output projection: (n_embd, n_tokens)."""
         c, g, cfg, t = self.ctx, self.g, self.cfg, self.p.n_tokens
-        hd, dkv = cfg.head_dim, cfg.n_embd_kv
-        q = c.reshape(c.mul_mat(lay.wq, cur, f"Qcur-{il}"), (hd, cfg.n_head, t), f"Qcur-{il} (reshaped)")
-        k = c.reshape(c.mul_mat(lay.wk, cur, f"Kcur-{il}"), (hd, cfg.n_head_kv, t), f"Kcur-{il} (reshaped)")
-        v = c.reshape(c.mul_mat(lay.wv, cur, f"Vcur-{il}"), (hd, cfg.n_head_kv, t), f"Vcur-{il} (reshaped)")
-        q = c.rope(q, inp.pos, hd, cfg.rope_base, f"Qcur_rope-{il}")
-        k = c.rope(k, inp.pos, hd, cfg.rope_base, f"Kcur_rope-{il}")
+        dkv = cfg.n_embd_kv
+        q, k, v = self.qkv(lay, il, cur)
+        q, k = self.rope_qk(lay, il, q, k, inp)
         # as llama.cpp's build_attn: Q, then V, then K last so ROPE(K) is followed by its cache write
         for x in (q, v, k):
             g.build_forward_expand(x)
-        k2 = c.view(k, (dkv, t), (k.nb[0], k.nb[2], k.nb[2] * t, k.nb[2] * t), 0, f"Kcur_rope-{il} (view)")
+        k2 = c.view(k, (dkv, t), (k.nb[0], k.nb[2], k.nb[2] * t, k.nb[2] * t), 0, f"{k.name} (view)")
         k_set = c.set_rows(lay.k_cache, k2, inp.k_idxs, f"cache_k_l{il} (set_rows)")
         g.build_forward_expand(k_set)
         v2 = c.reshape(v, (dkv, t), f"Vcur-{il} (reshaped 2d)")
@@ -130,9 +129,46 @@ class _Builder:
         g.build_forward_expand(v_set)
         k_all = self.cache_view(k_set, f"k-{il}")
         v_all = self.cache_view(v_set, f"v-{il}")
-        fa = c.flash_attn_ext(q, k_all, v_all, inp.kq_mask_cnv, 1.0 / math.sqrt(hd), f"__fattn__-{il}")
-        kqv = c.reshape(fa, (cfg.n_embd, t), f"kqv_out-{il}")
+        fa = c.flash_attn_ext(q, k_all, v_all, inp.kq_mask_cnv, self.kq_scale(il), f"__fattn__-{il}")
+        kqv = c.reshape(fa, (cfg.n_embd_q, t), f"kqv_out-{il}")
         return c.mul_mat(lay.wo, kqv, f"attn_out-{il}")
+
+    # -- the architecture's hooks (model/arch/*: a subclass overrides what its graph does differently) ------
+    def qkv(self, lay: Layer, il: int, cur: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+        """Q, K, V as (head_dim, heads, n_tokens): llama.cpp's build_qkv over separate weights."""
+        cfg = self.cfg
+        return (self.projection(lay.wq, lay.bq, cur, "Qcur", il, cfg.n_head),
+                self.projection(lay.wk, lay.bk, cur, "Kcur", il, cfg.n_head_kv),
+                self.projection(lay.wv, lay.bv, cur, "Vcur", il, cfg.n_head_kv))
+
+    def projection(self, w: Tensor, b: Tensor | None, cur: Tensor, name: str, il: int, heads: int) -> Tensor:
+        """MUL_MAT, the bias ADD where the layer has one (both named `name-il`, as llama.cpp's callback names
+        them), then the per-head reshape."""
+        c = self.ctx
+        x = c.mul_mat(w, cur, f"{name}-{il}")
+        if b is not None:
+            x = c.add(x, b, f"{name}-{il}")
+        return c.reshape(x, (self.cfg.head_dim, heads, self.p.n_tokens), f"{name}-{il} (reshaped)")
+
+    def rope_qk(self, lay: Layer, il: int, q: Tensor, k: Tensor, inp: GraphInputs) -> tuple[Tensor, Tensor]:
+        """Q and K roped (the arch's rope type, the layer's base); qwen3/gemma3 norm them first."""
+        return self.rope(q, il, inp, f"Qcur_rope-{il}"), self.rope(k, il, inp, f"Kcur_rope-{il}")
+
+    def rope(self, x: Tensor, il: int, inp: GraphInputs, name: str) -> Tensor:
+        cfg = self.cfg
+        return self.ctx.rope(x, inp.pos, cfg.head_dim, self.rope_base(il), name, mode=cfg.rope_type)
+
+    def rope_base(self, il: int) -> float:
+        """The layer's rope frequency base (gemma3's sliding layers have their own)."""
+        return self.cfg.rope_base
+
+    def kq_scale(self, il: int) -> float:
+        """Flash attention's KQ scale: 1/sqrt(head_dim) (llama, qwen2, qwen3)."""
+        return 1.0 / math.sqrt(self.cfg.head_dim)
+
+    def embed(self, tokens: Tensor) -> Tensor:
+        """The token embedding rows (inp_embd); gemma3 scales them."""
+        return self.ctx.get_rows(self.m.tok_embd, tokens, "inp_embd")
 
     def cache_view(self, cache_set: Tensor, name: str) -> Tensor:
         """The first n_kv cells of a cache as (head_dim, n_head_kv, n_kv); src[0] is the SET_ROWS node."""
@@ -192,7 +228,7 @@ class _Builder:
 
     def build(self) -> BuiltGraph:
         tokens = self.ctx.new_input(GGMLType.I32, (self.p.n_tokens,), "inp_tokens")
-        x = self.ctx.get_rows(self.m.tok_embd, tokens, "inp_embd")
+        x = self.embed(tokens)
         inp = self.inputs(tokens)
         for il, lay in enumerate(self.m.layers):
             x = self.layer(lay, il, x, inp)
@@ -224,13 +260,15 @@ def build_graph(model: Model, params: GraphParams, templates: "GraphTemplates | 
     `templates`, a graph of the same shape built before is stamped out instead (the same structs)."""
     if params.n_kv > model.cfg.n_ctx:
         raise ValueError(f"n_kv {params.n_kv} > n_ctx {model.cfg.n_ctx}")
-    if model.graph_builder is not None:
-        # an architecture's own builder (model/arch), built afresh each time: GraphTemplates stamps one
-        # n_kv-shaped set, an iSWA graph has two
-        return model.graph_builder(model, params)
-    if templates is not None:
+    if templates is not None and builder_for(model).TEMPLATES:
         return templates.build(model, params)
-    return _Builder(model, params).build()
+    return builder_for(model)(model, params).build()
+
+
+def builder_for(model: Model) -> type["_Builder"]:
+    """The graph builder of the model's architecture (model/arch/: the registry)."""
+    from .arch import get_arch
+    return get_arch(model.cfg.arch).Builder
 
 
 _LAYOUT = struct.Struct("<4q4Q")                  # ne then nb, adjacent in the struct
@@ -280,7 +318,7 @@ class GraphTemplates:
         tpl = self._kept.get(key)
         if tpl is None:
             self.misses += 1
-            b = _Builder(model, params)
+            b = builder_for(model)(model, params)
             res = b.build()
             self._kept[key] = _Template(b, key[-1], res)
             if len(self._kept) > self.limit:

@@ -1,15 +1,17 @@
-"""GGUF model files: a llama-architecture file read into graphdiag's model, and a preset written as one.
+"""GGUF model files: a file read into graphdiag's model, and a preset written as one.
 
-Reading (`open_gguf`) takes the hyper-parameters from the metadata with llama.cpp's defaults for absent keys
-(`llama.rope.freq_base` 10 000, `llama.attention.layer_norm_rms_epsilon` 1e-5, `head_count_kv` = head_count)
-and checks every tensor graphdiag's llama graph needs — present, of the shape the metadata implies and of a
-type graphdiag computes — before anything is built; the tensor data stays memory-mapped (the `gguf`
+Reading (`open_gguf`) dispatches on `general.architecture` to the architecture's module (model/arch/: llama,
+qwen2, qwen3), which takes the hyper-parameters from the metadata with llama.cpp's defaults for absent keys
+(`rope.freq_base` 10 000, `head_count_kv` = head_count, `key_length` = n_embd / n_head, ...) and lists the
+tensors its graph reads; each is checked — present, of the shape the metadata implies and of a type graphdiag
+computes — before anything is built; the tensor data stays memory-mapped (the `gguf`
 package's reader) and is viewed, not copied, in the host layout the rest of graphdiag uses (numpy axes
 outermost first; Q8_0 as ggml's 34-byte blocks). Writing (`export_gguf`) stores a preset's seeded weights
 with the metadata and an SPM vocabulary (`<unk>`, `<s>`, `</s>`, the 256 byte tokens, then placeholder
 pieces) that llama.cpp's loader accepts, so graphdiag and llama.cpp can run the identical model.
 
-Supported here: architecture `llama` (Mistral-style files included), tensor types F32, F16 and Q8_0.
+Supported here: the architectures of model/arch/ (llama incl. Mistral-style files, qwen2, qwen3), tensor
+types F32, F16 and Q8_0.
 """
 
 from __future__ import annotations
@@ -26,8 +28,6 @@ from ..errors import UsageError
 from ..ir.dtypes import Q8_0_BLOCK, GGMLType
 from .presets import ModelConfig
 
-SUPPORTED_ARCHS = ("llama", "gemma3")
-N_CTX_MAX = 4096                 # KV cells graphdiag gives a file's model (its context length if smaller)
 TYPES = {0: GGMLType.F32, 1: GGMLType.F16, 8: GGMLType.Q8_0}     # GGUF tensor type -> graphdiag's
 N_SPECIAL = 3 + 256              # <unk> <s> </s> and the byte tokens of the exported vocabulary
 
@@ -87,109 +87,54 @@ def open_gguf(path_str: str) -> GgufModel:
 
 @lru_cache(maxsize=8)
 def _open(path_str: str, version) -> GgufModel:
+    from .arch import get_arch, supported
+    from .arch.common import Meta
     path = Path(path_str)
     r = _reader(path)
     arch = _value(r, "general.architecture")
-    if arch not in SUPPORTED_ARCHS:
-        raise UsageError(f"{path}: architecture {arch!r} is not supported (supported: {', '.join(SUPPORTED_ARCHS)})")
+    if not isinstance(arch, str) or arch not in _archs():
+        raise UsageError(f"{path}: architecture {arch!r} is not supported (supported: {supported()})")
     infos = {t.name: t for t in r.tensors}
-    if arch == "gemma3":
-        cfg = _gemma3_config(path, r, "output.weight" not in infos)
-        expected = _gemma3_tensors(cfg)
-    else:
-        cfg = _config(path, r, arch)
-        expected = expected_tensors(cfg)
+    shape_of = lambda n: tuple(int(x) for x in infos[n].shape) if n in infos else None
+    mod = get_arch(arch)
+    cfg = mod.config(Meta(path, arch, lambda k, d=None: _value(r, k, d), set(infos), shape_of))
     types, n_bytes = {}, 0
-    for name, ne, norm in expected:
-        t = infos.get(name)
-        if t is None:
-            raise UsageError(f"{path}: tensor {name} is missing (a {arch} model of {cfg.n_layer} layers needs it)")
-        got = tuple(int(x) for x in t.shape)
-        while len(got) > len(ne) and got[-1] == 1:
-            got = got[:-1]
-        if got != ne:
-            raise UsageError(f"{path}: tensor {name} has shape {list(got)}, expected {list(ne)} from the metadata")
-        gt = TYPES.get(int(t.tensor_type))
-        if gt is None or (norm and gt != GGMLType.F32):
-            raise UsageError(f"{path}: tensor {name} is {t.tensor_type.name}, which graphdiag does not compute "
-                             f"(supported: {'F32' if norm else 'F32, F16, Q8_0'})")
-        if t.data_offset + t.n_bytes > len(r.data):
-            raise UsageError(f"{path}: tensor {name} runs past the end of the file (truncated?)")
-        types[name] = gt
-        n_bytes += int(t.n_bytes)
+    for spec in mod.tensors(cfg):
+        types[spec.name] = _check_tensor(path, arch, cfg, spec, infos.get(spec.name), len(r.data))
+        n_bytes += int(infos[spec.name].n_bytes)
     return GgufModel(path, cfg, types, arch, n_bytes)
 
 
-def _config(path: Path, r, arch: str) -> ModelConfig:
-    def need(key: str) -> int:
-        v = _value(r, f"{arch}.{key}")
-        if not isinstance(v, (int, np.integer)) or v <= 0:
-            raise UsageError(f"{path}: metadata {arch}.{key} is missing or not a positive integer")
-        return int(v)
-    n_embd, n_head = need("embedding_length"), need("attention.head_count")
-    n_head_kv = int(_value(r, f"{arch}.attention.head_count_kv", n_head))
-    vocab = _value(r, "tokenizer.ggml.tokens")
-    emb = next((t for t in r.tensors if t.name == "token_embd.weight"), None)
-    n_vocab = len(vocab) if vocab else (int(emb.shape[1]) if emb is not None and len(emb.shape) > 1 else 0)
-    if n_embd % n_head or n_head % max(n_head_kv, 1) or n_vocab <= 0:
-        raise UsageError(f"{path}: inconsistent metadata (n_embd {n_embd}, heads {n_head}, kv heads {n_head_kv}, "
-                         f"vocab {n_vocab})")
-    head_dim = n_embd // n_head
-    for key in ("attention.key_length", "attention.value_length", "rope.dimension_count"):
-        v = _value(r, f"{arch}.{key}")
-        if v is not None and int(v) != head_dim:
-            raise UsageError(f"{path}: {arch}.{key} = {v} differs from n_embd / n_head = {head_dim}, which "
-                             f"graphdiag's {arch} graph assumes")
-    n_ctx = min(int(_value(r, f"{arch}.context_length", N_CTX_MAX)), N_CTX_MAX)
-    return ModelConfig(path.stem, need("block_count"), n_embd, n_head, n_head_kv, need("feed_forward_length"),
-                       n_vocab, rope_base=float(_value(r, f"{arch}.rope.freq_base", 10000.0)),
-                       norm_eps=float(_value(r, f"{arch}.attention.layer_norm_rms_epsilon", 1e-5)), n_ctx=n_ctx)
+def _archs() -> dict:
+    from .arch import ARCHS
+    return ARCHS
 
 
-def _n_vocab(r) -> int:
-    """Tokens in the file's vocabulary, else the embedding's rows (0 when neither says)."""
-    vocab = _value(r, "tokenizer.ggml.tokens")
-    emb = next((t for t in r.tensors if t.name == "token_embd.weight"), None)
-    return len(vocab) if vocab else (int(emb.shape[1]) if emb is not None and len(emb.shape) > 1 else 0)
-
-
-def _gemma3_config(path: Path, r, tied: bool):
-    """A gemma3 file's config (model/arch/gemma3.config_from_metadata: llama.cpp's defaults), n_ctx capped
-    at N_CTX_MAX; one line naming a missing or inconsistent key."""
-    from .arch.gemma3 import config_from_metadata
-    kv = {k: _value(r, k) for k in r.fields if k.startswith("gemma3.")}
-    n_ctx = min(int(kv.get("gemma3.context_length") or N_CTX_MAX), N_CTX_MAX)
-    try:
-        cfg = config_from_metadata(kv, _n_vocab(r), path.stem, n_ctx, tied=tied)
-    except (TypeError, ValueError) as e:
-        raise UsageError(f"{path}: unreadable gemma3 metadata ({e})") from None
-    except UsageError as e:
-        raise UsageError(f"{path}: {e}") from None
-    if min(cfg.n_embd, cfg.n_head, cfg.n_head_kv, cfg.head_dim, cfg.n_ff, cfg.n_vocab) <= 0 or cfg.n_head % cfg.n_head_kv:
-        raise UsageError(f"{path}: inconsistent metadata (n_embd {cfg.n_embd}, heads {cfg.n_head}, kv heads "
-                         f"{cfg.n_head_kv}, head_dim {cfg.head_dim}, vocab {cfg.n_vocab})")
-    return cfg
-
-
-def _gemma3_tensors(cfg) -> list[tuple[str, tuple[int, ...], bool]]:
-    from .arch.gemma3 import weight_shapes
-    return [(name, ne, name.endswith("norm.weight")) for name, ne in weight_shapes(cfg).items()]
+def _check_tensor(path: Path, arch: str, cfg: ModelConfig, spec, t, n_data: int) -> GGMLType:
+    """The type of the file's tensor `spec` describes; UsageError naming it if it is missing, of another shape,
+    of a type graphdiag does not compute, or past the end of the file."""
+    name, ne = spec.name, spec.ne
+    if t is None:
+        raise UsageError(f"{path}: tensor {name} is missing (a {arch} model of {cfg.n_layer} layers needs it)")
+    got = tuple(int(x) for x in t.shape)
+    while len(got) > len(ne) and got[-1] == 1:
+        got = got[:-1]
+    if got != ne:
+        raise UsageError(f"{path}: tensor {name} has shape {list(got)}, expected {list(ne)} from the metadata")
+    gt = TYPES.get(int(t.tensor_type))
+    if gt is None or (spec.f32_only and gt != GGMLType.F32):
+        raise UsageError(f"{path}: tensor {name} is {t.tensor_type.name}, which graphdiag does not compute "
+                         f"(supported: {'F32' if spec.f32_only else 'F32, F16, Q8_0'})")
+    if t.data_offset + t.n_bytes > n_data:
+        raise UsageError(f"{path}: tensor {name} runs past the end of the file (truncated?)")
+    return gt
 
 
 def expected_tensors(cfg: ModelConfig) -> Iterator[tuple[str, tuple[int, ...], bool]]:
-    """(name, ggml ne, is a norm) of every weight graphdiag's llama graph reads, in its creation order."""
-    d, dkv, f = cfg.n_embd, cfg.n_embd_kv, cfg.n_ff
-    yield "token_embd.weight", (d, cfg.n_vocab), False
-    for il in range(cfg.n_layer):
-        p = f"blk.{il}."
-        yield p + "attn_norm.weight", (d,), True
-        for name, ne in (("attn_q", (d, d)), ("attn_k", (d, dkv)), ("attn_v", (d, dkv)), ("attn_output", (d, d))):
-            yield p + name + ".weight", ne, False
-        yield p + "ffn_norm.weight", (d,), True
-        for name, ne in (("ffn_gate", (d, f)), ("ffn_up", (d, f)), ("ffn_down", (f, d))):
-            yield p + name + ".weight", ne, False
-    yield "output_norm.weight", (d,), True
-    yield "output.weight", (d, cfg.n_vocab), False
+    """(name, ggml ne, F32 only) of every weight graphdiag's graph of cfg.arch reads, in its creation order."""
+    from .arch import get_arch
+    for spec in get_arch(cfg.arch).tensors(cfg):
+        yield spec.name, spec.ne, spec.f32_only
 
 
 class FileWeights(Mapping):
@@ -228,27 +173,22 @@ class FileWeights(Mapping):
 
 
 def export_gguf(model, out: str | Path, name: str) -> int:
-    """Write `model` (a preset with values: Model.host) as a llama GGUF at `out`; returns the file's bytes."""
+    """Write `model` (a preset with values: Model.host) as a GGUF of its architecture (cfg.arch) at `out`;
+    returns the file's bytes. llama gets an SPM vocabulary, qwen2/qwen3 a byte-level BPE one (model/bpe_vocab.py)."""
     from gguf import GGMLQuantizationType, GGUFWriter, TokenType
     cfg = model.cfg
     if cfg.is_moe:
-        raise UsageError(f"export-gguf writes dense llama models; {cfg.name} is a MoE preset")
+        raise UsageError(f"export-gguf writes dense models; {cfg.name} is a MoE preset")
     out = Path(out)
-    w = GGUFWriter(str(out), "llama")
+    w = GGUFWriter(str(out), cfg.arch)
     w.add_name(f"graphdiag {name} ({model.wtype.name}, seed {model.seed})")
     write_shape(w, cfg)
-    w.add_rope_dimension_count(cfg.head_dim)
-    w.add_rope_freq_base(cfg.rope_base)
-    w.add_layer_norm_rms_eps(cfg.norm_eps)
     w.add_file_type({GGMLType.F32: 0, GGMLType.F16: 1, GGMLType.Q8_0: 7}[model.wtype])
-    tokens, types = _vocab(cfg.n_vocab, TokenType)
-    w.add_tokenizer_model("llama")
-    w.add_token_list(tokens)
-    w.add_token_scores([0.0] * len(tokens))
-    w.add_token_types(types)
-    w.add_unk_token_id(0)
-    w.add_bos_token_id(1)
-    w.add_eos_token_id(2)
+    if cfg.arch == "llama":
+        _write_spm_vocab(w, cfg.n_vocab, TokenType)
+    else:
+        from .bpe_vocab import write_bpe_vocab
+        write_bpe_vocab(w, cfg.n_vocab)
     for n, _, _ in expected_tensors(cfg):
         a = model.host[n]
         if a.dtype == Q8_0_BLOCK:
@@ -267,13 +207,32 @@ def export_gguf(model, out: str | Path, name: str) -> int:
 
 
 def write_shape(w, cfg: ModelConfig) -> None:
-    """The hyper-parameters llama.cpp's loader needs, under the writer's architecture."""
+    """The hyper-parameters llama.cpp's loader needs, under the writer's architecture (key_length and
+    value_length only where head_dim is not n_embd / n_head, as the converters write them)."""
     w.add_context_length(cfg.n_ctx)
     w.add_embedding_length(cfg.n_embd)
     w.add_block_count(cfg.n_layer)
     w.add_feed_forward_length(cfg.n_ff)
     w.add_head_count(cfg.n_head)
     w.add_head_count_kv(cfg.n_head_kv)
+    if cfg.n_embd_head:
+        w.add_key_length(cfg.head_dim)
+        w.add_value_length(cfg.head_dim)
+    w.add_rope_dimension_count(cfg.head_dim)
+    w.add_rope_freq_base(cfg.rope_base)
+    w.add_layer_norm_rms_eps(cfg.norm_eps)
+
+
+def _write_spm_vocab(w, n_vocab: int, TokenType) -> None:
+    """The SPM tokenizer fields of _vocab's pieces: unk 0, bos 1, eos 2."""
+    tokens, types = _vocab(n_vocab, TokenType)
+    w.add_tokenizer_model("llama")
+    w.add_token_list(tokens)
+    w.add_token_scores([0.0] * len(tokens))
+    w.add_token_types(types)
+    w.add_unk_token_id(0)
+    w.add_bos_token_id(1)
+    w.add_eos_token_id(2)
 
 
 def _vocab(n_vocab: int, TokenType) -> tuple[list[str], list[int]]:

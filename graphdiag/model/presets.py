@@ -7,6 +7,8 @@ from dataclasses import dataclass
 from ..errors import UsageError
 from ..ir.dtypes import GGMLType
 
+ROPE_NORM, ROPE_NEOX = 0, 2     # GGML_ROPE_TYPE_NORM / GGML_ROPE_TYPE_NEOX
+
 # Weight storage types a run may choose (norm weights are always F32, the KV cache always F16).
 WEIGHT_TYPES = {"f16": GGMLType.F16, "q8_0": GGMLType.Q8_0, "f32": GGMLType.F32}
 
@@ -28,10 +30,22 @@ class ModelConfig:
     rope_base: float = 10000.0
     norm_eps: float = 1e-5
     n_ctx: int = 4096
+    # the architecture's pieces (model/arch/): defaults are llama's, so the llama presets are unchanged
+    arch: str = "llama"          # general.architecture: which model/arch module builds the graph
+    n_embd_head: int = 0         # head size when it is not n_embd / n_head ({arch}.attention.key_length)
+    rope_type: int = 0           # ggml rope mode: ROPE_NORM (0, adjacent pairs) or ROPE_NEOX (2, halves)
+    tied_output: bool = False    # the output projection is token_embd (output.weight absent)
+    qkv_bias: bool = False       # the Q/K/V mat-muls add a bias (attn_q/k/v.bias: qwen2)
 
     @property
     def head_dim(self) -> int:
-        return self.n_embd // self.n_head
+        """Elements per attention head (llama.cpp's n_embd_head_k, equal to n_embd_head_v here)."""
+        return self.n_embd_head or self.n_embd // self.n_head
+
+    @property
+    def n_embd_q(self) -> int:
+        """Width of Q (and of the attention output): head_dim * n_head (n_embd unless head_dim is explicit)."""
+        return self.head_dim * self.n_head
 
     @property
     def n_embd_kv(self) -> int:

@@ -12,6 +12,7 @@ from collections.abc import Mapping, Sequence
 import numpy as np
 
 from ..memory import dequantize_q8_0
+from .presets import ROPE_NEOX
 from .weights import Model
 
 F64 = np.float64
@@ -45,15 +46,17 @@ def _softmax(s: np.ndarray) -> np.ndarray:
     return e / e.sum(axis=-1, keepdims=True)
 
 
-def _rope(x: np.ndarray, pos: np.ndarray, base: float) -> np.ndarray:
-    """Rotate adjacent pairs (2i, 2i+1) of each head by pos * base^(-2i/head_dim). x: (T, H, hd)."""
+def _rope(x: np.ndarray, pos: np.ndarray, base: float, neox: bool = False) -> np.ndarray:
+    """Rotate each head's pairs by pos * base^(-2i/head_dim). x: (T, H, hd). The pairs: adjacent elements
+    (2i, 2i+1) in ggml's NORM mode (llama), elements i and i + hd/2 in NEOX mode (qwen2, qwen3, gemma3)."""
     hd = x.shape[-1]
     theta = pos[:, None].astype(F64) * base ** (-np.arange(0, hd, 2, dtype=F64) / hd)  # (T, hd/2)
     c, s = np.cos(theta)[:, None, :], np.sin(theta)[:, None, :]
-    x0, x1 = x[..., 0::2], x[..., 1::2]
+    first, second = (np.s_[..., : hd // 2], np.s_[..., hd // 2:]) if neox else (np.s_[..., 0::2], np.s_[..., 1::2])
+    x0, x1 = x[first], x[second]
     out = np.empty_like(x)
-    out[..., 0::2] = x0 * c - x1 * s
-    out[..., 1::2] = x0 * s + x1 * c
+    out[first] = x0 * c - x1 * s
+    out[second] = x0 * s + x1 * c
     return out
 
 
@@ -75,7 +78,16 @@ class _SeqCache:
 
 
 class Reference:
-    """Forward passes over ubatches, with a KV cache per sequence (positions continue where they left off)."""
+    """Forward passes over ubatches, with a KV cache per sequence (positions continue where they left off).
+
+    `Reference(model)` gives the oracle of the model's architecture: the arch module's subclass
+    (model/arch/), which overrides the blocks its forward does differently."""
+
+    def __new__(cls, model: Model, *args, **kwargs):
+        if cls is Reference:
+            from .arch import get_arch
+            cls = get_arch(model.cfg.arch).Reference
+        return super().__new__(cls)
 
     def __init__(self, model: Model, q8_1_activations: bool = False):
         """q8_1_activations: the backend rounds x to Q8_1 before Q8_0 products (the GPU backend, as ggml's
@@ -118,7 +130,7 @@ class Reference:
         cfg = self.cfg
         for s in np.unique(seqs):
             self.seqs.setdefault(int(s), _SeqCache(cfg.n_layer, cfg.n_embd_kv)).grow(int(pos[seqs == s].max()) + 1)
-        x = self.w("token_embd.weight")[tokens].astype(F64)
+        x = self._embed(tokens)
         for il in range(cfg.n_layer):
             p = f"blk.{il}."
             h = _rms_norm(x, self.w(p + "attn_norm.weight"), cfg.norm_eps)
@@ -126,9 +138,23 @@ class Reference:
             h = _rms_norm(x, self.w(p + "ffn_norm.weight"), cfg.norm_eps)
             x = x + (self._moe(il, h) if cfg.is_moe else self._ffn(il, h))
         h = _rms_norm(x[out_rows], self.w("output_norm.weight"), cfg.norm_eps)
-        return self._mm(h, "output.weight").astype(np.float32)
+        return self._mm(h, "token_embd.weight" if cfg.tied_output else "output.weight").astype(np.float32)
 
-    # -- blocks --------------------------------------------------------------------------------------------
+    # -- blocks (an architecture's subclass overrides those its forward does differently) ------------------
+    def _embed(self, tokens: np.ndarray) -> np.ndarray:
+        return self.w("token_embd.weight")[tokens].astype(F64)
+
+    def _proj(self, h: np.ndarray, p: str, name: str) -> np.ndarray:
+        """h @ W^T (+ the bias where the file or preset has one: `p + name + ".bias"`)."""
+        y = self._mm(h, p + name + ".weight")
+        bias = p + name + ".bias"
+        return y + self.w(bias) if bias in self.m.host else y
+
+    def _qk(self, il: int, q: np.ndarray, k: np.ndarray, pos: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """Q and K (T, heads, hd) roped in the model's rope type."""
+        neox = self.cfg.rope_type == ROPE_NEOX
+        return _rope(q, pos, self.cfg.rope_base, neox), _rope(k, pos, self.cfg.rope_base, neox)
+
     def _mm(self, x: np.ndarray, name: str) -> np.ndarray:
         """x @ W^T for a stored (out, in) weight. Against a Q8_0 weight, x is first rounded to Q8_1 as ggml's
         quantized mat-vec and mat-mul paths do (per 32 values: d = max|x| / 127 stored as f16, q = rint(x/d))
@@ -139,9 +165,10 @@ class Reference:
     def _attention(self, il: int, h: np.ndarray, seqs: np.ndarray, pos: np.ndarray) -> np.ndarray:
         cfg, p, t = self.cfg, f"blk.{il}.", h.shape[0]
         hd, nh, nkv = cfg.head_dim, cfg.n_head, cfg.n_head_kv
-        q = _rope(self._mm(h, p + "attn_q.weight").reshape(t, nh, hd), pos, cfg.rope_base)
-        k = _rope(self._mm(h, p + "attn_k.weight").reshape(t, nkv, hd), pos, cfg.rope_base)
-        v = self._mm(h, p + "attn_v.weight")
+        q = self._proj(h, p, "attn_q").reshape(t, nh, hd)
+        k = self._proj(h, p, "attn_k").reshape(t, nkv, hd)
+        q, k = self._qk(il, q, k, pos)
+        v = self._proj(h, p, "attn_v")
         for i in range(t):  # the cache write, f16 as the F16 cache
             c = self.seqs[int(seqs[i])]
             c.k[il, pos[i]] = k[i].reshape(-1)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 from pathlib import Path
 
 from ..errors import UsageError
@@ -36,8 +37,7 @@ def build_model(name: str, wtype: str, seed: int = 0, with_data: bool = True, sw
     from .weights import create_file_model, create_model
     if is_file(name):
         g = _file(name)
-        if g.arch == "gemma3":
-            from .arch import gemma3_model
-            return gemma3_model.create_file_model(g, with_data, swa_full=swa_full, n_seq_max=n_seq_max)
+        if getattr(g.cfg, "n_swa", 0) > 0:        # the SWA cache's size depends on the run (llama_context)
+            g = dataclasses.replace(g, cfg=dataclasses.replace(g.cfg, swa_full=swa_full, n_seq_max=n_seq_max))
         return create_file_model(g, with_data)
     return create_model(get_preset(name), weight_type(wtype), seed=seed, with_data=with_data)

@@ -41,12 +41,14 @@ EXPERT_SUFFIXES = ("ffn_gate_exps.weight", "ffn_up_exps.weight", "ffn_down_exps.
 
 @dataclass
 class Layer:
-    attn_norm: Tensor
-    wq: Tensor
-    wk: Tensor
-    wv: Tensor
-    wo: Tensor
-    ffn_norm: Tensor
+    """One layer's structs; a field the architecture (or the file) does not have stays None."""
+
+    attn_norm: Tensor = None
+    wq: Tensor = None
+    wk: Tensor = None
+    wv: Tensor = None
+    wo: Tensor = None
+    ffn_norm: Tensor = None
     k_cache: Tensor = None
     v_cache: Tensor = None
     ffn_gate: Tensor | None = None
@@ -56,6 +58,13 @@ class Layer:
     ffn_gate_exps: Tensor | None = None
     ffn_up_exps: Tensor | None = None
     ffn_down_exps: Tensor | None = None
+    bq: Tensor | None = None            # Q/K/V biases (qwen2; any file with attn_q/k/v.bias)
+    bk: Tensor | None = None
+    bv: Tensor | None = None
+    attn_q_norm: Tensor | None = None   # QK-norm weights, (head_dim,) (qwen3, gemma3)
+    attn_k_norm: Tensor | None = None
+    attn_post_norm: Tensor | None = None   # post-attention and post-FFN norms, (n_embd,) (gemma3)
+    ffn_post_norm: Tensor | None = None
 
 
 @dataclass
@@ -72,7 +81,6 @@ class Model:
     host: Mapping[str, np.ndarray] = field(default_factory=dict)   # HostWeights when the model has values
     seed: int | None = None   # None: a structure-only model (weights load as zeros), or a file's
     file: object = None       # the GgufModel the weights come from (model/gguf_io.py), else None
-    graph_builder: Callable | None = None   # (model, GraphParams) -> BuiltGraph of another architecture
     _dense: dict[str, np.ndarray] = field(default_factory=dict, repr=False)
 
     def tensors(self) -> list[Tensor]:
@@ -92,49 +100,47 @@ def _weight(ctx: Ctx, t: GGMLType, ne, name: str, types: Mapping[str, GGMLType] 
     return ctx.new_tensor(types.get(name, t) if types else t, ne, name)
 
 
-def _layer_structs(ctx: Ctx, cfg: ModelConfig, wt: GGMLType, il: int,
-                   types: Mapping[str, GGMLType] | None = None) -> Layer:
-    p, d, dkv = f"blk.{il}.", cfg.n_embd, cfg.n_embd_kv
-    lay = Layer(
-        attn_norm=_weight(ctx, GGMLType.F32, (d,), p + "attn_norm.weight", types),
-        wq=_weight(ctx, wt, (d, d), p + "attn_q.weight", types),
-        wk=_weight(ctx, wt, (d, dkv), p + "attn_k.weight", types),
-        wv=_weight(ctx, wt, (d, dkv), p + "attn_v.weight", types),
-        wo=_weight(ctx, wt, (d, d), p + "attn_output.weight", types),
-        ffn_norm=_weight(ctx, GGMLType.F32, (d,), p + "ffn_norm.weight", types),
-    )
-    if cfg.is_moe:
-        e, f = cfg.n_expert, cfg.n_ff_exp
-        lay.ffn_gate_inp = _weight(ctx, GGMLType.F32, (d, e), p + "ffn_gate_inp.weight", types)
-        lay.ffn_gate_exps = _weight(ctx, wt, (d, f, e), p + "ffn_gate_exps.weight", types)
-        lay.ffn_up_exps = _weight(ctx, wt, (d, f, e), p + "ffn_up_exps.weight", types)
-        lay.ffn_down_exps = _weight(ctx, wt, (f, d, e), p + "ffn_down_exps.weight", types)
-    else:
-        lay.ffn_gate = _weight(ctx, wt, (d, cfg.n_ff), p + "ffn_gate.weight", types)
-        lay.ffn_up = _weight(ctx, wt, (d, cfg.n_ff), p + "ffn_up.weight", types)
-        lay.ffn_down = _weight(ctx, wt, (cfg.n_ff, d), p + "ffn_down.weight", types)
-    return lay
+def _specs(cfg: ModelConfig):
+    """The arch's persistent weights of `cfg`, in creation order (model/arch/)."""
+    from .arch import get_arch
+    return get_arch(cfg.arch).tensors(cfg)
+
+
+def _kv_layers(cfg: ModelConfig) -> list[tuple[int, int]]:
+    """(layer, cells) of each K/V cache in creation order: the arch's (gemma3's iSWA cache: two sizes), else
+    every layer in order with n_ctx cells."""
+    from .arch import get_arch
+    own = getattr(get_arch(cfg.arch), "kv_layers", None)
+    return own(cfg) if own is not None else [(il, cfg.n_ctx) for il in range(cfg.n_layer)]
 
 
 def create_model(cfg: ModelConfig, wtype: GGMLType = GGMLType.F16, seed: int = 0, arena: Arena | None = None,
                  with_data: bool = True, types: Mapping[str, GGMLType] | None = None) -> Model:
-    """Build the persistent structs in `arena` (then freeze it). `with_data`: the weights have values (drawn
-    from `seed` where they are loaded, and on the host on first read); else they load as zeros. `types`:
-    each weight's own type where it has one (a file's), else `wtype`."""
+    """Build the persistent structs in `arena` (then freeze it): the architecture's weights in its order
+    (model/arch/), then the KV caches. `with_data`: the weights have values (drawn from `seed` where they
+    are loaded, and on the host on first read); else they load as zeros. `types`: each weight's own type
+    where it has one (a file's), else `wtype` (norms, biases and the router: F32)."""
     arena = arena if arena is not None else Arena()
     if arena.top != 0:
         raise ValueError("create_model needs an empty arena: the model is its persistent region")
     ctx = Ctx(arena)
     wt = GGMLType(wtype)
-    tok_embd = _weight(ctx, wt, (cfg.n_embd, cfg.n_vocab), "token_embd.weight", types)
-    layers = [_layer_structs(ctx, cfg, wt, il, types) for il in range(cfg.n_layer)]
-    output_norm = _weight(ctx, GGMLType.F32, (cfg.n_embd,), "output_norm.weight", types)
-    output = _weight(ctx, wt, (cfg.n_embd, cfg.n_vocab), "output.weight", types)
-    for il, lay in enumerate(layers):
-        lay.k_cache = ctx.new_tensor(GGMLType.F16, (cfg.n_embd_kv, cfg.n_ctx), f"cache_k_l{il}")
-        lay.v_cache = ctx.new_tensor(GGMLType.F16, (cfg.n_embd_kv, cfg.n_ctx), f"cache_v_l{il}")
+    layers = [Layer() for _ in range(cfg.n_layer)]
+    top: dict[str, Tensor] = {}
+    for spec in _specs(cfg):
+        t = _weight(ctx, GGMLType.F32 if spec.f32_only else wt, spec.ne, spec.name, types)
+        if spec.layer is None:
+            top[spec.field] = t
+        else:
+            setattr(layers[spec.layer], spec.field, t)
+    for il, cells in _kv_layers(cfg):
+        lay = layers[il]
+        lay.k_cache = ctx.new_tensor(GGMLType.F16, (cfg.n_embd_kv, cells), f"cache_k_l{il}")
+        lay.v_cache = ctx.new_tensor(GGMLType.F16, (cfg.n_embd_kv, cells), f"cache_v_l{il}")
     arena.freeze()
-    model = Model(cfg, wt, arena, tok_embd, output_norm, output, layers)
+    # a tied output is the embedding itself (llama.cpp's TENSOR_DUPLICATED: one tensor, read twice)
+    output = top["tok_embd"] if cfg.tied_output else top["output"]
+    model = Model(cfg, wt, arena, top["tok_embd"], top["output_norm"], output, layers)
     if with_data:
         model.seed = seed
         model.host = HostWeights(model, seed)   # nothing drawn until the host reads a weight

@@ -7,9 +7,14 @@ import pytest
 
 from graphdiag.errors import UsageError
 from graphdiag.ir.ops import Op, TensorFlag, is_view_or_noop
-from graphdiag.model.arch.gemma3 import config_from_metadata, swa_pattern
-from graphdiag.model.arch.gemma3_model import create_model
+import dataclasses
+from pathlib import Path
+
+from graphdiag.model.arch import gemma3
+from graphdiag.model.arch.common import Meta
+from graphdiag.model.arch.gemma3 import swa_pattern
 from graphdiag.model.build import DECODE, PREFILL, GraphParams, build_graph
+from graphdiag.model.weights import create_model
 
 # Gemma 3 270M's metadata (gemma-3-270m-q4_k_m.gguf, read with gguf 0.19.0): keys absent from it are absent here
 META_270M = {
@@ -18,6 +23,14 @@ META_270M = {
     "gemma3.attention.value_length": 256, "gemma3.attention.layer_norm_rms_epsilon": 1e-6,
     "gemma3.context_length": 32768, "gemma3.rope.freq_base": 1e6, "gemma3.attention.sliding_window": 512,
 }
+
+
+def config_from_metadata(meta, n_vocab, name, n_ctx, swa_full=False):
+    """gemma3.config over a dict of metadata (a file with a 262144-token vocabulary and no output.weight)."""
+    names = {"token_embd.weight"}
+    shapes = {"token_embd.weight": (640, n_vocab)}
+    m = Meta(Path(name + ".gguf"), "gemma3", lambda k, d=None: meta.get(k, d), names, shapes.get)
+    return dataclasses.replace(gemma3.config(m), n_ctx=n_ctx, swa_full=swa_full)
 
 
 def _cfg(n_ctx=4096, **kw):
@@ -41,7 +54,7 @@ def test_270m_hparams_take_llama_cpp_defaults():
     assert cfg.rope_base == 1e6 and cfg.rope_base_swa == 10000.0          # freq_base_swa absent
     assert [il for il in range(18) if not cfg.is_swa(il)] == [5, 11, 17]  # pattern 6 absent: the default
     assert cfg.f_attention_scale == pytest.approx(1 / 16)
-    assert cfg.swa_size == 1024 and cfg.tied
+    assert cfg.swa_size == 1024 and cfg.tied_output and cfg.rope_type == 2
 
 
 def test_pattern_and_window_keys():
@@ -53,6 +66,8 @@ def test_pattern_and_window_keys():
     assert not any(config_from_metadata(meta, 100, "g", 4096).is_swa(il) for il in range(18))
     with pytest.raises(UsageError, match="layer_norm_rms_epsilon"):
         config_from_metadata({k: v for k, v in META_270M.items() if "epsilon" not in k}, 100, "g", 4096)
+    with pytest.raises(UsageError, match="final_logit_softcapping"):
+        config_from_metadata({**META_270M, "gemma3.final_logit_softcapping": 30.0}, 100, "g", 4096)
 
 
 @pytest.mark.parametrize("gtype, n_tokens", [(DECODE, 1), (PREFILL, 7)])

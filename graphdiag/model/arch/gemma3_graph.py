@@ -1,5 +1,14 @@
 """Gemma 3's decode/prefill graph, built as llama.cpp 0c1e57098 builds it (models/gemma3.cpp with the iSWA
-attention input of llama-graph.cpp); see gemma3.py for what differs from llama and how nodes are named."""
+attention input of llama-graph.cpp); gemma3.py says what differs from llama.
+
+Node for node, views included (12 per layer: the Q/K/V reshapes, the cache-write views of K and V, the cache
+views, Q's 4-d view, the three permutes and the attention's reshape), so the node count and op census equal
+upstream's (727 nodes, 511 compute for Gemma 3 270M). Names are llama.cpp's (its `cb` names, ggml's
+"(view)"/"(permuted)" suffixes); the few nodes llama.cpp leaves unnamed get a label in the same style (said
+where). The KQ masks are F16 inputs flash attention reads directly (0c1e57098 builds no cast); the SWA
+cache's inputs carry a "_swa" suffix (upstream names both "attn_inp_kq_mask"), so a report tells the two
+masks apart. Flash attention gets upstream's permuted operands (ir/attention.py says how backends read them).
+"""
 
 from __future__ import annotations
 
@@ -8,12 +17,10 @@ from dataclasses import dataclass
 
 from ...ir.build import Ctx
 from ...ir.dtypes import GGMLType
-from ...ir.graph import Graph
 from ...ir.ops import GluOp, Op, TensorFlag
 from ...ir.tensor import Tensor
-from ..build import BuiltGraph
-
-ROPE_NEOX = 2          # ggml's GGML_ROPE_TYPE_NEOX (llama_model_rope_type: gemma3)
+from ..build import BuiltGraph, _Builder
+from ..presets import ROPE_NEOX
 
 
 @dataclass(frozen=True)
@@ -49,13 +56,15 @@ def permute(c: Ctx, a: Tensor, axes: tuple, name: str = "") -> Tensor:
     return x
 
 
-class Gemma3Builder:
-    """One ubatch's graph. `model.cfg` is a Gemma3Config; params carry n_kv (global) and n_kv_swa."""
+class Builder(_Builder):
+    """One ubatch's graph. `model.cfg` is a gemma3.Gemma3Config; params carry n_kv (global) and n_kv_swa.
+    Built afresh each time: GraphTemplates stamps one n_kv-shaped set, an iSWA graph has two."""
 
-    def __init__(self, model, params):
-        self.m, self.cfg, self.p = model, model.cfg, params
-        self.c = Ctx(model.arena)
-        self.g = Graph(model.arena)
+    TEMPLATES = False
+
+    @property
+    def c(self) -> Ctx:
+        return self.ctx
 
     def inputs(self, tokens: Tensor) -> IswaInputs:
         c, t, swa = self.c, self.p.n_tokens, self.cfg.n_swa > 0
@@ -143,6 +152,7 @@ class Gemma3Builder:
         return c.add(cur, sa_out, f"l_out-{il}")
 
     def build(self) -> BuiltGraph:
+        """inp_embd, inp_scaled, the inputs, the layers, result_norm, result_output (tied: token_embd)."""
         c, cfg = self.c, self.cfg
         tokens = c.new_input(GGMLType.I32, (self.p.n_tokens,), "inp_tokens")
         x = c.scale(c.get_rows(self.m.tok_embd, tokens, "inp_embd"), math.sqrt(cfg.n_embd), "inp_scaled")

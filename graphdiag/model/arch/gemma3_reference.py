@@ -4,7 +4,7 @@ It shares nothing with the graph path but the stored weights, and nothing with t
 keeps every position's K/V (model/reference._SeqCache), and a sliding layer attends to the positions p0 of its
 sequence with p1 - n_swa < p0 <= p1, the window llama.cpp's SWA mask leaves visible. Formulas written from
 Gemma 3's definition: embedding * sqrt(n_embd); QK-norm over head_dim; NEOX rope (element i rotates with
-i + head_dim/2) with the layer's base; Q * f_attention_scale; post-attention and post-FFN RMS norms before
+i + head_dim/2: reference._rope) with the layer's base; Q * f_attention_scale; post-attention and post-FFN RMS norms before
 the residual adds; GEGLU with the tanh GELU; tied lm_head.
 """
 
@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from ..reference import F64, Reference, _rms_norm, _SeqCache, _softmax
+from ..reference import F64, Reference as _Reference, _rms_norm, _rope, _SeqCache, _softmax
 
 _SQRT_2_OVER_PI = np.sqrt(2.0 / np.pi)
 
@@ -22,18 +22,8 @@ def gelu_tanh(x: np.ndarray) -> np.ndarray:
     return 0.5 * x * (1.0 + np.tanh(_SQRT_2_OVER_PI * (x + 0.044715 * x ** 3)))
 
 
-def rope_neox(x: np.ndarray, pos: np.ndarray, base: float) -> np.ndarray:
-    """NEOX rope: element i < hd/2 rotates with element i + hd/2 by pos * base^(-2i/hd). x: (T, H, hd)."""
-    hd = x.shape[-1]
-    half = hd // 2
-    theta = pos[:, None].astype(F64) * base ** (-np.arange(0, hd, 2, dtype=F64) / hd)   # (T, hd/2)
-    c, s = np.cos(theta)[:, None, :], np.sin(theta)[:, None, :]
-    x0, x1 = x[..., :half], x[..., half:]
-    return np.concatenate([x0 * c - x1 * s, x0 * s + x1 * c], axis=-1)
-
-
-class Gemma3Reference(Reference):
-    """Reference's interface (decode, prefill, forward) for a Gemma 3 model (cfg: Gemma3Config)."""
+class Reference(_Reference):
+    """The oracle's interface (decode, prefill, forward) for a Gemma 3 model (cfg: gemma3.Gemma3Config)."""
 
     def forward(self, tokens: np.ndarray, seqs: np.ndarray, pos: np.ndarray, out_rows: np.ndarray) -> np.ndarray:
         cfg = self.cfg
@@ -47,19 +37,20 @@ class Gemma3Reference(Reference):
             h = self._ffn(il, _rms_norm(x, self.w(p + "ffn_norm.weight"), cfg.norm_eps))
             x = x + _rms_norm(h, self.w(p + "post_ffw_norm.weight"), cfg.norm_eps)
         h = _rms_norm(x[out_rows], self.w("output_norm.weight"), cfg.norm_eps)
-        lm = "token_embd.weight" if cfg.tied else "output.weight"
+        lm = "token_embd.weight" if cfg.tied_output else "output.weight"
         return self._mm(h, lm).astype(np.float32)
 
-    def _qk(self, il: int, h: np.ndarray, pos: np.ndarray, which: str, n_head: int) -> np.ndarray:
+    def _normed_roped(self, il: int, h: np.ndarray, pos: np.ndarray, which: str, n_head: int) -> np.ndarray:
+        """Q or K: projection, per-head RMS norm by attn_{q,k}_norm, NEOX rope at the layer's base."""
         cfg, p, t = self.cfg, f"blk.{il}.", h.shape[0]
         x = self._mm(h, p + f"attn_{which}.weight").reshape(t, n_head, cfg.head_dim)
         x = _rms_norm(x, self.w(p + f"attn_{which}_norm.weight"), cfg.norm_eps)
-        return rope_neox(x, pos, cfg.rope_base_of(il))
+        return _rope(x, pos, cfg.rope_base_of(il), neox=True)
 
     def _attention(self, il: int, h: np.ndarray, seqs: np.ndarray, pos: np.ndarray) -> np.ndarray:
         cfg, p, t = self.cfg, f"blk.{il}.", h.shape[0]
-        q = self._qk(il, h, pos, "q", cfg.n_head) * cfg.f_attention_scale
-        k = self._qk(il, h, pos, "k", cfg.n_head_kv)
+        q = self._normed_roped(il, h, pos, "q", cfg.n_head) * cfg.f_attention_scale
+        k = self._normed_roped(il, h, pos, "k", cfg.n_head_kv)
         v = self._mm(h, p + "attn_v.weight")
         for i in range(t):                       # the cache write, f16 as the F16 cache
             c = self.seqs[int(seqs[i])]
