@@ -60,6 +60,41 @@ def _rope(x: np.ndarray, pos: np.ndarray, base: float, neox: bool = False) -> np
     return out
 
 
+def rope_neox(x: np.ndarray, pos: np.ndarray, base: float, n_dims: int | None = None) -> np.ndarray:
+    """NEOX rope (llama.cpp's mode 2, Gemma 3 / Qwen): element i < n_dims/2 of each head rotates with
+    i + n_dims/2 by pos * base^(-2i/n_dims); dims past n_dims (default: all of head_dim) are kept. x: (T, H, hd)."""
+    hd = x.shape[-1]
+    n_dims = hd if n_dims is None else n_dims
+    half = n_dims // 2
+    theta = pos[:, None].astype(F64) * base ** (-2.0 * np.arange(half, dtype=F64) / n_dims)  # (T, half)
+    c, s = np.cos(theta)[:, None, :], np.sin(theta)[:, None, :]
+    x0, x1 = x[..., :half], x[..., half:n_dims]
+    out = np.array(x, dtype=F64)
+    out[..., :half] = x0 * c - x1 * s
+    out[..., half:n_dims] = x0 * s + x1 * c
+    return out
+
+
+def rope(x: np.ndarray, pos: np.ndarray, base: float, neox: bool = False) -> np.ndarray:
+    """The rope of an architecture: NEOX (neox=True) or adjacent pairs (llama's). x: (T, H, hd)."""
+    return rope_neox(x, pos, base) if neox else _rope(x, pos, base)
+
+
+def gelu_tanh(x: np.ndarray) -> np.ndarray:
+    """GELU, the tanh approximation (ggml_gelu, what Gemma 3's GEGLU applies), in float64."""
+    return 0.5 * x * (1.0 + np.tanh(np.sqrt(2.0 / np.pi) * (x + 0.044715 * x ** 3)))
+
+
+def geglu(gate: np.ndarray, up: np.ndarray) -> np.ndarray:
+    """gelu_tanh(gate) * up (ggml_geglu_split), float64."""
+    return gelu_tanh(gate) * up
+
+
+def rms_norm(x: np.ndarray, w: np.ndarray, eps: float) -> np.ndarray:
+    """x / sqrt(mean(x^2) + eps) * w over the last axis: a token's row, or each head's (QK-norm on (T, H, hd))."""
+    return _rms_norm(x, w, eps)
+
+
 class _SeqCache:
     """One sequence's K/V rows per layer, float16, indexed by position: (n_layer, n_pos, n_embd_kv)."""
 
