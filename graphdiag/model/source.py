@@ -37,7 +37,15 @@ def build_model(name: str, wtype: str, seed: int = 0, with_data: bool = True, sw
     from .weights import create_file_model, create_model
     if is_file(name):
         g = _file(name)
-        if getattr(g.cfg, "n_swa", 0) > 0:        # the SWA cache's size depends on the run (llama_context)
-            g = dataclasses.replace(g, cfg=dataclasses.replace(g.cfg, swa_full=swa_full, n_seq_max=n_seq_max))
+        g = dataclasses.replace(g, cfg=sized(g.cfg, swa_full, n_seq_max))
         return create_file_model(g, with_data)
-    return create_model(get_preset(name), weight_type(wtype), seed=seed, with_data=with_data)
+    return create_model(sized(get_preset(name), swa_full, n_seq_max), weight_type(wtype), seed=seed,
+                        with_data=with_data)
+
+
+def sized(cfg: ModelConfig, swa_full: bool, n_seq_max: int) -> ModelConfig:
+    """A sliding-window config with the run's SWA cache sizing (llama_context passes swa_full and n_seq_max to
+    the iSWA cache); any other config as it is."""
+    if getattr(cfg, "n_swa", 0) > 0:
+        return dataclasses.replace(cfg, swa_full=swa_full, n_seq_max=n_seq_max)
+    return cfg

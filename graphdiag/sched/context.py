@@ -14,11 +14,10 @@ import numpy as np
 from .. import events as E
 from ..backends.base import Backend
 from ..errors import InternalError, UsageError
-from ..ir.dtypes import GGMLType
-from ..ir.tensor import Tensor
 from ..model.build import DECODE, PREFILL, BuiltGraph, GraphParams, GraphTemplates, build_graph
 from ..model.weights import Model, load_model
 from .devices import LayerSplit
+from .graph_inputs import KeptInputs
 from .iswa import IswaCells
 from .kv_cells import KvCells
 from .scheduler import Scheduler
@@ -36,7 +35,10 @@ def _reuse_blocker(prev: GraphParams, new: GraphParams) -> str:
                          ("n_kv", "n_kv"), ("n_kv_swa", "n_kv (SWA)")):
         a, b = getattr(prev, field), getattr(new, field)
         if a != b:
-            return f"{label} {a}→{b}"
+            why = f"{label} {a}→{b}"
+            if field == "n_kv" and prev.n_kv_swa != new.n_kv_swa:     # both iSWA masks: say both
+                why += f", n_kv (SWA) {prev.n_kv_swa}→{new.n_kv_swa}"
+            return why
     return ""
 
 
@@ -62,7 +64,7 @@ class Context:
         self.kv = _make_cells(model.cfg)
         self.res: BuiltGraph | None = None
         self.templates = GraphTemplates(model)    # graphs built before, stamped out again for a new n_kv
-        self._inputs: _GraphInputs | None = None  # the kept graph's input stages
+        self._inputs: KeptInputs | None = None    # the kept graph's input stages
         self._slot = 0                            # the input slot the next step writes
         self._prepared: _Prepared | None = None   # the next decode step's placement, done early
         self._logits_place: tuple | None = None   # (res, backend, addr, nbytes, shape)
@@ -246,105 +248,16 @@ class Context:
             st.send()
         self._slot ^= 1
 
-    def _kept_inputs(self) -> _GraphInputs:
+    def _kept_inputs(self) -> KeptInputs:
         inp = self.res.inputs
         kept = self._inputs
         if kept is None or kept.res is not self.res or kept.mask_addr != inp.kq_mask.data:
-            p = self.res.params
-            kept = self._inputs = _GraphInputs(self.res, inp.kq_mask.data,
-                                               [self._stage_inputs(inp, s) for s in (0, 1)],
-                                               np.arange(p.n_tokens - p.n_outputs, p.n_tokens, dtype=np.int32))
-            kept.scratch = tuple(None if t.type == GGMLType.F32 else np.empty((t.ne[1], t.ne[0]), np.float32)
-                                 for t in _input_tensors(inp)[2::4])    # the masks' float32 scratch
+            kept = self._inputs = KeptInputs(self.res, self.sched.backend_of, self.model.cfg)
         return kept
 
-    def _write_inputs(self, kept: _GraphInputs, slot: int, tokens, seqs, pos, cells) -> None:
-        """Every input of the kept graph into the views of `slot`, the tokens unless None. With the iSWA cache
-        `cells` is (global cells, SWA cells) and the SWA cache's mask and idxs are written too."""
-        stages, views = kept.slots[slot]
-        tok, ps, mask, k_idx, v_idx, out = views[:6]
-        for st in stages:
-            st.writable()
-        out[:] = kept.out_ids
-        if tokens is not None:
-            tok[:] = tokens
-        ps[:] = pos
-        p = self.res.params
-        if isinstance(self.kv, IswaCells):
-            base, swa = cells
-            _write_mask(self.kv.base, seqs, pos, p.n_kv, mask, kept.scratch[0])
-            k_idx[:] = base
-            v_idx[:] = base
-            if len(views) > 6:
-                mask_s, k_s, v_s = views[6:]
-                _write_mask(self.kv.swa, seqs, pos, p.n_kv_swa, mask_s, kept.scratch[1])
-                k_s[:] = swa
-                v_s[:] = swa
-            return
-        _write_mask(self.kv, seqs, pos, p.n_kv, mask, kept.scratch[0])
-        k_idx[:] = cells
-        v_idx[:] = cells
-
-    def _stage_inputs(self, inp, slot: int) -> tuple[list, tuple]:
-        """(stages, typed views of tokens, pos, mask, k/v idxs, out_ids, and the SWA cache's mask and k/v
-        idxs when the graph has them) of one slot: a stage per backend holding inputs."""
-        tensors = _input_tensors(inp)
-        by_backend: dict[int, tuple] = {}
-        for i, t in enumerate(tensors):
-            by_backend.setdefault(id(be := self.sched.backend_of(t)), (be, []))[1].append(i)
-        views: list = [None] * len(tensors)
-        stages = []
-        # a later graph of this batch: the same rows at up to the mask's cache's cells
-        grows = {2: self._mask_grow(tensors[2], self.model.cfg.n_ctx)}
-        if len(tensors) > 6:
-            grows[6] = self._mask_grow(tensors[6], self.model.cfg.swa_size)
-        for be, members in by_backend.values():
-            st = be.input_stage(tuple((tensors[i].data, tensors[i].nbytes()) for i in members), slot,
-                                sum(grows.get(i, 0) for i in members))
-            stages.append(st)
-            for i, raw in zip(members, st.views):
-                t = tensors[i]
-                if t.type in _MASK_DTYPES:                     # a mask: (rows, n_kv)
-                    views[i] = raw.view(_MASK_DTYPES[t.type]).reshape(-1, t.ne[0])
-                else:
-                    views[i] = raw.view(np.int32)
-        return stages, tuple(views)
-
-    @staticmethod
-    def _mask_grow(mask: Tensor, cells: int) -> int:
-        return max(cells - mask.ne[0], 0) * (mask.nbytes() // max(mask.ne[0], 1))
-
-
-_MASK_DTYPES = {GGMLType.F32: np.float32, GGMLType.F16: np.float16}
-
-
-def _input_tensors(inp) -> tuple:
-    """The graph's inputs in the order the views are kept: tokens, pos, mask, k/v idxs, out_ids, then the
-    SWA cache's mask and k/v idxs (an iSWA graph with a window)."""
-    base = (inp.tokens, inp.pos, inp.kq_mask, inp.k_idxs, inp.v_idxs, inp.out_ids)
-    if getattr(inp, "kq_mask_swa", None) is None:
-        return base
-    return base + (inp.kq_mask_swa, inp.k_idxs_swa, inp.v_idxs_swa)
-
-
-def _write_mask(cells, seqs, pos, n_kv: int, view: np.ndarray, scratch: np.ndarray | None) -> None:
-    """A cache's KQ mask into its input view: directly when the view is float32, else (an F16 mask, read by
-    flash attention as it is) through the kept float32 scratch, cast on the copy (0 and -inf are exact)."""
-    if view.dtype == np.float32:
-        cells.mask(seqs, pos, n_kv, len(view), out=view)
-    else:
-        np.copyto(view, cells.mask(seqs, pos, n_kv, len(view), out=scratch), casting="same_kind")
-
-
-class _GraphInputs:
-    """A built graph's input stages: for each of the two slots, (stages, typed views of tokens, pos, mask,
-    k/v idxs, out_ids); the graph and its mask's address they were made for; its out_ids."""
-
-    __slots__ = ("res", "mask_addr", "slots", "out_ids", "scratch")
-
-    def __init__(self, res: BuiltGraph, mask_addr: int, slots: list, out_ids: np.ndarray):
-        self.res, self.mask_addr, self.slots, self.out_ids = res, mask_addr, slots, out_ids
-        self.scratch: tuple = (None, None)   # per mask (global, SWA): a float32 array when it is F16
+    def _write_inputs(self, kept: KeptInputs, slot: int, tokens, seqs, pos, cells) -> None:
+        """Every input of the kept graph into the views of `slot`, the tokens unless None."""
+        kept.write(self.kv, slot, tokens, seqs, pos, cells)
 
 
 class _Prepared:

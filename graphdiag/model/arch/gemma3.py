@@ -14,11 +14,8 @@ The graph: gemma3_graph.py; the oracle: gemma3_reference.py.
 from __future__ import annotations
 
 import dataclasses
-import math
-from dataclasses import dataclass
 
-from ..kv_sizes import N_UBATCH, swa_cache_size
-from ..presets import ROPE_NEOX, ModelConfig
+from ..presets import ROPE_NEOX, SWA_PATTERN, Gemma3Config, ModelConfig, swa_pattern
 from .common import NORM, WEIGHT, Meta, TensorSpec, base_config, refuse_present
 from .gemma3_graph import Builder  # noqa: F401  (the registry's names)
 from .gemma3_reference import Reference  # noqa: F401
@@ -27,45 +24,6 @@ NAME = "gemma3"
 ROPE_TYPE = ROPE_NEOX
 # what llama.cpp's gemma3 reads when present and graphdiag's graph does not compute: refused, not ignored
 UNSUPPORTED = ("attn_q.bias", "attn_k.bias", "attn_v.bias", "attn_qkv.weight", "dense_2.weight", "dense_3.weight")
-SWA_PATTERN = 6      # load_swa_pattern(ml, 6): the default when the file gives none
-
-
-@dataclass(frozen=True)
-class Gemma3Config(ModelConfig):
-    """ModelConfig plus the sliding window: `n_swa` positions (0: none, one cache), `swa_layers` (a bool per
-    layer), the SWA layers' rope base, and what sizes the SWA cache (sequences, llama.cpp's swa_full)."""
-
-    n_swa: int = 0
-    swa_layers: tuple = ()
-    rope_base_swa: float = 10000.0
-    n_seq_max: int = 1
-    swa_full: bool = False
-
-    def is_swa(self, il: int) -> bool:
-        return self.n_swa > 0 and bool(self.swa_layers[il])
-
-    def rope_base_of(self, il: int) -> float:
-        """get_rope_freq_base: rope.freq_base_swa on a sliding layer, rope.freq_base elsewhere."""
-        return self.rope_base_swa if self.is_swa(il) else self.rope_base
-
-    @property
-    def f_attention_scale(self) -> float:
-        """1/sqrt(head_dim); the 27B (62 layers) uses 1/sqrt(n_embd/n_head) (load_arch_hparams)."""
-        d = self.n_embd // self.n_head if self.n_layer == 62 else self.head_dim
-        return 1.0 / math.sqrt(float(d))
-
-    @property
-    def swa_size(self) -> int:
-        """The SWA cache's cells (0 without a window): llama_kv_cache_iswa's size_swa, unified cache."""
-        if self.n_swa <= 0:
-            return 0
-        return swa_cache_size(self.n_ctx, self.n_swa, self.n_seq_max, N_UBATCH, True, self.swa_full)
-
-
-def swa_pattern(n_layer: int, n_pattern: int = SWA_PATTERN) -> tuple:
-    """set_swa_pattern(n_pattern, dense_first=false): layer il slides unless il % n_pattern == n_pattern - 1
-    (every layer slides with n_pattern 0)."""
-    return tuple(n_pattern == 0 or (il % n_pattern < n_pattern - 1) for il in range(n_layer))
 
 
 def config(meta: Meta) -> Gemma3Config:
