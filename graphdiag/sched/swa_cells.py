@@ -24,7 +24,13 @@ def is_masked_swa(n_swa: int, p0, p1):
 
 class SwaKvCells:
     """Which (sequence, position) each cell of the SWA cache holds (-1: free), with llama.cpp's head-based,
-    wrapping slot search. `n_swa`: the window in positions; `size`: the cache's cells."""
+    wrapping slot search. `n_swa`: the window in positions; `size`: the cache's cells.
+
+    What a step asks (each sequence's lowest and highest position and cell count, the cells in use, the
+    highest used cell) is kept up to date, as llama_kv_cells keeps its seq_pos maps: a decode token that
+    takes the head cell (free, or holding its sequence's oldest position, outside the window) is placed
+    with no scan and no array made; anything else takes the general path and the kept state is worked out
+    again from the cells."""
 
     def __init__(self, size: int, n_swa: int):
         if n_swa <= 0:
@@ -33,6 +39,11 @@ class SwaKvCells:
         self.seq = np.full(size, -1, np.int32)
         self.pos = np.full(size, -1, np.int32)
         self.head = 0
+        self._min: dict[int, int] = {}            # seq -> its lowest position
+        self._max: dict[int, int] = {}            # seq -> its highest position
+        self._count: dict[int, int] = {}          # seq -> its cells
+        self._n_used = 0                          # cells in use
+        self._used_p1 = 0                         # highest used cell + 1
         self._d = np.empty(size, np.int32)        # mask scratch, so a decode row allocates nothing
         self._b1 = np.empty(size, np.bool_)
         self._b2 = np.empty(size, np.bool_)
@@ -44,22 +55,30 @@ class SwaKvCells:
     # -- what the cells hold ------------------------------------------------------------------------------
     def seq_pos_max(self, seq: int) -> int:
         """The sequence's highest position in the cache, -1 when it has none."""
-        p = self.pos[self.seq == seq]
-        return int(p.max()) if p.size else -1
+        return self._max.get(seq, -1)
 
     def seq_pos_min(self, seq: int) -> int:
-        p = self.pos[self.seq == seq]
-        return int(p.min()) if p.size else -1
+        return self._min.get(seq, -1)
 
     def next_pos(self, seq: int) -> int:
         return self.seq_pos_max(seq) + 1
 
     def used(self) -> int:
-        return int(np.count_nonzero(self.seq >= 0))
+        return self._n_used
 
     def used_max_p1(self) -> int:
-        used = np.flatnonzero(self.seq >= 0)
-        return int(used[-1]) + 1 if used.size else 0
+        return self._used_p1
+
+    def _resync(self) -> None:
+        """The kept state worked out again from the cells (after the general path)."""
+        held = self.seq >= 0
+        self._n_used = int(np.count_nonzero(held))
+        used = np.flatnonzero(held)
+        self._used_p1 = int(used[-1]) + 1 if used.size else 0
+        self._min, self._max, self._count = {}, {}, {}
+        for q in np.unique(self.seq[held]).tolist():
+            p = self.pos[self.seq == q]
+            self._min[q], self._max[q], self._count[q] = int(p.min()), int(p.max()), int(p.size)
 
     def n_kv(self) -> int:
         """Cells the attention reads (get_n_kv): max(256, pad256(highest used cell + 1)), at most the size."""
@@ -98,6 +117,43 @@ class SwaKvCells:
         an evicted cell's sequence at or below the evicted one purged (llama.cpp keeps [pos_min, pos_max]
         contiguous per sequence); the head moves after the last cell. Returns the cells (int32)."""
         seqs, pos = np.asarray(seqs, np.int32), np.asarray(pos, np.int32)
+        if len(seqs) == 1:
+            cell = self._place_at_head(int(seqs[0]), int(pos[0]))
+            if cell is not None:
+                return cell
+        cells = self._place(seqs, pos)
+        self._resync()
+        return cells
+
+    def _place_at_head(self, q: int, p: int) -> np.ndarray | None:
+        """One token into the head cell when find_slot would take it and no purge can follow: the cell is
+        free, or holds the oldest position of a sequence whose positions are contiguous and which has left
+        the window (so the sequence's new lowest position is the next one). None: the general path."""
+        head = self.head
+        if head > self._n_used + 2:
+            head = 0
+        if head >= self.size:
+            return None
+        old = int(self.seq[head])
+        if old >= 0:
+            p_old, lo, hi = int(self.pos[head]), self._min[old], self._max[old]
+            if p_old != lo or hi - lo + 1 != self._count[old] or not is_masked_swa(self.n_swa, p_old, hi + 1):
+                return None
+            if self._count[old] == 1:
+                del self._min[old], self._max[old], self._count[old]
+            else:
+                self._min[old], self._count[old] = lo + 1, self._count[old] - 1
+        else:
+            self._n_used += 1
+            self._used_p1 = max(self._used_p1, head + 1)
+        self.seq[head], self.pos[head] = q, p
+        self._min[q] = min(self._min.get(q, p), p)
+        self._max[q] = max(self._max.get(q, p), p)
+        self._count[q] = self._count.get(q, 0) + 1
+        self.head = head + 1
+        return np.array([head], np.int32)
+
+    def _place(self, seqs: np.ndarray, pos: np.ndarray) -> np.ndarray:
         cells = self.find_slot(len(seqs))
         rm_max: dict[int, int] = {}
         for c in cells.tolist():
@@ -106,7 +162,8 @@ class SwaKvCells:
                 rm_max[q] = max(rm_max.get(q, -1), int(self.pos[c]))
         self.seq[cells], self.pos[cells] = seqs, pos
         for q, p_rm in sorted(rm_max.items()):
-            p_min = self.seq_pos_min(q)
+            left = self.pos[self.seq == q]
+            p_min = int(left.min()) if left.size else -1
             if 0 <= p_min <= p_rm:
                 self._rm(q, p_min, p_rm + 1)
         self.head = int(cells[-1]) + 1
@@ -115,7 +172,9 @@ class SwaKvCells:
     def seq_rm(self, seq: int, p0: int, p1: int = -1) -> int:
         """Free `seq`'s cells at positions in [p0, p1) (p1 < 0: no end), as llama_kv_cache::seq_rm: the head
         moves back to the first freed cell when it is lower. Returns how many were freed."""
-        return self._rm(seq, max(p0, 0), p1 if p1 >= 0 else np.iinfo(np.int32).max)
+        n = self._rm(seq, max(p0, 0), p1 if p1 >= 0 else np.iinfo(np.int32).max)
+        self._resync()
+        return n
 
     def remove(self, seq: int) -> None:
         self.seq_rm(seq, 0)

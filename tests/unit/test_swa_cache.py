@@ -126,13 +126,19 @@ def _run(ops, size, n_swa):
             nxt[q] = min(nxt.get(q, 0), p0)
         assert [(int(s), int(p)) if s >= 0 else None for s, p in zip(cells.seq, cells.pos)] == twin.cells
         assert cells.head == twin.head
+        # the kept state (what a decode step reads without a scan) is what a scan of the twin says
+        held = [i for i, c in enumerate(twin.cells) if c]
+        assert (cells.used(), cells.used_max_p1()) == (len(held), held[-1] + 1 if held else 0)
+        for q in range(3):
+            assert (cells.seq_pos_min(q), cells.seq_pos_max(q)) == (twin.pos_min(q), twin.pos_max(q))
 
 
 _op = st.one_of(st.tuples(st.just("add"), st.integers(0, 2), st.integers(1, 40)),
+                st.tuples(st.just("add"), st.integers(0, 2), st.just(1)),     # decode: the head fast path
                 st.tuples(st.just("rm"), st.integers(0, 2), st.integers(0, 30)))
 
 
-@settings(max_examples=60, deadline=None)
+@settings(max_examples=120, deadline=None)
 @given(st.lists(_op, max_size=40), st.sampled_from([(64, 16), (96, 40), (256, 100)]))
 def test_cells_match_llama_cpp_loops(ops, shape):
     _run(ops, *shape)
@@ -197,3 +203,13 @@ def test_iswa_refuses_before_touching_the_global_cache():
     with pytest.raises(UsageError):
         kv.place(np.zeros(100, np.int32), np.arange(250, 350))
     assert kv.next_pos(0) == 250 and kv.base.n_kv() == 256
+
+
+def test_a_decode_token_after_removals_restarts_the_search_at_cell_0_as_llama_cpp():
+    """find_slot's "head > used + 2 n_tokens: start from 0", on the one-token path (found by a random search
+    against the twin: a fast path without it places the last token elsewhere)."""
+    ops = [("add", 0, 6), ("add", 1, 1), ("add", 0, 1), ("add", 0, 1), ("add", 2, 1), ("add", 2, 1), ("add", 2, 15),
+           ("add", 0, 1), ("rm", 1, 22), ("add", 2, 1), ("rm", 2, 12), ("add", 1, 1), ("add", 2, 11), ("add", 2, 1),
+           ("add", 0, 1), ("rm", 1, 11), ("add", 1, 1), ("rm", 2, 21), ("add", 0, 15), ("add", 0, 1), ("add", 2, 1),
+           ("add", 1, 34), ("add", 1, 1)]
+    _run(ops, 64, 16)
