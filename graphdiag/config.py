@@ -72,6 +72,7 @@ class RunConfig:
     pdl: bool = True                 # programmatic dependent launch on 9.0+ (GGML_CUDA_PDL, on by default)
     graphs_disabled: bool = False
     reuse_disabled: bool = False
+    swa_full: bool = False           # a full-size SWA cache (llama.cpp's swa_full; off as llama-server, on in its C API)
     n_cpu_moe: int = 0
     devices: int = 1                 # GPUs the layers are split across (llama.cpp --split-mode layer)
     tensor_split: tuple | None = None  # share of the layers per device (--tensor-split); None: by free memory
@@ -361,6 +362,8 @@ def validate_run(cfg: RunConfig, scenario=None, as_json: bool = False, verbosity
                          f"{demand.overflow_step} would need {demand.cells} (prompt-tokens {cfg.prompt_tokens} × "
                          f"batch {cfg.batch} prefilled, then one cell per sequence per decode step); lower "
                          f"--steps, --batch or --prompt-tokens")
+    if getattr(model, "n_swa", 0) > 0:
+        _check_swa_cells(cfg, model, demand)
     if cfg.backend != "cpu" and cfg.pool_cap is not None:
         need, step = min_pool_cap(demand, model, cfg.wtype)
         if cfg.pool_cap < need:
@@ -371,6 +374,29 @@ def validate_run(cfg: RunConfig, scenario=None, as_json: bool = False, verbosity
         warnings.append(f"{_named(cfg, scenario, 'verify', '--verify')} checks replayed steps, and graphs are "
                         f"disabled ({_named(cfg, scenario, 'graphs_disabled', '--no-graphs')}): nothing to verify")
     return warnings
+
+
+def _check_swa_cells(cfg: RunConfig, model, demand) -> None:
+    """A sliding-window model: every step's tokens find cells in the SWA cache, walked with the cells'
+    own rules (sched/swa_cells.py), so a prefill longer than the cache can take is refused up front
+    (graphdiag prefills a prompt in one ubatch, where llama.cpp would split it into n_ubatch ones)."""
+    import numpy as np
+
+    from .model.source import sized
+    from .sched.swa_cells import SwaKvCells
+    size = sized(model, cfg.swa_full, cfg.batch).swa_size
+    cells, nxt = SwaKvCells(size, model.n_swa), {}
+    for step, p, _ in demand.steps:
+        seqs = [p.seq] * p.n_tokens if p.kind == "prefill" else list(range(p.batch))
+        pos = [nxt.get(q, 0) + i for i, q in enumerate(seqs)] if p.kind == "prefill" else [nxt.get(q, 0) for q in seqs]
+        try:
+            cells.place(np.array(seqs, np.int32), np.array(pos, np.int32))
+        except UsageError:
+            raise UsageError(f"step {step} ({p.tokens} tokens) does not fit model {cfg.model}'s SWA KV cache "
+                             f"({size} cells, window {model.n_swa}); lower --prompt-tokens or --batch, or "
+                             f"use --swa-full") from None
+        for q, ps in zip(seqs, pos):
+            nxt[q] = ps + 1
 
 
 def min_pool_cap(demand, model, wtype: str = "f16") -> tuple[int, int]:

@@ -119,7 +119,7 @@ class Session:
                                       cfg.pdl)
                 make = lambda d, name=None: GpuBackend(d, bus, opts, self.clock, cfg.pool_cap, cfg.pool_max_buffers, name)
                 self._open_gpus(make)
-            self.model = build_model(cfg.model, cfg.wtype, seed=cfg.seed)
+            self.model = build_model(cfg.model, cfg.wtype, seed=cfg.seed, swa_full=cfg.swa_full, n_seq_max=cfg.batch)
             gpus = self.devices.gpus if self.devices is not None else [self.gpu] if self.gpu is not None else []
             self.ctx = make_context(self.model, [*gpus, self.cpu], bus, cfg.n_cpu_moe, cfg.reuse_disabled,
                                     self.split, self.devices.copy if self.devices is not None else None)
