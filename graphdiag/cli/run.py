@@ -17,12 +17,18 @@ def _one_scenario(given: tuple[str, ...]) -> str | None:
 @click.option("--backend", type=click.Choice(["auto", "cuda", "sim", "cpu"]), default=None,
               help="cuda: the GPU; sim: the simulated driver; cpu: numpy only. Default: cuda when a GPU is "
                    "present, else sim (announced as simulated).")
-@click.option("--model", default=None, help="Model preset: tiny, small, 1b, 7b, moe-tiny.")
+@click.option("--model", default=None, help="Model preset (tiny, small, 1b, 7b, moe-tiny) or a GGUF file (PATH.gguf: "
+              "its own hyper-parameters, weight types and vocabulary; --wtype does not apply).")
 @click.option("--wtype", type=click.Choice(["f16", "q8_0"]), default=None, help="Weight type.")
 @click.option("--seed", type=int, default=None, help="Weight and prompt seed.")
 @click.option("--prompt-tokens", type=int, default=None, help="Prompt length prefilled per sequence.")
 @click.option("--prompt-ids", default=None, help="The prompt as token ids, comma-separated (each sequence's; "
               "default: seeded random tokens).")
+@click.option("--prompt", default=None,
+              help="The prompt as text, tokenized through the model file's vocabulary as llama.cpp's "
+                   "llama_tokenize (add_special, parse_special) does: SPM (bigram merges by score, byte "
+                   "fallback) and byte-level BPE (pre-tokenizers default, gpt2, qwen2); exact for those rules, "
+                   "character classes from Python's Unicode data. Needs --model FILE.gguf; not with --prompt-ids.")
 @click.option("--steps", type=int, default=None, help="Decode steps.")
 @click.option("--batch", type=int, default=None, help="Sequences decoded together (tokens per decode step).")
 @click.option("--chunk-size", type=int, default=None,
