@@ -350,7 +350,7 @@ def validate_run(cfg: RunConfig, scenario=None, as_json: bool = False, verbosity
     model = model_config(cfg.model)
     check_wtype(cfg.model, cfg.wtype, cfg.sources.get("wtype", "default"))
     if cfg.prompt is not None:
-        _tokenize_prompt(cfg, scenario)
+        tokenize_prompt(cfg, scenario)
     if cfg.prompt_ids and max(cfg.prompt_ids) >= model.n_vocab:
         raise UsageError(f"prompt-ids: token {max(cfg.prompt_ids)} is outside model {cfg.model}'s vocabulary of "
                          f"{model.n_vocab} tokens")
@@ -383,7 +383,7 @@ def validate_run(cfg: RunConfig, scenario=None, as_json: bool = False, verbosity
     return warnings
 
 
-def _tokenize_prompt(cfg: RunConfig, scenario) -> None:
+def tokenize_prompt(cfg: RunConfig, scenario) -> None:
     """--prompt TEXT -> cfg.prompt_ids through the model file's vocabulary (model/tokenize.py), as llama.cpp's
     llama_tokenize(add_special, parse_special) would; a preset has no real vocabulary: refused."""
     from .model.source import is_file, prompt_ids

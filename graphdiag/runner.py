@@ -230,6 +230,9 @@ def run(cfg: RunConfig, scenario=None, sinks=(), span_sinks=(), on_header=None, 
     `device_sinks`; `warn(line)` hears why there are none where they were asked for, and of a sink that
     failed and was cut off (the others still get every event). The sinks in `essential` (the record) end
     the run when they fail instead."""
+    if cfg.prompt is not None and cfg.prompt_ids is None:    # a caller that skipped validate_run
+        from .config import tokenize_prompt
+        tokenize_prompt(cfg, scenario)
     bus = E.EventBus()
     rec, counters = E.Recorder(), Counters()
     for s in (rec, counters):

@@ -102,3 +102,11 @@ def test_gemma3_metadata_reads_fast(gemma3_file):
     took = time.perf_counter() - t0
     assert len(r.fields["tokenizer.ggml.tokens"].contents()) == 262144
     assert took < 5, f"{took:.2f} s"
+
+
+def test_a_library_run_tokenizes_the_prompt_too(tiny_file):
+    """runner.run without the CLI's validate_run still runs the text prompt, not a seeded random one."""
+    from graphdiag.config import resolve
+    from graphdiag.runner import run
+    r = run(resolve({"backend": "sim", "model": str(tiny_file), "steps": 1, "prompt": "ab"}, environ={}))
+    assert list(r.header["settings"]["prompt_ids"]) == _spm_bytes("ab")
