@@ -68,7 +68,8 @@ def vocab_from_fields(get, path: str = "model") -> Vocab:
     if model not in ("llama", "gpt2"):
         raise UsageError(f"{path}: tokenizer {model!r} is not supported for --prompt (supported: llama (SPM), "
                          f"gpt2 (byte-level BPE)): give --prompt-ids")
-    pieces = [(t or f"[EMPTY_{i}]").encode("utf-8", "surrogatepass") for i, t in enumerate(tokens)]
+    pieces = [(t if isinstance(t, bytes) else t.encode("utf-8")) or f"[EMPTY_{i}]".encode()
+              for i, t in enumerate(tokens)]                # an empty piece: llama.cpp's name for it
     n = len(pieces)
     scores = [float(x) for x in get("tokenizer.ggml.scores", None) or [0.0] * n]
     types = [int(x) for x in get("tokenizer.ggml.token_type", None) or [NORMAL] * n]
@@ -109,7 +110,13 @@ def file_vocab(path_str: str, version=None) -> Vocab:
     """The vocabulary of the GGUF file at `path_str` (read once per file version)."""
     from .gguf_io import _reader, _value
     r = _reader(Path(path_str))
-    return vocab_from_fields(lambda k, d: _value(r, k, d), Path(path_str).name)
+
+    def get(key: str, default):
+        f = r.fields.get(key) if key == "tokenizer.ggml.tokens" else None
+        if f is not None:           # the pieces as bytes: llama.cpp takes them so, valid UTF-8 or not
+            return [bytes(f.parts[i]) for i in f.data]
+        return _value(r, key, default)
+    return vocab_from_fields(get, Path(path_str).name)
 
 
 def tokenize(v: Vocab, text: str) -> list[int]:

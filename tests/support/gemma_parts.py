@@ -65,9 +65,9 @@ def split(src: Path, outdir: Path, part_bytes: int = PART_BYTES) -> list[Path]:
     return parts
 
 
-def join(partdir: Path, dest: Path) -> Path:
+def join(partdir: Path, dest: Path, expected: str = SHA256) -> Path:
     """Concatenate partdir's NAME.partNN in order into `dest` and check the sha256 (ValueError if it
-    differs from the recorded one or from the package's)."""
+    differs from the recorded one or from `expected`, the package's)."""
     parts = sorted(partdir.glob(f"{NAME}.part[0-9][0-9]"))
     if not parts:
         raise FileNotFoundError(f"{partdir}: no {NAME}.partNN files")
@@ -77,9 +77,10 @@ def join(partdir: Path, dest: Path) -> Path:
                 while block := f.read(_CHUNK):
                     out.write(block)
     got = sha256_of(dest)
-    recorded = (partdir / f"{NAME}.sha256").read_text().strip() if (partdir / f"{NAME}.sha256").exists() else SHA256
-    if got != SHA256 or got != recorded:
-        raise ValueError(f"{dest}: sha256 {got} differs from {NAME}'s {SHA256}")
+    sums = partdir / f"{NAME}.sha256"
+    recorded = sums.read_text().strip() if sums.exists() else expected
+    if got != expected or got != recorded:
+        raise ValueError(f"{dest}: sha256 {got} differs from {NAME}'s {expected}")
     return dest
 
 
