@@ -110,3 +110,24 @@ def test_a_library_run_tokenizes_the_prompt_too(tiny_file):
     from graphdiag.runner import run
     r = run(resolve({"backend": "sim", "model": str(tiny_file), "steps": 1, "prompt": "ab"}, environ={}))
     assert list(r.header["settings"]["prompt_ids"]) == _spm_bytes("ab")
+
+
+def test_a_bpe_vocabulary_reads_from_a_file(tmp_path):
+    """tokenizer.ggml.model gpt2 with merges and a pre-tokenizer, written by the gguf package, read back."""
+    from graphdiag.model.pretokenize import BYTE_CHARS
+    p = tmp_path / "bpe.gguf"
+    w = gguf.GGUFWriter(str(p), "qwen2")
+    tokens = [*BYTE_CHARS, "he", "Ġhe", "<|im_start|>"]
+    w.add_tokenizer_model("gpt2")
+    w.add_tokenizer_pre("qwen2")
+    w.add_token_list(tokens)
+    w.add_token_types([1] * 258 + [3])
+    w.add_token_merges(["h e", "Ġ he"])
+    w.add_bos_token_id(258)
+    w.add_add_bos_token(False)
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.close()
+    v = file_vocab(str(p))
+    assert (v.model, v.pre, v.add_bos) == ("gpt2", "qwen2", False)
+    assert tokenize(v, "he he<|im_start|>1") == [256, 257, 258, BYTE_CHARS.index("1")]
