@@ -4,6 +4,7 @@
     description = "one line"
     cause = "one line"                         # optional: the cause the run shows (printed with its verdict)
     [run]        # RunConfig fields: model, wtype, prompt_tokens, steps, batch, chunk_size, fusion, ...
+                 # (model = "file.gguf": relative to this file's folder, or absolute; prompt = "text")
     [env]        # llama.cpp / ggml environment knobs the scenario sets, values as strings
     timeline = [ { at_step = 4, batch = 2 }, { at_step = 9, idle_s = 11 },
                  { at_step = 12, prefill = 32 }, { at_step = 2, alternate_batches = [1, 2] },
@@ -35,7 +36,7 @@ from .counters import COUNTER_NAMES
 from .errors import ScenarioError, UsageError
 
 RUN_FIELDS: dict[str, type] = {
-    "model": str, "wtype": str, "prompt_tokens": int, "prompt_ids": list, "steps": int, "batch": int, "chunk_size": int,
+    "model": str, "wtype": str, "prompt_tokens": int, "prompt_ids": list, "prompt": str, "steps": int, "batch": int, "chunk_size": int,
     "fusion": bool, "concurrent_streams": bool, "n_cpu_moe": int, "pool_cap": int, "pool_max_buffers": int,
     "compute_capability": str, "reuse_disabled": bool, "graphs_disabled": bool, "devices": int, "tensor_split": list,
     "sim_mode": str, "swa_full": bool,
@@ -221,7 +222,12 @@ class _Validator:
             key = next((k for k in run if k in said or k.replace("_", "-") in said or k.replace("_", " ") in said),
                        None)
             self.fail(f"invalid [run]: {e}", "run", key)
-        return dict(run)
+        run = dict(run)
+        model = run.get("model", "")
+        if model.endswith(".gguf") and not Path(model).is_absolute():
+            # a model file is named relative to the scenario's own folder, wherever the run starts
+            run["model"] = str(self.path.parent / model)
+        return run
 
     def env(self, env: dict) -> dict[str, str]:
         self.known(env, ENV_KNOBS, "[env] (known knobs)", "env")

@@ -24,6 +24,14 @@ def _file(name: str):
     return open_gguf(str(Path(name).resolve()))
 
 
+def prompt_ids(name: str, text: str) -> list[int]:
+    """`text` as token ids through the vocabulary of the GGUF file at `name` (model/tokenize.py)."""
+    from .tokenize import file_vocab, tokenize
+    path = Path(name).resolve()
+    st = path.stat()
+    return tokenize(file_vocab(str(path), (st.st_size, st.st_mtime_ns)), text)
+
+
 def check_wtype(name: str, wtype: str, wtype_source: str) -> None:
     """--wtype chooses a preset's weight type; a file's weights have their own types."""
     if is_file(name) and wtype_source not in ("default", ""):

@@ -330,11 +330,16 @@ def load_model(model: Model, gpu: Backend | list[Backend], cpu: Backend | None =
     total = sum(t.nbytes() for t in model.tensors())
     if progress is None and not all(d is None or d[0].computes for d in map(_device, gpus)):
         progress = _no_progress   # decisions-only: the memory is reserved and the fills modelled, at once
-    label = f"{model.cfg.name} {model.wtype.name} weights"
-    hosted = sum(t.nbytes() for t in model.tensors() if _host_quantised(model, t))
-    if hosted:
-        label += f" ({hosted:,} bytes drawn and quantised on the host)"
-    with _progress(progress, total, label, loud=total >= LOUD_BYTES or hosted >= LOUD_HOST_BYTES) as tick:
+    if model.file is not None and progress is None and LOAD_PROGRESS.get() is None:
+        from .upload import FileUpload             # a file's weights: named, with their bytes
+        shown = FileUpload(model, total)
+    else:
+        label = f"{model.cfg.name} {model.wtype.name} weights"
+        hosted = sum(t.nbytes() for t in model.tensors() if _host_quantised(model, t))
+        if hosted:
+            label += f" ({hosted:,} bytes drawn and quantised on the host)"
+        shown = _progress(progress, total, label, loud=total >= LOUD_BYTES or hosted >= LOUD_HOST_BYTES)
+    with shown as tick:
         buffers = []
         for gi, backend in enumerate([*gpus, cpu]):
             if groups[gi]:
