@@ -104,13 +104,14 @@ class RawStream:
         return path
 
 
-def steady(steps: int = 6, uid: int = 4) -> RawStream:
-    """Prefill (eager), decode 1 eager (properties changed), capture at decode 2, replays after."""
+def steady(steps: int = 6, uid: int = 4, nodes: int = 59) -> RawStream:
+    """Prefill (eager), decode 1 eager (properties changed), capture at decode 2, replays after (graphdiag's
+    tiny captures 59 graph nodes after a 16-token prompt)."""
     r = RawStream()
     r.decode(RawStream.eager, n_tokens=16, n_outputs=1)
     r.decode(RawStream.eager)
     box = {}
-    r.decode(lambda s: box.setdefault("x", s.capture(new_entry=True, uid=uid)))
+    r.decode(lambda s: box.setdefault("x", s.capture(new_entry=True, uid=uid, nodes=nodes, kernel_nodes=nodes)))
     for _ in range(steps - 3):
         r.decode(lambda s: s.replay(box["x"], uid=uid))
     return r.end(n_reused=steps - 2)
