@@ -13,7 +13,7 @@ from ..errors import UsageError
 
 # scenario expectations a converted record can answer (the rest need the key, the ledger, graphdiag's counters)
 OBSERVABLE_EXPECT = ("captures", "replays", "eager_runs", "updates", "update_refusals", "instantiates",
-                     "warmup_resets", "warmup_completions", "evictions", "uid_hits")
+                     "warmup_resets", "warmup_completions", "evictions", "uid_hits", "strict_failures")
 
 
 def resolve_llama(model: str, settings: dict, scenario: str | None):

@@ -29,7 +29,7 @@ NOT_OBSERVABLE = (
     "the graph entry of an eager compute", "eager computes that log nothing (one per decode assumed only "
     "when nothing was launched)", "context graph reuse per step (llama_perf_context's total only)",
     "n_kv per step", "device activity per kernel", "eager compute times (eager split reads 0)",
-    "device memory per executable",
+    "device memory per executable", "key thrash (it needs the keys and graph digests)",
 )
 
 

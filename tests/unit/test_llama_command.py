@@ -155,3 +155,15 @@ def test_whatif_refuses_a_llama_record(capsys, tmp_path, tiny_gguf):
               watcher=FakeWatcher, gpu=lambda: ("FAKE", 90))
     line = one_line(capsys, ["whatif", str(ev), "--key", "first-node+shape"])
     assert "not observable in llama.cpp" in line
+
+
+def test_strict_and_plot_on_a_llama_run(tiny_gguf, tmp_path):
+    """The refusal flood (1,1,2,2,...) fails --strict on llama.cpp's record as on graphdiag's; --plot draws."""
+    pytest.importorskip("matplotlib")
+    out = io.StringIO()
+    rc = llama_cli(str(tiny_gguf), {}, scenario="update-refusal-flood", strict=True, plot_path=str(tmp_path / "p.png"),
+                   out=out, lib=FakeLlama(), watcher=FakeWatcher, gpu=lambda: ("FAKE", 90))
+    text = out.getvalue()
+    assert rc == 1 and "FAILED: strict: update-refusal flood: key 0x1 refused" in text
+    assert "scenario update-refusal-flood: not checked" not in text      # every expectation is observable
+    assert (tmp_path / "p.png").stat().st_size > 1000
