@@ -50,6 +50,15 @@ class RunResult:
     failures: list[str] = field(default_factory=list)
 
 
+def _wall_less_kernel_loads(session: "Session"):
+    """ggml_time_us for the eviction sweep: the monotonic clock less the time every driver of the session
+    has spent loading kernels (nothing on the CPU backend, which has no driver)."""
+    def now_us() -> int:
+        loads = sum(d.kernel_load_ns for d in (session.driver, *session.extra_drivers) if d is not None)
+        return (time.monotonic_ns() - loads) // 1000
+    return now_us
+
+
 def open_driver(cfg: RunConfig):
     """(driver or None for the CPU backend, note) — cuda when asked or available, else simulated."""
     if cfg.backend == "cpu":
@@ -83,15 +92,17 @@ class Session:
         else:
             self.driver, self.note = open_driver(cfg)
             self.extra_drivers = []
-        # the eviction clock: wall time on CUDA (ggml_time_us); on the simulated driver its modelled time,
-        # so a run's decisions never depend on the host's speed or load
+        # the eviction clock: wall time on CUDA (ggml_time_us) less graphdiag's own kernel loading (a
+        # first step that compiles kernels for 10 s must not make ggml's idle sweep evict what it just
+        # stamped); on the simulated driver its modelled time, so a run's decisions never depend on the
+        # host's speed or load
         sim = self.driver is not None and self.driver.simulated
         if sim and self.driver.computes and warn is not None:
             from .sim_mode import compute_cost_line
             line = compute_cost_line(cfg)
             if line:
                 warn(line)
-        self.clock = clock or (Clock(self.driver.now_us) if sim else Clock())
+        self.clock = clock or (Clock(self.driver.now_us) if sim else Clock(_wall_less_kernel_loads(self)))
         self.cpu, self.gpu, self.ctx, self.devices, self.split = None, None, None, None, None
         self.faults = FaultInjector([self.driver, *self.extra_drivers], self._fault_fired)
         self.fault_fired = ""          # the kind of the fault that fired in the current step ("" none)

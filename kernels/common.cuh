@@ -76,6 +76,10 @@ template <> __device__ __forceinline__ float row_elem<GGML_F32>(const char *row,
 template <> __device__ __forceinline__ float row_elem<GGML_F16>(const char *row, i64 k, i64 nb0) {
     return h2f(*(const unsigned short *)(row + k * nb0));
 }
+#define GGML_BF16_ELEM 30   // BF16 (quants.cuh names it GGML_BF16): the upper half of an F32
+template <> __device__ __forceinline__ float row_elem<GGML_BF16_ELEM>(const char *row, i64 k, i64 nb0) {
+    return __uint_as_float((unsigned)*(const unsigned short *)(row + k * nb0) << 16);
+}
 template <> __device__ __forceinline__ float row_elem<GGML_Q8_0>(const char *row, i64 k, i64 nb0) {
     const char *blk = row + (k / QK8_0) * nb0;   // block_q8_0: f16 scale, then 32 int8 quants
     return h2f(*(const unsigned short *)blk) * (float)(signed char)blk[2 + k % QK8_0];

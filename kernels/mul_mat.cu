@@ -47,6 +47,8 @@ template <int T> __device__ void mm_tiled(const kparams &p) {
 }
 
 KERNEL_LB(mul_mat_f32, 256) { mm_tiled<GGML_F32>(p); }
+// BF16 prefill (more columns than MMVF takes): the same CUDA-core tiles, weights widened exactly to F32.
+KERNEL_LB(mul_mat_bf16, 256) { mm_tiled<GGML_BF16_ELEM>(p); }
 
 __device__ __forceinline__ bool vec16(const tdesc &d) {
     return ((d.data | (u64)d.nb[1] | (u64)d.nb[2] | (u64)d.nb[3]) & 15) == 0;

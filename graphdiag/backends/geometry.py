@@ -14,7 +14,7 @@ from typing import Callable
 import numpy as np
 
 from .abi import KPARAMS, TDESC
-from .kernels import FA_HEAD_DIMS, FAV_GROUPS, KERNELS, fa_mma_kernel, fa_vec_kernel, fav_groups
+from .kernels import FA_HEAD_DIMS, FAV_GROUPS, KERNELS, X_TYPES, fa_mma_kernel, fa_vec_kernel, fav_groups
 
 Dim3 = tuple[int, int, int]
 Geometry = tuple[Dim3, Dim3, int]
@@ -249,6 +249,33 @@ def _quantize(p) -> Geometry:
     return (min(_cdiv(blocks, QUANT_WARPS), MAX_GRID_X), 1, 1), (32 * QUANT_WARPS, 1, 1), 0
 
 
+DEQ_BLOCK = 256          # mmvq.cu dequantize_f16_*: one thread per unit of 32 weights, grid-stride
+
+
+def _dequantize(p) -> Geometry:
+    w = _ne(p, 1)
+    units = (w[0] // 32) * w[1] * w[2] * w[3]
+    return (min(_cdiv(units, DEQ_BLOCK), MAX_GRID_X), 1, 1), (DEQ_BLOCK, 1, 1), 0
+
+
+def _unit_rows(p) -> Geometry:
+    """mmvq.cu get_rows_*: one block per dst row, a thread per unit of 32 (a warp for rows up to 1024)."""
+    n = _ne(p, 0)
+    units = n[0] // 32
+    return (max(n[1], 1), max(n[2], 1), max(n[3], 1)), (32 if units <= 32 else 128 if units <= 128 else 256, 1, 1), 0
+
+
+def _x_types(t: dict) -> None:
+    """kernels/mmvq.cu's geometry: the mat-vec kernels are mul_mat_vec.cu's (one warp per row, 4 rows a block)."""
+    t["mul_mat_bf16"] = _mm
+    for w in X_TYPES:
+        t[f"get_rows_{w}"] = _unit_rows
+        t[f"dequantize_f16_{w}"] = _dequantize
+        t[f"mul_mat_vec_{w}"] = t[f"mul_mat_vec_glu_{w}"] = t[f"mul_mat_vec_add_{w}"] = _mmv
+        t[f"mul_mat_id_vec_{w}"] = t[f"mul_mat_id_vec_glu_{w}"] = _mmv_id
+        t[f"mul_mat_id_gathered_{w}"] = _mmv_gathered
+
+
 def _top_k(p) -> Geometry:
     x = _ne(p, 1)
     shmem = 4 * x[0] if 4 * x[0] <= TOPK_SHMEM_MAX else 0
@@ -281,6 +308,7 @@ def _table() -> dict[str, Callable[[np.ndarray], Geometry]]:
     })
     # rope_set_rows walks x's (D/2, Hkv, T) pairs; its ne3 is 1 by the catalogue.
     t["rope_set_rows_f16"] = _elementwise(1, per=2)
+    _x_types(t)
     return t
 
 

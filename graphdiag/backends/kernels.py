@@ -18,6 +18,10 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 W_TYPES = ("f32", "f16", "q8_0")
+# The file's weight types beyond W_TYPES (kernels/mmvq.cu, quants.cuh): MMVQ on Q8_1 x for the quantized
+# ones, MMVF on F32 x for BF16 (X_TYPES = Q_TYPES + bf16).
+Q_TYPES = ("q4_0", "q5_0", "q5_1", "q4_k", "q5_k", "q6_k")
+X_TYPES = Q_TYPES + ("bf16",)
 FA_HEAD_DIMS = (32, 64, 128)
 FAV_GROUPS = (1, 2, 4, 8)   # query heads per kv head of the decode attention kernels (G rounded up to these)
 
@@ -98,6 +102,7 @@ def _specs() -> dict[str, KernelSpec]:
                             ip=("expert id", "number of rows", "first pair in the row map"),
                             doc="sorted fallback, one launch per expert with rows: for each (s, t) in the map "
                                 "range, dst[t, s, :] = experts[expert] . x[t, s or 0]"))
+    s += _x_specs()
     s += [
         KernelSpec("rms_norm_f32", ("dst", "x"), fp=("eps",), doc="per row: x / sqrt(mean(x^2) + eps)"),
         KernelSpec("rms_norm_mul_f32", ("dst", "x", "w (broadcast)"), fp=("eps",),
@@ -151,6 +156,48 @@ def _specs() -> dict[str, KernelSpec]:
           for w in W_TYPES),
     ]
     return {k.name: k for k in s}
+
+
+QUANT_DOC = ("per unit b (32 weights of the row, one Q8_1 block of x) with integer dot_b = sum_i q_w[i] * "
+             "q_x[i] (quants before ggml's offsets; d8, s8 the x block's d, d*sum; sx its quants' sum): Q4_0 "
+             "d(dot d8 - 8 s8); Q5_0 d(dot d8 - 16 s8); Q5_1 d d8 dot + m s8; Q4_K/Q5_K d8(d sc dot - dmin mn "
+             "sx); Q6_K d d8 (sc0 (dot_lo - 32 sx_lo) + sc1 (dot_hi - 32 sx_hi)); summed over units "
+             "(kernels/quants.cuh, graphdiag.backends.qunits)")
+
+
+def _x_specs() -> list[KernelSpec]:
+    """The X_TYPES kernels (kernels/mmvq.cu); BF16's prefill mat-mul is mul_mat_bf16 (mul_mat.cu), the
+    quantized types' prefill is dequantize_f16_{w} into pool scratch then mul_mat_f16."""
+    s = [KernelSpec("mul_mat_bf16", ("dst (M, N, B2, B3)", "W bf16 (K, M)", "x F32 (K, N, B2, B3)"),
+                    doc="sum_k W[m, k] * x[.., n, k], any N (CUDA-core tiles, as mul_mat_f32)")]
+    for w in X_TYPES:
+        q = w != "bf16"
+        x = "xq Q8_1 (K, N) from quantize_q8_1" if q else "x F32 (K, N, B2, B3)"
+        dot = QUANT_DOC if q else "sum_k W[m, k] * x[.., n, k]"
+        deq = "dequant(W) as quants.cuh unit_f32 (bit for bit in qunits.dequantize)"
+        s += [
+            KernelSpec(f"get_rows_{w}", ("dst F32 (ne0, n_ids, ...)", f"table {w} (ne0, n_rows)", "ids I32"),
+                       doc=f"dst[i2, i1, :] = {deq} of table[ids[i2, i1], :]"),
+            KernelSpec(f"dequantize_f16_{w}", ("dst F16 (K, M, W2, W3), contiguous pool scratch", f"W {w} (K, M, W2, W3)"),
+                       doc=f"dst = f16({deq}): the prefill's weights for mul_mat_f16"),
+            KernelSpec(f"mul_mat_vec_{w}", ("dst (M, N, B2, B3)", f"W {w} (K, M)", x), ip=("unused", "warps per row"),
+                       doc=f"dst[.., n, m] = {dot}; N <= 8 (the mat-vec path)"),
+            KernelSpec(f"mul_mat_vec_glu_{w}", ("dst (M, N)", f"W_gate {w} (K, M)", f"W_up {w} (K, M)", x),
+                       ip=("glu op (0 REGLU, 1 GEGLU, 2 SWIGLU)",), doc="glu(W_gate x, W_up x); N <= 8"),
+            KernelSpec(f"mul_mat_vec_add_{w}", ("dst (M, N)", f"W {w} (K, M)", x, "r F32 (M, N)"),
+                       ip=("unused", "warps per row"), doc="W x + r; N <= 8"),
+            KernelSpec(f"mul_mat_id_vec_{w}", ("dst (M, n_used, T)", f"experts {w} (K, M, E)",
+                                               "x F32 (K, n_b, T)", "ids I32 (n_used, T)"),
+                       doc=f"dst[t, s, :] = ({deq} of experts[ids[t, s]]) . x[t, s or 0] (F32 x)"),
+            KernelSpec(f"mul_mat_id_vec_glu_{w}", ("dst (M, n_used, 1)", f"gate experts {w} (K, M, E)",
+                                                   f"up experts {w} (K, M, E)", "x F32 (K, n_b, 1)", "ids I32 (n_used, 1)"),
+                       ip=("glu op",), doc="glu(G[ids[s]] x, U[ids[s]] x) of one token (F32 x)"),
+            KernelSpec(f"mul_mat_id_gathered_{w}", ("dst (M, n_used, T)", f"experts {w} (K, M, E)", "x F32 (K, n_b, T)",
+                                                    "row map I32 pairs (slot, token)"),
+                       ip=("expert id", "number of rows", "first pair in the row map"),
+                       doc="the sorted fallback's per-expert launch (F32 x)"),
+        ]
+    return s
 
 
 KERNELS: dict[str, KernelSpec] = _specs()

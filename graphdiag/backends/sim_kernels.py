@@ -22,6 +22,7 @@ from ..memory import AddressSpace
 from . import cpu_ops as ops
 from .abi import Q8_1
 from .geometry import FAM_KV
+from .sim_quants import quant_kernels
 from .kernels import FA_HEAD_DIMS, FAV_GROUPS, KERNELS, W_TYPES, fa_mma_kernel, fa_vec_kernel, fav_groups
 
 Kernel = Callable[[AddressSpace, np.ndarray], None]
@@ -380,6 +381,7 @@ def _build() -> dict[str, Kernel]:
         "glu_swiglu_f32": _swiglu, "cpy_f32_f32": _cpy("cpy_f32_f32", GGMLType.F32),
         "cpy_f32_f16": _cpy("cpy_f32_f16", GGMLType.F16),
     })
+    k.update(quant_kernels())   # the file's weight types (sim_quants.py)
     return k
 
 

@@ -198,7 +198,8 @@ def main(argv=None) -> int:
     drv = CudaDriver.open(cache_dir=kernel_cache_dir())
     b = Bench(drv)
     rows = []
-    for gen in (mat_vec_rows, glu_rows, attention_rows, mat_mul_rows):
+    from quant_bench import quant_rows   # the file's weight types (kernels/mmvq.cu)
+    for gen in (mat_vec_rows, glu_rows, attention_rows, mat_mul_rows, quant_rows):
         for only in args.only.split(","):
             for row in gen(b, only):
                 print(json.dumps(row), flush=True)

@@ -12,17 +12,18 @@ from support.decisions import decision_stream, first_difference
 pytestmark = [pytest.mark.gpu, pytest.mark.usefixtures("require_gpu")]
 pytest.importorskip("gguf")
 
-# 1b Q8_0 from its file decided differently from the preset on the H200 (2026-12-02; equal on the simulated
-# driver, and tiny F16/Q8_0 equal on both): not diagnosed yet — the device time ran out. strict: once it
-# decides the same, this mark must go.
-ONE_B = pytest.param("1b", "q8_0", marks=pytest.mark.xfail(strict=True, reason="1b from its GGUF decides "
-                                                           "differently on the H200: not diagnosed"))
+# 1b Q8_0 once decided differently from the preset here (2026-12-02): the preset ran first with a cold kernel
+# cache, its prefill compiled kernels for over 10 s, and the next lookup's sweep evicted the entry it had just
+# stamped (ggml's 10 s idle rule, measured on the wall clock as upstream does). The file then ran warm. Both now
+# run after one warm-up step of the same shapes, so neither pays the compile inside the compared run.
+ONE_B = pytest.param("1b", "q8_0")
 
 
 def _both(tmp_path, model, wtype):
     path = tmp_path / f"{model}-{wtype}.gguf"
     assert main(["export-gguf", "--model", model, "--wtype", wtype, str(path)]) == 0
     base = {"backend": "cuda", "steps": 8, "prompt_tokens": 8, "oracle": True, "verify": True}
+    run(resolve({**base, "model": model, "wtype": wtype, "steps": 1, "oracle": False, "verify": False}, environ={}))
     preset = run(resolve({**base, "model": model, "wtype": wtype}, environ={}))
     filed = run(resolve({**base, "model": str(path)}, environ={}))
     assert filed.header["backend"] == "cuda" and filed.header["model_file"]["arch"] == "llama"

@@ -73,6 +73,9 @@ class Driver(abc.ABC):
     # whether kernels compute results and device memory holds bytes; False: the simulated driver's
     # decisions-only mode (every call decided and timed as usual, nothing computed or stored)
     computes = True
+    # host ns spent making kernels loadable (NVRTC compile or cache read, module load): graphdiag's own
+    # cost, which a precompiled llama.cpp never pays, so the eviction clock leaves it out
+    kernel_load_ns = 0
 
     def graph_kernel_nodes(self, graph) -> list[tuple[int, int]]:
         """(node handle, tools id) of each kernel node of a captured graph, in the graph's node order."""

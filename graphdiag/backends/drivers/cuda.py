@@ -10,6 +10,7 @@ time (NVRTC -> CUBIN, disk-cached), on the first prepare() of a kernel the file 
 from __future__ import annotations
 
 import ctypes
+import time
 from pathlib import Path
 from dataclasses import dataclass
 
@@ -305,6 +306,15 @@ class CudaDriver(Driver):
             self._function(name)
 
     def _function(self, name: str):
+        fn = self._functions.get(name)
+        if fn is None:
+            t0 = time.monotonic_ns()
+            fn = self._load_function(name)
+            self.kernel_load_ns += time.monotonic_ns() - t0
+        return fn
+
+    def _load_function(self, name: str):
+        """Compile (or read from the cache) and load the kernel's module, then its function."""
         fn = self._functions.get(name)
         if fn is None:
             stem = self.compiler.file_for(name)

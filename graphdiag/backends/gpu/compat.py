@@ -27,7 +27,8 @@ CC_PASCAL, CC_DP4A, CC_VOLTA, CC_TURING, CC_AMPERE, CC_ADA = 600, 610, 700, 750,
 
 # Per-type MMVQ MUL_MAT_ID batch limits below MMVQ_MAX_BATCH_SIZE, for the types graphdiag has
 # (ggml's get_mmvq_mmid_max_batch_* tables; every other type of these tables uses the default).
-_MMVQ_MMID_PASCAL_OLDER = {GGMLType.Q8_0: 4}
+_MMVQ_MMID_PASCAL_OLDER = {GGMLType.Q8_0: 4, GGMLType.Q4_0: 6, GGMLType.Q5_0: 6, GGMLType.Q5_1: 6,
+                           GGMLType.Q4_K: 5, GGMLType.Q5_K: 5, GGMLType.Q6_K: 4}
 _MMVQ_MMID_TURING_PLUS: dict[int, int] = {}
 
 
@@ -76,9 +77,64 @@ def mmf_refusal(t: int, cc: int, src0: Tensor, ncols: int, mul_mat_id: bool = Tr
         return "MMF: F32 needs cc >= 8.0"
     if t == GGMLType.F16 and cc < CC_VOLTA:
         return "MMF: F16 needs cc >= 7.0"
-    if t not in (GGMLType.F16, GGMLType.F32):
+    if t == GGMLType.BF16 and cc < CC_AMPERE:
+        return "MMF: BF16 needs cc >= 8.0"
+    if t not in (GGMLType.F16, GGMLType.F32, GGMLType.BF16):
         return f"MMF: {GGMLType(t).name}"
     return ""
+
+
+# ggml_cuda_should_use_mmvq's per-device batch limits for the types graphdiag has (mmvq.cu; K-quants cost
+# more to decode per column, so MMQ wins sooner there); every other NVIDIA device: MMVQ_MAX_BATCH_SIZE.
+CC_ORIN, CC_BLACKWELL = 870, 1200
+_MMVQ_LIMITS = {
+    CC_BLACKWELL: {GGMLType.Q4_K: 5, GGMLType.Q5_K: 6, GGMLType.Q6_K: 7},
+    CC_ORIN: {GGMLType.Q4_K: 1, GGMLType.Q5_K: 1, GGMLType.Q6_K: 1},
+    CC_VOLTA: {GGMLType.Q4_K: 5, GGMLType.Q5_K: 6, GGMLType.Q6_K: 7},
+}
+
+
+def mmvq_ok(t: int, cc: int, ncols: int) -> bool:
+    """ggml_cuda_should_use_mmvq(t, cc, ncols) on NVIDIA."""
+    return is_quantized(t) and ncols <= _MMVQ_LIMITS.get(cc, {}).get(t, MMVQ_MAX_BATCH_SIZE)
+
+
+def mmvf_ok(t: int, cc: int, src0: Tensor, ncols: int) -> bool:
+    """ggml_cuda_should_use_mmvf(t, cc, src0 ne/nb, ncols) on NVIDIA (the float mat-vec)."""
+    if t not in (GGMLType.F32, GGMLType.F16, GGMLType.BF16):
+        return False
+    ts = type_size(t)
+    if src0.ne[0] % 2 or src0.nb[0] != ts or any(src0.nb[i] % (2 * ts) for i in (1, 2, 3)):
+        return False
+    if t == GGMLType.F32:
+        return ncols <= (3 if cc >= CC_AMPERE else 4 if cc >= CC_TURING else 3)
+    small = src0.ne[1] <= 512 or src0.ne[2] * src0.ne[3] == 1
+    if cc >= CC_AMPERE:
+        return small and ncols == 1
+    if cc >= CC_ADA:
+        return small and ncols <= 4
+    tensor_cores = cc >= CC_VOLTA if t == GGMLType.F16 else cc >= CC_AMPERE
+    return small and ncols <= 3 if tensor_cores else ncols <= 8
+
+
+def mul_mat_path(node: Tensor, cc: int) -> str:
+    """The kernel family ggml_cuda_mul_mat picks for a MUL_MAT on NVIDIA, in its order: 'mmvf' (float
+    mat-vec), 'mmf' (float tensor-core tiles, up to 16 columns), 'mmvq' (quantized mat-vec on Q8_1 x),
+    'mmq' (quantized tiles on Q8_1 x) or 'cublas'. (The transposed-vector MMVF case, F32 weights of one
+    row, is left out: no graph here has one.)"""
+    w, x = node.src[0], node.src[1]
+    if x.type != GGMLType.F32 or node.type != GGMLType.F32:
+        return "cublas"
+    ncols = x.ne[1]
+    if mmvf_ok(w.type, cc, w, ncols):
+        return "mmvf"
+    if not mmf_refusal(w.type, cc, w, ncols, mul_mat_id=False):
+        return "mmf"
+    if mmvq_ok(w.type, cc, ncols):
+        return "mmvq"
+    if not mmq_refusal(w.type, cc, ncols):
+        return "mmq"
+    return "cublas"
 
 
 def mul_mat_id_sync_reason(node: Tensor, cc: int) -> str:

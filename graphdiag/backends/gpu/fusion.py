@@ -123,7 +123,8 @@ def _mmvf_ok(mm: Tensor, cc: int) -> bool:
     """ggml_cuda_should_fuse_mul_mat_vec_f on NVIDIA: a float mat-vec (should_use_mmvf) writing 1 column
     (for MUL_MAT_ID: one token, its columns counted along src1's ne[2])."""
     w, x = mm.src[0], mm.src[1]
-    if w.type not in (GGMLType.F32, GGMLType.F16) or x.type != GGMLType.F32 or mm.type != GGMLType.F32:
+    # BF16 takes F16's rules (ggml's BF16 table is F16's from Ampere on, which is all graphdiag targets)
+    if w.type not in (GGMLType.F32, GGMLType.F16, GGMLType.BF16) or x.type != GGMLType.F32 or mm.type != GGMLType.F32:
         return False
     ts = type_size(w.type)
     if w.ne[0] % 2 or w.nb[0] != ts or any(w.nb[k] % (2 * ts) for k in (1, 2, 3)):

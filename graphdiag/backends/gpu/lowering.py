@@ -10,6 +10,12 @@ rule sends it to the sorted fallback, which copies the ids to the host and synch
 A node's launch count depends only on its op and weight type, never on n_kv or on which path its batch
 takes, so those changes keep the captured topology (cudaGraphExecUpdate applies them), as on real ggml:
   Q8_0 MUL_MAT (mat-vec or mat-mul, fused or not)  2: quantize_q8_1 into pool scratch, then the kernel
+  Q4_0/Q5_0/Q5_1/Q4_K/Q5_K/Q6_K MUL_MAT             2: on ggml's MMVQ path (compat.mul_mat_path) quantize_q8_1
+                                                      then mul_mat_vec(_glu/_add)_{w}; above it (MMQ in
+                                                      ggml) dequantize_f16_{w} of W into pool scratch then
+                                                      mul_mat_f16 (graphdiag has no MMQ tiles for these)
+  BF16 MUL_MAT                                     1: mul_mat_vec(_glu/_add)_bf16 on MMVF's path, else
+                                                      mul_mat_bf16
   FLASH_ATTN_EXT                                   2: split-KV partials into pool scratch (flash_attn_vec_f16_
                                                       d{D}_g{G} up to 8 tokens, flash_attn_mma_f16_d{D} on
                                                       tensor cores above), then combine
@@ -21,13 +27,13 @@ from __future__ import annotations
 import numpy as np
 
 from ...ir.arena import TENSOR_SIZE
-from ...ir.dtypes import QK8_0, GGMLType
+from ...ir.dtypes import QK8_0, GGMLType, is_quantized
 from ...ir.graph import Graph
 from ...ir.ops import Op
 from ...ir.tensor import Tensor
 from .. import abi
 from ..drivers.base import Driver, Launch
-from .compat import MMVQ_MAX_BATCH_SIZE, mul_mat_id_needs_sync
+from .compat import MMVQ_MAX_BATCH_SIZE, mul_mat_id_needs_sync, mul_mat_path
 from .descriptors import DescriptorTable
 from .fusion import MMID_GLU, MMV_ADD, MMV_GLU, RMS_NORM_MUL, ROPE_SET_ROWS, Fusion
 from ..abi import Q8_1, Q8_1_BYTES
@@ -37,6 +43,10 @@ from ..kernels import fa_mma_kernel, fa_vec_kernel
 from .pool import TempPool
 
 _W = {GGMLType.F32: "f32", GGMLType.F16: "f16", GGMLType.Q8_0: "q8_0"}
+# the file's weight types (kernels/mmvq.cu): their MUL_MAT follows ggml's dispatch (_lower_x_mul_mat)
+_X = {GGMLType.Q4_0: "q4_0", GGMLType.Q5_0: "q5_0", GGMLType.Q5_1: "q5_1", GGMLType.Q4_K: "q4_k",
+      GGMLType.Q5_K: "q5_k", GGMLType.Q6_K: "q6_k", GGMLType.BF16: "bf16"}
+_W.update(_X)
 
 
 def _launch(d: "DescriptorTable | None", name: str, tensors: list[Tensor | None], ip=(), fp=(),
@@ -178,6 +188,8 @@ def lower_node(graph: Graph, i: int, fusion: Fusion | None, cc: int, d: "Descrip
         return KernelOp(_launch(d, "rms_norm_f32", [node, s[0]], fp=(node.param_f32(0),)))
     if op in (Op.MUL, Op.ADD):
         return KernelOp(_launch(d, "mul_f32" if op == Op.MUL else "add_f32", [node, s[0], s[1]]))
+    if op == Op.MUL_MAT and s[0].type in _X:
+        return _lower_x_mul_mat(d, node, cc)
     if op == Op.MUL_MAT:
         if s[1].ne[1] > MMVQ_MAX_BATCH_SIZE:
             return _mat_product(d, f"mul_mat_{_W[s[0].type]}", [node, s[0], s[1]], x_slot=2)
@@ -213,7 +225,7 @@ def _mat_product(d, name: str, tensors: list[Tensor | None], x_slot: int, ip=())
     """A mat-vec / mat-mul launch; for Q8_0 weights x (tensors[x_slot]) is first quantised to Q8_1 blocks in
     pool scratch (quantize_q8_1), which the kernel then reads in that slot: two launches, as ggml's mmvq."""
     w, x = tensors[1], tensors[x_slot]
-    if w.type != GGMLType.Q8_0:
+    if not is_quantized(w.type):
         return KernelOp(_launch(d, name, tensors, ip=ip))
     if x.type != GGMLType.F32 or x.ne[0] % QK8_0:
         raise NotImplementedError(f"{name}: x must be F32 with rows of whole 32-blocks")
@@ -223,6 +235,23 @@ def _mat_product(d, name: str, tensors: list[Tensor | None], x_slot: int, ip=())
     quant = _launch(d, "quantize_q8_1", [None, x], scratch=(0, Q8_1, x.ne, nb))
     kernel = _launch(d, name, tensors, ip=ip, scratch=(x_slot, Q8_1, x.ne, nb))
     return ScratchLaunchesOp([quant, kernel], [0, x_slot], nbytes)
+
+
+def _lower_x_mul_mat(d, node: Tensor, cc: int):
+    """MUL_MAT of an X type: ggml's MMVQ path -> quantize + mul_mat_vec_{w}; MMVF -> mul_mat_vec_bf16;
+    any other BF16 path -> mul_mat_bf16; a quantized type above MMVQ -> dequantize_f16 + mul_mat_f16."""
+    w, x = node.src[0], node.src[1]
+    name, path = _X[w.type], mul_mat_path(node, cc)
+    if path in ("mmvq", "mmvf") and x.ne[1] <= MMVQ_MAX_BATCH_SIZE:
+        return _mat_product(d, f"mul_mat_vec_{name}", [node, w, x], x_slot=2, ip=_mmv_ip(node, w))
+    if w.type == GGMLType.BF16:
+        return KernelOp(_launch(d, "mul_mat_bf16", [node, w, x]))
+    ne = w.ne
+    nb = (2, 2 * ne[0], 2 * ne[0] * ne[1], 2 * ne[0] * ne[1] * ne[2])
+    f16 = int(GGMLType.F16)
+    deq = _launch(d, f"dequantize_f16_{name}", [None, w], scratch=(0, f16, ne, nb))
+    mm = _launch(d, "mul_mat_f16", [node, w, x], scratch=(1, f16, ne, nb))
+    return ScratchLaunchesOp([deq, mm], [0, 1], nb[3] * ne[3])
 
 
 def _lower_attention(d, node: Tensor) -> ScratchLaunchesOp:

@@ -1,0 +1,183 @@
+// quants.cuh: ggml's weight blocks for Q4_0, Q5_0, Q5_1, Q4_K, Q5_K, Q6_K (and BF16 rows), decoded one
+// "unit" at a time: the 32 consecutive weights of a row that meet one Q8_1 block of x. Layouts are ggml's
+// (ggml-common.h); the arithmetic is graphdiag's contract (graphdiag/backends/kernels.py, QUANT_DOC):
+//
+//   integer part  v[0..7]: the unit's 32 quants as unsigned bytes, 4 per int (element 4k + i in byte i of
+//                 v[k]), before ggml's offsets (Q4_0 0..15, Q5_0/Q5_1 0..31, Q4_K 0..15, Q5_K 0..31,
+//                 Q6_K 0..63); dot products with Q8_1 quants are exact (dp4a).
+//   float part    d, m (the block's or super-block's f16 scales as float) and the integer sub-block scales
+//                 sc0, sc1 (K-quants: 6-bit scale and min; Q6_K: the int8 scales of the two 16-halves).
+//
+// Dequantised value of quant q (unit_f32, explicit _rn operations: no FMA contraction, so the numpy twin
+// gives the same bits):
+//   Q4_0 d*(q-8)   Q5_0 d*(q-16)   Q5_1 d*q + m   Q4_K/Q5_K (d*sc)*q - dmin*mn   Q6_K (d*sc)*(q-32)
+// Unit . Q8_1 block (unit_q8; d8, s8 = the block's f16 d and d*sum; sx = integer sum of its quants):
+//   Q4_0 d*(dot*d8 - 8*s8)   Q5_0 d*(dot*d8 - 16*s8)   Q5_1 d*d8*dot + m*s8
+//   Q4_K/Q5_K d8*(d*(dot*sc) - dmin*(sx*mn))   Q6_K d*d8*(sc0*(dot_lo - 32 sx_lo) + sc1*(dot_hi - 32 sx_hi))
+// as ggml's vec_dot_*_q8_1 (vecdotq.cuh) combine them; the float order of the combination is ours.
+#pragma once
+#include "common.cuh"
+
+#define GGML_Q4_0 2
+#define GGML_Q5_0 6
+#define GGML_Q5_1 7
+#define GGML_Q4_K 12
+#define GGML_Q5_K 13
+#define GGML_Q6_K 14
+#define GGML_BF16 30
+
+// Bytes per block (units of 32 weights per block: 1, or 8 for the 256-weight K-quant super-blocks).
+template <int T> struct qblock;
+template <> struct qblock<GGML_Q4_0> { static constexpr int bytes = 18, units = 1; };
+template <> struct qblock<GGML_Q5_0> { static constexpr int bytes = 22, units = 1; };
+template <> struct qblock<GGML_Q5_1> { static constexpr int bytes = 24, units = 1; };
+template <> struct qblock<GGML_Q4_K> { static constexpr int bytes = 144, units = 8; };
+template <> struct qblock<GGML_Q5_K> { static constexpr int bytes = 176, units = 8; };
+template <> struct qblock<GGML_Q6_K> { static constexpr int bytes = 210, units = 8; };
+template <> struct qblock<GGML_BF16> { static constexpr int bytes = 64, units = 1; };   // 32 bf16 = one unit
+
+struct qunit {
+    int v[8];
+    float d, m;
+    int sc0, sc1;
+};
+
+// Blocks are 2-byte aligned at best (Q4_0: 18 bytes): 32-bit words are read as two 16-bit halves, except
+// where the layout guarantees 4 (Q4_K / Q5_K: 144- / 176-byte blocks, quants at offsets 16 / 48).
+__device__ __forceinline__ unsigned ld16(const unsigned char *p) { return *(const unsigned short *)p; }
+__device__ __forceinline__ int ld32h(const unsigned char *p) { return (int)(ld16(p) | (ld16(p + 2) << 16)); }
+__device__ __forceinline__ int ld32(const unsigned char *p) { return *(const int *)p; }
+
+// Q5's high bits: 4 bits of h to bit 4 of each byte.
+__device__ __forceinline__ int spread4(unsigned h) {
+    return (int)(((h & 1u) << 4) | ((h & 2u) << 11) | ((h & 4u) << 18) | ((h & 8u) << 25));
+}
+
+// ggml's get_scale_min_k4: the 6-bit scale and min of sub-block j (0..7) from the 12 packed bytes.
+__device__ __forceinline__ void scale_min_k4(int j, const unsigned char *q, int &sc, int &mn) {
+    if (j < 4) {
+        sc = q[j] & 63;
+        mn = q[j + 4] & 63;
+    } else {
+        sc = (q[j + 4] & 0xF) | ((q[j - 4] >> 6) << 4);
+        mn = (q[j + 4] >> 4) | ((q[j] >> 6) << 4);
+    }
+}
+
+__device__ __forceinline__ void decode_q4_0(const unsigned char *b, qunit &w) {
+    w.d = h2f((unsigned short)ld16(b));
+#pragma unroll
+    for (int k = 0; k < 4; ++k) {
+        const int q = ld32h(b + 2 + 4 * k);
+        w.v[k] = q & 0x0F0F0F0F;
+        w.v[k + 4] = (q >> 4) & 0x0F0F0F0F;
+    }
+}
+
+// Q5_0 / Q5_1: quants at qs, high bits qh (bit j: element j).
+__device__ __forceinline__ void decode_q5(const unsigned char *qs, unsigned qh, qunit &w) {
+#pragma unroll
+    for (int k = 0; k < 4; ++k) {
+        const int q = ld32h(qs + 4 * k);
+        w.v[k] = (q & 0x0F0F0F0F) | spread4((qh >> (4 * k)) & 0xFu);
+        w.v[k + 4] = ((q >> 4) & 0x0F0F0F0F) | spread4((qh >> (16 + 4 * k)) & 0xFu);
+    }
+}
+
+// Unit u of a row (u = block * units + sub-block).
+template <int T> __device__ __forceinline__ void decode(const unsigned char *row, i64 u, qunit &w) {
+    const int j = (int)(u % qblock<T>::units);
+    const unsigned char *b = row + (u / qblock<T>::units) * qblock<T>::bytes;
+    w.m = 0.0f;
+    w.sc0 = w.sc1 = 0;
+    if (T == GGML_Q4_0) {
+        decode_q4_0(b, w);
+    } else if (T == GGML_Q5_0) {
+        w.d = h2f((unsigned short)ld16(b));
+        decode_q5(b + 6, (unsigned)ld32h(b + 2), w);
+    } else if (T == GGML_Q5_1) {
+        w.d = h2f((unsigned short)ld16(b));
+        w.m = h2f((unsigned short)ld16(b + 2));
+        decode_q5(b + 8, (unsigned)ld32h(b + 4), w);
+    } else if (T == GGML_Q4_K || T == GGML_Q5_K) {
+        w.d = h2f((unsigned short)ld16(b));
+        w.m = h2f((unsigned short)ld16(b + 2));
+        scale_min_k4(j, b + 4, w.sc0, w.sc1);
+        const unsigned char *qs = b + (T == GGML_Q4_K ? 16 : 48) + 32 * (j >> 1);
+#pragma unroll
+        for (int k = 0; k < 8; ++k) {
+            int q = (ld32(qs + 4 * k) >> (4 * (j & 1))) & 0x0F0F0F0F;
+            if (T == GGML_Q5_K) q |= ((ld32(b + 16 + 4 * k) >> j) & 0x01010101) << 4;
+            w.v[k] = q;
+        }
+    } else if (T == GGML_Q6_K) {
+        const int n = j >> 2, g = j & 3;
+        const unsigned char *ql = b + 64 * n + 32 * (g & 1), *qh = b + 128 + 32 * n;
+        const signed char *sc = (const signed char *)(b + 192) + 8 * n + 2 * g;
+        w.d = h2f((unsigned short)ld16(b + 208));
+        w.sc0 = sc[0];
+        w.sc1 = sc[1];
+#pragma unroll
+        for (int k = 0; k < 8; ++k)
+            w.v[k] = ((ld32h(ql + 4 * k) >> (4 * (g >> 1))) & 0x0F0F0F0F) |
+                     (((ld32h(qh + 4 * k) >> (2 * g)) & 0x03030303) << 4);
+    }
+}
+
+__device__ __forceinline__ int dp4a_s(int a, int b, int c) {
+    int d;
+    asm("dp4a.s32.s32 %0, %1, %2, %3;" : "=r"(d) : "r"(a), "r"(b), "r"(c));
+    return d;
+}
+
+// The unit against one Q8_1 block xb (36 bytes: f16 d, f16 d*sum, 32 int8; 4-byte aligned in pool scratch).
+template <int T> __device__ __forceinline__ float unit_q8(const qunit &w, const char *xb) {
+    const float d8 = h2f(*(const unsigned short *)xb), s8 = h2f(*(const unsigned short *)(xb + 2));
+    const int *x = (const int *)(xb + 4);
+    int lo = 0, hi = 0;
+#pragma unroll
+    for (int k = 0; k < 4; ++k) {
+        lo = dp4a_s(w.v[k], x[k], lo);
+        hi = dp4a_s(w.v[k + 4], x[k + 4], hi);
+    }
+    if (T == GGML_Q4_0) return w.d * ((float)(lo + hi) * d8 - 8.0f * s8);
+    if (T == GGML_Q5_0) return w.d * ((float)(lo + hi) * d8 - 16.0f * s8);
+    if (T == GGML_Q5_1) return w.d * d8 * (float)(lo + hi) + w.m * s8;
+    int slo = 0, shi = 0;   // integer sums of x's quants (ggml: dp4a with 0x01010101)
+#pragma unroll
+    for (int k = 0; k < 4; ++k) {
+        slo = dp4a_s(0x01010101, x[k], slo);
+        shi = dp4a_s(0x01010101, x[k + 4], shi);
+    }
+    if (T == GGML_Q6_K) return w.d * d8 * (float)(w.sc0 * (lo - 32 * slo) + w.sc1 * (hi - 32 * shi));
+    return d8 * (w.d * (float)((lo + hi) * w.sc0) - w.m * (float)((slo + shi) * w.sc1));
+}
+
+// The unit's 32 weights as float (element i of the unit in y[i]).
+template <int T> __device__ __forceinline__ void unit_f32(const unsigned char *row, i64 u, float *y) {
+    if (T == GGML_BF16) {
+        const unsigned char *b = row + u * 64;
+#pragma unroll
+        for (int i = 0; i < 32; ++i) y[i] = __uint_as_float(ld16(b + 2 * i) << 16);
+        return;
+    }
+    qunit w;
+    decode<T>(row, u, w);
+    float a = w.d, c = 0.0f, a2 = w.d;
+    if (T == GGML_Q4_K || T == GGML_Q5_K) {
+        a = __fmul_rn(w.d, (float)w.sc0);
+        c = __fmul_rn(w.m, (float)w.sc1);
+    } else if (T == GGML_Q6_K) {
+        a = __fmul_rn(w.d, (float)w.sc0);
+        a2 = __fmul_rn(w.d, (float)w.sc1);
+    }
+    const int off = T == GGML_Q4_0 ? 8 : T == GGML_Q5_0 ? 16 : T == GGML_Q6_K ? 32 : 0;
+#pragma unroll
+    for (int i = 0; i < 32; ++i) {
+        const float q = (float)(((w.v[i >> 2] >> (8 * (i & 3))) & 0xFF) - off);
+        if (T == GGML_Q5_1) y[i] = __fadd_rn(__fmul_rn(w.d, q), w.m);
+        else if (T == GGML_Q4_K || T == GGML_Q5_K) y[i] = __fsub_rn(__fmul_rn(a, q), c);
+        else if (T == GGML_Q6_K) y[i] = __fmul_rn(i < 16 ? a : a2, q);
+        else y[i] = __fmul_rn(a, q);
+    }
+}
