@@ -76,7 +76,7 @@ def _split(lines: list[dict[str, Any]], source: str):
                 open_[1].append(ln)
         elif ev == "perf":
             perf = {k: v for k, v in ln.items() if k != "ev"}
-        else:
+        elif ev == "end":
             end = ln
     if open_ is not None:
         decodes.append((*open_, None))
@@ -106,6 +106,7 @@ def _step(begin: dict[str, Any], units: list[Unit], finish: dict[str, Any] | Non
     out: list[E.Event] = [E.StepStarted(step=step, t_ns=_t(begin), phase=phase, n_tokens=n_tok,
                                         n_seqs=begin.get("n_seqs", 1), n_kv=0)]
     for u in units:
+        u.t_ns = u.t_ns or _t(begin)           # a compute nothing marked: at the decode's start
         out += _unit(step, u, disabled)
     if finish is None:
         out.append(E.StepFailed(step=step, t_ns=_t(begin), error="llama_decode did not return (the stream "
@@ -117,10 +118,17 @@ def _step(begin: dict[str, Any], units: list[Unit], finish: dict[str, Any] | Non
         return out
     modes = {u.phase for u in units}
     mode = next(m for m in ("eager", "capture", "replay") if m in modes)
-    out.append(E.StepFinished(step=step, t_ns=_t(finish), duration_ns=finish["host_ns"],
-                              gpu_ns=finish.get("gpu_ns") or 0, tokens=tuple(finish.get("tokens") or ()),
-                              mode=mode))
+    out.append(E.StepFinished(step=step, t_ns=_t(finish) or _t(begin) + finish["host_ns"],
+                              duration_ns=finish["host_ns"], gpu_ns=finish.get("gpu_ns") or 0,
+                              tokens=_tokens(finish), mode=mode))
     return out
+
+
+def _tokens(finish: dict[str, Any]) -> tuple:
+    toks = finish.get("tokens")
+    if toks is None and isinstance(finish.get("argmax"), int):
+        toks = [finish["argmax"]]
+    return tuple(toks or ())
 
 
 def _unit(step: int, u: Unit, disabled: bool) -> list[E.Event]:
@@ -186,13 +194,14 @@ def _result_name(code: int) -> str:
 
 def _header(raw: dict[str, Any], perf: dict[str, Any], source: str, n_steps: int) -> RunHeader:
     batch = int(raw.get("batch") or 1)            # the plan's first `batch` steps prefill each sequence
+    plan = raw.get("plan")
     settings = {"model": raw.get("model", ""), "steps": max(n_steps - batch, 0), "batch": batch,
                 "prompt_tokens": raw.get("prompt_tokens"), "n_ctx": raw.get("n_ctx"),
                 "n_batch": raw.get("n_batch"), "n_ubatch": raw.get("n_ubatch"),
                 "flash_attn": raw.get("flash_attn"), "chunk_size": 0,
                 "graphs_disabled": "GGML_CUDA_DISABLE_GRAPHS" in (raw.get("env") or {}),
                 "reuse_disabled": "LLAMA_GRAPH_REUSE_DISABLE" in (raw.get("env") or {})}
-    llama = {"llama_cpp": raw.get("llama_cpp", ""), "raw": source, "env": raw.get("env") or {},
+    llama = {"llama_cpp": raw.get("llama_cpp", ""), "raw": source, "plan": plan if isinstance(plan, str) else "", "env": raw.get("env") or {},
              "perf": perf, "cc": raw.get("cc"), "model_sha256": raw.get("model_sha256", ""),
              "not_observable": list(NOT_OBSERVABLE)}
     return RunHeader(backend="cuda", device=raw.get("device", ""), simulated=False,

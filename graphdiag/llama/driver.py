@@ -6,9 +6,10 @@ exports; libllama's iostream calls then bind to that copy and crash in llama_mod
 system libstdc++.so.6 with RTLD_GLOBAL before `import llama_cpp` puts the system library first in the
 global symbol scope, so every library binds to it (the in-process equivalent of LD_PRELOAD).
 
-The watcher (watch.py, imported lazily; a test hands in a fake) is made as `watcher(emit)`, with `emit` the
-raw stream's writer: it subscribes CUPTI callbacks for the graph calls and llama.cpp's log callback in
-`start()` and stops in `close()`. The driver writes decode_begin / decode_end / perf / end itself.
+The watcher (watch.py's Watch through LeadWatcher, imported lazily; a test hands in a fake) is made as
+`watcher(emit)`, with `emit` the raw stream's writer: it subscribes CUPTI callbacks for the graph calls and
+llama.cpp's log callback in `start()` and stops in `close()`. The driver writes decode_begin / decode_end /
+perf / end itself.
 """
 
 from __future__ import annotations
@@ -53,6 +54,9 @@ def load_llama_cpp():
         import llama_cpp
     except (ImportError, OSError, RuntimeError) as e:
         raise UsageError(f"{NO_LLAMA} ({type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''})") from None
+    with contextlib.suppress(Exception):       # its own log callback prints every line until the watcher's
+        from llama_cpp import _logger           # replaces it: errors only
+        _logger.set_verbose(False)
     return llama_cpp
 
 
@@ -138,10 +142,20 @@ class LlamaSession:
             self.model = None
 
 
-def lead_watcher(emit):
-    """The CUPTI + log watcher (watch.py), imported only when a real run needs it."""
-    from .watch import Watcher
-    return Watcher(emit)
+class LeadWatcher:
+    """watch.py's Watch as the driver uses it: made with the raw stream's emit; start() subscribes CUPTI and
+    routes llama.cpp's log lines (attach_log), close() unsubscribes."""
+
+    def __init__(self, emit, llama_cpp_module):
+        from .watch import Watch
+        self.watch, self.ll = Watch(emit), llama_cpp_module
+
+    def start(self) -> None:
+        self.watch.attach_log(self.ll)
+        self.watch.start()
+
+    def close(self) -> None:
+        self.watch.stop()
 
 
 def nvtx_sink():

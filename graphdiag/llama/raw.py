@@ -1,8 +1,9 @@
 """The raw stream of a watched llama.cpp run: what `graphdiag llama` records before conversion.
 
 JSON lines (UTF-8): a header `{"raw": "llama-watch", "version": 1, "model": PATH, ...}`, then in time order
-`decode_begin` / `api` / `log` / `decode_end` per llama_decode, a `perf` line (llama_perf_context) and an
-`end` line. `api` lines are the CUDA runtime graph calls CUPTI's callbacks saw (ids are CUPTI graph and
+`decode_begin` / `api` / `log` / `decode_end` per llama_decode (an `idle` line where the plan slept before
+one), a `perf` line (llama_perf_context) and an `end` line. decode_end carries the greedy tokens as `tokens`
+(a list, one per output) or `argmax` (one token). `api` lines are the CUDA runtime graph calls CUPTI's callbacks saw (ids are CUPTI graph and
 graph-exec ids, small integers), `log` lines what llama.cpp's log callback got. The watcher (watch.py)
 writes api and log lines, the driver the rest. `read_raw` checks every line it uses and turns any defect
 into one EventFileError line naming the file and line.
@@ -30,6 +31,7 @@ _REQUIRED = {
     "api": ("fn",),
     "log": ("text",),
     "perf": (),
+    "idle": (),                    # the driver slept this many seconds ("s") before the next decode
     "end": ("status",),
 }
 _API_REQUIRED = {"cudaStreamEndCapture": ("graph",), "cudaGraphInstantiate": ("exec",),

@@ -23,7 +23,7 @@ from ..plan import kv_demand, plan_steps
 from ..report.record.header import RunHeader
 from .batches import Batcher
 from .convert import convert_raw
-from .driver import (ContextParams, LlamaSession, check_gpu, lead_watcher, load_llama_cpp, nvtx_sink,
+from .driver import (ContextParams, LeadWatcher, LlamaSession, check_gpu, load_llama_cpp, nvtx_sink,
                      require_llama_cpp, walk)
 from .expressible import check_expressible, check_gguf, context_length, llama_env
 from .raw import RawWriter
@@ -76,7 +76,7 @@ def run_llama(model: str, cfg, scenario=None, raw_path: str | Path | None = None
     raw_path = Path(raw_path) if raw_path else Path(tempfile.mkstemp(prefix="llama-", suffix=".raw.jsonl")[1])
     writer = RawWriter(raw_path, _raw_header(path, cfg, scenario, cp, env, plan) | {"device": device, "cc": cc})
     try:
-        _session(ll, path, cp, cfg, plan, writer, watcher or lead_watcher)
+        _session(ll, path, cp, cfg, plan, writer, watcher or (lambda emit: LeadWatcher(emit, ll)))
     finally:
         writer.close()
     header, events = convert_raw(raw_path)
@@ -84,10 +84,10 @@ def run_llama(model: str, cfg, scenario=None, raw_path: str | Path | None = None
 
 
 def _session(ll, path: Path, cp: ContextParams, cfg, plan, writer: RawWriter, make_watcher) -> None:
-    """Load, watch, walk, and end the stream with how it ended."""
-    status = "failed: llama.cpp did not load"
-    session = LlamaSession(ll, str(path), cp)
+    """Load, watch, walk, and end the stream with how it ended (a model llama.cpp cannot load included)."""
+    status, session = "failed: llama.cpp could not load the model", None
     try:
+        session = LlamaSession(ll, str(path), cp)
         _check_prompt(cfg, session.n_vocab)
         w = make_watcher(writer.emit)
         w.start()
@@ -106,7 +106,8 @@ def _session(ll, path: Path, cp: ContextParams, cfg, plan, writer: RawWriter, ma
             writer.emit({"ev": "perf", **session.perf()})
     finally:
         writer.emit({"ev": "end", "status": status})
-        session.close()
+        if session is not None:
+            session.close()
 
 
 def _check_prompt(cfg, n_vocab: int) -> None:

@@ -27,9 +27,20 @@ from graphdiag.scenario import list_scenarios, load_scenario
 
 pytestmark = [pytest.mark.gpu, pytest.mark.usefixtures("require_gpu")]
 
-# name -> {"models": models it applies to ("*": all), "scenarios": (...) or "*", "decision": a substring of
-# the first differing decision (either side), "why": why it cannot match}. Filled from H200 runs only.
-KNOWN: dict[str, dict] = {}
+# name -> {"models": models it applies to ("*": all), "scenarios": (...) or "*", "what": the kind of decision
+# (observed_diff.Decision.what) it concerns, "decision": a substring of the differing decision (either side),
+# "why": why it cannot match}. A matched entry's kind is left out and the comparison runs again, so a known
+# difference never hides the decisions after it.
+KNOWN: dict[str, dict] = {
+    "graph-nodes": {
+        "models": "*", "scenarios": "*", "what": "capture", "decision": "graph nodes",
+        "why": "graphdiag's captured graph has 2 nodes more than llama.cpp's (tiny F16: 59 vs 57 kernels at 1 "
+               "token, 74 vs 72 at 2; recorded on the H200 2026-12-02, tests/data/llama): llama.cpp keeps the "
+               "token embedding on the CPU (llama-model.cpp: the input layer always stays there), so its GET_ROWS "
+               "is in a CPU split, not in the CUDA graph, where graphdiag keeps it on the GPU (README); the "
+               "second node is not diagnosed yet",
+    },
+}
 
 MODELS = [("tiny", "f16"), ("tiny", "q8_0"), ("1b", "f16"), ("1b", "q8_0")]
 SEEN: set[str] = set()
@@ -100,24 +111,35 @@ def _llama(path, scenario: str, tmp_path):
 def _known(model: str, scenario: str, d) -> str | None:
     _, _, a, b = d.first
     lines = " | ".join(x.line() for x in (a, b) if x is not None)
+    what = (a or b).what
     for name, k in KNOWN.items():
-        if (k["models"] == "*" or model in k["models"]) and (k["scenarios"] == "*" or scenario in k["scenarios"]) \
+        ours = k["models"] == "*" or any(model == m or model.startswith(m + " ") for m in k["models"])
+        if ours and (k["scenarios"] == "*" or scenario in k["scenarios"]) and k["what"] == what \
                 and k["decision"] in lines:
             return name
     return None
 
 
+def _compare(model: str, scenario: str, ours, theirs) -> None:
+    """Equal, or equal once the known differences met are left out (each recorded in SEEN)."""
+    skip: tuple[str, ...] = ()
+    while True:
+        d = diff_observed(ours, theirs, ("graphdiag", "llama.cpp"), skip=skip)
+        assert not d.steps_only_in, d.to_json()
+        print(f"{model} {scenario}: {d.decisions_compared} decisions over {d.steps_compared} steps, "
+              f"{'equal' if d.equal else 'first difference at step ' + str(d.first[0])}"
+              + (f" (without {', '.join(skip)})" if skip else ""))
+        if d.equal:
+            return
+        name = _known(model, scenario, d)
+        assert name is not None, d.to_json()
+        SEEN.add(name)
+        skip += (KNOWN[name]["what"],)
+
+
 def _check(model, wtype, scenario, files, tmp_path):
     path = files(model, wtype)
-    d = diff_observed(_graphdiag(path, scenario), _llama(path, scenario, tmp_path), ("graphdiag", "llama.cpp"))
-    assert not d.steps_only_in, d.to_json()
-    print(f"{model} {wtype} {scenario}: {d.decisions_compared} decisions over {d.steps_compared} steps, "
-          f"{'equal' if d.equal else 'first difference at step ' + str(d.first[0])}")
-    if d.equal:
-        return
-    name = _known(f"{model} {wtype}", scenario, d) or _known(model, scenario, d)
-    assert name is not None, d.to_json()
-    SEEN.add(name)
+    _compare(f"{model} {wtype}", scenario, _graphdiag(path, scenario), _llama(path, scenario, tmp_path))
 
 
 @pytest.mark.parametrize("scenario", SCENARIOS)
@@ -134,11 +156,7 @@ def test_gemma3_decides_as_graphdiag(scenario, request, llama_cpp, tmp_path):
         pytest.skip("no gemma3_file fixture (tests/conftest.py)")
     if path is None:
         pytest.skip("no Gemma 3 file")
-    d = diff_observed(_graphdiag(path, scenario), _llama(path, scenario, tmp_path))
-    if not d.equal:
-        name = _known("gemma3", scenario, d)
-        assert name is not None, d.to_json()
-        SEEN.add(name)
+    _compare("gemma3", scenario, _graphdiag(path, scenario), _llama(path, scenario, tmp_path))
 
 
 def test_known_differences_still_occur(request):

@@ -138,11 +138,18 @@ def _merge_new(ds: list[Decision]) -> list[Decision]:
     return out
 
 
-def diff_observed(control: tuple, test: tuple, names: tuple[str, str] = ("graphdiag", "llama.cpp")) -> ObservedDiff:
-    """Align two records (RunHeader, events) by step and name the first decision that differs."""
+def diff_observed(control: tuple, test: tuple, names: tuple[str, str] = ("graphdiag", "llama.cpp"),
+                  skip: tuple[str, ...] = ()) -> ObservedDiff:
+    """Align two records (RunHeader, events) by step and name the first decision that differs. `skip`:
+    kinds of decision left out ("capture": graph node counts), for a known difference that must not hide
+    the decisions after it; they are added to `not_compared`."""
     (ha, ea), (hb, eb) = control, test
     a, b = observed_decisions(ea), observed_decisions(eb)
+    if skip:
+        a = {s: [x for x in ds if x.what not in skip] for s, ds in a.items()}
+        b = {s: [x for x in ds if x.what not in skip] for s, ds in b.items()}
     d = ObservedDiff(*names)
+    d.not_compared = NOT_COMPARED + tuple(f"{w} decisions (left out)" for w in skip)
     common = sorted(set(a) & set(b))
     d.steps_only_in = {n: len(set(x) - set(y)) for n, x, y in ((names[0], a, b), (names[1], b, a)) if set(x) - set(y)}
     d.chunk_note = _chunks_note(ha, ea, hb, eb)
