@@ -8,7 +8,9 @@ from .run import _one_scenario
 
 
 @click.command()
-@click.argument("model", type=str)
+@click.argument("model", type=str, required=False)
+@click.option("--from-raw", "from_raw", type=click.Path(dir_okay=False), default=None,
+              help="Convert and report a raw llama-watch stream already recorded (no llama.cpp is run).")
 @click.option("--seed", type=int, default=None, help="Prompt seed (the same prompt tokens as graphdiag run).")
 @click.option("--prompt-tokens", type=int, default=None, help="Prompt length prefilled per sequence.")
 @click.option("--prompt-ids", default=None, help="The prompt as token ids, comma-separated (each sequence's).")
@@ -35,12 +37,21 @@ from .run import _one_scenario
 @click.option("--strict", is_flag=True, help="Fail (exit 1) on thrash, captures never replayed, refusal floods.")
 @click.option("--json", "as_json", is_flag=True, help="Print the summary as JSON.")
 @click.option("-v", "--verbose", count=True, help="-v: updates, instantiates, refusals; -vv: every launch.")
-def llama(model, scenario, events_path, raw_path, timeline_path, plot_path, strict, as_json, verbose, **settings):
+def llama(model, from_raw, scenario, events_path, raw_path, timeline_path, plot_path, strict, as_json, verbose,
+          **settings):
     """Run MODEL.gguf on real llama.cpp (llama-cpp-python's CUDA build, in this process) through the same
     plan as `graphdiag run`, watch its CUDA graph calls (CUPTI callbacks) and log, and report the decisions
     it took. What llama.cpp does not expose (the graph key, the field that changed) is named, not guessed.
     Compare with a graphdiag run: graphdiag diff REPRO.jsonl LLAMA.jsonl."""
-    from ..llama.command import llama_cli
+    from ..errors import UsageError
+    from ..llama.command import llama_cli, raw_cli
+    if from_raw:
+        if model or scenario or raw_path or any(v is not None for v in settings.values()):
+            raise UsageError("--from-raw converts a recorded stream: give no MODEL, plan options or --raw with it")
+        return raw_cli(from_raw, events_path=events_path, timeline_path=timeline_path, plot_path=plot_path,
+                       strict=strict, as_json=as_json, verbosity=verbose)
+    if not model:
+        raise UsageError("give MODEL.gguf (or --from-raw RAW.jsonl)")
     return llama_cli(model, settings, scenario=scenario, events_path=events_path, raw_path=raw_path,
                      timeline_path=timeline_path, plot_path=plot_path, strict=strict, as_json=as_json,
                      verbosity=verbose)

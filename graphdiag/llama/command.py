@@ -44,6 +44,22 @@ def llama_cli(model: str, settings: dict, scenario: str | None = None, events_pa
         if p:
             open_output(Path(p), what).close()
     res = run_llama(model, cfg, sc, raw_path=raw_path, **inject)
+    return _outputs(res, sc, events_path, timeline_path, plot_path, strict, as_json, verbosity, out)
+
+
+def raw_cli(raw_path: str, events_path: str | None = None, timeline_path: str | None = None,
+            plot_path: str | None = None, strict: bool = False, as_json: bool = False, verbosity: int = 0,
+            out=None) -> int:
+    """`graphdiag llama --from-raw RAW`: a recorded stream converted, written and reported as a run's."""
+    from .convert import convert_raw
+    from .run import LlamaResult
+    header, events = convert_raw(raw_path)
+    return _outputs(LlamaResult(Path(raw_path), header, events), None, events_path, timeline_path, plot_path,
+                    strict, as_json, verbosity, out or sys.stdout)
+
+
+def _outputs(res, sc, events_path, timeline_path, plot_path, strict, as_json, verbosity, out) -> int:
+    from ..report.record.write import JsonlWriter
     if events_path:
         with JsonlWriter(events_path, res.header) as w:
             for ev in res.events:

@@ -167,3 +167,16 @@ def test_strict_and_plot_on_a_llama_run(tiny_gguf, tmp_path):
     assert rc == 1 and "FAILED: strict: update-refusal flood: key 0x1 refused" in text
     assert "scenario update-refusal-flood: not checked" not in text      # every expectation is observable
     assert (tmp_path / "p.png").stat().st_size > 1000
+
+
+def test_from_raw_converts_a_recorded_stream(tmp_path, capsys):
+    from graphdiag.cli.main import main
+    from tests.support.llama_raw import steady
+    raw = steady().write(tmp_path / "r.raw.jsonl")
+    rc = main(["llama", "--from-raw", str(raw), "--events", str(tmp_path / "c.jsonl")])
+    out = capsys.readouterr().out
+    assert rc == 0 and "not observable in llama.cpp" in out and f"raw stream: {raw}" in out
+    h, ev = read_record(tmp_path / "c.jsonl")
+    assert h.llama and _phases(ev)[2] == "capture"
+    assert "give no MODEL" in one_line(capsys, ["llama", "x.gguf", "--from-raw", str(raw)])
+    assert "give MODEL.gguf" in one_line(capsys, ["llama"])
