@@ -18,7 +18,7 @@ import sys
 import tempfile
 from pathlib import Path
 
-from ..errors import UsageError
+from ..errors import GraphdiagError, UsageError
 
 CHILD_TIMEOUT_S = 900
 
@@ -52,10 +52,14 @@ def llama_decode_stats(model: Path, steps: int, prompt_tokens: int, graphs: bool
             str(prompt_tokens), "--events", str(rec), "--raw", str(rec.with_suffix(".raw.jsonl")), "--json"]
     if not graphs:
         argv.append("--no-graphs")
-    p = subprocess.run(argv, capture_output=True, text=True, timeout=CHILD_TIMEOUT_S)
+    try:
+        p = subprocess.run(argv, capture_output=True, text=True, timeout=CHILD_TIMEOUT_S)
+    except subprocess.TimeoutExpired:
+        raise GraphdiagError(f"the llama.cpp peer (graphs {'on' if graphs else 'off'}) ran past "
+                             f"{CHILD_TIMEOUT_S} s") from None
     if p.returncode != 0:
         last = (p.stderr.strip().splitlines() or ["no message"])[-1]
-        raise UsageError(f"the llama.cpp peer failed (graphs {'on' if graphs else 'off'}, exit {p.returncode}): {last}")
+        raise GraphdiagError(f"the llama.cpp peer failed (graphs {'on' if graphs else 'off'}, exit {p.returncode}): {last}")
     _, events = read_record(rec)
     return decode_stats(events, "replay" if graphs else "eager")
 

@@ -156,6 +156,10 @@ class LeadWatcher:
 
     def close(self) -> None:
         self.watch.stop()
+        _RETIRED.append(self.watch)          # llama.cpp keeps calling its log callback until the process ends
+
+
+_RETIRED: list = []     # watches whose ctypes log callback llama.cpp still holds: never freed
 
 
 def nvtx_sink():
