@@ -16,6 +16,9 @@ from .errors import UsageError
 DEFAULT_CHUNK_SIZE = 512
 MAX_SEED = 2**63 - 1
 CC_MAJOR = (1, 15)          # compute capabilities a CUDA device could report (sm_10 .. sm_15x)
+# --wtype names: model.presets.WEIGHT_TYPES's keys (it maps them to ggml types; it is on the engine floor and
+# imports numpy, which checking a setting, e.g. listing the scenarios, must not)
+WTYPES = ("f16", "q8_0", "f32", "bf16", "q4_0", "q5_0", "q5_1", "q4_k", "q5_k", "q6_k")
 
 # name -> (RunConfig field, parser). Semantics follow llama.cpp exactly.
 ENV_KNOBS = {
@@ -57,7 +60,7 @@ def _atoi(v: str) -> int:
 class RunConfig:
     backend: str = "auto"            # "cuda" | "sim" | "cpu" | "auto" (cuda when a GPU is present, else sim)
     model: str = "tiny"
-    wtype: str = "f16"               # weight type: "f16" | "q8_0"
+    wtype: str = "f16"               # weight type: a model.presets.WEIGHT_TYPES name ("f16", "q8_0", "q4_k", ...)
     seed: int = 0
     prompt_tokens: int = 16
     prompt_ids: tuple | None = None  # the prompt's token ids (--prompt-ids), each sequence's; None: seeded random
@@ -69,6 +72,7 @@ class RunConfig:
     pdl: bool = True                 # programmatic dependent launch on 9.0+ (GGML_CUDA_PDL, on by default)
     graphs_disabled: bool = False
     reuse_disabled: bool = False
+    swa_full: bool = False           # a full-size SWA cache (llama.cpp's swa_full; off as llama-server, on in its C API)
     n_cpu_moe: int = 0
     devices: int = 1                 # GPUs the layers are split across (llama.cpp --split-mode layer)
     tensor_split: tuple | None = None  # share of the layers per device (--tensor-split); None: by free memory
@@ -92,8 +96,8 @@ class RunConfig:
             self._fail("chunk_size", f"invalid chunk size {self.chunk_size}: must be >= 0 (0 = one graph per split)")
         if self.sim_mode not in (None, "compute", "decisions"):
             self._fail("sim_mode", f"unknown sim mode {self.sim_mode!r} (choose compute or decisions)")
-        if self.wtype not in ("f16", "q8_0"):
-            self._fail("wtype", f"unknown weight type {self.wtype!r} (choose f16 or q8_0)")
+        if self.wtype.lower() not in WTYPES:
+            self._fail("wtype", f"unknown weight type {self.wtype!r} (choose {', '.join(WTYPES)})")
         self._check_prompt_ids()
         for name in ("prompt_tokens", "batch"):
             if getattr(self, name) < 1:
@@ -328,7 +332,7 @@ def validate_run(cfg: RunConfig, scenario=None, as_json: bool = False, verbosity
     """Every check a run needs before anything is built: the model preset, options that cannot act on the
     chosen backend, the scenario's timeline against the resolved steps, the KV cells the plan needs, the
     smallest pool cap that can work. Raises UsageError; returns warnings (one line each)."""
-    from .model.source import check_wtype, model_config
+    from .model.source import check_backend, check_wtype, model_config
     from .plan import kv_demand, plan_steps
 
     warnings: list[str] = []
@@ -337,6 +341,7 @@ def validate_run(cfg: RunConfig, scenario=None, as_json: bool = False, verbosity
                          "(--events FILE keeps every event)")
     model = model_config(cfg.model)
     check_wtype(cfg.model, cfg.wtype, cfg.sources.get("wtype", "default"))
+    check_backend(cfg.model, model, cfg.backend)
     if cfg.prompt_ids and max(cfg.prompt_ids) >= model.n_vocab:
         raise UsageError(f"prompt-ids: token {max(cfg.prompt_ids)} is outside model {cfg.model}'s vocabulary of "
                          f"{model.n_vocab} tokens")
@@ -357,6 +362,8 @@ def validate_run(cfg: RunConfig, scenario=None, as_json: bool = False, verbosity
                          f"{demand.overflow_step} would need {demand.cells} (prompt-tokens {cfg.prompt_tokens} × "
                          f"batch {cfg.batch} prefilled, then one cell per sequence per decode step); lower "
                          f"--steps, --batch or --prompt-tokens")
+    if getattr(model, "n_swa", 0) > 0:
+        _check_swa_cells(cfg, model, demand)
     if cfg.backend != "cpu" and cfg.pool_cap is not None:
         need, step = min_pool_cap(demand, model, cfg.wtype)
         if cfg.pool_cap < need:
@@ -369,21 +376,46 @@ def validate_run(cfg: RunConfig, scenario=None, as_json: bool = False, verbosity
     return warnings
 
 
+def _check_swa_cells(cfg: RunConfig, model, demand) -> None:
+    """A sliding-window model: every step's tokens find cells in the SWA cache, walked with the cells'
+    own rules (sched/swa_cells.py), so a prefill longer than the cache can take is refused up front
+    (graphdiag prefills a prompt in one ubatch, where llama.cpp would split it into n_ubatch ones)."""
+    import numpy as np
+
+    from .model.source import sized
+    from .sched.swa_cells import SwaKvCells
+    size = sized(model, cfg.swa_full, cfg.batch).swa_size
+    cells, nxt = SwaKvCells(size, model.n_swa), {}
+    for step, p, _ in demand.steps:
+        seqs = [p.seq] * p.n_tokens if p.kind == "prefill" else list(range(p.batch))
+        pos = [nxt.get(q, 0) + i for i, q in enumerate(seqs)] if p.kind == "prefill" else [nxt.get(q, 0) for q in seqs]
+        try:
+            cells.place(np.array(seqs, np.int32), np.array(pos, np.int32))
+        except UsageError:
+            raise UsageError(f"step {step} ({p.tokens} tokens) does not fit model {cfg.model}'s SWA KV cache "
+                             f"({size} cells, window {model.n_swa}); lower --prompt-tokens or --batch, or "
+                             f"use --swa-full") from None
+        for q, ps in zip(seqs, pos):
+            nxt[q] = ps + 1
+
+
 def min_pool_cap(demand, model, wtype: str = "f16") -> tuple[int, int]:
     """(bytes, step): the largest pool buffer one step asks for. The pool frees every cached buffer and
     retries when a request does not fit, so the run works iff the cap holds its largest single request,
     over-allocated by LOOK_AHEAD: the flash-attention scratch (geometry.fa_plan: the split-KV partials) or,
-    with Q8_0 weights, the Q8_1 copy of a mat-mul's activations (36 bytes per 32 values)."""
+    with Q8_0 (or another block type's) weights, the Q8_1 copy of a mat-mul's activations (36 bytes per 32 values)."""
     from .backends.geometry import fa_plan
     from .backends.gpu.pool import LOOK_AHEAD
     from .model.build import padded_n_kv
+    from .model.presets import weight_type
+    from .quants import q8_1_activations
 
     best, at = 0, -1
     widest = max(model.n_embd, model.n_ff, model.n_ff_exp)
     for step, p, cells in demand.steps:
         n_kv = padded_n_kv(cells, model.n_ctx)
         size = fa_plan(model.head_dim, model.n_head, model.n_head_kv, n_kv, p.tokens)[3]
-        if wtype == "q8_0":
+        if q8_1_activations(weight_type(wtype)):      # Q8_0 and every other block type (MMVQ/MMQ)
             size = max(size, 36 * (widest // 32) * p.tokens)
         want = max(int(size * LOOK_AHEAD + 255) // 256 * 256, 256)
         if want > best:

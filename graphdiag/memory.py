@@ -11,7 +11,8 @@ import bisect
 import numpy as np
 
 from .errors import OutOfDeviceMemory
-from .ir.dtypes import GGMLType, NUMPY, Q8_0_BLOCK, QK8_0
+from .ir.dtypes import GGMLType, NUMPY, Q8_0_BLOCK, QK8_0, block_size
+from .quants.layouts import BLOCK_DTYPE as _DTYPES
 
 ALIGN = 256
 
@@ -84,16 +85,15 @@ class AddressSpace:
     def ndarray(self, addr: int, type_: int, ne, nb) -> np.ndarray:
         """A strided view, numpy axes outermost first: shape (ne3, ne2, ne1, ne0).
 
-        Q8_0 gives blocks: shape (ne3, ne2, ne1, ne0 // 32) of Q8_0_BLOCK records."""
+        A block type gives blocks: shape (ne3, ne2, ne1, ne0 // block) of its quants.BLOCK_DTYPE records
+        (BF16 too: one record per element)."""
         t = GGMLType(int(type_))
         ne = [int(x) for x in ne]
         nb = [int(x) for x in nb]
-        if t == GGMLType.Q8_0:
-            shape = (ne[3], ne[2], ne[1], ne[0] // QK8_0)
-            dtype = Q8_0_BLOCK
-        else:
-            shape = (ne[3], ne[2], ne[1], ne[0])
+        dtype = _DTYPES.get(t)
+        if dtype is None:
             dtype = np.dtype(NUMPY[t])
+        shape = (ne[3], ne[2], ne[1], ne[0] // block_size(t))
         strides = (nb[3], nb[2], nb[1], nb[0])
         if any(s == 0 for s in shape):
             return np.zeros(shape, dtype)
@@ -110,7 +110,9 @@ def dequantize_q8_0(blocks: np.ndarray) -> np.ndarray:
 
 
 def quantize_q8_0(x: np.ndarray) -> np.ndarray:
-    """(..., n) float32 with n % 32 == 0 -> (..., n/32) Q8_0 records (round to nearest, as ggml)."""
+    """(..., n) float32 with n % 32 == 0 -> (..., n/32) Q8_0 records, halves rounded to even as rng_fill_q8_0
+    rounds them (a preset's Q8_0 weights). ggml's quantize_row_q8_0_ref rounds halves away from zero: the two
+    differ only where x / d is exactly k + 0.5; graphdiag.quants.quantize(x, Q8_0) is ggml's."""
     x = np.asarray(x, np.float32)
     blocks = x.reshape(*x.shape[:-1], x.shape[-1] // QK8_0, QK8_0)
     amax = np.abs(blocks).max(axis=-1)

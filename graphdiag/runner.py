@@ -26,8 +26,10 @@ from .counters import Counters
 from .backends.drivers.faults import FaultInjector, calls_of, recoverable
 from .errors import CudaError, GraphdiagError, NoDeviceError, OutOfDeviceMemory, RunInterrupted, Terminated
 from .ir.dtypes import GGMLType
+from .quants import q8_1_activations
 from .model.source import build_model, model_config
 from .model.reference import Reference
+from .model.fallbacks import fallback_note
 from .plan import StepPlan, plan_steps
 from .release import releasing
 from .sched.context import make_context
@@ -117,7 +119,7 @@ class Session:
                                       cfg.pdl)
                 make = lambda d, name=None: GpuBackend(d, bus, opts, self.clock, cfg.pool_cap, cfg.pool_max_buffers, name)
                 self._open_gpus(make)
-            self.model = build_model(cfg.model, cfg.wtype, seed=cfg.seed)
+            self.model = build_model(cfg.model, cfg.wtype, seed=cfg.seed, swa_full=cfg.swa_full, n_seq_max=cfg.batch)
             gpus = self.devices.gpus if self.devices is not None else [self.gpu] if self.gpu is not None else []
             self.ctx = make_context(self.model, [*gpus, self.cpu], bus, cfg.n_cpu_moe, cfg.reuse_disabled,
                                     self.split, self.devices.copy if self.devices is not None else None)
@@ -223,7 +225,7 @@ def make_header(cfg: RunConfig, s: Session, scenario: str | None) -> dict:
         "sim_mode": s.sim_mode, "sim_mode_reason": mode_reason(cfg) if s.sim_mode else "",
         "blas": blas_threads().to_dict(), "model_file": _model_file(s.model),
         "started": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
-        "scenario": scenario, "note": s.note,
+        "scenario": scenario, "note": "; ".join(n for n in (s.note, fallback_note(s.model)) if n),
     }
 
 
@@ -343,7 +345,7 @@ class Stepper:
             if be.is_gpu:
                 be.runtime.phases = self.phases
         s.ctx.before_read = self._prepare_next
-        self._has_q8_0 = any(t.type == GGMLType.Q8_0 for t in s.model.tensors())
+        self._has_q8_0 = any(q8_1_activations(t.type) for t in s.model.tensors())   # any Q8_1-activation type
         s.ctx.logits_in_place = True           # a step's logits are used before the next read (or copied)
 
     def run(self, plan: list[StepPlan]) -> None:
@@ -510,7 +512,7 @@ class Stepper:
         ref = self.s.reference
         want = ref.prefill(batch[p.seq], seq=p.seq) if p.kind == "prefill" else ref.decode(batch)
         err = float(np.max(np.abs(logits - want)) / max(np.max(np.abs(want)), 1e-30))
-        bound = ORACLE_BOUND[self.s.cfg.wtype]
+        bound = ORACLE_BOUND.get(self.s.cfg.wtype, ORACLE_BOUND["f16"])   # the CPU backend: f32 vs f64
         if self.s.gpu is not None and self._has_q8_0:         # the run's weight type, or a file's own types
             bound = ORACLE_BOUND_Q8_1
         self.s.bus.emit(E.OracleCheck(step=step, ok=err <= bound, rel_err=err, bound=bound))

@@ -173,13 +173,16 @@ __device__ __forceinline__ float block_max(float v, float *red) {
 
 __device__ __forceinline__ float silu(float x) { return x / (1.0f + expf(-x)); }
 
+// ggml-cuda's op_gelu (unary.cuh ggml_cuda_op_gelu_single), term for term: the tanh approximation.
+__device__ __forceinline__ float gelu_tanh(float x) {
+    const float GELU_COEF_A = 0.044715f, SQRT_2_OVER_PI = 0.79788456080286535587989211986876f;
+    return 0.5f * x * (1.0f + tanhf(SQRT_2_OVER_PI * x * (1.0f + GELU_COEF_A * x * x)));
+}
+
 // ggml's GLU variants: 0 = REGLU, 1 = GEGLU (tanh approximation), 2 = SWIGLU.
 __device__ __forceinline__ float glu(int op, float g, float u) {
     if (op == 0) return fmaxf(g, 0.0f) * u;
-    if (op == 1) {
-        const float c = 0.7978845608028654f;  // sqrt(2/pi)
-        return 0.5f * g * (1.0f + tanhf(c * (g + 0.044715f * g * g * g))) * u;
-    }
+    if (op == 1) return gelu_tanh(g) * u;
     return silu(g) * u;
 }
 

@@ -4,14 +4,14 @@
 #include "common.cuh"
 
 __device__ __forceinline__ float binop(int op, float a, float b) {
-    return op == 0 ? a + b : op == 1 ? a * b : silu(a) * b;
+    return op == 0 ? a + b : op == 1 ? a * b : op == 2 ? silu(a) * b : gelu_tanh(a) * b;
 }
 
 __device__ __forceinline__ bool same_ne(const tdesc &a, const tdesc &b) {
     return a.ne[0] == b.ne[0] && a.ne[1] == b.ne[1] && a.ne[2] == b.ne[2] && a.ne[3] == b.ne[3];
 }
 
-// op: 0 add, 1 mul, 2 swiglu (silu(a) * b)
+// op: 0 add, 1 mul, 2 swiglu (silu(a) * b), 3 geglu (gelu_tanh(a) * b)
 template <typename I> __device__ void binary_t(const kparams &p, int op) {
     const tdesc &D = p.t[0], &A = p.t[1], &B = p.t[2];
     const I n = (I)nelements(D), stride = (I)gridDim.x * blockDim.x;
@@ -49,6 +49,25 @@ __device__ void binary(const kparams &p, int op) {
 KERNEL_LB(add_f32, 256) { binary(p, 0); }
 KERNEL_LB(mul_f32, 256) { binary(p, 1); }
 KERNEL_LB(glu_swiglu_f32, 256) { binary(p, 2); }
+KERNEL_LB(glu_geglu_f32, 256) { binary(p, 3); }
+
+// dst = x * fp[0] + fp[1] (GGML_OP_SCALE with its bias): rounded multiply, then rounded add, never an FMA,
+// so the simulator's numpy (two roundings) gives the same bytes.
+template <typename I> __device__ void scale_t(const kparams &p) {
+    const tdesc &D = p.t[0], &X = p.t[1];
+    const I n = (I)nelements(D), stride = (I)gridDim.x * blockDim.x;
+    const float s = p.fp[0], b = p.fp[1];
+    for (I i = (I)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += stride) {
+        I i0, i1, i2, i3;
+        unravel_t(i, D.ne, i0, i1, i2, i3);
+        store_f(D, i0, i1, i2, i3, __fadd_rn(__fmul_rn(load_f(X, i0, i1, i2, i3), s), b));
+    }
+}
+
+KERNEL_LB(scale_f32, 256) {
+    if (FITS32(nelements(p.t[0]))) scale_t<unsigned>(p);
+    else scale_t<i64>(p);
+}
 
 // Copy between strided layouts: element i of src (flat, in src's ne) goes to element i of dst (in dst's
 // ne), as ggml's cpy; with equal ne this is a plain strided copy. The dst type (F32/F16) decides the store.

@@ -212,6 +212,10 @@ KERNEL_LB(flash_attn_vec_f16_d128_g1, FAV_THREADS) FAV_ENTRY(128, 1)
 KERNEL_LB(flash_attn_vec_f16_d128_g2, FAV_THREADS) FAV_ENTRY(128, 2)
 KERNEL_LB(flash_attn_vec_f16_d128_g4, FAV_THREADS) FAV_ENTRY(128, 4)
 KERNEL_LB(flash_attn_vec_f16_d128_g8, FAV_THREADS) FAV_ENTRY(128, 8)
+KERNEL_LB(flash_attn_vec_f16_d256_g1, FAV_THREADS) FAV_ENTRY(256, 1)
+KERNEL_LB(flash_attn_vec_f16_d256_g2, FAV_THREADS) FAV_ENTRY(256, 2)
+KERNEL_LB(flash_attn_vec_f16_d256_g4, FAV_THREADS) FAV_ENTRY(256, 4)
+KERNEL_LB(flash_attn_vec_f16_d256_g8, FAV_THREADS) FAV_ENTRY(256, 8)
 
 KERNEL_LB(flash_attn_combine_f32, 256) {
     const tdesc &O = p.t[0], &P = p.t[1];
@@ -275,9 +279,13 @@ template <int D> __device__ void fa_mma(const kparams &p, unsigned short *smem) 
     const bool has_mask = Mk.data != 0;
     const float scale = p.fp[0];
     const i64 j0 = (i64)blockIdx.x * p.ip[0], j1 = min(j0 + (i64)p.ip[0], nkv);
-    // two stages of (K tile, V tile); the Q rows are staged in stage 1's K tile first
+    // two stages of (K tile, V tile); the Q rows are staged in stage 1's K tile first (QS: in their own
+    // region after the stages, where they stay: at D = 256 Q's fragments in registers (64) next to O's (128)
+    // spilled 768 bytes; read from shared memory per k-step they do not)
+    constexpr bool QS = D >= 256;   // geometry.py FAM_Q_SMEM_MIN_D
     auto kst = [&](int st) { return smem + st * (2 * FAM_KV * LD); };   // stage st: K tile, then V tile
-    unsigned short *Ks = kst(1);
+    unsigned short *const Qs = QS ? kst(2) : kst(1);
+    unsigned short *Ks = Qs;
 
     // Q rows of the block as F16 into Ks's space, then each warp's 16 rows into A fragments
     for (int e = tid; e < FAM_ROWS * D; e += FAM_THREADS) {
@@ -288,10 +296,15 @@ template <int D> __device__ void fa_mma(const kparams &p, unsigned short *smem) 
         Ks[rr * LD + d] = f2h(v);
     }
     __syncthreads();
-    unsigned qf[KS][4];
+    unsigned qf[QS ? 1 : KS][4];
+    auto qfrag = [&](int ks, unsigned (&f)[4]) {
+        ldmatrix_x4(f, &Qs[(w * 16 + (lane & 15)) * LD + ks * 16 + (lane >> 4) * 8]);
+    };
+    if (!QS) {
 #pragma unroll
-    for (int ks = 0; ks < KS; ++ks) ldmatrix_x4(qf[ks], &Ks[(w * 16 + (lane & 15)) * LD + ks * 16 + (lane >> 4) * 8]);
-    __syncthreads();
+        for (int ks = 0; ks < (QS ? 1 : KS); ++ks) qfrag(ks, qf[ks]);
+        __syncthreads();
+    }
 
     // this thread's two rows (g4 and g4 + 8 of the warp's 16)
     i64 rt[2], rh[2];
@@ -366,6 +379,15 @@ template <int D> __device__ void fa_mma(const kparams &p, unsigned short *smem) 
 #pragma unroll
             for (int k = 0; k < 2; ++k) dst[nt][k] = mask_at(k, c0 + nt * 8 + 2 * tig);
     };
+    // the F32 / unaligned mask at score (nt, c) of the tile at c0 (row g4 + 8 * (c >> 1), position
+    // c0 + nt * 8 + 2 * tig + (c & 1)), at full precision; -inf past j1 and in rows past R
+    auto mask_full = [&](i64 c0, int nt, int c) -> float {
+        const int k = c >> 1;
+        const i64 j = c0 + nt * 8 + 2 * tig + (c & 1);
+        if (!rok[k] || j >= j1) return F32_NEG_INF;
+        const char *a = mrow[k] + j * Mk.nb[0];
+        return m16 ? h2f(*(const unsigned short *)a) : *(const float *)a;
+    };
     if (raw_mask && j0 < j1) mask_tile(j0, mnext);
     // scores in log2 units (exp2 is one MUFU op, expf several ALU ops around it): s = mask * log2(e) +
     // scale * log2(e) * (q . k); m and the partial's m are in these units until stored (natural units)
@@ -378,34 +400,24 @@ template <int D> __device__ void fa_mma(const kparams &p, unsigned short *smem) 
         const unsigned short *Vs = Ks + FAM_KV * LD;
         // the next tile in flight while this one computes (its stage was released by the last barrier)
         if (c0 + FAM_KV < j1) fetch(c0 + FAM_KV, stage ^ 1);
-        float s[NT][4];
+        // the tile's mask stays packed (F16 pairs, 16 registers) until the scores need it: expanded to floats
+        // before S = Q K^T it held 32 registers across the products, which at D = 256 (O alone is 128) spilled
+        unsigned mcur[NT][2];
         bool live = false;
         if (raw_mask) {
 #pragma unroll
             for (int nt = 0; nt < NT; ++nt)
 #pragma unroll
                 for (int k = 0; k < 2; ++k) {
-                    const unsigned v = mnext[nt][k];
-                    live |= v != NEG2;
-                    s[nt][2 * k] = h2f((unsigned short)(v & 0xffffu)) * F32_LOG2E;
-                    s[nt][2 * k + 1] = h2f((unsigned short)(v >> 16)) * F32_LOG2E;
+                    mcur[nt][k] = mnext[nt][k];
+                    live |= mcur[nt][k] != NEG2;
                 }
             if (c0 + FAM_KV < j1) mask_tile(c0 + FAM_KV, mnext);
-        } else {   // an F32 or unaligned mask, at full precision
+        } else {   // an F32 or unaligned mask: read here for `live`, again (the same values) for the scores
 #pragma unroll
             for (int nt = 0; nt < NT; ++nt)
 #pragma unroll
-                for (int k = 0; k < 2; ++k) {
-                    const i64 j = c0 + nt * 8 + 2 * tig;   // and j + 1
-                    float x0 = F32_NEG_INF, x1 = F32_NEG_INF;
-                    if (rok[k]) {
-                        if (j < j1) x0 = m16 ? h2f(*(const unsigned short *)(mrow[k] + j * Mk.nb[0])) : *(const float *)(mrow[k] + j * Mk.nb[0]);
-                        if (j + 1 < j1) x1 = m16 ? h2f(*(const unsigned short *)(mrow[k] + (j + 1) * Mk.nb[0])) : *(const float *)(mrow[k] + (j + 1) * Mk.nb[0]);
-                    }
-                    s[nt][2 * k] = x0 * F32_LOG2E;
-                    s[nt][2 * k + 1] = x1 * F32_LOG2E;
-                    live |= x0 != F32_NEG_INF || x1 != F32_NEG_INF;
-                }
+                for (int c = 0; c < 4; ++c) live |= mask_full(c0, nt, c) != F32_NEG_INF;
         }
         if (c0 + FAM_KV < j1) asm volatile("cp.async.wait_group 1;" ::: "memory");   // this tile's group
         else asm volatile("cp.async.wait_group 0;" ::: "memory");
@@ -413,20 +425,25 @@ template <int D> __device__ void fa_mma(const kparams &p, unsigned short *smem) 
         if (__any_sync(0xffffffffu, live)) {
             // S = Q K^T
             float acc[NT][4];
+            float (&s)[NT][4] = acc;   // the scores replace the products in place
 #pragma unroll
             for (int nt = 0; nt < NT; ++nt)
 #pragma unroll
                 for (int c = 0; c < 4; ++c) acc[nt][c] = 0.0f;
 #pragma unroll
-            for (int ks = 0; ks < KS; ++ks)
+            for (int ks = 0; ks < KS; ++ks) {
+                unsigned qk[4];
+                if (QS) qfrag(ks, qk);
+                const unsigned (&qa)[4] = QS ? qk : qf[QS ? 0 : ks];
 #pragma unroll
                 for (int n2 = 0; n2 < NT / 2; ++n2) {
                     unsigned r[4];
                     ldmatrix_x4(r, &Ks[(n2 * 16 + (lane & 7) + (lane >> 4) * 8) * LD + ks * 16 + ((lane >> 3) & 1) * 8]);
                     const unsigned b0[2] = {r[0], r[1]}, b1[2] = {r[2], r[3]};
-                    mma_f16(acc[2 * n2], qf[ks], b0);
-                    mma_f16(acc[2 * n2 + 1], qf[ks], b1);
+                    mma_f16(acc[2 * n2], qa, b0);
+                    mma_f16(acc[2 * n2 + 1], qa, b1);
                 }
+            }
             // scores (a masked one stays -inf: -inf + finite), online softmax per row (the quad's 4 lanes
             // hold a row's 64 positions)
             float mx[2] = {F32_NEG_INF, F32_NEG_INF};
@@ -434,7 +451,9 @@ template <int D> __device__ void fa_mma(const kparams &p, unsigned short *smem) 
             for (int nt = 0; nt < NT; ++nt)
 #pragma unroll
                 for (int c = 0; c < 4; ++c) {
-                    s[nt][c] = fmaf(sl2, acc[nt][c], s[nt][c]);
+                    const unsigned v = raw_mask ? mcur[nt][c >> 1] : 0u;
+                    const float mk = raw_mask ? h2f((unsigned short)((c & 1) ? v >> 16 : v & 0xffffu)) : mask_full(c0, nt, c);
+                    s[nt][c] = fmaf(sl2, acc[nt][c], mk * F32_LOG2E);
                     mx[c >> 1] = fmaxf(mx[c >> 1], s[nt][c]);
                 }
             float alpha[2], mb[2];
@@ -507,3 +526,4 @@ template <int D> __device__ void fa_mma(const kparams &p, unsigned short *smem) 
 KERNEL_LB(flash_attn_mma_f16_d32, FAM_THREADS) FAM_ENTRY(32)
 KERNEL_LB(flash_attn_mma_f16_d64, FAM_THREADS) FAM_ENTRY(64)
 KERNEL_LB(flash_attn_mma_f16_d128, FAM_THREADS) FAM_ENTRY(128)
+KERNEL_LB(flash_attn_mma_f16_d256, FAM_THREADS) FAM_ENTRY(256)

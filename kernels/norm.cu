@@ -13,23 +13,26 @@ __device__ __forceinline__ bool rms_fast(const tdesc &d, i64 n) {
     return d.nb[0] == 4 && ((d.data | (u64)d.nb[1] | (u64)d.nb[2] | (u64)d.nb[3]) & 15) == 0 && n % 4 == 0;
 }
 
-// per row: x / sqrt(mean(x^2) + eps), times w (broadcast by modulo, as ggml's binary ops) when `mul`.
-__device__ void rms_norm_row(const kparams &p, bool mul) {
+// per row: x / sqrt(mean(x^2) + eps), times w (broadcast by modulo, as ggml's binary ops) when `mul`, plus r
+// (t[3], broadcast the same way: the fused ADD's other operand) when `add`.
+__device__ void rms_norm_row(const kparams &p, bool mul, bool add = false) {
     __shared__ float red[32];
-    const tdesc &D = p.t[0], &X = p.t[1], &Wt = p.t[2];
+    const tdesc &D = p.t[0], &X = p.t[1], &Wt = p.t[2], &R = p.t[3];
     const i64 i1 = blockIdx.x, i2 = blockIdx.y, i3 = blockIdx.z, n = X.ne[0];
     const bool fast = rms_fast(X, n) && rms_fast(D, n) && (!mul || (rms_fast(Wt, n) && Wt.ne[0] == n)) &&
-                      n <= (i64)4 * RMS_V * blockDim.x;
+                      (!add || (rms_fast(R, n) && R.ne[0] == n)) && n <= (i64)4 * RMS_V * blockDim.x;
     if (fast) {
         const float4 *xr = (const float4 *)row_ptr(X, i1, i2, i3);
         const float4 *wr = mul ? (const float4 *)row_ptr(Wt, i1 % Wt.ne[1], i2 % Wt.ne[2], i3 % Wt.ne[3]) : 0;
+        const float4 *rr = add ? (const float4 *)row_ptr(R, i1 % R.ne[1], i2 % R.ne[2], i3 % R.ne[3]) : 0;
         const int n4 = (int)(n / 4);
-        float4 xv[RMS_V], wv[RMS_V];
+        float4 xv[RMS_V], wv[RMS_V], rv[RMS_V];
 #pragma unroll
         for (int u = 0; u < RMS_V; ++u) {
             const int i = threadIdx.x + u * blockDim.x;
             xv[u] = i < n4 ? xr[i] : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
             wv[u] = (mul && i < n4) ? wr[i] : make_float4(1.0f, 1.0f, 1.0f, 1.0f);
+            rv[u] = (add && i < n4) ? rr[i] : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
         }
         float ss = 0.0f;
 #pragma unroll
@@ -43,6 +46,7 @@ __device__ void rms_norm_row(const kparams &p, bool mul) {
             if (i < n4) {
                 float4 v = make_float4(xv[u].x * scale, xv[u].y * scale, xv[u].z * scale, xv[u].w * scale);
                 if (mul) { v.x *= wv[u].x; v.y *= wv[u].y; v.z *= wv[u].z; v.w *= wv[u].w; }
+                if (add) { v.x += rv[u].x; v.y += rv[u].y; v.z += rv[u].z; v.w += rv[u].w; }
                 dr[i] = v;
             }
         }
@@ -58,12 +62,14 @@ __device__ void rms_norm_row(const kparams &p, bool mul) {
     for (i64 i0 = threadIdx.x; i0 < n; i0 += blockDim.x) {
         float v = load_f(X, i0, i1, i2, i3) * scale;
         if (mul) v *= load_f(Wt, i0 % Wt.ne[0], i1 % Wt.ne[1], i2 % Wt.ne[2], i3 % Wt.ne[3]);
+        if (add) v += load_f(R, i0 % R.ne[0], i1 % R.ne[1], i2 % R.ne[2], i3 % R.ne[3]);
         store_f(D, i0, i1, i2, i3, v);
     }
 }
 
 KERNEL_LB(rms_norm_f32, 1024) { rms_norm_row(p, false); }
 KERNEL_LB(rms_norm_mul_f32, 1024) { rms_norm_row(p, true); }
+KERNEL_LB(rms_norm_mul_add_f32, 1024) { rms_norm_row(p, true, true); }
 
 // per row: softmax(scale * x)
 KERNEL_LB(soft_max_f32, 256) {

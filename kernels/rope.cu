@@ -19,12 +19,17 @@ __device__ __forceinline__ bool rope_pair(i64 j, int n_dims, int mode, i64 &a, i
 }
 
 // theta = pos * freq_scale * freq_base^(-2j / n_dims)
-__device__ __forceinline__ void rope_rotate(const kparams &p, i64 j, int pos, float &x0, float &x1) {
-    const float theta = (float)pos * p.fp[1] * powf(p.fp[0], -2.0f * (float)j / (float)p.ip[0]);
+__device__ __forceinline__ void rope_rotate_by(float base, float fscale, int n_dims, i64 j, int pos, float &x0,
+                                               float &x1) {
+    const float theta = (float)pos * fscale * powf(base, -2.0f * (float)j / (float)n_dims);
     float s, c;
     sincosf(theta, &s, &c);   // full-range accurate (not __sincosf): positions reach thousands of radians
     const float y0 = x0 * c - x1 * s, y1 = x0 * s + x1 * c;
     x0 = y0; x1 = y1;
+}
+
+__device__ __forceinline__ void rope_rotate(const kparams &p, i64 j, int pos, float &x0, float &x1) {
+    rope_rotate_by(p.fp[0], p.fp[1], p.ip[0], j, pos, x0, x1);
 }
 
 template <typename I> __device__ void rope_t(const kparams &p) {
@@ -72,3 +77,42 @@ KERNEL_LB(rope_set_rows_f16, 256) {
     if (FITS32(X.ne[0] / 2 * X.ne[1] * X.ne[2])) rope_set_rows_t<unsigned>(p);
     else rope_set_rows_t<i64>(p);
 }
+
+// RMS_NORM + MUL + ROPE (QK-norm), optionally + VIEW + SET_ROWS (CACHE): one block per row (head i1, token
+// i2, batch i3) of x (t[1]); the row's sum of squares by block reduction, then a thread per rotated pair:
+// y = rms_norm(x) * w (t[2], broadcast by modulo), rotated by pos[i2] (t[3]). fp = (eps, freq_base,
+// freq_scale), ip = (n_dims, mode). CACHE: written to the F16 cache row idx[i2] (t[4]) at i1 * D + d (heads
+// flattened) instead of the rope's own (D, H, T) output. Each pair is read and written by one thread after
+// the reduction's barriers, so in place is safe.
+template <bool CACHE> __device__ void norm_mul_rope_row(const kparams &p) {
+    __shared__ float red[32];
+    const tdesc &D = p.t[0], &X = p.t[1], &W = p.t[2], &P = p.t[3];
+    const i64 i1 = blockIdx.x, i2 = blockIdx.y, i3 = blockIdx.z, n = X.ne[0];
+    float ss = 0.0f;
+    for (i64 i0 = threadIdx.x; i0 < n; i0 += blockDim.x) {
+        const float v = load_f(X, i0, i1, i2, i3);
+        ss += v * v;
+    }
+    ss = block_sum(ss, red);
+    const float scale = 1.0f / sqrtf(ss / (float)n + p.fp[0]);   // as norm.cu: not rsqrtf
+    const int pos = load_i32(P, i2, 0, 0, 0);
+    const i64 row = CACHE ? (i64)load_i32(p.t[4], i2, 0, 0, 0) : 0;
+    const i64 w1 = i1 % W.ne[1], w2 = i2 % W.ne[2], w3 = i3 % W.ne[3];
+    for (i64 j = threadIdx.x; j < n / 2; j += blockDim.x) {
+        i64 a, b;
+        const bool rot = rope_pair(j, p.ip[0], p.ip[1], a, b);
+        float x0 = load_f(X, a, i1, i2, i3) * scale * load_f(W, a % W.ne[0], w1, w2, w3);
+        float x1 = load_f(X, b, i1, i2, i3) * scale * load_f(W, b % W.ne[0], w1, w2, w3);
+        if (rot) rope_rotate_by(p.fp[1], p.fp[2], p.ip[0], j, pos, x0, x1);
+        if (CACHE) {
+            store_f(D, i1 * n + a, row, 0, 0, x0);
+            store_f(D, i1 * n + b, row, 0, 0, x1);
+        } else {
+            store_f(D, a, i1, i2, i3, x0);
+            store_f(D, b, i1, i2, i3, x1);
+        }
+    }
+}
+
+KERNEL_LB(rms_norm_mul_rope_f32, 256) { norm_mul_rope_row<false>(p); }
+KERNEL_LB(rms_norm_mul_rope_set_rows_f16, 256) { norm_mul_rope_row<true>(p); }

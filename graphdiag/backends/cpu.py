@@ -10,8 +10,10 @@ import numpy as np
 
 from ..errors import GraphdiagError
 from ..ir.arena import Arena
+from ..ir.attention import unpermuted
 from ..ir.graph import Graph
 from ..ir.ops import GluOp, Op, TensorFlag, is_view_or_noop
+from ..ir.tensor import Tensor
 from ..memory import AddressSpace
 from . import cpu_ops as ops
 from .base import Backend
@@ -40,7 +42,7 @@ class CpuBackend(Backend):
             Op.GET_ROWS: self._get_rows, Op.RMS_NORM: self._rms_norm, Op.MUL: self._mul, Op.ADD: self._add,
             Op.MUL_MAT: self._mul_mat, Op.MUL_MAT_ID: self._mul_mat_id, Op.ROPE: self._rope,
             Op.SET_ROWS: self._set_rows, Op.SOFT_MAX: self._soft_max, Op.TOP_K: self._top_k,
-            Op.FLASH_ATTN_EXT: self._flash_attn, Op.GLU: self._glu, Op.CPY: self._cpy,
+            Op.FLASH_ATTN_EXT: self._flash_attn, Op.GLU: self._glu, Op.CPY: self._cpy, Op.SCALE: self._scale,
         }
 
     # -- memory ----------------------------------------------------------------------------------------
@@ -136,15 +138,22 @@ class CpuBackend(Backend):
         self._view(a, r)[...] = ops.top_k(self._src(a, r, 0), int(r["op_params"][0]))
 
     def _flash_attn(self, a, r):
-        q, k, v, mask = (self._src(a, r, j) for j in range(4))
+        """q, k, v read in the unpermuted layout (ir/attention.py: llama.cpp's permuted views read through)."""
+        q, k, v = (self._view(a, unpermuted(Tensor(a, a.index(int(r["src"][j])))).r) for j in range(3))
+        mask = self._src(a, r, 3)
         self._view(a, r)[...] = ops.flash_attn_ext(q, k, v, mask, _f32(r, 0))
 
     def _glu(self, a, r):
-        glu = int(r["op_params"][0])
-        if glu != GluOp.SWIGLU or not int(r["src"][1]):
-            raise GraphdiagError(f"{self.name}: GLU op {glu} with src1={int(r['src'][1]):#x} is not implemented "
-                                 "(only split SWIGLU)")
-        self._view(a, r)[...] = ops.swiglu(self._src(a, r, 0), self._src(a, r, 1))
+        """Split GLU (gate = src0, up = src1): SWIGLU or GEGLU; swapped (op_params[1]) is never built."""
+        glu, swapped = int(r["op_params"][0]), int(r["op_params"][1])
+        if glu not in (GluOp.SWIGLU, GluOp.GEGLU) or swapped or not int(r["src"][1]):
+            raise GraphdiagError(f"{self.name}: GLU op {glu} (swapped {swapped}) with src1={int(r['src'][1]):#x} "
+                                 "is not implemented (only split SWIGLU and GEGLU)")
+        self._view(a, r)[...] = ops.glu(glu, self._src(a, r, 0), self._src(a, r, 1))
+
+    def _scale(self, a, r):
+        """op_params f32 [s, bias]: dst = src0 * s + bias."""
+        self._view(a, r)[...] = ops.scale(self._src(a, r, 0), _f32(r, 0), _f32(r, 1))
 
     def _cpy(self, a, r):
         """src0 is the source, src1 the destination; the node is a view of src1."""

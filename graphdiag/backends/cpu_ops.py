@@ -1,8 +1,8 @@
 """The operations' semantics as pure numpy functions (the CPU backend, the simulated kernels and the oracle).
 
 Arrays are laid out as AddressSpace.ndarray returns them: axes outermost first, so a ggml tensor
-(ne0, ne1, ne2, ne3) is an array of shape (ne3, ne2, ne1, ne0); a Q8_0 tensor is an array of block records
-(ne3, ne2, ne1, ne0 // 32). Everything computes in float32 (weights are dequantised to float32 first;
+(ne0, ne1, ne2, ne3) is an array of shape (ne3, ne2, ne1, ne0); a block-type tensor (Q8_0, Q4_K, ..., and
+BF16) is an array of its graphdiag.quants.BLOCK_DTYPE records (ne3, ne2, ne1, ne0 // block). Everything computes in float32 (weights are dequantised to float32 first;
 matmuls accumulate in float32). Functions return new arrays, except `set_rows`, `copy` and
 `mul_mat_id_rows`, which write into a destination view in place.
 
@@ -16,17 +16,17 @@ from __future__ import annotations
 import numpy as np
 
 from ..errors import GraphdiagError
-from ..ir.dtypes import Q8_0_BLOCK
-from ..memory import dequantize_q8_0
+from ..quants import dequantize
 
 F32 = np.float32
 
 
 # -- helpers ---------------------------------------------------------------------------------------------
 def to_f32(a: np.ndarray) -> np.ndarray:
-    """Values of an F32/F16/I32 array or a Q8_0 block array as float32 (Q8_0 rows grow 32x along the last axis)."""
-    if a.dtype == Q8_0_BLOCK:
-        return dequantize_q8_0(a)
+    """Values of an F32/F16/I32 array or a block array as float32 (a block type's rows grow by its block size
+    along the last axis: ggml's dequantize_row_* values)."""
+    if a.dtype.names:
+        return dequantize(a)
     return a.astype(F32, copy=False)
 
 
@@ -89,6 +89,39 @@ def swiglu(gate: np.ndarray, up: np.ndarray) -> np.ndarray:
     return silu(gate) * to_f32(up)
 
 
+GELU_COEF_A = np.float32(0.044715)
+SQRT_2_OVER_PI = np.float32(0.79788456080286535587989211986876)
+
+
+def gelu_tanh(x: np.ndarray) -> np.ndarray:
+    """ggml's GELU, the tanh approximation, in float32 as ggml-cuda's op_gelu writes it:
+    0.5 x (1 + tanh(sqrt(2/pi) x (1 + 0.044715 x^2))). (ggml-cpu instead looks x up in an F16 table,
+    GGML_GELU_FP16; the CPU backend follows the CUDA formula so the sim twins and CPU agree to float
+    rounding, and the F16 table's ~1e-3 relative steps are not part of any kernel contract here.)"""
+    x = x.astype(F32, copy=False)
+    return F32(0.5) * x * (F32(1) + np.tanh(SQRT_2_OVER_PI * x * (F32(1) + GELU_COEF_A * x * x)))
+
+
+def geglu(gate: np.ndarray, up: np.ndarray) -> np.ndarray:
+    """gelu_tanh(gate) * up (same shapes), float32 (GGML_GLU_OP_GEGLU, split form)."""
+    return gelu_tanh(gate) * to_f32(up)
+
+
+def glu(op: int, gate: np.ndarray, up: np.ndarray) -> np.ndarray:
+    """The split GLU `op` (GluOp value: 1 GEGLU, 2 SWIGLU) of gate and up; other ops raise GraphdiagError."""
+    if op == 2:
+        return swiglu(gate, up)
+    if op == 1:
+        return geglu(gate, up)
+    raise GraphdiagError(f"glu: op {op} is not implemented (1 = GEGLU, 2 = SWIGLU)")
+
+
+def scale(x: np.ndarray, s: float, bias: float = 0.0) -> np.ndarray:
+    """x * s + bias in float32, two roundings (GGML_OP_SCALE; the CUDA kernel multiplies and adds
+    without contracting to an FMA, so the bytes agree)."""
+    return to_f32(x) * F32(s) + F32(bias)
+
+
 def top_k(x: np.ndarray, k: int) -> np.ndarray:
     """Per row (last axis): int32 indices of the k largest values, descending; ties: lower index first."""
     order = np.argsort(-to_f32(x), axis=-1, kind="stable")
@@ -99,7 +132,7 @@ def top_k(x: np.ndarray, k: int) -> np.ndarray:
 def get_rows(table: np.ndarray, ids: np.ndarray) -> np.ndarray:
     """dst[i3, i2, i1, :] = table[i3 % T3, i2 % T2, ids[0, i3, i2, i1], :] as float32.
 
-    table: (T3, T2, n_rows, ne0) (Q8_0: blocks); ids: I32 (1, n3, n2, n1) -> (n3, n2, n1, ne0).
+    table: (T3, T2, n_rows, ne0) (a block type: blocks); ids: I32 (1, n3, n2, n1) -> (n3, n2, n1, ne0).
     Only the selected rows are dequantised."""
     ids = ids[0].astype(np.intp, copy=False)
     n3, n2, _ = ids.shape
@@ -135,7 +168,7 @@ def copy(dst: np.ndarray, src: np.ndarray) -> None:
 def mul_mat(w: np.ndarray, x: np.ndarray) -> np.ndarray:
     """dst[b3, b2, n, m] = sum_k W[b3 // r3, b2 // r2, m, k] * x[b3, b2, n, k] (float32).
 
-    w: (W3, W2, M, K) any type (Q8_0: blocks); x: (B3, B2, N, K); r2 = B2 / W2, r3 = B3 / W3 -> (B3, B2, N, M)."""
+    w: (W3, W2, M, K) any type (a block type: blocks); x: (B3, B2, N, K); r2 = B2 / W2, r3 = B3 / W3 -> (B3, B2, N, M)."""
     wf = to_f32(w)
     for axis in (0, 1):
         if wf.shape[axis] != x.shape[axis] and wf.shape[axis] != 1:
@@ -172,24 +205,35 @@ def mul_mat_id_rows(dst: np.ndarray, experts: np.ndarray, x: np.ndarray, expert:
 
 
 # -- attention -------------------------------------------------------------------------------------------
+ROPE_NORMAL, ROPE_NEOX = 0, 2
+
+
 def rope(x: np.ndarray, pos: np.ndarray, n_dims: int, freq_base: float, freq_scale: float = 1.0,
          mode: int = 0) -> np.ndarray:
-    """Mode 0 (adjacent pairs). x: (B3, T, H, D); pos: I32, T entries -> (B3, T, H, D) float32.
+    """x: (B3, T, H, D); pos: I32, T entries -> (B3, T, H, D) float32.
 
-    For i < n_dims/2: th = pos[t] * freq_scale * freq_base^(-2i/n_dims) (float32);
-    (y[2i], y[2i+1]) = (x0 cos th - x1 sin th, x0 sin th + x1 cos th); dims >= n_dims are copied."""
-    if mode != 0:
-        raise GraphdiagError(f"rope: mode {mode} is not supported (only 0, adjacent pairs)")
+    For i < n_dims/2: th = pos[t] * freq_scale * freq_base^(-2i/n_dims) (float32); the pair (a, b) is
+    (2i, 2i+1) in mode 0 (normal) and (i, i + n_dims/2) in mode 2 (NEOX);
+    (y[a], y[b]) = (x_a cos th - x_b sin th, x_a sin th + x_b cos th); dims >= n_dims are copied."""
+    if mode not in (ROPE_NORMAL, ROPE_NEOX):
+        raise GraphdiagError(f"rope: mode {mode} is not supported (0 normal, 2 NEOX)")
     x = to_f32(x)
-    i = np.arange(n_dims // 2, dtype=F32)
+    half = n_dims // 2
+    i = np.arange(half, dtype=F32)
     inv = np.power(F32(freq_base), F32(-2) * i / F32(n_dims))
     th = (pos.reshape(-1).astype(F32) * F32(freq_scale))[:, None, None] * inv  # (T, 1, n_dims/2)
     c, s = np.cos(th), np.sin(th)
-    x0, x1 = x[..., 0:n_dims:2], x[..., 1:n_dims:2]
+    a, b = (slice(0, n_dims, 2), slice(1, n_dims, 2)) if mode == ROPE_NORMAL else (slice(0, half), slice(half, n_dims))
+    x0, x1 = x[..., a], x[..., b]
     out = x.copy()
-    out[..., 0:n_dims:2] = x0 * c - x1 * s
-    out[..., 1:n_dims:2] = x0 * s + x1 * c
+    out[..., a] = x0 * c - x1 * s
+    out[..., b] = x0 * s + x1 * c
     return out
+
+
+def rope_neox(x: np.ndarray, pos: np.ndarray, n_dims: int, freq_base: float, freq_scale: float = 1.0) -> np.ndarray:
+    """rope in mode 2 (NEOX: element i rotates with i + n_dims/2), float32; see rope."""
+    return rope(x, pos, n_dims, freq_base, freq_scale, ROPE_NEOX)
 
 
 def flash_attn_ext(q: np.ndarray, k: np.ndarray, v: np.ndarray, mask: np.ndarray | None,

@@ -203,9 +203,20 @@ def _flash_attn_vec(d: int, gm: int) -> Callable[[np.ndarray], Geometry]:
     return geom
 
 
+FAM_Q_SMEM_MIN_D = 256   # flash_attn.cu fa_mma's QS: from this head size Q stays in its own shared memory
+
+
+def fa_mma_smem(d: int) -> int:
+    """flash_attn_mma_f16_d{d}'s dynamic shared memory: two stages of K and V tiles (FAM_KV rows padded by 8
+    halves), and from FAM_Q_SMEM_MIN_D the block's FAM_ROWS Q rows as F16 (its fragments are re-read per
+    k-step there instead of held in registers): d = 256 takes 168960 bytes of the H200's 227 KB."""
+    stages = 2 * 2 * FAM_KV * (d + 8) * 2
+    return stages + (FAM_ROWS * (d + 8) * 2 if d >= FAM_Q_SMEM_MIN_D else 0)
+
+
 def _flash_attn_mma(d: int) -> Callable[[np.ndarray], Geometry]:
     """flash_attn_mma_f16_d{d}: grid (n_split, Hkv, ceil(G * T / FAM_ROWS) * B); K and V tiles in shmem."""
-    shmem = 2 * 2 * FAM_KV * (d + 8) * 2   # two stages of K and V tiles, rows padded by 8 halves
+    shmem = fa_mma_smem(d)
 
     def geom(p) -> Geometry:
         q, k, part = _ne(p, 1), _ne(p, 2), _ne(p, 0)
@@ -309,7 +320,25 @@ def _table() -> dict[str, Callable[[np.ndarray], Geometry]]:
     # rope_set_rows walks x's (D/2, Hkv, T) pairs; its ne3 is 1 by the catalogue.
     t["rope_set_rows_f16"] = _elementwise(1, per=2)
     _x_types(t)
+    t.update(_gemma_qwen_geometry())
     return t
+
+
+ROPE_ROW_MAX_BLOCK = 256  # rope.cu rms_norm_mul_rope*: one block per head row, a thread per rotated pair
+
+
+def _norm_rope_rows(p) -> Geometry:
+    """rms_norm_mul_rope*: one block per row (head, token, batch) of x (t[1]), a thread per pair of its ne0
+    (32..256 threads, striding beyond)."""
+    n = _ne(p, 1)
+    threads = min(ROPE_ROW_MAX_BLOCK, max(32, -(-(n[0] // 2) // 32) * 32))
+    return (max(n[1], 1), max(n[2], 1), max(n[3], 1)), (threads, 1, 1), 0
+
+
+def _gemma_qwen_geometry() -> dict[str, Callable[[np.ndarray], Geometry]]:
+    """kernels.py's _gemma_qwen_specs kernels."""
+    return {"scale_f32": _elementwise(1), "glu_geglu_f32": _binary, "rms_norm_mul_add_f32": _rms_rows,
+            "rms_norm_mul_rope_f32": _norm_rope_rows, "rms_norm_mul_rope_set_rows_f16": _norm_rope_rows}
 
 
 _GEOMETRY = _table()

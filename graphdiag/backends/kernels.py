@@ -22,7 +22,7 @@ W_TYPES = ("f32", "f16", "q8_0")
 # ones, MMVF on F32 x for BF16 (X_TYPES = Q_TYPES + bf16).
 Q_TYPES = ("q4_0", "q5_0", "q5_1", "q4_k", "q5_k", "q6_k")
 X_TYPES = Q_TYPES + ("bf16",)
-FA_HEAD_DIMS = (32, 64, 128)
+FA_HEAD_DIMS = (32, 64, 128, 256)   # 256: Gemma 3
 FAV_GROUPS = (1, 2, 4, 8)   # query heads per kv head of the decode attention kernels (G rounded up to these)
 
 
@@ -81,8 +81,9 @@ def _specs() -> dict[str, KernelSpec]:
                                  "q8_0": "same as mul_mat_vec_q8_0, any N (int8 tensor cores)"}[w]))
         s.append(KernelSpec(f"mul_mat_vec_glu_{w}",
                             ("dst (M, N)", f"W_gate {w} (K, M)", f"W_up {w} (K, M)", x),
-                            ip=("glu op (2 = SWIGLU)",),
-                            doc="fused gate/up mat-vec + GLU: dst = silu(W_gate x) * (W_up x); N <= 8"))
+                            ip=("glu op (1 = GEGLU, 2 = SWIGLU)",),
+                            doc="fused gate/up mat-vec + GLU: dst = glu(W_gate x, W_up x) (glu_swiglu_f32's or "
+                                "glu_geglu_f32's formula); N <= 8"))
         s.append(KernelSpec(f"mul_mat_vec_add_{w}",
                             ("dst (M, N)", f"W {w} (K, M)", x, "r F32 (M, N), same shape as dst"),
                             doc="fused mat-vec + ADD (the residual): dst = W x + r; N <= 8 (1 in the graphs)"))
@@ -155,6 +156,7 @@ def _specs() -> dict[str, KernelSpec]:
                          "graphdiag.backends.rng (Q8_0: quantised per 32-block as memory.quantize_q8_0)")
           for w in W_TYPES),
     ]
+    s += _gemma_qwen_specs()
     return {k.name: k for k in s}
 
 
@@ -198,6 +200,27 @@ def _x_specs() -> list[KernelSpec]:
                        doc="the sorted fallback's per-expert launch (F32 x)"),
         ]
     return s
+def _gemma_qwen_specs() -> list[KernelSpec]:
+    """The ops and fusions of the Gemma 3 and Qwen graphs (scale, GEGLU, the norm fusions with rope and add)."""
+    rope_ip, rope_fp = ("n_dims", "mode (0 normal, 2 NEOX)"), ("eps", "freq_base", "freq_scale")
+    return [
+        KernelSpec("scale_f32", ("dst", "x"), fp=("scale", "bias"),
+                   doc="dst = x * scale + bias, a multiply then an add (no FMA: numpy's two roundings)"),
+        KernelSpec("glu_geglu_f32", ("dst", "gate", "up"),
+                   doc="gelu(gate) * up, gelu(x) = 0.5 x (1 + tanh(sqrt(2/pi) x (1 + 0.044715 x^2))) "
+                       "(ggml-cuda's op_gelu, the tanh approximation)"),
+        KernelSpec("rms_norm_mul_add_f32", ("dst (the ADD)", "x", "w (broadcast)", "r (broadcast)"), fp=("eps",),
+                   doc="fused RMS_NORM + MUL + ADD: rms_norm(x) * w + r (r: the ADD's other operand)"),
+        KernelSpec("rms_norm_mul_rope_f32", ("dst (D, H, T), the ROPE", "x (D, H, T)", "w (broadcast)", "pos I32 (T)"),
+                   ip=rope_ip, fp=rope_fp,
+                   doc="fused RMS_NORM + MUL + ROPE (QK-norm): rope(rms_norm(x) * w) per row of D, the "
+                       "norm over each head's row; rope as rope_f32"),
+        KernelSpec("rms_norm_mul_rope_set_rows_f16",
+                   ("dst cache F16 (D*Hkv, n_rows)", "x (D, Hkv, T)", "w (broadcast)", "pos I32 (T)", "idx I32 (T)"),
+                   ip=rope_ip, fp=rope_fp,
+                   doc="fused RMS_NORM + MUL + ROPE + VIEW + SET_ROWS: dst[idx[t], :] = f16(rope(rms_norm(x) "
+                       "* w)[t] flattened); the ROPE node's own output is not written"),
+    ]
 
 
 KERNELS: dict[str, KernelSpec] = _specs()

@@ -20,6 +20,7 @@ from ..ir.dtypes import GGMLType
 from ..ir.ops import GluOp
 from ..memory import AddressSpace
 from . import cpu_ops as ops
+from . import sim_kernels_ops
 from .abi import Q8_1
 from .geometry import FAM_KV
 from .sim_quants import quant_kernels
@@ -97,6 +98,11 @@ def _check(cond: bool, kernel: str, detail: str) -> None:
         raise CudaError("CUDA_ERROR_INVALID_VALUE", kernel, detail)
 
 
+def _check_glu(p: np.ndarray, kernel: str) -> None:
+    _check(_ip(p, 0) in (GluOp.GEGLU, GluOp.SWIGLU), kernel,
+           f"glu op {_ip(p, 0)} (GEGLU = 1 and SWIGLU = 2 are implemented)")
+
+
 def _type_name(t: int) -> str:
     return "Q8_1" if t == Q8_1 else GGMLType(t).name if t in GGMLType._value2member_map_ else f"type {t}"
 
@@ -141,10 +147,10 @@ def _mul_mat(name: str, wt: GGMLType, max_n: int | None) -> Kernel:
 def _mul_mat_vec_glu(name: str, wt: GGMLType) -> Kernel:
     def k(space, p):
         _check_type(p, 2, wt, name)
-        _check(_ip(p, 0) == GluOp.SWIGLU, name, f"glu op {_ip(p, 0)} (only SWIGLU = 2 is implemented)")
+        _check_glu(p, name)
         gate = _product(name, wt, space, p, 1, 3, MMV_MAX_N)
         up = _product(name, wt, space, p, 2, 3, MMV_MAX_N)
-        view(space, p, 0)[...] = ops.swiglu(gate, up)
+        view(space, p, 0)[...] = ops.glu(_ip(p, 0), gate, up)
     return k
 
 
@@ -165,11 +171,11 @@ def _mul_mat_id_vec_glu(name: str, wt: GGMLType) -> Kernel:
     def k(space, p):
         _check_type(p, 1, wt, name)
         _check_type(p, 2, wt, name)
-        _check(_ip(p, 0) == GluOp.SWIGLU, name, f"glu op {_ip(p, 0)} (only SWIGLU = 2 is implemented)")
+        _check_glu(p, name)
         x, ids = view(space, p, 3), view(space, p, 4)
         gate = ops.mul_mat_id(view(space, p, 1), x, ids)
         up = ops.mul_mat_id(view(space, p, 2), x, ids)
-        view(space, p, 0)[...] = ops.swiglu(gate, up)
+        view(space, p, 0)[...] = ops.glu(_ip(p, 0), gate, up)
     return k
 
 
@@ -382,6 +388,7 @@ def _build() -> dict[str, Kernel]:
         "cpy_f32_f16": _cpy("cpy_f32_f16", GGMLType.F16),
     })
     k.update(quant_kernels())   # the file's weight types (sim_quants.py)
+    k.update(sim_kernels_ops.build(view))
     return k
 
 

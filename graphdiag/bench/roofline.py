@@ -35,7 +35,8 @@ def copy_bandwidth(driver, nbytes: int, reps: int = 10) -> float:
 
 def weight_bytes_read(model: Model, n_tokens: int = 1) -> int:
     """Weight bytes one step of `n_tokens` reads: every weight once, except the token table (one row per
-    token) and, for MoE, only the used experts' share of each expert stack."""
+    token, plus all of it when the output is tied to it: the lm_head reads the whole table) and, for MoE,
+    only the used experts' share of each expert stack."""
     cfg = model.cfg
     total = 0
     for t in model.tensors():
@@ -43,7 +44,7 @@ def weight_bytes_read(model: Model, n_tokens: int = 1) -> int:
             continue
         n = t.nbytes()
         if t.name == "token_embd.weight":
-            n = n // cfg.n_vocab * n_tokens
+            n = n // cfg.n_vocab * n_tokens + (n if cfg.tied_output else 0)
         elif cfg.is_moe and "_exps." in t.name:
             n = n * min(cfg.n_expert, cfg.n_expert_used * n_tokens) // cfg.n_expert
         total += n

@@ -49,7 +49,7 @@ def _names(value: str, known, what: str) -> tuple[str, ...]:
 @bench.command("steps")
 @click.option("--backend", type=click.Choice(["auto", "cuda", "sim", "cpu"]), default=None)
 @click.option("--model", "models", default="tiny", help="Presets, comma-separated (tiny,1b,7b).")
-@click.option("--wtype", "wtypes", default="f16", help="Weight types, comma-separated (f16,q8_0).")
+@click.option("--wtype", "wtypes", default="f16", help="Weight types, comma-separated (f16,q8_0,q4_k,...: any --wtype of run).")
 @click.option("--steps", type=click.IntRange(min=8), default=64, help="Decode steps per run (>= 8).")
 @click.option("--prompt-tokens", type=POSITIVE, default=None)
 @click.option("--chunk-size", type=click.IntRange(min=0), default=None)

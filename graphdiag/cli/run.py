@@ -18,7 +18,9 @@ def _one_scenario(given: tuple[str, ...]) -> str | None:
               help="cuda: the GPU; sim: the simulated driver; cpu: numpy only. Default: cuda when a GPU is "
                    "present, else sim (announced as simulated).")
 @click.option("--model", default=None, help="Model preset: tiny, small, 1b, 7b, moe-tiny.")
-@click.option("--wtype", type=click.Choice(["f16", "q8_0"]), default=None, help="Weight type.")
+@click.option("--wtype", default=None, help="Weight type of a preset's mat-mul weights and embedding: f16, bf16, "
+              "f32, q8_0, q4_0, q5_0, q5_1, q4_k, q5_k, q6_k (a K-quant falls back where rows are no multiple of "
+              "256, as llama.cpp's quantizer).")
 @click.option("--seed", type=int, default=None, help="Weight and prompt seed.")
 @click.option("--prompt-tokens", type=int, default=None, help="Prompt length prefilled per sequence.")
 @click.option("--prompt-ids", default=None, help="The prompt as token ids, comma-separated (each sequence's; "
@@ -34,6 +36,8 @@ def _one_scenario(given: tuple[str, ...]) -> str | None:
               help="Disable CUDA graphs. Env: GGML_CUDA_DISABLE_GRAPHS (any value).")
 @click.option("--no-reuse", "reuse_disabled", flag_value=True, default=None,
               help="Disable llama.cpp's graph reuse. Env: LLAMA_GRAPH_REUSE_DISABLE.")
+@click.option("--swa-full", "swa_full", flag_value=True, default=None,
+              help="Give a sliding-window model's SWA cache the full context (llama.cpp --swa-full; default off).")
 @click.option("--n-cpu-moe", type=int, default=None, help="Put the experts of the first N MoE layers on the CPU.")
 @click.option("--devices", type=int, default=None,
               help="Split the layers across N GPUs (llama.cpp --split-mode layer), each with its own graph cache.")

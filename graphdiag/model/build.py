@@ -9,13 +9,9 @@ that writes the cache); ffn_gate, ffn_up, GLU are consecutive (fused gate/up mat
 
 from __future__ import annotations
 
-import dataclasses
 import math
-import struct
-from collections import OrderedDict
 from dataclasses import dataclass
 
-from ..ir.arena import TENSOR_DTYPE, TENSOR_SIZE
 from ..ir.build import Ctx, contiguous_nb
 from ..ir.dtypes import GGMLType
 from ..ir.graph import Graph
@@ -37,6 +33,7 @@ class GraphParams:
     n_outputs: int
     gtype: str        # DECODE | PREFILL
     n_kv: int         # KV cells the attention reads, padded to KV_PAD (capped at n_ctx)
+    n_kv_swa: int = 0  # the same for the sliding-window cache of an iSWA model (0: none)
 
     def __post_init__(self):
         if self.gtype not in (DECODE, PREFILL):
@@ -71,6 +68,8 @@ def _pad(n: int, m: int) -> int:
 
 
 class _Builder:
+    TEMPLATES = True   # GraphTemplates may stamp this builder's graphs out again (one n_kv-shaped set)
+
     def __init__(self, model: Model, params: GraphParams):
         self.m, self.cfg, self.p = model, model.cfg, params
         self.ctx = Ctx(model.arena)
@@ -112,16 +111,13 @@ class _Builder:
     def attention(self, lay: Layer, il: int, cur: Tensor, inp: GraphInputs) -> Tensor:
         """Q/K/V, rope, cache writes, flash attention and the output projection: (n_embd, n_tokens)."""
         c, g, cfg, t = self.ctx, self.g, self.cfg, self.p.n_tokens
-        hd, dkv = cfg.head_dim, cfg.n_embd_kv
-        q = c.reshape(c.mul_mat(lay.wq, cur, f"Qcur-{il}"), (hd, cfg.n_head, t), f"Qcur-{il} (reshaped)")
-        k = c.reshape(c.mul_mat(lay.wk, cur, f"Kcur-{il}"), (hd, cfg.n_head_kv, t), f"Kcur-{il} (reshaped)")
-        v = c.reshape(c.mul_mat(lay.wv, cur, f"Vcur-{il}"), (hd, cfg.n_head_kv, t), f"Vcur-{il} (reshaped)")
-        q = c.rope(q, inp.pos, hd, cfg.rope_base, f"Qcur_rope-{il}")
-        k = c.rope(k, inp.pos, hd, cfg.rope_base, f"Kcur_rope-{il}")
+        dkv = cfg.n_embd_kv
+        q, k, v = self.qkv(lay, il, cur)
+        q, k = self.rope_qk(lay, il, q, k, inp)
         # as llama.cpp's build_attn: Q, then V, then K last so ROPE(K) is followed by its cache write
         for x in (q, v, k):
             g.build_forward_expand(x)
-        k2 = c.view(k, (dkv, t), (k.nb[0], k.nb[2], k.nb[2] * t, k.nb[2] * t), 0, f"Kcur_rope-{il} (view)")
+        k2 = c.view(k, (dkv, t), (k.nb[0], k.nb[2], k.nb[2] * t, k.nb[2] * t), 0, f"{k.name} (view)")
         k_set = c.set_rows(lay.k_cache, k2, inp.k_idxs, f"cache_k_l{il} (set_rows)")
         g.build_forward_expand(k_set)
         v2 = c.reshape(v, (dkv, t), f"Vcur-{il} (reshaped 2d)")
@@ -129,9 +125,46 @@ class _Builder:
         g.build_forward_expand(v_set)
         k_all = self.cache_view(k_set, f"k-{il}")
         v_all = self.cache_view(v_set, f"v-{il}")
-        fa = c.flash_attn_ext(q, k_all, v_all, inp.kq_mask_cnv, 1.0 / math.sqrt(hd), f"__fattn__-{il}")
-        kqv = c.reshape(fa, (cfg.n_embd, t), f"kqv_out-{il}")
+        fa = c.flash_attn_ext(q, k_all, v_all, inp.kq_mask_cnv, self.kq_scale(il), f"__fattn__-{il}")
+        kqv = c.reshape(fa, (cfg.n_embd_q, t), f"kqv_out-{il}")
         return c.mul_mat(lay.wo, kqv, f"attn_out-{il}")
+
+    # -- the architecture's hooks (model/arch/*: a subclass overrides what its graph does differently) ------
+    def qkv(self, lay: Layer, il: int, cur: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+        """Q, K, V as (head_dim, heads, n_tokens): llama.cpp's build_qkv over separate weights."""
+        cfg = self.cfg
+        return (self.projection(lay.wq, lay.bq, cur, "Qcur", il, cfg.n_head),
+                self.projection(lay.wk, lay.bk, cur, "Kcur", il, cfg.n_head_kv),
+                self.projection(lay.wv, lay.bv, cur, "Vcur", il, cfg.n_head_kv))
+
+    def projection(self, w: Tensor, b: Tensor | None, cur: Tensor, name: str, il: int, heads: int) -> Tensor:
+        """MUL_MAT, the bias ADD where the layer has one (both named `name-il`, as llama.cpp's callback names
+        them), then the per-head reshape."""
+        c = self.ctx
+        x = c.mul_mat(w, cur, f"{name}-{il}")
+        if b is not None:
+            x = c.add(x, b, f"{name}-{il}")
+        return c.reshape(x, (self.cfg.head_dim, heads, self.p.n_tokens), f"{name}-{il} (reshaped)")
+
+    def rope_qk(self, lay: Layer, il: int, q: Tensor, k: Tensor, inp: GraphInputs) -> tuple[Tensor, Tensor]:
+        """Q and K roped (the arch's rope type, the layer's base); qwen3/gemma3 norm them first."""
+        return self.rope(q, il, inp, f"Qcur_rope-{il}"), self.rope(k, il, inp, f"Kcur_rope-{il}")
+
+    def rope(self, x: Tensor, il: int, inp: GraphInputs, name: str) -> Tensor:
+        cfg = self.cfg
+        return self.ctx.rope(x, inp.pos, cfg.head_dim, self.rope_base(il), name, mode=cfg.rope_type)
+
+    def rope_base(self, il: int) -> float:
+        """The layer's rope frequency base (gemma3's sliding layers have their own)."""
+        return self.cfg.rope_base
+
+    def kq_scale(self, il: int) -> float:
+        """Flash attention's KQ scale: 1/sqrt(head_dim) (llama, qwen2, qwen3)."""
+        return 1.0 / math.sqrt(self.cfg.head_dim)
+
+    def embed(self, tokens: Tensor) -> Tensor:
+        """The token embedding rows (inp_embd); gemma3 scales them."""
+        return self.ctx.get_rows(self.m.tok_embd, tokens, "inp_embd")
 
     def cache_view(self, cache_set: Tensor, name: str) -> Tensor:
         """The first n_kv cells of a cache as (head_dim, n_head_kv, n_kv); src[0] is the SET_ROWS node."""
@@ -191,7 +224,7 @@ class _Builder:
 
     def build(self) -> BuiltGraph:
         tokens = self.ctx.new_input(GGMLType.I32, (self.p.n_tokens,), "inp_tokens")
-        x = self.ctx.get_rows(self.m.tok_embd, tokens, "inp_embd")
+        x = self.embed(tokens)
         inp = self.inputs(tokens)
         for il, lay in enumerate(self.m.layers):
             x = self.layer(lay, il, x, inp)
@@ -223,81 +256,22 @@ def build_graph(model: Model, params: GraphParams, templates: "GraphTemplates | 
     `templates`, a graph of the same shape built before is stamped out instead (the same structs)."""
     if params.n_kv > model.cfg.n_ctx:
         raise ValueError(f"n_kv {params.n_kv} > n_ctx {model.cfg.n_ctx}")
-    if templates is not None:
+    if templates is not None and _stampable(model) and builder_for(model).TEMPLATES:
         return templates.build(model, params)
-    return _Builder(model, params).build()
+    return builder_for(model)(model, params).build()
 
 
-_LAYOUT = struct.Struct("<4q4Q")                  # ne then nb, adjacent in the struct
-assert TENSOR_DTYPE.fields["nb"][1] == TENSOR_DTYPE.fields["ne"][1] + 32
-_O_NE = TENSOR_DTYPE.fields["ne"][1]
-_INPUT_FIELDS = tuple(f.name for f in dataclasses.fields(GraphInputs))
+def builder_for(model: Model) -> type["_Builder"]:
+    """The graph builder of the model's architecture (model/arch/: the registry)."""
+    from .arch import get_arch
+    return get_arch(model.cfg.arch).Builder
 
 
-class _Template:
-    """A graph's structs as built (bytes of slots [start, end)), its node and leaf lists, the slots of its
-    inputs and logits, and the n_kv-shaped tensors."""
-
-    __slots__ = ("start", "end", "raw", "nodes", "leafs", "inputs", "logits", "n_kv_shaped")
-
-    def __init__(self, b: _Builder, start: int, res: BuiltGraph):
-        arena = b.m.arena
-        self.start, self.end = start, arena.top
-        self.raw = bytes(arena.mem[start * TENSOR_SIZE:arena.top * TENSOR_SIZE])
-        self.nodes, self.leafs = res.graph.nodes.copy(), res.graph.leafs.copy()
-        self.inputs = {f: getattr(res.inputs, f).idx for f in _INPUT_FIELDS}
-        self.logits = res.logits.idx
-        self.n_kv_shaped = b.n_kv_shaped
-
-
-class GraphTemplates:
-    """Graphs built before, kept to stamp out the same graph again for another n_kv (a prefill's n_kv grows
-    chunk by chunk): the structs are copied back as bytes and only the n_kv-shaped ones (the KQ mask, its
-    cast, the cache views) get their ne/nb rewritten, by the layouts the builder made them with.
-
-    Key: (n_tokens, n_seqs, n_outputs, gtype, the compute region's first slot). It is complete because the
-    builder reads nothing else: the params, the model's config and its persistent structs (type, ne, nb
-    and addresses of weights and caches, fixed once the arena is frozen; their data is never read), and the
-    first slot, which sets every compute struct's address and so every source pointer. n_kv is left out
-    of the key as it sets only the n_kv-shaped tensors' layouts. One model per instance; at most `limit`
-    graphs kept, the least recently used dropped first."""
-
-    def __init__(self, model: Model, limit: int = 8):
-        self.model, self.limit = model, limit
-        self._kept: OrderedDict[tuple, _Template] = OrderedDict()
-        self.hits = self.misses = 0
-
-    def build(self, model: Model, params: GraphParams) -> BuiltGraph:
-        if model is not self.model:
-            raise ValueError("GraphTemplates serves the model it was made for")
-        arena = model.arena
-        key = (params.n_tokens, params.n_seqs, params.n_outputs, params.gtype, arena.top)
-        tpl = self._kept.get(key)
-        if tpl is None:
-            self.misses += 1
-            b = _Builder(model, params)
-            res = b.build()
-            self._kept[key] = _Template(b, key[-1], res)
-            if len(self._kept) > self.limit:
-                self._kept.popitem(last=False)
-            return res
-        self.hits += 1
-        self._kept.move_to_end(key)
-        return self._stamp(tpl, params)
-
-    def _stamp(self, tpl: _Template, params: GraphParams) -> BuiltGraph:
-        """The template's structs in its slots, with params' n_kv layouts."""
-        arena = self.model.arena
-        arena.fit(tpl.end)
-        mem = arena.mem
-        mem[tpl.start * TENSOR_SIZE:tpl.end * TENSOR_SIZE] = tpl.raw
-        arena.top = tpl.end
-        for slot, layout in tpl.n_kv_shaped:
-            ne, nb = layout(params.n_kv)
-            _LAYOUT.pack_into(mem, slot * TENSOR_SIZE + _O_NE, *ne, *nb)
-        g = Graph(arena, tpl.nodes.copy(), tpl.leafs.copy())
-        inputs = GraphInputs(**{f: Tensor(arena, i) for f, i in tpl.inputs.items()})
-        return BuiltGraph(g, params, inputs, Tensor(arena, tpl.logits))
+def _stampable(model: Model) -> bool:
+    """Whether GraphTemplates may stamp the arch's graphs: it rewrites one set of n_kv-shaped tensors, so an
+    arch whose graphs have others (gemma3's SWA cache) sets STAMPABLE = False and is built afresh."""
+    from .arch import get_arch
+    return getattr(get_arch(model.cfg.arch), "STAMPABLE", True)
 
 
 def padded_n_kv(used_cells: int, n_ctx: int) -> int:

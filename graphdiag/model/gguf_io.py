@@ -1,15 +1,17 @@
-"""GGUF model files: a llama-architecture file read into graphdiag's model, and a preset written as one.
+"""GGUF model files: a file read into graphdiag's model, and a preset written as one.
 
-Reading (`open_gguf`) takes the hyper-parameters from the metadata with llama.cpp's defaults for absent keys
-(`llama.rope.freq_base` 10 000, `llama.attention.layer_norm_rms_epsilon` 1e-5, `head_count_kv` = head_count)
-and checks every tensor graphdiag's llama graph needs — present, of the shape the metadata implies and of a
-type graphdiag computes — before anything is built; the tensor data stays memory-mapped (the `gguf`
+Reading (`open_gguf`) dispatches on `general.architecture` to the architecture's module (model/arch/: llama,
+qwen2, qwen3), which takes the hyper-parameters from the metadata with llama.cpp's defaults for absent keys
+(`rope.freq_base` 10 000, `head_count_kv` = head_count, `key_length` = n_embd / n_head, ...) and lists the
+tensors its graph reads; each is checked — present, of the shape the metadata implies and of a type graphdiag
+computes — before anything is built; the tensor data stays memory-mapped (the `gguf`
 package's reader) and is viewed, not copied, in the host layout the rest of graphdiag uses (numpy axes
-outermost first; Q8_0 as ggml's 34-byte blocks). Writing (`export_gguf`) stores a preset's seeded weights
+outermost first; a block type as records of ggml's block, graphdiag.quants.BLOCK_DTYPE). Writing (`export_gguf`) stores a preset's seeded weights
 with the metadata and an SPM vocabulary (`<unk>`, `<s>`, `</s>`, the 256 byte tokens, then placeholder
 pieces) that llama.cpp's loader accepts, so graphdiag and llama.cpp can run the identical model.
 
-Supported here: architecture `llama` (Mistral-style files included), tensor types F32, F16 and Q8_0.
+Supported here: the architectures of model/arch/ (llama incl. Mistral-style files, qwen2, qwen3), tensor
+types F32, F16, BF16, Q8_0, Q4_0, Q5_0, Q5_1, Q4_K, Q5_K and Q6_K (TYPES).
 """
 
 from __future__ import annotations
@@ -23,12 +25,16 @@ from typing import Iterator
 import numpy as np
 
 from ..errors import UsageError
-from ..ir.dtypes import Q8_0_BLOCK, GGMLType
+from ..ir.dtypes import GGMLType, block_size, row_size
+from ..quants import BLOCK_DTYPE, type_of
 from .presets import ModelConfig
 
-SUPPORTED_ARCHS = ("llama",)
-N_CTX_MAX = 4096                 # KV cells graphdiag gives a file's model (its context length if smaller)
-TYPES = {0: GGMLType.F32, 1: GGMLType.F16, 8: GGMLType.Q8_0}     # GGUF tensor type -> graphdiag's
+# GGUF tensor type -> graphdiag's (the same numbers: ggml's enum)
+TYPES = {int(t): t for t in (GGMLType.F32, GGMLType.F16, GGMLType.BF16, GGMLType.Q8_0, GGMLType.Q4_0, GGMLType.Q5_0,
+                             GGMLType.Q5_1, GGMLType.Q4_K, GGMLType.Q5_K, GGMLType.Q6_K)}
+# llama_ftype of a file whose mat-mul weights are all of one type (general.file_type; K-quants as their _M mix)
+FILE_TYPE = {GGMLType.F32: 0, GGMLType.F16: 1, GGMLType.Q4_0: 2, GGMLType.Q8_0: 7, GGMLType.Q5_0: 8,
+             GGMLType.Q5_1: 9, GGMLType.Q4_K: 15, GGMLType.Q5_K: 17, GGMLType.Q6_K: 18, GGMLType.BF16: 32}
 N_SPECIAL = 3 + 256              # <unk> <s> </s> and the byte tokens of the exported vocabulary
 
 
@@ -87,74 +93,65 @@ def open_gguf(path_str: str) -> GgufModel:
 
 @lru_cache(maxsize=8)
 def _open(path_str: str, version) -> GgufModel:
+    from .arch import get_arch, supported
+    from .arch.common import Meta
     path = Path(path_str)
     r = _reader(path)
     arch = _value(r, "general.architecture")
-    if arch not in SUPPORTED_ARCHS:
-        raise UsageError(f"{path}: architecture {arch!r} is not supported (supported: {', '.join(SUPPORTED_ARCHS)})")
-    cfg = _config(path, r, arch)
+    if not isinstance(arch, str) or arch not in _archs():
+        raise UsageError(f"{path}: architecture {arch!r} is not supported (supported: {supported()})")
     infos = {t.name: t for t in r.tensors}
+    shape_of = lambda n: tuple(int(x) for x in infos[n].shape) if n in infos else None
+    mod = get_arch(arch)
+    cfg = mod.config(Meta(path, arch, lambda k, d=None: _value(r, k, d), set(infos), shape_of))
     types, n_bytes = {}, 0
-    for name, ne, norm in expected_tensors(cfg):
-        t = infos.get(name)
-        if t is None:
-            raise UsageError(f"{path}: tensor {name} is missing (a {arch} model of {cfg.n_layer} layers needs it)")
-        got = tuple(int(x) for x in t.shape)
-        while len(got) > len(ne) and got[-1] == 1:
-            got = got[:-1]
-        if got != ne:
-            raise UsageError(f"{path}: tensor {name} has shape {list(got)}, expected {list(ne)} from the metadata")
-        gt = TYPES.get(int(t.tensor_type))
-        if gt is None or (norm and gt != GGMLType.F32):
-            raise UsageError(f"{path}: tensor {name} is {t.tensor_type.name}, which graphdiag does not compute "
-                             f"(supported: {'F32' if norm else 'F32, F16, Q8_0'})")
-        if t.data_offset + t.n_bytes > len(r.data):
-            raise UsageError(f"{path}: tensor {name} runs past the end of the file (truncated?)")
-        types[name] = gt
-        n_bytes += int(t.n_bytes)
+    for spec in mod.tensors(cfg):
+        types[spec.name] = _check_tensor(path, arch, cfg, spec, infos.get(spec.name), len(r.data))
+        n_bytes += int(infos[spec.name].n_bytes)
     return GgufModel(path, cfg, types, arch, n_bytes)
 
 
-def _config(path: Path, r, arch: str) -> ModelConfig:
-    def need(key: str) -> int:
-        v = _value(r, f"{arch}.{key}")
-        if not isinstance(v, (int, np.integer)) or v <= 0:
-            raise UsageError(f"{path}: metadata {arch}.{key} is missing or not a positive integer")
-        return int(v)
-    n_embd, n_head = need("embedding_length"), need("attention.head_count")
-    n_head_kv = int(_value(r, f"{arch}.attention.head_count_kv", n_head))
-    vocab = _value(r, "tokenizer.ggml.tokens")
-    emb = next((t for t in r.tensors if t.name == "token_embd.weight"), None)
-    n_vocab = len(vocab) if vocab else (int(emb.shape[1]) if emb is not None and len(emb.shape) > 1 else 0)
-    if n_embd % n_head or n_head % max(n_head_kv, 1) or n_vocab <= 0:
-        raise UsageError(f"{path}: inconsistent metadata (n_embd {n_embd}, heads {n_head}, kv heads {n_head_kv}, "
-                         f"vocab {n_vocab})")
-    head_dim = n_embd // n_head
-    for key in ("attention.key_length", "attention.value_length", "rope.dimension_count"):
-        v = _value(r, f"{arch}.{key}")
-        if v is not None and int(v) != head_dim:
-            raise UsageError(f"{path}: {arch}.{key} = {v} differs from n_embd / n_head = {head_dim}, which "
-                             f"graphdiag's {arch} graph assumes")
-    n_ctx = min(int(_value(r, f"{arch}.context_length", N_CTX_MAX)), N_CTX_MAX)
-    return ModelConfig(path.stem, need("block_count"), n_embd, n_head, n_head_kv, need("feed_forward_length"),
-                       n_vocab, rope_base=float(_value(r, f"{arch}.rope.freq_base", 10000.0)),
-                       norm_eps=float(_value(r, f"{arch}.attention.layer_norm_rms_epsilon", 1e-5)), n_ctx=n_ctx)
+def _archs() -> dict:
+    from .arch import ARCHS
+    return ARCHS
+
+
+def _check_tensor(path: Path, arch: str, cfg: ModelConfig, spec, t, n_data: int) -> GGMLType:
+    """The type of the file's tensor `spec` describes; UsageError naming it if it is missing, of another shape,
+    of a type graphdiag does not compute, or past the end of the file."""
+    name, ne = spec.name, spec.ne
+    if t is None:
+        raise UsageError(f"{path}: tensor {name} is missing (a {arch} model of {cfg.n_layer} layers needs it)")
+    got = tuple(int(x) for x in t.shape)
+    while len(got) > len(ne) and got[-1] == 1:
+        got = got[:-1]
+    if got != ne:
+        raise UsageError(f"{path}: tensor {name} has shape {list(got)}, expected {list(ne)} from the metadata")
+    gt = TYPES.get(int(t.tensor_type))
+    if gt is None or (spec.f32_only and gt != GGMLType.F32):
+        raise UsageError(f"{path}: tensor {name} is {t.tensor_type.name}, which graphdiag does not compute "
+                         f"(supported: {'F32' if spec.f32_only else ', '.join(x.name for x in TYPES.values())})")
+    _check_bytes(path, name, gt, ne, int(t.n_bytes))
+    if t.data_offset + t.n_bytes > n_data:
+        raise UsageError(f"{path}: tensor {name} runs past the end of the file (truncated?)")
+    return gt
+
+
+def _check_bytes(path: Path, name: str, t: GGMLType, ne: tuple[int, ...], n_bytes: int) -> None:
+    """A tensor's rows must hold whole blocks of its type, and its data the bytes its shape implies."""
+    if ne[0] % block_size(t):
+        raise UsageError(f"{path}: tensor {name} is {t.name} with rows of {ne[0]} elements, no multiple of its "
+                         f"{block_size(t)}-element block")
+    want = row_size(t, ne[0]) * int(np.prod(ne[1:], dtype=np.int64))
+    if n_bytes != want:
+        raise UsageError(f"{path}: tensor {name} holds {n_bytes:,} bytes; {t.name} of shape {list(ne)} is {want:,}")
 
 
 def expected_tensors(cfg: ModelConfig) -> Iterator[tuple[str, tuple[int, ...], bool]]:
-    """(name, ggml ne, is a norm) of every weight graphdiag's llama graph reads, in its creation order."""
-    d, dkv, f = cfg.n_embd, cfg.n_embd_kv, cfg.n_ff
-    yield "token_embd.weight", (d, cfg.n_vocab), False
-    for il in range(cfg.n_layer):
-        p = f"blk.{il}."
-        yield p + "attn_norm.weight", (d,), True
-        for name, ne in (("attn_q", (d, d)), ("attn_k", (d, dkv)), ("attn_v", (d, dkv)), ("attn_output", (d, d))):
-            yield p + name + ".weight", ne, False
-        yield p + "ffn_norm.weight", (d,), True
-        for name, ne in (("ffn_gate", (d, f)), ("ffn_up", (d, f)), ("ffn_down", (f, d))):
-            yield p + name + ".weight", ne, False
-    yield "output_norm.weight", (d,), True
-    yield "output.weight", (d, cfg.n_vocab), False
+    """(name, ggml ne, F32 only) of every weight graphdiag's graph of cfg.arch reads, in its creation order."""
+    from .arch import get_arch
+    for spec in get_arch(cfg.arch).tensors(cfg):
+        yield spec.name, spec.ne, spec.f32_only
 
 
 class FileWeights(Mapping):
@@ -174,9 +171,9 @@ class FileWeights(Mapping):
                 self._r = _reader(self.g.path)
                 self._by = {t.name: t for t in self._r.tensors}
             t = self._by[name]
-            got = t.data
-            if self.g.types[name] == GGMLType.Q8_0:          # (rows, bytes) -> (rows, blocks) of block_q8_0
-                got = got.view(Q8_0_BLOCK)
+            got, dt = t.data, BLOCK_DTYPE[self.g.types[name]]
+            if dt.names:                 # (rows, bytes) -> (rows, blocks) of the type's block records
+                got = got.view(np.uint8).view(dt)
             self._cache[name] = got
         return got
 
@@ -193,31 +190,27 @@ class FileWeights(Mapping):
 
 
 def export_gguf(model, out: str | Path, name: str) -> int:
-    """Write `model` (a preset with values: Model.host) as a llama GGUF at `out`; returns the file's bytes."""
+    """Write `model` (a preset with values: Model.host) as a GGUF of its architecture (cfg.arch) at `out`;
+    returns the file's bytes. llama gets an SPM vocabulary, qwen2/qwen3 a byte-level BPE one (model/bpe_vocab.py)."""
     from gguf import GGMLQuantizationType, GGUFWriter, TokenType
     cfg = model.cfg
     if cfg.is_moe:
-        raise UsageError(f"export-gguf writes dense llama models; {cfg.name} is a MoE preset")
+        raise UsageError(f"export-gguf writes dense models; {cfg.name} is a MoE preset")
     out = Path(out)
-    w = GGUFWriter(str(out), "llama")
+    w = GGUFWriter(str(out), cfg.arch)
     w.add_name(f"graphdiag {name} ({model.wtype.name}, seed {model.seed})")
     write_shape(w, cfg)
-    w.add_rope_dimension_count(cfg.head_dim)
-    w.add_rope_freq_base(cfg.rope_base)
-    w.add_layer_norm_rms_eps(cfg.norm_eps)
-    w.add_file_type({GGMLType.F32: 0, GGMLType.F16: 1, GGMLType.Q8_0: 7}[model.wtype])
-    tokens, types = _vocab(cfg.n_vocab, TokenType)
-    w.add_tokenizer_model("llama")
-    w.add_token_list(tokens)
-    w.add_token_scores([0.0] * len(tokens))
-    w.add_token_types(types)
-    w.add_unk_token_id(0)
-    w.add_bos_token_id(1)
-    w.add_eos_token_id(2)
+    w.add_file_type(FILE_TYPE[model.wtype])
+    if cfg.arch == "llama":
+        _write_spm_vocab(w, cfg.n_vocab, TokenType)
+    else:
+        from .bpe_vocab import write_bpe_vocab
+        write_bpe_vocab(w, cfg.n_vocab)
     for n, _, _ in expected_tensors(cfg):
         a = model.host[n]
-        if a.dtype == Q8_0_BLOCK:
-            w.add_tensor(n, np.ascontiguousarray(a).view(np.uint8), raw_dtype=GGMLQuantizationType.Q8_0)
+        if a.dtype.names:            # blocks written as their bytes, typed for the reader
+            w.add_tensor(n, np.ascontiguousarray(a).view(np.uint8),
+                         raw_dtype=GGMLQuantizationType(int(type_of(a))))
         else:
             w.add_tensor(n, np.ascontiguousarray(a))
     try:
@@ -232,13 +225,32 @@ def export_gguf(model, out: str | Path, name: str) -> int:
 
 
 def write_shape(w, cfg: ModelConfig) -> None:
-    """The hyper-parameters llama.cpp's loader needs, under the writer's architecture."""
+    """The hyper-parameters llama.cpp's loader needs, under the writer's architecture (key_length and
+    value_length only where head_dim is not n_embd / n_head, as the converters write them)."""
     w.add_context_length(cfg.n_ctx)
     w.add_embedding_length(cfg.n_embd)
     w.add_block_count(cfg.n_layer)
     w.add_feed_forward_length(cfg.n_ff)
     w.add_head_count(cfg.n_head)
     w.add_head_count_kv(cfg.n_head_kv)
+    if cfg.n_embd_head:
+        w.add_key_length(cfg.head_dim)
+        w.add_value_length(cfg.head_dim)
+    w.add_rope_dimension_count(cfg.head_dim)
+    w.add_rope_freq_base(cfg.rope_base)
+    w.add_layer_norm_rms_eps(cfg.norm_eps)
+
+
+def _write_spm_vocab(w, n_vocab: int, TokenType) -> None:
+    """The SPM tokenizer fields of _vocab's pieces: unk 0, bos 1, eos 2."""
+    tokens, types = _vocab(n_vocab, TokenType)
+    w.add_tokenizer_model("llama")
+    w.add_token_list(tokens)
+    w.add_token_scores([0.0] * len(tokens))
+    w.add_token_types(types)
+    w.add_unk_token_id(0)
+    w.add_bos_token_id(1)
+    w.add_eos_token_id(2)
 
 
 def _vocab(n_vocab: int, TokenType) -> tuple[list[str], list[int]]:

@@ -2,13 +2,23 @@
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 from ..errors import UsageError
-from ..ir.dtypes import GGMLType
+from ..ir.dtypes import GGMLType, block_size
+from .kv_sizes import N_UBATCH, swa_cache_size
 
-# Weight storage types a run may choose (norm weights are always F32, the KV cache always F16).
-WEIGHT_TYPES = {"f16": GGMLType.F16, "q8_0": GGMLType.Q8_0, "f32": GGMLType.F32}
+ROPE_NORM, ROPE_NEOX = 0, 2     # GGML_ROPE_TYPE_NORM / GGML_ROPE_TYPE_NEOX
+
+# Weight storage types a run may choose for every mat-mul weight and the token embedding (norm weights are
+# always F32, the KV cache always F16). Q5_1 is here because Q5_K falls back to it (preset_type).
+# (config.WTYPES holds the same names, for checking a setting without numpy: a test keeps them equal)
+WEIGHT_TYPES = {name: GGMLType[name.upper()] for name in
+                ("f16", "q8_0", "f32", "bf16", "q4_0", "q5_0", "q5_1", "q4_k", "q5_k", "q6_k")}
+# llama-quant.cpp's tensor_type_fallback: a K-quant whose rows (ne0) are no multiple of 256 becomes this type;
+# a type whose block still does not divide the row (or a 32-block type that does not) becomes F16.
+K_FALLBACK = {GGMLType.Q4_K: GGMLType.Q5_0, GGMLType.Q5_K: GGMLType.Q5_1, GGMLType.Q6_K: GGMLType.Q8_0}
 
 
 @dataclass(frozen=True)
@@ -28,10 +38,22 @@ class ModelConfig:
     rope_base: float = 10000.0
     norm_eps: float = 1e-5
     n_ctx: int = 4096
+    # the architecture's pieces (model/arch/): defaults are llama's, so the llama presets are unchanged
+    arch: str = "llama"          # general.architecture: which model/arch module builds the graph
+    n_embd_head: int = 0         # head size when it is not n_embd / n_head ({arch}.attention.key_length)
+    rope_type: int = 0           # ggml rope mode: ROPE_NORM (0, adjacent pairs) or ROPE_NEOX (2, halves)
+    tied_output: bool = False    # the output projection is token_embd (output.weight absent)
+    qkv_bias: bool = False       # the Q/K/V mat-muls add a bias (attn_q/k/v.bias: qwen2)
 
     @property
     def head_dim(self) -> int:
-        return self.n_embd // self.n_head
+        """Elements per attention head (llama.cpp's n_embd_head_k, equal to n_embd_head_v here)."""
+        return self.n_embd_head or self.n_embd // self.n_head
+
+    @property
+    def n_embd_q(self) -> int:
+        """Width of Q (and of the attention output): head_dim * n_head (n_embd unless head_dim is explicit)."""
+        return self.head_dim * self.n_head
 
     @property
     def n_embd_kv(self) -> int:
@@ -43,6 +65,48 @@ class ModelConfig:
         return self.n_expert > 0
 
 
+SWA_PATTERN = 6      # gemma3's load_swa_pattern(ml, 6): the default when a file gives none
+
+
+def swa_pattern(n_layer: int, n_pattern: int = SWA_PATTERN) -> tuple:
+    """llama_hparams::set_swa_pattern(n_pattern, dense_first=false): layer il slides unless
+    il % n_pattern == n_pattern - 1 (every layer slides with n_pattern 0)."""
+    return tuple(n_pattern == 0 or (il % n_pattern < n_pattern - 1) for il in range(n_layer))
+
+
+@dataclass(frozen=True)
+class Gemma3Config(ModelConfig):
+    """ModelConfig plus Gemma 3's sliding window (model/arch/gemma3.py): `n_swa` positions (0: none, one
+    cache), `swa_layers` (a bool per layer), the SWA layers' rope base, and what sizes the SWA cache
+    (sequences, llama.cpp's swa_full)."""
+
+    n_swa: int = 0
+    swa_layers: tuple = ()
+    rope_base_swa: float = 10000.0
+    n_seq_max: int = 1
+    swa_full: bool = False
+
+    def is_swa(self, il: int) -> bool:
+        return self.n_swa > 0 and bool(self.swa_layers[il])
+
+    def rope_base_of(self, il: int) -> float:
+        """get_rope_freq_base: rope.freq_base_swa on a sliding layer, rope.freq_base elsewhere."""
+        return self.rope_base_swa if self.is_swa(il) else self.rope_base
+
+    @property
+    def f_attention_scale(self) -> float:
+        """1/sqrt(head_dim); the 27B (62 layers) uses 1/sqrt(n_embd/n_head) (load_arch_hparams)."""
+        d = self.n_embd // self.n_head if self.n_layer == 62 else self.head_dim
+        return 1.0 / math.sqrt(float(d))
+
+    @property
+    def swa_size(self) -> int:
+        """The SWA cache's cells (0 without a window): llama_kv_cache_iswa's size_swa, unified cache."""
+        if self.n_swa <= 0:
+            return 0
+        return swa_cache_size(self.n_ctx, self.n_swa, self.n_seq_max, N_UBATCH, True, self.swa_full)
+
+
 PRESETS: dict[str, ModelConfig] = {
     c.name: c
     for c in (
@@ -51,6 +115,10 @@ PRESETS: dict[str, ModelConfig] = {
         ModelConfig("1b", 16, 2048, 32, 8, 8192, 32000),
         ModelConfig("7b", 32, 4096, 32, 32, 11008, 32000),
         ModelConfig("moe-tiny", 4, 512, 8, 8, 0, 4096, n_expert=8, n_expert_used=2, n_ff_exp=512),
+        # Gemma 3's pieces at tiny shapes: one KV head, head_dim 128 (n_head * head_dim != n_embd), tied
+        # output, layer 5 global and the others sliding over a 128-position window (SWA cache: 768 cells)
+        Gemma3Config("gemma3-tiny", 6, 256, 4, 1, 512, 4096, rope_base=1e6, norm_eps=1e-6, arch="gemma3",
+                     n_embd_head=128, rope_type=ROPE_NEOX, tied_output=True, n_swa=128, swa_layers=swa_pattern(6)),
     )
 }
 
@@ -64,8 +132,18 @@ def get_preset(name: str) -> ModelConfig:
 
 
 def weight_type(name: str) -> GGMLType:
-    """'f16' | 'q8_0' (| 'f32', for tests) -> GGMLType."""
+    """A --wtype name ('f16', 'q8_0', 'q4_k', ...; case-insensitive) -> GGMLType."""
     try:
         return WEIGHT_TYPES[name.lower()]
     except KeyError:
         raise UsageError(f"unknown weight type {name!r} (known: {', '.join(WEIGHT_TYPES)})") from None
+
+
+def preset_type(t: GGMLType, ne0: int) -> GGMLType:
+    """The type llama.cpp's quantizer stores a tensor of row length ne0 in when asked for `t`."""
+    t = GGMLType(t)
+    bs = block_size(t)
+    if ne0 % bs == 0:
+        return t
+    got = K_FALLBACK.get(t, t)
+    return got if ne0 % block_size(got) == 0 else GGMLType.F16

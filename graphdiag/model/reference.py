@@ -11,7 +11,8 @@ from collections.abc import Mapping, Sequence
 
 import numpy as np
 
-from ..memory import dequantize_q8_0
+from ..quants import dequantize, q8_1_activations, type_of
+from .presets import ROPE_NEOX
 from .weights import Model
 
 F64 = np.float64
@@ -45,16 +46,53 @@ def _softmax(s: np.ndarray) -> np.ndarray:
     return e / e.sum(axis=-1, keepdims=True)
 
 
-def _rope(x: np.ndarray, pos: np.ndarray, base: float) -> np.ndarray:
-    """Rotate adjacent pairs (2i, 2i+1) of each head by pos * base^(-2i/head_dim). x: (T, H, hd)."""
+def _rope(x: np.ndarray, pos: np.ndarray, base: float, neox: bool = False) -> np.ndarray:
+    """Rotate each head's pairs by pos * base^(-2i/head_dim). x: (T, H, hd). The pairs: adjacent elements
+    (2i, 2i+1) in ggml's NORM mode (llama), elements i and i + hd/2 in NEOX mode (qwen2, qwen3, gemma3)."""
     hd = x.shape[-1]
     theta = pos[:, None].astype(F64) * base ** (-np.arange(0, hd, 2, dtype=F64) / hd)  # (T, hd/2)
     c, s = np.cos(theta)[:, None, :], np.sin(theta)[:, None, :]
-    x0, x1 = x[..., 0::2], x[..., 1::2]
+    first, second = (np.s_[..., : hd // 2], np.s_[..., hd // 2:]) if neox else (np.s_[..., 0::2], np.s_[..., 1::2])
+    x0, x1 = x[first], x[second]
     out = np.empty_like(x)
-    out[..., 0::2] = x0 * c - x1 * s
-    out[..., 1::2] = x0 * s + x1 * c
+    out[first] = x0 * c - x1 * s
+    out[second] = x0 * s + x1 * c
     return out
+
+
+def rope_neox(x: np.ndarray, pos: np.ndarray, base: float, n_dims: int | None = None) -> np.ndarray:
+    """NEOX rope (llama.cpp's mode 2, Gemma 3 / Qwen): element i < n_dims/2 of each head rotates with
+    i + n_dims/2 by pos * base^(-2i/n_dims); dims past n_dims (default: all of head_dim) are kept. x: (T, H, hd)."""
+    hd = x.shape[-1]
+    n_dims = hd if n_dims is None else n_dims
+    half = n_dims // 2
+    theta = pos[:, None].astype(F64) * base ** (-2.0 * np.arange(half, dtype=F64) / n_dims)  # (T, half)
+    c, s = np.cos(theta)[:, None, :], np.sin(theta)[:, None, :]
+    x0, x1 = x[..., :half], x[..., half:n_dims]
+    out = np.array(x, dtype=F64)
+    out[..., :half] = x0 * c - x1 * s
+    out[..., half:n_dims] = x0 * s + x1 * c
+    return out
+
+
+def rope(x: np.ndarray, pos: np.ndarray, base: float, neox: bool = False) -> np.ndarray:
+    """The rope of an architecture: NEOX (neox=True) or adjacent pairs (llama's). x: (T, H, hd)."""
+    return rope_neox(x, pos, base) if neox else _rope(x, pos, base)
+
+
+def gelu_tanh(x: np.ndarray) -> np.ndarray:
+    """GELU, the tanh approximation (ggml_gelu, what Gemma 3's GEGLU applies), in float64."""
+    return 0.5 * x * (1.0 + np.tanh(np.sqrt(2.0 / np.pi) * (x + 0.044715 * x ** 3)))
+
+
+def geglu(gate: np.ndarray, up: np.ndarray) -> np.ndarray:
+    """gelu_tanh(gate) * up (ggml_geglu_split), float64."""
+    return gelu_tanh(gate) * up
+
+
+def rms_norm(x: np.ndarray, w: np.ndarray, eps: float) -> np.ndarray:
+    """x / sqrt(mean(x^2) + eps) * w over the last axis: a token's row, or each head's (QK-norm on (T, H, hd))."""
+    return _rms_norm(x, w, eps)
 
 
 class _SeqCache:
@@ -75,16 +113,25 @@ class _SeqCache:
 
 
 class Reference:
-    """Forward passes over ubatches, with a KV cache per sequence (positions continue where they left off)."""
+    """Forward passes over ubatches, with a KV cache per sequence (positions continue where they left off).
+
+    `Reference(model)` gives the oracle of the model's architecture: the arch module's subclass
+    (model/arch/), which overrides the blocks its forward does differently."""
+
+    def __new__(cls, model: Model, *args, **kwargs):
+        if cls is Reference:
+            from .arch import get_arch
+            cls = get_arch(model.cfg.arch).Reference
+        return super().__new__(cls)
 
     def __init__(self, model: Model, q8_1_activations: bool = False):
-        """q8_1_activations: the backend rounds x to Q8_1 before Q8_0 products (the GPU backend, as ggml's
-        quantized paths); the numpy CPU backend multiplies plain floats."""
+        """q8_1_activations: the backend rounds x to Q8_1 before products with a block-quantised weight (the
+        GPU backend, as ggml's MMVQ/MMQ paths); the numpy CPU backend multiplies plain floats."""
         self.m, self.cfg = model, model.cfg
         self.q8_1 = q8_1_activations
         self.seqs: dict[int, _SeqCache] = {}
         self._w: dict[str, np.ndarray] = {}   # float64 weights: 8 bytes a parameter, for small presets
-        self._q8: set[str] = set()            # weights stored as Q8_0
+        self._q8: set[str] = set()            # weights whose products take Q8_1-rounded activations on a GPU
 
     def seq_len(self, seq: int) -> int:
         return self.seqs[seq].n_pos if seq in self.seqs else 0
@@ -93,9 +140,9 @@ class Reference:
         """The stored weight dequantised, as float64 (numpy axes outermost first); cached."""
         if name not in self._w:
             a = self.m.host[name]
-            if a.dtype.names:
+            if a.dtype.names and q8_1_activations(type_of(a)):
                 self._q8.add(name)
-            self._w[name] = (dequantize_q8_0(a) if a.dtype.names else a).astype(F64)
+            self._w[name] = (dequantize(a) if a.dtype.names else a).astype(F64)
         return self._w[name]
 
     # -- public API --------------------------------------------------------------------------------------
@@ -118,7 +165,7 @@ class Reference:
         cfg = self.cfg
         for s in np.unique(seqs):
             self.seqs.setdefault(int(s), _SeqCache(cfg.n_layer, cfg.n_embd_kv)).grow(int(pos[seqs == s].max()) + 1)
-        x = self.w("token_embd.weight")[tokens].astype(F64)
+        x = self._embed(tokens)
         for il in range(cfg.n_layer):
             p = f"blk.{il}."
             h = _rms_norm(x, self.w(p + "attn_norm.weight"), cfg.norm_eps)
@@ -126,22 +173,37 @@ class Reference:
             h = _rms_norm(x, self.w(p + "ffn_norm.weight"), cfg.norm_eps)
             x = x + (self._moe(il, h) if cfg.is_moe else self._ffn(il, h))
         h = _rms_norm(x[out_rows], self.w("output_norm.weight"), cfg.norm_eps)
-        return self._mm(h, "output.weight").astype(np.float32)
+        return self._mm(h, "token_embd.weight" if cfg.tied_output else "output.weight").astype(np.float32)
 
-    # -- blocks --------------------------------------------------------------------------------------------
+    # -- blocks (an architecture's subclass overrides those its forward does differently) ------------------
+    def _embed(self, tokens: np.ndarray) -> np.ndarray:
+        return self.w("token_embd.weight")[tokens].astype(F64)
+
+    def _proj(self, h: np.ndarray, p: str, name: str) -> np.ndarray:
+        """h @ W^T (+ the bias where the file or preset has one: `p + name + ".bias"`)."""
+        y = self._mm(h, p + name + ".weight")
+        bias = p + name + ".bias"
+        return y + self.w(bias) if bias in self.m.host else y
+
+    def _qk(self, il: int, q: np.ndarray, k: np.ndarray, pos: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """Q and K (T, heads, hd) roped in the model's rope type."""
+        neox = self.cfg.rope_type == ROPE_NEOX
+        return _rope(q, pos, self.cfg.rope_base, neox), _rope(k, pos, self.cfg.rope_base, neox)
+
     def _mm(self, x: np.ndarray, name: str) -> np.ndarray:
-        """x @ W^T for a stored (out, in) weight. Against a Q8_0 weight, x is first rounded to Q8_1 as ggml's
-        quantized mat-vec and mat-mul paths do (per 32 values: d = max|x| / 127 stored as f16, q = rint(x/d))
-        — the arithmetic llama.cpp defines, so the oracle bound stays tight for Q8_0 runs (GPU backend)."""
+        """x @ W^T for a stored (out, in) weight. Against a block-quantised weight (Q4_0, Q5_0, Q5_1, Q8_0, Q4_K,
+        Q5_K, Q6_K), x is first rounded to Q8_1 as ggml's quantized mat-vec and mat-mul paths do (per 32 values: d = max|x| / 127 stored as f16, q = rint(x/d))
+        — the arithmetic llama.cpp defines, so the oracle bound stays tight for quantised runs (GPU backend)."""
         w = self.w(name)
         return (_q8_1_rounded(x) if self.q8_1 and name in self._q8 else x) @ w.T
 
     def _attention(self, il: int, h: np.ndarray, seqs: np.ndarray, pos: np.ndarray) -> np.ndarray:
         cfg, p, t = self.cfg, f"blk.{il}.", h.shape[0]
         hd, nh, nkv = cfg.head_dim, cfg.n_head, cfg.n_head_kv
-        q = _rope(self._mm(h, p + "attn_q.weight").reshape(t, nh, hd), pos, cfg.rope_base)
-        k = _rope(self._mm(h, p + "attn_k.weight").reshape(t, nkv, hd), pos, cfg.rope_base)
-        v = self._mm(h, p + "attn_v.weight")
+        q = self._proj(h, p, "attn_q").reshape(t, nh, hd)
+        k = self._proj(h, p, "attn_k").reshape(t, nkv, hd)
+        q, k = self._qk(il, q, k, pos)
+        v = self._proj(h, p, "attn_v")
         for i in range(t):  # the cache write, f16 as the F16 cache
             c = self.seqs[int(seqs[i])]
             c.k[il, pos[i]] = k[i].reshape(-1)

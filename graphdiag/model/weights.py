@@ -7,9 +7,15 @@ when something there reads it (`Model.host`: the CPU backend, the oracle), to th
 standard deviation 1/sqrt(ne0) for mat-mul weights, 1 for the token embedding, 1 + 0.1 noise for norm
 weights (a pure 1 would hide a missing MUL), so activations stay O(1) and greedy tokens depend on the input.
 Host arrays are in ggml layout, numpy axes outermost first: a ggml weight of ne = (K, M) is a numpy (M, K)
-array, an expert stack ne = (K, M, E) is (E, M, K). Stored types: the run's weight type (F16 or Q8_0; F32 for
-tests) for mat-mul weights and the token embedding table, F32 for norm weights and the MoE router. The KV
-cache is F16, ne = (head_dim * n_head_kv, n_ctx) per layer, K and V alike (flash attention), zeroed on load.
+array, an expert stack ne = (K, M, E) is (E, M, K). Stored types: the run's weight type (presets.WEIGHT_TYPES)
+for mat-mul weights and the token embedding table — or, where a row (ne0) is no multiple of a K-quant's 256,
+the type llama.cpp's quantizer falls back to (presets.preset_type; `Model.fallbacks` names them) — F32 for
+norm weights and the MoE router. The KV cache is F16, ne = (head_dim * n_head_kv, n_ctx) per layer, K and V
+alike (flash attention), zeroed on load.
+
+F32, F16 and Q8_0 weights are drawn on a device by rng_fill; the other types have no device generator: their
+F32 values are drawn on the host with the same generator, quantised there (graphdiag.quants, ggml's reference
+quantisers) and uploaded, so the device holds the bytes the host's copy holds.
 """
 
 from __future__ import annotations
@@ -32,8 +38,12 @@ from ..ir.arena import Arena
 from ..ir.build import Ctx, contiguous_nb
 from ..ir.dtypes import GGMLType
 from ..ir.tensor import Tensor
-from ..memory import aligned, dequantize_q8_0, quantize_q8_0
-from .presets import ModelConfig
+from ..memory import aligned, quantize_q8_0
+from ..quants import dequantize, quantize
+from .presets import ModelConfig, preset_type
+
+# Types the rng_fill kernel draws on a device (kernels/rng.cu); the others are drawn and quantised on the host.
+DEVICE_FILL = (GGMLType.F32, GGMLType.F16, GGMLType.Q8_0)
 
 # Tensor-name suffixes of the expert stacks: the ops using them run where they live (--n-cpu-moe).
 EXPERT_SUFFIXES = ("ffn_gate_exps.weight", "ffn_up_exps.weight", "ffn_down_exps.weight")
@@ -41,12 +51,14 @@ EXPERT_SUFFIXES = ("ffn_gate_exps.weight", "ffn_up_exps.weight", "ffn_down_exps.
 
 @dataclass
 class Layer:
-    attn_norm: Tensor
-    wq: Tensor
-    wk: Tensor
-    wv: Tensor
-    wo: Tensor
-    ffn_norm: Tensor
+    """One layer's structs; a field the architecture (or the file) does not have stays None."""
+
+    attn_norm: Tensor = None
+    wq: Tensor = None
+    wk: Tensor = None
+    wv: Tensor = None
+    wo: Tensor = None
+    ffn_norm: Tensor = None
     k_cache: Tensor = None
     v_cache: Tensor = None
     ffn_gate: Tensor | None = None
@@ -56,6 +68,13 @@ class Layer:
     ffn_gate_exps: Tensor | None = None
     ffn_up_exps: Tensor | None = None
     ffn_down_exps: Tensor | None = None
+    bq: Tensor | None = None            # Q/K/V biases (qwen2; any file with attn_q/k/v.bias)
+    bk: Tensor | None = None
+    bv: Tensor | None = None
+    attn_q_norm: Tensor | None = None   # QK-norm weights, (head_dim,) (qwen3, gemma3)
+    attn_k_norm: Tensor | None = None
+    attn_post_norm: Tensor | None = None   # post-attention and post-FFN norms, (n_embd,) (gemma3)
+    ffn_post_norm: Tensor | None = None
 
 
 @dataclass
@@ -72,6 +91,7 @@ class Model:
     host: Mapping[str, np.ndarray] = field(default_factory=dict)   # HostWeights when the model has values
     seed: int | None = None   # None: a structure-only model (weights load as zeros), or a file's
     file: object = None       # the GgufModel the weights come from (model/gguf_io.py), else None
+    fallbacks: dict[str, GGMLType] = field(default_factory=dict)   # preset weights not in wtype: name -> type
     _dense: dict[str, np.ndarray] = field(default_factory=dict, repr=False)
 
     def tensors(self) -> list[Tensor]:
@@ -82,58 +102,64 @@ class Model:
         """The stored weight `name` dequantised to float32 (numpy axes outermost first); cached."""
         if name not in self._dense:
             a = self.host[name]
-            self._dense[name] = dequantize_q8_0(a) if a.dtype.names else a.astype(np.float32)
+            self._dense[name] = dequantize(a) if a.dtype.names else a.astype(np.float32)
         return self._dense[name]
 
 
-def _weight(ctx: Ctx, t: GGMLType, ne, name: str, types: Mapping[str, GGMLType] | None = None) -> Tensor:
-    """A weight struct of type `t`, or of its own type in `types` (a file's)."""
-    return ctx.new_tensor(types.get(name, t) if types else t, ne, name)
+def _weight(ctx: Ctx, t: GGMLType, ne, name: str, types: Mapping[str, GGMLType] | None = None,
+            fallbacks: dict[str, GGMLType] | None = None) -> Tensor:
+    """A weight struct of type `t`, or of its own type in `types` (a file's). A preset's weight whose rows do
+    not fit `t`'s blocks takes llama.cpp's fallback type, recorded in `fallbacks`."""
+    if types:
+        return ctx.new_tensor(types.get(name, t), ne, name)
+    got = preset_type(t, ne[0])
+    if got != t and fallbacks is not None:
+        fallbacks[name] = got
+    return ctx.new_tensor(got, ne, name)
 
 
-def _layer_structs(ctx: Ctx, cfg: ModelConfig, wt: GGMLType, il: int,
-                   types: Mapping[str, GGMLType] | None = None) -> Layer:
-    p, d, dkv = f"blk.{il}.", cfg.n_embd, cfg.n_embd_kv
-    lay = Layer(
-        attn_norm=_weight(ctx, GGMLType.F32, (d,), p + "attn_norm.weight", types),
-        wq=_weight(ctx, wt, (d, d), p + "attn_q.weight", types),
-        wk=_weight(ctx, wt, (d, dkv), p + "attn_k.weight", types),
-        wv=_weight(ctx, wt, (d, dkv), p + "attn_v.weight", types),
-        wo=_weight(ctx, wt, (d, d), p + "attn_output.weight", types),
-        ffn_norm=_weight(ctx, GGMLType.F32, (d,), p + "ffn_norm.weight", types),
-    )
-    if cfg.is_moe:
-        e, f = cfg.n_expert, cfg.n_ff_exp
-        lay.ffn_gate_inp = _weight(ctx, GGMLType.F32, (d, e), p + "ffn_gate_inp.weight", types)
-        lay.ffn_gate_exps = _weight(ctx, wt, (d, f, e), p + "ffn_gate_exps.weight", types)
-        lay.ffn_up_exps = _weight(ctx, wt, (d, f, e), p + "ffn_up_exps.weight", types)
-        lay.ffn_down_exps = _weight(ctx, wt, (f, d, e), p + "ffn_down_exps.weight", types)
-    else:
-        lay.ffn_gate = _weight(ctx, wt, (d, cfg.n_ff), p + "ffn_gate.weight", types)
-        lay.ffn_up = _weight(ctx, wt, (d, cfg.n_ff), p + "ffn_up.weight", types)
-        lay.ffn_down = _weight(ctx, wt, (cfg.n_ff, d), p + "ffn_down.weight", types)
-    return lay
+def _specs(cfg: ModelConfig):
+    """The arch's persistent weights of `cfg`, in creation order (model/arch/)."""
+    from .arch import get_arch
+    return get_arch(cfg.arch).tensors(cfg)
+
+
+def _kv_layers(cfg: ModelConfig) -> list[tuple[int, int]]:
+    """(layer, cells) of each K/V cache in creation order: the arch's (gemma3's iSWA cache: two sizes), else
+    every layer in order with n_ctx cells."""
+    from .arch import get_arch
+    own = getattr(get_arch(cfg.arch), "kv_layers", None)
+    return own(cfg) if own is not None else [(il, cfg.n_ctx) for il in range(cfg.n_layer)]
 
 
 def create_model(cfg: ModelConfig, wtype: GGMLType = GGMLType.F16, seed: int = 0, arena: Arena | None = None,
                  with_data: bool = True, types: Mapping[str, GGMLType] | None = None) -> Model:
-    """Build the persistent structs in `arena` (then freeze it). `with_data`: the weights have values (drawn
-    from `seed` where they are loaded, and on the host on first read); else they load as zeros. `types`:
-    each weight's own type where it has one (a file's), else `wtype`."""
+    """Build the persistent structs in `arena` (then freeze it): the architecture's weights in its order
+    (model/arch/), then the KV caches. `with_data`: the weights have values (drawn from `seed` where they
+    are loaded, and on the host on first read); else they load as zeros. `types`: each weight's own type
+    where it has one (a file's), else `wtype` (norms, biases and the router: F32)."""
     arena = arena if arena is not None else Arena()
     if arena.top != 0:
         raise ValueError("create_model needs an empty arena: the model is its persistent region")
     ctx = Ctx(arena)
     wt = GGMLType(wtype)
-    tok_embd = _weight(ctx, wt, (cfg.n_embd, cfg.n_vocab), "token_embd.weight", types)
-    layers = [_layer_structs(ctx, cfg, wt, il, types) for il in range(cfg.n_layer)]
-    output_norm = _weight(ctx, GGMLType.F32, (cfg.n_embd,), "output_norm.weight", types)
-    output = _weight(ctx, wt, (cfg.n_embd, cfg.n_vocab), "output.weight", types)
-    for il, lay in enumerate(layers):
-        lay.k_cache = ctx.new_tensor(GGMLType.F16, (cfg.n_embd_kv, cfg.n_ctx), f"cache_k_l{il}")
-        lay.v_cache = ctx.new_tensor(GGMLType.F16, (cfg.n_embd_kv, cfg.n_ctx), f"cache_v_l{il}")
+    fb: dict[str, GGMLType] = {}
+    layers = [Layer() for _ in range(cfg.n_layer)]
+    top: dict[str, Tensor] = {}
+    for spec in _specs(cfg):
+        t = _weight(ctx, GGMLType.F32 if spec.f32_only else wt, spec.ne, spec.name, types, fb)
+        if spec.layer is None:
+            top[spec.field] = t
+        else:
+            setattr(layers[spec.layer], spec.field, t)
+    for il, cells in _kv_layers(cfg):
+        lay = layers[il]
+        lay.k_cache = ctx.new_tensor(GGMLType.F16, (cfg.n_embd_kv, cells), f"cache_k_l{il}")
+        lay.v_cache = ctx.new_tensor(GGMLType.F16, (cfg.n_embd_kv, cells), f"cache_v_l{il}")
     arena.freeze()
-    model = Model(cfg, wt, arena, tok_embd, output_norm, output, layers)
+    # a tied output is the embedding itself (llama.cpp's TENSOR_DUPLICATED: one tensor, read twice)
+    output = top["tok_embd"] if cfg.tied_output else top["output"]
+    model = Model(cfg, wt, arena, top["tok_embd"], top["output_norm"], output, layers, fallbacks=fb)
     if with_data:
         model.seed = seed
         model.host = HostWeights(model, seed)   # nothing drawn until the host reads a weight
@@ -141,9 +167,12 @@ def create_model(cfg: ModelConfig, wtype: GGMLType = GGMLType.F16, seed: int = 0
 
 
 def _store(x: np.ndarray, t: GGMLType) -> np.ndarray:
+    """float32 values -> the stored array of type `t`. Q8_0 rounds halves to even as rng_fill_q8_0 does
+    (memory.quantize_q8_0; ggml's reference rounds them away from zero: equal but at exact halves); every
+    other type is ggml's reference quantiser."""
     if t == GGMLType.Q8_0:
         return quantize_q8_0(x)
-    return x.astype(np.float16) if t == GGMLType.F16 else x.astype(np.float32)
+    return quantize(x, t)
 
 
 def value_spec(t: Tensor) -> tuple[np.float32, np.float32]:
@@ -227,6 +256,7 @@ class WeightBuffer:
 Progress = Callable[[int, int], None]
 LOAD_PROGRESS: contextvars.ContextVar[Progress | None] = contextvars.ContextVar("load_progress", default=None)
 LOUD_BYTES = 1 << 30
+LOUD_HOST_BYTES = 16 << 20       # host-quantised weights show progress from here (K-quants: ~5 M weights/s/core)
 HOST_MARGIN = 512 << 20          # host bytes kept free beyond the model (activations, temporaries)
 SIM_HEADROOM = 1 << 30           # simulated device bytes beyond the model (compute buffers, the pool)
 
@@ -300,12 +330,21 @@ def load_model(model: Model, gpu: Backend | list[Backend], cpu: Backend | None =
     total = sum(t.nbytes() for t in model.tensors())
     if progress is None and not all(d is None or d[0].computes for d in map(_device, gpus)):
         progress = _no_progress   # decisions-only: the memory is reserved and the fills modelled, at once
-    with _progress(progress, total, f"{model.cfg.name} {model.wtype.name} weights") as tick:
+    label = f"{model.cfg.name} {model.wtype.name} weights"
+    hosted = sum(t.nbytes() for t in model.tensors() if _host_quantised(model, t))
+    if hosted:
+        label += f" ({hosted:,} bytes drawn and quantised on the host)"
+    with _progress(progress, total, label, loud=total >= LOUD_BYTES or hosted >= LOUD_HOST_BYTES) as tick:
         buffers = []
         for gi, backend in enumerate([*gpus, cpu]):
             if groups[gi]:
                 buffers.append(_upload_group(model, backend, groups[gi], tick))
     return buffers
+
+
+def _host_quantised(model: Model, t: Tensor) -> bool:
+    """Whether loading draws and quantises weight `t` on the host although a device holds it."""
+    return model.file is None and model.seed is not None and t.type not in DEVICE_FILL and t.name in model.host
 
 
 def _no_progress(done: int, total: int) -> None:
@@ -315,11 +354,12 @@ def _no_progress(done: int, total: int) -> None:
 class _progress:
     """Context manager yielding tick(nbytes): the caller's callback, or a rich bar on stderr (big models)."""
 
-    def __init__(self, fn: Progress | None, total: int, label: str):
+    def __init__(self, fn: Progress | None, total: int, label: str, loud: bool = False):
         self.fn, self.total, self.label, self.done, self.bar = fn or LOAD_PROGRESS.get(), total, label, 0, None
+        self.loud = loud
 
     def __enter__(self) -> Callable[[int], None]:
-        if self.fn is None and self.total >= LOUD_BYTES:
+        if self.fn is None and self.loud:
             from rich.console import Console
             from rich.progress import BarColumn, DownloadColumn, Progress as Bar, TextColumn, TimeElapsedColumn
             self.bar = Bar(TextColumn("{task.description}"), BarColumn(), DownloadColumn(), TimeElapsedColumn(),
@@ -360,8 +400,12 @@ def _upload_group(model: Model, backend: Backend, tensors: list[Tensor], tick) -
     for t in tensors:
         t.data, t.buffer = base + off, base
         weight = (model.seed is not None or model.file is not None) and t.name in model.host
-        if dev is not None and weight and model.file is None:
+        if dev is not None and weight and model.file is None and t.type in DEVICE_FILL:
             _fill_on_device(*dev, t, model.seed)
+        elif dev is not None and weight and model.file is None and not getattr(dev[0], "computes", True):
+            dev[0].memset_d8(t.data, 0, t.nbytes(), dev[1])   # decisions only: no bytes are kept, none drawn
+        elif dev is not None and weight and model.file is None:
+            backend.tensor_set(t.data, model.host.draw(t.name))     # drawn and quantised on the host
         elif weight and model.file is not None:
             backend.tensor_set(t.data, model.host.draw(t.name))     # the file's bytes, uploaded as they are
         elif dev is not None:

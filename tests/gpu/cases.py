@@ -10,6 +10,7 @@ from graphdiag.backends.geometry import FAM_ROWS, fa_mma_blocks, fa_split, fa_ve
 from graphdiag.backends.kernels import KERNELS, W_TYPES, fa_mma_kernel, fa_vec_kernel
 from graphdiag.ir.dtypes import GGMLType as G
 from quant_cases import quant_cases
+from cases_ops import op_cases
 from kernel_cases import F16_OUT, F32_DOT, F32_ELEM, FA_MMA, ROPE, TC_DOT, Case
 
 WT = {"f32": G.F32, "f16": G.F16, "q8_0": G.Q8_0}
@@ -356,7 +357,7 @@ def rng_fill_cases() -> list[Case]:
 def all_cases() -> list[Case]:
     cases = (mat_vec_cases() + mat_mat_cases() + glu_cases() + mmv_add_cases() + quantize_cases() + moe_cases() + get_rows_cases() + norm_cases()
              + elementwise_cases() + rope_cases() + set_rows_cases() + flash_attn_cases() + top_k_cases() + rng_fill_cases()
-             + quant_cases())
+             + quant_cases() + op_cases())
     missing = set(KERNELS) - {c.kernel for c in cases}
     assert not missing, f"kernels without a test case: {sorted(missing)}"
     return cases

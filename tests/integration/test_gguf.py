@@ -104,7 +104,7 @@ def test_a_good_small_file_loads(tmp_path, capsys):
 
 
 @pytest.mark.parametrize("kind,needle", [
-    ("arch", "architecture 'gemma3' is not supported (supported: llama)"),
+    ("arch", "architecture 'phi3' is not supported (supported: llama, qwen2, qwen3"),
     ("missing", "tensor blk.1.ffn_up.weight is missing"),
     ("shape", "tensor blk.0.attn_q.weight has shape [96, 128], expected [128, 128]"),
     ("norm-type", "tensor blk.0.attn_norm.weight is F16, which graphdiag does not compute (supported: F32)"),
@@ -114,7 +114,7 @@ def test_a_good_small_file_loads(tmp_path, capsys):
 def test_a_file_graphdiag_cannot_run_is_refused_in_one_line(tmp_path, capsys, kind, needle):
     p = tmp_path / f"{kind}.gguf"
     if kind == "arch":
-        _write(p, arch="gemma3")
+        _write(p, arch="phi3")
     elif kind == "missing":
         _write(p, drop=("blk.1.ffn_up.weight",))
     elif kind == "shape":

@@ -4,7 +4,8 @@ import numpy as np
 import pytest
 
 from graphdiag.ir.arena import Arena
-from graphdiag.model.build import DECODE, PREFILL, GraphParams, GraphTemplates, build_graph
+from graphdiag.model.build import DECODE, PREFILL, GraphParams, build_graph
+from graphdiag.model.templates import GraphTemplates
 from graphdiag.model.presets import PRESETS
 from graphdiag.model.weights import create_model
 

@@ -19,7 +19,7 @@ ROOT = Path(__file__).resolve().parents[2] / "graphdiag"
 # module paths under graphdiag ("" is the package itself); a name covers its sub-modules.
 FLOORS = (
     ("base", ("", "errors", "events", "counters", "release", "resources", "plan", "_toml_lines", "interrupts")),
-    ("engine", ("ir", "memory", "backends", "model", "sched", "sim_mode")),
+    ("engine", ("ir", "quants", "memory", "backends", "model", "sched", "sim_mode")),
     ("settings", ("config", "scenario")),
     ("record", ("report", "report.record")),         # report/__init__ is a docstring
     ("sources", ("report.sources",)),

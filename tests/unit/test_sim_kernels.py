@@ -48,12 +48,17 @@ def rand(*shape):
 
 def test_every_catalogue_kernel_has_a_sim_implementation():
     assert set(SIM_KERNELS) == set(KERNELS)
-    assert len([k for k in SIM_KERNELS if not k.startswith("rng_fill_")]) == 54   # 12 decode + 3 batch attention entries
+    from graphdiag.backends.kernels import Q_TYPES, X_TYPES
+    n_quant = len([k for k in SIM_KERNELS if any(k.endswith("_" + w) for w in (*Q_TYPES, *X_TYPES))
+                   and not k.startswith("rng_fill_")])
+    # 64 for F32/F16/Q8_0 and the Gemma/Qwen ops (16 decode + 4 batch attention entries among them), the rest per new weight type
+    assert len([k for k in SIM_KERNELS if not k.startswith("rng_fill_")]) - n_quant == 64
+    assert n_quant > 0
 
 
 def test_unknown_kernel_is_not_found():
     with pytest.raises(CudaError, match="CUDA_ERROR_NOT_FOUND"):
-        run_kernel(AddressSpace(0x1000), "mul_mat_vec_q4_0", new_params())
+        run_kernel(AddressSpace(0x1000), "mul_mat_vec_q2_k", new_params())   # a type graphdiag has no kernel for
 
 
 def test_rms_norm_and_add_follow_cpu_ops():

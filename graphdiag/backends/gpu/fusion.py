@@ -8,7 +8,12 @@ their conditions are upstream ggml's, in try_fuse's order, for the ops graphdiag
   mul_mat_vec+glu        gate/up mat-vec + GLU, only when the mat-vec writes ONE column (1 token)
   mul_mat_vec+add        a mat-vec and the ADD of a same-shaped operand (the residual), only at 1 token
   mul_mat_id_vec+glu     the experts' gate/up mat-vec + GLU (MoE), only at 1 token
-  rms_norm+mul           any batch
+  rms_norm+mul(+...)     any batch: with rope(+view+set_rows), with add, or alone (fusion_norm.py)
+
+The GLU may be SWIGLU or GEGLU (Gemma 3), its gate either mat-mul of the pair; mul_mat_vec+add also takes
+Qwen2's Q/K/V bias at 1 token (the bias (M,) has the one-column result's shape; a batch broadcasts: no fusion).
+Not made yet: upstream's multi-ADD chain (moe-tiny's sum over the used experts would fuse) and topk-moe;
+snake, the NVFP4 scale fusions and softcap match no graph here.
 
 So a decode step at 1 token fuses more (and launches fewer kernels) than at 2: a 1 <-> 2 token change
 changes the captured CUDA graph's topology (the update is refused), 8 <-> 9 does not.
@@ -18,105 +23,22 @@ in for them, so that condition always holds here as it always does in llama.cpp.
 
 from __future__ import annotations
 
-import struct
-from dataclasses import dataclass
-
-import numpy as np
-
 from ...ir.dtypes import GGMLType, is_quantized, type_size
 from ...ir.graph import Graph
-from ...ir.ops import VIEW_OPS, GluOp, Op, TensorFlag
-from ...ir.arena import TENSOR_SIZE
-from ...ir.tensor import _O_SRC, _SRC, Tensor
+from ...ir.ops import GluOp, Op
+from ...ir.tensor import Tensor
 from .compat import CC_AMPERE, CC_PASCAL, MMVQ_MAX_BATCH_SIZE
+from .fusion_graph import (_COMPUTE, Fusion, _can_fuse, _memory_ranges_ok, _single_use, consumer_counts,
+                           launching_nodes)
+from .fusion_norm import (RMS_NORM_MUL, RMS_NORM_MUL_ADD, RMS_NORM_MUL_ROPE, RMS_NORM_MUL_ROPE_SET_ROWS,
+                          ROPE_NEOX, ROPE_NORMAL, rope_set_rows_ok, try_fuse_norm)
 
-RMS_NORM_MUL = "rms_norm+mul"
 MMV_GLU = "mul_mat_vec+glu"
 MMV_ADD = "mul_mat_vec+add"
 MMID_GLU = "mul_mat_id_vec+glu"
 ROPE_SET_ROWS = "rope+view+set_rows"
 
-ROPE_NORMAL, ROPE_NEOX = 0, 2
 _GLU_FUSABLE = (GluOp.SWIGLU, GluOp.GEGLU)
-_COMPUTE, _OUTPUT = int(TensorFlag.COMPUTE), int(TensorFlag.OUTPUT)   # ints: an IntFlag's & runs Python code
-_SRC01 = struct.Struct("<2Q")                 # a struct's src[0] and src[1]
-
-
-@dataclass(frozen=True)
-class Fusion:
-    pattern: str
-    absorbed: int
-
-
-def consumer_counts(graph: Graph) -> dict[int, int]:
-    """How many nodes of the graph read each struct (by arena index), through their src pointers."""
-    rec = graph.arena.rec
-    src = rec["src"][graph.nodes]
-    addrs = src[src != 0]
-    idx = ((addrs - np.uint64(graph.arena.base)) // np.uint64(rec.dtype.itemsize)).astype(np.int64)
-    uniq, cnt = np.unique(idx, return_counts=True)
-    return dict(zip(uniq.tolist(), cnt.tolist()))
-
-
-def launching_nodes(graph: Graph) -> list[bool]:
-    """Per node: does the capture loop issue it (not a view/no-op, flag COMPUTE)? One vectorised pass."""
-    rec = graph.arena.rec
-    nodes = graph.nodes
-    ops, flags = rec["op"][nodes], rec["flags"][nodes]
-    noop = np.isin(ops, VIEW_OPS) | (rec["ne"][nodes] == 0).any(axis=1)
-    return (~noop & (flags & TensorFlag.COMPUTE.value != 0)).tolist()
-
-
-def _single_use(t: Tensor, consumers: dict[int, int]) -> bool:
-    """ggml_node_has_n_uses(.., 1): one reader, not a view, not an output."""
-    return consumers.get(t.idx, 0) == 1 and t.view_src is None and not t.flags & _OUTPUT
-
-
-def _can_fuse(graph: Graph, i: int, ops: tuple[Op, ...], consumers: dict[int, int]) -> bool:
-    """ggml_can_fuse: consecutive nodes with these ops, each (but the last) read once and by the next,
-    all of the same shape and all COMPUTE."""
-    if i + len(ops) > graph.n_nodes:
-        return False
-    mem, base = graph.arena.mem, graph.arena.base
-    prev = None
-    for k, op in enumerate(ops):
-        t = graph.node(i + k)
-        if t.op != op or not t.flags & _COMPUTE:
-            return False
-        if k < len(ops) - 1 and not _single_use(t, consumers):
-            return False
-        if prev is not None:
-            # prev is t.src[0] or t.src[1]: compared as struct addresses (one arena), no Tensor built
-            a = base + prev.idx * TENSOR_SIZE
-            if a not in _SRC01.unpack_from(mem, t.idx * TENSOR_SIZE + _O_SRC) or t.ne != prev.ne:
-                return False
-        prev = t
-    return True
-
-
-def _memory_ranges_ok(graph: Graph, i: int, n: int, out: int) -> bool:
-    """ggml_cuda_check_fusion_memory_ranges: the fused kernel writes node `out`; no source of the n fused
-    nodes (other than a node the fusion elides, i.e. an earlier node of the group) may overlap that output,
-    or the kernel would overwrite what it still reads. Sources without an op (weights, inputs) are skipped."""
-    dst = graph.node(out)
-    lo = dst.data
-    if lo == 0:
-        return True             # not allocated (a graph built without memory): nothing can overlap
-    hi = lo + dst.nbytes()
-    arena, nodes = graph.arena, graph.nodes
-    mem, base = arena.mem, arena.base
-    group = {int(nodes[k]): k for k in range(i, i + n)}
-    for j in range(i, i + n):
-        for a in _SRC.unpack_from(mem, int(nodes[j]) * TENSOR_SIZE + _O_SRC):   # Tensors only for sources
-            if not a:
-                continue
-            s = Tensor(arena, (a - base) // TENSOR_SIZE)
-            if s.op == Op.NONE:
-                continue
-            s_lo = s.data
-            if s_lo < hi and lo < s_lo + s.nbytes() and not (s.idx in group and group[s.idx] < j):
-                return False
-    return True
 
 
 def _mmvf_ok(mm: Tensor, cc: int) -> bool:
@@ -168,9 +90,7 @@ def _rope_set_rows(graph: Graph, i: int, consumers) -> bool:
     if not (consumers.get(rope.idx, 0) == 1 and consumers.get(view.idx, 0) == 1 and view.src[0] == rope
             and sr.src[1] == view and sr.flags & _COMPUTE):
         return False
-    return (rope.src[0].ne[3] == 1 and sr.type in (GGMLType.F32, GGMLType.F16)
-            and view.ne[0] == rope.ne[0] * rope.ne[1] and rope.param_i32(2) in (ROPE_NORMAL, ROPE_NEOX)
-            and _memory_ranges_ok(graph, i, 3, i + 2))
+    return rope_set_rows_ok(rope, view, sr) and _memory_ranges_ok(graph, i, 3, i + 2)
 
 
 def _mmv_glu(graph: Graph, i: int, consumers, cc: int, op: Op = Op.MUL_MAT) -> bool:
@@ -188,8 +108,8 @@ def _mmv_glu(graph: Graph, i: int, consumers, cc: int, op: Op = Op.MUL_MAT) -> b
         return False
     if not (_single_use(gate, consumers) and _single_use(up, consumers)):
         return False            # ggml_can_fuse_subgraph: gate and up are read only by the GLU
-    if glu.src[0] != gate or glu.src[1] != up or glu.param_i32(0) not in _GLU_FUSABLE or glu.param_i32(1):
-        return False
+    if {glu.src[0], glu.src[1]} != {gate, up} or glu.param_i32(0) not in _GLU_FUSABLE or glu.param_i32(1):
+        return False            # try_fuse takes the two mat-muls in either order: the GLU says which gates
     wg, wu = gate.src[0], up.src[0]
     if wg.type != wu.type or wg.ne != wu.ne or wg.nb != wu.nb or gate.src[1] != up.src[1]:
         return False
@@ -207,19 +127,6 @@ def _mmv_add(graph: Graph, i: int, consumers, cc: int) -> bool:
     return s[0].ne == s[1].ne   # no broadcasting add
 
 
-def _rms_norm_mul(graph: Graph, i: int, consumers) -> bool:
-    if not _can_fuse(graph, i, (Op.RMS_NORM, Op.MUL), consumers):
-        return False
-    norm, mul = graph.node(i), graph.node(i + 1)
-    a, b = mul.src[:2]
-    if GGMLType.F32 != mul.type or a.type != GGMLType.F32 or b.type != GGMLType.F32:
-        return False
-    if norm == b and a.ne != norm.ne:
-        return False            # rms_norm as the B operand: no broadcast
-    # no memory-range check upstream: the fused kernel reads a row whole before it writes it (in place is safe)
-    return all(t.nb[0] == type_size(t.type) for t in (a, b))
-
-
 _FUSION_FIRST = frozenset({Op.ROPE, Op.MUL_MAT, Op.MUL_MAT_ID, Op.RMS_NORM})   # where try_fuse can match
 
 
@@ -235,8 +142,8 @@ def try_fuse(graph: Graph, i: int, consumers: dict[int, int], cc: int = 900) -> 
             return Fusion(MMV_ADD, 1)
     if op == Op.MUL_MAT_ID and _mmv_glu(graph, i, consumers, cc, Op.MUL_MAT_ID):
         return Fusion(MMID_GLU, 2)
-    if op == Op.RMS_NORM and _rms_norm_mul(graph, i, consumers):
-        return Fusion(RMS_NORM_MUL, 1)
+    if op == Op.RMS_NORM:
+        return try_fuse_norm(graph, i, consumers)
     return None
 
 

@@ -27,15 +27,18 @@ from __future__ import annotations
 import numpy as np
 
 from ...ir.arena import TENSOR_SIZE
+from ...ir.attention import fa_operands
 from ...ir.dtypes import QK8_0, GGMLType, is_quantized
 from ...ir.graph import Graph
-from ...ir.ops import Op
+from ...ir.ops import GluOp, Op
 from ...ir.tensor import Tensor
 from .. import abi
 from ..drivers.base import Driver, Launch
 from .compat import MMVQ_MAX_BATCH_SIZE, mul_mat_id_needs_sync, mul_mat_path
 from .descriptors import DescriptorTable
 from .fusion import MMID_GLU, MMV_ADD, MMV_GLU, RMS_NORM_MUL, ROPE_SET_ROWS, Fusion
+from .fusion_graph import other_src
+from .fusion_norm import RMS_NORM_MUL_ADD, RMS_NORM_MUL_ROPE, RMS_NORM_MUL_ROPE_SET_ROWS
 from ..abi import Q8_1, Q8_1_BYTES
 from ..geometry import (FA_HEAD_DIMS, FA_MAX_ROWS, fa_plan, fa_vec, geometry_of_bytes, launch_geometry,
                         mmv_warps_per_row)
@@ -209,8 +212,13 @@ def lower_node(graph: Graph, i: int, fusion: Fusion | None, cc: int, d: "Descrip
         return KernelOp(_launch(d, "soft_max_f32", [node, s[0]], fp=(node.param_f32(0),)))
     if op == Op.TOP_K:
         return KernelOp(_launch(d, "top_k_f32", [node, s[0]], ip=(node.param_i32(0),)))
-    if op == Op.GLU:
-        return KernelOp(_launch(d, "glu_swiglu_f32", [node, s[0], s[1]]))
+    if op == Op.GLU:   # split form only (src1 set, not swapped): the CPU backend refuses the others alike
+        glu = {GluOp.SWIGLU: "glu_swiglu_f32", GluOp.GEGLU: "glu_geglu_f32"}.get(node.param_i32(0))
+        if glu is None or s[1] is None or node.param_i32(1):
+            raise NotImplementedError(f"the GPU backend has no kernel for GLU op {node.param_i32(0)} (node {i} {node.name})")
+        return KernelOp(_launch(d, glu, [node, s[0], s[1]]))
+    if op == Op.SCALE:
+        return KernelOp(_launch(d, "scale_f32", [node, s[0]], fp=(node.param_f32(0), node.param_f32(1))))
     if op in (Op.CPY, Op.CONT):
         return KernelOp(_launch(d, f"cpy_f32_{_W[node.type]}", [node, s[0]]))
     raise NotImplementedError(f"the GPU backend has no kernel for {op.name} (node {i} {node.name})")
@@ -256,7 +264,7 @@ def _lower_x_mul_mat(d, node: Tensor, cc: int):
 
 def _lower_attention(d, node: Tensor) -> ScratchLaunchesOp:
     """Split-KV partials into pool scratch, then the combine: two launches whatever n_kv (grids vary)."""
-    q, k, v, mask = node.src[:4]
+    q, k, v, mask = fa_operands(node)           # llama.cpp's permuted views read through (ir/attention.py)
     hd, n_head, n_tok, nb3 = q.ne
     n_head_kv, n_kv, dv = k.ne[1], k.ne[2], v.ne[0]
     if hd not in FA_HEAD_DIMS or dv != hd or n_head % n_head_kv or n_head // n_head_kv > FA_MAX_ROWS:
@@ -273,17 +281,18 @@ def _lower_attention(d, node: Tensor) -> ScratchLaunchesOp:
 
 def _lower_fused(d, graph: Graph, i: int, f: Fusion):
     node = graph.node(i)
-    if f.pattern == RMS_NORM_MUL:
-        mul = graph.node(i + 1)
-        return KernelOp(_launch(d, "rms_norm_mul_f32", [mul, node.src[0], mul.src[1]], fp=(node.param_f32(0),)))
-    if f.pattern == MMV_GLU:
-        up, glu = graph.node(i + 1), graph.node(i + 2)
-        return _mat_product(d, f"mul_mat_vec_glu_{_W[node.src[0].type]}", [glu, node.src[0], up.src[0], node.src[1]],
+    if f.pattern in _NORM_FUSED:
+        return _lower_norm_fused(d, graph, i, f)
+    if f.pattern == MMV_GLU:       # the GLU's src[0] gates: either mat-mul of the pair may be it
+        glu = graph.node(i + 2)
+        gate, up = glu.src[0], glu.src[1]
+        return _mat_product(d, f"mul_mat_vec_glu_{_W[node.src[0].type]}", [glu, gate.src[0], up.src[0], node.src[1]],
                             x_slot=3, ip=(glu.param_i32(0),))
     if f.pattern == MMID_GLU:      # experts read float x, as the unfused MUL_MAT_ID here
-        up, glu = graph.node(i + 1), graph.node(i + 2)
+        glu = graph.node(i + 2)
+        gate, up = glu.src[0], glu.src[1]
         return KernelOp(_launch(d, f"mul_mat_id_vec_glu_{_W[node.src[0].type]}",
-                                [glu, node.src[0], up.src[0], node.src[1], node.src[2]], ip=(glu.param_i32(0),)))
+                                [glu, gate.src[0], up.src[0], node.src[1], node.src[2]], ip=(glu.param_i32(0),)))
     if f.pattern == MMV_ADD:
         add = graph.node(i + 1)
         resid = add.src[1] if add.src[0] == node else add.src[0]
@@ -297,3 +306,26 @@ def _lower_fused(d, graph: Graph, i: int, f: Fusion):
                                 ip=(node.param_i32(1), node.param_i32(2)),
                                 fp=(node.param_f32(5), node.param_f32(6))))
     raise ValueError(f"unknown fusion {f.pattern}")
+
+
+_NORM_FUSED = (RMS_NORM_MUL, RMS_NORM_MUL_ADD, RMS_NORM_MUL_ROPE, RMS_NORM_MUL_ROPE_SET_ROWS)
+
+
+def _lower_norm_fused(d, graph: Graph, i: int, f: Fusion) -> KernelOp:
+    """RMS_NORM + MUL [+ ADD | + ROPE [+ VIEW + SET_ROWS]]: one launch writing the group's last node; w is the
+    MUL's operand other than the norm, r the ADD's other than the MUL."""
+    norm, mul = graph.node(i), graph.node(i + 1)
+    x, w, eps = norm.src[0], other_src(mul, norm), norm.param_f32(0)
+    if f.pattern == RMS_NORM_MUL:
+        return KernelOp(_launch(d, "rms_norm_mul_f32", [mul, x, w], fp=(eps,)))
+    if f.pattern == RMS_NORM_MUL_ADD:
+        add = graph.node(i + 2)
+        return KernelOp(_launch(d, "rms_norm_mul_add_f32", [add, x, w, other_src(add, mul)], fp=(eps,)))
+    rope = graph.node(i + 2)
+    ip, fp = (rope.param_i32(1), rope.param_i32(2)), (eps, rope.param_f32(5), rope.param_f32(6))
+    if f.pattern == RMS_NORM_MUL_ROPE:
+        return KernelOp(_launch(d, "rms_norm_mul_rope_f32", [rope, x, w, rope.src[1]], ip=ip, fp=fp))
+    sr = graph.node(i + 4)
+    if sr.type != GGMLType.F16:
+        raise NotImplementedError("rms_norm+mul+rope+set_rows fusion needs an F16 cache")
+    return KernelOp(_launch(d, "rms_norm_mul_rope_set_rows_f16", [sr, x, w, rope.src[1], sr.src[2]], ip=ip, fp=fp))

@@ -1,0 +1,50 @@
+"""The simulator's twins of the Gemma 3 / Qwen kernels (kernels.py's _gemma_qwen_specs): scale, GEGLU and the
+RMS_NORM fusions with ADD and with ROPE (and the K-cache write). Built on cpu_ops, composing the unfused ops
+in the order the fused CUDA kernels compute them."""
+
+from __future__ import annotations
+
+from typing import Callable
+
+import numpy as np
+
+from ..errors import CudaError
+from ..ir.dtypes import GGMLType
+from ..memory import AddressSpace
+from . import cpu_ops as ops
+
+Kernel = Callable[[AddressSpace, np.ndarray], None]
+
+
+def build(view) -> dict[str, Kernel]:
+    """The kernels, reading descriptors through sim_kernels.view (passed in: that module imports this one)."""
+
+    def scale(space, p):
+        view(space, p, 0)[...] = ops.scale(view(space, p, 1), float(p["fp"][0]), float(p["fp"][1]))
+
+    def geglu(space, p):
+        view(space, p, 0)[...] = ops.geglu(view(space, p, 1), view(space, p, 2))
+
+    def norm_mul(space, p) -> np.ndarray:
+        """rms_norm(t[1], eps fp[0]) * t[2]."""
+        return ops.mul(ops.rms_norm(view(space, p, 1), float(p["fp"][0])), view(space, p, 2))
+
+    def norm_mul_add(space, p):
+        view(space, p, 0)[...] = ops.add(norm_mul(space, p), view(space, p, 3))
+
+    def norm_mul_rope_of(space, p) -> np.ndarray:
+        """rope(rms_norm(x) * w, pos t[3]) with ip = (n_dims, mode), fp = (eps, freq_base, freq_scale)."""
+        return ops.rope(norm_mul(space, p), view(space, p, 3), int(p["ip"][0]), float(p["fp"][1]),
+                        float(p["fp"][2]), int(p["ip"][1]))
+
+    def norm_mul_rope(space, p):
+        view(space, p, 0)[...] = norm_mul_rope_of(space, p)
+
+    def norm_mul_rope_set_rows(space, p):
+        name = "rms_norm_mul_rope_set_rows_f16"
+        if int(p["t"][0]["type"]) != GGMLType.F16:
+            raise CudaError("CUDA_ERROR_INVALID_VALUE", name, "t[0] is not an F16 cache")
+        ops.set_rows(view(space, p, 0), norm_mul_rope_of(space, p), view(space, p, 4))
+
+    return {"scale_f32": scale, "glu_geglu_f32": geglu, "rms_norm_mul_add_f32": norm_mul_add,
+            "rms_norm_mul_rope_f32": norm_mul_rope, "rms_norm_mul_rope_set_rows_f16": norm_mul_rope_set_rows}

@@ -1,0 +1,124 @@
+"""Kernel cases of the Gemma 3 / Qwen ops and fusions (scale, GEGLU, the norm fusions with add and rope,
+NEOX rope, per-head QK-norm rows, broadcast bias adds, GEGLU mat-vec, flash attention at head size 256)."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from graphdiag.backends.geometry import FAM_ROWS, fa_mma_blocks, fa_split
+from graphdiag.backends.kernels import fa_mma_kernel, fa_vec_kernel
+from graphdiag.ir.dtypes import GGMLType as G
+from kernel_cases import F16_OUT, F32_DOT, F32_ELEM, FA_MMA, ROPE, Case
+
+NEOX = 2
+WT = {"f32": G.F32, "f16": G.F16, "q8_0": G.Q8_0}
+
+
+def elementwise_op_cases() -> list[Case]:
+    out = []
+    c = Case("scale_f32", "scale-bias", 0.0)       # bytes equal: no FMA in the kernel
+    out.append(c.set(c.output(G.F32, 640, 3), c.randn(G.F32, 640, 3, scale=3), fp=(25.298221, 0.5)))
+    c = Case("scale_f32", "q-heads-view", 0.0)     # Gemma's Q scale on (D, H, T); x a strided view
+    xb = c.randn(G.F32, 256, 6, 2)
+    out.append(c.set(c.output(G.F32, 256, 4, 2), c.view(xb, (256, 4, 2), (4, xb.nb[1], xb.nb[2])), fp=(0.0625, 0.0)))
+    c = Case("glu_geglu_f32", "rows", F32_ELEM)
+    out.append(c.set(c.output(G.F32, 2048, 3), c.randn(G.F32, 2048, 3, scale=4), c.randn(G.F32, 2048, 3)))
+    c = Case("glu_geglu_f32", "odd-strided", F32_ELEM)
+    gb = c.randn(G.F32, 101, 2, scale=4)
+    out.append(c.set(c.output(G.F32, 99, 2), c.view(gb, (99, 2), (4, gb.nb[1])), c.randn(G.F32, 99, 2)))
+    c = Case("add_f32", "bias-row", F32_ELEM)      # Qwen2's Q bias (M,) over a batch (M, T)
+    out.append(c.set(c.output(G.F32, 896, 7), c.randn(G.F32, 896, 7), c.randn(G.F32, 896)))
+    return out
+
+
+def norm_op_cases() -> list[Case]:
+    out = []
+    c = Case("rms_norm_mul_f32", "qk-norm-heads", F32_ELEM)   # (D, H, T) rows per head, w (D,)
+    out.append(c.set(c.output(G.F32, 256, 4, 3), c.randn(G.F32, 256, 4, 3), c.randn(G.F32, 256), fp=(1e-6,)))
+    c = Case("rms_norm_mul_f32", "qk-norm-view", F32_ELEM)    # heads viewed out of a wider mat-mul result
+    xb = c.randn(G.F32, 128 * 3, 5)
+    out.append(c.set(c.output(G.F32, 128, 2, 5), c.view(xb, (128, 2, 5), (4, 512, xb.nb[1]), off=4 * 128),
+                     c.randn(G.F32, 128), fp=(1e-6,)))
+    for tag, n, t, r_rows in (("decode-640", 640, 1, 1), ("batch-640", 640, 5, 5), ("r-broadcast", 1000, 3, 1)):
+        c = Case("rms_norm_mul_add_f32", tag, F32_ELEM)
+        out.append(c.set(c.output(G.F32, n, t), c.randn(G.F32, n, t), c.randn(G.F32, n), c.randn(G.F32, n, r_rows),
+                         fp=(1e-6,)))
+    for mode in (0, NEOX):
+        for d, h, t, n_dims in ((256, 4, 3, 256), (128, 2, 2, 64)):
+            c = Case("rms_norm_mul_rope_f32", f"mode{mode}-D{d}-H{h}-T{t}-ndims{n_dims}", ROPE)
+            pos = c.ints(c.rng.integers(0, 100, t))
+            out.append(c.set(c.output(G.F32, d, h, t), c.randn(G.F32, d, h, t), c.randn(G.F32, d), pos,
+                             ip=(n_dims, mode), fp=(1e-6, 1e6 if d == 256 else 1e4, 1.0)))
+    c = Case("rms_norm_mul_rope_set_rows_f16", "neox-cache", F16_OUT)
+    out.append(c.set(c.output(G.F16, 256, 12), c.randn(G.F32, 256, 1, 3), c.randn(G.F32, 256), c.ints([5, 6, 7]),
+                     c.ints([2, 9, 4]), ip=(256, NEOX), fp=(1e-6, 10000.0, 1.0)))
+    c = Case("rms_norm_mul_rope_set_rows_f16", "normal-2heads", F16_OUT)
+    out.append(c.set(c.output(G.F16, 128, 8), c.randn(G.F32, 64, 2, 2), c.randn(G.F32, 64), c.ints([3, 4]),
+                     c.ints([7, 1]), ip=(64, 0), fp=(1e-5, 10000.0, 1.0)))
+    return out
+
+
+def rope_neox_cases() -> list[Case]:
+    out = []
+    for n_dims, base in ((256, 1e6), (64, 1e4)):
+        c = Case("rope_f32", f"neox-ndims{n_dims}-base{base:g}", ROPE)
+        pos = c.ints(c.rng.integers(0, 100, 3))
+        out.append(c.set(c.output(G.F32, 256, 4, 3), c.randn(G.F32, 256, 4, 3), pos, ip=(n_dims, NEOX),
+                         fp=(base, 1.0)))
+    c = Case("rope_set_rows_f16", "neox-cache", F16_OUT)
+    out.append(c.set(c.output(G.F16, 128, 10), c.randn(G.F32, 128, 1, 3), c.ints([5, 6, 7]), c.ints([2, 9, 4]),
+                     ip=(128, NEOX), fp=(10000.0, 1.0)))
+    return out
+
+
+def geglu_mat_vec_cases() -> list[Case]:
+    out = []
+    for w in ("f16", "q8_0", "f32"):
+        for k, m, n in ((640, 2048, 1), (512, 77, 3)):
+            c = Case(f"mul_mat_vec_glu_{w}", f"geglu-K{k}-M{m}-N{n}", F32_DOT)
+            x = c.q8_1(k, n) if w == "q8_0" else c.randn(G.F32, k, n)
+            out.append(c.set(c.output(G.F32, m, n), c.randn(WT[w], k, m), c.randn(WT[w], k, m), x, ip=(1,)))
+    return out
+
+
+def _causal(c: Case, t: int, n_kv: int, t_pad: int, visible: int) -> np.ndarray:
+    m = c.rng.standard_normal((t_pad, n_kv)).astype(np.float32) * 0.5
+    m[:, visible:] = -np.inf
+    for i in range(t):
+        m[i, visible - t + i + 1:] = -np.inf
+    return m
+
+
+def flash_attn_256_cases() -> list[Case]:
+    """Gemma 3's attention: D = 256, 4 query heads on one kv head (and the other groups of the vec entries)."""
+    out = []
+    cfgs = [("vec", 256, 4, 1, 1, 300, G.F16, 280), ("vec", 256, 1, 1, 1, 70, G.F32, None),
+            ("vec", 256, 2, 1, 2, 100, G.F16, 90), ("vec", 256, 8, 1, 1, 520, G.F16, 512),
+            ("vec", 256, 16, 4, 3, 64, None, None),
+            ("mma", 256, 4, 1, 40, 300, G.F16, 290), ("mma", 256, 4, 1, 100, 128, G.F16, 128),
+            ("mma", 256, 8, 2, 17, 96, G.F32, None), ("mma", 256, 4, 1, 9, 64, None, None)]
+    for kind, d, h, hkv, t, n_kv, mask_t, vis in cfgs:
+        name = fa_vec_kernel(d, h // hkv) if kind == "vec" else fa_mma_kernel(d)
+        c = Case(name, f"D{d}-H{h}-Hkv{hkv}-T{t}-kv{n_kv}-{'nomask' if mask_t is None else mask_t.name}",
+                 FA_MMA if kind == "mma" else F32_DOT)
+        kc, vc = c.randn(G.F16, d * hkv, n_kv + 3), c.randn(G.F16, d * hkv, n_kv + 3)
+        kview = c.view(kc, (d, hkv, n_kv), (2, 2 * d, kc.nb[1]))
+        vview = c.view(vc, (d, hkv, n_kv), (2, 2 * d, vc.nb[1]))
+        mask = None if mask_t is None else c.put(mask_t, _causal(c, t, n_kv, -(-t // 8) * 8, vis or n_kv))
+        if kind == "mma":
+            tq, blocks, cap = FAM_ROWS, fa_mma_blocks(h, hkv, t), max(1, n_kv // (d + 2))
+        else:
+            tq, blocks, cap = 1, hkv * t, None
+        n_split, chunk = fa_split(n_kv, blocks, cap)
+        out.append(c.set(c.output(G.F32, d + 2, n_split, h, t), c.randn(G.F32, d, h, t), kview, vview, mask,
+                         ip=(chunk, tq), fp=(1.0 / 16.0,)))
+    c = Case("flash_attn_combine_f32", "Dv256-splits6-H4-T1", F32_DOT)
+    part = c.rng.standard_normal((1, 4, 6, 258)).astype(np.float32)
+    part[..., 257] = c.rng.uniform(0.5, 10.0, (1, 4, 6))
+    out.append(c.set(c.output(G.F32, 256, 4, 1), c.put(G.F32, part)))
+    return out
+
+
+def op_cases() -> list[Case]:
+    return (elementwise_op_cases() + norm_op_cases() + rope_neox_cases() + geglu_mat_vec_cases()
+            + flash_attn_256_cases())
