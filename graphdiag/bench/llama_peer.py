@@ -43,10 +43,10 @@ def export_row_model(row: dict, folder: Path) -> Path:
     return path
 
 
-def llama_decode_stats(model: Path, steps: int, prompt_tokens: int, graphs: bool, folder: Path) -> dict:
-    """decode_stats of a `graphdiag llama` child run (replay steps with graphs, eager without)."""
+def llama_decode_stats(model: Path, steps: int, prompt_tokens: int, graphs: bool, folder: Path, decode_stats) -> dict:
+    """`decode_stats` (steps.py's, handed in: steps.py calls this module) of a `graphdiag llama` child run:
+    its replayed steps with graphs, its eager ones without."""
     from ..report.record.read import read_record
-    from .steps import decode_stats
     rec = folder / f"{model.stem}-{'on' if graphs else 'off'}.jsonl"
     argv = [sys.executable, "-m", "graphdiag", "llama", str(model), "--steps", str(steps), "--prompt-tokens",
             str(prompt_tokens), "--events", str(rec), "--raw", str(rec.with_suffix(".raw.jsonl")), "--json"]
@@ -64,14 +64,14 @@ def llama_decode_stats(model: Path, steps: int, prompt_tokens: int, graphs: bool
     return decode_stats(events, "replay" if graphs else "eager")
 
 
-def add_llama_peer(row: dict, steps: int, prompt_tokens: int, folder: Path, progress) -> None:
+def add_llama_peer(row: dict, steps: int, prompt_tokens: int, folder: Path, progress, decode_stats) -> None:
     """llama.cpp's replayed and eager decode step next to graphdiag's, with the ratios."""
     from .timing import host_reference_us
     model = export_row_model(row, folder)
     row["llama_host_ref_us"] = host_reference_us()
     for graphs, key in ((True, "replay"), (False, "eager")):
         progress.start(f"{row['model']} {row['wtype']} llama.cpp graphs {'on' if graphs else 'off'}", 1)
-        st = llama_decode_stats(model, steps, prompt_tokens, graphs, folder)
+        st = llama_decode_stats(model, steps, prompt_tokens, graphs, folder, decode_stats)
         progress.advance()
         row[f"llama_{key}_ms"], row[f"llama_{key}_p90_ms"] = st.get("ms"), st.get("p90_ms")
         row[f"llama_{key}_steps"] = st.get("steps", 0)

@@ -359,7 +359,7 @@ def bench_steps(opts: StepsOptions, progress: Progress | None = None) -> list[di
         for row in rows:
             if row["kind"] == "decode" and not row["simulated"]:
                 prompt = resolve(_decode_settings(opts, row["model"], row["wtype"])).prompt_tokens
-                add_llama_peer(row, opts.steps, prompt, folder, progress)
+                add_llama_peer(row, opts.steps, prompt, folder, progress, decode_stats)
     for row in rows:
         if _wants_peer(opts, row):
             add_torch_peer(row, progress)

@@ -35,12 +35,12 @@ def test_peer_errors_before_any_row(capsys, monkeypatch, argv, message):
 def test_llama_peer_figures(monkeypatch, tmp_path):
     calls = []
 
-    def stats(model, steps, prompt, graphs, folder):
+    def stats(model, steps, prompt, graphs, folder, decode_stats):
         calls.append((model.name, steps, prompt, graphs))
         return {"ms": 0.19 if graphs else 0.30, "p90_ms": 0.21 if graphs else 0.33, "steps": 60}
     monkeypatch.setattr(L, "llama_decode_stats", stats)
     row = _row()
-    L.add_llama_peer(row, 64, 16, tmp_path, S.Progress())
+    L.add_llama_peer(row, 64, 16, tmp_path, S.Progress(), S.decode_stats)
     assert calls == [("tiny-f16.gguf", 64, 16, True), ("tiny-f16.gguf", 64, 16, False)]
     assert (tmp_path / "tiny-f16.gguf").stat().st_size > 1_000_000
     assert row["replay_vs_llama"] == pytest.approx(0.18 / 0.19) and row["eager_vs_llama"] == pytest.approx(0.5 / 0.3)
