@@ -35,12 +35,28 @@ def _label(r: dict) -> str:
     return f"{r['model']} {r['wtype']}" + (" (sim)" if r["simulated"] else "")
 
 
-def decode_metrics(sim: bool) -> list[tuple[str, object]]:
-    """(row name, cell of a result row) of the decode table, one row per figure. On the simulated driver
-    the "GPU" part of a replayed step is the host's numpy time (its kernels run inside the driver calls)."""
-    return [
+LLAMA_METRICS = [
+    ("llama.cpp replay", lambda r: f"{_ms(r.get('llama_replay_ms'))} ({_ms(r.get('llama_replay_p90_ms'))})"),
+    ("llama.cpp graphs off", lambda r: f"{_ms(r.get('llama_eager_ms'))} ({_ms(r.get('llama_eager_p90_ms'))})"),
+    ("replay ÷ llama.cpp", lambda r: _x(r.get("replay_vs_llama"))),
+    ("eager ÷ llama.cpp off", lambda r: _x(r.get("eager_vs_llama"))),
+    ("llama.cpp graphs ×", lambda r: _x(r.get("llama_graph_speedup"))),
+]
+
+
+def decode_metrics(sim: bool, llama: bool = False) -> list[tuple[str, object]]:
+    """(row name, cell of a result row) of the decode table, one row per figure; with the llama.cpp peer its
+    rows follow graphdiag's replay and eager (the headline comparison). On the simulated driver the "GPU"
+    part of a replayed step is the host's numpy time (its kernels run inside the driver calls)."""
+    head = [
         ("replay (p90)", lambda r: f"{_ms(r['replay_ms'])} ({_ms(r['replay_p90_ms'])})"),
         ("eager (p90)", lambda r: f"{_ms(r['eager_ms'])} ({_ms(r['eager_p90_ms'])})"),
+    ]
+    return head + (LLAMA_METRICS if llama else []) + _rest(sim)
+
+
+def _rest(sim: bool) -> list[tuple[str, object]]:
+    return [
         ("graphs × (eager ÷ replay)", lambda r: _x(r["graph_speedup"])),
         ("numpy in replay (sim)" if sim else "GPU replay", lambda r: _ms(r["replay_gpu_ms"])),
         ("host outside numpy" if sim else "host/replay", lambda r: _ms(r["replay_host_ms"])),
@@ -115,7 +131,8 @@ def render(rows: list[dict], file=None, console: Console | None = None) -> None:
     pre = [r for r in rows if r["kind"] == "prefill"]
     if dec:
         console.print(decode_title(dec))
-        for t in fitted_tables(dec, decode_metrics(any(r["simulated"] for r in dec)), console):
+        llama = any(r.get("llama") for r in dec)
+        for t in fitted_tables(dec, decode_metrics(any(r["simulated"] for r in dec), llama), console):
             console.print(t)
         bw = dec[0].get("copy_GBps")
         console.print(f"roofline: (weight bytes + KV bytes read) / device-to-device copy "
@@ -134,9 +151,14 @@ def render(rows: list[dict], file=None, console: Console | None = None) -> None:
         for t in fitted_tables(pre, PREFILL_METRICS, console):
             console.print(t)
         _host_refs(console, pre)
+    if any(r.get("llama") for r in rows):
+        console.print("llama.cpp: 0.3.36 (llama-cpp-python) on each row's preset exported as GGUF, the same plan "
+                      "and n_kv; llama_decode through llama_synchronize, each mode in its own process, watched "
+                      "(CUPTI callbacks on its graph calls only)")
     peers = {r.get("torch") for r in rows if r.get("torch")}
     if peers:
-        console.print("PyTorch: " + ", ".join(sorted(peers)))
+        console.print("PyTorch: " + ", ".join(sorted(peers)) + " — plain unfused PyTorch ops, F16 rows only; its "
+                      "step leaves out graphdiag's input upload, logits read-back and argmax")
     elif rows and rows[0]["simulated"]:
         console.print("PyTorch peer: skipped (simulated run)")
 

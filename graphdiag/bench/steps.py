@@ -34,7 +34,8 @@ class StepsOptions:
     prompt_tokens: int | None = None
     chunk_size: int | None = None
     prefill: int = 0            # also time prefills of this many tokens (0: none)
-    torch: bool = True          # the PyTorch peer, where torch and a CUDA device are there
+    torch: bool = True          # the PyTorch peer, where torch and a CUDA device are there (F16 rows only)
+    llama: bool = False         # the llama.cpp peer (llama_peer.py): real llama.cpp on the same GGUF
     settings: dict = field(default_factory=dict)   # further RunConfig settings
 
 
@@ -312,8 +313,10 @@ def decode_row(opts: StepsOptions, model: str, wtype: str | None, bandwidth: flo
 
 
 def _wants_peer(opts: StepsOptions, row: dict) -> bool:
-    # the peer draws a preset's llama shapes: a file (maybe of another architecture) is not one
-    return opts.torch and not row["simulated"] and "model_path" not in row and not get_preset(row["model"]).is_moe
+    """PyTorch's peer runs plain F16 ops on a preset's llama shapes: never next to a quantised row, whose
+    work it does not do, nor next to a file (maybe of another architecture)."""
+    return (opts.torch and not row["simulated"] and "model_path" not in row
+            and not get_preset(row["model"]).is_moe and row.get("wtype") == "f16")
 
 
 def add_torch_peer(row: dict, progress: Progress) -> None:
@@ -363,12 +366,22 @@ def bench_steps(opts: StepsOptions, progress: Progress | None = None) -> list[di
     process while graphdiag is timed (a 1b prefill measured 25 ms without them, 29-32 ms after a peer ran)."""
     progress = progress or Progress()
     check_steps(opts)
+    if opts.llama:
+        from .llama_peer import check_llama_peer
+        check_llama_peer(opts.backend)
     bandwidth, _, _ = measure_bandwidth(opts.backend, progress)
     rows = []
     for model, wtype in runs_of(opts):
         rows.append(decode_row(opts, model, wtype, bandwidth, progress))
         if opts.prefill:
             rows.append(prefill_row(opts, model, wtype, progress))
+    if opts.llama:                        # after every graphdiag row, as the PyTorch peer
+        from .llama_peer import add_llama_peer, llama_folder
+        folder = llama_folder()
+        for row in rows:
+            if row["kind"] == "decode" and not row["simulated"]:
+                prompt = resolve(_decode_settings(opts, row["model"], row["wtype"])).prompt_tokens
+                add_llama_peer(row, opts.steps, prompt, folder, progress, decode_stats)
     for row in rows:
         if _wants_peer(opts, row):
             add_torch_peer(row, progress)

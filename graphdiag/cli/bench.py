@@ -61,11 +61,14 @@ def _names(value: str, known, what: str, files: bool = False) -> tuple[str, ...]
 @click.option("--prefill", type=click.IntRange(min=0), default=0,
               help="Also time prefills of this many tokens (e.g. 512), against PyTorch's (0: none).")
 @click.option("--no-torch", is_flag=True, help="Skip the PyTorch peer even where torch is importable.")
+@click.option("--peer", "peers", default="torch", help="Peers, comma-separated: torch (plain unfused PyTorch "
+              "ops, F16 rows only), llama (real llama.cpp on the same GGUF, graphs on and off: needs "
+              "graphdiag[llama]).")
 @click.option("--devices", type=int, default=None, help="Split the layers across N GPUs (as `run --devices`).")
 @click.option("--tensor-split", default=None, help="Share of the layers per device, comma-separated (e.g. 3,1).")
 @click.option("--json", "as_json", is_flag=True, help="One JSON row per line instead of the table.")
-def steps(backend, models, wtypes, steps, prompt_tokens, chunk_size, prefill, no_torch, devices, tensor_split,
-          as_json):
+def steps(backend, models, wtypes, steps, prompt_tokens, chunk_size, prefill, no_torch, peers, devices,
+          tensor_split, as_json):
     """Decode step times per preset and weight type: replay and eager (median, p90), GPU time, kernels per
     step, host time of a replayed step, the HBM roofline and step ÷ roofline, and PyTorch eager / CUDA graph
     on the same shapes when torch is importable. Progress goes to stderr (plain lines when it is not a
@@ -77,11 +80,13 @@ def steps(backend, models, wtypes, steps, prompt_tokens, chunk_size, prefill, no
     from ..config import resolve
     from ..model.presets import PRESETS, WEIGHT_TYPES
     split = {k: v for k, v in (("devices", devices), ("tensor_split", tensor_split)) if v is not None}
+    peer = _names(peers, ("torch", "llama"), "peer")
     resolve({"backend": backend, **split})     # a bad --devices / --tensor-split: one line, before any run
     names = _names(models, PRESETS, "preset", files=True)
     _no_wtype_for_files(names, wtypes)
     opts = StepsOptions(names, _names(wtypes or "f16", [w for w in WEIGHT_TYPES if w != "f32"], "weight type"),
-                        backend, steps, prompt_tokens, chunk_size, prefill, not no_torch, settings=split)
+                        backend, steps, prompt_tokens, chunk_size, prefill, not no_torch and "torch" in peer, settings=split,
+                        llama="llama" in peer)
     with progress_for(sys.stderr) as progress:      # plain lines when stderr is not a terminal
         rows = bench_steps(opts, progress)
     if as_json:

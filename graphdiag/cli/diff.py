@@ -22,6 +22,8 @@ def diff(ctx: click.Context, control: Path, test: Path | None, steps: tuple[int,
     """Compare CONTROL and TEST records: settings, counters, timings, the first step where decisions
     diverge, capture facts, and node by node the ledger rows of each captured graph (per key and capture;
     with --step I --step J, the captures in force at the two steps). --json keeps every differing field.
+    A record converted from real llama.cpp (`graphdiag llama`) is compared on what llama.cpp shows: per step,
+    evictions, warmup, eager/capture/replay, graph nodes per capture, updated or refused executables.
     Exit 0 when equal, 1 when different, 2 on error."""
     try:
         equal = _compare(control, test, steps, as_json)
@@ -45,6 +47,13 @@ def _compare(control: Path, test: Path | None, steps: tuple[int, ...], as_json: 
         return d.equal
     if steps:
         raise UsageError("--step compares two steps of ONE record; give a single file with it")
-    d = diff_runs(read_record(control), read_record(test), (str(control), str(test)))
+    a, b = read_record(control), read_record(test)
+    if a[0].llama or b[0].llama:              # a watched llama.cpp run: only what it can show is compared
+        from ..report.analysis.observed_diff import diff_observed
+        from ..report.views.observed_diff import render_observed_diff
+        od = diff_observed(a, b, (str(control), str(test)))
+        click.echo(od.to_json()) if as_json else render_observed_diff(od, out)
+        return od.equal
+    d = diff_runs(a, b, (str(control), str(test)))
     click.echo(d.to_json()) if as_json else render_run_diff(d, out)
     return d.equal

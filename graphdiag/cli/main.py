@@ -43,7 +43,7 @@ def _register() -> None:
     from .run import run
     cli.add_command(run)
     for mod, name in (("report", "report"), ("diff", "diff"), ("scenarios", "scenarios"), ("bench", "bench"),
-                      ("whatif", "whatif"), ("export", "export_gguf")):
+                      ("whatif", "whatif"), ("export", "export_gguf"), ("llama", "llama")):
         try:
             module = __import__(f"graphdiag.cli.{mod}", fromlist=[name])
         except ModuleNotFoundError as e:

@@ -73,8 +73,16 @@ def _one_scenario(given: tuple[str, ...]) -> str | None:
 @click.option("--strict", is_flag=True, help="Fail (exit 1, the cause named) on an unexplained eager fallback, "
               "key thrash, a capture never replayed or a flood of update refusals.")
 @click.option("-v", "--verbose", count=True, help="-v: chunks, updates, instantiates; -vv: every uid hit and launch.")
-def run(events_path, as_json, verbose, scenario, timeline_path, cupti, strict, **settings):
+@click.option("--against-llama", is_flag=True, help="Also run the same plan on real llama.cpp (graphdiag llama) "
+              "and diff the decisions (exit 1 if they differ). Needs --model PATH.gguf.")
+def run(events_path, as_json, verbose, scenario, timeline_path, cupti, strict, against_llama, **settings):
     """Run prefill and decode steps through the CUDA-graph runtime and report every decision."""
     from ..runner import run_cli
+    if against_llama:
+        from ..errors import UsageError
+        if as_json or timeline_path or cupti or strict:
+            raise UsageError("--against-llama takes --events, the plan and -v; run graphdiag llama for the rest")
+        from ..llama.against import run_against_llama
+        return run_against_llama(settings, scenario, events_path, verbosity=verbose)
     return run_cli(settings, timeline_path=timeline_path, cupti=cupti, scenario=scenario, events_path=events_path, as_json=as_json, verbosity=verbose,
                    strict=strict)

@@ -31,6 +31,10 @@ def whatif(record: Path, policy: str, max_graphs: int, as_json: bool) -> None:
     if policy not in POLICIES:
         raise UsageError(f"unknown key policy {policy!r} (known: {', '.join(POLICIES)})")
     header, events = read_record(record)
+    if header.llama:
+        raise UsageError(f"{record} comes from real llama.cpp: whatif replays each graph's key and node "
+                         f"properties, which are not observable in llama.cpp (whatif the graphdiag run of the "
+                         f"same plan instead)")
     chunk = header.settings.get("chunk_size", 512)
     pols = ("first-node",) if policy == "first-node" else ("first-node", policy)
     try:

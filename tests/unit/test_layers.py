@@ -26,7 +26,7 @@ FLOORS = (
     ("analysis", ("report.analysis",)),
     ("views", ("report.views",)),
     ("sinks", ("report.sinks",)),
-    ("run", ("runner", "bench", "cli", "__main__")),
+    ("run", ("runner", "bench", "llama", "cli", "__main__")),   # llama: drives real llama.cpp, as runner ours
 )
 
 # What a room never imports, said outright (the floors forbid the rooms above it already; a device source,

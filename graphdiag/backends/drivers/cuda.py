@@ -502,6 +502,16 @@ def device_count() -> int:
     return int(count)
 
 
+def device_identity(device: int = 0) -> tuple[str, int]:
+    """(name, compute capability as major*10 + minor) of `device` without opening a context (graphdiag
+    llama's up-front GPU check); NoDeviceError (one line) without one."""
+    count = device_count()
+    if not 0 <= device < count:
+        raise NoDeviceError(f"no CUDA device {device}: the driver reports {count}")
+    info = _device_info(_check(D.cuDeviceGet(device), "cuDeviceGet"))
+    return info.name, info.compute_capability[0] * 10 + info.compute_capability[1]
+
+
 def _device_info(dev) -> DeviceInfo:
     name = _check(D.cuDeviceGetName(256, dev), "cuDeviceGetName").split(b"\0", 1)[0].decode()
     attr = D.CUdevice_attribute

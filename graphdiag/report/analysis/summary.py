@@ -119,6 +119,9 @@ class Summary:
     def llama_counters(self) -> dict[str, int]:
         """The counters llama_perf_context_print reports."""
         c = self.counters
+        perf = self.header.llama.get("perf") if self.header.llama else None
+        if perf:                              # real llama.cpp: its own totals (llama_perf_context)
+            return {"graphs reused": int(perf.get("n_reused", 0))}
         return {"graphs reused": c["graphs_reused"], "graph reallocs (same size)": c["reallocs_same"],
                 "graph reallocs (size changed)": c["reallocs_changed"]}
 

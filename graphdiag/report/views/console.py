@@ -43,11 +43,24 @@ def header_lines(header: RunHeader) -> list[str]:
         types = ", ".join(f"{n} ×{k}" for n, k in sorted(mf.get("types", {}).items()))
         lines.append(f"model file: {mf.get('path')} ({mf.get('arch')}, {mf.get('tensors')} tensors: {types}; "
                      f"{mf.get('bytes', 0):,} bytes of weights, memory-mapped; --wtype does not apply)")
+    lines += llama_lines(header)
     items = []
     for name, value in header.settings.items():
         src = header.sources.get(name, "default")
         items.append(f"{name}={_setting(value)}" + ("" if src == "default" else f" [{src}]"))
     return lines + _wrap_items("settings:", items)
+
+
+def llama_lines(header: RunHeader) -> list[str]:
+    """A record converted from real llama.cpp: its own counters, and what it cannot show."""
+    lm = header.llama
+    if not lm:
+        return []
+    perf = lm.get("perf") or {}
+    counts = ", ".join(f"{k} {v}" for k, v in perf.items())
+    return ([f"llama.cpp {lm.get('llama_cpp', '')} (llama_perf_context: {counts or 'none recorded'}); "
+             f"env: {' '.join(f'{k}={v}' for k, v in (lm.get('env') or {}).items()) or 'none set'}"]
+            + _wrap_items("not observable in llama.cpp:", list(lm.get("not_observable") or [])))
 
 
 def run_mode_lines(header: RunHeader) -> list[str]:

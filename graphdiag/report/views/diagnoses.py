@@ -12,7 +12,9 @@ def diagnosis_lines(s) -> list[str]:
     out = [f"thrash: {t.cause}; fields that differ: {', '.join(t.differing_fields) or 'none named'}"
            for t in s.thrash]
     gm = s.graph_memory
-    if gm.executables:
+    if gm.executables and s.header.llama:        # real llama.cpp: no memory figure per executable
+        out.append(f"graph executables: {gm.executables} (their device memory is not observable in llama.cpp)")
+    elif gm.executables:
         out.append(f"graph memory ({gm.source}):")
         out.append(f"  peak {_mib(gm.peak_bytes)}, {_mib(gm.end_bytes)} at the end, over {gm.executables} "
                    f"executables")

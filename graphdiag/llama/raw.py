@@ -1,0 +1,118 @@
+"""The raw stream of a watched llama.cpp run: what `graphdiag llama` records before conversion.
+
+JSON lines (UTF-8): a header `{"raw": "llama-watch", "version": 1, "model": PATH, ...}`, then in time order
+`decode_begin` / `api` / `log` / `decode_end` per llama_decode (an `idle` line where the plan slept before
+one), a `perf` line (llama_perf_context) and an `end` line. decode_end carries the greedy tokens as `tokens`
+(a list, one per output) or `argmax` (one token). `api` lines are the CUDA runtime graph calls CUPTI's callbacks saw (ids are CUPTI graph and
+graph-exec ids, small integers), `log` lines what llama.cpp's log callback got. The watcher (watch.py)
+writes api and log lines, the driver the rest. `read_raw` checks every line it uses and turns any defect
+into one EventFileError line naming the file and line.
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+from pathlib import Path
+from typing import Any, Callable
+
+from ..errors import EventFileError
+
+RAW_NAME = "llama-watch"
+RAW_VERSION = 1
+
+API_FUNCTIONS = ("cudaStreamBeginCapture", "cudaStreamEndCapture", "cudaGraphInstantiate",
+                 "cudaGraphExecUpdate", "cudaGraphLaunch", "cudaGraphExecDestroy")
+
+# the fields each line must carry (optional ones are read with .get)
+_REQUIRED = {
+    "decode_begin": ("step", "n_tokens"),
+    "decode_end": ("step", "ret", "host_ns"),
+    "api": ("fn",),
+    "log": ("text",),
+    "perf": (),
+    "idle": (),                    # the driver slept this many seconds ("s") before the next decode
+    "end": ("status",),
+}
+_API_REQUIRED = {"cudaStreamEndCapture": ("graph",), "cudaGraphInstantiate": ("exec",),
+                 "cudaGraphExecUpdate": ("exec", "update_result"), "cudaGraphLaunch": ("exec",),
+                 "cudaGraphExecDestroy": ("exec",)}
+
+
+def read_raw(path: str | Path) -> tuple[dict[str, Any], list[dict[str, Any]]]:
+    """(header, lines) of a raw stream. Raises EventFileError (one line) on anything malformed."""
+    path = Path(path)
+    try:
+        text = path.read_text(encoding="utf-8")
+    except FileNotFoundError:
+        raise EventFileError(f"{path}: no such file") from None
+    except UnicodeDecodeError:
+        raise EventFileError(f"{path}: not a llama-watch raw stream (not UTF-8 text)") from None
+    except OSError as e:
+        raise EventFileError(f"{path}: cannot read: {e.strerror}") from None
+    rows = [(n, line) for n, line in enumerate(text.split("\n"), start=1) if line.strip()]
+    if not rows:
+        raise EventFileError(f"{path}: empty file (no header line)")
+    header = _parse(path, *rows[0])
+    if not isinstance(header, dict) or header.get("raw") != RAW_NAME:
+        raise EventFileError(f"{path}: not a llama-watch raw stream (no \"raw\": \"{RAW_NAME}\" header)")
+    if header.get("version") != RAW_VERSION:
+        raise EventFileError(f"{path}: unsupported raw stream version {header.get('version')!r} "
+                             f"(this graphdiag reads version {RAW_VERSION})")
+    return header, [_checked(path, n, _parse(path, n, line)) for n, line in rows[1:]]
+
+
+def _parse(path: Path, n: int, line: str):
+    try:
+        return json.loads(line)
+    except json.JSONDecodeError:
+        raise EventFileError(f"{path}:{n}: not JSON") from None
+
+
+def _checked(path: Path, n: int, obj) -> dict[str, Any]:
+    if not isinstance(obj, dict) or obj.get("ev") not in _REQUIRED:
+        ev = obj.get("ev") if isinstance(obj, dict) else None
+        raise EventFileError(f"{path}:{n}: unknown raw line {ev!r} (known: {', '.join(_REQUIRED)})")
+    need = _REQUIRED[obj["ev"]]
+    if obj["ev"] == "api":
+        if obj.get("fn") not in API_FUNCTIONS:
+            raise EventFileError(f"{path}:{n}: api line for {obj.get('fn')!r}, not one of the watched graph "
+                                 f"calls ({', '.join(API_FUNCTIONS)})")
+        need = _API_REQUIRED.get(obj["fn"], ())
+    for name in need:
+        v = obj.get(name)
+        if isinstance(v, str) if name in ("text", "status") else isinstance(v, int) and not isinstance(v, bool):
+            continue
+        raise EventFileError(f"{path}:{n}: {obj['ev']} line without a valid {name} ({json.dumps(v)[:40]})")
+    return obj
+
+
+class RawWriter:
+    """Writes a raw stream as it happens: `emit(obj)` from any thread (CUPTI callbacks and llama.cpp's log
+    callback come from the threads that make the calls), one line per object, flushed at decode_end so a
+    killed run's stream stops at a decode boundary."""
+
+    def __init__(self, path: str | Path, header: dict[str, Any]):
+        from ..report.record.write import open_output
+        self.path = Path(path)
+        self._f = open_output(self.path, "the raw llama-watch stream")
+        self._lock = threading.Lock()
+        self.emit({"raw": RAW_NAME, "version": RAW_VERSION, **header})
+
+    def emit(self, obj: dict[str, Any]) -> None:
+        line = json.dumps(obj, separators=(",", ":")) + "\n"
+        with self._lock:
+            if self._f is None:
+                return
+            self._f.write(line)
+            if obj.get("ev") in ("decode_end", "end") or "raw" in obj:
+                self._f.flush()
+
+    def close(self) -> None:
+        with self._lock:
+            f, self._f = self._f, None
+        if f is not None:
+            f.close()
+
+
+Emit = Callable[[dict[str, Any]], None]

@@ -1,0 +1,62 @@
+"""`bench steps --peer llama`: checked before any row runs, the peer's figures and ratios on a row, the
+headline rows in the table; the PyTorch peer kept off quantised rows and labelled for what it is."""
+
+from __future__ import annotations
+
+import io
+
+import pytest
+
+import graphdiag.bench.llama_peer as L
+import graphdiag.bench.steps as S
+from graphdiag.bench.display import render
+from tests.support.cli import one_line
+
+
+def _row(wtype="f16"):
+    return {"kind": "decode", "model": "tiny", "wtype": wtype, "simulated": False, "replay_ms": 0.18,
+            "replay_p90_ms": 0.2, "eager_ms": 0.50, "eager_p90_ms": 0.6, "graph_speedup": 2.8,
+            "replay_gpu_ms": 0.14, "replay_host_ms": 0.04, "kernels_per_step": 59, "roofline_ms": 0.01,
+            "replay_over_roofline": 18.0, "host_ref_us": 180.0, "n_kv": 256, "backend": "cuda", "device": "H200"}
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["bench", "steps", "--peer", "llama", "--backend", "sim"], "--peer llama runs real llama.cpp on the GPU"),
+    (["bench", "steps", "--peer", "llama"], "llama_cpp is not installed"),
+    (["bench", "steps", "--peer", "bogus"], "unknown peer bogus"),
+])
+def test_peer_errors_before_any_row(capsys, monkeypatch, argv, message):
+    ran = []
+    monkeypatch.setattr(S, "measure_bandwidth", lambda *a: ran.append(1))
+    assert message in one_line(capsys, argv)
+    assert not ran
+
+
+def test_llama_peer_figures(monkeypatch, tmp_path):
+    calls = []
+
+    def stats(model, steps, prompt, graphs, folder, decode_stats):
+        calls.append((model.name, steps, prompt, graphs))
+        return {"ms": 0.19 if graphs else 0.30, "p90_ms": 0.21 if graphs else 0.33, "steps": 60}
+    monkeypatch.setattr(L, "llama_decode_stats", stats)
+    row = _row()
+    L.add_llama_peer(row, 64, 16, tmp_path, S.Progress(), S.decode_stats)
+    assert calls == [("tiny-f16.gguf", 64, 16, True), ("tiny-f16.gguf", 64, 16, False)]
+    assert (tmp_path / "tiny-f16.gguf").stat().st_size > 1_000_000
+    assert row["replay_vs_llama"] == pytest.approx(0.18 / 0.19) and row["eager_vs_llama"] == pytest.approx(0.5 / 0.3)
+    assert row["llama_graph_speedup"] == pytest.approx(0.30 / 0.19)
+    out = io.StringIO()
+    render([row], file=out)
+    text = " ".join(out.getvalue().split())          # rich wraps at 80 columns
+    assert "llama.cpp replay" in text and "replay ÷ llama.cpp" in text and "each mode in its own process" in text
+
+
+def test_torch_peer_only_on_f16_rows_and_labelled():
+    opts = S.StepsOptions()
+    assert S._wants_peer(opts, _row("f16")) and not S._wants_peer(opts, _row("q8_0"))
+    row = _row() | {"torch": "2.9", "torch_graph_ms": 0.5, "torch_eager_ms": 4.0}
+    out = io.StringIO()
+    render([row], file=out)
+    text = " ".join(out.getvalue().split())
+    assert "plain unfused PyTorch ops, F16 rows only" in text
+    assert "leaves out graphdiag's input upload, logits read-back and argmax" in text

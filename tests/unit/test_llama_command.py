@@ -1,0 +1,182 @@
+"""`graphdiag llama` on the CPU: its up-front errors, and the whole path (plan -> llama_batch -> raw stream ->
+record -> report, diff) with a fake llama_cpp and a fake watcher (tests/support/fake_llama.py)."""
+
+from __future__ import annotations
+
+import io
+import json
+import os
+from pathlib import Path
+
+import pytest
+
+from graphdiag import events as E
+from graphdiag.errors import NoDeviceError, UsageError
+from graphdiag.llama.command import llama_cli, resolve_llama
+from graphdiag.llama.run import run_llama
+from graphdiag.report.record.read import read_record
+from tests.support.cli import one_line
+from tests.support.fake_llama import FakeLlama, FakeWatcher
+
+
+@pytest.fixture(scope="module")
+def tiny_gguf(tmp_path_factory) -> Path:
+    from graphdiag.cli.main import main
+    p = tmp_path_factory.mktemp("gguf") / "tiny.gguf"
+    assert main(["export-gguf", "--model", "tiny", str(p)]) == 0
+    return p
+
+
+@pytest.fixture(autouse=True)
+def _keep_env(monkeypatch):
+    """run_llama sets llama.cpp's environment in this process: every test gets it back."""
+    for k in ("GGML_CUDA_DISABLE_GRAPHS", "GGML_CUDA_DISABLE_FUSION", "GGML_CUDA_GRAPH_OPT",
+              "LLAMA_GRAPH_REUSE_DISABLE", "GGML_CUDA_PDL"):
+        monkeypatch.delenv(k, raising=False)
+    saved = dict(os.environ)
+    yield
+    os.environ.clear()
+    os.environ.update(saved)
+
+
+def _run(model, settings=None, scenario=None, lib=None, **kw):
+    cfg, sc = resolve_llama(str(model), settings or {}, scenario)
+    lib = lib or FakeLlama()
+    return run_llama(str(model), cfg, sc, lib=lib, watcher=FakeWatcher, gpu=lambda: ("FAKE H200", 90), **kw), lib
+
+
+def _phases(events):
+    return {e.step: e.phase for e in events if isinstance(e, E.PhaseDecided)}
+
+
+def test_batches_follow_graphdiag_plan(tiny_gguf, tmp_path):
+    res, lib = _run(tiny_gguf, {"steps": 4, "batch": 2, "prompt_tokens": 3, "seed": 5},
+                    raw_path=tmp_path / "r.jsonl")
+    toks, pos, seqs, logits = zip(*lib.batches)
+    assert [len(t) for t in toks] == [3, 3, 2, 2, 2, 2]
+    assert seqs[:3] == ([0, 0, 0], [1, 1, 1], [0, 1])
+    assert pos[:4] == ([0, 1, 2], [0, 1, 2], [3, 3], [4, 4])
+    assert logits[0] == [0, 0, 1] and logits[2] == [1, 1]
+    import numpy as np
+    assert toks[0] == np.random.default_rng(6).integers(1, 4096, 3).tolist()   # graphdiag's Stepper draw
+    assert toks[3] == [(7 * 3 + 0) % 4096, (7 * 3 + 1) % 4096]                # greedy from step 2's logits
+    assert lib.ctx_params.kv_unified and lib.ctx_params.n_seq_max == 2 and lib.ctx_params.flash_attn_type == 1
+    assert lib.ctx_params.n_ctx == 4096 and lib.ctx_params.n_ubatch == 512
+    assert lib.model_params.n_gpu_layers == 999
+    assert lib.freed == ["batch", "ctx", "model"] and FakeWatcher.instances[-1].closed
+    raw = [json.loads(l) for l in (tmp_path / "r.jsonl").read_text().splitlines()]
+    assert raw[0]["device"] == "FAKE H200" and raw[0]["cc"] == 90 and raw[-1] == {"ev": "end", "status": "complete"}
+    assert [r.get("ev") for r in raw if r.get("ev") in ("perf", "end")] == ["perf", "end"]
+
+
+def test_decisions_of_a_batch_change(tiny_gguf):
+    """The fake ggml: eager, capture, replays; 1 -> 2 sequences: reset, refused + re-instantiated."""
+    res, _ = _run(tiny_gguf, scenario="fusion-boundary")
+    ph = _phases(res.events)
+    assert ph[0] == "eager" and ph[1] == "capture" and ph[2] == "replay"     # a 1-token prompt: reused at once
+    assert ph[10] == "eager" and ph[11] == "capture"
+    (ref,) = [e for e in res.events if isinstance(e, E.UpdateRefused)]
+    assert ref.step == 11 and ref.reason == "TOPOLOGY_CHANGED"
+    assert res.header.scenario == "fusion-boundary" and res.header.settings["steps"] == 40
+
+
+def test_env_settings_reach_llama_cpp(tiny_gguf):
+    _run(tiny_gguf, {"graphs_disabled": True, "fusion": False, "reuse_disabled": True, "steps": 2})
+    assert os.environ["GGML_CUDA_DISABLE_GRAPHS"] == "1" and os.environ["GGML_CUDA_DISABLE_FUSION"] == "1"
+    assert os.environ["LLAMA_GRAPH_REUSE_DISABLE"] == "1"
+
+
+def test_failed_decode_ends_the_stream(tiny_gguf):
+    res, _ = _run(tiny_gguf, {"steps": 3}, lib=FakeLlama(fail_at=2))
+    fails = [e for e in res.events if isinstance(e, E.StepFailed)]
+    assert [(f.step, f.status) for f in fails] == [(2, -3)]
+
+
+def test_cli_report_record_and_timeline(tiny_gguf, tmp_path):
+    out = io.StringIO()
+    ev, tl = tmp_path / "l.jsonl", tmp_path / "t.json"
+    rc = llama_cli(str(tiny_gguf), {"steps": 6}, events_path=str(ev), timeline_path=str(tl), out=out,
+                   lib=FakeLlama(), watcher=FakeWatcher, gpu=lambda: ("FAKE H200", 90))
+    assert rc == 0
+    text = out.getvalue()
+    assert "not observable in llama.cpp:" in text and "raw stream:" in text and "FAKE H200" in text
+    h, events = read_record(ev)
+    assert h.llama and _phases(events)[2] == "capture"
+    trace = json.loads(tl.read_text())
+    names = {e.get("name") for e in (trace["traceEvents"] if isinstance(trace, dict) else trace)}
+    assert "llama_decode" in names
+
+
+def test_scenario_expectations_checked_where_observable(tiny_gguf):
+    out = io.StringIO()
+    rc = llama_cli(str(tiny_gguf), {}, scenario="batch-change", out=out, lib=FakeLlama(), watcher=FakeWatcher,
+                   gpu=lambda: ("FAKE H200", 90))
+    text = out.getvalue()
+    assert "not checked (not observable in llama.cpp): property_diff_fields" in text
+    assert rc == 0, text
+
+
+def test_no_gpu_and_cpu_only_build(tiny_gguf):
+    cfg, sc = resolve_llama(str(tiny_gguf), {"steps": 2}, None)
+
+    def no_gpu():
+        raise NoDeviceError("no CUDA driver: libcuda.so.1 not found")
+    with pytest.raises(NoDeviceError, match="no CUDA driver"):
+        run_llama(str(tiny_gguf), cfg, sc, lib=FakeLlama(), watcher=FakeWatcher, gpu=no_gpu)
+    with pytest.raises(NoDeviceError, match="no GPU backend"):
+        run_llama(str(tiny_gguf), cfg, sc, lib=FakeLlama(gpu=False), watcher=FakeWatcher,
+                  gpu=lambda: ("FAKE", 90))
+
+
+def test_prompt_ids_outside_the_vocabulary(tiny_gguf):
+    with pytest.raises(UsageError, match="prompt id 5000 is not in the model's vocabulary"):
+        _run(tiny_gguf, {"prompt_ids": "1,5000"})
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["llama", "/nonexistent.gguf"], "no such file"),
+    (["llama", "{tmp}/x.txt"], "not a GGUF file"),
+    (["llama", "{gguf}"], "llama_cpp is not installed"),
+    (["llama", "{gguf}", "--scenario", "speculative-draft-arena"], "cannot run on real llama.cpp"),
+    (["llama", "{gguf}", "--scenario", "graph-growth-changing-pointers"], "new_arena_every"),
+    (["llama", "{gguf}", "--scenario", "pool-pressure"], "pool-cap"),
+    (["llama", "{gguf}", "--scenario", "moe-cpu-offload"], "cannot be given to real llama.cpp"),
+    (["llama", "{gguf}", "--steps", "5000", "--batch", "4"], "KV cells"),
+])
+def test_one_line_errors(capsys, tmp_path, tiny_gguf, argv, message):
+    (tmp_path / "x.txt").write_text("hello")
+    argv = [a.format(tmp=tmp_path, gguf=tiny_gguf) for a in argv]
+    assert message in one_line(capsys, argv)
+
+
+def test_whatif_refuses_a_llama_record(capsys, tmp_path, tiny_gguf):
+    ev = tmp_path / "l.jsonl"
+    llama_cli(str(tiny_gguf), {"steps": 3}, events_path=str(ev), out=io.StringIO(), lib=FakeLlama(),
+              watcher=FakeWatcher, gpu=lambda: ("FAKE", 90))
+    line = one_line(capsys, ["whatif", str(ev), "--key", "first-node+shape"])
+    assert "not observable in llama.cpp" in line
+
+
+def test_strict_and_plot_on_a_llama_run(tiny_gguf, tmp_path):
+    """The refusal flood (1,1,2,2,...) fails --strict on llama.cpp's record as on graphdiag's; --plot draws."""
+    pytest.importorskip("matplotlib")
+    out = io.StringIO()
+    rc = llama_cli(str(tiny_gguf), {}, scenario="update-refusal-flood", strict=True, plot_path=str(tmp_path / "p.png"),
+                   out=out, lib=FakeLlama(), watcher=FakeWatcher, gpu=lambda: ("FAKE", 90))
+    text = out.getvalue()
+    assert rc == 1 and "FAILED: strict: update-refusal flood: key 0x1 refused" in text
+    assert "scenario update-refusal-flood: not checked" not in text      # every expectation is observable
+    assert (tmp_path / "p.png").stat().st_size > 1000
+
+
+def test_from_raw_converts_a_recorded_stream(tmp_path, capsys):
+    from graphdiag.cli.main import main
+    from tests.support.llama_raw import steady
+    raw = steady().write(tmp_path / "r.raw.jsonl")
+    rc = main(["llama", "--from-raw", str(raw), "--events", str(tmp_path / "c.jsonl")])
+    out = capsys.readouterr().out
+    assert rc == 0 and "not observable in llama.cpp" in out and f"raw stream: {raw}" in out
+    h, ev = read_record(tmp_path / "c.jsonl")
+    assert h.llama and _phases(ev)[2] == "capture"
+    assert "give no MODEL" in one_line(capsys, ["llama", "x.gguf", "--from-raw", str(raw)])
+    assert "give MODEL.gguf" in one_line(capsys, ["llama"])
