@@ -64,6 +64,7 @@ class RunConfig:
     seed: int = 0
     prompt_tokens: int = 16
     prompt_ids: tuple | None = None  # the prompt's token ids (--prompt-ids), each sequence's; None: seeded random
+    prompt: str | None = None        # the prompt as text (--prompt), tokenized through the model file's vocabulary
     steps: int = 32
     batch: int = 1                   # sequences decoded together (n_seqs = n_tokens per decode step)
     chunk_size: int = DEFAULT_CHUNK_SIZE
@@ -72,6 +73,7 @@ class RunConfig:
     pdl: bool = True                 # programmatic dependent launch on 9.0+ (GGML_CUDA_PDL, on by default)
     graphs_disabled: bool = False
     reuse_disabled: bool = False
+    swa_full: bool = False           # a full-size SWA cache (llama.cpp's swa_full; off as llama-server, on in its C API)
     n_cpu_moe: int = 0
     devices: int = 1                 # GPUs the layers are split across (llama.cpp --split-mode layer)
     tensor_split: tuple | None = None  # share of the layers per device (--tensor-split); None: by free memory
@@ -98,6 +100,8 @@ class RunConfig:
         if self.wtype.lower() not in WTYPES:
             self._fail("wtype", f"unknown weight type {self.wtype!r} (choose {', '.join(WTYPES)})")
         self._check_prompt_ids()
+        if self.prompt is not None:
+            self._check_prompt()
         for name in ("prompt_tokens", "batch"):
             if getattr(self, name) < 1:
                 self._fail(name, f"{name.replace('_', '-')} must be >= 1, not {getattr(self, name)}")
@@ -136,6 +140,13 @@ class RunConfig:
             self._fail("prompt_tokens", f"prompt-tokens {self.prompt_tokens} and prompt-ids ({len(parsed)} ids) "
                        f"disagree: give one")
         self.prompt_ids, self.prompt_tokens = parsed, len(parsed)
+
+    def _check_prompt(self) -> None:
+        """--prompt TEXT: not empty, not with --prompt-ids (two prompts); its ids come in validate_run."""
+        if self.prompt_ids is not None:
+            self._fail("prompt", "prompt and prompt-ids both give the prompt: give one")
+        if not self.prompt:
+            self._fail("prompt", "prompt is empty (give some text, or --prompt-ids)")
 
     def _check_devices(self) -> None:
         """--devices N >= 1; --tensor-split only with N > 1: N shares, none negative, a positive sum."""
@@ -185,6 +196,8 @@ class RunConfig:
             d["tensor_split"] = ",".join(f"{x:g}" for x in self.tensor_split)
         if self.prompt_ids is None:
             d.pop("prompt_ids")                 # the seeded random prompt (records before it had no such key)
+        if self.prompt is None:
+            d.pop("prompt")                     # records before --prompt had no such key
         return d
 
 
@@ -341,6 +354,8 @@ def validate_run(cfg: RunConfig, scenario=None, as_json: bool = False, verbosity
     model = model_config(cfg.model)
     check_wtype(cfg.model, cfg.wtype, cfg.sources.get("wtype", "default"))
     check_backend(cfg.model, model, cfg.backend)
+    if cfg.prompt is not None:
+        tokenize_prompt(cfg, scenario)
     if cfg.prompt_ids and max(cfg.prompt_ids) >= model.n_vocab:
         raise UsageError(f"prompt-ids: token {max(cfg.prompt_ids)} is outside model {cfg.model}'s vocabulary of "
                          f"{model.n_vocab} tokens")
@@ -361,6 +376,8 @@ def validate_run(cfg: RunConfig, scenario=None, as_json: bool = False, verbosity
                          f"{demand.overflow_step} would need {demand.cells} (prompt-tokens {cfg.prompt_tokens} × "
                          f"batch {cfg.batch} prefilled, then one cell per sequence per decode step); lower "
                          f"--steps, --batch or --prompt-tokens")
+    if getattr(model, "n_swa", 0) > 0:
+        _check_swa_cells(cfg, model, demand)
     if cfg.backend != "cpu" and cfg.pool_cap is not None:
         need, step = min_pool_cap(demand, model, cfg.wtype)
         if cfg.pool_cap < need:
@@ -371,6 +388,45 @@ def validate_run(cfg: RunConfig, scenario=None, as_json: bool = False, verbosity
         warnings.append(f"{_named(cfg, scenario, 'verify', '--verify')} checks replayed steps, and graphs are "
                         f"disabled ({_named(cfg, scenario, 'graphs_disabled', '--no-graphs')}): nothing to verify")
     return warnings
+
+
+def _check_swa_cells(cfg: RunConfig, model, demand) -> None:
+    """A sliding-window model: every step's tokens find cells in the SWA cache, walked with the cells'
+    own rules (sched/swa_cells.py), so a prefill longer than the cache can take is refused up front
+    (graphdiag prefills a prompt in one ubatch, where llama.cpp would split it into n_ubatch ones)."""
+    import numpy as np
+
+    from .model.source import sized
+    from .sched.swa_cells import SwaKvCells
+    size = sized(model, cfg.swa_full, cfg.batch).swa_size
+    cells, nxt = SwaKvCells(size, model.n_swa), {}
+    for step, p, _ in demand.steps:
+        seqs = [p.seq] * p.n_tokens if p.kind == "prefill" else list(range(p.batch))
+        pos = [nxt.get(q, 0) + i for i, q in enumerate(seqs)] if p.kind == "prefill" else [nxt.get(q, 0) for q in seqs]
+        try:
+            cells.place(np.array(seqs, np.int32), np.array(pos, np.int32))
+        except UsageError:
+            raise UsageError(f"step {step} ({p.tokens} tokens) does not fit model {cfg.model}'s SWA KV cache "
+                             f"({size} cells, window {model.n_swa}); lower --prompt-tokens or --batch, or "
+                             f"use --swa-full") from None
+        for q, ps in zip(seqs, pos):
+            nxt[q] = ps + 1
+
+
+def tokenize_prompt(cfg: RunConfig, scenario) -> None:
+    """--prompt TEXT -> cfg.prompt_ids through the model file's vocabulary (model/tokenize.py), as llama.cpp's
+    llama_tokenize(add_special, parse_special) would; a preset has no real vocabulary: refused."""
+    from .model.source import is_file, prompt_ids
+    flag = _named(cfg, scenario, "prompt", "--prompt")
+    if not is_file(cfg.model):
+        raise UsageError(f"{flag} needs a model file's vocabulary, and preset {cfg.model}'s pieces are "
+                         f"placeholders: give --prompt-ids, or --model FILE.gguf")
+    ids = prompt_ids(cfg.model, cfg.prompt)
+    if cfg.sources.get("prompt_tokens", "default") != "default" and cfg.prompt_tokens != len(ids):
+        raise UsageError(f"{_named(cfg, scenario, 'prompt_tokens', '--prompt-tokens')} {cfg.prompt_tokens} and "
+                         f"{flag} ({len(ids)} tokens) disagree: give one")
+    cfg.prompt_ids, cfg.prompt_tokens = tuple(ids), len(ids)
+    cfg.sources["prompt_ids"] = cfg.sources.get("prompt", "cli")
 
 
 def min_pool_cap(demand, model, wtype: str = "f16") -> tuple[int, int]:

@@ -119,10 +119,12 @@ class Session:
                                       cfg.pdl)
                 make = lambda d, name=None: GpuBackend(d, bus, opts, self.clock, cfg.pool_cap, cfg.pool_max_buffers, name)
                 self._open_gpus(make)
-            self.model = build_model(cfg.model, cfg.wtype, seed=cfg.seed)
+            self.model = build_model(cfg.model, cfg.wtype, seed=cfg.seed, swa_full=cfg.swa_full, n_seq_max=cfg.batch)
             gpus = self.devices.gpus if self.devices is not None else [self.gpu] if self.gpu is not None else []
+            t0 = time.perf_counter_ns()
             self.ctx = make_context(self.model, [*gpus, self.cpu], bus, cfg.n_cpu_moe, cfg.reuse_disabled,
                                     self.split, self.devices.copy if self.devices is not None else None)
+            self.load_ns = time.perf_counter_ns() - t0       # the weights' upload, nearly all of it
             self.reference = Reference(self.model, q8_1_activations=self.gpu is not None) if cfg.oracle else None
         except BaseException:
             # a half-built session (bad preset, weights that do not fit) releases the device; its own error
@@ -152,9 +154,14 @@ class Session:
         self.gpu = GpuGroup(self.devices.gpus)
 
     def announce(self) -> None:
-        """Events a run states before its first step (after its header): the devices' layout and links."""
+        """Events a run states before its first step (after its header): the devices' layout and links, a
+        model file's upload (its bytes and time)."""
         if self.devices is not None:
             self.devices.announce(self.bus, self.split)
+        g = self.model.file
+        if g is not None:
+            self.bus.emit(E.WeightsUploaded(t_ns=self.bus.clock(), source=g.path.name, n_bytes=g.n_bytes,
+                                            duration_ns=self.load_ns))
 
     @property
     def backend_name(self) -> str:
@@ -236,6 +243,9 @@ def run(cfg: RunConfig, scenario=None, sinks=(), span_sinks=(), on_header=None, 
     `device_sinks`; `warn(line)` hears why there are none where they were asked for, and of a sink that
     failed and was cut off (the others still get every event). The sinks in `essential` (the record) end
     the run when they fail instead."""
+    if cfg.prompt is not None and cfg.prompt_ids is None:    # a caller that skipped validate_run
+        from .config import tokenize_prompt
+        tokenize_prompt(cfg, scenario)
     bus = E.EventBus()
     rec, counters = E.Recorder(), Counters()
     for s in (rec, counters):

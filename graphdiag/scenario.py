@@ -4,12 +4,14 @@
     description = "one line"
     cause = "one line"                         # optional: the cause the run shows (printed with its verdict)
     [run]        # RunConfig fields: model, wtype, prompt_tokens, steps, batch, chunk_size, fusion, ...
+                 # (model = "file.gguf": relative to this file's folder, or absolute; prompt = "text")
     [env]        # llama.cpp / ggml environment knobs the scenario sets, values as strings
     timeline = [ { at_step = 4, batch = 2 }, { at_step = 9, idle_s = 11 },
                  { at_step = 12, prefill = 32 }, { at_step = 2, alternate_batches = [1, 2] },
                  { at_step = 14, fault = "launch" } ]
     [expect]     # COUNTER, COUNTER_min, COUNTER_max (any Counters name, plus chunks and distinct_keys),
-                 # refusal_reasons, property_diff_fields (lists of str), no_replay, graphs_disabled (bool);
+                 # refusal_reasons, property_diff_fields, property_diff_nodes (lists of str: the fields, the
+                 # names of the first differing nodes a property diff named), no_replay, graphs_disabled (bool);
                  # diagnoses: thrash_keys, never_replayed, graph_bytes_peak, stale_replays_prevented,
                  # strict_failures (each also _min/_max)
 
@@ -34,10 +36,10 @@ from .counters import COUNTER_NAMES
 from .errors import ScenarioError, UsageError
 
 RUN_FIELDS: dict[str, type] = {
-    "model": str, "wtype": str, "prompt_tokens": int, "prompt_ids": list, "steps": int, "batch": int, "chunk_size": int,
+    "model": str, "wtype": str, "prompt_tokens": int, "prompt_ids": list, "prompt": str, "steps": int, "batch": int, "chunk_size": int,
     "fusion": bool, "concurrent_streams": bool, "n_cpu_moe": int, "pool_cap": int, "pool_max_buffers": int,
     "compute_capability": str, "reuse_disabled": bool, "graphs_disabled": bool, "devices": int, "tensor_split": list,
-    "sim_mode": str,
+    "sim_mode": str, "swa_full": bool,
 }
 CHANGES: dict[str, type] = {"batch": int, "idle_s": float, "prefill": int, "alternate_batches": list,
                             "new_arena_every": int, "separate_arena_batch": int, "fault": str}
@@ -47,7 +49,8 @@ DIAGNOSES = ("thrash_keys", "never_replayed", "graph_bytes_peak", "stale_replays
              "unrecovered_failures", "faults_missed")
 BOUNDED = (*COUNTER_NAMES, "chunks", "distinct_keys", *DIAGNOSES)
 EXPECT: dict[str, type] = ({n + s: int for n in BOUNDED for s in ("", "_min", "_max")}
-                           | {"refusal_reasons": list, "property_diff_fields": list, "no_replay": bool,
+                           | {"refusal_reasons": list, "property_diff_fields": list, "property_diff_nodes": list,
+                              "no_replay": bool,
                               "graphs_disabled": bool})
 # the reasons an update can be refused for: drivers.base.UpdateResult's names but SUCCESS (UpdateRefused.reason;
 # written out: scenarios load without numpy, which the drivers need; a test keeps the two equal)
@@ -219,7 +222,12 @@ class _Validator:
             key = next((k for k in run if k in said or k.replace("_", "-") in said or k.replace("_", " ") in said),
                        None)
             self.fail(f"invalid [run]: {e}", "run", key)
-        return dict(run)
+        run = dict(run)
+        model = run.get("model", "")
+        if model.endswith(".gguf") and not Path(model).is_absolute():
+            # a model file is named relative to the scenario's own folder, wherever the run starts
+            run["model"] = str(self.path.parent / model)
+        return run
 
     def env(self, env: dict) -> dict[str, str]:
         self.known(env, ENV_KNOBS, "[env] (known knobs)", "env")
@@ -312,9 +320,10 @@ def check_expectations(scenario: Scenario, summary) -> list[str]:
 
 
 def _observed(k: str, s):
-    if k in ("refusal_reasons", "property_diff_fields"):
-        return sorted(s.counters.get("refusals_by_reason", {})) if k == "refusal_reasons" \
-            else list(s.property_diff_fields)
+    if k == "refusal_reasons":
+        return sorted(s.counters.get("refusals_by_reason", {}))
+    if k in ("property_diff_fields", "property_diff_nodes"):
+        return list(getattr(s, k))
     if k == "no_replay":
         return s.counters["replays"]
     if k == "graphs_disabled":

@@ -10,8 +10,10 @@ import numpy as np
 
 from ..errors import GraphdiagError
 from ..ir.arena import Arena
+from ..ir.attention import unpermuted
 from ..ir.graph import Graph
 from ..ir.ops import GluOp, Op, TensorFlag, is_view_or_noop
+from ..ir.tensor import Tensor
 from ..memory import AddressSpace
 from . import cpu_ops as ops
 from .base import Backend
@@ -136,7 +138,9 @@ class CpuBackend(Backend):
         self._view(a, r)[...] = ops.top_k(self._src(a, r, 0), int(r["op_params"][0]))
 
     def _flash_attn(self, a, r):
-        q, k, v, mask = (self._src(a, r, j) for j in range(4))
+        """q, k, v read in the unpermuted layout (ir/attention.py: llama.cpp's permuted views read through)."""
+        q, k, v = (self._view(a, unpermuted(Tensor(a, a.index(int(r["src"][j])))).r) for j in range(3))
+        mask = self._src(a, r, 3)
         self._view(a, r)[...] = ops.flash_attn_ext(q, k, v, mask, _f32(r, 0))
 
     def _glu(self, a, r):

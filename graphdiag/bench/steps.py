@@ -13,12 +13,14 @@ from .. import events as E
 from ..config import resolve
 from ..errors import UsageError
 from ..model.build import padded_n_kv
-from ..model.presets import get_preset, weight_type
-from ..model.weights import LOAD_PROGRESS, create_model
+from ..model.presets import get_preset
+from ..model.source import build_model, is_file, model_config
+from ..model.weights import LOAD_PROGRESS
 from ..report.analysis.measured import gpu_time_source
 from . import roofline as R
 from .timing import host_reference_us, percentile
 
+OWN_TYPES = "own types"        # the weight type column of a GGUF file's row (its tensors keep their types)
 WARMUP = 2                     # decode steps of each mode dropped before the statistics
 PREFILL_REPS = 3               # timed prefills after the first (each at the next positions)
 
@@ -220,7 +222,13 @@ def instrumentation_figures(bare: list[list[int]], on: list[list[int]]) -> dict:
             "instr_rounds": len(pairs)}
 
 
-def _decode_settings(opts: StepsOptions, model: str, wtype: str) -> dict:
+def runs_of(opts: StepsOptions) -> list[tuple[str, str | None]]:
+    """(model, weight type) of each decode row: a preset in each of opts.wtypes, a GGUF file once in its own
+    types (None: --wtype does not apply to it)."""
+    return [(m, w) for m in opts.models for w in ((None,) if is_file(m) else opts.wtypes)]
+
+
+def _decode_settings(opts: StepsOptions, model: str, wtype: str | None) -> dict:
     return {"backend": opts.backend, "model": model, "wtype": wtype, "steps": opts.steps,
             "prompt_tokens": opts.prompt_tokens, "chunk_size": opts.chunk_size, **opts.settings}
 
@@ -242,38 +250,48 @@ def check_steps(opts: StepsOptions) -> None:
     row's instrumentation rounds decode more steps than --steps: they are checked too."""
     from ..config import validate_run
     instr_steps = INSTR_DECODE
-    for model in opts.models:
-        n_ctx = get_preset(model).n_ctx
+    for model, wtype in runs_of(opts):
+        n_ctx = model_config(model).n_ctx
         if opts.prefill and (PREFILL_REPS + 1) * opts.prefill > n_ctx:
             raise UsageError(f"--prefill {opts.prefill}: the prefill row runs {PREFILL_REPS + 1} prefills of that "
                              f"many tokens in one sequence, {(PREFILL_REPS + 1) * opts.prefill} KV cells, and model "
                              f"{model} has {n_ctx} (n_ctx): at most --prefill {n_ctx // (PREFILL_REPS + 1)}")
-        for wtype in opts.wtypes:
-            base = _decode_settings(opts, model, wtype)
-            cfg = resolve({**base, "nvtx": False})
-            validate_run(cfg)
-            if cfg.prompt_tokens + instr_steps > n_ctx:     # one sequence: a prefill, then decode steps
-                raise UsageError(f"--prompt-tokens {cfg.prompt_tokens}: the decode row's instrumentation rounds "
-                                 f"decode {instr_steps} steps after the prompt, {cfg.prompt_tokens + instr_steps} "
-                                 f"KV cells, and model {model} has {n_ctx} (n_ctx): at most --prompt-tokens "
-                                 f"{n_ctx - instr_steps}")
-            if opts.prefill:
-                settings, sc = _prefill_run(opts, model, wtype)
-                validate_run(resolve({**settings, "nvtx": False}), sc)
+        base = _decode_settings(opts, model, wtype)
+        cfg = resolve({**base, "nvtx": False})
+        validate_run(cfg)
+        if cfg.prompt_tokens + instr_steps > n_ctx:     # one sequence: a prefill, then decode steps
+            raise UsageError(f"--prompt-tokens {cfg.prompt_tokens}: the decode row's instrumentation rounds "
+                             f"decode {instr_steps} steps after the prompt, {cfg.prompt_tokens + instr_steps} "
+                             f"KV cells, and model {model} has {n_ctx} (n_ctx): at most --prompt-tokens "
+                             f"{n_ctx - instr_steps}")
+        if opts.prefill:
+            settings, sc = _prefill_run(opts, model, wtype)
+            validate_run(resolve({**settings, "nvtx": False}), sc)
 
 
-def decode_row(opts: StepsOptions, model: str, wtype: str, bandwidth: float, progress: Progress) -> dict:
+def _row_names(model: str, wtype: str | None) -> dict:
+    """How a row names its model: a preset and its weight type, or a file's name (the full path apart, in
+    `model_path`) and OWN_TYPES (the types per tensor are the run header's, in `model_types`)."""
+    if wtype is not None:
+        return {"model": model, "wtype": wtype}
+    from pathlib import Path
+    return {"model": Path(model).name, "model_path": model, "wtype": OWN_TYPES}
+
+
+def decode_row(opts: StepsOptions, model: str, wtype: str | None, bandwidth: float, progress: Progress) -> dict:
     base = _decode_settings(opts, model, wtype)
+    names = _row_names(model, wtype)
+    label = f"{names['model']} {names['wtype']}"
     host_ref = host_reference_us()
-    on = _run(base, progress, f"{model} {wtype} graphs on")
-    off = _run({**base, "graphs_disabled": True}, progress, f"{model} {wtype} graphs off")
+    on = _run(base, progress, f"{label} graphs on")
+    off = _run({**base, "graphs_disabled": True}, progress, f"{label} graphs off")
     rep, eag = decode_stats(on.events, "replay"), decode_stats(off.events, "eager")
-    cfg = get_preset(model)
+    cfg = model_config(model)
     n_kv = rep.get("n_kv") or eag.get("n_kv") or padded_n_kv(resolve(base).prompt_tokens, cfg.n_ctx)
-    m = create_model(cfg, weight_type(wtype), with_data=False)
+    m = build_model(model, wtype or "f16", with_data=False)
     wb, kvb = R.weight_bytes_read(m), R.kv_bytes_read(cfg, n_kv)
     roof = R.roofline_ms(wb, kvb, bandwidth) if bandwidth == bandwidth else None
-    row = {"kind": "decode", "model": model, "wtype": wtype, "backend": on.header.get("backend"),
+    row = {"kind": "decode", **names, "backend": on.header.get("backend"),
            "device": on.header.get("device"), "simulated": bool(on.header.get("simulated")), "n_kv": n_kv,
            "devices": on.header.get("settings", {}).get("devices", 1),
            "gpu_time_source": gpu_time_source(on.header),     # what replay_gpu_ms / eager_gpu_ms measured
@@ -284,15 +302,18 @@ def decode_row(opts: StepsOptions, model: str, wtype: str, bandwidth: float, pro
            "replay_steps": rep.get("steps", 0), "eager_steps": eag.get("steps", 0),
            "weight_bytes": wb, "kv_bytes": kvb, "copy_GBps": bandwidth / 1e9 if roof else None,
            "roofline_ms": roof, "host_ref_us": host_ref}
+    if on.header.get("model_file"):
+        row["model_types"] = on.header["model_file"].get("types")
     if rep:
-        row.update(instrumentation_share(base, f"{model} {wtype}", progress))
+        row.update(instrumentation_share(base, label, progress))
     row["graph_speedup"] = _ratio(row["eager_ms"], row["replay_ms"])
     row["replay_over_roofline"] = _ratio(row["replay_ms"], roof)
     return row
 
 
 def _wants_peer(opts: StepsOptions, row: dict) -> bool:
-    return opts.torch and not row["simulated"] and not get_preset(row["model"]).is_moe
+    # the peer draws a preset's llama shapes: a file (maybe of another architecture) is not one
+    return opts.torch and not row["simulated"] and "model_path" not in row and not get_preset(row["model"]).is_moe
 
 
 def add_torch_peer(row: dict, progress: Progress) -> None:
@@ -321,15 +342,16 @@ def add_torch_peer(row: dict, progress: Progress) -> None:
         row["torch_host_ref_us"] = host_ref
 
 
-def prefill_row(opts: StepsOptions, model: str, wtype: str, progress: Progress) -> dict:
+def prefill_row(opts: StepsOptions, model: str, wtype: str | None, progress: Progress) -> dict:
     """Prefills of opts.prefill tokens, one after another in one sequence (positions 0, P, 2P, ...); the
     first is dropped as warm-up, so both sides time prefills at positions P .. PREFILL_REPS * P."""
     p = opts.prefill
     host_ref = host_reference_us()
     settings, sc = _prefill_run(opts, model, wtype)
-    r = _run(settings, progress, f"{model} {wtype} prefill {p}", sc)
+    names = _row_names(model, wtype)
+    r = _run(settings, progress, f"{names['model']} {names['wtype']} prefill {p}", sc)
     xs = prefill_ms(r.events)
-    row = {"kind": "prefill", "model": model, "wtype": wtype, "backend": r.header.get("backend"),
+    row = {"kind": "prefill", **names, "backend": r.header.get("backend"),
            "device": r.header.get("device"), "simulated": bool(r.header.get("simulated")), "n_tokens": p,
            "prefill_ms": statistics.median(xs) if xs else None, "prefill_reps": len(xs), "host_ref_us": host_ref}
     return row
@@ -343,11 +365,10 @@ def bench_steps(opts: StepsOptions, progress: Progress | None = None) -> list[di
     check_steps(opts)
     bandwidth, _, _ = measure_bandwidth(opts.backend, progress)
     rows = []
-    for model in opts.models:
-        for wtype in opts.wtypes:
-            rows.append(decode_row(opts, model, wtype, bandwidth, progress))
-            if opts.prefill:
-                rows.append(prefill_row(opts, model, wtype, progress))
+    for model, wtype in runs_of(opts):
+        rows.append(decode_row(opts, model, wtype, bandwidth, progress))
+        if opts.prefill:
+            rows.append(prefill_row(opts, model, wtype, progress))
     for row in rows:
         if _wants_peer(opts, row):
             add_torch_peer(row, progress)

@@ -17,7 +17,8 @@ def bench() -> None:
 
 
 @bench.command("ledger")
-@click.option("--model", default="7b", help="Preset whose decode graph is checked (built without data).")
+@click.option("--model", default="7b", help="Preset (or GGUF file, PATH.gguf) whose decode graph is checked "
+                                             "(built without data).")
 @click.option("--batch", type=POSITIVE, default=1, help="Sequences in the decode graph (>= 1).")
 @click.option("--reps", type=click.IntRange(1, MAX_LEDGER_REPS), default=50,
               help=f"Timed repetitions (1 to {MAX_LEDGER_REPS}).")
@@ -25,8 +26,8 @@ def ledger(model, batch, reps):
     """Time the full node-property ledger comparison (a uid miss) for a decode graph."""
     from ..bench import ledger_bench
     from ..errors import UsageError
-    from ..model.presets import get_preset
-    n_ctx = get_preset(model).n_ctx    # an unknown preset is a one-line error before anything is built
+    from ..model.source import model_config
+    n_ctx = model_config(model).n_ctx  # an unknown preset or a bad file is a one-line error before anything is built
     if batch > n_ctx:                  # a decode step of N sequences puts N tokens in the KV cache
         raise UsageError(f"--batch {batch}: model {model} has n_ctx {n_ctx} KV cells, and a decode step of "
                          f"{batch} sequences needs one each (at most --batch {n_ctx})")
@@ -37,9 +38,11 @@ def ledger(model, batch, reps):
     click.echo(f"  gather + compare {r['check_us']:9.1f} us")
 
 
-def _names(value: str, known, what: str) -> tuple[str, ...]:
+def _names(value: str, known, what: str, files: bool = False) -> tuple[str, ...]:
+    """Comma-separated names, each one of `known` (or, with `files`, a PATH.gguf)."""
+    from ..model.source import is_file
     names = tuple(v.strip() for v in value.split(",") if v.strip())
-    bad = [n for n in names if n not in known]
+    bad = [n for n in names if n not in known and not (files and is_file(n))]
     if not names or bad:
         from ..errors import UsageError
         raise UsageError(f"unknown {what} {', '.join(bad) or repr(value)} (known: {', '.join(known)})")
@@ -48,8 +51,10 @@ def _names(value: str, known, what: str) -> tuple[str, ...]:
 
 @bench.command("steps")
 @click.option("--backend", type=click.Choice(["auto", "cuda", "sim", "cpu"]), default=None)
-@click.option("--model", "models", default="tiny", help="Presets, comma-separated (tiny,1b,7b).")
-@click.option("--wtype", "wtypes", default="f16", help="Weight types, comma-separated (f16,q8_0,q4_k,...: any --wtype of run).")
+@click.option("--model", "models", default="tiny",
+              help="Presets or GGUF files, comma-separated (tiny,1b,PATH.gguf); a file runs in its own types.")
+@click.option("--wtype", "wtypes", default=None, help="Weight types of the presets, comma-separated "
+                                                     "(f16,q8_0,q4_k,...: any --wtype of run; default f16).")
 @click.option("--steps", type=click.IntRange(min=8), default=64, help="Decode steps per run (>= 8).")
 @click.option("--prompt-tokens", type=POSITIVE, default=None)
 @click.option("--chunk-size", type=click.IntRange(min=0), default=None)
@@ -73,9 +78,10 @@ def steps(backend, models, wtypes, steps, prompt_tokens, chunk_size, prefill, no
     from ..model.presets import PRESETS, WEIGHT_TYPES
     split = {k: v for k, v in (("devices", devices), ("tensor_split", tensor_split)) if v is not None}
     resolve({"backend": backend, **split})     # a bad --devices / --tensor-split: one line, before any run
-    opts = StepsOptions(_names(models, PRESETS, "preset"), _names(wtypes, [w for w in WEIGHT_TYPES if w != "f32"],
-                        "weight type"), backend, steps, prompt_tokens, chunk_size, prefill, not no_torch,
-                        settings=split)
+    names = _names(models, PRESETS, "preset", files=True)
+    _no_wtype_for_files(names, wtypes)
+    opts = StepsOptions(names, _names(wtypes or "f16", [w for w in WEIGHT_TYPES if w != "f32"], "weight type"),
+                        backend, steps, prompt_tokens, chunk_size, prefill, not no_torch, settings=split)
     with progress_for(sys.stderr) as progress:      # plain lines when stderr is not a terminal
         rows = bench_steps(opts, progress)
     if as_json:
@@ -83,3 +89,16 @@ def steps(backend, models, wtypes, steps, prompt_tokens, chunk_size, prefill, no
             click.echo(json.dumps(r))
     else:
         render(rows)
+
+
+def _no_wtype_for_files(names: tuple[str, ...], wtypes: str | None) -> None:
+    """--wtype chooses the presets' weight types; with files only it would choose nothing (each file has its
+    own types): refused, as `run --model FILE --wtype` is."""
+    from ..errors import UsageError
+    from ..model.source import is_file, model_config
+    for n in names:
+        if is_file(n):
+            model_config(n)             # a missing or bad file: one line now, not after the other rows
+    if wtypes is not None and all(is_file(n) for n in names):
+        raise UsageError(f"--wtype {wtypes} chooses the presets' weight types, and {', '.join(names)} "
+                         f"{'has its' if len(names) == 1 else 'have their'} own types (drop --wtype)")

@@ -17,7 +17,8 @@ def _one_scenario(given: tuple[str, ...]) -> str | None:
 @click.option("--backend", type=click.Choice(["auto", "cuda", "sim", "cpu"]), default=None,
               help="cuda: the GPU; sim: the simulated driver; cpu: numpy only. Default: cuda when a GPU is "
                    "present, else sim (announced as simulated).")
-@click.option("--model", default=None, help="Model preset: tiny, small, 1b, 7b, moe-tiny.")
+@click.option("--model", default=None, help="Model preset (tiny, small, 1b, 7b, moe-tiny) or a GGUF file (PATH.gguf: "
+              "its own hyper-parameters, weight types and vocabulary; --wtype does not apply).")
 @click.option("--wtype", default=None, help="Weight type of a preset's mat-mul weights and embedding: f16, bf16, "
               "f32, q8_0, q4_0, q5_0, q5_1, q4_k, q5_k, q6_k (a K-quant falls back where rows are no multiple of "
               "256, as llama.cpp's quantizer).")
@@ -25,6 +26,11 @@ def _one_scenario(given: tuple[str, ...]) -> str | None:
 @click.option("--prompt-tokens", type=int, default=None, help="Prompt length prefilled per sequence.")
 @click.option("--prompt-ids", default=None, help="The prompt as token ids, comma-separated (each sequence's; "
               "default: seeded random tokens).")
+@click.option("--prompt", default=None,
+              help="The prompt as text, tokenized through the model file's vocabulary as llama.cpp's "
+                   "llama_tokenize (add_special, parse_special) does: SPM (bigram merges by score, byte "
+                   "fallback) and byte-level BPE (pre-tokenizers default, gpt2, qwen2); exact for those rules, "
+                   "character classes from Python's Unicode data. Needs --model FILE.gguf; not with --prompt-ids.")
 @click.option("--steps", type=int, default=None, help="Decode steps.")
 @click.option("--batch", type=int, default=None, help="Sequences decoded together (tokens per decode step).")
 @click.option("--chunk-size", type=int, default=None,
@@ -36,6 +42,8 @@ def _one_scenario(given: tuple[str, ...]) -> str | None:
               help="Disable CUDA graphs. Env: GGML_CUDA_DISABLE_GRAPHS (any value).")
 @click.option("--no-reuse", "reuse_disabled", flag_value=True, default=None,
               help="Disable llama.cpp's graph reuse. Env: LLAMA_GRAPH_REUSE_DISABLE.")
+@click.option("--swa-full", "swa_full", flag_value=True, default=None,
+              help="Give a sliding-window model's SWA cache the full context (llama.cpp --swa-full; default off).")
 @click.option("--n-cpu-moe", type=int, default=None, help="Put the experts of the first N MoE layers on the CPU.")
 @click.option("--devices", type=int, default=None,
               help="Split the layers across N GPUs (llama.cpp --split-mode layer), each with its own graph cache.")

@@ -14,7 +14,7 @@ defined in, which is the registry's order.
 """
 
 from .base import EVENT_TYPES, SCHEMA_VERSION, Event, _fast_init
-from .run import StepStarted, StepFinished, RunEnded
+from .run import StepStarted, StepFinished, RunEnded, WeightsUploaded
 from .failures import FaultInjected, FaultMissed, CellsRemoved, EntryReset, StepFailed
 from .context import ContextDecision, GraphSplit, DeviceLayout, PeerLink, SchedRealloc
 from .gates import (

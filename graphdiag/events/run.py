@@ -36,3 +36,13 @@ class RunEnded(Event):
     status: str = "complete"
     steps_done: int = 0            # steps finished
     reason: str = ""
+
+
+@dataclass(frozen=True)
+class WeightsUploaded(Event):
+    """A model file's weights placed on the run's backends (before step 0): the file's name, its tensor
+    bytes and the host wall time the load took (every persistent buffer allocated and filled, synchronised)."""
+    kind: ClassVar[str] = "weights_uploaded"
+    source: str = ""               # the file's name
+    n_bytes: int = 0
+    duration_ns: int = 0

@@ -33,6 +33,7 @@ class GraphParams:
     n_outputs: int
     gtype: str        # DECODE | PREFILL
     n_kv: int         # KV cells the attention reads, padded to KV_PAD (capped at n_ctx)
+    n_kv_swa: int = 0  # the same for the sliding-window cache of an iSWA model (0: none)
 
     def __post_init__(self):
         if self.gtype not in (DECODE, PREFILL):
@@ -67,6 +68,8 @@ def _pad(n: int, m: int) -> int:
 
 
 class _Builder:
+    TEMPLATES = True   # GraphTemplates may stamp this builder's graphs out again (one n_kv-shaped set)
+
     def __init__(self, model: Model, params: GraphParams):
         self.m, self.cfg, self.p = model, model.cfg, params
         self.ctx = Ctx(model.arena)
@@ -253,7 +256,7 @@ def build_graph(model: Model, params: GraphParams, templates: "GraphTemplates | 
     `templates`, a graph of the same shape built before is stamped out instead (the same structs)."""
     if params.n_kv > model.cfg.n_ctx:
         raise ValueError(f"n_kv {params.n_kv} > n_ctx {model.cfg.n_ctx}")
-    if templates is not None and _stampable(model):
+    if templates is not None and _stampable(model) and builder_for(model).TEMPLATES:
         return templates.build(model, params)
     return builder_for(model)(model, params).build()
 

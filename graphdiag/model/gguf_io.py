@@ -60,7 +60,7 @@ class GgufModel:
 
 def _reader(path: Path):
     try:
-        from gguf import GGUFReader
+        from .gguf_reader import FastGGUFReader as GGUFReader     # the library's, arrays read in one piece
     except ImportError:
         raise UsageError("reading a GGUF file needs the gguf package (pip install gguf)") from None
     try:

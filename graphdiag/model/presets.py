@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 from ..errors import UsageError
 from ..ir.dtypes import GGMLType, block_size
+from .kv_sizes import N_UBATCH, swa_cache_size
 
 ROPE_NORM, ROPE_NEOX = 0, 2     # GGML_ROPE_TYPE_NORM / GGML_ROPE_TYPE_NEOX
 
@@ -63,6 +65,48 @@ class ModelConfig:
         return self.n_expert > 0
 
 
+SWA_PATTERN = 6      # gemma3's load_swa_pattern(ml, 6): the default when a file gives none
+
+
+def swa_pattern(n_layer: int, n_pattern: int = SWA_PATTERN) -> tuple:
+    """llama_hparams::set_swa_pattern(n_pattern, dense_first=false): layer il slides unless
+    il % n_pattern == n_pattern - 1 (every layer slides with n_pattern 0)."""
+    return tuple(n_pattern == 0 or (il % n_pattern < n_pattern - 1) for il in range(n_layer))
+
+
+@dataclass(frozen=True)
+class Gemma3Config(ModelConfig):
+    """ModelConfig plus Gemma 3's sliding window (model/arch/gemma3.py): `n_swa` positions (0: none, one
+    cache), `swa_layers` (a bool per layer), the SWA layers' rope base, and what sizes the SWA cache
+    (sequences, llama.cpp's swa_full)."""
+
+    n_swa: int = 0
+    swa_layers: tuple = ()
+    rope_base_swa: float = 10000.0
+    n_seq_max: int = 1
+    swa_full: bool = False
+
+    def is_swa(self, il: int) -> bool:
+        return self.n_swa > 0 and bool(self.swa_layers[il])
+
+    def rope_base_of(self, il: int) -> float:
+        """get_rope_freq_base: rope.freq_base_swa on a sliding layer, rope.freq_base elsewhere."""
+        return self.rope_base_swa if self.is_swa(il) else self.rope_base
+
+    @property
+    def f_attention_scale(self) -> float:
+        """1/sqrt(head_dim); the 27B (62 layers) uses 1/sqrt(n_embd/n_head) (load_arch_hparams)."""
+        d = self.n_embd // self.n_head if self.n_layer == 62 else self.head_dim
+        return 1.0 / math.sqrt(float(d))
+
+    @property
+    def swa_size(self) -> int:
+        """The SWA cache's cells (0 without a window): llama_kv_cache_iswa's size_swa, unified cache."""
+        if self.n_swa <= 0:
+            return 0
+        return swa_cache_size(self.n_ctx, self.n_swa, self.n_seq_max, N_UBATCH, True, self.swa_full)
+
+
 PRESETS: dict[str, ModelConfig] = {
     c.name: c
     for c in (
@@ -71,6 +115,10 @@ PRESETS: dict[str, ModelConfig] = {
         ModelConfig("1b", 16, 2048, 32, 8, 8192, 32000),
         ModelConfig("7b", 32, 4096, 32, 32, 11008, 32000),
         ModelConfig("moe-tiny", 4, 512, 8, 8, 0, 4096, n_expert=8, n_expert_used=2, n_ff_exp=512),
+        # Gemma 3's pieces at tiny shapes: one KV head, head_dim 128 (n_head * head_dim != n_embd), tied
+        # output, layer 5 global and the others sliding over a 128-position window (SWA cache: 768 cells)
+        Gemma3Config("gemma3-tiny", 6, 256, 4, 1, 512, 4096, rope_base=1e6, norm_eps=1e-6, arch="gemma3",
+                     n_embd_head=128, rope_type=ROPE_NEOX, tied_output=True, n_swa=128, swa_layers=swa_pattern(6)),
     )
 }
 

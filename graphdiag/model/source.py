@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 from pathlib import Path
 
 from ..errors import UsageError
@@ -23,6 +24,14 @@ def _file(name: str):
     return open_gguf(str(Path(name).resolve()))
 
 
+def prompt_ids(name: str, text: str) -> list[int]:
+    """`text` as token ids through the vocabulary of the GGUF file at `name` (model/tokenize.py)."""
+    from .tokenize import file_vocab, tokenize
+    path = Path(name).resolve()
+    st = path.stat()
+    return tokenize(file_vocab(str(path), (st.st_size, st.st_mtime_ns)), text)
+
+
 def check_wtype(name: str, wtype: str, wtype_source: str) -> None:
     """--wtype chooses a preset's weight type; a file's weights have their own types."""
     if is_file(name) and wtype_source not in ("default", ""):
@@ -38,9 +47,22 @@ def check_backend(name: str, cfg: ModelConfig, backend: str) -> None:
                          f"backends (head sizes {', '.join(map(str, FA_HEAD_DIMS))}); --backend cpu runs it")
 
 
-def build_model(name: str, wtype: str, seed: int = 0, with_data: bool = True):
-    """The Model of a preset (seeded weights) or of a GGUF file (its weights, memory-mapped)."""
+def build_model(name: str, wtype: str, seed: int = 0, with_data: bool = True, swa_full: bool = False,
+                n_seq_max: int = 1):
+    """The Model of a preset (seeded weights) or of a GGUF file (its weights, memory-mapped). A file with a
+    sliding window sizes its SWA cache for `n_seq_max` sequences, or as the global one with `swa_full`."""
     from .weights import create_file_model, create_model
     if is_file(name):
-        return create_file_model(_file(name), with_data)
-    return create_model(get_preset(name), weight_type(wtype), seed=seed, with_data=with_data)
+        g = _file(name)
+        g = dataclasses.replace(g, cfg=sized(g.cfg, swa_full, n_seq_max))
+        return create_file_model(g, with_data)
+    return create_model(sized(get_preset(name), swa_full, n_seq_max), weight_type(wtype), seed=seed,
+                        with_data=with_data)
+
+
+def sized(cfg: ModelConfig, swa_full: bool, n_seq_max: int) -> ModelConfig:
+    """A sliding-window config with the run's SWA cache sizing (llama_context passes swa_full and n_seq_max to
+    the iSWA cache); any other config as it is."""
+    if getattr(cfg, "n_swa", 0) > 0:
+        return dataclasses.replace(cfg, swa_full=swa_full, n_seq_max=n_seq_max)
+    return cfg

@@ -73,6 +73,8 @@ class Layer:
     bv: Tensor | None = None
     attn_q_norm: Tensor | None = None   # QK-norm weights, (head_dim,) (qwen3, gemma3)
     attn_k_norm: Tensor | None = None
+    attn_post_norm: Tensor | None = None   # post-attention and post-FFN norms, (n_embd,) (gemma3)
+    ffn_post_norm: Tensor | None = None
 
 
 @dataclass
@@ -122,6 +124,14 @@ def _specs(cfg: ModelConfig):
     return get_arch(cfg.arch).tensors(cfg)
 
 
+def _kv_layers(cfg: ModelConfig) -> list[tuple[int, int]]:
+    """(layer, cells) of each K/V cache in creation order: the arch's (gemma3's iSWA cache: two sizes), else
+    every layer in order with n_ctx cells."""
+    from .arch import get_arch
+    own = getattr(get_arch(cfg.arch), "kv_layers", None)
+    return own(cfg) if own is not None else [(il, cfg.n_ctx) for il in range(cfg.n_layer)]
+
+
 def create_model(cfg: ModelConfig, wtype: GGMLType = GGMLType.F16, seed: int = 0, arena: Arena | None = None,
                  with_data: bool = True, types: Mapping[str, GGMLType] | None = None) -> Model:
     """Build the persistent structs in `arena` (then freeze it): the architecture's weights in its order
@@ -142,9 +152,10 @@ def create_model(cfg: ModelConfig, wtype: GGMLType = GGMLType.F16, seed: int = 0
             top[spec.field] = t
         else:
             setattr(layers[spec.layer], spec.field, t)
-    for il, lay in enumerate(layers):
-        lay.k_cache = ctx.new_tensor(GGMLType.F16, (cfg.n_embd_kv, cfg.n_ctx), f"cache_k_l{il}")
-        lay.v_cache = ctx.new_tensor(GGMLType.F16, (cfg.n_embd_kv, cfg.n_ctx), f"cache_v_l{il}")
+    for il, cells in _kv_layers(cfg):
+        lay = layers[il]
+        lay.k_cache = ctx.new_tensor(GGMLType.F16, (cfg.n_embd_kv, cells), f"cache_k_l{il}")
+        lay.v_cache = ctx.new_tensor(GGMLType.F16, (cfg.n_embd_kv, cells), f"cache_v_l{il}")
     arena.freeze()
     # a tied output is the embedding itself (llama.cpp's TENSOR_DUPLICATED: one tensor, read twice)
     output = top["tok_embd"] if cfg.tied_output else top["output"]
@@ -319,11 +330,16 @@ def load_model(model: Model, gpu: Backend | list[Backend], cpu: Backend | None =
     total = sum(t.nbytes() for t in model.tensors())
     if progress is None and not all(d is None or d[0].computes for d in map(_device, gpus)):
         progress = _no_progress   # decisions-only: the memory is reserved and the fills modelled, at once
-    label = f"{model.cfg.name} {model.wtype.name} weights"
-    hosted = sum(t.nbytes() for t in model.tensors() if _host_quantised(model, t))
-    if hosted:
-        label += f" ({hosted:,} bytes drawn and quantised on the host)"
-    with _progress(progress, total, label, loud=total >= LOUD_BYTES or hosted >= LOUD_HOST_BYTES) as tick:
+    if model.file is not None and progress is None and LOAD_PROGRESS.get() is None:
+        from .upload import FileUpload             # a file's weights: named, with their bytes
+        shown = FileUpload(model, total)
+    else:
+        label = f"{model.cfg.name} {model.wtype.name} weights"
+        hosted = sum(t.nbytes() for t in model.tensors() if _host_quantised(model, t))
+        if hosted:
+            label += f" ({hosted:,} bytes drawn and quantised on the host)"
+        shown = _progress(progress, total, label, loud=total >= LOUD_BYTES or hosted >= LOUD_HOST_BYTES)
+    with shown as tick:
         buffers = []
         for gi, backend in enumerate([*gpus, cpu]):
             if groups[gi]:

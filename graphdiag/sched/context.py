@@ -14,12 +14,12 @@ import numpy as np
 from .. import events as E
 from ..backends.base import Backend
 from ..errors import InternalError, UsageError
-from ..ir.dtypes import GGMLType
-from ..ir.tensor import Tensor
 from ..model.build import DECODE, PREFILL, BuiltGraph, GraphParams, build_graph
 from ..model.templates import GraphTemplates
 from ..model.weights import Model, load_model
 from .devices import LayerSplit
+from .graph_inputs import KeptInputs
+from .iswa import IswaCells
 from .kv_cells import KvCells
 from .scheduler import Scheduler
 
@@ -33,11 +33,26 @@ def _reuse_blocker(prev: GraphParams, new: GraphParams) -> str:
     the inputs' can_reuse (the KQ mask's ne[0] must equal n_kv). Prefill and decode are not different graph
     types in llama.cpp (both LLM_GRAPH_TYPE_DEFAULT): only their shapes tell them apart."""
     for field, label in (("n_tokens", "n_tokens"), ("n_seqs", "n_seqs"), ("n_outputs", "n_outputs"),
-                         ("n_kv", "n_kv")):
+                         ("n_kv", "n_kv"), ("n_kv_swa", "n_kv (SWA)")):
         a, b = getattr(prev, field), getattr(new, field)
         if a != b:
-            return f"{label} {a}→{b}"
+            why = f"{label} {a}→{b}"
+            if field == "n_kv" and prev.n_kv_swa != new.n_kv_swa:     # both iSWA masks: say both
+                why += f", n_kv (SWA) {prev.n_kv_swa}→{new.n_kv_swa}"
+            return why
     return ""
+
+
+def _make_cells(cfg):
+    """The model's KV cells: llama.cpp's iSWA cache (global + sliding-window) for a model with a window,
+    one cache of n_ctx cells otherwise."""
+    if getattr(cfg, "n_swa", 0) > 0:
+        return IswaCells(cfg.n_ctx, cfg.swa_size, cfg.n_swa)
+    return KvCells(cfg.n_ctx)
+
+
+def _n_kv_swa(kv) -> int:
+    return kv.n_kv_swa() if isinstance(kv, IswaCells) else 0
 
 
 class Context:
@@ -47,10 +62,10 @@ class Context:
         self.model, self.sched = model, sched
         self.bus = bus if bus is not None else E.EventBus()
         self.reuse_disabled = reuse_disabled
-        self.kv = KvCells(model.cfg.n_ctx)
+        self.kv = _make_cells(model.cfg)
         self.res: BuiltGraph | None = None
         self.templates = GraphTemplates(model)    # graphs built before, stamped out again for a new n_kv
-        self._inputs: _GraphInputs | None = None  # the kept graph's input stages
+        self._inputs: KeptInputs | None = None    # the kept graph's input stages
         self._slot = 0                            # the input slot the next step writes
         self._prepared: _Prepared | None = None   # the next decode step's placement, done early
         self._logits_place: tuple | None = None   # (res, backend, addr, nbytes, shape)
@@ -144,7 +159,7 @@ class Context:
         self.step = step + 1
 
     def _run_ubatch(self, step: int, tokens, seqs, pos, cells, pre, n_outputs: int, gtype: str) -> np.ndarray:
-        params = self._params(len(tokens), _n_seqs(seqs), n_outputs, gtype, self.kv.n_kv())
+        params = self._params(len(tokens), _n_seqs(seqs), n_outputs, gtype, self.kv.n_kv(), _n_kv_swa(self.kv))
         bus = self.bus
         # posted (made when the sinks take them): the fields in order, from step, split, key, uid, t_ns, device
         bus.post(E.StepStarted, step, -1, 0, 0, bus.clock(), 0, gtype, params.n_tokens, params.n_seqs, params.n_kv)
@@ -171,12 +186,13 @@ class Context:
     before_read = None                 # a callable run between the launch and the read-back of every step
 
     def _decode_params(self, seqs: np.ndarray) -> GraphParams:
-        return self._params(len(seqs), _n_seqs(seqs), len(seqs), DECODE, self.kv.n_kv())
+        return self._params(len(seqs), _n_seqs(seqs), len(seqs), DECODE, self.kv.n_kv(), _n_kv_swa(self.kv))
 
     def _params(self, *fields) -> GraphParams:
         """This step's GraphParams; the kept graph's own object when nothing changed (a decode step)."""
         kept = self.res.params if self.res is not None else None
-        if kept is not None and (kept.n_tokens, kept.n_seqs, kept.n_outputs, kept.gtype, kept.n_kv) == fields:
+        if kept is not None and (kept.n_tokens, kept.n_seqs, kept.n_outputs, kept.gtype, kept.n_kv,
+                                 kept.n_kv_swa) == fields:
             return kept
         return GraphParams(*fields)
 
@@ -233,61 +249,16 @@ class Context:
             st.send()
         self._slot ^= 1
 
-    def _kept_inputs(self) -> _GraphInputs:
+    def _kept_inputs(self) -> KeptInputs:
         inp = self.res.inputs
         kept = self._inputs
         if kept is None or kept.res is not self.res or kept.mask_addr != inp.kq_mask.data:
-            p = self.res.params
-            kept = self._inputs = _GraphInputs(self.res, inp.kq_mask.data,
-                                               [self._stage_inputs(inp, s) for s in (0, 1)],
-                                               np.arange(p.n_tokens - p.n_outputs, p.n_tokens, dtype=np.int32))
+            kept = self._inputs = KeptInputs(self.res, self.sched.backend_of, self.model.cfg)
         return kept
 
-    def _write_inputs(self, kept: _GraphInputs, slot: int, tokens, seqs, pos, cells) -> None:
+    def _write_inputs(self, kept: KeptInputs, slot: int, tokens, seqs, pos, cells) -> None:
         """Every input of the kept graph into the views of `slot`, the tokens unless None."""
-        stages, (tok, ps, mask, k_idx, v_idx, out) = kept.slots[slot]
-        for st in stages:
-            st.writable()
-        out[:] = kept.out_ids
-        if tokens is not None:
-            tok[:] = tokens
-        ps[:] = pos
-        self.kv.mask(seqs, pos, self.res.params.n_kv, len(mask), out=mask)
-        k_idx[:] = cells
-        v_idx[:] = cells
-
-    def _stage_inputs(self, inp, slot: int) -> tuple[list, tuple]:
-        """(stages, typed views of tokens, pos, mask, k/v idxs and out_ids) of one slot: a stage per backend
-        holding inputs."""
-        tensors = (inp.tokens, inp.pos, inp.kq_mask, inp.k_idxs, inp.v_idxs, inp.out_ids)
-        by_backend: dict[int, tuple] = {}
-        for i, t in enumerate(tensors):
-            by_backend.setdefault(id(be := self.sched.backend_of(t)), (be, []))[1].append(i)
-        views: list = [None] * len(tensors)
-        stages = []
-        mask = inp.kq_mask                 # a later graph of this batch: the same rows at up to n_ctx cells
-        grow = max(self.model.cfg.n_ctx - mask.ne[0], 0) * (mask.nbytes() // max(mask.ne[0], 1))
-        for be, members in by_backend.values():
-            st = be.input_stage(tuple((tensors[i].data, tensors[i].nbytes()) for i in members), slot,
-                                grow if 2 in members else 0)
-            stages.append(st)
-            for i, raw in zip(members, st.views):
-                t = tensors[i]
-                if t.type == GGMLType.F32:                     # the mask: (rows, n_kv)
-                    views[i] = raw.view(np.float32).reshape(-1, t.ne[0])
-                else:
-                    views[i] = raw.view(np.int32)
-        return stages, tuple(views)
-
-
-class _GraphInputs:
-    """A built graph's input stages: for each of the two slots, (stages, typed views of tokens, pos, mask,
-    k/v idxs, out_ids); the graph and its mask's address they were made for; its out_ids."""
-
-    __slots__ = ("res", "mask_addr", "slots", "out_ids")
-
-    def __init__(self, res: BuiltGraph, mask_addr: int, slots: list, out_ids: np.ndarray):
-        self.res, self.mask_addr, self.slots, self.out_ids = res, mask_addr, slots, out_ids
+        kept.write(self.kv, slot, tokens, seqs, pos, cells)
 
 
 class _Prepared:

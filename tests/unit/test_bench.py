@@ -47,7 +47,7 @@ def test_a_run_the_benchmark_cannot_make_is_refused_before_anything_is_built(cap
     def built(*a, **k):
         raise AssertionError("something was built before the check")
     monkeypatch.setattr(S, "measure_bandwidth", built)
-    monkeypatch.setattr(S, "create_model", built)
+    monkeypatch.setattr(S, "build_model", built)
     line = _one_line_error(capsys, ["bench", "steps", "--backend", "sim", *argv])
     assert says in line
 

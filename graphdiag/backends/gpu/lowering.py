@@ -27,6 +27,7 @@ from __future__ import annotations
 import numpy as np
 
 from ...ir.arena import TENSOR_SIZE
+from ...ir.attention import fa_operands
 from ...ir.dtypes import QK8_0, GGMLType, is_quantized
 from ...ir.graph import Graph
 from ...ir.ops import GluOp, Op
@@ -263,7 +264,7 @@ def _lower_x_mul_mat(d, node: Tensor, cc: int):
 
 def _lower_attention(d, node: Tensor) -> ScratchLaunchesOp:
     """Split-KV partials into pool scratch, then the combine: two launches whatever n_kv (grids vary)."""
-    q, k, v, mask = node.src[:4]
+    q, k, v, mask = fa_operands(node)           # llama.cpp's permuted views read through (ir/attention.py)
     hd, n_head, n_tok, nb3 = q.ne
     n_head_kv, n_kv, dv = k.ne[1], k.ne[2], v.ne[0]
     if hd not in FA_HEAD_DIMS or dv != hd or n_head % n_head_kv or n_head // n_head_kv > FA_MAX_ROWS:

@@ -18,9 +18,9 @@ from __future__ import annotations
 from types import ModuleType
 
 from ...errors import UsageError
-from . import llama, qwen2, qwen3
+from . import gemma3, llama, qwen2, qwen3
 
-ARCHS: dict[str, ModuleType] = {m.NAME: m for m in (llama, qwen2, qwen3)}
+ARCHS: dict[str, ModuleType] = {m.NAME: m for m in (llama, qwen2, qwen3, gemma3)}
 
 
 def supported() -> str:

@@ -55,6 +55,8 @@ def describe(ev: E.Event, gpu_label: str = "gpu") -> str:
         case E.StepFinished():
             gpu = f" ({gpu_label} {fmt_ns(ev.gpu_ns)})" if ev.gpu_ns else ""
             return f"done · {ev.mode or '-'} · {fmt_ns(ev.duration_ns)}{gpu}"
+        case E.WeightsUploaded():
+            return f"weights: {ev.n_bytes / 1e6:.1f} MB from {ev.source} uploaded in {fmt_ns(ev.duration_ns)}"
         case E.ContextDecision():
             return "graph reused" if ev.reused else f"graph rebuilt ({ev.reason})"
         case E.GraphSplit():
@@ -172,7 +174,7 @@ def property_diff_line(ev: E.PropertyDiff, most: int = 8) -> str:
 
 # Fixed levels; PhaseDecided, WarmupTransition and the cause events are decided in EventLog.
 LEVEL = {
-    E.Evicted: 0, E.PoolInvalidated: 0, E.SinkFailed: 0, E.FaultInjected: 0, E.FaultMissed: 0, E.StepFailed: 0,
+    E.WeightsUploaded: 0, E.Evicted: 0, E.PoolInvalidated: 0, E.SinkFailed: 0, E.FaultInjected: 0, E.FaultMissed: 0, E.StepFailed: 0,
     E.CellsRemoved: 1, E.EntryReset: 0,
     E.ContextDecision: 1, E.SchedRealloc: 1, E.GraphSplit: 1, E.UidMiss: 1, E.FusionApplied: 2,
     E.ConcurrentRegion: 1, E.ChunkBoundary: 1, E.ChunkInstantiated: 1, E.ChunkUpdated: 1,
@@ -200,6 +202,8 @@ class EventLog:
             return []
         if isinstance(ev, E.PhaseDecided):
             return self._phase(ev)
+        if isinstance(ev, E.WeightsUploaded):          # before step 0: no step to name
+            return [(LEVEL[E.WeightsUploaded], describe(ev))]
         if isinstance(ev, CAUSES) and ev.key:
             self.cause.setdefault(ev.key, describe(ev))
         elif isinstance(ev, E.WarmupTransition) and ev.to_state != "warm":

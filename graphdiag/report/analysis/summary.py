@@ -84,6 +84,7 @@ class Summary:
     timings: dict[str, Timing] = field(default_factory=dict)
     max_chunks: int = 0
     property_diff_fields: list[str] = field(default_factory=list)   # every field a PropertyDiff named
+    property_diff_nodes: list[str] = field(default_factory=list)    # every first-differing node's name
     disabled_reasons: list[str] = field(default_factory=list)
     incompatible: list[str] = field(default_factory=list)           # "node 12 ffn_moe-0 (MUL_MAT_ID): rule"
     verify_checks: int = 0
@@ -154,6 +155,7 @@ def summarize(header: RunHeader | dict[str, Any], events: Iterable[E.Event]) -> 
     s.max_chunks = max([e.n_chunks for e in events if isinstance(e, (E.CaptureRun, E.ReplayLaunched))],
                        default=0)
     s.property_diff_fields = sorted({e.field for e in events if isinstance(e, E.PropertyDiff)})
+    s.property_diff_nodes = sorted({e.node_name for e in events if isinstance(e, E.PropertyDiff)})
     s.disabled_reasons = sorted({e.reason for e in events if isinstance(e, E.GraphsDisabled)})
     s.incompatible = sorted({f"node {e.node} {e.node_name} ({e.op}): {e.rule}"
                              for e in events if isinstance(e, E.Incompatible)})

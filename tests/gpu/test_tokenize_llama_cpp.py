@@ -1,0 +1,90 @@
+"""graphdiag's tokenizer against real llama.cpp's llama_tokenize (llama-cpp-python 0.3.36 built on the GPU
+machine: shared/notes/real-models.md; import it with the system libstdc++ preloaded). Skips without it.
+
+Checks: the Gemma 3 ids in tests/data/tokenize/gemma3-270m.json; a seeded sweep of mixed strings (words,
+digits, punctuation, runs of spaces/tabs/newlines, accents, CJK, emoji, special-token texts) on the Gemma 3
+file and on an exported preset; and, where $GRAPHDIAG_BPE_GGUF names a Qwen2/Qwen3 GGUF, the same sweep
+through byte-level BPE."""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+from pathlib import Path
+
+import pytest
+
+from graphdiag.cli.main import main
+from graphdiag.model.tokenize import file_vocab, tokenize
+
+pytestmark = pytest.mark.gpu
+llama_cpp = pytest.importorskip("llama_cpp")
+DATA = Path(__file__).resolve().parents[1] / "data" / "tokenize" / "gemma3-270m.json"
+ATOMS = ["Hello", " world", "the", " The", "CUDA", "graph", "'s", "'T", "don't", "123", "4567", " 89", "!", "...",
+         "?!", " (x)", "**", "$5", "+", "=", " ", "  ", "   ", "\t", "\n", "\n\n", "\r\n", " \n ", "é", "ß", "Ü",
+         "日本語", "中文", "🙂", "👍🏽", "<start_of_turn>", "<end_of_turn>", "<bos>", "<|im_start|>", "</s>", "a", "z"]
+
+
+def _strings(n: int, seed: int = 7) -> list[str]:
+    rng = random.Random(seed)
+    return ["".join(rng.choice(ATOMS) for _ in range(rng.randint(1, 12))) for _ in range(n)]
+
+
+class LlamaVocab:
+    """A vocabulary loaded by llama.cpp itself (vocab_only)."""
+
+    def __init__(self, path: Path):
+        llama_cpp.llama_backend_init()
+        params = llama_cpp.llama_model_default_params()
+        params.vocab_only = True
+        self.model = llama_cpp.llama_model_load_from_file(str(path).encode(), params)
+        assert self.model, f"llama.cpp could not load {path}"
+        self.vocab = llama_cpp.llama_model_get_vocab(self.model)
+
+    def tokenize(self, text: str) -> list[int]:
+        raw = text.encode()
+        buf = (llama_cpp.llama_token * (len(raw) + 8))()
+        n = llama_cpp.llama_tokenize(self.vocab, raw, len(raw), buf, len(buf), True, True)
+        assert n >= 0, n
+        return list(buf[:n])
+
+    def close(self) -> None:
+        llama_cpp.llama_model_free(self.model)
+
+
+def _compare(path: Path, texts) -> None:
+    ours, real = file_vocab(str(path)), LlamaVocab(path)
+    try:
+        wrong = [(t, tokenize(ours, t), real.tokenize(t)) for t in texts]
+        wrong = [w for w in wrong if w[1] != w[2]]
+    finally:
+        real.close()
+    assert not wrong, f"{len(wrong)} of {len(texts)} differ, e.g. {wrong[:3]}"
+
+
+def test_gemma3_data_ids_are_llama_cpps(gemma3_file):
+    cases = json.loads(DATA.read_text())["cases"]
+    real = LlamaVocab(gemma3_file)
+    try:
+        got = {c["text"]: real.tokenize(c["text"]) for c in cases}
+    finally:
+        real.close()
+    assert {c["text"]: c["ids"] for c in cases} == got
+
+
+def test_gemma3_sweep_matches_llama_cpp(gemma3_file):
+    _compare(gemma3_file, _strings(300))
+
+
+def test_exported_preset_sweep_matches_llama_cpp(tmp_path):
+    p = tmp_path / "tiny.gguf"
+    assert main(["export-gguf", "--model", "tiny", str(p)]) == 0
+    _compare(p, _strings(100))
+
+
+def test_bpe_file_sweep_matches_llama_cpp():
+    path = os.environ.get("GRAPHDIAG_BPE_GGUF")
+    if not path:
+        pytest.skip("GRAPHDIAG_BPE_GGUF names no Qwen2/Qwen3 GGUF")
+    _compare(Path(path), _strings(300))
