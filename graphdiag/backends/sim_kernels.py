@@ -24,6 +24,7 @@ from . import sim_kernels_ops
 from .abi import Q8_1
 from .geometry import FAM_KV
 from .sim_quants import quant_kernels
+from .sim_view import Q8_1_BLOCK, view   # noqa: F401  (view re-exported: the kernels' descriptor view)
 from .kernels import FA_HEAD_DIMS, FAV_GROUPS, KERNELS, W_TYPES, fa_mma_kernel, fa_vec_kernel, fav_groups
 
 Kernel = Callable[[AddressSpace, np.ndarray], None]
@@ -32,20 +33,7 @@ _WTYPE = {"f32": GGMLType.F32, "f16": GGMLType.F16, "q8_0": GGMLType.Q8_0}
 F32 = np.float32
 
 # Q8_1 (abi.Q8_1): the activations the Q8_0 kernels read, written by quantize_q8_1 into pool scratch.
-Q8_1_BLOCK = np.dtype([("d", "<f2"), ("s", "<f2"), ("qs", "i1", (32,))])
 _DOT_CHUNK = 1 << 23   # elements of the (blocks, columns, rows) integer-dot temporary per pass
-
-
-def view(space: AddressSpace, p: np.ndarray, slot: int) -> np.ndarray:
-    """The strided view of descriptor t[slot]: shape (ne3, ne2, ne1, ne0) (Q8_0 / Q8_1: block records)."""
-    d = p["t"][slot]
-    if int(d["type"]) == Q8_1:
-        ne, nb = [int(x) for x in d["ne"]], [int(x) for x in d["nb"]]
-        shape, strides = (ne[3], ne[2], ne[1], ne[0] // 32), (nb[3], nb[2], nb[1], nb[0])
-        extent = sum((n - 1) * st for n, st in zip(shape, strides)) + Q8_1_BLOCK.itemsize
-        buf, off = space.locate(int(d["data"]), extent)
-        return np.ndarray(shape, Q8_1_BLOCK, buffer=buf, offset=off, strides=strides)
-    return space.ndarray(int(d["data"]), int(d["type"]), d["ne"], d["nb"])
 
 
 def quantize_q8_1(x: np.ndarray) -> np.ndarray:

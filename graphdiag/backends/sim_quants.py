@@ -17,6 +17,7 @@ from . import cpu_ops as ops
 from . import qunits
 from .abi import Q8_1
 from .kernels import X_TYPES
+from .sim_view import view
 
 F32 = np.float32
 MMV_MAX_N = 8
@@ -59,7 +60,6 @@ def glu(op: int, g: np.ndarray, u: np.ndarray) -> np.ndarray:
 
 def _product(name: str, t: int, space, p, wslot: int, xslot: int) -> np.ndarray:
     """W . x as the mat-vec kernel computes it (N <= 8): integer dots on Q8_1 x, or float32 for BF16."""
-    from .sim_kernels import view
     quant = t != G.BF16
     got = int(p["t"][xslot]["type"])
     _check(got == (Q8_1 if quant else G.F32), name, f"t[{xslot}] is type {got}")
@@ -73,14 +73,12 @@ def _product(name: str, t: int, space, p, wslot: int, xslot: int) -> np.ndarray:
 
 def _mul_mat_vec(name: str, t: int):
     def k(space, p):
-        from .sim_kernels import view
         view(space, p, 0)[...] = _product(name, t, space, p, 1, 2)
     return k
 
 
 def _mul_mat_vec_add(name: str, t: int):
     def k(space, p):
-        from .sim_kernels import view
         dst = view(space, p, 0)
         dst[...] = _product(name, t, space, p, 1, 2) + ops.repeat_to(ops.to_f32(view(space, p, 3)), dst.shape)
     return k
@@ -88,7 +86,6 @@ def _mul_mat_vec_add(name: str, t: int):
 
 def _mul_mat_vec_glu(name: str, t: int):
     def k(space, p):
-        from .sim_kernels import view
         op = int(p["ip"][0])
         _check(op in (0, 1, 2), name, f"glu op {op}")
         gate, up = _product(name, t, space, p, 1, 3), _product(name, t, space, p, 2, 3)
@@ -102,14 +99,12 @@ def _experts(space, p, slot: int, t: int, name: str) -> np.ndarray:
 
 def _mul_mat_id_vec(name: str, t: int):
     def k(space, p):
-        from .sim_kernels import view
         view(space, p, 0)[...] = ops.mul_mat_id(_experts(space, p, 1, t, name), view(space, p, 2), view(space, p, 3))
     return k
 
 
 def _mul_mat_id_vec_glu(name: str, t: int):
     def k(space, p):
-        from .sim_kernels import view
         x, ids = view(space, p, 3), view(space, p, 4)
         gate = ops.mul_mat_id(_experts(space, p, 1, t, name), x, ids)
         up = ops.mul_mat_id(_experts(space, p, 2, t, name), x, ids)
@@ -119,7 +114,6 @@ def _mul_mat_id_vec_glu(name: str, t: int):
 
 def _mul_mat_id_gathered(name: str, t: int):
     def k(space, p):
-        from .sim_kernels import view
         expert, n, first = (int(p["ip"][i]) for i in range(3))
         pairs = view(space, p, 3).reshape(-1, 2)[first: first + n]
         _check(len(pairs) == n, name, f"row map holds fewer than {first + n} pairs")
@@ -131,7 +125,6 @@ def _mul_mat_id_gathered(name: str, t: int):
 def _get_rows(name: str, t: int):
     """As ops.get_rows over raw rows: dst[i3, i2, i1] = dequant(table[i3 % T3, i2 % T2, ids[i3, i2, i1]])."""
     def k(space, p):
-        from .sim_kernels import view
         table = raw_rows(space, p, 1, t, name)
         ids = view(space, p, 2)[0].astype(np.intp)
         n3, n2, _ = ids.shape
@@ -143,7 +136,6 @@ def _get_rows(name: str, t: int):
 
 def _dequantize_f16(name: str, t: int):
     def k(space, p):
-        from .sim_kernels import view
         dst = view(space, p, 0)
         _check(dst.dtype == np.float16, name, "t[0] is not F16")
         with np.errstate(over="ignore"):
@@ -152,7 +144,6 @@ def _dequantize_f16(name: str, t: int):
 
 
 def _mul_mat_bf16(space, p):
-    from .sim_kernels import view
     w = qunits.dequantize(raw_rows(space, p, 1, G.BF16, "mul_mat_bf16"), G.BF16)
     view(space, p, 0)[...] = ops.mul_mat(w, view(space, p, 2))
 
