@@ -23,6 +23,8 @@ from .run import _one_scenario
               help="Sets GGML_CUDA_DISABLE_GRAPHS=1.")
 @click.option("--no-reuse", "reuse_disabled", flag_value=True, default=None,
               help="Sets LLAMA_GRAPH_REUSE_DISABLE=1.")
+@click.option("--swa-full", "swa_full", flag_value=True, default=None,
+              help="A sliding-window model's SWA cache at full context size (llama.cpp's swa_full).")
 @click.option("--scenario", multiple=True, callback=lambda ctx, param, v: _one_scenario(v),
               help="A scenario (name or .toml path) whose timeline llama.cpp can express; its observable "
                    "expectations are checked.")

@@ -39,7 +39,8 @@ def run_against_llama(settings: dict, scenario: str | None, events_path: str | N
     ours = Path(events_path) if events_path else Path(tempfile.mkdtemp(prefix="graphdiag-")) / "graphdiag.jsonl"
     theirs = ours.with_suffix(".llama.jsonl")
     llama_settings = {k: settings.get(k) for k in ("seed", "prompt_tokens", "prompt_ids", "steps", "batch", "fusion",
-                                                   "concurrent_streams", "graphs_disabled", "reuse_disabled")}
+                                                   "concurrent_streams", "graphs_disabled", "reuse_disabled",
+                                                   "swa_full")}
     rc = run_cli(settings, scenario=scenario, events_path=str(ours), verbosity=verbosity, out=out)
     rc = max(rc, llama_cli(model, llama_settings, scenario=scenario, events_path=str(theirs), out=out,
                            raw_path=str(ours.with_suffix(".llama.raw.jsonl")), **inject))

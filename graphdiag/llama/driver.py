@@ -71,13 +71,13 @@ def check_gpu(ll) -> None:
 class ContextParams:
     """What llama_context_params gets: n_ctx cells, n_batch = n_ubatch tokens (a prefill is one ubatch, as
     in graphdiag), n_seq_max sequences, flash attention on, one unified KV cache (graphdiag's cells are
-    shared by every sequence), SWA caches at full size (the C API's default)."""
+    shared by every sequence), SWA caches full size only with swa_full (graphdiag's --swa-full)."""
 
     n_ctx: int
     n_batch: int
     n_seq_max: int
     flash_attn: bool = True
-    swa_full: bool = True
+    swa_full: bool = False
 
 
 class LlamaSession:

@@ -91,7 +91,13 @@ def check_gguf(path: str) -> Path:
 
 def context_length(path: Path) -> int:
     """KV cells for llama.cpp's context: the file's context length capped as graphdiag caps it, so both
-    runs pad n_kv against the same cache size."""
+    runs pad n_kv against the same cache size (graphdiag's own reading where it reads the file)."""
+    from ..errors import GraphdiagError
+    from ..model.source import model_config
+    try:
+        return model_config(str(path)).n_ctx
+    except GraphdiagError:
+        pass                                   # an architecture graphdiag does not build: llama.cpp may still run it
     import gguf
     r = gguf.GGUFReader(str(path))
     arch = _field(r, "general.architecture")

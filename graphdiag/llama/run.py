@@ -51,7 +51,8 @@ def prepare(model: str, cfg, scenario=None) -> tuple[Path, list, ContextParams]:
                          f"{n_ctx} (the file's context length, at most graphdiag's): fewer steps or tokens")
     n_batch = max([MIN_BATCH] + [p.tokens for p in plan])
     n_seq = max([1] + [p.batch if p.kind == "decode" else p.seq + 1 for p in plan])
-    return path, plan, ContextParams(n_ctx=n_ctx, n_batch=n_batch, n_seq_max=n_seq)
+    # swa_full as graphdiag's run has it (off unless --swa-full, as llama-server; the C API's default is on)
+    return path, plan, ContextParams(n_ctx=n_ctx, n_batch=n_batch, n_seq_max=n_seq, swa_full=bool(cfg.swa_full))
 
 
 def gpu_identity() -> tuple[str, int]:
