@@ -18,6 +18,9 @@ MAX_SEED = 2**63 - 1
 CC_MAJOR = (1, 15)          # compute capabilities a CUDA device could report (sm_10 .. sm_15x)
 # --wtype names: model.presets.WEIGHT_TYPES's keys (it maps them to ggml types; it is on the engine floor and
 # imports numpy, which checking a setting, e.g. listing the scenarios, must not)
+# the upstream commits whose rules graphdiag can follow (--upstream): the newest first, the default
+UPSTREAMS = ("0c1e57098", "d99724f2")
+UPSTREAM_DATES = {"0c1e57098": "llama.cpp 0c1e57098 (2026-10-01, b11312)", "d99724f2": "ggml d99724f2 (2026-08-21)"}
 WTYPES = ("f16", "q8_0", "f32", "bf16", "q4_0", "q5_0", "q5_1", "q4_k", "q5_k", "q6_k")
 
 # name -> (RunConfig field, parser). Semantics follow llama.cpp exactly.
@@ -84,6 +87,7 @@ class RunConfig:
     oracle: bool = False             # compare each step's logits with the independent numpy forward
     sim_mode: str | None = None      # simulated driver: "compute" | "decisions" (None: sim_mode.sim_mode decides)
     nvtx: bool = True
+    upstream: str = UPSTREAMS[0]     # the upstream commit whose rules the run follows (UPSTREAMS)
     sources: dict[str, str] = field(default_factory=dict)  # field -> "default" | "env NAME" | "cli" | "scenario"
 
     def validate(self) -> "RunConfig":
@@ -97,6 +101,8 @@ class RunConfig:
             self._fail("chunk_size", f"invalid chunk size {self.chunk_size}: must be >= 0 (0 = one graph per split)")
         if self.sim_mode not in (None, "compute", "decisions"):
             self._fail("sim_mode", f"unknown sim mode {self.sim_mode!r} (choose compute or decisions)")
+        if self.upstream not in UPSTREAMS:
+            self._fail("upstream", f"unknown upstream {self.upstream!r} (choose {', '.join(UPSTREAMS)})")
         if self.wtype.lower() not in WTYPES:
             self._fail("wtype", f"unknown weight type {self.wtype!r} (choose {', '.join(WTYPES)})")
         self._check_prompt_ids()

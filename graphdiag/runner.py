@@ -228,7 +228,7 @@ def make_header(cfg: RunConfig, s: Session, scenario: str | None) -> dict:
     return {
         "schema": "graphdiag-events", "version": E.SCHEMA_VERSION, "graphdiag_version": __version__,
         "backend": s.backend_name, "device": s.device, "simulated": s.driver is not None and s.driver.simulated,
-        "model": cfg.model, "settings": settings, "sources": dict(cfg.sources),
+        "model": cfg.model, "upstream": cfg.upstream, "settings": settings, "sources": dict(cfg.sources),
         "sim_mode": s.sim_mode, "sim_mode_reason": mode_reason(cfg) if s.sim_mode else "",
         "blas": blas_threads().to_dict(), "model_file": _model_file(s.model),
         "started": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),

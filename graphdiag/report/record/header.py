@@ -28,6 +28,7 @@ class RunHeader:
     device: str = ""
     simulated: bool = True
     model: str = ""
+    upstream: str = ""             # the upstream commit whose rules the run followed ("": a record from before)
     settings: dict[str, Any] = field(default_factory=dict)
     sources: dict[str, str] = field(default_factory=dict)
     started: str = ""

@@ -65,7 +65,11 @@ def llama_lines(header: RunHeader) -> list[str]:
 
 def run_mode_lines(header: RunHeader) -> list[str]:
     """Which mode the simulated driver ran in (and why), and numpy's BLAS threads; none for an older record."""
+    from ...config import UPSTREAM_DATES
     lines = []
+    if header.upstream:
+        lines.append(f"rules: {UPSTREAM_DATES.get(header.upstream, header.upstream)}"
+                     + ("" if header.upstream == "0c1e57098" else " (--upstream: older rules)"))
     if header.sim_mode == "decisions":
         lines += [f"simulator: DECISIONS ONLY ({header.sim_mode_reason}) · no logits, no tokens "
                   f"(--sim-mode compute computes them)",

@@ -1,0 +1,29 @@
+"""--upstream: which upstream commit's rules a run follows, validated, and named in every record's header."""
+
+import json
+
+import pytest
+
+from graphdiag.cli.main import main
+from graphdiag.config import UPSTREAMS, resolve
+from graphdiag.errors import UsageError
+from graphdiag.report.record.read import read_record
+
+
+def test_the_default_is_the_newest_upstream():
+    assert resolve({}).upstream == UPSTREAMS[0] == "0c1e57098"
+
+
+def test_an_unknown_upstream_is_refused_naming_the_known_ones():
+    with pytest.raises(UsageError, match="0c1e57098, d99724f2"):
+        resolve({"upstream": "abc"})
+
+
+@pytest.mark.parametrize("upstream", UPSTREAMS)
+def test_the_record_header_names_the_upstream_it_followed(tmp_path, capsys, upstream):
+    ev = tmp_path / "r.jsonl"
+    assert main(["run", "--backend", "sim", "--steps", "2", "--upstream", upstream, "--events", str(ev)]) == 0
+    header = json.loads(ev.read_text().splitlines()[0])
+    assert header["upstream"] == upstream
+    assert read_record(ev)[0].upstream == upstream
+    assert f"rules: {'llama.cpp' if upstream == '0c1e57098' else 'ggml'} {upstream}" in capsys.readouterr().out
