@@ -576,13 +576,14 @@ def _scenario_overrides(cfg: RunConfig, scenario) -> list[str]:
 
 
 def _one_device_options(cfg: RunConfig, scenario) -> list[str]:
-    """Concurrent streams act on one device only (upstream's rule): with --devices N > 1, asked for on the
-    command line it is an error; from a scenario or GGML_CUDA_GRAPH_OPT, a warning (llama.cpp runs on)."""
-    if cfg.devices < 2 or not cfg.concurrent_streams:
+    """At d99724f2 concurrent streams act on one device only: with --devices N > 1, asked for on the command
+    line it is an error; from a scenario or GGML_CUDA_GRAPH_OPT, a warning (llama.cpp runs on). At 0c1e57098
+    (#28198) each device optimises its own splits: nothing to say."""
+    if cfg.devices < 2 or not cfg.concurrent_streams or cfg.upstream != "d99724f2":
         return []
     streams = _named(cfg, scenario, "concurrent_streams", "--concurrent-streams")
     devices = f"{_named(cfg, scenario, 'devices', '--devices')} {cfg.devices}"
-    why = f"does nothing with {devices}: llama.cpp's concurrent streams (GGML_CUDA_GRAPH_OPT) need exactly one device"
+    why = f"does nothing with {devices}: llama.cpp d99724f2's concurrent streams (GGML_CUDA_GRAPH_OPT) need exactly one device"
     if cfg.sources.get("concurrent_streams") == "cli":
         raise UsageError(f"{streams} {why}; drop one")
     return [f"{streams} {why} (ignored)"]

@@ -116,7 +116,7 @@ class Session:
             self.cpu = CpuBackend()
             if self.driver is not None:
                 opts = RuntimeOptions(cfg.chunk_size, cfg.fusion, cfg.concurrent_streams, cfg.graphs_disabled,
-                                      cfg.pdl)
+                                      cfg.pdl, cfg.upstream)
                 make = lambda d, name=None: GpuBackend(d, bus, opts, self.clock, cfg.pool_cap, cfg.pool_max_buffers, name)
                 self._open_gpus(make)
             self.model = build_model(cfg.model, cfg.wtype, seed=cfg.seed, swa_full=cfg.swa_full, n_seq_max=cfg.batch)

@@ -70,7 +70,9 @@ class Backend(abc.ABC):
         """Called once per split each time the scheduler splits the graph (ggml_backend_graph_optimize).
 
         Returns node ranges [first, last] (indices in `graph`) that run concurrently: the allocator must not
-        reuse, inside such a range, memory freed inside it (branches on other streams may still read it)."""
+        reuse, inside such a range, memory freed inside it (branches on other streams may still read it).
+        The GPU backend returns none since 0c1e57098's rules: it reorders `graph.nodes` instead (the branch
+        interleave), as upstream, and checks the placement at graph_compute."""
         return []
 
     def synchronize(self) -> None:

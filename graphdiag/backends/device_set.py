@@ -8,8 +8,8 @@ CUDA the first N visible devices are used, each on its primary context, made cur
 call (`CurrentContext`). Split inputs cross between devices directly where peer access can be enabled
 (cuDeviceCanAccessPeer, cuCtxEnablePeerAccess; then cuMemcpyPeerAsync on the reading device's stream),
 through the host otherwise (read back, written to the other device); each choice is a PeerLink event.
-GGML_CUDA_GRAPH_OPT's concurrent streams need exactly one device (upstream's rule): every backend is told
-the device count.
+GGML_CUDA_GRAPH_OPT's concurrent streams: at d99724f2 they needed exactly one visible CUDA device; at
+0c1e57098 each device's backend optimises its own splits. Simulated devices are all visible to each other.
 """
 
 from __future__ import annotations
@@ -97,6 +97,8 @@ class DeviceSet:
         for i, d in enumerate(drivers):
             gpu = make_backend(d, f"{'SIM' if d.simulated else 'CUDA'}{i}")
             gpu.runtime.device, gpu.n_devices = i, len(drivers)
+            if d.simulated:
+                d.n_visible = len(drivers)
             self.gpus.append(gpu)
         self.links = self._link()
 

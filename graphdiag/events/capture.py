@@ -28,6 +28,17 @@ class ConcurrentRegion(Event):
 
 
 @dataclass(frozen=True)
+class ConcurrentRefused(Event):
+    """graph_optimize formed no region here, or graph_compute dropped the regions it had formed."""
+    kind: ClassVar[str] = "concurrent_refused"
+    fork_node: int = -1            # -1: the whole split (graph_optimize looked for no region)
+    join_node: int = -1            # -1: none found, or the whole split
+    fork_name: str = ""
+    reason: str = ""
+    cleared: int = 0               # regions dropped with it (one invalid region at graph_compute drops all)
+
+
+@dataclass(frozen=True)
 class ChunkBoundary(Event):
     kind: ClassVar[str] = "chunk_boundary"
     chunk: int = 0

@@ -229,7 +229,7 @@ def test_concurrent_branches_never_share_memory():
     try:
         Stepper(s, RunResult({}, [], Counters())).step(StepPlan("decode", batch=1))
         g = s.ctx.sched.splits[0].graph
-        regions = s.gpu._regions_for(g)
+        regions = s.gpu.concurrent.regions
         assert len(regions) == 3     # layer 0's range holds the KQ mask cast: no region there
         for r in regions:
             spans = {b: [] for b in range(1, r.n_branches + 1)}

@@ -147,10 +147,21 @@ def test_logits_match_the_one_device_run_within_the_oracle_bound():
             assert np.max(np.abs(a - b)) / np.max(np.abs(a)) <= ORACLE_BOUND["f16"]
 
 
-def test_concurrent_streams_are_off_with_two_devices():
+def test_concurrent_streams_per_device_at_0c1e57098_and_off_with_two_visible_at_d99724f2():
     one = run_sim(steps=3, concurrent_streams=True)
     assert of(one, E.ConcurrentRegion)
-    assert not of(run_sim(steps=3, concurrent_streams=True, devices=2), E.ConcurrentRegion)
+    # 0c1e57098 (#28198): each device's backend optimises its own splits (tiny: layers 0-2 | 3; layer 0's
+    # range holds the mask cast)
+    two = run_sim(steps=3, concurrent_streams=True, devices=2)
+    formed = {(e.device, e.fork_name) for e in of(two, E.ConcurrentRegion)}
+    assert formed == {(0, "attn_norm-1"), (0, "attn_norm-2"), (1, "attn_norm-3")}
+    assert not [e for e in of(two, E.ConcurrentRefused) if e.fork_node < 0]
+    # d99724f2: refused while more than one CUDA device is visible, as an event for each split it saw
+    old = run_sim(steps=3, concurrent_streams=True, devices=2, upstream="d99724f2")
+    assert not of(old, E.ConcurrentRegion)
+    off = of(old, E.ConcurrentRefused)
+    assert off and all(e.fork_node == -1 and e.reason.startswith("2 CUDA devices visible") for e in off)
+    assert {e.device for e in off} == {0, 1}
 
 
 def _cli(capsys, *args):

@@ -126,16 +126,22 @@ def test_a_tensor_split_a_float_cannot_hold_is_refused(capsys, no_model, split):
     assert "tensor-split" in line and "32-bit float" in line
 
 
-def test_concurrent_streams_on_several_devices_is_refused_with_the_reason(capsys, no_model):
-    line = _one_line(capsys, ["run", *QUICK, "--devices", "2", "--concurrent-streams"])
-    assert "--concurrent-streams" in line and "one device" in line
+def test_concurrent_streams_on_several_devices_at_d99724f2_is_refused_with_the_reason(capsys, no_model):
+    line = _one_line(capsys, ["run", *QUICK, "--devices", "2", "--concurrent-streams", "--upstream", "d99724f2"])
+    assert "--concurrent-streams" in line and "one device" in line and "d99724f2" in line
 
 
-def test_concurrent_streams_from_the_environment_on_several_devices_is_a_warning(capsys, monkeypatch):
+def test_concurrent_streams_from_the_environment_on_several_devices_at_d99724f2_is_a_warning(capsys, monkeypatch):
     monkeypatch.setenv("GGML_CUDA_GRAPH_OPT", "1")
-    assert main(["run", *QUICK, "--devices", "2", "--steps", "1", "--json"]) == 0
+    assert main(["run", *QUICK, "--devices", "2", "--steps", "1", "--json", "--upstream", "d99724f2"]) == 0
     ws = _warnings(capsys.readouterr().err)
     assert len(ws) == 1 and "GGML_CUDA_GRAPH_OPT" in ws[0] and "one device" in ws[0], ws
+
+
+def test_concurrent_streams_on_several_devices_at_0c1e57098_is_no_warning(capsys, monkeypatch):
+    monkeypatch.setenv("GGML_CUDA_GRAPH_OPT", "1")
+    assert main(["run", *QUICK, "--devices", "2", "--steps", "1", "--json"]) == 0
+    assert _warnings(capsys.readouterr().err) == []
 
 
 @pytest.mark.parametrize("value,read", [("yes", "off"), ("off", "off"), ("true", "off"), ("2", "on"),

@@ -81,6 +81,12 @@ class Driver(abc.ABC):
         """(node handle, tools id) of each kernel node of a captured graph, in the graph's node order."""
         return []
 
+    n_visible = 1      # devices the process sees, when the driver cannot ask (a simulated set sets it)
+
+    def visible_devices(self) -> int:
+        """CUDA devices visible to the process (ggml_backend_cuda_get_device_count): all of them, used or not."""
+        return self.n_visible
+
     @property
     def simulated(self) -> bool:
         return self.info.simulated

@@ -136,6 +136,10 @@ class CudaDriver(Driver):
         self._shmem_opt_in: dict[str, int] = {}       # kernel -> dynamic shared memory it was allowed
         self._closed = False
 
+    def visible_devices(self) -> int:
+        """CUDA devices visible to the process (CUDA_VISIBLE_DEVICES), used or not."""
+        return device_count()
+
     @classmethod
     def open(cls, device: int = 0, compiler: KernelCompiler | None = None,
              cache_dir: Path | None = None) -> "CudaDriver":

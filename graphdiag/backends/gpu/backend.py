@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import time
+from dataclasses import dataclass
 
 import numpy as np
 
@@ -15,7 +16,7 @@ from ...ir.graph import Graph
 from ..base import Backend, InputStage
 from ..drivers.base import Driver
 from .capture import CaptureLoop, LoweredOps, lower_graph
-from .concurrency import Region, find_regions
+from .concurrency import Region, invalid_reason, scan
 from .entry import Clock, GraphEntry
 from .fusion import fusion_plan, launching_nodes
 from .launch_memo import LaunchMemo
@@ -24,6 +25,16 @@ from .pool import TempPool
 from .runtime import CC_VOLTA, GraphRuntime, RuntimeOptions
 
 MAX_STREAMS = 8
+
+
+@dataclass
+class ConcurrentEvents:
+    """The backend's concurrent events (ggml_cuda_stream_context): the split's node order before and
+    after graph_optimize's interleave, its regions, and whether graph_compute has checked them yet."""
+    original: np.ndarray
+    interleaved: np.ndarray
+    regions: list[Region]
+    checked: bool = False
 
 
 class GpuBackend(Backend):
@@ -44,8 +55,8 @@ class GpuBackend(Backend):
         self.streams = [self.stream0]
         self.fork_event = driver.event_create()
         self.join_events: list = []
-        self.concurrent: tuple[np.ndarray, list[Region]] | None = None  # (split nodes, regions), last optimize
-        self.n_devices = 1                    # devices this process uses (concurrency needs exactly one)
+        self.concurrent: ConcurrentEvents | None = None   # the regions of the split optimised last
+        self.n_devices = 1                    # devices this process uses
         self.buffers: set[int] = set()
         self._pending_host: list[np.ndarray] = []   # host sources of queued copies
         self.sync_epoch = 0                         # synchronize() calls so far
@@ -144,27 +155,64 @@ class GpuBackend(Backend):
 
         With GGML_CUDA_GRAPH_OPT=1 the backend's one map of concurrent events is reset at every call (so,
         as upstream, only the split optimised last keeps its regions), then filled when graphs are enabled
-        and the process sees one device. The node ranges go back to the scheduler so no memory is reused
-        across streams inside a region."""
+        (and, at d99724f2, the process sees one CUDA device). Each region's nodes are interleaved in
+        `graph` (the scheduler allocates in that order: that is what keeps the branches' tensors apart);
+        no node range goes back, as upstream asks the allocator for nothing here."""
         opt = self.runtime.opt
         if not opt.concurrent_streams:
             return []
         self.concurrent = None
-        if opt.graphs_disabled or self.driver.cc < CC_VOLTA or self.n_devices != 1 or graph.n_nodes == 0:
+        if opt.graphs_disabled or self.driver.cc < CC_VOLTA or graph.n_nodes == 0:
             return []
-        regions = find_regions(graph)
-        # stored with the split's node list: graph_optimize runs before the splits get their uids
-        self.concurrent = (graph.nodes.copy(), regions)
+        visible = self.driver.visible_devices()
+        if opt.upstream == "d99724f2" and visible > 1:
+            self._refused(graph, split, reason=f"{visible} CUDA devices visible (d99724f2 needs exactly one)")
+            return []
+        regions, refused = scan(graph)
+        for f in refused:
+            self._refused(graph, split, f.fork, f.join, f.reason)
+        original = graph.nodes.copy()
         for r in regions:
+            graph.nodes[r.fork + 1:r.join] = r.interleaved
             self.bus.emit(E.ConcurrentRegion(step=self.runtime.step, split=split, key=graph.first_node_addr,
-                                             uid=graph.uid, t_ns=time.perf_counter_ns(), fork_node=r.fork,
+                                             uid=graph.uid, t_ns=time.perf_counter_ns(), device=self.runtime.device, fork_node=r.fork,
                                              join_node=r.join, fork_name=graph.node(r.fork).name,
                                              n_branches=r.n_branches, branch_sizes=r.branch_sizes()))
+        if regions:
+            # stored with the split's node lists: graph_optimize runs before the splits get their uids
+            self.concurrent = ConcurrentEvents(original, graph.nodes.copy(), regions)
         need = 1 + max((r.n_branches for r in regions), default=0)
         while len(self.streams) < min(need, MAX_STREAMS):
             self.streams.append(self.driver.stream_create())
             self.join_events.append(self.driver.event_create())
-        return [(r.fork, r.join) for r in regions]
+        return []
+
+    def _refused(self, graph: Graph, split: int, fork: int = -1, join: int = -1, reason: str = "",
+                 cleared: int = 0) -> None:
+        name = graph.node(fork).name if fork >= 0 else ""
+        self.bus.emit(E.ConcurrentRefused(step=self.runtime.step, split=split, key=graph.first_node_addr,
+                                          uid=graph.uid, t_ns=time.perf_counter_ns(), device=self.runtime.device,
+                                          fork_node=fork,
+                                          join_node=join, fork_name=name, reason=reason, cleared=cleared))
+
+    def _regions_for(self, graph: Graph, split: int) -> list[Region]:
+        """The regions to launch on their streams in this evaluation or capture (graph_compute's check,
+        before any node runs): at the first after graph_optimize, every region is checked on the allocated
+        addresses; all valid, the split gets its original order back (so fusions within a stream match);
+        one invalid, every region is dropped and the interleaved order runs on stream 0."""
+        got = self.concurrent
+        if got is None:
+            return []
+        if not got.checked and np.array_equal(got.interleaved, graph.nodes):
+            got.checked = True
+            for r in got.regions:
+                why = invalid_reason(graph, r)
+                if why:
+                    self._refused(graph, split, r.fork, r.join, why, cleared=len(got.regions))
+                    self.concurrent = None
+                    return []
+            graph.nodes[:] = got.original
+        return got.regions if got.checked and np.array_equal(got.original, graph.nodes) else []
 
     def fork(self, r: Region) -> None:
         self.driver.event_record(self.fork_event, self.stream0)
@@ -175,10 +223,6 @@ class GpuBackend(Backend):
         for s in range(1, r.n_branches + 1):
             self.driver.event_record(self.join_events[s - 1], self.streams[s])
             self.driver.stream_wait_event(self.stream0, self.join_events[s - 1])
-
-    def _regions_for(self, graph: Graph) -> list[Region]:
-        got = self.concurrent
-        return got[1] if got is not None and np.array_equal(got[0], graph.nodes) else []
 
     # -- graph_compute ----------------------------------------------------------------------------------
     def _lowered(self, entry, graph: Graph, split: int) -> tuple[dict, list]:
@@ -267,13 +311,14 @@ class GpuBackend(Backend):
             t1 = time.perf_counter_ns()   # posted, not through rt.emit's keywords: it comes every step
             self.bus.post(E.ReplayLaunched, rt.step, split, entry.key, graph.uid, t1, rt.device, n, t1 - t0)
             return
+        regions = self._regions_for(graph, split)     # may restore the order fusion is planned on
         plan, lowered = self._lowered(entry, graph, split)
         # eager while warming up a key (graphs enabled, entry cold) is labelled "warmup" in timelines
         cold = not entry.warmup_complete and not use_graph and entry.props is not None
         name = "capture" if use_graph else ("warmup" if cold else "eager")
         with self.bus.span(name, f"graph/{name}", graph.uid, rt.step, split, entry.key, graph.uid):
             n_chunks, n_launches = self.loop.evaluate(entry, graph, split, use_graph, update, lowered,
-                                                      plan, self._regions_for(graph))
+                                                      plan, regions)
         dt = time.perf_counter_ns() - t0
         if use_graph and self.capture_aborted:
             self.capture_aborted = False

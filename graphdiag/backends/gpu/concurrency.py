@@ -1,12 +1,21 @@
-"""Concurrent regions (ggml_backend_cuda_graph_optimize, opt-in with GGML_CUDA_GRAPH_OPT=1).
+"""Concurrent regions (ggml_backend_cuda_graph_optimize, opt-in with GGML_CUDA_GRAPH_OPT=1), as llama.cpp
+0c1e57098 forms, reorders and validates them.
 
-Found at every scheduler alloc, for each GPU split, as upstream does it: a fork node whose name contains
-`attn_norm` and that exactly three single-row consumers read (fan-out is counted only over non-no-op nodes
-of at most one row, so regions exist at 1 token and not at 2); the branches grow from each consumer
-(a node joins a branch when it reads one of its nodes, or views the same tensor); the join is the first
-node that reads two or more branches. A region is dropped when the nodes between fork and join are not
-exactly the branch nodes (llama.cpp: "the number of nodes in the middle is not equal to the total number of
-branch nodes" — e.g. the KQ mask cast that sits inside layer 0's range). Branch b runs on stream b+1.
+Found at every scheduler alloc, for each GPU split: a fork node whose name contains `attn_norm` and that
+exactly three single-row consumers read (fan-out is counted only over non-no-op nodes of at most one row, so
+regions exist at 1 token and not at 2); the branches grow from each consumer (a node joins a branch when it
+reads one of its nodes, or views the same tensor); the join is the first node that reads two or more
+branches. A region is refused when the nodes between fork and join are not exactly the branch nodes
+(llama.cpp: "the number of nodes in the middle is not equal to the total number of branch nodes" — e.g. the
+KQ mask cast inside layer 0's range). Branch b runs on stream b+1.
+
+A formed region's nodes are interleaved (`interleave`: one node of each branch in turn, no-ops kept with the
+node before them), so the allocator, which walks that order, keeps every branch's tensors alive across the
+region; the original order is kept (`Region.order`). At graph_compute (before an evaluation or capture)
+every region is checked (`invalid_reason`, ggml_cuda_concurrent_event::is_valid: no write range of one
+stream overlaps another's, join buffer aside; no node reads a node of another stream). All valid: the
+original order is restored for the capture; one invalid: every region is dropped and the interleaved order
+runs on one stream.
 """
 
 from __future__ import annotations
@@ -15,17 +24,22 @@ from dataclasses import dataclass, field
 
 from ...ir.graph import Graph
 from ...ir.ops import is_view_or_noop
+from ...ir.tensor import Tensor
 
 FAN_OUT = 3
 FORK_NAME = "attn_norm"
+MIDDLE = "nodes between fork and join are not exactly the branch nodes"
+NO_JOIN = "no node reads two branches"
 
 
 @dataclass
 class Region:
     fork: int                          # node index of the fork
     join: int                          # node index of the join
-    stream_of: dict[int, int] = field(default_factory=dict)  # node index -> stream (1..n_branches)
+    stream_of: dict[int, int] = field(default_factory=dict)  # node index (original order) -> stream 1..n
     n_branches: int = FAN_OUT
+    order: tuple[int, ...] = ()        # tensor slots fork+1..join-1, original order (original_order)
+    interleaved: tuple[int, ...] = ()  # the same slots in the order graph_optimize leaves them
 
     def branch_sizes(self) -> tuple[int, ...]:
         sizes = [0] * self.n_branches
@@ -34,13 +48,20 @@ class Region:
         return tuple(sizes)
 
 
+@dataclass(frozen=True)
+class Refusal:
+    """A fork graph_optimize looked at and formed no region for."""
+    fork: int
+    join: int                          # -1: none found
+    reason: str
+
+
 class _View:
     """Per-node facts graph_optimize reads, gathered once: src indices, view base, no-op, row count."""
 
     def __init__(self, graph: Graph):
         rec, nodes = graph.arena.rec, graph.nodes
         self.graph = graph
-        pos = {int(idx): i for i, idx in enumerate(nodes.tolist())}
         base, size = graph.arena.base, rec.dtype.itemsize
         self.srcs: list[tuple[int, ...]] = []
         self.base_of: list[int] = []
@@ -55,7 +76,6 @@ class _View:
             ne = r["ne"]
             self.nrows.append(int(ne[1]) * int(ne[2]) * int(ne[3]))
         self.idx = [int(x) for x in nodes.tolist()]
-        self.pos = pos
 
     def depends_on(self, i: int, j: int) -> bool:
         """Node i reads node j (a src), or both view the same tensor."""
@@ -63,7 +83,12 @@ class _View:
 
 
 def find_regions(graph: Graph) -> list[Region]:
-    """Every valid fork/join region of the graph, in node order."""
+    """Every region graph_optimize forms in `graph` (node order), the graph left as it is."""
+    return scan(graph)[0]
+
+
+def scan(graph: Graph) -> tuple[list[Region], list[Refusal]]:
+    """(regions formed, forks refused), in node order; reads the graph, changes nothing."""
     v = _View(graph)
     n = graph.n_nodes
     fan_out: dict[int, int] = {}
@@ -73,24 +98,22 @@ def find_regions(graph: Graph) -> list[Region]:
         for s in v.srcs[i]:
             fan_out[s] = fan_out.get(s, 0) + 1
     regions: list[Region] = []
-    taken: list[tuple[int, int]] = []
+    refused: list[Refusal] = []
     for root in range(n):
         if fan_out.get(v.idx[root], 0) != FAN_OUT or FORK_NAME not in graph.node(root).name:
             continue
-        if any(a <= root <= b for a, b in taken):
+        if any(r.fork <= root <= r.join for r in regions):
             continue
-        r = _region_at(v, root)
-        if r is not None:
-            regions.append(r)
-            taken.append((r.fork, r.join))
-    return regions
+        got = _region_at(v, root)
+        (regions if isinstance(got, Region) else refused).append(got)
+    return regions, refused
 
 
-def _region_at(v: _View, root: int) -> Region | None:
+def _region_at(v: _View, root: int) -> Region | Refusal:
     n = len(v.idx)
     branches = [[i] for i in range(root + 1, n) if not v.noop[i] and v.depends_on(i, root)]
     if len(branches) != FAN_OUT:
-        return None
+        return Refusal(root, -1, f"{len(branches)} consumers, not {FAN_OUT}")
     join = None
     for i in range(root + 1, n):
         owners = [b for b, nodes in enumerate(branches) if any(v.depends_on(i, j) for j in nodes)]
@@ -103,8 +126,56 @@ def _region_at(v: _View, root: int) -> Region | None:
         if not owners and v.noop[i]:
             branches[0].append(i)      # a no-op can go anywhere: it launches nothing
     if join is None:
-        return None
+        return Refusal(root, -1, NO_JOIN)
+    if join - root - 1 != sum(len(b) for b in branches):
+        return Refusal(root, join, MIDDLE)   # e.g. the KQ mask cast (a CPY) in layer 0's range
     stream_of = {i: b + 1 for b, nodes in enumerate(branches) for i in nodes}
-    if join - root - 1 != sum(len(b) for b in branches) or len(stream_of) != join - root - 1:
-        return None                    # nodes in the middle that belong to no branch
-    return Region(root, join, stream_of)
+    order = tuple(v.idx[root + 1:join])
+    interleaved = tuple(v.idx[i] for i in interleave(branches, v.noop))
+    return Region(root, join, stream_of, len(branches), order, interleaved)
+
+
+def interleave(branches: list[list[int]], noop: list[bool]) -> list[int]:
+    """The branch nodes (indices) in graph_optimize's order: each branch in turn gives its next node and
+    the no-ops right after it. [norm, Q, Qrope, K, Krope, V, join] -> [norm, Q, K, V, Qrope, Krope, join]."""
+    queues = [list(b) for b in branches]
+    out: list[int] = []
+    b, total = 0, sum(len(q) for q in queues)
+    while len(out) < total:
+        q = queues[b]
+        if q:
+            out.append(q.pop(0))
+            while q and noop[q[0]]:
+                out.append(q.pop(0))
+        b = (b + 1) % len(queues)
+    return out
+
+
+def invalid_reason(graph: Graph, r: Region) -> str:
+    """ggml_cuda_concurrent_event::is_valid over the allocated addresses: "" when the region may run on
+    its streams, else why not (a write range of one stream overlapping another's, the join's buffer
+    aside; or a node reading a node of another stream)."""
+    tensors = {slot: Tensor(graph.arena, slot) for slot in r.order}
+    pos = {slot: r.fork + 1 + k for k, slot in enumerate(r.order)}
+    stream = {slot: r.stream_of[pos[slot]] for slot in r.order}
+    join = graph.node(r.join)
+    jt = join.view_src or join
+    j0, j1 = jt.data, jt.data + jt.nbytes()
+    spans: dict[int, tuple[int, int]] = {}
+    for slot, t in tensors.items():
+        b = t.view_src or t
+        lo, hi = b.data, b.data + b.nbytes()
+        if (lo <= j0 < hi) or (j0 <= lo < j1):
+            continue                   # the join's buffer: several nodes may use it, synchronised there
+        spans[slot] = (lo, hi)
+    for slot, t in tensors.items():
+        if slot in spans:
+            lo, hi = spans[slot]
+            for other, (olo, ohi) in spans.items():
+                if stream[other] != stream[slot] and lo <= olo < hi:
+                    return (f"writes of {t.name} (stream {stream[slot]}) overlap "
+                            f"{tensors[other].name} (stream {stream[other]})")
+        for s in t.src:
+            if s is not None and s.idx in stream and stream[s.idx] != stream[slot]:
+                return f"{t.name} (stream {stream[slot]}) reads {s.name} (stream {stream[s.idx]})"
+    return ""

@@ -41,6 +41,7 @@ class RuntimeOptions:
     concurrent_streams: bool = False
     graphs_disabled: bool = False        # GGML_CUDA_DISABLE_GRAPHS present in the environment
     pdl: bool = True                     # GGML_CUDA_PDL: programmatic dependent launch where cc >= 9.0
+    upstream: str = "0c1e57098"          # the upstream commit whose rules the runtime follows (config.UPSTREAMS)
 
 
 class GraphRuntime:

@@ -59,6 +59,9 @@ def _capture_facts(ev: E.Event) -> Facts:
         case E.ConcurrentRegion():
             return {(f"node {ev.fork_node}", "concurrent"):
                     f"join {ev.join_node}, branches {list(ev.branch_sizes)}"}
+        case E.ConcurrentRefused():
+            where = f"node {ev.fork_node}" if ev.fork_node >= 0 else "split"
+            return {(where, "concurrent refused"): ev.reason}
         case E.ChunkUpdated():
             return {(f"chunk {ev.chunk}", "outcome"): "updated"}
         case E.ChunkInstantiated():

@@ -1,0 +1,146 @@
+"""Concurrent regions as llama.cpp 0c1e57098 forms, interleaves and validates them (issue 29, part 3):
+ggml_backend_cuda_graph_optimize (fork/join search, the branch interleave) and the check graph_compute
+makes before it evaluates or captures (ggml_cuda_concurrent_event::is_valid, then the original order back,
+or every region dropped)."""
+
+import numpy as np
+import pytest
+
+from graphdiag import events as E
+from graphdiag.backends.gpu import backend as gpu_backend
+from graphdiag.backends.gpu.concurrency import MIDDLE, interleave, invalid_reason, scan
+from graphdiag.config import resolve
+from graphdiag.counters import Counters
+from graphdiag.ir.dtypes import GGMLType
+from graphdiag.ir.graph import Graph
+from graphdiag.ir.tensor import Tensor
+from graphdiag.model.build import DECODE, GraphParams, build_graph
+from graphdiag.model.presets import PRESETS
+from graphdiag.model.weights import create_model
+from graphdiag.plan import StepPlan
+from graphdiag.report.analysis.eventlog import describe
+from graphdiag.runner import RunResult, Session, Stepper
+
+from support.simrun import of
+
+
+def _graph(preset="tiny"):
+    m = create_model(PRESETS[preset], GGMLType.F16, with_data=False)
+    return build_graph(m, GraphParams(1, 1, 1, DECODE, 256)).graph
+
+
+def _session(preset="tiny", **settings):
+    cfg = resolve({"backend": "sim", "steps": 0, "prompt_tokens": 4, "concurrent_streams": True,
+                   "model": preset, **settings}, environ={})
+    bus = E.EventBus()
+    seen: list = []
+    bus.subscribe(seen.append)
+    return Session(cfg, bus), seen
+
+
+def _names(g: Graph, slots) -> list[str]:
+    return [Tensor(g.arena, s).name for s in slots]
+
+
+def test_branches_interleave_one_node_each_in_turn_no_ops_kept_with_the_node_before():
+    g = _graph()
+    r = next(r for r in scan(g)[0] if g.node(r.fork).name == "attn_norm-1")
+    assert _names(g, r.order) == [
+        "Qcur-1", "Qcur-1 (reshaped)", "Qcur_rope-1", "Vcur-1", "Vcur-1 (reshaped)", "Kcur-1", "Kcur-1 (reshaped)",
+        "Kcur_rope-1", "Kcur_rope-1 (view)", "cache_k_l1 (set_rows)", "Vcur-1 (reshaped 2d)",
+        "cache_v_l1 (set_rows)", "k-1", "v-1"]
+    assert _names(g, r.interleaved) == [
+        "Qcur-1", "Qcur-1 (reshaped)", "Vcur-1", "Vcur-1 (reshaped)", "Vcur-1 (reshaped 2d)", "Kcur-1",
+        "Kcur-1 (reshaped)", "Qcur_rope-1", "cache_v_l1 (set_rows)", "v-1", "Kcur_rope-1", "Kcur_rope-1 (view)",
+        "cache_k_l1 (set_rows)", "k-1"]
+
+
+def test_interleave_skips_an_emptied_branch():
+    noop = [False, True, False, False, False, True]
+    assert interleave([[0, 1, 2], [3], [4, 5]], noop) == [0, 1, 3, 4, 5, 2]
+
+
+def test_gqa_small_forms_layers_1_to_7_refuses_layer_0_and_keeps_every_region():
+    """small: 16 query heads over 4 KV heads. Upstream's check (is_valid) clears every region when one
+    fails; on this graph none fails: K and V (1 KiB each) and Q (4 KiB) are live together from the
+    interleaved mat-muls to the join, ropes run in place, the cache writes are views of distinct caches,
+    and the only buffer freed inside a region (attn_norm) is never handed to a region node."""
+    s, seen = _session("small")
+    try:
+        Stepper(s, RunResult({}, [], Counters())).step(StepPlan("decode", batch=1))
+        formed = [e.fork_name for e in seen if isinstance(e, E.ConcurrentRegion)]
+        refused = [e for e in seen if isinstance(e, E.ConcurrentRefused)]
+        assert formed == [f"attn_norm-{il}" for il in range(1, 8)]
+        assert [(e.fork_name, e.reason, e.cleared) for e in refused] == [("attn_norm-0", MIDDLE, 0)]
+        assert all(e.branch_sizes == (3, 5, 6) for e in seen if isinstance(e, E.ConcurrentRegion))
+        got = s.gpu.concurrent
+        assert got is not None and got.checked and len(got.regions) == 7
+        g = s.ctx.sched.splits[0].graph
+        assert np.array_equal(g.nodes, got.original)           # all valid: the original order is back
+        assert all(invalid_reason(g, r) == "" for r in got.regions)
+    finally:
+        s.close()
+
+
+def test_branch_buffers_written_by_two_streams_make_the_region_invalid():
+    s, _ = _session()
+    try:
+        Stepper(s, RunResult({}, [], Counters())).step(StepPlan("decode", batch=1))
+        g = s.ctx.sched.splits[0].graph
+        r = s.gpu.concurrent.regions[0]
+        q, v = (g.node(next(i for i in r.stream_of if g.node(i).name == n)) for n in ("Qcur-1", "Vcur-1"))
+        kept = v.data
+        try:
+            v.data = q.data + 4                              # V's output inside Q's: two streams write it
+            assert invalid_reason(g, r).startswith("writes of ") and "overlap" in invalid_reason(g, r)
+        finally:
+            v.data = kept
+        assert invalid_reason(g, r) == ""
+        moved = dict(r.stream_of)
+        for i in r.stream_of:                                 # V's cache write and view on K's stream:
+            if g.node(i).name in ("cache_v_l1 (set_rows)", "v-1"):   # it reads V's row on stream 2
+                r.stream_of[i] = 3
+        try:
+            assert invalid_reason(g, r) == "cache_v_l1 (set_rows) (stream 3) reads Vcur-1 (reshaped 2d) (stream 2)"
+        finally:
+            r.stream_of.clear()
+            r.stream_of.update(moved)
+    finally:
+        s.close()
+
+
+def test_one_invalid_region_drops_every_region_and_the_interleaved_order_runs_on_one_stream(monkeypatch):
+    real = gpu_backend.invalid_reason
+    monkeypatch.setattr(gpu_backend, "invalid_reason",
+                        lambda g, r: "forced" if g.node(r.fork).name == "attn_norm-2" else real(g, r))
+    s, seen = _session()
+    try:
+        st = Stepper(s, RunResult({}, [], Counters()))
+        for _ in range(4):
+            st.step(StepPlan("decode", batch=1))
+        dropped = [e for e in seen if isinstance(e, E.ConcurrentRefused) and e.cleared]
+        assert [(e.fork_name, e.reason, e.cleared) for e in dropped] == [("attn_norm-2", "forced", 3)]
+        assert s.gpu.concurrent is None
+        g = s.ctx.sched.splits[0].graph
+        order = [g.node(i).name for i in range(g.n_nodes)]
+        assert order.index("Vcur-1") < order.index("Qcur_rope-1")  # still interleaved
+        assert not [e for e in seen if isinstance(e, E.ChunkBoundary) and e.moved_by == "concurrent region"]
+        assert "3 concurrent regions dropped: fork node" in describe(dropped[0])
+    finally:
+        s.close()
+
+
+@pytest.mark.parametrize("upstream,formed", [("0c1e57098", 3), ("d99724f2", 0)])
+def test_one_used_device_of_two_visible_follows_the_upstream_rule(upstream, formed):
+    s, seen = _session(upstream=upstream)
+    s.gpu.driver.n_visible = 2             # a second device present, not used (CUDA_VISIBLE_DEVICES shows 2)
+    try:
+        Stepper(s, RunResult({}, [], Counters())).step(StepPlan("decode", batch=1))
+        assert len([e for e in seen if isinstance(e, E.ConcurrentRegion)]) == formed
+        off = [e for e in seen if isinstance(e, E.ConcurrentRefused) and e.fork_node < 0]
+        assert bool(off) == (formed == 0)
+        if off:
+            assert describe(off[0]) == ("concurrent streams off for this split: 2 CUDA devices visible "
+                                        "(d99724f2 needs exactly one)")
+    finally:
+        s.close()
