@@ -21,6 +21,7 @@ CC_MAJOR = (1, 15)          # compute capabilities a CUDA device could report (s
 # the upstream commits whose rules graphdiag can follow (--upstream): the newest first, the default
 UPSTREAMS = ("0c1e57098", "d99724f2")
 UPSTREAM_DATES = {"0c1e57098": "llama.cpp 0c1e57098 (2026-10-01, b11312)", "d99724f2": "ggml d99724f2 (2026-08-21)"}
+N_UBATCH, N_BATCH = 512, 2048   # llama.cpp's default n_ubatch (--ubatch-size) and n_batch (model.kv_sizes, plan)
 WTYPES = ("f16", "q8_0", "f32", "bf16", "q4_0", "q5_0", "q5_1", "q4_k", "q5_k", "q6_k")
 
 # name -> (RunConfig field, parser). Semantics follow llama.cpp exactly.
@@ -88,6 +89,7 @@ class RunConfig:
     sim_mode: str | None = None      # simulated driver: "compute" | "decisions" (None: sim_mode.sim_mode decides)
     nvtx: bool = True
     upstream: str = UPSTREAMS[0]     # the upstream commit whose rules the run follows (UPSTREAMS)
+    ubatch_size: int = N_UBATCH      # llama.cpp's n_ubatch: a longer prompt is decoded in ubatches of this many tokens
     sources: dict[str, str] = field(default_factory=dict)  # field -> "default" | "env NAME" | "cli" | "scenario"
 
     def validate(self) -> "RunConfig":
@@ -103,6 +105,9 @@ class RunConfig:
             self._fail("sim_mode", f"unknown sim mode {self.sim_mode!r} (choose compute or decisions)")
         if self.upstream not in UPSTREAMS:
             self._fail("upstream", f"unknown upstream {self.upstream!r} (choose {', '.join(UPSTREAMS)})")
+        if not isinstance(self.ubatch_size, int) or isinstance(self.ubatch_size, bool) \
+                or not 1 <= self.ubatch_size <= N_BATCH:
+            self._fail("ubatch_size", f"ubatch-size must be between 1 and n_batch ({N_BATCH}), not {self.ubatch_size!r}")
         if self.wtype.lower() not in WTYPES:
             self._fail("wtype", f"unknown weight type {self.wtype!r} (choose {', '.join(WTYPES)})")
         self._check_prompt_ids()
