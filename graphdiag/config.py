@@ -382,6 +382,7 @@ def validate_run(cfg: RunConfig, scenario=None, as_json: bool = False, verbosity
     _check_timeline(cfg, scenario)
     _check_faults(cfg, scenario)
     demand = kv_demand(plan_steps(cfg, scenario), model.n_ctx)
+    _check_decode_ubatches(cfg, scenario, demand)
     if demand.overflow_step is not None:
         raise UsageError(f"the run needs more KV cells than model {cfg.model} has (n_ctx {model.n_ctx}): step "
                          f"{demand.overflow_step} would need {demand.cells} (prompt-tokens {cfg.prompt_tokens} × "
@@ -401,10 +402,20 @@ def validate_run(cfg: RunConfig, scenario=None, as_json: bool = False, verbosity
     return warnings
 
 
+def _check_decode_ubatches(cfg: RunConfig, scenario, demand) -> None:
+    """A decode step of more sequences than n_ubatch would be split into several ubatches by llama.cpp;
+    graphdiag splits only prompts, so such a run is refused up front."""
+    for step, p, _ in demand.steps:
+        if p.kind == "decode" and p.batch > cfg.ubatch_size:
+            raise UsageError(f"step {step} decodes {p.batch} sequences, more than "
+                             f"{_named(cfg, scenario, 'ubatch_size', '--ubatch-size')} {cfg.ubatch_size}: llama.cpp "
+                             f"would split it into ubatches, which graphdiag does not model for decode steps")
+
+
 def _check_swa_cells(cfg: RunConfig, model, demand) -> None:
     """A sliding-window model: every step's tokens find cells in the SWA cache, walked with the cells'
     own rules (sched/swa_cells.py), so a prefill longer than the cache can take is refused up front
-    (graphdiag prefills a prompt in one ubatch, where llama.cpp would split it into n_ubatch ones)."""
+    (each prompt ubatch is a step of its own, as llama.cpp splits a prompt into n_ubatch ones)."""
     import numpy as np
 
     from .model.source import sized

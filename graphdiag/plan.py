@@ -26,8 +26,9 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 from typing import Iterator
 
+from .config import N_BATCH, N_UBATCH
 
-N_BATCH = 2048              # llama.cpp's default n_batch: the most tokens one llama_decode call takes
+
 ARENA_SHIFT = 8             # slots a graph moves by each time node pointers change (new_arena_every)
 DRAFT_ARENA_SLOT = 1 << 14  # where a separate arena's graphs start (separate_arena_batch): far from the rest
 
@@ -77,7 +78,7 @@ class Plan:
 
     def __init__(self, cfg, scenario=None):
         self.batch, self.steps, self.prompt_tokens = cfg.batch, cfg.steps, cfg.prompt_tokens
-        self.n_ubatch = int(getattr(cfg, "ubatch_size", 512))
+        self.n_ubatch = int(getattr(cfg, "ubatch_size", N_UBATCH))
         self.n_prompt = len(ubatch_sizes(self.prompt_tokens, self.n_ubatch))   # ubatches per prompt
         timeline = sorted(getattr(scenario, "timeline", None) or [], key=lambda t: t["at_step"])
         self.by_step: dict[int, list] = {}

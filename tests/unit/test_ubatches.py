@@ -111,3 +111,10 @@ def test_prompt_over_ubatch_thrash_comes_back_under_d99724f2():
     assert summary.distinct_keys == 1 and summary.counters["warmup_resets"] >= 4
     assert len(summary.thrash) == 1
     assert {"distinct_keys", "thrash_keys", "warmup_resets"} <= {f.split()[2] for f in check_expectations(sc, summary)}
+
+
+def test_a_decode_batch_over_ubatch_size_is_refused_up_front(capsys):
+    assert main(["run", "--backend", "sim", "--steps", "1", "--batch", "4", "--prompt-tokens", "2",
+                 "--ubatch-size", "2"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "decodes 4 sequences, more than --ubatch-size 2" in err[0]
