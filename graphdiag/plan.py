@@ -63,6 +63,13 @@ def ubatch_sizes(n_tokens: int, n_ubatch: int, n_batch: int = N_BATCH) -> list[i
     return sizes
 
 
+def n_ubatches(n_tokens: int, n_ubatch: int, n_batch: int = N_BATCH) -> int:
+    """len(ubatch_sizes(...)) without the list (a prompt may be absurdly long: it is refused later)."""
+    n_ubatch = max(1, min(n_ubatch, n_batch))
+    full, rest = divmod(max(n_tokens, 0), n_batch)
+    return full * -(-n_batch // n_ubatch) + -(-rest // n_ubatch)
+
+
 def prefill_ubatches(n_tokens: int, n_ubatch: int, **fields) -> list[StepPlan]:
     """A prefill of `n_tokens` as its ubatches' steps: only the last has an output."""
     sizes, steps, off = ubatch_sizes(n_tokens, n_ubatch), [], 0
@@ -79,7 +86,7 @@ class Plan:
     def __init__(self, cfg, scenario=None):
         self.batch, self.steps, self.prompt_tokens = cfg.batch, cfg.steps, cfg.prompt_tokens
         self.n_ubatch = int(getattr(cfg, "ubatch_size", N_UBATCH))
-        self.n_prompt = len(ubatch_sizes(self.prompt_tokens, self.n_ubatch))   # ubatches per prompt
+        self.n_prompt = n_ubatches(self.prompt_tokens, self.n_ubatch)   # ubatches per prompt
         timeline = sorted(getattr(scenario, "timeline", None) or [], key=lambda t: t["at_step"])
         self.by_step: dict[int, list] = {}
         for item in timeline:
