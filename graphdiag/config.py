@@ -21,6 +21,7 @@ CC_MAJOR = (1, 15)          # compute capabilities a CUDA device could report (s
 # the upstream commits whose rules graphdiag can follow (--upstream): the newest first, the default
 UPSTREAMS = ("0c1e57098", "d99724f2")
 UPSTREAM_DATES = {"0c1e57098": "llama.cpp 0c1e57098 (2026-10-01, b11312)", "d99724f2": "ggml d99724f2 (2026-08-21)"}
+N_UBATCH, N_BATCH = 512, 2048   # llama.cpp's default n_ubatch (--ubatch-size) and n_batch (model.kv_sizes, plan)
 WTYPES = ("f16", "q8_0", "f32", "bf16", "q4_0", "q5_0", "q5_1", "q4_k", "q5_k", "q6_k")
 
 # name -> (RunConfig field, parser). Semantics follow llama.cpp exactly.
@@ -88,6 +89,7 @@ class RunConfig:
     sim_mode: str | None = None      # simulated driver: "compute" | "decisions" (None: sim_mode.sim_mode decides)
     nvtx: bool = True
     upstream: str = UPSTREAMS[0]     # the upstream commit whose rules the run follows (UPSTREAMS)
+    ubatch_size: int = N_UBATCH      # llama.cpp's n_ubatch: a longer prompt is decoded in ubatches of this many tokens
     sources: dict[str, str] = field(default_factory=dict)  # field -> "default" | "env NAME" | "cli" | "scenario"
 
     def validate(self) -> "RunConfig":
@@ -103,6 +105,9 @@ class RunConfig:
             self._fail("sim_mode", f"unknown sim mode {self.sim_mode!r} (choose compute or decisions)")
         if self.upstream not in UPSTREAMS:
             self._fail("upstream", f"unknown upstream {self.upstream!r} (choose {', '.join(UPSTREAMS)})")
+        if not isinstance(self.ubatch_size, int) or isinstance(self.ubatch_size, bool) \
+                or not 1 <= self.ubatch_size <= N_BATCH:
+            self._fail("ubatch_size", f"ubatch-size must be between 1 and n_batch ({N_BATCH}), not {self.ubatch_size!r}")
         if self.wtype.lower() not in WTYPES:
             self._fail("wtype", f"unknown weight type {self.wtype!r} (choose {', '.join(WTYPES)})")
         self._check_prompt_ids()
@@ -377,6 +382,7 @@ def validate_run(cfg: RunConfig, scenario=None, as_json: bool = False, verbosity
     _check_timeline(cfg, scenario)
     _check_faults(cfg, scenario)
     demand = kv_demand(plan_steps(cfg, scenario), model.n_ctx)
+    _check_decode_ubatches(cfg, scenario, demand)
     if demand.overflow_step is not None:
         raise UsageError(f"the run needs more KV cells than model {cfg.model} has (n_ctx {model.n_ctx}): step "
                          f"{demand.overflow_step} would need {demand.cells} (prompt-tokens {cfg.prompt_tokens} × "
@@ -396,10 +402,20 @@ def validate_run(cfg: RunConfig, scenario=None, as_json: bool = False, verbosity
     return warnings
 
 
+def _check_decode_ubatches(cfg: RunConfig, scenario, demand) -> None:
+    """A decode step of more sequences than n_ubatch would be split into several ubatches by llama.cpp;
+    graphdiag splits only prompts, so such a run is refused up front."""
+    for step, p, _ in demand.steps:
+        if p.kind == "decode" and p.batch > cfg.ubatch_size:
+            raise UsageError(f"step {step} decodes {p.batch} sequences, more than "
+                             f"{_named(cfg, scenario, 'ubatch_size', '--ubatch-size')} {cfg.ubatch_size}: llama.cpp "
+                             f"would split it into ubatches, which graphdiag does not model for decode steps")
+
+
 def _check_swa_cells(cfg: RunConfig, model, demand) -> None:
     """A sliding-window model: every step's tokens find cells in the SWA cache, walked with the cells'
     own rules (sched/swa_cells.py), so a prefill longer than the cache can take is refused up front
-    (graphdiag prefills a prompt in one ubatch, where llama.cpp would split it into n_ubatch ones)."""
+    (each prompt ubatch is a step of its own, as llama.cpp splits a prompt into n_ubatch ones)."""
     import numpy as np
 
     from .model.source import sized

@@ -10,14 +10,23 @@ that batch, or prefills of that many tokens, build their graph in a separate are
 context: graph keys of their own), `fault` (a driver call of that step fails: the step is rolled back and
 the walk goes on).
 
+A prefill longer than n_ubatch (`ubatch_size`, llama.cpp's default 512) is split as llama.cpp splits it:
+the caller hands llama_decode at most n_batch (2048) tokens at a time, and the unified KV cache's
+split_simple cuts each batch into ubatches of n_ubatch tokens in order, the last one shorter. Each ubatch
+is a step of its own; only the prompt's last token is an output, so every ubatch but the last has none
+(n_outputs 0). A timeline prefill that takes several ubatches takes that many step numbers: the items of
+the steps it covers apply to the step after it.
+
 The plan is lazy: `plan_steps` returns a sequence whose length is known at once and whose steps are made
 as they are walked, so ten million steps cost nothing before the run starts.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Iterator
+
+from .config import N_BATCH, N_UBATCH
 
 
 ARENA_SHIFT = 8             # slots a graph moves by each time node pointers change (new_arena_every)
@@ -33,6 +42,9 @@ class StepPlan:
     idle_s: float = 0.0  # advance the runtime's clock by this much before the step
     arena_slot: int = 0  # where the step's graph structs start (0: the context's own metadata buffer)
     fault: str = ""      # a driver-call fault armed for this step ("" none; backends/drivers/faults.py)
+    n_outputs: int = 1   # prefill: logits rows (1 for a prompt's last ubatch, 0 for the ubatches before it)
+    offset: int = 0      # prefill: the ubatch's first token's index in its prompt
+    initial: bool = False  # prefill: part of a sequence's prompt (the plan's first steps), not a timeline one
 
     @property
     def tokens(self) -> int:
@@ -40,27 +52,61 @@ class StepPlan:
         return self.n_tokens if self.kind == "prefill" else self.batch
 
 
+def ubatch_sizes(n_tokens: int, n_ubatch: int, n_batch: int = N_BATCH) -> list[int]:
+    """The ubatches a prompt of `n_tokens` is decoded in, in order: batches of at most `n_batch` tokens,
+    each cut into ubatches of `n_ubatch` (split_simple over a unified KV cache), the last of each shorter."""
+    n_ubatch = max(1, min(n_ubatch, n_batch))          # llama.cpp: n_ubatch = min(n_batch, n_ubatch)
+    sizes = []
+    for b0 in range(0, n_tokens, n_batch):
+        nb = min(n_batch, n_tokens - b0)
+        sizes += [min(n_ubatch, nb - u0) for u0 in range(0, nb, n_ubatch)]
+    return sizes
+
+
+def n_ubatches(n_tokens: int, n_ubatch: int, n_batch: int = N_BATCH) -> int:
+    """len(ubatch_sizes(...)) without the list (a prompt may be absurdly long: it is refused later)."""
+    n_ubatch = max(1, min(n_ubatch, n_batch))
+    full, rest = divmod(max(n_tokens, 0), n_batch)
+    return full * -(-n_batch // n_ubatch) + -(-rest // n_ubatch)
+
+
+def prefill_ubatches(n_tokens: int, n_ubatch: int, **fields) -> list[StepPlan]:
+    """A prefill of `n_tokens` as its ubatches' steps: only the last has an output."""
+    sizes, steps, off = ubatch_sizes(n_tokens, n_ubatch), [], 0
+    for i, n in enumerate(sizes):
+        steps.append(StepPlan("prefill", n_tokens=n, offset=off, n_outputs=int(i == len(sizes) - 1), **fields))
+        off += n
+    return steps
+
+
 class Plan:
-    """The steps of one run, made on demand. len() is `batch` prefills + `steps` decode steps."""
+    """The steps of one run, made on demand. len() is `batch` prefills (each as many steps as its prompt
+    has ubatches) + `steps` further steps (a timeline prefill of several ubatches takes that many of them)."""
 
     def __init__(self, cfg, scenario=None):
         self.batch, self.steps, self.prompt_tokens = cfg.batch, cfg.steps, cfg.prompt_tokens
+        self.n_ubatch = int(getattr(cfg, "ubatch_size", N_UBATCH))
+        self.n_prompt = n_ubatches(self.prompt_tokens, self.n_ubatch)   # ubatches per prompt
         timeline = sorted(getattr(scenario, "timeline", None) or [], key=lambda t: t["at_step"])
         self.by_step: dict[int, list] = {}
         for item in timeline:
             self.by_step.setdefault(int(item["at_step"]), []).append(item)
 
     def __len__(self) -> int:
-        return self.batch + self.steps
+        return self.batch * self.n_prompt + self.steps
 
     def __iter__(self) -> Iterator[StepPlan]:
         for q in range(self.batch):
-            yield StepPlan("prefill", n_tokens=self.prompt_tokens, seq=q)
+            yield from prefill_ubatches(self.prompt_tokens, self.n_ubatch, seq=q, initial=True)
         batch, cycle, k = self.batch, None, 0
         every, since, own = 0, 0, 0        # new_arena_every, its start step; separate_arena_batch
-        for step in range(self.batch, self.batch + self.steps):
+        first, end = self.batch * self.n_prompt, len(self)
+        step, covered = first, first       # covered: the first step whose timeline items are not yet read
+        while step < end:
             idle, prefill, fault = 0.0, 0, ""
-            for item in self.by_step.get(step, ()):
+            items = [it for s in range(covered, step + 1) for it in self.by_step.get(s, ())]
+            covered = step + 1
+            for item in items:
                 if "batch" in item:
                     batch, cycle = int(item["batch"]), None
                 if "alternate_batches" in item:
@@ -76,13 +122,16 @@ class Plan:
             if own and prefill == own:
                 slot = DRAFT_ARENA_SLOT
             if prefill:
-                yield StepPlan("prefill", n_tokens=prefill, seq=0, idle_s=idle, arena_slot=slot, fault=fault)
+                for i, u in enumerate(prefill_ubatches(prefill, self.n_ubatch, seq=0, arena_slot=slot)[:end - step]):
+                    yield replace(u, idle_s=idle, fault=fault) if i == 0 else u
+                    step += 1
                 continue
             if cycle:
                 batch, k = cycle[k % len(cycle)], k + 1
             if own and batch == own:
                 slot = DRAFT_ARENA_SLOT
             yield StepPlan("decode", batch=batch, idle_s=idle, arena_slot=slot, fault=fault)
+            step += 1
 
 
 def plan_steps(cfg, scenario=None) -> Plan:

@@ -39,7 +39,7 @@ RUN_FIELDS: dict[str, type] = {
     "model": str, "wtype": str, "prompt_tokens": int, "prompt_ids": list, "prompt": str, "steps": int, "batch": int, "chunk_size": int,
     "fusion": bool, "concurrent_streams": bool, "n_cpu_moe": int, "pool_cap": int, "pool_max_buffers": int,
     "compute_capability": str, "reuse_disabled": bool, "graphs_disabled": bool, "devices": int, "tensor_split": list,
-    "sim_mode": str, "swa_full": bool, "upstream": str,
+    "sim_mode": str, "swa_full": bool, "upstream": str, "ubatch_size": int,
 }
 CHANGES: dict[str, type] = {"batch": int, "idle_s": float, "prefill": int, "alternate_batches": list,
                             "new_arena_every": int, "separate_arena_batch": int, "fault": str}

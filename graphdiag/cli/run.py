@@ -46,6 +46,9 @@ def _one_scenario(given: tuple[str, ...]) -> str | None:
               help="Give a sliding-window model's SWA cache the full context (llama.cpp --swa-full; default off).")
 @click.option("--upstream", type=click.Choice(["0c1e57098", "d99724f2"]), default=None,
               help="The upstream commit whose rules to follow: llama.cpp 0c1e57098 (default) or ggml d99724f2.")
+@click.option("--ubatch-size", "ubatch_size", type=int, default=None,
+              help="llama.cpp's n_ubatch (default 512, at most n_batch 2048): a longer prompt is decoded in "
+                   "ubatches of this many tokens, only the last with an output.")
 @click.option("--n-cpu-moe", type=int, default=None, help="Put the experts of the first N MoE layers on the CPU.")
 @click.option("--devices", type=int, default=None,
               help="Split the layers across N GPUs (llama.cpp --split-mode layer), each with its own graph cache.")

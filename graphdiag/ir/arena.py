@@ -75,12 +75,13 @@ class Arena:
         """End the persistent region: everything allocated so far survives `reset()`."""
         self.mark = self.top
 
-    def reset(self) -> None:
+    def reset(self, offset: int = 0) -> None:
         """Rewind the compute region (ggml_init over the same buf_compute_meta). With `skip` slots the
         region starts that much later: the graph's structs, hence its first node's address (the CUDA graph
-        key), are elsewhere, as when the metadata buffer is a fresh allocation or another context's."""
-        self.fit(self.mark + self.skip)
-        self.top = self.mark + self.skip
+        key), are elsewhere, as when the metadata buffer is a fresh allocation or another context's.
+        `offset` slots more: another graph result's own metadata buffer (the context's no-output one)."""
+        self.fit(self.mark + self.skip + offset)
+        self.top = self.mark + self.skip + offset
 
     def addr(self, idx) -> int | np.ndarray:
         return self.base + np.asarray(idx, dtype=np.uint64) * np.uint64(TENSOR_SIZE) if not isinstance(idx, int) \

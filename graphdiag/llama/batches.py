@@ -1,8 +1,9 @@
 """Each step of graphdiag's plan as a llama_batch's contents: tokens, positions, sequence ids, logits flags.
 
 The same steps as `graphdiag run` walks (plan.py): one llama_decode per step, so decode index i is
-graphdiag's step i. A prefill puts its sequence's prompt at the next positions and asks for the last
-token's logits (graphdiag's prefill has one output); a decode step gives each of sequences 0..batch-1 one
+graphdiag's step i. A prefill ubatch puts its part of its sequence's prompt at the next positions and asks
+for the last token's logits when it is the prompt's last ubatch (graphdiag's prefill has one output, the
+ubatches before it none, plan.py); a decode step gives each of sequences 0..batch-1 one
 token at its next position, every token an output. Prompt tokens are drawn as graphdiag's Stepper draws
 them (default_rng(seed + 1), ids 1..n_vocab-1) unless --prompt-ids gives them; a decode feeds each
 sequence its greedy token from the step before (1 + seq before it has one). A sequence that joins later
@@ -60,12 +61,12 @@ class Batcher:
     def batch(self, p: StepPlan) -> StepBatch:
         """The batch of the plan's next step (positions advance as if it was decoded)."""
         if p.kind == "prefill":
-            if self.cfg.prompt_ids and self.step < self.cfg.batch:
-                toks = [int(t) for t in self.cfg.prompt_ids]
+            if self.cfg.prompt_ids and p.initial:
+                toks = [int(t) for t in self.cfg.prompt_ids[p.offset:p.offset + p.n_tokens]]
             else:
                 toks = self.rng.integers(1, self.n_vocab, p.n_tokens).tolist()
             seqs = [p.seq] * len(toks)
-            flags = [False] * (len(toks) - 1) + [True]
+            flags = [False] * (len(toks) - 1) + [bool(p.n_outputs)]
         else:
             seqs = list(range(p.batch))
             toks = [self.next_tok.get(q, 1 + q) for q in seqs]

@@ -24,6 +24,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from .. import events as E
+from ..config import N_UBATCH
 from ..errors import NoDeviceError, UsageError
 
 NO_LLAMA = ("llama_cpp is not installed (or not loadable): pip install '.[llama]' — a CUDA build of "
@@ -69,8 +70,9 @@ def check_gpu(ll) -> None:
 
 @dataclass(frozen=True)
 class ContextParams:
-    """What llama_context_params gets: n_ctx cells, n_batch = n_ubatch tokens (a prefill is one ubatch, as
-    in graphdiag), n_seq_max sequences, flash attention on, one unified KV cache (graphdiag's cells are
+    """What llama_context_params gets: n_ctx cells, n_batch tokens per llama_decode (llama.cpp's 2048, or
+    a larger step's), n_ubatch (graphdiag's --ubatch-size: every step has at most that many tokens, so each
+    llama_decode is one ubatch, as graphdiag's step), n_seq_max sequences, flash attention on, one unified KV cache (graphdiag's cells are
     shared by every sequence), SWA caches full size only with swa_full (graphdiag's --swa-full)."""
 
     n_ctx: int
@@ -78,6 +80,7 @@ class ContextParams:
     n_seq_max: int
     flash_attn: bool = True
     swa_full: bool = False
+    n_ubatch: int = N_UBATCH
 
 
 class LlamaSession:
@@ -95,7 +98,7 @@ class LlamaSession:
         try:
             self.n_vocab = ll.llama_vocab_n_tokens(ll.llama_model_get_vocab(self.model))
             p = ll.llama_context_default_params()
-            p.n_ctx, p.n_batch, p.n_ubatch, p.n_seq_max = cp.n_ctx, cp.n_batch, cp.n_batch, cp.n_seq_max
+            p.n_ctx, p.n_batch, p.n_ubatch, p.n_seq_max = cp.n_ctx, cp.n_batch, cp.n_ubatch, cp.n_seq_max
             p.flash_attn_type = 1 if cp.flash_attn else 0        # LLAMA_FLASH_ATTN_TYPE_ENABLED / DISABLED
             p.swa_full, p.kv_unified, p.no_perf = cp.swa_full, True, False
             self.ctx = ll.llama_init_from_model(self.model, p)

@@ -18,6 +18,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from .. import events as E
+from ..config import N_BATCH
 from ..errors import UsageError
 from ..plan import kv_demand, plan_steps
 from ..report.record.header import RunHeader
@@ -29,7 +30,6 @@ from .expressible import check_expressible, check_gguf, context_length, llama_en
 from .raw import RawWriter
 
 LLAMA_CPP_VERSION = "0.3.36"
-MIN_BATCH = 512                  # llama.cpp's default n_batch / n_ubatch
 
 
 @dataclass
@@ -49,10 +49,13 @@ def prepare(model: str, cfg, scenario=None) -> tuple[Path, list, ContextParams]:
     if demand.overflow_step is not None:
         raise UsageError(f"step {demand.overflow_step} needs {demand.cells} KV cells, more than the context's "
                          f"{n_ctx} (the file's context length, at most graphdiag's): fewer steps or tokens")
-    n_batch = max([MIN_BATCH] + [p.tokens for p in plan])
+    # each step is one llama_decode of at most n_ubatch tokens (plan.py splits prompts as llama.cpp would),
+    # so llama.cpp makes it exactly one ubatch: graphdiag's step i is llama.cpp's ubatch i
+    n_batch = max([N_BATCH] + [p.tokens for p in plan])
     n_seq = max([1] + [p.batch if p.kind == "decode" else p.seq + 1 for p in plan])
     # swa_full as graphdiag's run has it (off unless --swa-full, as llama-server; the C API's default is on)
-    return path, plan, ContextParams(n_ctx=n_ctx, n_batch=n_batch, n_seq_max=n_seq, swa_full=bool(cfg.swa_full))
+    return path, plan, ContextParams(n_ctx=n_ctx, n_batch=n_batch, n_seq_max=n_seq, swa_full=bool(cfg.swa_full),
+                                     n_ubatch=cfg.ubatch_size)
 
 
 def gpu_identity() -> tuple[str, int]:
@@ -118,7 +121,7 @@ def _check_prompt(cfg, n_vocab: int) -> None:
 
 def _raw_header(path: Path, cfg, scenario, cp: ContextParams, env: dict, plan) -> dict:
     return {"model": str(path), "model_sha256": _sha256(path), "llama_cpp": LLAMA_CPP_VERSION, "env": env,
-            "n_ctx": cp.n_ctx, "n_batch": cp.n_batch, "n_ubatch": cp.n_batch,
+            "n_ctx": cp.n_ctx, "n_batch": cp.n_batch, "n_ubatch": cp.n_ubatch,
             "n_seq_max": cp.n_seq_max, "flash_attn": cp.flash_attn, "swa_full": cp.swa_full,
             "batch": cfg.batch, "steps": cfg.steps, "prompt_tokens": cfg.prompt_tokens, "seed": cfg.seed,
             "scenario": getattr(scenario, "name", None),

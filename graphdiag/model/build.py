@@ -38,8 +38,8 @@ class GraphParams:
     def __post_init__(self):
         if self.gtype not in (DECODE, PREFILL):
             raise ValueError(f"graph type {self.gtype!r}")
-        if not 0 < self.n_outputs <= self.n_tokens:
-            raise ValueError(f"n_outputs {self.n_outputs} not in 1..n_tokens ({self.n_tokens})")
+        if not 0 <= self.n_outputs <= self.n_tokens:
+            raise ValueError(f"n_outputs {self.n_outputs} not in 0..n_tokens ({self.n_tokens})")
 
 
 @dataclass(frozen=True)

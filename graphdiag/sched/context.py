@@ -3,6 +3,13 @@
 Each step places the ubatch's tokens in KV-cache cells, derives the graph params (n_tokens, n_seqs, n_outputs,
 graph type, padded n_kv) and either reuses the previous graph (only the inputs are refreshed; the scheduler stays
 allocated, so split uids are unchanged) or resets the arena's compute region and the scheduler and rebuilds.
+
+Graph results by output (llama.cpp 0c1e57098, #28549): the context keeps one graph result for ubatches with
+outputs and one for ubatches with none (gf_res_prev[n_outputs > 0]), each with its own metadata buffer, so a
+no-output ubatch (a prompt's ubatches before its last) builds its structs elsewhere: its first node, the CUDA
+graph key, differs from the decode graph's. Only the active result is reused (gf_res_prev_active), so a switch
+between them still rebuilds, into the same addresses as before. With `arenas_by_output` off (ggml d99724f2)
+there is one result: both build in one buffer and share a key.
 """
 
 from __future__ import annotations
@@ -22,6 +29,8 @@ from .graph_inputs import KeptInputs
 from .iswa import IswaCells
 from .kv_cells import KvCells
 from .scheduler import Scheduler
+
+NO_OUTPUT_ARENA_SLOT = 1 << 15    # where the no-output graph result's structs start: far from the other's
 
 
 def _n_seqs(seqs: np.ndarray) -> int:
@@ -58,10 +67,12 @@ def _n_kv_swa(kv) -> int:
 class Context:
     """Runs ubatches through the scheduler. `step` is the number of the next step (from 0)."""
 
-    def __init__(self, model: Model, sched: Scheduler, bus: E.EventBus | None = None, reuse_disabled: bool = False):
+    def __init__(self, model: Model, sched: Scheduler, bus: E.EventBus | None = None, reuse_disabled: bool = False,
+                 arenas_by_output: bool = True):
         self.model, self.sched = model, sched
         self.bus = bus if bus is not None else E.EventBus()
         self.reuse_disabled = reuse_disabled
+        self.arenas_by_output = arenas_by_output  # two graph results, by n_outputs > 0 (0c1e57098; see above)
         self.kv = _make_cells(model.cfg)
         self.res: BuiltGraph | None = None
         self.templates = GraphTemplates(model)    # graphs built before, stamped out again for a new n_kv
@@ -117,12 +128,15 @@ class Context:
         self._write_inputs(kept, self._slot, None, seqs_a, pos, cells)
         pre.written = (kept, self._slot)
 
-    def prefill(self, tokens: Sequence[int], seq: int = 0, all_logits: bool = False) -> np.ndarray:
-        """Many tokens of one sequence -> logits of the last token (1, n_vocab), or of every token."""
+    def prefill(self, tokens: Sequence[int], seq: int = 0, all_logits: bool = False,
+                n_outputs: int = 1) -> np.ndarray:
+        """Many tokens of one sequence, one ubatch -> logits of the last `n_outputs` tokens (n_outputs,
+        n_vocab): the last token's by default, every token's with all_logits, none (0 rows) for a prompt's
+        ubatch before its last."""
         n = len(tokens)
         pos = self.kv.next_pos(seq) + np.arange(n, dtype=np.int32)
         return self.process_ubatch(np.asarray(tokens, np.int32), np.full(n, seq, np.int32), pos,
-                                   n if all_logits else 1, PREFILL)
+                                   n if all_logits else n_outputs, PREFILL)
 
     def invalidate(self) -> None:
         """Drop the kept graph (as llama.cpp after a scheduler reserve): the next step rebuilds."""
@@ -168,7 +182,8 @@ class Context:
         bus.post(E.ContextDecision, step, -1, 0, 0, bus.clock(), 0, not reason, reason)
         if reason:
             self.res = None                # not kept until it is built and allocated (gf_res_prev_active)
-            self.model.arena.reset()
+            no_output = self.arenas_by_output and params.n_outputs == 0
+            self.model.arena.reset(NO_OUTPUT_ARENA_SLOT if no_output else 0)
             self.sched.reset()
             res = build_graph(self.model, params, self.templates)
             self.sched.alloc_graph(res.graph)
@@ -272,10 +287,12 @@ class _Prepared:
 
 
 def make_context(model: Model, backends: list[Backend], bus: E.EventBus | None = None, n_cpu_moe: int = 0,
-                 reuse_disabled: bool = False, split: LayerSplit | None = None, copier=None) -> Context:
+                 reuse_disabled: bool = False, split: LayerSplit | None = None, copier=None,
+                 arenas_by_output: bool = True) -> Context:
     """Load the model (backends[0] default, backends[-1] the CPU for --n-cpu-moe), wire scheduler and context.
     With a layer `split` the GPU backends come first, one per device in device order (backend index =
-    device), and `copier` moves split inputs between them."""
+    device), and `copier` moves split inputs between them. `arenas_by_output`: one graph result for
+    ubatches with outputs and one for those without (llama.cpp 0c1e57098), else one (ggml d99724f2)."""
     bus = bus if bus is not None else E.EventBus()
     cpu = backends[-1] if len(backends) > 1 else None
     gpus = [b for b in backends if b.is_gpu]
@@ -287,4 +304,4 @@ def make_context(model: Model, backends: list[Backend], bus: E.EventBus | None =
     sched = Scheduler(backends, model.arena, bus, pin=pin, copier=copier)
     for wb in buffers:
         sched.register_buffer(wb.addr, wb.nbytes, wb.backend)
-    return Context(model, sched, bus, reuse_disabled)
+    return Context(model, sched, bus, reuse_disabled, arenas_by_output)

@@ -180,3 +180,20 @@ def test_from_raw_converts_a_recorded_stream(tmp_path, capsys):
     assert h.llama and _phases(ev)[2] == "capture"
     assert "give no MODEL" in one_line(capsys, ["llama", "x.gguf", "--from-raw", str(raw)])
     assert "give MODEL.gguf" in one_line(capsys, ["llama"])
+
+
+def test_a_prompt_over_ubatch_size_is_the_same_ubatches_on_llama_cpp(tiny_gguf):
+    """--ubatch-size reaches llama_context_params; each llama_decode is one of graphdiag's ubatches (at most
+    n_ubatch tokens, so llama.cpp makes one ubatch of it), only the prompt's last with an output."""
+    ids = ",".join(str(1 + i) for i in range(40))
+    res, lib = _run(tiny_gguf, {"steps": 2, "prompt_ids": ids, "ubatch_size": 16})
+    toks, pos, seqs, logits = zip(*lib.batches)
+    assert [len(t) for t in toks] == [16, 16, 8, 1, 1]
+    assert toks[0] + toks[1] + toks[2] == list(range(1, 41)) and pos[1] == list(range(16, 32))
+    assert [sum(f) for f in logits] == [0, 0, 1, 1, 1] and logits[2][-1] == 1
+    assert lib.ctx_params.n_ubatch == 16 and lib.ctx_params.n_batch == 2048
+
+
+def test_the_prompt_over_ubatch_scenario_is_expressible_on_llama_cpp(tiny_gguf):
+    res, lib = _run(tiny_gguf, scenario="prompt-over-ubatch")
+    assert [len(t) for t, *_ in lib.batches][:3] == [16, 16, 1] and lib.ctx_params.n_ubatch == 16
