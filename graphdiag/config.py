@@ -45,7 +45,7 @@ FLT_MAX, FLT_MIN = 3.4028234663852886e38, 1.1754943508222875e-38   # float32's l
 
 
 def _atoi(v: str) -> int:
-    """C atoi: leading integer, 0 when there is none."""
+    """C atoi (glibc, 64-bit long): leading integer, 0 when there is none, wrapped to a C int."""
     v = v.lstrip(" \t\n\v\f\r")
     n = ""
     for i, ch in enumerate(v):
@@ -54,9 +54,12 @@ def _atoi(v: str) -> int:
         else:
             break
     try:
-        return int(n)
+        v = int(n)
     except ValueError:
         return 0
+    # glibc atoi is (int)strtol: strtol clamps to the 64-bit long range, the cast keeps the low 32 bits
+    v = max(-(1 << 63), min((1 << 63) - 1, v)) & 0xFFFFFFFF
+    return v - (1 << 32) if v >= 1 << 31 else v
 
 
 @dataclass

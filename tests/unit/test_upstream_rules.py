@@ -85,6 +85,14 @@ def test_chunk_size_variable_is_atoi_and_negative_means_one_graph():
         assert cfg.chunk_size == want, value
 
 
+@pytest.mark.parametrize("value,want", [
+    ("2147483648", -2147483648), ("4294967297", 1), ("-2147483649", 2147483647),
+    ("99999999999999999999", -1), ("-99999999999999999999", 0), ("9223372036854775807", -1)])
+def test_chunk_size_beyond_int32_wraps_as_glibc_atoi(value, want):
+    # glibc atoi = (int)strtol: clamped to LONG_MAX/LONG_MIN, then the low 32 bits (checked against libc's atoi)
+    assert resolve({}, environ={"GGML_CUDA_GRAPH_CHUNK_SIZE": value}).chunk_size == want
+
+
 def test_negative_chunk_size_from_the_environment_captures_one_graph():
     from support.simrun import of, run_sim
     from graphdiag import events as E
