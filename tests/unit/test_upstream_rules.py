@@ -47,6 +47,25 @@ def test_mul_mat_id_needs_sync_as_upstream(wtype, tokens, cc, syncs):
         assert "the sorted fallback synchronises the stream" in why and "MMF" in why and "MMQ" in why
 
 
+@pytest.mark.parametrize("cc,syncs", [(700, False), (720, True), (730, True), (750, False)])
+def test_f16_mmf_needs_volta_exactly_or_turing(cc, syncs):
+    # volta_mma_available is compiled arch == 7.0, turing_mma_available >= 7.5: 7.2/7.3 have neither
+    g = graph("moe-tiny", GGMLType.F16, 64, n_seqs=1, gtype=PREFILL)
+    assert bool(mul_mat_id_sync_reason(first_mmid(g), cc)) == syncs
+
+
+def test_f16_expert_mat_vec_fusion_below_volta_takes_up_to_8_columns_of_any_size():
+    # should_use_mmvf, F16 without FP16 tensor cores: ne11 <= 8 with no "small src0" condition, so
+    # experts of 1024 rows (not small: 8 experts) fuse gate/up+GLU at 1 token on Pascal
+    import dataclasses
+    from graphdiag.backends.gpu.fusion import MMID_GLU
+    cfg = dataclasses.replace(PRESETS["moe-tiny"], n_ff_exp=1024)
+    m = create_model(cfg, GGMLType.F16, with_data=False)
+    g = build_graph(m, GraphParams(1, 1, 1, DECODE, 256)).graph
+    assert MMID_GLU in _patterns(g, 610)
+    assert MMID_GLU not in _patterns(g, 700)       # FP16 tensor cores: a small src0 only
+
+
 def test_q8_0_mmvq_limit_per_cc():
     g = graph("moe-tiny", GGMLType.Q8_0, 5, n_seqs=1, gtype=PREFILL)
     # 5 tokens on cc 7.2 (pascal_older table: Q8_0 <= 4): MMVQ refuses, dp4a MMQ takes it
