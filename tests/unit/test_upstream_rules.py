@@ -150,3 +150,17 @@ def test_expert_gate_up_glu_fuses_at_one_token_only():
     assert one.count(MMID_GLU) == 4 and MMID_GLU not in two
     assert MMID_GLU in _patterns(graph("moe-tiny", GGMLType.Q8_0, 1), 700)
     assert MMID_GLU not in _patterns(graph("moe-tiny", GGMLType.Q8_0, 1), 600)   # no quantized fusion on Pascal
+
+
+def test_contiguity_is_ggml_is_contiguous_a_one_block_row_has_no_element_stride():
+    # the rope+view+set_rows fusion (and the scheduler's split inputs) test ggml_is_contiguous: when ne[0]
+    # is the block size, nb[0] is not looked at; the higher dims must follow on type_size * ne[0] / block
+    from graphdiag.ir import Arena
+    from graphdiag.ir.build import Ctx
+    c = Ctx(Arena(64))
+    a = c.new_tensor(GGMLType.F32, (3, 4), "a")
+    col = c.view(a, (1, 4), (12, 4), 0, "strided one-element rows")
+    assert col.is_contiguous()
+    assert not c.view(a, (1, 4), (4, 12), 0, "a column").is_contiguous()
+    assert not c.view(a, (2, 4), (8, 8), 0, "strided rows").is_contiguous()
+    assert c.view(a, (3, 2), (4, 12), 0, "two rows").is_contiguous()
