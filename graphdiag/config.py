@@ -158,7 +158,7 @@ class RunConfig:
             self._fail("prompt", "prompt is empty (give some text, or --prompt-ids)")
 
     def _check_devices(self) -> None:
-        """--devices N >= 1; --tensor-split only with N > 1: N shares, none negative, a positive sum."""
+        """--devices N >= 1; --tensor-split only with N > 1: N shares, none negative (all 0: by free memory)."""
         if self.devices < 1:
             self._fail("devices", f"devices must be >= 1, not {self.devices}")
         if self.tensor_split is None:
@@ -176,9 +176,6 @@ class RunConfig:
                        f"{self.devices} (one share per device)")
         if any(x < 0 for x in shares):
             self._fail("tensor_split", f"tensor-split {given}: shares must not be negative")
-        if sum(shares) <= 0:
-            self._fail("tensor_split", f"tensor-split {given}: the shares sum to 0 (omit it to split by free "
-                       f"memory, as llama.cpp does)")
         if any(x and not FLT_MIN <= x <= FLT_MAX for x in shares) or sum(shares) > FLT_MAX:
             # llama.cpp reads each share with std::stof and sums them as floats: these would overflow (or
             # round to 0) there, and the split points come out as NaN
