@@ -164,3 +164,21 @@ def test_contiguity_is_ggml_is_contiguous_a_one_block_row_has_no_element_stride(
     assert not c.view(a, (1, 4), (4, 12), 0, "a column").is_contiguous()
     assert not c.view(a, (2, 4), (8, 8), 0, "strided rows").is_contiguous()
     assert c.view(a, (3, 2), (4, 12), 0, "two rows").is_contiguous()
+
+
+def test_graph_optimize_looks_the_split_key_up_at_every_alloc():
+    # ggml_backend_cuda_graph_optimize calls ggml_cuda_graph_set_enabled -> cuda_graph(key), concurrent
+    # streams or not: the entry is made (or its last use stamped) and the 5 s sweep may run at alloc time
+    from graphdiag import events as E
+    from graphdiag.backends.drivers.sim import SimDriver
+    from graphdiag.backends.gpu.backend import GpuBackend
+    from graphdiag.backends.gpu.runtime import RuntimeOptions
+    t = [50_000_000]
+    gpu = GpuBackend(SimDriver(memory_bytes=16 << 20), E.EventBus(), RuntimeOptions(), Clock(lambda: t[0]))
+    g = graph()
+    gpu.graph_optimize(g, 0)
+    cache = gpu.runtime.cache
+    assert cache.entries[g.first_node_addr].last_used_us == 50_000_000 and cache.last_sweep_us == 50_000_000
+    t[0] += 6_000_000
+    gpu.graph_optimize(g, 0)
+    assert cache.entries[g.first_node_addr].last_used_us == 56_000_000 and cache.last_sweep_us == 56_000_000

@@ -140,13 +140,18 @@ class GpuBackend(Backend):
 
     # -- concurrency (graph_optimize) -------------------------------------------------------------------
     def graph_optimize(self, graph: Graph, split: int) -> list[tuple[int, int]]:
-        """ggml_backend_cuda_graph_optimize, called by the scheduler for each GPU split at every alloc.
+        """ggml_backend_cuda_graph_optimize, called by the scheduler for each GPU split at every alloc:
+        the key's lookup (its last use stamped), then the concurrent regions.
 
         With GGML_CUDA_GRAPH_OPT=1 the backend's one map of concurrent events is reset at every call (so,
         as upstream, only the split optimised last keeps its regions), then filled when graphs are enabled
         and the process sees one device. The node ranges go back to the scheduler so no memory is reused
         across streams inside a region."""
         opt = self.runtime.opt
+        if graph.n_nodes:
+            # ggml_cuda_graph_set_enabled's lookup, made whatever GGML_CUDA_GRAPH_OPT says: at every alloc the
+            # split's key is stamped as used now (it may run the 5 s sweep and create the entry)
+            self.runtime.lookup(graph, split)
         if not opt.concurrent_streams:
             return []
         self.concurrent = None
