@@ -46,7 +46,7 @@ FLT_MAX, FLT_MIN = 3.4028234663852886e38, 1.1754943508222875e-38   # float32's l
 
 
 def _atoi(v: str) -> int:
-    """C atoi: leading integer, 0 when there is none."""
+    """C atoi (glibc, 64-bit long): leading integer, 0 when there is none, wrapped to a C int."""
     v = v.lstrip(" \t\n\v\f\r")
     n = ""
     for i, ch in enumerate(v):
@@ -55,9 +55,12 @@ def _atoi(v: str) -> int:
         else:
             break
     try:
-        return int(n)
+        v = int(n)
     except ValueError:
         return 0
+    # glibc atoi is (int)strtol: strtol clamps to the 64-bit long range, the cast keeps the low 32 bits
+    v = max(-(1 << 63), min((1 << 63) - 1, v)) & 0xFFFFFFFF
+    return v - (1 << 32) if v >= 1 << 31 else v
 
 
 @dataclass
@@ -160,7 +163,7 @@ class RunConfig:
             self._fail("prompt", "prompt is empty (give some text, or --prompt-ids)")
 
     def _check_devices(self) -> None:
-        """--devices N >= 1; --tensor-split only with N > 1: N shares, none negative, a positive sum."""
+        """--devices N >= 1; --tensor-split only with N > 1: N shares, none negative (all 0: by free memory)."""
         if self.devices < 1:
             self._fail("devices", f"devices must be >= 1, not {self.devices}")
         if self.tensor_split is None:
@@ -178,9 +181,6 @@ class RunConfig:
                        f"{self.devices} (one share per device)")
         if any(x < 0 for x in shares):
             self._fail("tensor_split", f"tensor-split {given}: shares must not be negative")
-        if sum(shares) <= 0:
-            self._fail("tensor_split", f"tensor-split {given}: the shares sum to 0 (omit it to split by free "
-                       f"memory, as llama.cpp does)")
         if any(x and not FLT_MIN <= x <= FLT_MAX for x in shares) or sum(shares) > FLT_MAX:
             # llama.cpp reads each share with std::stof and sums them as floats: these would overflow (or
             # round to 0) there, and the split points come out as NaN

@@ -148,10 +148,7 @@ class Session:
         from .sched.devices import LayerSplit
         self.devices = DeviceSet([self.driver, *self.extra_drivers], make)
         n_layer = model_config(self.cfg.model).n_layer
-        if self.cfg.tensor_split is not None:
-            self.split = LayerSplit.of(n_layer, self.cfg.tensor_split)
-        else:
-            self.split = LayerSplit.of(n_layer, self.devices.free_memory(), "free memory")
+        self.split = LayerSplit.chosen(n_layer, self.cfg.tensor_split, self.devices.free_memory)
         self.gpu = GpuGroup(self.devices.gpus)
 
     def announce(self) -> None:

@@ -2,15 +2,15 @@
 // elements that beat it (larger, or equal with a lower index); ranks < k are written to dst[rank] = i.
 // O(n^2 / threads) per row: meant for expert routing (n = number of experts, tens to hundreds). The row
 // is staged in dynamic shmem when it fits (n * 4 <= 48 KiB, see geometry.py).
+// argsort_f32_i32_desc: the same ranking with k = n (a full descending argsort, ties: lower index first),
+// for ggml_argsort_top_k's ARGSORT (llama.cpp's MoE router); upstream's kernel is a bitonic sort instead.
 #include "common.cuh"
 
 #define TOPK_SHMEM_MAX 49152
 
-KERNEL_LB(top_k_f32, 128) {
-    extern __shared__ float xs[];
+__device__ __forceinline__ void rank_row(const kparams &p, const i64 k, float *xs) {
     const tdesc &D = p.t[0], &X = p.t[1];
     const i64 i1 = blockIdx.x, i2 = blockIdx.y, i3 = blockIdx.z, n = X.ne[0];
-    const int k = p.ip[0];
     const bool staged = n * 4 <= TOPK_SHMEM_MAX;
     if (staged) {
         for (i64 i = threadIdx.x; i < n; i += blockDim.x) xs[i] = load_f(X, i, i1, i2, i3);
@@ -25,4 +25,14 @@ KERNEL_LB(top_k_f32, 128) {
         }
         if (rank < k) *(int *)addr4(D, rank, i1, i2, i3) = (int)i;
     }
+}
+
+KERNEL_LB(top_k_f32, 128) {
+    extern __shared__ float xs[];
+    rank_row(p, p.ip[0], xs);
+}
+
+KERNEL_LB(argsort_f32_i32_desc, 128) {
+    extern __shared__ float xs[];
+    rank_row(p, p.t[1].ne[0], xs);
 }

@@ -42,6 +42,7 @@ class CpuBackend(Backend):
             Op.GET_ROWS: self._get_rows, Op.RMS_NORM: self._rms_norm, Op.MUL: self._mul, Op.ADD: self._add,
             Op.MUL_MAT: self._mul_mat, Op.MUL_MAT_ID: self._mul_mat_id, Op.ROPE: self._rope,
             Op.SET_ROWS: self._set_rows, Op.SOFT_MAX: self._soft_max, Op.TOP_K: self._top_k,
+            Op.ARGSORT: self._argsort,
             Op.FLASH_ATTN_EXT: self._flash_attn, Op.GLU: self._glu, Op.CPY: self._cpy, Op.SCALE: self._scale,
         }
 
@@ -136,6 +137,9 @@ class CpuBackend(Backend):
 
     def _top_k(self, a, r):
         self._view(a, r)[...] = ops.top_k(self._src(a, r, 0), int(r["op_params"][0]))
+
+    def _argsort(self, a, r):
+        self._view(a, r)[...] = ops.argsort(self._src(a, r, 0), int(r["op_params"][0]) == 1)
 
     def _flash_attn(self, a, r):
         """q, k, v read in the unpermuted layout (ir/attention.py: llama.cpp's permuted views read through)."""

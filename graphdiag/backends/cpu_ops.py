@@ -128,6 +128,12 @@ def top_k(x: np.ndarray, k: int) -> np.ndarray:
     return order[..., :k].astype(np.int32)
 
 
+def argsort(x: np.ndarray, descending: bool) -> np.ndarray:
+    """Per row (last axis): int32 indices ordering the row; ties: lower index first (either order)."""
+    x = to_f32(x)
+    return np.argsort(-x if descending else x, axis=-1, kind="stable").astype(np.int32)
+
+
 # -- rows in and out -------------------------------------------------------------------------------------
 def get_rows(table: np.ndarray, ids: np.ndarray) -> np.ndarray:
     """dst[i3, i2, i1, :] = table[i3 % T3, i2 % T2, ids[0, i3, i2, i1], :] as float32.

@@ -312,7 +312,7 @@ def _table() -> dict[str, Callable[[np.ndarray], Geometry]]:
         "set_rows_f16": _elementwise(1), "set_rows_f32": _elementwise(1),
         **{fa_vec_kernel(d, gm): _flash_attn_vec(d, gm) for d in FA_HEAD_DIMS for gm in FAV_GROUPS},
         **{fa_mma_kernel(d): _flash_attn_mma(d) for d in FA_HEAD_DIMS},
-        "flash_attn_combine_f32": _fa_combine, "top_k_f32": _top_k,
+        "flash_attn_combine_f32": _fa_combine, "top_k_f32": _top_k, "argsort_f32_i32_desc": _top_k,
         "quantize_q8_1": _quantize,
         # rng.cu: one thread per element (Q8_0: a warp per 32-block, the same thread count)
         **{f"rng_fill_{w}": _elementwise(0) for w in ("f32", "f16", "q8_0")},

@@ -147,6 +147,8 @@ def _specs() -> dict[str, KernelSpec]:
         KernelSpec("soft_max_f32", ("dst", "x"), fp=("scale",), doc="per row: softmax(scale * x)"),
         KernelSpec("top_k_f32", ("dst I32 (k, rows)", "x F32 (n, rows)"), ip=("k",),
                    doc="indices of the k largest per row, descending; ties: lower index first"),
+        KernelSpec("argsort_f32_i32_desc", ("dst I32 (n, rows)", "x F32 (n, rows)"),
+                   doc="each row's indices by descending value; ties: lower index first (top_k_f32 with k = n)"),
         KernelSpec("glu_swiglu_f32", ("dst", "gate", "up"), doc="silu(gate) * up"),
         KernelSpec("cpy_f32_f32", ("dst", "src"), doc="element-wise copy between strided layouts, same ne"),
         KernelSpec("cpy_f32_f16", ("dst F16", "src F32"), doc="copy with conversion"),

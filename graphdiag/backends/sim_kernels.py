@@ -326,6 +326,10 @@ def _top_k(space, p):
     view(space, p, 0)[...] = ops.top_k(view(space, p, 1), _ip(p, 0))
 
 
+def _argsort_desc(space, p):
+    view(space, p, 0)[...] = ops.argsort(view(space, p, 1), True)
+
+
 def _swiglu(space, p):
     view(space, p, 0)[...] = ops.swiglu(view(space, p, 1), view(space, p, 2))
 
@@ -372,6 +376,7 @@ def _build() -> dict[str, Kernel]:
         **{fa_mma_kernel(d): _flash_attn_mma(d) for d in FA_HEAD_DIMS},
         "flash_attn_combine_f32": _flash_attn_combine,
         "quantize_q8_1": _quantize_q8_1, "soft_max_f32": _soft_max, "top_k_f32": _top_k,
+        "argsort_f32_i32_desc": _argsort_desc,
         "glu_swiglu_f32": _swiglu, "cpy_f32_f32": _cpy("cpy_f32_f32", GGMLType.F32),
         "cpy_f32_f16": _cpy("cpy_f32_f16", GGMLType.F16),
     })

@@ -34,6 +34,8 @@ _NO_SRC = (0,) * MAX_SRC
 _INPUT = int(TensorFlag.INPUT)
 
 
+SORT_ASC, SORT_DESC = 0, 1       # enum ggml_sort_order
+
 class Ctx:
     """Tensor constructors over one arena (ggml_new_tensor_*, ggml_view_*, and the ops the model uses)."""
 
@@ -133,6 +135,18 @@ class Ctx:
         x = self.new_tensor(GGMLType.F32, a.ne, name, Op.SOFT_MAX, (a,))
         x.set_param_f32(0, scale)
         return x
+
+    def argsort(self, a: Tensor, name: str, descending: bool = True) -> Tensor:
+        """ggml_argsort: I32 indices ordering each row (op param 0: GGML_SORT_ORDER_ASC 0 / DESC 1)."""
+        x = self.new_tensor(GGMLType.I32, a.ne, name, Op.ARGSORT, (a,))
+        x.set_param_i32(0, SORT_DESC if descending else SORT_ASC)
+        return x
+
+    def argsort_top_k(self, a: Tensor, k: int, name: str, sort_name: str = "") -> Tensor:
+        """ggml_argsort_top_k: a descending ARGSORT and a VIEW of its first k columns (what llama.cpp's
+        build_moe_ffn routes with, and what CUDA's top-k MoE fusion matches; not GGML_OP_TOP_K)."""
+        s = self.argsort(a, sort_name or f"{name} (argsort)")
+        return self.view(s, (k, s.ne[1], s.ne[2], s.ne[3]), (s.nb[0], s.nb[1], s.nb[2], s.nb[3]), 0, name)
 
     def top_k(self, a: Tensor, k: int, name: str) -> Tensor:
         x = self.new_tensor(GGMLType.I32, (k, a.ne[1], a.ne[2], a.ne[3]), name, Op.TOP_K, (a,))

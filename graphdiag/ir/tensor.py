@@ -164,10 +164,13 @@ class Tensor:
         return ne[0] * nb[0] // bs + rest
 
     def is_contiguous(self) -> bool:
+        """ggml_is_contiguous (_0): a row of one block has no element stride to test; each higher dim of
+        more than one element must follow on the previous."""
         ne, nb = self.ne, self.nb
-        if nb[0] != type_size(self.type):
+        bs = block_size(self.type)
+        if ne[0] != bs and nb[0] != type_size(self.type):
             return False
-        expect = nb[0] * ne[0] // block_size(self.type)
+        expect = type_size(self.type) * ne[0] // bs
         for i in range(1, 4):
             if ne[i] != 1 and nb[i] != expect:
                 return False

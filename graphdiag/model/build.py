@@ -186,7 +186,8 @@ class _Builder:
         c, g, cfg, t = self.ctx, self.g, self.cfg, cur.ne[1]
         k = cfg.n_expert_used
         probs = c.soft_max(c.mul_mat(lay.ffn_gate_inp, cur, f"ffn_moe_logits-{il}"), f"ffn_moe_probs-{il}")
-        topk = c.top_k(probs, k, f"ffn_moe_topk-{il}")
+        # ggml_argsort_top_k, as llama.cpp's build_moe_ffn (ARGSORT "ffn_moe_argsort" + VIEW "ffn_moe_topk")
+        topk = c.argsort_top_k(probs, k, f"ffn_moe_topk-{il}", f"ffn_moe_argsort-{il}")
         probs3 = c.reshape(probs, (1, cfg.n_expert, t), f"ffn_moe_probs-{il} (reshaped)")
         weights = c.get_rows(probs3, topk, f"ffn_moe_weights-{il}")
         cur3 = c.reshape(cur, (cfg.n_embd, 1, t), f"ffn_moe_in-{il}")

@@ -55,6 +55,14 @@ class LayerSplit:
         pts = split_points(shares)
         return cls(len(shares), layer_devices(n_layer, pts), pts, shares_from)
 
+    @classmethod
+    def chosen(cls, n_layer: int, tensor_split: Sequence[float] | None, free_memory) -> "LayerSplit":
+        """llama_model::load_tensors' choice: the --tensor-split shares, unless none was given or every
+        share is 0 (then each device's free bytes, `free_memory()`, called only then)."""
+        if tensor_split is None or all(np.float32(x) == 0 for x in tensor_split):
+            return cls.of(n_layer, free_memory(), "free memory")
+        return cls.of(n_layer, tensor_split)
+
     def tensor_device(self, name: str) -> int:
         """The device a persistent tensor lives on (weights, KV caches)."""
         m = _LAYER_TENSOR.match(name)

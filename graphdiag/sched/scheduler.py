@@ -281,10 +281,10 @@ class Scheduler:
                 if col.view_src[idx] >= 0 and j == 0:
                     raise InternalError(f"view {node.name!r} on {self.backends[b].name} of a tensor elsewhere")
                 if s.idx not in made:
-                    if not s.is_contiguous():
-                        raise InternalError(f"split input {s.name!r} is not contiguous")
+                    # ggml_dup_tensor_layout: the copy keeps the source's strides (a router's top-k is a
+                    # strided view of its argsort), so the byte copy of the source's span keeps the layout
                     name = f"{self.backends[b].name}#{s.name}#0"
-                    made[s.idx] = ctx.new_tensor(s.type, s.ne, name, Op.CPY, (s,))
+                    made[s.idx] = ctx.new_tensor(s.type, s.ne, name, Op.CPY, (s,), nb=s.nb)
                 node.set_src(j, made[s.idx])
         for s_idx, c in made.items():
             slot_b[c.idx] = b

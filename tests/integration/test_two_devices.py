@@ -29,6 +29,18 @@ def test_layers_follow_cumulative_split_points(n_layer, shares, want):
     assert LayerSplit.of(n_layer, shares).layers == want
 
 
+@pytest.mark.parametrize("given, free_read", [(None, True), ((0, 0), True), ((0.0, 0.0, 0.0), True),
+                                               ((0, 1), False), ((3, 1), False)])
+def test_no_shares_or_all_zero_shares_split_by_free_memory(given, free_read):
+    read = []
+    free = lambda: read.append(1) or [3 << 30, 1 << 30]       # noqa: E731
+    s = LayerSplit.chosen(4, given if given is None or len(given) == 2 else given[:2], free)
+    assert bool(read) == free_read
+    assert s.shares_from == ("free memory" if free_read else "--tensor-split")
+    if free_read:
+        assert s.layers == LayerSplit.of(4, (3, 1)).layers
+
+
 def test_split_points_are_float32_cumulative_shares():
     pts = split_points((1, 1, 1))
     assert pts[-1] == 1.0 and pts[0] == float(np.float32(1) / np.float32(3))
@@ -178,7 +190,6 @@ def _cli(capsys, *args):
     (["--tensor-split", "1,1"], "needs devices 2 or more"),
     (["--devices", "2", "--tensor-split", "1,2,3"], "3 values for devices 2"),
     (["--devices", "2", "--tensor-split", "1,-1"], "must not be negative"),
-    (["--devices", "2", "--tensor-split", "0,0"], "sum to 0"),
     (["--devices", "2", "--tensor-split", "a,b"], "not a list of numbers"),
 ])
 def test_bad_device_options_are_one_line_errors(capsys, args, says):
@@ -186,6 +197,16 @@ def test_bad_device_options_are_one_line_errors(capsys, args, says):
     assert rc == 2 and out == "", out
     lines = [ln for ln in err.splitlines() if ln.strip()]
     assert len(lines) == 1 and says in lines[0] and "Traceback" not in err
+
+
+def test_tensor_split_of_zeros_splits_by_free_memory_as_llama_cpp(capsys):
+    # load_tensors: every share 0 is the default split (each device's free memory), not an error
+    rc, out, err = _cli(capsys, "run", "--backend", "sim", "--steps", "2", "--devices", "2", "--tensor-split",
+                        "0,0", "--json")
+    assert rc == 0, err
+    d = json.loads(out)
+    _, out2, _ = _cli(capsys, "run", "--backend", "sim", "--steps", "2", "--devices", "2", "--json")
+    assert d["devices"] == json.loads(out2)["devices"]
 
 
 def test_devices_on_the_cpu_backend_is_refused(capsys):

@@ -131,11 +131,15 @@ def test_moe_ffn_names_and_order(moe):
     names = [t.name for t in g.iter_nodes()]
     i, j = names.index("ffn_moe_logits-1"), names.index("ffn_moe_out-1")
     assert [n for n in names[i:j + 1] if "reshaped" not in n] == [
-        "ffn_moe_logits-1", "ffn_moe_probs-1", "ffn_moe_topk-1", "ffn_moe_weights-1", "ffn_moe_in-1",
+        "ffn_moe_logits-1", "ffn_moe_probs-1", "ffn_moe_argsort-1", "ffn_moe_topk-1", "ffn_moe_weights-1", "ffn_moe_in-1",
         "ffn_moe_gate-1", "ffn_moe_up-1", "ffn_moe_swiglu-1", "ffn_moe_down-1", "ffn_moe_weighted-1",
         "ffn_moe_weighted-1 (view 0)", "ffn_moe_weighted-1 (view 1)", "ffn_moe_out-1"]
     at = node_index(g)
     assert [g.node(at[f"ffn_moe_{n}-1"]).op for n in ("gate", "up", "down")] == [Op.MUL_MAT_ID] * 3
+    # ggml_argsort_top_k, as build_moe_ffn: a descending ARGSORT of all 8 experts, the top 2 a VIEW of it
+    srt, topk = g.node(at["ffn_moe_argsort-1"]), g.node(at["ffn_moe_topk-1"])
+    assert (srt.op, srt.ne[:2], srt.param_i32(0), topk.op, topk.src[0]) == (Op.ARGSORT, (8, 3), 1, Op.VIEW, srt)
+    assert topk.nb[:2] == srt.nb[:2] and Op.TOP_K not in {t.op for t in g.iter_nodes()}
     assert g.node(at["ffn_moe_topk-1"]).ne[:2] == (2, 3) and g.node(at["ffn_moe_weights-1"]).ne[:3] == (1, 2, 3)
     assert g.node(at["ffn_moe_down-1"]).ne[:3] == (512, 2, 3)
 

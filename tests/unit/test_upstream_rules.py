@@ -47,6 +47,25 @@ def test_mul_mat_id_needs_sync_as_upstream(wtype, tokens, cc, syncs):
         assert "the sorted fallback synchronises the stream" in why and "MMF" in why and "MMQ" in why
 
 
+@pytest.mark.parametrize("cc,syncs", [(700, False), (720, True), (730, True), (750, False)])
+def test_f16_mmf_needs_volta_exactly_or_turing(cc, syncs):
+    # volta_mma_available is compiled arch == 7.0, turing_mma_available >= 7.5: 7.2/7.3 have neither
+    g = graph("moe-tiny", GGMLType.F16, 64, n_seqs=1, gtype=PREFILL)
+    assert bool(mul_mat_id_sync_reason(first_mmid(g), cc)) == syncs
+
+
+def test_f16_expert_mat_vec_fusion_below_volta_takes_up_to_8_columns_of_any_size():
+    # should_use_mmvf, F16 without FP16 tensor cores: ne11 <= 8 with no "small src0" condition, so
+    # experts of 1024 rows (not small: 8 experts) fuse gate/up+GLU at 1 token on Pascal
+    import dataclasses
+    from graphdiag.backends.gpu.fusion import MMID_GLU
+    cfg = dataclasses.replace(PRESETS["moe-tiny"], n_ff_exp=1024)
+    m = create_model(cfg, GGMLType.F16, with_data=False)
+    g = build_graph(m, GraphParams(1, 1, 1, DECODE, 256)).graph
+    assert MMID_GLU in _patterns(g, 610)
+    assert MMID_GLU not in _patterns(g, 700)       # FP16 tensor cores: a small src0 only
+
+
 def test_q8_0_mmvq_limit_per_cc():
     g = graph("moe-tiny", GGMLType.Q8_0, 5, n_seqs=1, gtype=PREFILL)
     # 5 tokens on cc 7.2 (pascal_older table: Q8_0 <= 4): MMVQ refuses, dp4a MMQ takes it
@@ -83,6 +102,14 @@ def test_chunk_size_variable_is_atoi_and_negative_means_one_graph():
     for value, want in (("64abc", 64), ("  +8", 8), ("abc", 0), ("-5", -5), ("٣", 0)):
         cfg = resolve({}, environ={"GGML_CUDA_GRAPH_CHUNK_SIZE": value})
         assert cfg.chunk_size == want, value
+
+
+@pytest.mark.parametrize("value,want", [
+    ("2147483648", -2147483648), ("4294967297", 1), ("-2147483649", 2147483647),
+    ("99999999999999999999", -1), ("-99999999999999999999", 0), ("9223372036854775807", -1)])
+def test_chunk_size_beyond_int32_wraps_as_glibc_atoi(value, want):
+    # glibc atoi = (int)strtol: clamped to LONG_MAX/LONG_MIN, then the low 32 bits (checked against libc's atoi)
+    assert resolve({}, environ={"GGML_CUDA_GRAPH_CHUNK_SIZE": value}).chunk_size == want
 
 
 def test_negative_chunk_size_from_the_environment_captures_one_graph():
@@ -123,3 +150,35 @@ def test_expert_gate_up_glu_fuses_at_one_token_only():
     assert one.count(MMID_GLU) == 4 and MMID_GLU not in two
     assert MMID_GLU in _patterns(graph("moe-tiny", GGMLType.Q8_0, 1), 700)
     assert MMID_GLU not in _patterns(graph("moe-tiny", GGMLType.Q8_0, 1), 600)   # no quantized fusion on Pascal
+
+
+def test_contiguity_is_ggml_is_contiguous_a_one_block_row_has_no_element_stride():
+    # the rope+view+set_rows fusion (and the scheduler's split inputs) test ggml_is_contiguous: when ne[0]
+    # is the block size, nb[0] is not looked at; the higher dims must follow on type_size * ne[0] / block
+    from graphdiag.ir import Arena
+    from graphdiag.ir.build import Ctx
+    c = Ctx(Arena(64))
+    a = c.new_tensor(GGMLType.F32, (3, 4), "a")
+    col = c.view(a, (1, 4), (12, 4), 0, "strided one-element rows")
+    assert col.is_contiguous()
+    assert not c.view(a, (1, 4), (4, 12), 0, "a column").is_contiguous()
+    assert not c.view(a, (2, 4), (8, 8), 0, "strided rows").is_contiguous()
+    assert c.view(a, (3, 2), (4, 12), 0, "two rows").is_contiguous()
+
+
+def test_graph_optimize_looks_the_split_key_up_at_every_alloc():
+    # ggml_backend_cuda_graph_optimize calls ggml_cuda_graph_set_enabled -> cuda_graph(key), concurrent
+    # streams or not: the entry is made (or its last use stamped) and the 5 s sweep may run at alloc time
+    from graphdiag import events as E
+    from graphdiag.backends.drivers.sim import SimDriver
+    from graphdiag.backends.gpu.backend import GpuBackend
+    from graphdiag.backends.gpu.runtime import RuntimeOptions
+    t = [50_000_000]
+    gpu = GpuBackend(SimDriver(memory_bytes=16 << 20), E.EventBus(), RuntimeOptions(), Clock(lambda: t[0]))
+    g = graph()
+    gpu.graph_optimize(g, 0)
+    cache = gpu.runtime.cache
+    assert cache.entries[g.first_node_addr].last_used_us == 50_000_000 and cache.last_sweep_us == 50_000_000
+    t[0] += 6_000_000
+    gpu.graph_optimize(g, 0)
+    assert cache.entries[g.first_node_addr].last_used_us == 56_000_000 and cache.last_sweep_us == 56_000_000

@@ -151,7 +151,8 @@ class GpuBackend(Backend):
 
     # -- concurrency (graph_optimize) -------------------------------------------------------------------
     def graph_optimize(self, graph: Graph, split: int) -> list[tuple[int, int]]:
-        """ggml_backend_cuda_graph_optimize, called by the scheduler for each GPU split at every alloc.
+        """ggml_backend_cuda_graph_optimize, called by the scheduler for each GPU split at every alloc:
+        the key's lookup (its last use stamped), then the concurrent regions.
 
         With GGML_CUDA_GRAPH_OPT=1 the backend's one map of concurrent events is reset at every call (so,
         as upstream, only the split optimised last keeps its regions), then filled when graphs are enabled
@@ -159,6 +160,10 @@ class GpuBackend(Backend):
         `graph` (the scheduler allocates in that order: that is what keeps the branches' tensors apart);
         no node range goes back, as upstream asks the allocator for nothing here."""
         opt = self.runtime.opt
+        if graph.n_nodes:
+            # ggml_cuda_graph_set_enabled's lookup, made whatever GGML_CUDA_GRAPH_OPT says: at every alloc the
+            # split's key is stamped as used now (it may run the 5 s sweep and create the entry)
+            self.runtime.lookup(graph, split)
         if not opt.concurrent_streams:
             return []
         self.concurrent = None

@@ -75,8 +75,9 @@ def mmf_refusal(t: int, cc: int, src0: Tensor, ncols: int, mul_mat_id: bool = Tr
         return f"MMF: {ncols} columns > 16"
     if t == GGMLType.F32 and cc < CC_AMPERE:
         return "MMF: F32 needs cc >= 8.0"
-    if t == GGMLType.F16 and cc < CC_VOLTA:
-        return "MMF: F16 needs cc >= 7.0"
+    if t == GGMLType.F16 and cc != CC_VOLTA and cc < CC_TURING:
+        # volta_mma_available is the compiled arch == 7.0 exactly: Xavier/Orin-era 7.2 and 7.3 get no MMF
+        return "MMF: F16 needs cc 7.0 or >= 7.5"
     if t == GGMLType.BF16 and cc < CC_AMPERE:
         return "MMF: BF16 needs cc >= 8.0"
     if t not in (GGMLType.F16, GGMLType.F32, GGMLType.BF16):

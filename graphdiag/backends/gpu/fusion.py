@@ -23,11 +23,11 @@ in for them, so that condition always holds here as it always does in llama.cpp.
 
 from __future__ import annotations
 
-from ...ir.dtypes import GGMLType, is_quantized, type_size
+from ...ir.dtypes import GGMLType, is_quantized
 from ...ir.graph import Graph
 from ...ir.ops import GluOp, Op
 from ...ir.tensor import Tensor
-from .compat import CC_AMPERE, CC_PASCAL, MMVQ_MAX_BATCH_SIZE
+from .compat import CC_PASCAL, MMVQ_MAX_BATCH_SIZE, mmvf_ok
 from .fusion_graph import (_COMPUTE, Fusion, _can_fuse, _memory_ranges_ok, _single_use, consumer_counts,
                            launching_nodes)
 from .fusion_norm import (RMS_NORM_MUL, RMS_NORM_MUL_ADD, RMS_NORM_MUL_ROPE, RMS_NORM_MUL_ROPE_SET_ROWS,
@@ -42,28 +42,14 @@ _GLU_FUSABLE = (GluOp.SWIGLU, GluOp.GEGLU)
 
 
 def _mmvf_ok(mm: Tensor, cc: int) -> bool:
-    """ggml_cuda_should_fuse_mul_mat_vec_f on NVIDIA: a float mat-vec (should_use_mmvf) writing 1 column
-    (for MUL_MAT_ID: one token, its columns counted along src1's ne[2])."""
+    """ggml_cuda_should_fuse_mul_mat_vec_f on NVIDIA: a float mat-vec (should_use_mmvf, for MUL_MAT_ID
+    with its columns counted along src1's ne[2]) writing 1 column (for MUL_MAT_ID: one token)."""
     w, x = mm.src[0], mm.src[1]
-    # BF16 takes F16's rules (ggml's BF16 table is F16's from Ampere on, which is all graphdiag targets)
-    if w.type not in (GGMLType.F32, GGMLType.F16, GGMLType.BF16) or x.type != GGMLType.F32 or mm.type != GGMLType.F32:
-        return False
-    ts = type_size(w.type)
-    if w.ne[0] % 2 or w.nb[0] != ts or any(w.nb[k] % (2 * ts) for k in (1, 2, 3)):
+    if x.type != GGMLType.F32 or mm.type != GGMLType.F32:
         return False
     if mm.op == Op.MUL_MAT_ID:
-        small = w.ne[1] <= 512 or w.ne[2] * w.ne[3] == 1
-        ncols = x.ne[2]
-        ok = ncols <= 3 if w.type == GGMLType.F32 else small and (ncols == 1 if cc >= CC_AMPERE else ncols <= 3)
-        return ok and mm.ne[2] == 1
-    ncols = x.ne[1]
-    if w.type == GGMLType.F32:
-        ok = ncols <= (3 if cc >= CC_AMPERE else 4 if cc >= 750 else 3)
-    else:
-        small = w.ne[1] <= 512 or w.ne[2] * w.ne[3] == 1
-        ok = small and (ncols == 1 if cc >= CC_AMPERE else ncols <= 4 if cc >= 890 else ncols <= 3
-                        if cc >= 700 else ncols <= 8)
-    return ok and mm.ne[1] == 1
+        return mmvf_ok(w.type, cc, w, x.ne[2]) and mm.ne[2] == 1
+    return mmvf_ok(w.type, cc, w, x.ne[1]) and mm.ne[1] == 1
 
 
 def _mmvq_ok(mm: Tensor, cc: int) -> bool:

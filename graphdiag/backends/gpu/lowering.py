@@ -210,6 +210,10 @@ def lower_node(graph: Graph, i: int, fusion: Fusion | None, cc: int, d: "Descrip
         return _lower_attention(d, node)
     if op == Op.SOFT_MAX:
         return KernelOp(_launch(d, "soft_max_f32", [node, s[0]], fp=(node.param_f32(0),)))
+    if op == Op.ARGSORT:
+        if node.param_i32(0) != 1:
+            raise NotImplementedError(f"{node.name}: only a descending ARGSORT has a kernel (llama.cpp routers)")
+        return KernelOp(_launch(d, "argsort_f32_i32_desc", [node, s[0]]))
     if op == Op.TOP_K:
         return KernelOp(_launch(d, "top_k_f32", [node, s[0]], ip=(node.param_i32(0),)))
     if op == Op.GLU:   # split form only (src1 set, not swapped): the CPU backend refuses the others alike
