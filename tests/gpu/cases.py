@@ -339,6 +339,11 @@ def top_k_cases() -> list[Case]:
     c = Case("top_k_f32", "ties", 0.0)
     x = np.round(c.rng.standard_normal((3, 32)), 0).astype(np.float32)   # many equal values
     out.append(c.set(c.output(G.I32, 8, 3), c.put(G.F32, x), ip=(8,)))
+    # the MoE router's descending ARGSORT (llama.cpp's ggml_argsort_top_k): every index, ranked; distinct values
+    # (an unstable GPU sort may order ties either way)
+    for n in (64, 60):
+        c = Case("argsort_f32_i32_desc", f"router n={n}", 0.0)
+        out.append(c.set(c.output(G.I32, n, 5), c.randn(G.F32, n, 5)))
     return out
 
 
