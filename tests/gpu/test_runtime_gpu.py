@@ -65,7 +65,7 @@ def test_real_driver_refuses_topology_change_and_reinstantiates():
 
 
 def test_moe_f16_prefill_really_synchronises_and_is_ineligible():
-    r = run_gpu(model="moe-tiny", wtype="f16", prompt_tokens=600, steps=3, oracle=True)   # > MMF's 512 columns
+    r = run_gpu(model="moe-tiny", wtype="f16", prompt_tokens=600, steps=3, oracle=True, ubatch_size=600)   # > MMF's 512 columns, one ubatch
     assert_oracle(r)                      # the sorted fallback computes the right thing
     inc = of(r, E.Incompatible)
     assert inc and inc[0].op == "MUL_MAT_ID"

@@ -151,7 +151,7 @@ def test_moe_f16_prefill_within_the_mmf_column_limit_is_eligible():
 
 
 def test_moe_f16_prefill_is_ineligible_and_names_node_and_rule():
-    r = run_sim(model="moe-tiny", wtype="f16", prompt_tokens=513, steps=3)
+    r = run_sim(model="moe-tiny", wtype="f16", prompt_tokens=513, steps=3, ubatch_size=600)   # one ubatch of 513 (llama.cpp -ub 600)
     inc = of(r, E.Incompatible)
     assert inc and inc[0].step == 0 and inc[0].node_name == "ffn_moe_gate-0" and inc[0].op == "MUL_MAT_ID"
     assert "MMF: 513 columns > 512" in inc[0].rule and "sorted fallback synchronises" in inc[0].rule
