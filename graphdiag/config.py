@@ -381,6 +381,10 @@ def validate_run(cfg: RunConfig, scenario=None, as_json: bool = False, verbosity
     warnings += _one_device_options(cfg, scenario) + _env_readings(cfg) + _scenario_overrides(cfg, scenario)
     _check_timeline(cfg, scenario)
     _check_faults(cfg, scenario)
+    if cfg.prompt_tokens * cfg.batch > model.n_ctx:    # before the plan is built: it lists every prompt ubatch
+        raise UsageError(f"the run needs more KV cells than model {cfg.model} has (n_ctx {model.n_ctx}): the "
+                         f"prompts alone need {cfg.prompt_tokens * cfg.batch} (prompt-tokens {cfg.prompt_tokens} "
+                         f"× batch {cfg.batch}); lower --batch or --prompt-tokens")
     demand = kv_demand(plan_steps(cfg, scenario), model.n_ctx)
     _check_decode_ubatches(cfg, scenario, demand)
     if demand.overflow_step is not None:
