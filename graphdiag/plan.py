@@ -26,7 +26,7 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 from typing import Iterator
 
-from .config import N_BATCH, N_UBATCH
+N_UBATCH, N_BATCH = 512, 2048   # llama.cpp's default n_ubatch (--ubatch-size) and n_batch (model.kv_sizes, config)
 
 
 ARENA_SHIFT = 8             # slots a graph moves by each time node pointers change (new_arena_every)
