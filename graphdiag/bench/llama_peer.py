@@ -33,7 +33,10 @@ def check_llama_peer(backend: str | None) -> None:
 
 
 def export_row_model(row: dict, folder: Path) -> Path:
-    """The row's preset and weight type as a GGUF in `folder` (seed 0, as graphdiag's rows)."""
+    """The row's GGUF: a file's row runs the file itself; a preset's row its preset and weight type exported
+    into `folder` (seed 0, as graphdiag's rows)."""
+    if "model_path" in row:
+        return Path(row["model_path"])
     from ..model.gguf_io import export_gguf
     from ..model.presets import get_preset, weight_type
     from ..model.weights import create_model

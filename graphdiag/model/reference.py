@@ -124,14 +124,25 @@ class Reference:
             cls = get_arch(model.cfg.arch).Reference
         return super().__new__(cls)
 
-    def __init__(self, model: Model, q8_1_activations: bool = False):
+    def __init__(self, model: Model, q8_1_activations: bool = False, jitter: float = 0.0,
+                 weights_of: "Reference | None" = None):
         """q8_1_activations: the backend rounds x to Q8_1 before products with a block-quantised weight (the
-        GPU backend, as ggml's MMVQ/MMQ paths); the numpy CPU backend multiplies plain floats."""
+        GPU backend, as ggml's MMVQ/MMQ paths); the numpy CPU backend multiplies plain floats.
+
+        jitter: a relative perturbation of every activation just before its Q8_1 rounding (x * (1 + jitter * n),
+        n standard normal from a fixed seed, so the same on every host): the twin that measures how far the
+        model's own Q8_1 rounding noise carries two runs apart when their float paths differ by float32's
+        last bits, as a GPU's summation order and the oracle's float64 do. weights_of: share another
+        reference's float64 weights (8 bytes a parameter: 2 GB for Gemma 3 270M) instead of a second copy."""
         self.m, self.cfg = model, model.cfg
         self.q8_1 = q8_1_activations
+        self.jitter = jitter
+        self._rng = np.random.default_rng(0x6a17)
         self.seqs: dict[int, _SeqCache] = {}
         self._w: dict[str, np.ndarray] = {}   # float64 weights: 8 bytes a parameter, for small presets
         self._q8: set[str] = set()            # weights whose products take Q8_1-rounded activations on a GPU
+        if weights_of is not None:
+            self._w, self._q8 = weights_of._w, weights_of._q8
 
     def seq_len(self, seq: int) -> int:
         return self.seqs[seq].n_pos if seq in self.seqs else 0
@@ -195,7 +206,11 @@ class Reference:
         Q5_K, Q6_K), x is first rounded to Q8_1 as ggml's quantized mat-vec and mat-mul paths do (per 32 values: d = max|x| / 127 stored as f16, q = rint(x/d))
         — the arithmetic llama.cpp defines, so the oracle bound stays tight for quantised runs (GPU backend)."""
         w = self.w(name)
-        return (_q8_1_rounded(x) if self.q8_1 and name in self._q8 else x) @ w.T
+        if not (self.q8_1 and name in self._q8):
+            return x @ w.T
+        if self.jitter:
+            x = x * (1.0 + self.jitter * self._rng.standard_normal(x.shape))
+        return _q8_1_rounded(x) @ w.T
 
     def _attention(self, il: int, h: np.ndarray, seqs: np.ndarray, pos: np.ndarray) -> np.ndarray:
         cfg, p, t = self.cfg, f"blk.{il}.", h.shape[0]

@@ -60,3 +60,19 @@ def test_torch_peer_only_on_f16_rows_and_labelled():
     text = " ".join(out.getvalue().split())
     assert "plain unfused PyTorch ops, F16 rows only" in text
     assert "leaves out graphdiag's input upload, logits read-back and argmax" in text
+
+
+def test_llama_peer_runs_a_file_row_on_the_file(monkeypatch, tmp_path):
+    """A GGUF file's row is labelled by its base name and OWN_TYPES: the peer runs the file itself and the
+    prompt comes from settings resolved from the file's path, never from the labels ('unknown weight type
+    own types' on the H200 before)."""
+    gguf = tmp_path / "mine.gguf"
+    gguf.write_bytes(b"GGUF")
+    calls = []
+    monkeypatch.setattr(L, "llama_decode_stats",
+                        lambda model, *a: calls.append(model) or {"ms": 0.2, "p90_ms": 0.2, "steps": 8})
+    row = _row() | S._row_names(str(gguf), None)
+    assert row["wtype"] == S.OWN_TYPES and S.row_source(row) == (str(gguf), None)
+    L.add_llama_peer(row, 8, 4, tmp_path / "peer", S.Progress(), S.decode_stats)
+    assert calls == [gguf, gguf]
+    assert S.row_source(_row("q8_0")) == ("tiny", "q8_0")

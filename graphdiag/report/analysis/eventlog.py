@@ -98,7 +98,8 @@ def _describe_gate(ev: E.Event) -> str:
         case E.VerifyResult():
             return f"verify {'ok' if ev.ok else 'MISMATCH'} · max |diff| {ev.max_abs_diff:.3g}"
         case E.OracleCheck():
-            return f"oracle {'ok' if ev.ok else 'OVER BOUND'} · rel err {ev.rel_err:.3g} (bound {ev.bound:g})"
+            noise = "" if getattr(ev, "noise", None) is None else f", the model's Q8_1 noise {ev.noise:.3g}"
+            return f"oracle {'ok' if ev.ok else 'OVER BOUND'} · rel err {ev.rel_err:.3g} (bound {ev.bound:.3g}{noise})"
         case E.RunEnded():
             why = f": {ev.reason}" if ev.reason else ""
             return f"run {ev.status} ({ev.steps_done} steps finished){why}"

@@ -92,7 +92,9 @@ class Summary:
     oracle_checks: int = 0                                # --oracle: steps checked against the numpy forward
     oracle_failures: int = 0
     oracle_max_rel_err: float = 0.0                       # max over the checks of max|a-b| / max|b|
-    oracle_bound: float = 0.0
+    oracle_bound: float = 0.0                             # the largest bound of a check
+    oracle_max_noise: float | None = None                 # Q8_1 runs: the largest noise-twin distance
+    oracle_worst_share: float = 0.0                       # max over the checks of rel_err / bound
     ended: E.RunEnded | None = None                       # how the run ended (None: not recorded, cut short)
     accounting: Accounting = field(default_factory=Accounting)   # where the time goes (accounting.py)
     thrash: list[KeyThrash] = field(default_factory=list)  # keys alternating between graph variants
@@ -168,6 +170,9 @@ def summarize(header: RunHeader | dict[str, Any], events: Iterable[E.Event]) -> 
     s.oracle_checks, s.oracle_failures = len(oracle), sum(not e.ok for e in oracle)
     s.oracle_max_rel_err = max((e.rel_err for e in oracle), default=0.0)
     s.oracle_bound = max((e.bound for e in oracle), default=0.0)
+    noises = [e.noise for e in oracle if getattr(e, "noise", None) is not None]
+    s.oracle_max_noise = max(noises) if noises else None
+    s.oracle_worst_share = max((e.rel_err / e.bound for e in oracle if e.bound), default=0.0)
     s.ended = next((e for e in reversed(events) if isinstance(e, E.RunEnded)), None)
     s.disabled_reasons = sorted({disabled_cause(header, r) for r in s.disabled_reasons})
     s.accounting = account(events)

@@ -112,6 +112,8 @@ _TYPES = {
     "bool": (lambda v: isinstance(v, bool), "true or false"),
     "tuple": (lambda v: isinstance(v, list), "an array"),
     "str | None": (lambda v: v is None or isinstance(v, str), "a string or null"),
+    "float | None": (lambda v: v is None or (isinstance(v, (int, float)) and not isinstance(v, bool)),
+                     "a number or null"),
     "dict[str, Any]": (lambda v: isinstance(v, dict), "an object"),
     "dict[str, str]": (lambda v: isinstance(v, dict) and all(isinstance(x, str) for x in v.values()),
                        "an object of strings"),
@@ -125,7 +127,7 @@ _INT_ITEMS = {("step_finished", "tokens"), ("graph_split", "uids"), ("graph_spli
 # their defaults), or written only when set (device, on several devices only)
 OPTIONAL = {"device", "graph_split.devices", "property_diff.changed", "uid_miss.n_nodes",
             "uid_miss.props_digest", "uid_miss.shape_digest", "uid_miss.first_ne", "phase_decided.clock_us",
-            "chunk_instantiated.mem_bytes"}
+            "chunk_instantiated.mem_bytes", "oracle.noise"}
 
 
 def _missing(cls, obj: dict[str, Any]) -> str:

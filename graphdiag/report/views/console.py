@@ -14,6 +14,7 @@ from rich.console import Console
 from rich.table import Table
 
 from ... import events as E
+from ...events.checks import ORACLE_BOUND_Q8_1, ORACLE_NOISE_FACTOR
 from ..analysis.eventlog import EventLog, fmt_ns
 from ..analysis.measured import gpu_phrase, simulated_timings, timing_name
 from ..analysis.summary import Summary, disabled_cause
@@ -229,7 +230,12 @@ def _notes(s: Summary) -> list[str]:
     notes += diagnosis_lines(s)
     if s.verify_checks:
         notes.append(f"verify: {s.verify_checks} checks, {s.verify_mismatches} mismatches")
-    if s.oracle_checks:
+    if s.oracle_checks and s.oracle_max_noise is not None:
+        notes.append(f"oracle: {s.oracle_checks} checks, max relative error {s.oracle_max_rel_err:.3g} "
+                     f"(bound per step: the larger of {ORACLE_BOUND_Q8_1:g} and {ORACLE_NOISE_FACTOR:g}× the "
+                     f"model's own Q8_1 noise, which reached {s.oracle_max_noise:.3g}; the closest step used "
+                     f"{s.oracle_worst_share:.0%} of its bound), {s.oracle_failures} over the bound")
+    elif s.oracle_checks:
         notes.append(f"oracle: {s.oracle_checks} checks, max relative error {s.oracle_max_rel_err:.3g} "
                      f"(bound {s.oracle_bound:g}), {s.oracle_failures} over the bound")
     notes += [f"cut off: {c} (every other output got every event)" for c in s.sinks_cut_off]
