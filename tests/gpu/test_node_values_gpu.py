@@ -20,7 +20,9 @@ def _check(model: str, tokens: list[int]):
     # F16 results (the KV cache rows) may round an f32 ulp apart into one f16 ulp (1e-3); F32 within 1e-5
     bad = [d for d in diffs if d.rel > (2e-3 if d.node.type == "F16" else 1e-5)]
     assert not bad, table(diffs, bad[:20])
-    assert not culprits(diffs, floor=1e-5)
+    # an F16 row one f16 ulp apart from a source 1e-7 apart is that rounding (bounded above), not a kernel's error:
+    # the real file's cache_k_l1 measured 3.2e-4 from a 1.2e-7 source on the H200
+    assert not culprits([d for d in diffs if d.node.type != "F16"], floor=1e-5)
     assert diffs[-1].node.name == "result_output"
 
 
