@@ -38,29 +38,21 @@ def test_a_preset_keeps_the_fixed_floor_and_the_cpu_backend_has_no_twin():
     assert {c.noise for c in of(cpu, E.OracleCheck)} == {None} and {c.bound for c in of(cpu, E.OracleCheck)} == {1e-3}
 
 
-@pytest.fixture(scope="module")
-def real_file(request):
-    try:
-        return request.getfixturevalue("gemma3_file")
-    except pytest.FixtureLookupError:
-        pytest.skip("no gemma3_file fixture (tests/conftest.py: the gemma extra's file)")
-
-
 def _gemma_checks(path):
     r = run_sim(model=str(path), steps=4, prompt_tokens=8, oracle=True)
     return of(r, E.OracleCheck), r
 
 
 @pytest.mark.slow
-def test_the_gemma_file_on_the_sim_passes_at_its_own_noise(real_file):
-    checks, r = _gemma_checks(real_file)
+def test_the_gemma_file_on_the_sim_passes_at_its_own_noise(gemma3_file):
+    checks, r = _gemma_checks(gemma3_file)
     assert len(checks) == 5 and not r.failures
     assert max(c.rel_err for c in checks) > ORACLE_BOUND_Q8_1    # the fixed bound alone failed this run
     assert all(c.noise > 0.01 for c in checks)
 
 
 @pytest.mark.slow
-def test_a_wrong_weight_on_the_device_still_fails_the_gemma_oracle(real_file, monkeypatch):
+def test_a_wrong_weight_on_the_device_still_fails_the_gemma_oracle(gemma3_file, monkeypatch):
     """The device gets layer 0's Q-norm halved (the oracle reads the file's bytes): the attention's
     temperature is wrong from the first layer on, as a wrong Q scale would make it."""
     import graphdiag.model.gguf_io as gi
@@ -70,7 +62,7 @@ def test_a_wrong_weight_on_the_device_still_fails_the_gemma_oracle(real_file, mo
         a = read(self, name)
         return (a * np.float32(0.5)).astype(a.dtype) if name == "blk.0.attn_q_norm.weight" else a
     monkeypatch.setattr(gi.FileWeights, "draw", draw)
-    checks, r = _gemma_checks(real_file)
+    checks, r = _gemma_checks(gemma3_file)
     assert sum(not c.ok for c in checks) >= 4 and r.failures
 
 
