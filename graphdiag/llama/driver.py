@@ -151,7 +151,8 @@ class LeadWatcher:
 
     def __init__(self, emit, llama_cpp_module):
         from .watch import Watch
-        self.watch, self.ll = Watch(emit), llama_cpp_module
+        names = os.environ.get("GRAPHDIAG_WATCH_KERNEL_NAMES", "") not in ("", "0")
+        self.watch, self.ll = Watch(emit, kernel_names=names), llama_cpp_module
 
     def start(self) -> None:
         self.watch.attach_log(self.ll)

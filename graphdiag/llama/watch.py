@@ -17,7 +17,7 @@ small graph / graph-exec ids, never as pointers.
 
 Each event is a plain dict handed to `sink` (the raw format of tests/data/llama/*.raw.jsonl):
   {"ev": "api", "fn": name, "t0_ns", "t1_ns", "ret", + per call: graph, exec, update_result, error_node,
-   nodes, kernel_nodes}
+   nodes, kernel_nodes, and with GRAPHDIAG_WATCH_KERNEL_NAMES=1 kernel_names: each captured kernel's function}
   {"ev": "log", "level", "text"}
 Callbacks run on llama.cpp's thread inside its CUDA calls: they only read memory and append.
 """
@@ -58,8 +58,9 @@ class Watch:
     `start()` subscribes (one subscriber per process before CUPTI 13.5: a second fails with CUPTI's
     MULTIPLE_SUBSCRIBERS error, raised as RuntimeError); `stop()` unsubscribes. Events go to `sink`."""
 
-    def __init__(self, sink: Callable[[dict], None]):
+    def __init__(self, sink: Callable[[dict], None], kernel_names: bool = False):
         self.sink = sink
+        self.kernel_names = kernel_names          # name each captured graph's kernels (a diagnostic; slow)
         self._sub = None
         self._open: dict[int, dict] = {}          # correlation id -> the api event begun at API_ENTER
         self._nodes: dict[int, list[int]] = {}    # graph id -> [nodes, kernel nodes] created in it
@@ -138,6 +139,9 @@ class Watch:
             ev["graph"] = c.get_graph_id(g) if g else None
             counts = self._nodes.pop(ev["graph"], [0, 0]) if g else [0, 0]
             ev["nodes"], ev["kernel_nodes"] = counts
+            if g and self.kernel_names:
+                from ..backends.drivers.cuda import graph_kernel_names
+                ev["kernel_names"] = graph_kernel_names(g)
 
     def _on_node(self, data) -> None:
         g = self._c.GraphData.from_ptr(int(data.resource_descriptor))

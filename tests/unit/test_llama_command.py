@@ -197,3 +197,25 @@ def test_a_prompt_over_ubatch_size_is_the_same_ubatches_on_llama_cpp(tiny_gguf):
 def test_the_prompt_over_ubatch_scenario_is_expressible_on_llama_cpp(tiny_gguf):
     res, lib = _run(tiny_gguf, scenario="prompt-over-ubatch")
     assert [len(t) for t, *_ in lib.batches][:3] == [16, 16, 1] and lib.ctx_params.n_ubatch == 16
+
+
+def test_kernel_names_of_captures_are_asked_for_by_environment(monkeypatch):
+    """GRAPHDIAG_WATCH_KERNEL_NAMES=1 makes the watch name each captured graph's kernels (the parity
+    diagnostic tools/captured_kernels.py reads them); off by default (a capture's kernels are hundreds)."""
+    from graphdiag.llama.driver import LeadWatcher
+    monkeypatch.delenv("GRAPHDIAG_WATCH_KERNEL_NAMES", raising=False)
+    assert LeadWatcher(lambda ev: None, None).watch.kernel_names is False
+    monkeypatch.setenv("GRAPHDIAG_WATCH_KERNEL_NAMES", "1")
+    assert LeadWatcher(lambda ev: None, None).watch.kernel_names is True
+    monkeypatch.setenv("GRAPHDIAG_WATCH_KERNEL_NAMES", "0")
+    assert LeadWatcher(lambda ev: None, None).watch.kernel_names is False
+
+
+def test_raw_stream_keeps_kernel_names(tmp_path):
+    from graphdiag.llama.raw import RawWriter, read_raw
+    w = RawWriter(tmp_path / "r.raw.jsonl", {"model": "m"})
+    w.emit({"ev": "api", "fn": "cudaStreamEndCapture", "graph": 3, "nodes": 2, "kernel_nodes": 2,
+            "kernel_names": ["rms_norm_f32", "mul_mat_vec_q"]})
+    w.close()
+    _, lines = read_raw(tmp_path / "r.raw.jsonl")
+    assert lines[0]["kernel_names"] == ["rms_norm_f32", "mul_mat_vec_q"]

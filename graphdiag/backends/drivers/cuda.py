@@ -236,6 +236,10 @@ class CudaDriver(Driver):
     def graph_destroy(self, graph) -> None:
         _check(D.cuGraphDestroy(self._disown("graph", graph)), "cuGraphDestroy")
 
+    def graph_kernel_names(self, graph) -> list[str]:
+        """The kernel function of each kernel node of `graph`, in cuGraphGetNodes order."""
+        return graph_kernel_names(graph)
+
     def graph_num_nodes(self, graph) -> int:
         return int(_check(D.cuGraphGetNodes(graph, 0), "cuGraphGetNodes")[1])
 
@@ -488,6 +492,22 @@ class CudaDriver(Driver):
             return f"node {index} of {n}: {text}" if index is not None else text
         except Exception as exc:   # a description is a courtesy; never let it mask the refusal
             return f"node {addr:#x} (not described: {exc})"
+
+
+def graph_kernel_names(graph) -> list[str]:
+    """The kernel function of each kernel node of a CUDA graph (a CUgraph or its address), in cuGraphGetNodes
+    order: graphdiag's own captures and, in-process, llama.cpp's (parity diagnostics)."""
+    g = graph if isinstance(graph, D.CUgraph) else D.CUgraph(int(graph))
+    n = int(_check(D.cuGraphGetNodes(g, 0), "cuGraphGetNodes")[1])
+    _, nodes, n = D.cuGraphGetNodes(g, n)
+    names = []
+    for node in nodes[:n]:
+        if _check(D.cuGraphNodeGetType(node), "cuGraphNodeGetType") != D.CUgraphNodeType.CU_GRAPH_NODE_TYPE_KERNEL:
+            continue
+        fn = _check(D.cuGraphKernelNodeGetParams(node), "cuGraphKernelNodeGetParams").func
+        name = _check(D.cuFuncGetName(fn), "cuFuncGetName")
+        names.append(name.decode() if isinstance(name, bytes) else str(name))
+    return names
 
 
 def device_count() -> int:

@@ -1,0 +1,90 @@
+"""Name the kernels of every CUDA graph graphdiag and real llama.cpp capture for one scenario on one GGUF, and
+show the first capture where the two differ (a parity diagnostic; needs a GPU and a CUDA llama-cpp-python).
+
+    python tools/captured_kernels.py MODEL.gguf --scenario nkv-growth [--out DIR]
+
+graphdiag runs in this process on CUDA with one graph per split (as the parity test runs it); llama.cpp runs
+in a `graphdiag llama` child with GRAPHDIAG_WATCH_KERNEL_NAMES=1, so its raw stream names each captured
+graph's kernels. Captures are compared in order, the n-th of one side with the n-th of the other.
+"""
+
+from __future__ import annotations
+
+import argparse
+import difflib
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+
+def graphdiag_captures(model: str, scenario: str) -> list[list[str]]:
+    from graphdiag.backends.drivers import cuda
+    from graphdiag.config import resolve
+    from graphdiag.runner import run
+    from graphdiag.scenario import load_scenario
+
+    captures: list[list[str]] = []
+    end = cuda.CudaDriver.end_capture
+
+    def end_capture(self, stream):
+        graph = end(self, stream)
+        captures.append(cuda.graph_kernel_names(graph))
+        return graph
+
+    cuda.CudaDriver.end_capture = end_capture
+    try:
+        sc = load_scenario(scenario)
+        cfg = resolve({"backend": "cuda", "model": model, "chunk_size": 0, "nvtx": False}, sc.run,
+                      environ=sc.environ({}), env_origins=sc.env_origins())
+        run(cfg, sc)
+    finally:
+        cuda.CudaDriver.end_capture = end
+    return captures
+
+
+def llama_captures(model: str, scenario: str, out: Path) -> list[list[str]]:
+    raw = out / f"{Path(model).stem}-{scenario}.llama.raw.jsonl"
+    rec = raw.with_name(raw.name.replace(".raw", ""))
+    env = {**os.environ, "GRAPHDIAG_WATCH_KERNEL_NAMES": "1"}
+    p = subprocess.run([sys.executable, "-m", "graphdiag", "llama", model, "--scenario", scenario, "--events",
+                        str(rec), "--raw", str(raw)], env=env, capture_output=True, text=True, timeout=900)
+    if p.returncode not in (0, 1):
+        sys.exit(f"graphdiag llama failed ({p.returncode}): {p.stderr[-2000:]}")
+    caps = []
+    for line in raw.read_text().splitlines()[1:]:
+        ev = json.loads(line)
+        if ev.get("ev") == "api" and ev.get("fn") == "cudaStreamEndCapture" and "kernel_names" in ev:
+            caps.append(ev["kernel_names"])
+    return caps
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("model")
+    ap.add_argument("--scenario", required=True)
+    ap.add_argument("--out", default=".")
+    a = ap.parse_args()
+    out = Path(a.out)
+    out.mkdir(parents=True, exist_ok=True)
+    ours = graphdiag_captures(a.model, a.scenario)
+    theirs = llama_captures(a.model, a.scenario, out)
+    (out / f"{Path(a.model).stem}-{a.scenario}.kernels.json").write_text(
+        json.dumps({"graphdiag": ours, "llama.cpp": theirs}))
+    print(f"{a.scenario}: graphdiag captured {len(ours)} graphs ({[len(c) for c in ours]}), "
+          f"llama.cpp {len(theirs)} ({[len(c) for c in theirs]})")
+    for i, (x, y) in enumerate(zip(ours, theirs)):
+        if len(x) != len(y):
+            print(f"capture {i}: {len(x)} kernels in graphdiag's, {len(y)} in llama.cpp's")
+            for line in difflib.unified_diff([k[:60] for k in y], [k[:60] for k in x], "llama.cpp", "graphdiag",
+                                             lineterm="", n=1):
+                print("   ", line)
+            break
+    else:
+        print("every compared capture has the same kernel count")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
