@@ -159,3 +159,79 @@ def test_a_block_whose_lowering_raised_is_lowered_again_not_skipped(monkeypatch)
         lazy[bad]
     assert lazy[bad] is not None and calls.count(bad) == 2
     assert _bytes(list(lazy)) == _bytes(whole)
+
+
+class _CountingDriver:
+    """prepare() as a driver's: a fresh handle (a private snapshot of the params) per call, counted."""
+
+    def __init__(self):
+        self.prepared = 0
+
+    def prepare(self, launch):
+        self.prepared += 1
+        launch.handle = ("handle", launch.params.tobytes())
+        return launch
+
+    def launch(self, stream, launch):
+        assert launch.handle == ("handle", launch.params.tobytes()), "launched with a stale handle"
+
+
+class _Pool:
+    def __init__(self, addr):
+        self.addr = addr
+
+    def alloc(self, n):
+        return self.addr, n
+
+    def free(self, addr, n):
+        pass
+
+
+def _prepare_and_run(ops, drv, pool):
+    for op in ops:
+        if op is not None and not op.ready:
+            op.prepare(drv)
+    for op in ops:
+        if op is not None and hasattr(op, "slots"):
+            op.run(drv, None, pool)
+
+
+@pytest.mark.parametrize("wtype", [GGMLType.F16, GGMLType.Q8_0])
+def test_an_unchanged_rebuild_takes_the_prepared_handles(wtype):
+    """An eager step rebuilds the same graph at the same addresses: its launches keep the handles prepared
+    the step before (no packing per step), each handle a snapshot of exactly the launch's bytes; Q8_0's
+    scratch ops (Q8_1 activations) too while the pool hands out the same buffer, re-packed when it does not."""
+    g = _graph(wtype)
+    memo, drv, pool = LaunchMemo(), _CountingDriver(), _Pool(0x9000_0000)
+    first = _lower(g, memo)
+    _prepare_and_run(first, drv, pool)
+    n = drv.prepared
+    assert n >= len(_launches(first))
+    again = _lower(g, memo)
+    assert all(op.ready for op in again if op is not None)
+    _prepare_and_run(again, drv, pool)
+    assert drv.prepared == n
+    for la in _launches(again):
+        assert la.handle == ("handle", la.params.tobytes())
+    scratch = [op for op in again if op is not None and hasattr(op, "slots")]
+    assert scratch                               # (flash attention's partials; Q8_0 also its Q8_1 activations)
+    pool.addr = 0xA000_0000                      # another buffer: the scratch launches are packed again
+    third = _lower(g, memo)
+    _prepare_and_run(third, drv, pool)
+    assert drv.prepared == n + sum(op.n_launches for op in scratch)
+    for la in _launches(third):
+        assert la.handle == ("handle", la.params.tobytes())
+
+
+def test_a_moved_node_is_prepared_afresh():
+    g = _graph()
+    memo, drv, pool = LaunchMemo(), _CountingDriver(), _Pool(0x9000_0000)
+    _prepare_and_run(_lower(g, memo), drv, pool)
+    n = drv.prepared
+    g.node(g.n_nodes - 1).data += 0x1000                 # result_output elsewhere: its launch's bytes differ
+    again = _lower(g, memo)
+    assert sum(op is not None and not op.ready for op in again) >= 1
+    _prepare_and_run(again, drv, pool)
+    assert n < drv.prepared
+    for la in _launches(again):
+        assert la.handle == ("handle", la.params.tobytes())
