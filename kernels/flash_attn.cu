@@ -361,9 +361,9 @@ template <int D> __device__ void fa_mma(const kparams &p, unsigned short *smem) 
     };
     // The mask of this thread's scores of the tile at c0: s[nt][c] at row g4 + 8 * (c >> 1), position
     // c0 + nt * 8 + 2 * tig + (c & 1), as pairs of F16 bits (-inf past j1 and in rows past R; 0 without a
-    // mask). An aligned F16 mask (every graph's: llama.cpp casts it) is read one tile ahead, so its loads are
-    // in flight while the tile before computes (their latency was the kernel's main stall: ncu); any other
-    // mask is read when its tile comes.
+    // mask). An aligned F16 mask (every graph's: an F16 input, or its cast under d99724f2) is read one tile
+    // ahead, so its loads are in flight while the tile before computes (their latency was the kernel's main
+    // stall: ncu); any other mask is read when its tile comes.
     constexpr unsigned NEG2 = 0xfc00fc00u;   // two F16 -inf
     const bool raw_mask = !has_mask || mpair;
     auto mask_at = [&](int k, i64 j) -> unsigned {   // raw_mask: the pair at positions j, j + 1 of row k

@@ -4,7 +4,9 @@ Only metadata is built (structs in the arena's compute region), so any preset bu
 deterministic: after `arena.reset()` the same params give identical structs at identical addresses. Node order is
 chosen as llama.cpp's, because the GPU runtime pattern-matches it: attn_norm feeds exactly the three mat-muls
 Qcur/Kcur/Vcur (the concurrent-streams fork); ROPE(K), VIEW, SET_ROWS are consecutive (fused into one kernel
-that writes the cache); ffn_gate, ffn_up, GLU are consecutive (fused gate/up mat-vec).
+that writes the cache); ffn_gate, ffn_up, GLU are consecutive (fused gate/up mat-vec). The KQ mask follows
+the model's upstream (Model.upstream): an F16 input flash attention reads as it is (llama.cpp 0c1e57098), or
+an F32 input and a CPY casting it to F16 in layer 0's attention (ggml d99724f2's graphs here).
 """
 
 from __future__ import annotations
@@ -21,7 +23,8 @@ from .weights import Layer, Model
 
 DECODE, PREFILL = "decode", "prefill"
 KV_PAD = 256          # cells: n_kv is padded to a multiple of this (llama.cpp's kv-cache padding)
-KQ_MASK_PAD = 1       # mask rows (tokens) padding, GGML_KQ_MASK_PAD
+KQ_MASK_PAD = 1       # mask rows (tokens) padding, GGML_KQ_MASK_PAD (d99724f2; 0c1e57098 pads none)
+CAST_MASK_UPSTREAM = "d99724f2"   # the upstream (config.UPSTREAMS) whose graphs cast an F32 KQ mask to F16
 
 
 @dataclass(frozen=True)
@@ -48,8 +51,10 @@ class GraphInputs:
 
     tokens: Tensor    # I32 (n_tokens)
     pos: Tensor       # I32 (n_tokens)
-    kq_mask: Tensor   # F32 (n_kv, n_tokens padded to KQ_MASK_PAD): 0 = visible, -inf = masked
-    kq_mask_cnv: Tensor  # the mask cast to F16 for flash attention (a CPY node, as llama.cpp builds it)
+    kq_mask: Tensor   # (n_kv, n_tokens), 0 = visible, -inf = masked: F16 at 0c1e57098 (attn_inp_kq_mask);
+    #                   F32, tokens padded to KQ_MASK_PAD, at d99724f2 (kq_mask)
+    kq_mask_cnv: Tensor  # what flash attention reads: the mask itself (0c1e57098), its cast to F16 (a CPY
+    #                      node, d99724f2)
     k_idxs: Tensor    # I32 (n_tokens): cache cell each token's K row is written to
     v_idxs: Tensor    # I32 (n_tokens)
     out_ids: Tensor   # I32 (n_outputs): token rows whose logits are computed (always built, as llama.cpp)
@@ -81,16 +86,35 @@ class _Builder:
     def inputs(self, tokens: Tensor) -> GraphInputs:
         """The inputs made after the embedding, in llama.cpp's order: inputs are created where first used, so
         the first node (inp_embd) sits at the same address for every graph type (prefill and decode share the
-        key)."""
+        key). At 0c1e57098 (llama.cpp's build_inp_pos, build_attn_inp_kv, build_inp_out_ids): inp_pos, the
+        cache's K and V cell indices, the KQ mask — F16 as flash attention reads it, no cast, no padding —
+        and inp_out_ids. d99724f2's inputs: _inputs_cast."""
+        if self.m.upstream == CAST_MASK_UPSTREAM:
+            return self._inputs_cast(tokens)
         c, p = self.ctx, self.p
         t = p.n_tokens
         pos = c.new_input(GGMLType.I32, (t,), "inp_pos")
-        mask_ne = _mask_layout(GGMLType.F32, t)
+        k_idxs = c.new_input(GGMLType.I32, (t,), "k_idxs")
+        v_idxs = c.new_input(GGMLType.I32, (t,), "v_idxs")
+        mask_ne = _mask_layout(GGMLType.F16, t, pad=1)
+        mask = c.new_input(GGMLType.F16, mask_ne(p.n_kv)[0], "attn_inp_kq_mask")
+        self.n_kv_shaped.append((mask.idx, mask_ne))
+        out_ids = c.new_input(GGMLType.I32, (p.n_outputs,), "inp_out_ids")
+        return GraphInputs(tokens=tokens, pos=pos, kq_mask=mask, kq_mask_cnv=mask, k_idxs=k_idxs, v_idxs=v_idxs,
+                           out_ids=out_ids)
+
+    def _inputs_cast(self, tokens: Tensor) -> GraphInputs:
+        """The inputs as graphdiag built them under d99724f2's rules: inp_pos, an F32 mask of tokens padded to
+        KQ_MASK_PAD and its cast to F16 (a CPY node), inp_out_ids, then the K and V cell indices."""
+        c, p = self.ctx, self.p
+        t = p.n_tokens
+        pos = c.new_input(GGMLType.I32, (t,), "inp_pos")
+        mask_ne = _mask_layout(GGMLType.F32, t, KQ_MASK_PAD)
         mask = c.new_input(GGMLType.F32, mask_ne(p.n_kv)[0], "kq_mask")
         # made with the mask (build_attn_inp_kv), entered into the graph where layer 0's attention first
         # reads it: between that layer's Q/K/V fork and its join
         cnv = c.cast(mask, GGMLType.F16, f"{mask.name} (copy)")
-        self.n_kv_shaped += [(mask.idx, mask_ne), (cnv.idx, _mask_layout(GGMLType.F16, t))]
+        self.n_kv_shaped += [(mask.idx, mask_ne), (cnv.idx, _mask_layout(GGMLType.F16, t, KQ_MASK_PAD))]
         return GraphInputs(
             tokens=tokens,
             pos=pos,
@@ -236,10 +260,11 @@ class _Builder:
         return BuiltGraph(self.g, self.p, inp, logits)
 
 
-def _mask_layout(t: GGMLType, n_tokens: int):
-    """(ne, nb) of the KQ mask (or its cast) of type t for a given n_kv: (n_kv, tokens padded), contiguous."""
+def _mask_layout(t: GGMLType, n_tokens: int, pad: int):
+    """(ne, nb) of the KQ mask (or its cast) of type t for a given n_kv: (n_kv, tokens padded to `pad`),
+    contiguous; one stream (graphdiag's KV cache is unified, as llama.cpp's with kv_unified)."""
     def layout(n_kv: int):
-        ne = (n_kv, _pad(n_tokens, KQ_MASK_PAD), 1, 1)
+        ne = (n_kv, _pad(n_tokens, pad), 1, 1)
         return ne, contiguous_nb(t, ne)
     return layout
 

@@ -48,16 +48,17 @@ def check_backend(name: str, cfg: ModelConfig, backend: str) -> None:
 
 
 def build_model(name: str, wtype: str, seed: int = 0, with_data: bool = True, swa_full: bool = False,
-                n_seq_max: int = 1):
+                n_seq_max: int = 1, upstream: str = "0c1e57098"):
     """The Model of a preset (seeded weights) or of a GGUF file (its weights, memory-mapped). A file with a
-    sliding window sizes its SWA cache for `n_seq_max` sequences, or as the global one with `swa_full`."""
+    sliding window sizes its SWA cache for `n_seq_max` sequences, or as the global one with `swa_full`.
+    Its graphs are built by `upstream`'s rules (a run's cfg.upstream; the newest by default)."""
     from .weights import create_file_model, create_model
     if is_file(name):
         g = _file(name)
         g = dataclasses.replace(g, cfg=sized(g.cfg, swa_full, n_seq_max))
-        return create_file_model(g, with_data)
+        return create_file_model(g, with_data, upstream=upstream)
     return create_model(sized(get_preset(name), swa_full, n_seq_max), weight_type(wtype), seed=seed,
-                        with_data=with_data)
+                        with_data=with_data, upstream=upstream)
 
 
 def sized(cfg: ModelConfig, swa_full: bool, n_seq_max: int) -> ModelConfig:

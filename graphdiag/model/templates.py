@@ -37,12 +37,13 @@ class _Template:
 class GraphTemplates:
     """Graphs built before, kept to stamp out the same graph again for another n_kv (a prefill's n_kv grows
     chunk by chunk): the structs are copied back as bytes and only the n_kv-shaped ones (the KQ mask, its
-    cast, the cache views) get their ne/nb rewritten, by the layouts the builder made them with.
+    cast under d99724f2's rules, the cache views) get their ne/nb rewritten, by the layouts the builder made
+    them with.
 
     Key: (n_tokens, n_seqs, n_outputs, gtype, the compute region's first slot). It is complete because the
-    builder reads nothing else: the params, the model's config and its persistent structs (type, ne, nb
-    and addresses of weights and caches, fixed once the arena is frozen; their data is never read), and the
-    first slot, which sets every compute struct's address and so every source pointer. n_kv is left out
+    builder reads nothing else: the params, the model's config and upstream, its persistent structs (type,
+    ne, nb and addresses of weights and caches, fixed once the arena is frozen; their data is never read), and
+    the first slot, which sets every compute struct's address and so every source pointer. n_kv is left out
     of the key as it sets only the n_kv-shaped tensors' layouts. One model per instance; at most `limit`
     graphs kept, the least recently used dropped first."""
 

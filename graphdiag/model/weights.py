@@ -92,6 +92,7 @@ class Model:
     seed: int | None = None   # None: a structure-only model (weights load as zeros), or a file's
     file: object = None       # the GgufModel the weights come from (model/gguf_io.py), else None
     fallbacks: dict[str, GGMLType] = field(default_factory=dict)   # preset weights not in wtype: name -> type
+    upstream: str = "0c1e57098"   # the upstream commit whose rules its graphs are built by (config.UPSTREAMS)
     _dense: dict[str, np.ndarray] = field(default_factory=dict, repr=False)
 
     def tensors(self) -> list[Tensor]:
@@ -133,11 +134,13 @@ def _kv_layers(cfg: ModelConfig) -> list[tuple[int, int]]:
 
 
 def create_model(cfg: ModelConfig, wtype: GGMLType = GGMLType.F16, seed: int = 0, arena: Arena | None = None,
-                 with_data: bool = True, types: Mapping[str, GGMLType] | None = None) -> Model:
+                 with_data: bool = True, types: Mapping[str, GGMLType] | None = None,
+                 upstream: str = "0c1e57098") -> Model:
     """Build the persistent structs in `arena` (then freeze it): the architecture's weights in its order
     (model/arch/), then the KV caches. `with_data`: the weights have values (drawn from `seed` where they
     are loaded, and on the host on first read); else they load as zeros. `types`: each weight's own type
-    where it has one (a file's), else `wtype` (norms, biases and the router: F32)."""
+    where it has one (a file's), else `wtype` (norms, biases and the router: F32). `upstream`: the commit
+    whose rules the model's graphs follow (model/build.py: the KQ mask differs)."""
     arena = arena if arena is not None else Arena()
     if arena.top != 0:
         raise ValueError("create_model needs an empty arena: the model is its persistent region")
@@ -159,7 +162,8 @@ def create_model(cfg: ModelConfig, wtype: GGMLType = GGMLType.F16, seed: int = 0
     arena.freeze()
     # a tied output is the embedding itself (llama.cpp's TENSOR_DUPLICATED: one tensor, read twice)
     output = top["tok_embd"] if cfg.tied_output else top["output"]
-    model = Model(cfg, wt, arena, top["tok_embd"], top["output_norm"], output, layers, fallbacks=fb)
+    model = Model(cfg, wt, arena, top["tok_embd"], top["output_norm"], output, layers, fallbacks=fb,
+                  upstream=upstream)
     if with_data:
         model.seed = seed
         model.host = HostWeights(model, seed)   # nothing drawn until the host reads a weight
@@ -426,11 +430,12 @@ def _upload_group(model: Model, backend: Backend, tensors: list[Tensor], tick) -
     return WeightBuffer(backend, base, total, tuple(t.name for t in tensors))
 
 
-def create_file_model(g, with_data: bool = True) -> Model:
+def create_file_model(g, with_data: bool = True, upstream: str = "0c1e57098") -> Model:
     """The model of a validated GGUF file (model/gguf_io.GgufModel): its config, each weight in the file's
-    type, the values the file's (memory-mapped) unless `with_data` is False (structure only)."""
+    type, the values the file's (memory-mapped) unless `with_data` is False (structure only); its graphs
+    follow `upstream`'s rules."""
     from .gguf_io import FileWeights
-    model = create_model(g.cfg, g.main_type, with_data=False, types=g.types)
+    model = create_model(g.cfg, g.main_type, with_data=False, types=g.types, upstream=upstream)
     if with_data:
         model.file, model.host = g, FileWeights(g)
     return model

@@ -34,15 +34,14 @@ pytestmark = [pytest.mark.gpu, pytest.mark.usefixtures("require_gpu")]
 KNOWN: dict[str, dict] = {
     "graph-nodes": {
         "models": "*", "scenarios": "*", "what": "capture", "decision": "graph nodes",
-        "why": "graphdiag's captured graph has 2 nodes more than llama.cpp's (tiny F16: 59 vs 57 kernels at 1 "
-               "token, 74 vs 72 at 2; recorded on the H200 2026-12-02, tests/data/llama), both named by the "
-               "kernel names of each captured graph (cuGraphKernelNodeGetParams + cuFuncGetName on both sides, "
-               "H200 2026-12-02): (1) llama.cpp keeps the token embedding on the CPU (llama-model.cpp: the "
-               "input layer always stays there), so its GET_ROWS is in a CPU split, where graphdiag keeps it on "
-               "the GPU (README); (2) layer 0's CPY of the KQ mask to F16: at 0c1e57098 llama-graph.cpp's "
-               "build_attn_inp_kq_mask makes the mask an F16 input of (n_kv, n_tokens) when flash attention is "
-               "on (no cast node, no KQ_MASK_PAD padding), where graphdiag still builds d99724f2's F32 padded "
-               "mask and its cast (to follow: the mask as 0c1e57098 builds it, under --upstream 0c1e57098)",
+        "why": "graphdiag's captured graph has 1 node more than llama.cpp's (tiny F16: 58 vs 57 kernels at 1 "
+               "token, 73 vs 72 at 2), named by the kernel names of each captured graph "
+               "(cuGraphKernelNodeGetParams + cuFuncGetName on both sides, H200 2026-12-02): llama.cpp keeps "
+               "the token embedding on the CPU (llama-model.cpp: the input layer always stays there), so its "
+               "GET_ROWS is in a CPU split, where graphdiag keeps it on the GPU (README). The recording of "
+               "2026-12-02 (tests/data/llama: 59 vs 57, 74 vs 72) had a second extra node, layer 0's CPY of the "
+               "KQ mask to F16; graphdiag now builds the mask as 0c1e57098's build_attn_inp_kq_mask does (an F16 "
+               "input, no cast), so that one is gone",
     },
 }
 

@@ -7,6 +7,7 @@ from graphdiag import events as E
 from graphdiag.backends.gpu import runtime as rt_mod
 from graphdiag.config import resolve
 from graphdiag.counters import Counters
+from graphdiag.ir.dtypes import GGMLType
 from graphdiag.plan import StepPlan
 from graphdiag.runner import RunResult, Session, Stepper
 
@@ -18,10 +19,13 @@ def _session(**kw):
 
 
 def _device_inputs(s):
+    """The graph's inputs as they landed on the device; the mask (F16 at 0c1e57098, F32 under d99724f2) as
+    float32."""
     inp = s.ctx.res.inputs
     get = lambda t, dt: s.gpu.tensor_get(t.data, t.nbytes()).view(dt)
+    mask_dt = np.float16 if inp.kq_mask.type == GGMLType.F16 else np.float32
     return {"tokens": get(inp.tokens, np.int32), "pos": get(inp.pos, np.int32),
-            "mask": get(inp.kq_mask, np.float32).reshape(-1, inp.kq_mask.ne[0]),
+            "mask": get(inp.kq_mask, mask_dt).astype(np.float32).reshape(-1, inp.kq_mask.ne[0]),
             "k_idxs": get(inp.k_idxs, np.int32), "v_idxs": get(inp.v_idxs, np.int32),
             "out_ids": get(inp.out_ids, np.int32)}
 
@@ -104,10 +108,12 @@ def test_a_replayed_step_writes_its_inputs_in_one_copy_from_pinned_memory():
         s.close()
 
 
-def test_prefills_at_growing_n_kv_pin_their_inputs_once():
+@pytest.mark.parametrize("upstream", ["0c1e57098", "d99724f2"])
+def test_prefills_at_growing_n_kv_pin_their_inputs_once(upstream):
     """The input slots are reserved for the batch's mask at n_ctx cells when first made (as llama.cpp sizes
-    its input buffers for the worst case): later prefills of that size, at every larger n_kv, pin nothing."""
-    s, st = _session()
+    its input buffers for the worst case): later prefills of that size, at every larger n_kv, pin nothing.
+    The mask is F16 (0c1e57098) or F32 (d99724f2), stamped out again at each n_kv (GraphTemplates)."""
+    s, st = _session(upstream=upstream)
     allocs = []
     real_alloc = s.driver.host_alloc
     s.driver.host_alloc = lambda n: allocs.append(n) or real_alloc(n)

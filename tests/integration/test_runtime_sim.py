@@ -221,16 +221,19 @@ def test_alternating_variants_under_one_key_never_replay():
     assert len(diffs) >= 10 and {d.field for d in diffs} == {"ne[1]"}
 
 
-def test_concurrent_branches_never_share_memory():
+@pytest.mark.parametrize("upstream,n_regions", [("0c1e57098", 4), ("d99724f2", 3)])
+def test_concurrent_branches_never_share_memory(upstream, n_regions):
     """What llama.cpp's concurrent_event::is_valid checks: no write range of one branch overlaps another's
-    (the allocator must not hand memory freed in one branch to a node of another running at the same time)."""
-    cfg = resolve({"backend": "sim", "steps": 0, "prompt_tokens": 4, "concurrent_streams": True}, environ={})
+    (the allocator must not hand memory freed in one branch to a node of another running at the same time).
+    A region per layer, but layer 0's under d99724f2 (its range holds the KQ mask's cast)."""
+    cfg = resolve({"backend": "sim", "steps": 0, "prompt_tokens": 4, "concurrent_streams": True,
+                   "upstream": upstream}, environ={})
     s = Session(cfg, E.EventBus())
     try:
         Stepper(s, RunResult({}, [], Counters())).step(StepPlan("decode", batch=1))
         g = s.ctx.sched.splits[0].graph
         regions = s.gpu.concurrent.regions
-        assert len(regions) == 3     # layer 0's range holds the KQ mask cast: no region there
+        assert len(regions) == n_regions
         for r in regions:
             spans = {b: [] for b in range(1, r.n_branches + 1)}
             for i, b in r.stream_of.items():

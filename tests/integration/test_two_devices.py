@@ -162,11 +162,11 @@ def test_logits_match_the_one_device_run_within_the_oracle_bound():
 def test_concurrent_streams_per_device_at_0c1e57098_and_off_with_two_visible_at_d99724f2():
     one = run_sim(steps=3, concurrent_streams=True)
     assert of(one, E.ConcurrentRegion)
-    # 0c1e57098 (#28198): each device's backend optimises its own splits (tiny: layers 0-2 | 3; layer 0's
-    # range holds the mask cast)
+    # 0c1e57098 (#28198): each device's backend optimises its own splits (tiny: layers 0-2 | 3; the KQ mask
+    # is an input, no cast node in layer 0's range)
     two = run_sim(steps=3, concurrent_streams=True, devices=2)
     formed = {(e.device, e.fork_name) for e in of(two, E.ConcurrentRegion)}
-    assert formed == {(0, "attn_norm-1"), (0, "attn_norm-2"), (1, "attn_norm-3")}
+    assert formed == {(0, "attn_norm-0"), (0, "attn_norm-1"), (0, "attn_norm-2"), (1, "attn_norm-3")}
     assert not [e for e in of(two, E.ConcurrentRefused) if e.fork_node < 0]
     # d99724f2: refused while more than one CUDA device is visible, as an event for each split it saw
     old = run_sim(steps=3, concurrent_streams=True, devices=2, upstream="d99724f2")

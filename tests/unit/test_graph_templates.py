@@ -17,9 +17,10 @@ STEPS = [GraphParams(512, 1, 1, PREFILL, 512), GraphParams(512, 1, 1, PREFILL, 1
          GraphParams(7, 1, 7, PREFILL, 256)]
 
 
-def _twins(preset: str):
+def _twins(preset: str, upstream: str = "0c1e57098"):
     """Two identical structure-only models, in small arenas that must grow as the graphs are built."""
-    return [create_model(PRESETS[preset], with_data=False, arena=Arena(capacity=16)) for _ in range(2)]
+    return [create_model(PRESETS[preset], with_data=False, arena=Arena(capacity=16), upstream=upstream)
+            for _ in range(2)]
 
 
 def _same(built, fresh, a: Arena, b: Arena) -> None:
@@ -32,9 +33,12 @@ def _same(built, fresh, a: Arena, b: Arena) -> None:
     assert slots(built) == slots(fresh)
 
 
-@pytest.mark.parametrize("preset", ["tiny", "moe-tiny", "small"])
-def test_stamped_graphs_equal_built_ones(preset):
-    m, ref = _twins(preset)
+@pytest.mark.parametrize("preset,upstream", [("tiny", "0c1e57098"), ("moe-tiny", "0c1e57098"),
+                                             ("small", "0c1e57098"), ("tiny", "d99724f2")])
+def test_stamped_graphs_equal_built_ones(preset, upstream):
+    """The n_kv-shaped set: the F16 mask and the cache views (0c1e57098); the F32 mask, its cast and the
+    cache views (d99724f2)."""
+    m, ref = _twins(preset, upstream)
     tpl = GraphTemplates(m)
     for p in STEPS:
         for x in (m, ref):

@@ -33,7 +33,7 @@ def test_steady_decode_phases_and_capture(tmp_path):
     h, ev = convert_raw(steady(steps=6).write(tmp_path / "r.jsonl"))
     assert _phases(ev) == {0: "eager", 1: "eager", 2: "capture", 3: "replay", 4: "replay", 5: "replay"}
     (cap,) = _of(ev, E.ChunkCaptured)
-    assert (cap.step, cap.key, cap.n_graph_nodes) == (2, 1, 59)
+    assert (cap.step, cap.key, cap.n_graph_nodes) == (2, 1, 58)
     (inst,) = _of(ev, E.ChunkInstantiated)
     assert not inst.after_refusal and inst.duration_ns == 300_000
     assert len(_of(ev, E.ChunkUpdated)) == 1            # ggml updates the executable it just instantiated

@@ -13,7 +13,7 @@ from graphdiag.model.build import DECODE, PREFILL, GraphParams, build_graph, pad
 from graphdiag.model.presets import PRESETS, get_preset, weight_type
 from graphdiag.model.weights import create_model, on_cpu
 
-N_7B_DECODE_NODES = 871   # 32 layers x 27 + 7: the mask cast and the two out_ids GET_ROWS included
+N_7B_DECODE_NODES = 870   # 32 layers x 27 + 6: the two out_ids GET_ROWS included (and no mask cast: 0c1e57098)
 
 
 @pytest.fixture(scope="module")
@@ -92,22 +92,50 @@ def test_decode_layer_order_matches_what_the_runtime_fuses(tiny):
     k, v, mask = fa.src[1], fa.src[2], fa.src[3]
     assert k.ne[:3] == (64, 8, 256) and k.src[0].name == "cache_k_l0 (set_rows)"
     assert v.src[0].name == "cache_v_l0 (set_rows)" and at["cache_v_l0 (set_rows)"] < at["__fattn__-0"]
-    # flash attention reads the mask cast to F16 (a CPY node of its own, as llama.cpp builds it), placed
-    # inside layer 0's Q/K/V fork-join range, where it is first used
-    assert mask.name == "kq_mask (copy)" and mask.op == Op.CPY and mask.type == GGMLType.F16
-    assert mask.src[0].name == "kq_mask" and mask.src[0].type == GGMLType.F32 and mask.ne[:2] == (256, 4)
-    assert at["cache_v_l0 (set_rows)"] < at["kq_mask (copy)"] < at["__fattn__-0"]
-    assert "kq_mask (copy)" not in [g.node(i).name for i in range(at["__fattn__-0"] + 1, g.n_nodes)]
+    # flash attention reads the F16 mask input itself (0c1e57098: no cast node; d99724f2: test below)
+    assert mask.name == "attn_inp_kq_mask" and mask.op == Op.NONE and mask.type == GGMLType.F16
+    assert mask.flags & TensorFlag.INPUT and mask.ne[:2] == (256, 4)
     assert abs(fa.param_f32(0) - 1 / 8) < 1e-7
     assert names[-3:] == ["norm", "result_norm", "result_output"]
     for n in ("attn_out-0", "ffn_inp-0", "ffn_norm-0", "ffn_down-0", "l_out-3", "inp_embd"):
         assert n in at
 
 
+@pytest.mark.parametrize("n_tokens", [1, 5])
+def test_the_kq_mask_is_an_f16_input_at_0c1e57098_and_a_cast_f32_one_at_d99724f2(n_tokens):
+    """0c1e57098's build_attn_inp_kq_mask: F16 (flash attention on) of (n_kv, n_tokens), named
+    attn_inp_kq_mask, made after the K/V cell indices and read by every layer's flash attention as it is (no
+    cast node). graphdiag's d99724f2 graph keeps its F32 mask and layer 0's CPY to F16, inside that layer's
+    Q/K/V fork-join range, where it is first used."""
+    gtype = DECODE if n_tokens == 1 else PREFILL
+    new = create_model(PRESETS["tiny"], with_data=False)
+    old = create_model(PRESETS["tiny"], with_data=False, upstream="d99724f2")
+    b_new, b_old = (build_graph(m, GraphParams(n_tokens, 1, 1, gtype, 256)) for m in (new, old))
+    g = b_new.graph
+    mask = b_new.inputs.kq_mask
+    assert new.upstream == "0c1e57098" and b_new.inputs.kq_mask_cnv == mask
+    assert (mask.name, mask.type, mask.op, tuple(mask.ne)) == ("attn_inp_kq_mask", GGMLType.F16, Op.NONE,
+                                                               (256, n_tokens, 1, 1))
+    assert mask.idx in set(g.leafs.tolist()) and Op.CPY not in {t.op for t in g.iter_nodes()}
+    assert all(t.src[3] == mask for t in g.iter_nodes() if t.op == Op.FLASH_ATTN_EXT)
+    inp = b_new.inputs           # created as build_inp_pos, build_attn_inp_kv, build_inp_out_ids create them
+    assert inp.pos.idx < inp.k_idxs.idx < inp.v_idxs.idx < mask.idx < inp.out_ids.idx
+    g_old = b_old.graph
+    cnv, at = b_old.inputs.kq_mask_cnv, node_index(g_old)
+    assert (cnv.name, cnv.op, cnv.type) == ("kq_mask (copy)", Op.CPY, GGMLType.F16)
+    assert cnv.src[0] == b_old.inputs.kq_mask and b_old.inputs.kq_mask.type == GGMLType.F32
+    assert tuple(cnv.ne[:2]) == (256, n_tokens)
+    assert at["cache_v_l0 (set_rows)"] < at["kq_mask (copy)"] < at["__fattn__-0"]
+    assert [t.name for t in g_old.iter_nodes() if t.op == Op.CPY] == ["kq_mask (copy)"]
+    assert g_old.n_nodes == g.n_nodes + 1
+    # the cast is the only difference: the rest of the node list is the same names and ops
+    assert [(t.name, t.op) for t in g_old.iter_nodes() if t.op != Op.CPY] == [(t.name, t.op) for t in g.iter_nodes()]
+
+
 def test_inputs_and_output_flags(tiny):
     b = build_graph(tiny, decode_params(2))
     inp = b.inputs
-    for t, ty in ((inp.tokens, GGMLType.I32), (inp.pos, GGMLType.I32), (inp.kq_mask, GGMLType.F32),
+    for t, ty in ((inp.tokens, GGMLType.I32), (inp.pos, GGMLType.I32), (inp.kq_mask, GGMLType.F16),
                   (inp.k_idxs, GGMLType.I32), (inp.v_idxs, GGMLType.I32)):
         assert t.flags & TensorFlag.INPUT and t.type == ty and t.idx in set(b.graph.leafs.tolist())
     # llama.cpp builds inp_out_ids even when every token is an output: the topology must not depend on it

@@ -15,8 +15,8 @@ from graphdiag.model.presets import PRESETS
 from graphdiag.model.weights import create_model
 
 
-def graph(preset="tiny", wtype=GGMLType.F16, n_tokens=1, n_seqs=None, gtype=DECODE):
-    m = create_model(PRESETS[preset], wtype, with_data=False)
+def graph(preset="tiny", wtype=GGMLType.F16, n_tokens=1, n_seqs=None, gtype=DECODE, upstream="0c1e57098"):
+    m = create_model(PRESETS[preset], wtype, with_data=False, upstream=upstream)
     n_seqs = n_tokens if n_seqs is None else n_seqs
     return build_graph(m, GraphParams(n_tokens, n_seqs, n_seqs if gtype == DECODE else 1, gtype, 256)).graph
 
@@ -91,11 +91,13 @@ def test_quantized_mat_vec_fusion_not_on_pascal():
     assert MMV_GLU in _patterns(g, 700) and MMV_GLU not in _patterns(g, 600)
 
 
-def test_concurrent_regions_only_at_one_token_and_not_around_the_mask_cast():
-    regions = find_regions(graph(n_tokens=1))
-    g = graph(n_tokens=1)
-    assert [g.node(r.fork).name for r in regions] == ["attn_norm-1", "attn_norm-2", "attn_norm-3"]
-    assert find_regions(graph(n_tokens=2)) == []
+@pytest.mark.parametrize("upstream,first", [("0c1e57098", 0), ("d99724f2", 1)])
+def test_concurrent_regions_only_at_one_token_and_not_around_the_mask_cast(upstream, first):
+    """0c1e57098's mask is an input (a leaf, in no fork-join range): every layer forms a region. Under
+    d99724f2 layer 0's range holds the mask's cast, a node in no branch: upstream skips that fork."""
+    g = graph(n_tokens=1, upstream=upstream)
+    assert [g.node(r.fork).name for r in find_regions(g)] == [f"attn_norm-{il}" for il in range(first, 4)]
+    assert find_regions(graph(n_tokens=2, upstream=upstream)) == []
 
 
 def test_chunk_size_variable_is_atoi_and_negative_means_one_graph():

@@ -27,3 +27,25 @@ def test_the_record_header_names_the_upstream_it_followed(tmp_path, capsys, upst
     assert header["upstream"] == upstream
     assert read_record(ev)[0].upstream == upstream
     assert f"rules: {'llama.cpp' if upstream == '0c1e57098' else 'ggml'} {upstream}" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("upstream,cast", [("0c1e57098", False), ("d99724f2", True)])
+def test_the_runs_graphs_are_built_by_its_upstreams_rules(upstream, cast):
+    """cfg.upstream reaches the model builder: a tiny decode step's graph casts its F32 KQ mask to F16
+    under d99724f2 only (0c1e57098 makes the mask an F16 input)."""
+    from graphdiag import events as E
+    from graphdiag.counters import Counters
+    from graphdiag.ir.dtypes import GGMLType
+    from graphdiag.ir.ops import Op
+    from graphdiag.plan import StepPlan
+    from graphdiag.runner import RunResult, Session, Stepper
+    s = Session(resolve({"backend": "sim", "steps": 0, "prompt_tokens": 4, "upstream": upstream}, environ={}),
+                E.EventBus())
+    try:
+        Stepper(s, RunResult({}, [], Counters())).step(StepPlan("decode", batch=1))
+        g, inp = s.ctx.res.graph, s.ctx.res.inputs
+        assert s.model.upstream == upstream
+        assert any(t.op == Op.CPY for t in g.iter_nodes()) == cast
+        assert inp.kq_mask.type == (GGMLType.F32 if cast else GGMLType.F16)
+    finally:
+        s.close()

@@ -7,7 +7,8 @@ regions exist at 1 token and not at 2); the branches grow from each consumer (a 
 reads one of its nodes, or views the same tensor); the join is the first node that reads two or more
 branches. A region is refused when the nodes between fork and join are not exactly the branch nodes
 (llama.cpp: "the number of nodes in the middle is not equal to the total number of branch nodes" — e.g. the
-KQ mask cast inside layer 0's range). Branch b runs on stream b+1.
+KQ mask cast inside layer 0's range in graphdiag's d99724f2 graph; at 0c1e57098 the mask is an F16 input,
+no node, and every layer forms one). Branch b runs on stream b+1.
 
 A formed region's nodes are interleaved (`interleave`: one node of each branch in turn, no-ops kept with the
 node before them), so the allocator, which walks that order, keeps every branch's tensors alive across the
@@ -128,7 +129,7 @@ def _region_at(v: _View, root: int) -> Region | Refusal:
     if join is None:
         return Refusal(root, -1, NO_JOIN)
     if join - root - 1 != sum(len(b) for b in branches):
-        return Refusal(root, join, MIDDLE)   # e.g. the KQ mask cast (a CPY) in layer 0's range
+        return Refusal(root, join, MIDDLE)   # e.g. the KQ mask cast (a CPY) in layer 0's range (d99724f2)
     stream_of = {i: b + 1 for b, nodes in enumerate(branches) for i in nodes}
     order = tuple(v.idx[root + 1:join])
     interleaved = tuple(v.idx[i] for i in interleave(branches, v.noop))
