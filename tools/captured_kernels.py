@@ -44,8 +44,8 @@ def graphdiag_captures(model: str, scenario: str) -> list[list[str]]:
     return captures
 
 
-def llama_captures(model: str, scenario: str, out: Path) -> list[list[str]]:
-    raw = out / f"{Path(model).stem}-{scenario}.llama.raw.jsonl"
+def llama_captures(model: str, scenario: str, work: Path) -> list[list[str]]:
+    raw = work / f"{Path(model).stem}-{scenario}.llama.raw.jsonl"
     rec = raw.with_name(raw.name.replace(".raw", ""))
     env = {**os.environ, "GRAPHDIAG_WATCH_KERNEL_NAMES": "1"}
     p = subprocess.run([sys.executable, "-m", "graphdiag", "llama", model, "--scenario", scenario, "--events",
@@ -64,12 +64,15 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("model")
     ap.add_argument("--scenario", required=True)
-    ap.add_argument("--out", default=".")
+    ap.add_argument("--out", default=".", help="where NAME-SCENARIO.kernels.json goes")
+    ap.add_argument("--work", default=None, help="where llama.cpp's raw stream and record go (default: --out)")
     a = ap.parse_args()
     out = Path(a.out)
-    out.mkdir(parents=True, exist_ok=True)
+    work = Path(a.work or a.out)
+    for d in (out, work):
+        d.mkdir(parents=True, exist_ok=True)
     ours = graphdiag_captures(a.model, a.scenario)
-    theirs = llama_captures(a.model, a.scenario, out)
+    theirs = llama_captures(a.model, a.scenario, work)
     (out / f"{Path(a.model).stem}-{a.scenario}.kernels.json").write_text(
         json.dumps({"graphdiag": ours, "llama.cpp": theirs}))
     print(f"{a.scenario}: graphdiag captured {len(ours)} graphs ({[len(c) for c in ours]}), "
