@@ -19,6 +19,8 @@ __device__ __forceinline__ float mask_at(const tdesc &M, i64 j, i64 t, i64 h, i6
 }
 
 // ---- decode: flash_attn_vec_f16_d{D}_g{GM} ------------------------------------------------------------
+// With ip[2] set (one split, grid.x 1) t[0] is the node and the block writes the normalised output itself, as
+// ggml's vec kernel does with one parallel block (then it launches no combine: launch_fattn).
 // The partials for one token per block (decode, T <= 8): grid (n_split, Hkv, T * B),
 // 128 threads. One entry point per head size D and group GM (G = H / Hkv rounded up to 1, 2, 4, 8), as ggml
 // instantiates its vec kernel per head size: a launch fetches only its own code, and its registers are its
@@ -174,8 +176,26 @@ template <int D, int GM> __device__ void fa_vec(const kparams &p, float *smem) {
         dst[0] = make_float4(o[g][0], o[g][1], o[g][2], o[g][3]);
         dst[1] = make_float4(o[g][4], o[g][5], o[g][6], o[g][7]);
     }
+    const bool direct = p.ip[2] != 0;      // one split: t[0] is the node, written normalised (no combine)
+    if (direct) {
+#pragma unroll
+        for (int k = 0; k < 2; ++k) {      // each head's l where every thread can read it (al is free now)
+            const int g = w + 4 * k;
+            if (g < G && g < GM && lane == 0) al[g] = k == 0 ? l : l2;
+        }
+    }
     __syncthreads();
     const i64 tb = b * T + t;
+    if (direct) {
+        for (int e = tid; e < G * D; e += FAV_THREADS) {
+            const int g = e / D, d = e % D;
+            float acc = 0.0f;
+            for (int q = 0; q < PG; ++q) acc += red[((i64)q * GM + g) * D + d];
+            const float L = al[g];
+            store_f(P, d, hk * G + g, t, b, L > 0.0f ? acc / L : 0.0f);
+        }
+        return;
+    }
     for (int e = tid; e < G * D; e += FAV_THREADS) {
         const int g = e / D, d = e % D;
         float acc = 0.0f;

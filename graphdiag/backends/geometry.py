@@ -157,6 +157,21 @@ def fa_vec(n_head: int, n_head_kv: int, n_tokens: int) -> bool:
     return n_tokens <= FAV_MAX_TOKENS and n_head // max(n_head_kv, 1) <= FAV_MAX_G
 
 
+def fa_direct(head_dim: int, n_head: int, n_head_kv: int, n_kv: int, n_tokens: int, n_seq: int, cc: int) -> bool:
+    """Whether upstream's flash attention is one kernel with no combine (ggml-cuda 0c1e57098): its vec kernel
+    (ggml_cuda_get_best_fattn_kernel at one token, one sequence, cc >= 8.9 with F16 K/V, unless more than 4
+    query heads share a kv head at D >= 256 or n_kv >= 8192) runs with one parallel block when the KV range
+    is one tile of D positions (launch_fattn: nbatch_fa = D, parallel_blocks <= ntiles_KV; more tiles always
+    take more blocks while a decode's few tiles leave the GPU's SMs idle), and launch_fattn launches
+    flash_attn_combine_results only for more than one. So D = 256 at n_kv 256 (Gemma 3's first 256 cells)
+    is one kernel, and n_kv 512 two: a captured graph's topology changes there. The tensor-core path at
+    more tokens keeps its stream-k fixup at these sizes (nbatch_fa 64 or 128 < n_kv): two kernels, as here."""
+    g = n_head // max(n_head_kv, 1)
+    vec_upstream = (n_tokens == 1 and n_seq == 1 and cc >= 890     # GGML_CUDA_CC_ADA_LOVELACE
+                    and not (g > 4 and (head_dim >= 256 or n_kv >= 8192)))
+    return vec_upstream and fa_vec(n_head, n_head_kv, n_tokens) and _cdiv(n_kv, head_dim) == 1
+
+
 def fa_mma_blocks(n_head: int, n_head_kv: int, n_tokens: int, n_batch: int = 1) -> int:
     """Blocks of a flash_attn_mma_f16 launch per split: kv heads x tiles of FAM_ROWS of their G * T rows."""
     return n_head_kv * _cdiv((n_head // max(n_head_kv, 1)) * n_tokens, FAM_ROWS) * n_batch
@@ -199,7 +214,8 @@ def _flash_attn_vec(d: int, gm: int) -> Callable[[np.ndarray], Geometry]:
         q, k, part = _ne(p, 1), _ne(p, 2), _ne(p, 0)
         if q[0] != d or fav_groups(q[1] // max(k[1], 1)) != gm:
             raise ValueError(f"{fa_vec_kernel(d, gm)}: q head size {q[0]}, {q[1]}/{k[1]} heads do not match")
-        return (max(part[1], 1), max(k[1], 1), max(q[2] * q[3], 1)), (FAV_THREADS, 1, 1), shmem
+        splits = 1 if _ip(p, 2) else max(part[1], 1)      # ip[2]: one split written to the node (no combine)
+        return (splits, max(k[1], 1), max(q[2] * q[3], 1)), (FAV_THREADS, 1, 1), shmem
     return geom
 
 

@@ -224,18 +224,19 @@ def _rope_set_rows(space, p):
     ops.set_rows(view(space, p, 0), _rope_of(space, p), view(space, p, 3))
 
 
-def _fa_split_scores(space, p, name: str, q16: bool = False):
+def _fa_split_scores(space, p, name: str, q16: bool = False, direct: bool = False):
     """(scores (B, H, T, S, chunk), V per head (B, H, S, chunk, Dv), partials view, Dv) of a split-KV
     partial kernel: x_j = scale * q . k_j + mask, positions past n_kv padded with -inf scores and zero V;
-    q rounded to F16 first when `q16`. t[4] (mask, F32 or F16) may be absent (data 0)."""
-    part = view(space, p, 0)                                   # (T * B, H, n_split, Dv + 2)
+    q rounded to F16 first when `q16`. t[4] (mask, F32 or F16) may be absent (data 0). `direct`: one split,
+    t[0] the node itself (returned as the view)."""
+    part = view(space, p, 0)                                   # (T * B, H, n_split, Dv + 2); direct: (B, T, H, Dv)
     q, k, v = (ops.to_f32(view(space, p, i)) for i in (1, 2, 3))
     if q16:
         q = q.astype(np.float16).astype(F32)
     b_, t_, h, _ = q.shape
     n_kv, hkv, dv = k.shape[1], k.shape[2], v.shape[3]
-    n_split, chunk = part.shape[2], _ip(p, 0)
-    _check(part.shape[3] == dv + 2 and n_split * chunk >= n_kv, name, "partials shape")
+    n_split, chunk = (1 if direct else part.shape[2]), _ip(p, 0)
+    _check((direct or part.shape[3] == dv + 2) and n_split * chunk >= n_kv, name, "partials shape")
     s = np.matmul(q.transpose(0, 2, 1, 3), np.repeat(k.transpose(0, 2, 3, 1), h // hkv, axis=1)) * F32(_fp(p, 0))
     if int(p["t"][4]["data"]):
         mask = ops.to_f32(view(space, p, 4))[:, :, :t_, :]
@@ -300,8 +301,22 @@ def _flash_attn_vec(d: int, gm: int) -> Kernel:
         q, kc = p["t"][1]["ne"], p["t"][2]["ne"]
         _check(int(q[0]) == d and fav_groups(int(q[1]) // max(int(kc[1]), 1)) == gm, name,
                f"q head size {int(q[0])}, {int(q[1])}/{int(kc[1])} heads")
-        _flash_attn_partial(space, p)
+        if _ip(p, 2):
+            _flash_attn_direct(space, p, name)
+        else:
+            _flash_attn_partial(space, p)
     return k
+
+
+def _flash_attn_direct(space, p, name: str) -> None:
+    """The vec kernel with ip[2] set: one split, normalised into the node (the combine of one split)."""
+    s, vh, dst, dv = _fa_split_scores(space, p, name, direct=True)
+    m = s.max(axis=-1)                                         # (B, H, T, 1)
+    e = np.exp(s - np.where(np.isfinite(m), m, F32(0))[..., None])
+    o = np.matmul(e.transpose(0, 1, 3, 2, 4), vh)[:, :, 0]     # (B, H, T, Dv)
+    den = e.sum(axis=-1, dtype=F32)[..., 0][..., None]         # (B, H, T, 1)
+    res = np.divide(o, den, out=np.zeros_like(o), where=den > 0)
+    dst[...] = res.transpose(0, 2, 1, 3).reshape(dst.shape)
 
 
 def _flash_attn_combine(space, p):

@@ -151,10 +151,15 @@ def render(rows: list[dict], file=None, console: Console | None = None) -> None:
         for t in fitted_tables(pre, PREFILL_METRICS, console):
             console.print(t)
         _host_refs(console, pre)
-    if any(r.get("llama") for r in rows):
-        console.print("llama.cpp: 0.3.36 (llama-cpp-python) on each row's preset exported as GGUF, the same plan "
-                      "and n_kv; llama_decode through llama_synchronize, each mode in its own process, watched "
-                      "(CUPTI callbacks on its graph calls only)")
+    peered = [r for r in rows if r.get("llama")]
+    if peered:
+        files = any(r.get("model_types") for r in peered)
+        presets = any(not r.get("model_types") for r in peered)
+        what = " and ".join(x for x, on in (("each preset row's model exported as GGUF", presets),
+                                            ("each file row's file itself", files)) if on)
+        console.print(f"llama.cpp: 0.3.36 (llama-cpp-python) on {what}, the same plan and n_kv; llama_decode "
+                      "through llama_synchronize, each mode in its own process, watched (CUPTI callbacks on its "
+                      "graph calls only)")
     peers = {r.get("torch") for r in rows if r.get("torch")}
     if peers:
         console.print("PyTorch: " + ", ".join(sorted(peers)) + " — plain unfused PyTorch ops, F16 rows only; its "

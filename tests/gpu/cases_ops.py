@@ -112,6 +112,24 @@ def flash_attn_256_cases() -> list[Case]:
         n_split, chunk = fa_split(n_kv, blocks, cap)
         out.append(c.set(c.output(G.F32, d + 2, n_split, h, t), c.randn(G.F32, d, h, t), kview, vview, mask,
                          ip=(chunk, tq), fp=(1.0 / 16.0,)))
+    # the vec kernel alone, writing the node (ip[2]: one split, no combine, as upstream at one KV tile of D):
+    # Gemma 3's shape, a GQA group of 2, no mask, and a fully masked row (zeros)
+    for h, hkv, n_kv, mask_t, vis in ((4, 1, 256, G.F16, 200), (8, 4, 256, G.F16, 256), (4, 1, 224, None, None),
+                                      (2, 1, 256, G.F32, 0)):
+        d = 256
+        c = Case(fa_vec_kernel(d, h // hkv), f"D{d}-H{h}-Hkv{hkv}-T1-kv{n_kv}-direct-"
+                 f"{'nomask' if mask_t is None else mask_t.name}{'-masked' if vis == 0 else ''}", F32_DOT)
+        kc, vc = c.randn(G.F16, d * hkv, n_kv + 3), c.randn(G.F16, d * hkv, n_kv + 3)
+        kview = c.view(kc, (d, hkv, n_kv), (2, 2 * d, kc.nb[1]))
+        vview = c.view(vc, (d, hkv, n_kv), (2, 2 * d, vc.nb[1]))
+        mask = None
+        if mask_t is not None:
+            m = _causal(c, 1, n_kv, 8, max(vis, 1))
+            if vis == 0:
+                m[...] = -np.inf
+            mask = c.put(mask_t, m)
+        out.append(c.set(c.output(G.F32, d, h, 1), c.randn(G.F32, d, h, 1), kview, vview, mask,
+                         ip=(-(-n_kv // 32) * 32, 1, 1), fp=(1.0 / 16.0,)))
     c = Case("flash_attn_combine_f32", "Dv256-splits6-H4-T1", F32_DOT)
     part = c.rng.standard_normal((1, 4, 6, 258)).astype(np.float32)
     part[..., 257] = c.rng.uniform(0.5, 10.0, (1, 4, 6))

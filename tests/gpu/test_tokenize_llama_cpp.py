@@ -46,6 +46,9 @@ class LlamaVocab:
         raw = text.encode()
         buf = (llama_cpp.llama_token * (len(raw) + 8))()
         n = llama_cpp.llama_tokenize(self.vocab, raw, len(raw), buf, len(buf), True, True)
+        if n < 0:       # more tokens than bytes (a space is U+2581, three byte-fallback tokens): -n is the need
+            buf = (llama_cpp.llama_token * -n)()
+            n = llama_cpp.llama_tokenize(self.vocab, raw, len(raw), buf, len(buf), True, True)
         assert n >= 0, n
         return list(buf[:n])
 

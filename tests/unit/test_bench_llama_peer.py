@@ -76,3 +76,20 @@ def test_llama_peer_runs_a_file_row_on_the_file(monkeypatch, tmp_path):
     L.add_llama_peer(row, 8, 4, tmp_path / "peer", S.Progress(), S.decode_stats)
     assert calls == [gguf, gguf]
     assert S.row_source(_row("q8_0")) == ("tiny", "q8_0")
+
+
+def test_the_llama_footnote_says_what_each_row_ran_on():
+    """A file row's peer ran the file itself, not an export of a preset (the H200 table of 2026-12-03 said
+    'each row's preset exported as GGUF' under a Gemma file's row)."""
+    import io
+    from graphdiag.bench.display import render
+    peer = {"llama": "0.3.36", "llama_ms": 0.3, "llama_p90_ms": 0.3, "llama_off_ms": 0.4, "llama_off_p90_ms": 0.4}
+    file_row = _row() | {"model": "gemma.gguf", "wtype": S.OWN_TYPES, "model_types": {"Q8_0": 10}} | peer
+    for rows, says, not_says in (([file_row], "each file row's file itself", "preset"),
+                                 ([_row() | peer], "each preset row's model exported as GGUF", "file row"),
+                                 ([_row() | peer, file_row], "exported as GGUF and each file row's file itself", None)):
+        out = io.StringIO()
+        render(rows, file=out)
+        text = " ".join(out.getvalue().split())
+        assert says in text
+        assert not_says is None or f"llama.cpp: 0.3.36 (llama-cpp-python) on each {not_says}" not in text

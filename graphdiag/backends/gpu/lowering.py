@@ -7,8 +7,9 @@ host still packs the rest. Kernel choice follows ggml's dispatch: mat-vec while 
 path, mat-mul (tensor cores for F16 / Q8_0) otherwise; MUL_MAT_ID takes the fast path unless the needs-sync
 rule sends it to the sorted fallback, which copies the ids to the host and synchronises the stream.
 
-A node's launch count depends only on its op and weight type, never on n_kv or on which path its batch
-takes, so those changes keep the captured topology (cudaGraphExecUpdate applies them), as on real ggml:
+A node's launch count depends on its op and weight type, and for flash attention on whether upstream's vec
+kernel runs alone (below); otherwise never on n_kv or on which path its batch takes, so those changes keep
+the captured topology (cudaGraphExecUpdate applies them), as on real ggml:
   Q8_0 MUL_MAT (mat-vec or mat-mul, fused or not)  2: quantize_q8_1 into pool scratch, then the kernel
   Q4_0/Q5_0/Q5_1/Q4_K/Q5_K/Q6_K MUL_MAT             2: on ggml's MMVQ path (compat.mul_mat_path) quantize_q8_1
                                                       then mul_mat_vec(_glu/_add)_{w}; above it (MMQ in
@@ -18,7 +19,10 @@ takes, so those changes keep the captured topology (cudaGraphExecUpdate applies 
                                                       mul_mat_bf16
   FLASH_ATTN_EXT                                   2: split-KV partials into pool scratch (flash_attn_vec_f16_
                                                       d{D}_g{G} up to 8 tokens, flash_attn_mma_f16_d{D} on
-                                                      tensor cores above), then combine
+                                                      tensor cores above), then combine; 1 (the vec kernel
+                                                      writing the node) where upstream's vec kernel runs
+                                                      alone: D 256 at n_kv 256 (geometry.fa_direct), so
+                                                      n_kv 256 -> 512 changes the topology there, as upstream
   everything else                                  1
 """
 
@@ -40,7 +44,7 @@ from .fusion import MMID_GLU, MMV_ADD, MMV_GLU, RMS_NORM_MUL, ROPE_SET_ROWS, Fus
 from .fusion_graph import other_src
 from .fusion_norm import RMS_NORM_MUL_ADD, RMS_NORM_MUL_ROPE, RMS_NORM_MUL_ROPE_SET_ROWS
 from ..abi import Q8_1, Q8_1_BYTES
-from ..geometry import (FA_HEAD_DIMS, FA_MAX_ROWS, fa_plan, fa_vec, geometry_of_bytes, launch_geometry,
+from ..geometry import (FA_HEAD_DIMS, FA_MAX_ROWS, fa_direct, fa_plan, fa_vec, geometry_of_bytes, launch_geometry,
                         mmv_warps_per_row)
 from ..kernels import fa_mma_kernel, fa_vec_kernel
 from .pool import TempPool
@@ -207,7 +211,7 @@ def lower_node(graph: Graph, i: int, fusion: Fusion | None, cc: int, d: "Descrip
     if op == Op.SET_ROWS:
         return KernelOp(_launch(d, f"set_rows_{_W[node.type]}", [node, s[1], s[2]]))
     if op == Op.FLASH_ATTN_EXT:
-        return _lower_attention(d, node)
+        return _lower_attention(d, node, cc)
     if op == Op.SOFT_MAX:
         return KernelOp(_launch(d, "soft_max_f32", [node, s[0]], fp=(node.param_f32(0),)))
     if op == Op.ARGSORT:
@@ -266,13 +270,19 @@ def _lower_x_mul_mat(d, node: Tensor, cc: int):
     return ScratchLaunchesOp([deq, mm], [0, 1], nb[3] * ne[3])
 
 
-def _lower_attention(d, node: Tensor) -> ScratchLaunchesOp:
-    """Split-KV partials into pool scratch, then the combine: two launches whatever n_kv (grids vary)."""
+def _lower_attention(d, node: Tensor, cc: int):
+    """Split-KV partials into pool scratch, then the combine (two launches, grids varying with n_kv); one
+    launch writing the node where upstream launches its vec kernel alone (geometry.fa_direct: D = 256 at one
+    KV tile of 256)."""
     q, k, v, mask = fa_operands(node)           # llama.cpp's permuted views read through (ir/attention.py)
     hd, n_head, n_tok, nb3 = q.ne
     n_head_kv, n_kv, dv = k.ne[1], k.ne[2], v.ne[0]
     if hd not in FA_HEAD_DIMS or dv != hd or n_head % n_head_kv or n_head // n_head_kv > FA_MAX_ROWS:
         raise NotImplementedError(f"flash attention: head dims {hd}/{dv}, {n_head}/{n_head_kv} heads")
+    if fa_direct(hd, n_head, n_head_kv, n_kv, n_tok, nb3, cc):
+        chunk = -(-n_kv // 32) * 32
+        return KernelOp(_launch(d, fa_vec_kernel(hd, n_head // n_head_kv), [node, q, k, v, mask],
+                                ip=(chunk, 1, 1), fp=(node.param_f32(0),)))
     tq, n_split, chunk, nbytes = fa_plan(hd, n_head, n_head_kv, n_kv, n_tok, nb3)
     ne = (dv + 2, n_split, n_head, n_tok * nb3)
     nb = (4, 4 * ne[0], 4 * ne[0] * ne[1], 4 * ne[0] * ne[1] * ne[2])

@@ -1,0 +1,68 @@
+"""Flash attention as one kernel where upstream's vec kernel runs alone (geometry.fa_direct): at one token on
+Ada/Hopper its vec kernel takes the KV range in tiles of D positions and launches flash_attn_combine_results
+only for more than one, so D = 256 at n_kv 256 is one kernel and n_kv 512 two (real llama.cpp on Gemma 3
+270M, H200: tests/data/llama/kernels-gemma3-nkv-growth.json). The simulator's direct vec kernel computes
+what its partials and the combine compute."""
+
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from graphdiag.backends.geometry import fa_direct, launch_geometry
+from graphdiag.backends.kernels import fa_vec_kernel
+from graphdiag.ir.dtypes import GGMLType as G
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "gpu"))
+from kernel_cases import Case, SimDevice  # noqa: E402
+
+
+@pytest.mark.parametrize("args,want", [
+    ((256, 4, 1, 256, 1, 1, 900), True),       # Gemma 3 at its first 256 cells
+    ((256, 4, 1, 512, 1, 1, 900), False),      # two KV tiles: the combine
+    ((256, 4, 1, 256, 2, 1, 900), False),      # two tokens: upstream's tensor-core kernel and its fixup
+    ((256, 4, 1, 256, 1, 2, 900), False),      # two sequences (ne3 2): not the vec kernel upstream
+    ((256, 4, 1, 256, 1, 1, 860), False),      # below Ada: upstream's choice is not modelled, two as before
+    ((256, 8, 1, 256, 1, 1, 900), False),      # more than 4 heads per kv head at D 256: tensor cores
+    ((128, 32, 8, 256, 1, 1, 900), False),     # D 128: n_kv 256 is two tiles
+    ((64, 8, 8, 256, 1, 1, 900), False),
+])
+def test_the_rule(args, want):
+    assert fa_direct(*args) is want
+
+
+def _case(direct: bool, h=4, hkv=1, n_kv=256, vis=200, masked_row=False):
+    d = 256
+    c = Case(fa_vec_kernel(d, h // hkv), "x", 1e-6)
+    c.rng = np.random.default_rng(7)
+    kc, vc = c.randn(G.F16, d * hkv, n_kv), c.randn(G.F16, d * hkv, n_kv)
+    kview = c.view(kc, (d, hkv, n_kv), (2, 2 * d, kc.nb[1]))
+    vview = c.view(vc, (d, hkv, n_kv), (2, 2 * d, vc.nb[1]))
+    m = np.zeros((8, n_kv), np.float32)
+    m[:, vis:] = -np.inf
+    if masked_row:
+        m[...] = -np.inf
+    q = c.randn(G.F32, d, h, 1)
+    if direct:
+        return c.set(c.output(G.F32, d, h, 1), q, kview, vview, c.put(G.F16, m), ip=(n_kv, 1, 1), fp=(1 / 16,))
+    return c.set(c.output(G.F32, d + 2, 1, h, 1), q, kview, vview, c.put(G.F16, m), ip=(n_kv, 1), fp=(1 / 16,))
+
+
+@pytest.mark.parametrize("kw", [{}, {"h": 8, "hkv": 4}, {"masked_row": True}])
+def test_the_direct_kernel_is_partials_then_combine(kw):
+    direct = _case(True, **kw).run(SimDevice()).view(np.float32)
+    part = _case(False, **kw).run(SimDevice()).view(np.float32).reshape(1, -1, 1, 258)[..., :]
+    c = Case("flash_attn_combine_f32", "x", 1e-6)
+    h = part.shape[1]
+    got = c.set(c.output(G.F32, 256, h, 1), c.put(G.F32, part.reshape(1, h, 1, 258)))
+    combined = got.run(SimDevice()).view(np.float32)
+    assert np.array_equal(direct[: 256 * h], combined[: 256 * h])
+    if kw.get("masked_row"):
+        assert not direct[: 256 * h].any()
+
+
+def test_the_direct_launch_is_one_split():
+    c = _case(True)
+    p = c.params([0x1000 * (i + 1) for i in range(len(c.bufs))])
+    assert launch_geometry(c.kernel, p.tobytes())[0] == (1, 1, 1)      # t[0] is the node: (256, 4, 1) is no split count
