@@ -109,26 +109,27 @@ class _Planner:
 
     def inplace_parent(self, node: int) -> int:
         """The parent whose memory `node` reuses (ggml-alloc's in-place rule), or -1: the first src that
-        is ours, not an output, of the same layout, read by this node alone and viewed by nothing.
-
-        Never a view: ggml_gallocr_allocate_node first skips a parent that is not its own
-        (ggml_gallocr_is_own, the hash node's `allocated`), and it never marks a view allocated, so its
-        branch for view parents is never reached. (graphdiag took Gemma 3's Q/K norm in place over the
-        reshaped mat-mul, which then overlapped the rope's output and refused the rms_norm+mul+rope
-        fusion that real llama.cpp applies: kernel names of both sides' captures, H200 2026-12-03.)"""
+        is ours, not an output, of the same layout, read by this node alone and viewed by nothing; a view
+        parent only when it is its view_src's one view, at offset 0, and nothing else reads that tensor."""
         col, plan, children, views = self.col, self.plan, self.children, self.views
         flags, view_src, owned, layout = col.flags, col.view_src, col.owned, col.layout
         if col.op[node] not in INPLACE_OPS or flags[node] & _KEEP:
             return -1
         for parent in col.src[node]:
-            if parent < 0 or parent in self.moved or view_src[parent] >= 0:
+            if parent < 0 or parent in self.moved:
                 continue
-            if parent not in plan or flags[parent] & _KEEP or not owned[parent]:
+            vs = view_src[parent]
+            base = vs if vs >= 0 else parent
+            if base not in plan or flags[base] & _KEEP or not owned[base]:
                 continue
             if layout[parent] != layout[node]:
                 continue
             if children[parent] != 1 or views[parent]:
                 continue
+            if vs >= 0:
+                if views[base] != 1 or children[base] or col.view_offs[parent]:
+                    continue
+                return base
             return parent
         return -1
 
