@@ -154,6 +154,18 @@ def test_eager_steps_prepare_each_op_at_first_use_and_captures_before_they_begin
 
     for name, fn in (("prepare", prepare), ("launch", launch), ("begin_capture", begin_capture)):
         monkeypatch.setattr(SimDriver, name, fn)
+    # a launch rebuilt from the LaunchMemo with the bytes of the one before it takes that one's prepared
+    # handle (launch_memo._take_prepared): prepared too, when it gets it
+    from graphdiag.backends.gpu import launch_memo
+    from graphdiag.backends.gpu.lowering import op_launches
+    take = launch_memo._take_prepared
+
+    def took(op, last):
+        take(op, last)
+        if op.ready:
+            log.extend(("prepare", id(la)) for la in op_launches(op))
+
+    monkeypatch.setattr(launch_memo, "_take_prepared", took)
     s = Session(resolve({"backend": "sim", "steps": 0, "prompt_tokens": 4}, environ={}), E.EventBus())
     try:
         rec = E.Recorder()
