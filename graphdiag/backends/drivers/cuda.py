@@ -236,10 +236,6 @@ class CudaDriver(Driver):
     def graph_destroy(self, graph) -> None:
         _check(D.cuGraphDestroy(self._disown("graph", graph)), "cuGraphDestroy")
 
-    def graph_kernel_names(self, graph) -> list[str]:
-        """The kernel function of each kernel node of `graph`, in cuGraphGetNodes order."""
-        return graph_kernel_names(graph)
-
     def graph_num_nodes(self, graph) -> int:
         return int(_check(D.cuGraphGetNodes(graph, 0), "cuGraphGetNodes")[1])
 
