@@ -12,6 +12,12 @@
 //         then acc += d_w * d_x * sum (the mat-vec's formula, so both paths compute the same thing).
 // mul_mat_f32 keeps the CUDA-core tiled kernel: 16x16 output tiles, K stepped 16 at a time in shmem.
 // Grid (ceil(M / BM), ceil(N / BN), B2 * B3); W's dims 2/3 broadcast by division, as ggml's mul_mat.
+// The k-split of mul_mat_f16 and mul_mat_q8_0 (graphdiag's stand-in for upstream's stream-k MMQ, whose
+// mul_mat_q_stream_k_fixup runs where output tiles leave SMs idle: gpu/compat.py mmq_stream_k_parts):
+// ip[0] = S parts (0 or 1: none), grid z = B2 * B3 * S. Part p = blockIdx.z / (B2 * B3) sums k in
+// [64 * (p * U / S), 64 * ((p + 1) * U / S)) clipped to K, U = ceil(K / 64); part 0 writes dst, part p > 0
+// the same place of t[3] (F32 (M, N, B2, B3 * (S - 1)), pool scratch) at i3 + (p - 1) * B3, which
+// mul_mat_fixup_f32 then adds into dst.
 #include "common.cuh"
 #include "mma.cuh"
 
@@ -49,6 +55,44 @@ template <int T> __device__ void mm_tiled(const kparams &p) {
 KERNEL_LB(mul_mat_f32, 256) { mm_tiled<GGML_F32>(p); }
 // BF16 prefill (more columns than MMVF takes): the same CUDA-core tiles, weights widened exactly to F32.
 KERNEL_LB(mul_mat_bf16, 256) { mm_tiled<GGML_BF16_ELEM>(p); }
+
+struct mm_part {
+    i64 i2, i3, k0, k1;   // the output batch of this block, its part's k range
+    int part;
+};
+
+__device__ __forceinline__ mm_part mm_k_part(const kparams &p, i64 K) {
+    const tdesc &D = p.t[0];
+    const i64 S = p.ip[0] > 1 ? p.ip[0] : 1, nz = D.ne[2] * D.ne[3], z = blockIdx.z % nz, U = (K + 63) / 64;
+    mm_part r;
+    r.part = (int)(blockIdx.z / nz);
+    r.i2 = z % D.ne[2];
+    r.i3 = z / D.ne[2];
+    r.k0 = min(K, 64 * (r.part * U / S));
+    r.k1 = min(K, 64 * ((r.part + 1) * U / S));
+    return r;
+}
+
+// Where a part's outputs go: dst for part 0, else t[3] at batch i3 + (part - 1) * B3 (`i3` set to it).
+__device__ __forceinline__ const tdesc &mm_part_out(const kparams &p, const mm_part &r, i64 &i3) {
+    i3 = r.i3;
+    if (r.part == 0) return p.t[0];
+    i3 += (r.part - 1) * p.t[0].ne[3];
+    return p.t[3];
+}
+
+// dst += the k-split's partial outputs: t[1] F32 (M, N, B2, B3 * ip[0]), ip[0] = S - 1 parts; one thread per
+// dst element (grid-stride), the parts added in order.
+KERNEL_LB(mul_mat_fixup_f32, 256) {
+    const tdesc &D = p.t[0], &P = p.t[1];
+    const i64 M = D.ne[0], N = D.ne[1], B2 = D.ne[2], B3 = D.ne[3], total = M * N * B2 * B3;
+    for (i64 i = (i64)blockIdx.x * blockDim.x + threadIdx.x; i < total; i += (i64)gridDim.x * blockDim.x) {
+        const i64 m = i % M, n = (i / M) % N, i2 = (i / (M * N)) % B2, i3 = i / (M * N * B2);
+        float v = load_f(D, m, n, i2, i3);
+        for (int q = 0; q < p.ip[0]; ++q) v += load_f(P, m, n, i2, i3 + q * B3);
+        store_f(D, m, n, i2, i3, v);
+    }
+}
 
 __device__ __forceinline__ bool vec16(const tdesc &d) {
     return ((d.data | (u64)d.nb[1] | (u64)d.nb[2] | (u64)d.nb[3]) & 15) == 0;
@@ -121,16 +165,20 @@ __device__ __forceinline__ void mm_f16_tiles(const kparams &p, unsigned char *sm
     BTile *Bs = (BTile *)(smem + STAGES * sizeof(ATile));
     const tdesc &D = p.t[0], &W = p.t[1], &X = p.t[2];
     const i64 M = D.ne[0], N = D.ne[1];
-    const int K = (int)W.ne[0];
+    const mm_part part = mm_k_part(p, W.ne[0]);
+    const int K = (int)(part.k1 - part.k0);   // this part's k range, from part.k0 (a multiple of 64: aligned)
     const i64 m0 = (i64)blockIdx.x * BM, n0 = (i64)blockIdx.y * BN;
-    const i64 i2 = blockIdx.z % D.ne[2], i3 = blockIdx.z / D.ne[2];
+    const i64 i2 = part.i2, i3 = part.i3;
     const i64 w2 = i2 / (D.ne[2] / W.ne[2]), w3 = i3 / (D.ne[3] / W.ne[3]);
     const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, wm = warp % WGM, wn = warp / WGM;
     const char *wr[NA];
     unsigned a_dst[NA];
     int wk[NA];
 #pragma unroll
-    for (int i = 0; i < NA; ++i) mm_copy_slot<BK>(W, m0, M, w2, w3, tid + THREADS * i, K, As[0], wr[i], wk[i], a_dst[i]);
+    for (int i = 0; i < NA; ++i) {
+        mm_copy_slot<BK>(W, m0, M, w2, w3, tid + THREADS * i, K, As[0], wr[i], wk[i], a_dst[i]);
+        wr[i] += part.k0 * 2;
+    }
     // x: chunk idx = tid + THREADS * i: column idx / (BK / 4), 4 floats at k (idx % (BK / 4)) * 4
     constexpr int XC = BK / 4;
     const float *xr[NX];
@@ -140,7 +188,7 @@ __device__ __forceinline__ void mm_f16_tiles(const kparams &p, unsigned char *sm
     for (int i = 0; i < NX; ++i) {
         const int idx = tid + THREADS * i, col = idx / XC, c = idx % XC;
         const i64 n = n0 + col;
-        xr[i] = (const float *)row_ptr(X, n < N ? n : N - 1, i2, i3) + c * 4;
+        xr[i] = (const float *)row_ptr(X, n < N ? n : N - 1, i2, i3) + part.k0 + c * 4;
         xk[i] = n < N ? c * 4 : K;
         xdst[i] = &Bs[0][col][c * 4];
     }
@@ -218,7 +266,9 @@ __device__ __forceinline__ void mm_f16_tiles(const kparams &p, unsigned char *sm
         }
     }
     asm volatile("cp.async.wait_group 0;" ::: "memory");
-    store_acc<MI, NI>(D, acc, m0 + wm * WM, n0 + wn * WN, i2, i3);
+    i64 o3;
+    const tdesc &O = mm_part_out(p, part, o3);
+    store_acc<MI, NI>(O, acc, m0 + wm * WM, n0 + wn * WN, i2, o3);
 }
 
 __device__ void mm_f16_pipelined(const kparams &p, unsigned char *smem) {
@@ -241,9 +291,10 @@ __device__ void mm_f16_registers(const kparams &p, unsigned char *smem) {
     ATile *As = (ATile *)smem;
     BTile *Bs = (BTile *)(smem + 2 * sizeof(ATile));
     const tdesc &D = p.t[0], &W = p.t[1], &X = p.t[2];
-    const i64 M = D.ne[0], N = D.ne[1], K = W.ne[0];
+    const mm_part part = mm_k_part(p, W.ne[0]);
+    const i64 M = D.ne[0], N = D.ne[1], K = part.k1;   // k from part.k0 to K
     const i64 m0 = (i64)blockIdx.x * MM_BM, n0 = (i64)blockIdx.y * MM_BN;
-    const i64 i2 = blockIdx.z % D.ne[2], i3 = blockIdx.z / D.ne[2];
+    const i64 i2 = part.i2, i3 = part.i3;
     const i64 w2 = i2 / (D.ne[2] / W.ne[2]), w3 = i3 / (D.ne[3] / W.ne[3]);
     const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, wm = warp & 3, wn = warp >> 2;
     const bool wvec = W.nb[0] == 2 && vec16(W), xvec = X.nb[0] == 4 && vec16(X);
@@ -299,13 +350,13 @@ __device__ void mm_f16_registers(const kparams &p, unsigned char *smem) {
     float acc[2][4][4];
     zero_acc<2, 4>(acc);
 
-    const i64 nk = (K + MM_BK - 1) / MM_BK;
-    load(0);
+    const i64 nk = (K - part.k0 + MM_BK - 1) / MM_BK;
+    load(part.k0);
     store(0);
     __syncthreads();
     for (i64 kt = 0; kt < nk; ++kt) {
         const int s = (int)(kt & 1);
-        if (kt + 1 < nk) load((kt + 1) * MM_BK);
+        if (kt + 1 < nk) load(part.k0 + (kt + 1) * MM_BK);
 #pragma unroll
         for (int kk = 0; kk < MM_BK; kk += 16) {
             unsigned af[2][4], bf[4][2];
@@ -327,7 +378,9 @@ __device__ void mm_f16_registers(const kparams &p, unsigned char *smem) {
         if (kt + 1 < nk) store(s ^ 1);
         __syncthreads();
     }
-    store_acc<2, 4>(D, acc, m0 + wm * 32, n0 + wn * 32, i2, i3);
+    i64 o3;
+    const tdesc &O = mm_part_out(p, part, o3);
+    store_acc<2, 4>(O, acc, m0 + wm * 32, n0 + wn * 32, i2, o3);
 }
 
 // ---- Q8_0 weights x Q8_1 activations, integer tensor cores ---------------------------------------------
@@ -336,14 +389,15 @@ KERNEL_LB(mul_mat_q8_0, 256) {
     __shared__ __align__(16) int Bq[2][MM_BN][12];
     __shared__ float Ad[2][MM_BM], Bd[2][MM_BN];
     const tdesc &D = p.t[0], &W = p.t[1], &X = p.t[2];
-    const i64 M = D.ne[0], N = D.ne[1], nkb = W.ne[0] / QK8_0;
+    const mm_part part = mm_k_part(p, W.ne[0]);
+    const i64 M = D.ne[0], N = D.ne[1], kb0 = part.k0 / QK8_0, nkb = part.k1 / QK8_0;   // blocks kb0 .. nkb
     const i64 m0 = (i64)blockIdx.x * MM_BM, n0 = (i64)blockIdx.y * MM_BN;
-    const i64 i2 = blockIdx.z % D.ne[2], i3 = blockIdx.z / D.ne[2];
+    const i64 i2 = part.i2, i3 = part.i3;
     const i64 w2 = i2 / (D.ne[2] / W.ne[2]), w3 = i3 / (D.ne[3] / W.ne[3]);
     const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, wm = warp & 3, wn = warp >> 2;
     const int g = lane >> 2, tig = lane & 3;
 
-    int ra[4], rb[4];
+    int ra[4] = {0, 0, 0, 0}, rb[4] = {0, 0, 0, 0};
     float rad = 0.0f, rbd = 0.0f;
     auto load = [&](i64 kb) {
         {   // A: 128 rows x 2 halves of a 34-byte block (16 quants each)
@@ -386,11 +440,11 @@ KERNEL_LB(mul_mat_q8_0, 256) {
     float acc[2][4][4];
     zero_acc<2, 4>(acc);
 
-    load(0);
+    if (kb0 < nkb) load(kb0);   // an empty part (more parts than k units) stores zeros
     store(0);
     __syncthreads();
-    for (i64 kb = 0; kb < nkb; ++kb) {
-        const int s = (int)(kb & 1);
+    for (i64 kb = kb0; kb < nkb; ++kb) {
+        const int s = (int)((kb - kb0) & 1);
         if (kb + 1 < nkb) load(kb + 1);
         int af[2][4], bf[4][2];
         float da[2][2], db[4][2];
@@ -419,5 +473,7 @@ KERNEL_LB(mul_mat_q8_0, 256) {
         if (kb + 1 < nkb) store(s ^ 1);
         __syncthreads();
     }
-    store_acc<2, 4>(D, acc, m0 + wm * 32, n0 + wn * 32, i2, i3);
+    i64 o3;
+    const tdesc &O = mm_part_out(p, part, o3);
+    store_acc<2, 4>(O, acc, m0 + wm * 32, n0 + wn * 32, i2, o3);
 }

@@ -254,8 +254,9 @@ def _fa_combine(p) -> Geometry:
 
 
 def _mm_tc(p) -> Geometry:
+    """The tensor-core tiles (f16, q8_0): one block per 128 x 64 output tile per batch per k part (ip[0])."""
     d = _ne(p, 0)
-    return (_cdiv(d[0], MM_BM), _cdiv(d[1], MM_BN), max(d[2] * d[3], 1)), (MM_BLOCK, 1, 1), 0
+    return (_cdiv(d[0], MM_BM), _cdiv(d[1], MM_BN), max(d[2] * d[3], 1) * max(_ip(p, 0), 1)), (MM_BLOCK, 1, 1), 0
 
 
 def mm_f16_smem() -> int:
@@ -329,7 +330,7 @@ def _table() -> dict[str, Callable[[np.ndarray], Geometry]]:
         **{fa_vec_kernel(d, gm): _flash_attn_vec(d, gm) for d in FA_HEAD_DIMS for gm in FAV_GROUPS},
         **{fa_mma_kernel(d): _flash_attn_mma(d) for d in FA_HEAD_DIMS},
         "flash_attn_combine_f32": _fa_combine, "top_k_f32": _top_k, "argsort_f32_i32_desc": _top_k,
-        "quantize_q8_1": _quantize,
+        "quantize_q8_1": _quantize, "mul_mat_fixup_f32": _elementwise(0),
         # rng.cu: one thread per element (Q8_0: a warp per 32-block, the same thread count)
         **{f"rng_fill_{w}": _elementwise(0) for w in ("f32", "f16", "q8_0")},
     })

@@ -74,7 +74,12 @@ def _specs() -> dict[str, KernelSpec]:
                else "sum_k W[m, k] * x[.., n, k]")
         s.append(KernelSpec(f"mul_mat_vec_{w}", ("dst (M, N, B2, B3)", f"W {w} (K, M)", x),
                             doc=f"dst[.., n, m] = {dot}; N <= 8 (the mat-vec path)"))
-        s.append(KernelSpec(f"mul_mat_{w}", ("dst (M, N, B2, B3)", f"W {w} (K, M)", x),
+        split = w in ("f16", "q8_0")   # the k-split (mul_mat.cu), followed by mul_mat_fixup_f32
+        s.append(KernelSpec(f"mul_mat_{w}", ("dst (M, N, B2, B3)", f"W {w} (K, M)", x)
+                            + (("partials F32 (M, N, B2, B3 * (S - 1)), pool scratch; only when S > 1",) if split else ()),
+                            ip=("S: k parts (0 or 1: none); part p sums k in [64 * (p * U // S), 64 * ((p + 1) * U "
+                                "// S)) clipped to K, U = ceil(K / 64), part 0 into dst, part p > 0 into partials "
+                                "at batch i3 + (p - 1) * B3",) if split else (),
                             doc={"f32": "same as mul_mat_vec, any N (tiled, CUDA cores)",
                                  "f16": "any N on tensor cores: x rounded to F16, then sum_k W[m, k] * x16[n, k] "
                                         "accumulated in F32 (as ggml's cuBLAS path converts src1)",
@@ -141,6 +146,11 @@ def _specs() -> dict[str, KernelSpec]:
         KernelSpec("flash_attn_combine_f32", ("dst (Dv, H, T, B)", "partials of a flash_attn_vec/mma kernel"),
                    doc="M = max_s m_s, w_s = exp(m_s - M): dst = sum_s w_s O_s / sum_s w_s l_s (splits in order); "
                        "all splits -inf (a fully masked row) gives zeros"),
+        KernelSpec("mul_mat_fixup_f32", ("dst F32 (M, N, B2, B3)", "partials F32 (M, N, B2, B3 * P), pool scratch"),
+                   ip=("P: partial outputs (k parts - 1)",),
+                   doc="dst[.., i3, n, m] += sum_q partials[.., i3 + q * B3, n, m], q in order: the k-split's "
+                       "reduction, where upstream launches mul_mat_q_stream_k_fixup (gpu/compat.py "
+                       "mmq_stream_k_parts)"),
         KernelSpec("quantize_q8_1", ("dst Q8_1 (K, N, B2, B3), contiguous pool scratch", "x F32 (K, N, B2, B3)"),
                    doc="per 32-block of x: d = max|x| / 127, q = rint(x / d) (0 if d == 0), stored as "
                        "{f16 d, f16 d * sum(q), int8 q[32]} (36 bytes)"),

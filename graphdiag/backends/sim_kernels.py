@@ -127,9 +127,59 @@ def _product(name: str, wt: GGMLType, space, p, wslot: int, xslot: int, max_n: i
 
 def _mul_mat(name: str, wt: GGMLType, max_n: int | None) -> Kernel:
     tc = max_n is None and wt == GGMLType.F16
+    if max_n is None and wt in (GGMLType.F16, GGMLType.Q8_0):
+        return _mul_mat_split(name, wt)
     def k(space, p):
         view(space, p, 0)[...] = _product(name, wt, space, p, 1, 2, max_n, tc)
     return k
+
+
+def k_parts(p: np.ndarray, k: int) -> list[tuple[int, int]]:
+    """mul_mat.cu's k-split: each part's k range [k0, k1) (one part, all of K, when ip[0] <= 1)."""
+    s, u = max(_ip(p, 0), 1), -(-k // 64)
+    return [(min(k, 64 * (q * u // s)), min(k, 64 * ((q + 1) * u // s))) for q in range(s)]
+
+
+def _mul_mat_split(name: str, wt: GGMLType) -> Kernel:
+    """mul_mat_f16 / mul_mat_q8_0 with their k-split: part 0's sum into dst, part q's into t[3] at batch
+    i3 + (q - 1) * B3 (mul_mat_fixup_f32 adds them in)."""
+    q8 = wt == GGMLType.Q8_0
+    def k(space, p):
+        _check_type(p, 1, wt, name)
+        _check_type(p, 2, Q8_1 if q8 else GGMLType.F32, name)
+        w, x, dst = view(space, p, 1), view(space, p, 2), view(space, p, 0)
+        parts = k_parts(p, int(p["t"][1]["ne"][0]))
+        if len(parts) > 1:
+            _check_type(p, 3, GGMLType.F32, name)
+            partials, b3 = view(space, p, 3), dst.shape[0]
+            _check(partials.shape[0] == b3 * (len(parts) - 1) and partials.shape[1:] == dst.shape[1:], name,
+                   f"partials {partials.shape[::-1]} do not hold {len(parts) - 1} parts of dst {dst.shape[::-1]}")
+        if not q8:
+            with np.errstate(over="ignore"):
+                x = x.astype(np.float16)
+        for q, (k0, k1) in enumerate(parts):
+            if k1 <= k0:
+                out = np.zeros(dst.shape, F32)
+            elif q8:
+                out = q8_dot(w[..., k0 // 32:k1 // 32], x[..., k0 // 32:k1 // 32])
+            else:
+                out = ops.mul_mat(w[..., k0:k1], x[..., k0:k1])
+            if q == 0:
+                dst[...] = out
+            else:
+                partials[(q - 1) * b3:q * b3] = out
+    return k
+
+
+def _mul_mat_fixup(space, p):
+    dst, partials = view(space, p, 0), view(space, p, 1)
+    b3, n = dst.shape[0], _ip(p, 0)
+    _check(partials.shape[0] == b3 * n and partials.shape[1:] == dst.shape[1:], "mul_mat_fixup_f32",
+           f"partials {partials.shape[::-1]} do not hold {n} parts of dst {dst.shape[::-1]}")
+    acc = dst.astype(F32)
+    for q in range(n):
+        acc += partials[q * b3:(q + 1) * b3]
+    dst[...] = acc
 
 
 def _mul_mat_vec_glu(name: str, wt: GGMLType) -> Kernel:
@@ -390,7 +440,7 @@ def _build() -> dict[str, Kernel]:
         **{fa_vec_kernel(d, gm): _flash_attn_vec(d, gm) for d in FA_HEAD_DIMS for gm in FAV_GROUPS},
         **{fa_mma_kernel(d): _flash_attn_mma(d) for d in FA_HEAD_DIMS},
         "flash_attn_combine_f32": _flash_attn_combine,
-        "quantize_q8_1": _quantize_q8_1, "soft_max_f32": _soft_max, "top_k_f32": _top_k,
+        "quantize_q8_1": _quantize_q8_1, "mul_mat_fixup_f32": _mul_mat_fixup, "soft_max_f32": _soft_max, "top_k_f32": _top_k,
         "argsort_f32_i32_desc": _argsort_desc,
         "glu_swiglu_f32": _swiglu, "cpy_f32_f32": _cpy("cpy_f32_f32", GGMLType.F32),
         "cpy_f32_f16": _cpy("cpy_f32_f16", GGMLType.F16),

@@ -6,7 +6,8 @@ decodes it with the row's plan (the same prompt and steps, so the same n_kv) in 
 ggml reads GGML_CUDA_DISABLE_GRAPHS once per process, and graphdiag's own rows are timed without
 llama.cpp's libraries, CUDA context and threads in their process. Each child is watched as `graphdiag
 llama` always is (CUPTI callbacks on its six graph calls only), which is how its replayed steps are told
-from the others. Times are llama_decode through llama_synchronize (host wall, ms), decode steps only,
+from the others. Times are llama_decode through llama_synchronize (host wall, ms) less what the watcher's
+own Python callbacks took inside it (CUPTI's and the log's: the raw stream's watch_ns), decode steps only,
 after the same warm-up graphdiag's rows drop.
 """
 

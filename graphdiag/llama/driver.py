@@ -158,6 +158,10 @@ class LeadWatcher:
         self.watch.attach_log(self.ll)
         self.watch.start()
 
+    def own_ns(self) -> int:
+        """ns the watcher has spent in its own callbacks so far."""
+        return self.watch.own_ns
+
     def close(self) -> None:
         self.watch.stop()
         _RETIRED.append(self.watch)          # llama.cpp keeps calling its log callback until the process ends
@@ -174,11 +178,13 @@ def nvtx_sink():
     return None
 
 
-def walk(session: LlamaSession, plan, batcher, emit, nvtx=None, gpu_ns=None) -> int:
+def walk(session: LlamaSession, plan, batcher, emit, nvtx=None, gpu_ns=None, own_ns=None) -> int:
     """Decode every step of `plan` (StepPlans) with `batcher`'s batches: decode_begin, llama_decode in an
     NVTX range, decode_end. Idle time is slept before its step (real time: llama.cpp's eviction clock is
     the wall clock). `gpu_ns()`, when the watcher has one, gives the GPU time of the decode just made
-    (None: not measured). Returns the steps decoded successfully."""
+    (None: not measured); `own_ns()`, the ns the watcher has spent in its own callbacks so far: what a
+    decode spent there is taken out of its host_ns (llama.cpp's step time) and recorded as watch_ns.
+    Returns the steps decoded successfully."""
     done = 0
     for step, p in enumerate(plan):
         b = batcher.batch(p)
@@ -188,12 +194,14 @@ def walk(session: LlamaSession, plan, batcher, emit, nvtx=None, gpu_ns=None) -> 
               "n_outputs": len(b.outputs), "phase": b.kind, "t_ns": time.perf_counter_ns()})
         if nvtx is not None:
             nvtx(E.SpanBegin(step=step, name="llama_decode", category="llama/decode", payload=step))
+        own0 = own_ns() if own_ns is not None else 0
         try:
             ret, host, toks = session.decode(b)
         finally:
             if nvtx is not None:
                 nvtx(E.SpanEnd(step=step, name="llama_decode", category="llama/decode"))
-        emit({"ev": "decode_end", "step": step, "ret": ret, "host_ns": host,
+        watched = own_ns() - own0 if own_ns is not None else 0
+        emit({"ev": "decode_end", "step": step, "ret": ret, "host_ns": max(host - watched, 0), "watch_ns": watched,
               "gpu_ns": gpu_ns() if gpu_ns is not None else None, "tokens": toks, "t_ns": time.perf_counter_ns()})
         batcher.took(b, toks)
         done += ret == 0

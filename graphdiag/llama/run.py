@@ -97,7 +97,8 @@ def _session(ll, path: Path, cp: ContextParams, cfg, plan, writer: RawWriter, ma
         w.start()
         try:
             status = "failed: stopped inside a decode"
-            walk(session, plan, Batcher(cfg, session.n_vocab), writer.emit, nvtx_sink(), getattr(w, "gpu_ns", None))
+            walk(session, plan, Batcher(cfg, session.n_vocab), writer.emit, nvtx_sink(), getattr(w, "gpu_ns", None),
+                 getattr(w, "own_ns", None))
             status = "complete"
         except KeyboardInterrupt:
             status = "interrupted: Ctrl-C"

@@ -66,6 +66,9 @@ class Watch:
         self._nodes: dict[int, list[int]] = {}    # graph id -> [nodes, kernel nodes] created in it
         self._log_cb = None
         self._log_buf = ""
+        # ns spent in this watcher's own callbacks (CUPTI's and the log's): they run inside llama_decode, on its
+        # thread, so the driver takes them out of llama.cpp's step time (llama.cpp pays none of it alone)
+        self.own_ns = 0
 
     # -- CUPTI -----------------------------------------------------------------------------------------
     def start(self) -> None:
@@ -90,6 +93,13 @@ class Watch:
             self._sub = None
 
     def _on_callback(self, _user, domain, cbid, data) -> None:
+        t = time.perf_counter_ns()
+        try:
+            self._callback(domain, cbid, data)
+        finally:
+            self.own_ns += time.perf_counter_ns() - t
+
+    def _callback(self, domain, cbid, data) -> None:
         c = self._c
         if domain == c.CallbackDomain.RESOURCE:
             self._on_node(data)
@@ -155,6 +165,7 @@ class Watch:
         lib = llama_cpp_module
 
         def on_log(level, text, _user):
+            t = time.perf_counter_ns()
             self._log_buf += (text or b"").decode("utf-8", "replace")
             while "\n" in self._log_buf:
                 line, self._log_buf = self._log_buf.split("\n", 1)
@@ -162,6 +173,7 @@ class Watch:
                     self.sink({"ev": "log", "level": int(level), "text": line})
                     if echo:
                         print(line, flush=True)
+            self.own_ns += time.perf_counter_ns() - t
 
         self._log_cb = lib.llama_log_callback(on_log)   # kept alive: llama.cpp holds the raw pointer
         lib.llama_log_set(self._log_cb, ctypes.c_void_p())

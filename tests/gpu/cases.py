@@ -81,6 +81,27 @@ def mat_mat_cases() -> list[Case]:
         for k, m, n, b, wb in shapes:
             c = Case(f"mul_mat_{w}", f"K{k}-M{m}-N{n}-B{b}-W{wb}", TC_DOT if w == "f16" else F32_DOT)
             out.append(c.set(c.output(G.F32, m, n, b), c.randn(WT[w], k, m, wb), _x(c, w, k, n, b)))
+    return out + k_split_cases()
+
+
+def k_split_cases() -> list[Case]:
+    """The k-split (ip[0] = S parts) of the tensor-core mat-muls: part 0 into dst, parts 1.. into the partials
+    (t[3]), each compared (out = 3: the partials), with a part of no k (more parts than 64-wide k units), a
+    partial last unit, unaligned rows (F16's register path) and batches; then mul_mat_fixup_f32."""
+    out = []
+    for w in ("f16", "q8_0"):
+        shapes = [(1408, 512, 250, 1, 1, 3), (256, 300, 12, 2, 1, 4), (160, 200, 9, 1, 1, 5), (96, 64, 40, 2, 2, 2)]
+        if w == "f16":
+            shapes.append((200, 130, 24, 1, 1, 3))   # K % 64 != 0, rows not 16-byte aligned: the register path
+        for k, m, n, b, wb, s in shapes:
+            for slot in (0, 3):
+                c = Case(f"mul_mat_{w}", f"K{k}-M{m}-N{n}-B{b}-W{wb}-S{s}-" + ("dst" if slot == 0 else "partials"),
+                         TC_DOT if w == "f16" else F32_DOT, out=slot)
+                out.append(c.set(c.output(G.F32, m, n, b), c.randn(WT[w], k, m, wb), _x(c, w, k, n, b),
+                                 c.output(G.F32, m, n, b, s - 1), ip=(s,)))
+    for m, n, b2, b3, p in ((300, 12, 1, 1, 3), (64, 9, 2, 2, 1), (1000, 33, 1, 1, 7)):
+        c = Case("mul_mat_fixup_f32", f"M{m}-N{n}-B{b2}x{b3}-P{p}", F32_ELEM)
+        out.append(c.set(c.randn(G.F32, m, n, b2, b3), c.randn(G.F32, m, n, b2, b3 * p), ip=(p,)))
     return out
 
 

@@ -54,6 +54,7 @@ class Case:
     slots: list[Desc | None] = field(default_factory=list)
     ip: tuple = ()
     fp: tuple = ()
+    out: int = 0      # the slot compared: the destination, or another buffer the kernel writes (partials)
 
     def __post_init__(self):
         self.rng = np.random.default_rng(zlib.crc32(f"{self.kernel}/{self.id}".encode()))
@@ -123,13 +124,14 @@ class Case:
         return p
 
     def run(self, dev) -> np.ndarray:
-        """Bytes of the destination's buffer after one launch on `dev`."""
+        """Bytes of the compared buffer (the destination's, or slot `out`'s) after one launch on `dev`."""
         addrs = [dev.alloc(len(b)) for b in self.bufs]
         try:
             for a, b in zip(addrs, self.bufs):
                 dev.write(a, b)
             dev.run(self.kernel, self.params(addrs))
-            return dev.read(addrs[self.slots[0].buf], len(self.bufs[self.slots[0].buf]))
+            d = self.slots[self.out]
+            return dev.read(addrs[d.buf], len(self.bufs[d.buf]))
         finally:
             for a in addrs:
                 dev.free(a)
@@ -182,7 +184,7 @@ def _elements(buf: np.ndarray, d: Desc) -> tuple[np.ndarray, np.ndarray]:
 def compare(case: Case, ref: np.ndarray, got: np.ndarray, check_bound: bool = True) -> float:
     """Asserts `got` matches `ref` (destination buffers); returns the error as a fraction of max |ref|
     (checked against case.bound unless `check_bound` is False: then the caller records it first)."""
-    d = case.slots[0]
+    d = case.slots[case.out]
     r, covered = _elements(ref, d)
     g, _ = _elements(got, d)
     outside = np.nonzero((ref != got) & ~covered)[0]

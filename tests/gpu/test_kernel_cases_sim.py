@@ -17,7 +17,7 @@ def test_case_runs_on_the_simulator_and_matches_itself(case):
     ref = case.run(SimDevice())
     got = case.run(SimDevice())
     assert compare(case, ref, got) == 0.0
-    poison = case.bufs[case.slots[0].buf]
+    poison = case.bufs[case.slots[case.out].buf]
     assert not np.array_equal(ref, poison), "the simulator wrote nothing"
 
 

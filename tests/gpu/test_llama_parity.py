@@ -43,18 +43,6 @@ KNOWN: dict[str, dict] = {
                "KQ mask to F16; graphdiag now builds the mask as 0c1e57098's build_attn_inp_kq_mask does (an F16 "
                "input, no cast), so that one is gone",
     },
-    "mmq-stream-k-fixup": {
-        "models": ("tiny q8_0", "1b q8_0", "gemma3"), "scenarios": ("fusion-boundary",), "what": "executable",
-        "decision": "refused",
-        "why": "at more than 8 tokens on quantised weights upstream's MMQ runs stream-k and launches "
-               "mul_mat_q_stream_k_fixup after each mat-mul whose output tiles leave SMs idle (launch_mul_mat_q: "
-               "ntiles_dst % nsm != 0 and under 90 % tile efficiency; every one of tiny Q8_0's 29 at 9 tokens, "
-               "Gemma 3's 126 but the tied lm_head), so 8 -> 9 sequences changes llama.cpp's topology (update "
-               "refused, instantiated again) where graphdiag's quantised batch path (quantize_q8_1 + "
-               "mul_mat_q8_0, dequantize_f16 + mul_mat_f16) keeps two launches and updates in place. Kernel "
-               "names of both sides' captures, H200 2026-12-03: tests/data/llama/kernels-*-fusion-boundary.json, "
-               "tests/integration/test_captured_kernels.py. To follow: a third launch where upstream's fixup is",
-    },
 }
 
 MODELS = [("tiny", "f16"), ("tiny", "q8_0"), ("1b", "f16"), ("1b", "q8_0")]

@@ -219,3 +219,32 @@ def test_raw_stream_keeps_kernel_names(tmp_path):
     w.close()
     _, lines = read_raw(tmp_path / "r.raw.jsonl")
     assert lines[0]["kernel_names"] == ["rms_norm_f32", "mul_mat_vec_q"]
+
+
+def test_the_watchers_own_callback_time_is_taken_out_of_llama_cpps_step():
+    """CUPTI's and the log's callbacks run inside llama_decode (graphdiag's Python, not llama.cpp's work): what
+    a decode spent in them leaves its host_ns and is recorded as watch_ns."""
+    from types import SimpleNamespace
+    from graphdiag.llama.driver import walk
+
+    spent = [0]
+
+    class Session:
+        def decode(self, b):
+            spent[0] += 300                     # the watcher's callbacks during this decode
+            return 0, 1000, [1]
+
+    class Batcher:
+        def batch(self, p):
+            return SimpleNamespace(idle_s=0, n_tokens=1, n_seqs=1, outputs=[0], kind="decode")
+
+        def took(self, b, toks):
+            pass
+
+    out = []
+    assert walk(Session(), [None, None], Batcher(), out.append, own_ns=lambda: spent[0]) == 2
+    ends = [e for e in out if e["ev"] == "decode_end"]
+    assert [(e["host_ns"], e["watch_ns"]) for e in ends] == [(700, 300), (700, 300)]
+    out.clear()
+    walk(Session(), [None], Batcher(), out.append)           # a watcher without the counter: nothing taken out
+    assert [(e["host_ns"], e["watch_ns"]) for e in out if e["ev"] == "decode_end"] == [(1000, 0)]

@@ -94,10 +94,16 @@ def test_mmvq_batch_limits_of_other_devices():
 @pytest.mark.parametrize("t, name", [(G.Q4_0, "q4_0"), (G.Q5_0, "q5_0"), (G.Q5_1, "q5_1"), (G.Q4_K, "q4_k"),
                                      (G.Q5_K, "q5_k"), (G.Q6_K, "q6_k")])
 def test_quantized_mul_mat_lowers_to_two_launches_on_both_paths(t, name):
+    """Two launches on each path; on the MMQ path a third, the fixup of the k-split, where upstream's stream-k
+    needs its fixup (one 64-row tile on the H200's 132 SMs), none where every tile has an SM (one SM)."""
     g, _ = _mm(t, 512, 64, 1)
     assert [l.kernel for l in op_launches(lower_node(g, 0, None, 900))] == ["quantize_q8_1", f"mul_mat_vec_{name}"]
     g, _ = _mm(t, 512, 64, 9)
-    assert [l.kernel for l in op_launches(lower_node(g, 0, None, 900))] == [f"dequantize_f16_{name}", "mul_mat_f16"]
+    assert [l.kernel for l in op_launches(lower_node(g, 0, None, 900, nsm=1))] == [f"dequantize_f16_{name}",
+                                                                                  "mul_mat_f16"]
+    split = op_launches(lower_node(g, 0, None, 900))
+    assert [l.kernel for l in split] == [f"dequantize_f16_{name}", "mul_mat_f16", "mul_mat_fixup_f32"]
+    assert int(split[1].params["ip"][0]) == 8 and int(split[2].params["ip"][0]) == 7
 
 
 def test_bf16_mul_mat_lowers_to_mmvf_then_tiles():

@@ -55,12 +55,18 @@ class Launch:
     label: str = ""       # the graphdiag node(s) this launch computes ("attn_norm-0+attn_norm_mul-0")
 
 
+# the H200's streaming multiprocessors: the simulated driver's, so its stream-k decisions are the H200's
+H200_MULTIPROCESSORS = 132
+
+
 @dataclass(frozen=True)
 class DeviceInfo:
     name: str
     compute_capability: tuple[int, int]
     total_memory: int
     simulated: bool
+    # streaming multiprocessors (ggml_cuda_info().devices[id].nsm: the stream-k MMQ's block count)
+    multiprocessors: int = H200_MULTIPROCESSORS
 
 
 class Driver(abc.ABC):
@@ -90,6 +96,11 @@ class Driver(abc.ABC):
     @property
     def simulated(self) -> bool:
         return self.info.simulated
+
+    @property
+    def nsm(self) -> int:
+        """Streaming multiprocessors of the device (upstream's nsm)."""
+        return self.info.multiprocessors
 
     @property
     def cc(self) -> int:

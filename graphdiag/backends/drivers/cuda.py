@@ -538,7 +538,8 @@ def _device_info(dev) -> DeviceInfo:
     major = _check(D.cuDeviceGetAttribute(attr.CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR, dev), "cuDeviceGetAttribute")
     minor = _check(D.cuDeviceGetAttribute(attr.CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR, dev), "cuDeviceGetAttribute")
     total = _check(D.cuDeviceTotalMem(dev), "cuDeviceTotalMem")
-    return DeviceInfo(name, (int(major), int(minor)), int(total), simulated=False)
+    nsm = _check(D.cuDeviceGetAttribute(attr.CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT, dev), "cuDeviceGetAttribute")
+    return DeviceInfo(name, (int(major), int(minor)), int(total), simulated=False, multiprocessors=int(nsm))
 
 
 def _contiguous(a: np.ndarray) -> np.ndarray:

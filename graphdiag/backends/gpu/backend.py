@@ -238,7 +238,8 @@ class GpuBackend(Backend):
         if entry.lowered is None or entry.lowered_uid != graph.uid or graph.uid == 0:
             launches = launching_nodes(graph)
             plan = fusion_plan(graph, self.driver.cc, launches) if self.runtime.opt.fusion else {}
-            entry.plan, entry.lowered = plan, LoweredOps(graph, plan, self.driver.cc, launches, self.launch_memo)
+            entry.plan, entry.lowered = plan, LoweredOps(graph, plan, self.driver.cc, launches, self.launch_memo,
+                                                      self.driver.nsm)
             entry.lowered_uid = graph.uid
             for i, f in sorted(plan.items()):
                 self.runtime.emit(E.FusionApplied, split, entry.key, graph.uid, node=i, pattern=f.pattern,
@@ -257,7 +258,7 @@ class GpuBackend(Backend):
     def _compute_unrecorded(self, graph: Graph, split: int) -> None:
         entry = GraphEntry(graph.first_node_addr)
         plan = fusion_plan(graph, self.driver.cc) if self.runtime.opt.fusion else {}
-        lowered = lower_graph(graph, plan, self.driver.cc)   # no memo: lowered afresh
+        lowered = lower_graph(graph, plan, self.driver.cc, nsm=self.driver.nsm)   # no memo: lowered afresh
         # no decisions are taken here (eager, nothing captured), but what the pool does while the
         # recompute runs (an invalidation) is reported on the bus like anything else
         self.loop.evaluate(entry, graph, split, False, False, lowered, plan, [])

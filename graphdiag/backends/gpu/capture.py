@@ -12,6 +12,7 @@ import time
 
 from ... import events as E
 from ...ir.graph import Graph
+from ..drivers.base import H200_MULTIPROCESSORS
 from .concurrency import Region
 from .entry import GraphEntry
 from .fusion import Fusion, launching_nodes
@@ -171,10 +172,10 @@ class CaptureLoop:
 
 
 def lower_graph(graph: Graph, plan: dict[int, Fusion], cc: int, launches: list[bool] | None = None,
-                memo=None) -> list:
+                memo=None, nsm: int = H200_MULTIPROCESSORS) -> list:
     """Every node's lowered op at once (None where the loop launches nothing), not yet prepared: a
     complete LoweredOps as a list."""
-    return list(LoweredOps(graph, plan, cc, launches, memo))
+    return list(LoweredOps(graph, plan, cc, launches, memo, nsm))
 
 
 class LoweredOps:
@@ -184,7 +185,8 @@ class LoweredOps:
     first kernels go out while the host still lowers the rest, as ggml's eager loop launches node by node.
     Not prepared on the driver: CaptureLoop.evaluate prepares each op right before its first run (all of
     them before a capture). `ops[i]` lowers up to node i; iterating lowers everything. `launches`: launching_nodes(graph),
-    when the caller has it; `memo`: a LaunchMemo to take unchanged groups from.
+    when the caller has it; `memo`: a LaunchMemo to take unchanged groups from; `cc`, `nsm`: the device's
+    compute capability and multiprocessors (kernel choice, the stream-k split).
 
     What lowering reads (descriptors, memo keys) is gathered for each block's node range when the block is
     lowered: the structs of a graph do not change while its uid holds, so a group lowered later is lowered
@@ -192,10 +194,10 @@ class LoweredOps:
 
     FIRST_BLOCK, MAX_BLOCK = 8, 128
 
-    __slots__ = ("_graph", "_cc", "_memo", "_ops", "_groups", "_next", "_upto", "_block", "_names")
+    __slots__ = ("_graph", "_cc", "_nsm", "_memo", "_ops", "_groups", "_next", "_upto", "_block", "_names")
 
     def __init__(self, graph: Graph, plan: dict[int, Fusion], cc: int, launches: list[bool] | None = None,
-                 memo=None):
+                 memo=None, nsm: int = H200_MULTIPROCESSORS):
         n = graph.n_nodes
         if launches is None:
             launches = launching_nodes(graph)
@@ -209,7 +211,7 @@ class LoweredOps:
             end = i + 1 + (f.absorbed if f is not None else 0)
             groups.append((i, end, f))
             i = end
-        self._graph, self._cc, self._memo = graph, cc, memo
+        self._graph, self._cc, self._nsm, self._memo = graph, cc, nsm, memo
         self._ops: list = [None] * n
         self._groups, self._next, self._upto = groups, 0, 0 if groups else n
         self._block = self.FIRST_BLOCK
@@ -246,14 +248,14 @@ class LoweredOps:
                 label, pattern = "+".join(name.decode() for name in names[i:end]), f.pattern
             got = None
             if memo is not None:
-                key = (pattern, cc, keys[(i - lo) * KEY_BYTES : (end - lo) * KEY_BYTES])
+                key = (pattern, cc, self._nsm, keys[(i - lo) * KEY_BYTES : (end - lo) * KEY_BYTES])
                 got = memo.lookup(key)
             if got is not None:
                 found.append(got)
                 items.append((i, label, None))
             else:
                 mark = len(descs.described)
-                op = lower_node(graph, i, f, cc, descs)
+                op = lower_node(graph, i, f, cc, descs, self._nsm)
                 if memo is not None:
                     memo.put(key, op, descs.described[mark:])
                 items.append((i, label, op))

@@ -138,6 +138,34 @@ def mul_mat_path(node: Tensor, cc: int) -> str:
     return "cublas"
 
 
+MMQ_TILE_ROWS = 128        # I of the Volta+ MMQ configs (mmq-config-ampere.cuh): weight rows per output tile
+MMQ_TILE_COLS_MAX = 128    # the largest J: launch_mul_mat_q picks the smallest J of fewest column tiles
+MMQ_MIN_EFFICIENCY = 90    # percent: at or above it the stream-k kernel runs one block per tile, no fixup
+MMQ_K_UNIT = 64            # elements of K per split unit of graphdiag's k-split (mul_mat.cu)
+MMQ_MAX_K_PARTS = 8        # graphdiag's k-split: at most this many parts (pool scratch of parts - 1 outputs)
+
+
+def mmq_stream_k_parts(m_rows: int, ncols: int, batch: int, k: int, nsm: int, cc: int) -> int:
+    """How many K parts graphdiag's quantised mat-mul splits into where upstream's stream-k MMQ launches
+    mul_mat_q_stream_k_fixup after mul_mat_q (0: no fixup, two launches; else three).
+
+    Upstream (launch_mul_mat_q, Volta and newer: the ampere configs have stream_k): ntiles = ceil(M / 128) x
+    ceil(ncols / 128) x batch output tiles; at tile efficiency ntiles / (nsm x waves) of 90 % or more it runs
+    one block per tile and needs no fixup; below, it runs nsm blocks over all tiles' k iterations, and blocks
+    that end inside a tile leave partial sums the fixup kernel adds in (ntiles % nsm != 0, always so there).
+    graphdiag's stand-in is a real k-split: parts enough to give every SM a block (ceil(nsm / ntiles), at
+    most MMQ_MAX_K_PARTS and the K_UNITs of K, at least 2), part 0 writing dst, the others pool scratch that
+    mul_mat_fixup_f32 adds in: the same three launches, on the same shapes, doing the same kind of work."""
+    if cc < CC_VOLTA or nsm <= 0:
+        return 0
+    ntiles = -(-m_rows // MMQ_TILE_ROWS) * -(-ncols // MMQ_TILE_COLS_MAX) * batch
+    waves = -(-ntiles // nsm)
+    if 100 * ntiles // (nsm * waves) >= MMQ_MIN_EFFICIENCY:
+        return 0
+    units = -(-k // MMQ_K_UNIT)
+    return max(2, min(-(-nsm // ntiles), MMQ_MAX_K_PARTS, units))
+
+
 def mul_mat_id_sync_reason(node: Tensor, cc: int) -> str:
     """'' when a fast path applies (no sync), else every path's refusal (the sorted fallback synchronises)."""
     src0, src1 = node.src[0], node.src[1]

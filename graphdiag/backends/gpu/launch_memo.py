@@ -54,7 +54,7 @@ def key_rows(graph: Graph, lo: int = 0, hi: int | None = None) -> bytes:
 class _Remembered:
     scratch: bool                  # a ScratchLaunchesOp (else a KernelOp)
     launches: tuple                # (kernel, params bytes, grid, block, shmem, ([data word], [struct slot]))
-    slots: tuple = ()              # ScratchLaunchesOp: the scratch descriptor of each launch
+    slots: tuple = ()              # ScratchLaunchesOp: the scratch (descriptor, offset) pairs of each launch
     nbytes: int = 0
     last: object = None            # the op made last from this entry (its launches' handles may serve again)
 
@@ -140,8 +140,9 @@ def _take_prepared(op, last) -> None:
     if type(op) is ScratchLaunchesOp:
         if not last.addr:
             return
-        for launch, slot in zip(new, op.slots):
-            launch.params["t"][slot]["data"] = last.addr
+        for launch, places in zip(new, op.slots):
+            for slot, off in places:
+                launch.params["t"][slot]["data"] = last.addr + off
     for a, b in zip(new, old):
         if b.handle is None or a.params.tobytes() != b.params.tobytes():
             return

@@ -7,14 +7,21 @@ host still packs the rest. Kernel choice follows ggml's dispatch: mat-vec while 
 path, mat-mul (tensor cores for F16 / Q8_0) otherwise; MUL_MAT_ID takes the fast path unless the needs-sync
 rule sends it to the sorted fallback, which copies the ids to the host and synchronises the stream.
 
-A node's launch count depends on its op and weight type, and for flash attention on whether upstream's vec
-kernel runs alone (below); otherwise never on n_kv or on which path its batch takes, so those changes keep
-the captured topology (cudaGraphExecUpdate applies them), as on real ggml:
-  Q8_0 MUL_MAT (mat-vec or mat-mul, fused or not)  2: quantize_q8_1 into pool scratch, then the kernel
+A node's launch count depends on its op and weight type, for flash attention on whether upstream's vec
+kernel runs alone, and for a quantised mat-mul on whether upstream's stream-k MMQ needs its fixup (below);
+otherwise never on n_kv or on which path its batch takes, so those changes keep the captured topology
+(cudaGraphExecUpdate applies them), as on real ggml:
+  Q8_0 MUL_MAT (mat-vec or mat-mul, fused or not)  2: quantize_q8_1 into pool scratch, then the kernel;
+                                                      3 on the MMQ path where upstream's stream-k leaves
+                                                      partial tiles (compat.mmq_stream_k_parts: under 90 %
+                                                      tile efficiency on the device's SMs): mul_mat_q8_0 split
+                                                      over k, then mul_mat_fixup_f32, as upstream's
+                                                      mul_mat_q + mul_mat_q_stream_k_fixup
   Q4_0/Q5_0/Q5_1/Q4_K/Q5_K/Q6_K MUL_MAT             2: on ggml's MMVQ path (compat.mul_mat_path) quantize_q8_1
                                                       then mul_mat_vec(_glu/_add)_{w}; above it (MMQ in
                                                       ggml) dequantize_f16_{w} of W into pool scratch then
-                                                      mul_mat_f16 (graphdiag has no MMQ tiles for these)
+                                                      mul_mat_f16 (graphdiag has no MMQ tiles for these); 3
+                                                      with the k-split and its fixup, as Q8_0
   BF16 MUL_MAT                                     1: mul_mat_vec(_glu/_add)_bf16 on MMVF's path, else
                                                       mul_mat_bf16
   FLASH_ATTN_EXT                                   2: split-KV partials into pool scratch (flash_attn_vec_f16_
@@ -37,8 +44,8 @@ from ...ir.graph import Graph
 from ...ir.ops import GluOp, Op
 from ...ir.tensor import Tensor
 from .. import abi
-from ..drivers.base import Driver, Launch
-from .compat import MMVQ_MAX_BATCH_SIZE, mul_mat_id_needs_sync, mul_mat_path
+from ..drivers.base import H200_MULTIPROCESSORS, Driver, Launch
+from .compat import MMVQ_MAX_BATCH_SIZE, mmq_stream_k_parts, mul_mat_id_needs_sync, mul_mat_path
 from .descriptors import DescriptorTable
 from .fusion import MMID_GLU, MMV_ADD, MMV_GLU, RMS_NORM_MUL, ROPE_SET_ROWS, Fusion
 from .fusion_graph import other_src
@@ -57,9 +64,9 @@ _W.update(_X)
 
 
 def _launch(d: "DescriptorTable | None", name: str, tensors: list[Tensor | None], ip=(), fp=(),
-            scratch=None) -> Launch:
-    """One launch; `scratch` = (slot, type, ne, nb) describes pool scratch in that slot (address 0 until
-    the op runs and takes a buffer)."""
+            scratch=()) -> Launch:
+    """One launch; `scratch`: (slot, type, ne, nb) of each descriptor that describes pool scratch (address 0
+    until the op runs and takes a buffer)."""
     buf = bytearray(abi.KPARAMS.itemsize)
     slot = 0
     if d is None:
@@ -75,9 +82,10 @@ def _launch(d: "DescriptorTable | None", name: str, tensors: list[Tensor | None]
                 refs.append((slot, t.idx))
             slot += 1
         # the descriptors this launch takes from structs (scratch, written next, takes its slot's place)
-        d.described.append(tuple(r for r in refs if scratch is None or r[0] != scratch[0]))
-    if scratch is not None:
-        abi.set_desc_bytes(buf, scratch[0], 0, scratch[1], scratch[2], scratch[3])
+        taken = {sc[0] for sc in scratch}
+        d.described.append(tuple(r for r in refs if r[0] not in taken))
+    for slot_, type_, ne, nb in scratch:
+        abi.set_desc_bytes(buf, slot_, 0, type_, ne, nb)
     abi.set_scalars_bytes(buf, ip, fp)
     grid, block, shmem = geometry_of_bytes(name, buf)     # geometry read from the bytes, before the record
     return Launch(name, grid, block, abi.params_from_bytes(buf), shmem)
@@ -102,8 +110,9 @@ class KernelOp:
 
 
 class ScratchLaunchesOp:
-    """Launches sharing one scratch buffer taken from the pool around them: `slots[i]` is the descriptor of
-    launches[i] that holds the buffer's address (re-packed only when the pool hands out another buffer)."""
+    """Launches sharing one scratch buffer taken from the pool around them: `slots[i]` lists the (descriptor,
+    byte offset) pairs of launches[i] that point into the buffer (re-packed only when the pool hands out
+    another buffer)."""
 
     __slots__ = ("launches", "slots", "nbytes", "addr", "n_launches", "ready")
 
@@ -120,8 +129,9 @@ class ScratchLaunchesOp:
     def run(self, driver: Driver, stream, pool: TempPool) -> None:
         addr, size = pool.alloc(self.nbytes)
         if addr != self.addr:
-            for launch, slot in zip(self.launches, self.slots):
-                launch.params["t"][slot]["data"] = addr
+            for launch, places in zip(self.launches, self.slots):
+                for slot, off in places:
+                    launch.params["t"][slot]["data"] = addr + off
                 driver.prepare(launch)
             self.addr = addr
         for launch in self.launches:
@@ -181,9 +191,11 @@ def op_launches(op) -> list[Launch]:
     return [op.template] if isinstance(op, SortedMulMatIdOp) else [op.launch]
 
 
-def lower_node(graph: Graph, i: int, fusion: Fusion | None, cc: int, d: "DescriptorTable | None" = None):
+def lower_node(graph: Graph, i: int, fusion: Fusion | None, cc: int, d: "DescriptorTable | None" = None,
+               nsm: int = H200_MULTIPROCESSORS):
     """The lowered op for node i (with `fusion` absorbing the following nodes); `d`: the graph's
-    DescriptorTable, where the caller lowers many nodes (None: descriptors read from the structs)."""
+    DescriptorTable, where the caller lowers many nodes (None: descriptors read from the structs); `cc`,
+    `nsm`: the device's compute capability and multiprocessors."""
     node = graph.node(i)
     if fusion is not None:
         return _lower_fused(d, graph, i, fusion)
@@ -196,10 +208,11 @@ def lower_node(graph: Graph, i: int, fusion: Fusion | None, cc: int, d: "Descrip
     if op in (Op.MUL, Op.ADD):
         return KernelOp(_launch(d, "mul_f32" if op == Op.MUL else "add_f32", [node, s[0], s[1]]))
     if op == Op.MUL_MAT and s[0].type in _X:
-        return _lower_x_mul_mat(d, node, cc)
+        return _lower_x_mul_mat(d, node, cc, nsm)
     if op == Op.MUL_MAT:
         if s[1].ne[1] > MMVQ_MAX_BATCH_SIZE:
-            return _mat_product(d, f"mul_mat_{_W[s[0].type]}", [node, s[0], s[1]], x_slot=2)
+            parts = _stream_k_parts(node, cc, nsm) if s[0].type == GGMLType.Q8_0 else 0
+            return _mat_product(d, f"mul_mat_{_W[s[0].type]}", [node, s[0], s[1]], x_slot=2, parts=parts)
         return _mat_product(d, f"mul_mat_vec_{_W[s[0].type]}", [node, s[0], s[1]], x_slot=2, ip=_mmv_ip(node, s[0]))
     if op == Op.MUL_MAT_ID:
         if mul_mat_id_needs_sync(node, cc):
@@ -237,9 +250,11 @@ def _mmv_ip(dst: Tensor, w: Tensor) -> tuple[int, int]:
     return (0, mmv_warps_per_row(w.ne[1], w.ne[0]) if dst.ne[1] == 1 else 1)
 
 
-def _mat_product(d, name: str, tensors: list[Tensor | None], x_slot: int, ip=()):
+def _mat_product(d, name: str, tensors: list[Tensor | None], x_slot: int, ip=(), parts: int = 0):
     """A mat-vec / mat-mul launch; for Q8_0 weights x (tensors[x_slot]) is first quantised to Q8_1 blocks in
-    pool scratch (quantize_q8_1), which the kernel then reads in that slot: two launches, as ggml's mmvq."""
+    pool scratch (quantize_q8_1), which the kernel then reads in that slot: two launches, as ggml's mmvq;
+    `parts` > 0 (the mat-mul where upstream's MMQ needs its stream-k fixup): the kernel's k-split into that
+    many parts and mul_mat_fixup_f32 after it (_k_split)."""
     w, x = tensors[1], tensors[x_slot]
     if not is_quantized(w.type):
         return KernelOp(_launch(d, name, tensors, ip=ip))
@@ -248,14 +263,43 @@ def _mat_product(d, name: str, tensors: list[Tensor | None], x_slot: int, ip=())
     nbk = x.ne[0] // QK8_0
     nb = (Q8_1_BYTES, Q8_1_BYTES * nbk, Q8_1_BYTES * nbk * x.ne[1], Q8_1_BYTES * nbk * x.ne[1] * x.ne[2])
     nbytes = nb[3] * x.ne[3]
-    quant = _launch(d, "quantize_q8_1", [None, x], scratch=(0, Q8_1, x.ne, nb))
-    kernel = _launch(d, name, tensors, ip=ip, scratch=(x_slot, Q8_1, x.ne, nb))
-    return ScratchLaunchesOp([quant, kernel], [0, x_slot], nbytes)
+    quant = _launch(d, "quantize_q8_1", [None, x], scratch=[(0, Q8_1, x.ne, nb)])
+    if parts:
+        return _k_split(d, name, tensors, quant, (x_slot, Q8_1, x.ne, nb), nbytes, parts)
+    kernel = _launch(d, name, tensors, ip=ip, scratch=[(x_slot, Q8_1, x.ne, nb)])
+    return ScratchLaunchesOp([quant, kernel], [((0, 0),), ((x_slot, 0),)], nbytes)
 
 
-def _lower_x_mul_mat(d, node: Tensor, cc: int):
+def _k_split(d, name: str, tensors: list[Tensor | None], first: Launch, operand, nbytes: int, parts: int):
+    """`first` (quantize_q8_1 of x, or dequantize_f16 of W) writing `operand` = (slot, type, ne, nb) of the
+    mat-mul into the first `nbytes` of the scratch; the mat-mul split into `parts` k parts (ip[0]), parts 1..
+    writing F32 partials (M, N, B2, B3 * (parts - 1)) into the scratch after it (t[3]); mul_mat_fixup_f32
+    adding them into dst. Three launches, where upstream launches quantize_mmq_q8_1, mul_mat_q and
+    mul_mat_q_stream_k_fixup (compat.mmq_stream_k_parts)."""
+    node = tensors[0]
+    m, n, b2, b3 = node.ne
+    pne = (m, n, b2, b3 * (parts - 1))
+    pnb = (4, 4 * m, 4 * m * n, 4 * m * n * b2)
+    at = -(-nbytes // 256) * 256
+    f32 = int(GGMLType.F32)
+    kernel = _launch(d, name, [*tensors, None], ip=(parts,), scratch=[operand, (3, f32, pne, pnb)])
+    fixup = _launch(d, "mul_mat_fixup_f32", [node, None], ip=(parts - 1,), scratch=[(1, f32, pne, pnb)])
+    return ScratchLaunchesOp([first, kernel, fixup], [((0, 0),), ((operand[0], 0), (3, at)), ((1, at),)],
+                             at + pnb[3] * pne[3])
+
+
+def _stream_k_parts(node: Tensor, cc: int, nsm: int) -> int:
+    """The k parts of a quantised MUL_MAT on upstream's MMQ path (0: upstream launches no fixup there)."""
+    w = node.src[0]
+    if mul_mat_path(node, cc) != "mmq":
+        return 0
+    return mmq_stream_k_parts(node.ne[0], node.ne[1], node.ne[2] * node.ne[3], w.ne[0], nsm, cc)
+
+
+def _lower_x_mul_mat(d, node: Tensor, cc: int, nsm: int):
     """MUL_MAT of an X type: ggml's MMVQ path -> quantize + mul_mat_vec_{w}; MMVF -> mul_mat_vec_bf16;
-    any other BF16 path -> mul_mat_bf16; a quantized type above MMVQ -> dequantize_f16 + mul_mat_f16."""
+    any other BF16 path -> mul_mat_bf16; a quantized type above MMVQ -> dequantize_f16 + mul_mat_f16 (+ the
+    fixup of its k-split where upstream's MMQ launches its stream-k fixup)."""
     w, x = node.src[0], node.src[1]
     name, path = _X[w.type], mul_mat_path(node, cc)
     if path in ("mmvq", "mmvf") and x.ne[1] <= MMVQ_MAX_BATCH_SIZE:
@@ -265,9 +309,12 @@ def _lower_x_mul_mat(d, node: Tensor, cc: int):
     ne = w.ne
     nb = (2, 2 * ne[0], 2 * ne[0] * ne[1], 2 * ne[0] * ne[1] * ne[2])
     f16 = int(GGMLType.F16)
-    deq = _launch(d, f"dequantize_f16_{name}", [None, w], scratch=(0, f16, ne, nb))
-    mm = _launch(d, "mul_mat_f16", [node, w, x], scratch=(1, f16, ne, nb))
-    return ScratchLaunchesOp([deq, mm], [0, 1], nb[3] * ne[3])
+    deq = _launch(d, f"dequantize_f16_{name}", [None, w], scratch=[(0, f16, ne, nb)])
+    parts = _stream_k_parts(node, cc, nsm)
+    if parts:
+        return _k_split(d, "mul_mat_f16", [node, w, x], deq, (1, f16, ne, nb), nb[3] * ne[3], parts)
+    mm = _launch(d, "mul_mat_f16", [node, w, x], scratch=[(1, f16, ne, nb)])
+    return ScratchLaunchesOp([deq, mm], [((0, 0),), ((1, 0),)], nb[3] * ne[3])
 
 
 def _lower_attention(d, node: Tensor, cc: int):
@@ -288,9 +335,9 @@ def _lower_attention(d, node: Tensor, cc: int):
     nb = (4, 4 * ne[0], 4 * ne[0] * ne[1], 4 * ne[0] * ne[1] * ne[2])
     kernel = fa_vec_kernel(hd, n_head // n_head_kv) if fa_vec(n_head, n_head_kv, n_tok) else fa_mma_kernel(hd)
     part = _launch(d, kernel, [None, q, k, v, mask], ip=(chunk, tq), fp=(node.param_f32(0),),
-                   scratch=(0, int(GGMLType.F32), ne, nb))
-    comb = _launch(d, "flash_attn_combine_f32", [node, None], scratch=(1, int(GGMLType.F32), ne, nb))
-    return ScratchLaunchesOp([part, comb], [0, 1], nbytes)
+                   scratch=[(0, int(GGMLType.F32), ne, nb)])
+    comb = _launch(d, "flash_attn_combine_f32", [node, None], scratch=[(1, int(GGMLType.F32), ne, nb)])
+    return ScratchLaunchesOp([part, comb], [((0, 0),), ((1, 0),)], nbytes)
 
 
 def _lower_fused(d, graph: Graph, i: int, f: Fusion):
