@@ -159,7 +159,7 @@ def render(rows: list[dict], file=None, console: Console | None = None) -> None:
                                             ("each file row's file itself", files)) if on)
         console.print(f"llama.cpp: 0.3.36 (llama-cpp-python) on {what}, the same plan and n_kv; llama_decode "
                       "through llama_synchronize, each mode in its own process, watched (CUPTI callbacks on its "
-                      "graph calls only)")
+                      "graph calls only; their own time taken out)")
     peers = {r.get("torch") for r in rows if r.get("torch")}
     if peers:
         console.print("PyTorch: " + ", ".join(sorted(peers)) + " — plain unfused PyTorch ops, F16 rows only; its "
