@@ -111,3 +111,13 @@ def test_split_and_fixup_sum_to_the_unsplit_product(wtype, parts):
     got = space.ndarray(dst[0], f32, dst[2], dst[3])
     assert not np.allclose(first, want, atol=1e-3)            # part 0 alone is not the product
     np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-4 * np.abs(want).max())
+
+
+def test_a_simulated_q8_0_prefill_through_the_split_meets_the_oracle(capsys):
+    """tiny Q8_0 with a 40-token prompt: every prefill mat-mul takes the k-split and its fixup (the lowering
+    test above), and the replayed and eager results stay within the oracle's bound."""
+    from graphdiag.cli.main import main
+    assert main(["run", "--backend", "sim", "--model", "tiny", "--wtype", "q8_0", "--oracle", "--verify",
+                 "--steps", "3", "--prompt-tokens", "40"]) == 0
+    out = capsys.readouterr().out
+    assert "0 over the bound" in out and "0 mismatches" in out
