@@ -146,6 +146,11 @@ def _specs() -> dict[str, KernelSpec]:
         KernelSpec("flash_attn_combine_f32", ("dst (Dv, H, T, B)", "partials of a flash_attn_vec/mma kernel"),
                    doc="M = max_s m_s, w_s = exp(m_s - M): dst = sum_s w_s O_s / sum_s w_s l_s (splits in order); "
                        "all splits -inf (a fully masked row) gives zeros"),
+        KernelSpec("moe_weighted_reduction_f32",
+                   ("dst F32 (n_embd, T), contiguous", "experts F32 (n_embd, k, T), contiguous",
+                    "router weights F32 (1, k, T), contiguous", "per-expert scale F32 (1, k, T), optional"),
+                   doc="dst[t, :] = sum_x (experts[t, x, :] * scale[t, x]) * weights[t, x], x in order (scale 1 "
+                       "without t[3]): MUL [+ MUL] + k VIEWs + (k - 1) ADDs fused (kernels/moe.cu, #25952)"),
         KernelSpec("mul_mat_fixup_f32", ("dst F32 (M, N, B2, B3)", "partials F32 (M, N, B2, B3 * P), pool scratch"),
                    ip=("P: partial outputs (k parts - 1)",),
                    doc="dst[.., i3, n, m] += sum_q partials[.., i3 + q * B3, n, m], q in order: the k-split's "

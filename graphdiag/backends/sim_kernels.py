@@ -171,6 +171,25 @@ def _mul_mat_split(name: str, wt: GGMLType) -> Kernel:
     return k
 
 
+def _moe_weighted_reduction(space, p):
+    """kernels/moe.cu: sum over the used experts of (experts * scale) * weights, in expert order."""
+    name = "moe_weighted_reduction_f32"
+    for slot in (0, 1, 2):
+        _check_type(p, slot, GGMLType.F32, name)
+    e, w = view(space, p, 1), view(space, p, 2)              # (B3, T, k, n_embd), (B3, T, k, 1)
+    s = view(space, p, 3) if int(p["t"][3]["data"]) else None
+    dst = view(space, p, 0)                                  # (1, 1, T, n_embd)
+    _check(w.shape[:3] == e.shape[:3] and w.shape[3] == 1 and dst.size == e.size // e.shape[2], name,
+           f"experts {e.shape[::-1]}, weights {w.shape[::-1]}, dst {dst.shape[::-1]}")
+    e, w = e.reshape(-1, e.shape[2], e.shape[3]), w.reshape(-1, w.shape[2], 1)
+    s = None if s is None else s.reshape(w.shape)
+    acc = None
+    for x in range(e.shape[1]):
+        term = (e[:, x] * (s[:, x] if s is not None else F32(1))) * w[:, x]
+        acc = term if acc is None else acc + term
+    dst[...] = acc.reshape(dst.shape)
+
+
 def _mul_mat_fixup(space, p):
     dst, partials = view(space, p, 0), view(space, p, 1)
     b3, n = dst.shape[0], _ip(p, 0)
@@ -440,7 +459,8 @@ def _build() -> dict[str, Kernel]:
         **{fa_vec_kernel(d, gm): _flash_attn_vec(d, gm) for d in FA_HEAD_DIMS for gm in FAV_GROUPS},
         **{fa_mma_kernel(d): _flash_attn_mma(d) for d in FA_HEAD_DIMS},
         "flash_attn_combine_f32": _flash_attn_combine,
-        "quantize_q8_1": _quantize_q8_1, "mul_mat_fixup_f32": _mul_mat_fixup, "soft_max_f32": _soft_max, "top_k_f32": _top_k,
+        "quantize_q8_1": _quantize_q8_1, "mul_mat_fixup_f32": _mul_mat_fixup,
+        "moe_weighted_reduction_f32": _moe_weighted_reduction, "soft_max_f32": _soft_max, "top_k_f32": _top_k,
         "argsort_f32_i32_desc": _argsort_desc,
         "glu_swiglu_f32": _swiglu, "cpy_f32_f32": _cpy("cpy_f32_f32", GGMLType.F32),
         "cpy_f32_f16": _cpy("cpy_f32_f16", GGMLType.F16),

@@ -89,6 +89,15 @@ class _Planner:
         # per slot: consumers among the nodes, and views among the nodes (of each view_src); counted down
         self.children: list[int] = col.count_sources(nodes)
         self.views: list[int] = col.count_views(nodes)
+        self.deps: dict[int, list[int]] = {}
+
+    def keep(self, deps: dict[int, list[int]]) -> None:
+        """Allocation dependencies: each kept tensor gains a reader right after its node (the no-op node
+        ggml_backend_sched inserts there, which reads them and is no view: ggml-alloc frees them after it)."""
+        self.deps = deps
+        for kept in deps.values():
+            for s in kept:
+                self.children[s] += 1
 
     def place(self, i: int) -> None:
         plan = self.plan
@@ -140,7 +149,7 @@ class _Planner:
         branches on other streams may still be reading it. The checks of place, of one consumer's end and
         of release are written out here: they run for every source of every node. With `late` False
         (_late_sources: every source is placed before its readers' turn) no source is looked at to place."""
-        plan, col, lists, moved = self.plan, self.col, self.lists, self.moved
+        plan, col, lists, moved, deps = self.plan, self.col, self.lists, self.moved, self.deps
         owned, src, view_src, flags = col.owned, col.src, col.view_src, col.flags
         children, views, place, release = self.children, self.views, self.place, self.release
         deferred: list[int] = []
@@ -155,6 +164,8 @@ class _Planner:
                         place(s)
             if i not in plan and owned[i]:
                 place(i)
+            if deps and i in deps:
+                srcs = (*srcs, *deps[i])    # the dependency node right after i reads them
             for s in srcs:
                 if s < 0:
                     continue
@@ -205,6 +216,9 @@ class GraphAllocator:
     def __init__(self, backends: list[Backend], bus: E.EventBus | None = None):
         self.backends = backends
         self.hold: list[tuple[int, int]] = []   # concurrent node ranges [first, last] (set by the scheduler)
+        # allocation dependencies (#27301, set through graph_optimize): node slot -> slots kept alive until it
+        # has run (ggml_backend_sched adds a no-op node reading them right after it)
+        self.deps: dict[int, list[int]] = {}
         self.bus = bus
         self.buffers: list[tuple[int, int] | None] = [None] * len(backends)   # (address, bytes)
         self.need: list[int] = [0] * len(backends)
@@ -249,6 +263,7 @@ class GraphAllocator:
         for i in leafs + nodes:
             if flags[i] & _INPUT:
                 pl.place(i)
+        pl.keep(self.deps)
         pl.walk(nodes, {a: b for a, b in self.hold}, _late_sources(pl.col, g.nodes, g.leafs))
         self.nodes = [pl.plan.get(i) for i in nodes]
         self.leafs = [pl.plan.get(i) for i in leafs]

@@ -102,6 +102,17 @@ def k_split_cases() -> list[Case]:
     for m, n, b2, b3, p in ((300, 12, 1, 1, 3), (64, 9, 2, 2, 1), (1000, 33, 1, 1, 7)):
         c = Case("mul_mat_fixup_f32", f"M{m}-N{n}-B{b2}x{b3}-P{p}", F32_ELEM)
         out.append(c.set(c.randn(G.F32, m, n, b2, b3), c.randn(G.F32, m, n, b2, b3 * p), ip=(p,)))
+    return out + moe_reduction_cases()
+
+
+def moe_reduction_cases() -> list[Case]:
+    """The MoE weighted reduction: k experts' rows of n_embd (a partial last block of 256) per token, with and
+    without the per-expert scale."""
+    out = []
+    for d, k, t, scaled in ((512, 2, 1, False), (300, 4, 7, True), (2048, 8, 3, False)):
+        c = Case("moe_weighted_reduction_f32", f"E{d}-k{k}-T{t}" + ("-scaled" if scaled else ""), F32_ELEM)
+        out.append(c.set(c.output(G.F32, d, t), c.randn(G.F32, d, k, t), c.randn(G.F32, 1, k, t),
+                         c.randn(G.F32, 1, k, t) if scaled else None))
     return out
 
 

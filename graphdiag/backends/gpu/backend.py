@@ -18,7 +18,7 @@ from ..drivers.base import Driver
 from .capture import CaptureLoop, LoweredOps, lower_graph
 from .concurrency import Region, invalid_reason, scan
 from .entry import Clock, GraphEntry
-from .fusion import fusion_plan, launching_nodes
+from .fusion import fusion_plan, launching_nodes, moe_alloc_deps
 from .launch_memo import LaunchMemo
 from .ledger_rows import AddressNamer, ledger_rows
 from .pool import TempPool
@@ -150,9 +150,15 @@ class GpuBackend(Backend):
         self.sync_epoch += 1
 
     # -- concurrency (graph_optimize) -------------------------------------------------------------------
-    def graph_optimize(self, graph: Graph, split: int) -> list[tuple[int, int]]:
+    def graph_optimize(self, graph: Graph, split: int, alloc_deps: dict[int, list[int]] | None = None
+                       ) -> list[tuple[int, int]]:
         """ggml_backend_cuda_graph_optimize, called by the scheduler for each GPU split at every alloc:
-        the key's lookup (its last use stamped), then the concurrent regions.
+        the allocation dependencies of the fusions that ask for them (0c1e57098, fusion on), the key's lookup
+        (its last use stamped), then the concurrent regions.
+
+        At 0c1e57098 (#27301) every MoE weighted reduction the split holds keeps its experts, router weights
+        and scale alive until its output has run (alloc_deps: output slot -> kept slots), so the allocator
+        never places the output over them and the fusion's memory-range check passes.
 
         With GGML_CUDA_GRAPH_OPT=1 the backend's one map of concurrent events is reset at every call (so,
         as upstream, only the split optimised last keeps its regions), then filled when graphs are enabled
@@ -160,6 +166,8 @@ class GpuBackend(Backend):
         `graph` (the scheduler allocates in that order: that is what keeps the branches' tensors apart);
         no node range goes back, as upstream asks the allocator for nothing here."""
         opt = self.runtime.opt
+        if alloc_deps is not None and opt.fusion and opt.upstream != "d99724f2":
+            moe_alloc_deps(graph, alloc_deps)
         if graph.n_nodes:
             # ggml_cuda_graph_set_enabled's lookup, made whatever GGML_CUDA_GRAPH_OPT says: at every alloc the
             # split's key is stamped as used now (it may run the 5 s sweep and create the entry)
@@ -237,7 +245,8 @@ class GpuBackend(Backend):
         step's first kernels start while the host still lowers and packs the rest."""
         if entry.lowered is None or entry.lowered_uid != graph.uid or graph.uid == 0:
             launches = launching_nodes(graph)
-            plan = fusion_plan(graph, self.driver.cc, launches) if self.runtime.opt.fusion else {}
+            opt = self.runtime.opt
+            plan = fusion_plan(graph, self.driver.cc, launches, opt.upstream) if opt.fusion else {}
             entry.plan, entry.lowered = plan, LoweredOps(graph, plan, self.driver.cc, launches, self.launch_memo,
                                                       self.driver.nsm)
             entry.lowered_uid = graph.uid
@@ -257,7 +266,8 @@ class GpuBackend(Backend):
 
     def _compute_unrecorded(self, graph: Graph, split: int) -> None:
         entry = GraphEntry(graph.first_node_addr)
-        plan = fusion_plan(graph, self.driver.cc) if self.runtime.opt.fusion else {}
+        opt = self.runtime.opt
+        plan = fusion_plan(graph, self.driver.cc, upstream=opt.upstream) if opt.fusion else {}
         lowered = lower_graph(graph, plan, self.driver.cc, nsm=self.driver.nsm)   # no memo: lowered afresh
         # no decisions are taken here (eager, nothing captured), but what the pool does while the
         # recompute runs (an invalidation) is reported on the bus like anything else

@@ -9,11 +9,15 @@ their conditions are upstream ggml's, in try_fuse's order, for the ops graphdiag
   mul_mat_vec+add        a mat-vec and the ADD of a same-shaped operand (the residual), only at 1 token
   mul_mat_id_vec+glu     the experts' gate/up mat-vec + GLU (MoE), only at 1 token
   rms_norm+mul(+...)     any batch: with rope(+view+set_rows), with add, or alone (fusion_norm.py)
+  moe_weighted_reduction any batch (llama.cpp #25952, 0c1e57098): the experts' outputs times the router
+                         weights, their k views and the k - 1 ADDs summing them (MoE, 2 <= k <= 15); tried
+                         first, at a MUL. Where it can apply, graph_optimize also keeps the experts and the
+                         weights alive until its output (#27301: alloc_deps)
 
 The GLU may be SWIGLU or GEGLU (Gemma 3), its gate either mat-mul of the pair; mul_mat_vec+add also takes
 Qwen2's Q/K/V bias at 1 token (the bias (M,) has the one-column result's shape; a batch broadcasts: no fusion).
-Not made yet: upstream's multi-ADD chain (moe-tiny's sum over the used experts would fuse) and topk-moe;
-snake, the NVFP4 scale fusions and softcap match no graph here.
+Not made yet: topk-moe; snake, the NVFP4 scale fusions and softcap match no graph here. Under
+--upstream d99724f2 the weighted reduction is not tried (it came after).
 
 So a decode step at 1 token fuses more (and launches fewer kernels) than at 2: a 1 <-> 2 token change
 changes the captured CUDA graph's topology (the update is refused), 8 <-> 9 does not.
@@ -31,12 +35,14 @@ from .compat import CC_PASCAL, MMVQ_MAX_BATCH_SIZE, mmvf_ok
 from .fusion_graph import (_COMPUTE, Fusion, _can_fuse, _memory_ranges_ok, _single_use, consumer_counts,
                            launching_nodes)
 from .fusion_norm import (RMS_NORM_MUL, RMS_NORM_MUL_ADD, RMS_NORM_MUL_ROPE, RMS_NORM_MUL_ROPE_SET_ROWS,
-                          ROPE_NEOX, ROPE_NORMAL, rope_set_rows_ok, try_fuse_norm)
+                          ROPE_NEOX, ROPE_NORMAL, _subgraph_ok, rope_set_rows_ok, try_fuse_norm)
 
 MMV_GLU = "mul_mat_vec+glu"
 MMV_ADD = "mul_mat_vec+add"
 MMID_GLU = "mul_mat_id_vec+glu"
 ROPE_SET_ROWS = "rope+view+set_rows"
+MOE_WR = "moe_weighted_reduction"
+MOE_WR_MAX_EXPERTS = 15      # 2k + 1 nodes at most: ggml_can_fuse_subgraph takes fewer than 32
 
 _GLU_FUSABLE = (GluOp.SWIGLU, GluOp.GEGLU)
 
@@ -113,12 +119,119 @@ def _mmv_add(graph: Graph, i: int, consumers, cc: int) -> bool:
     return s[0].ne == s[1].ne   # no broadcasting add
 
 
-_FUSION_FIRST = frozenset({Op.ROPE, Op.MUL_MAT, Op.MUL_MAT_ID, Op.RMS_NORM})   # where try_fuse can match
+_F32 = GGMLType.F32
 
 
-def try_fuse(graph: Graph, i: int, consumers: dict[int, int], cc: int = 900) -> Fusion | None:
+def _split_mul(mul: Tensor) -> tuple[Tensor, Tensor] | None:
+    """(full, broadcast) operands of a MUL of the weighted reduction: the experts' outputs (F32, contiguous, the
+    MUL's shape) and a weight per row (F32, contiguous, ne0 1, the MUL's other dims), in either order."""
+    def weights(t):
+        return t is not None and t.type == _F32 and t.ne[0] == 1 and t.ne[1:] == mul.ne[1:] and t.is_contiguous()
+
+    def experts(t):
+        return t is not None and t.type == _F32 and t.ne == mul.ne and t.is_contiguous()
+    a, b = mul.src[0], mul.src[1]
+    if experts(a) and weights(b):
+        return a, b
+    if experts(b) and weights(a):
+        return b, a
+    return None
+
+
+def moe_reduction(graph: Graph, i: int, consumers: dict[int, int]) -> tuple[int, Tensor, Tensor | None, Tensor] | None:
+    """ggml_cuda_match_moe_weighted_reduction at node i: (nodes in the group, experts, per-expert scale or None,
+    router weights), or None. Both forms: experts * weight, and (experts * scale) * weight; then k views of
+    the weighted rows and the ADD chain views[0] + views[1] + ... (each ADD's src[0] the previous sum)."""
+    n = graph.n_nodes
+    first = graph.node(i)
+    if first.op != Op.MUL or first.type != _F32 or not first.is_contiguous():
+        return None
+    weighted, experts, scale, weights, muls = first, None, None, None, 1
+    if i + 1 < n:
+        second = graph.node(i + 1)
+        if second.op == Op.MUL and second.type == _F32 and second.is_contiguous():
+            outer, inner = _split_mul(second), _split_mul(first)
+            if outer is not None and outer[0] == first and inner is not None:
+                weighted, (experts, scale), weights, muls = second, inner, outer[1], 2
+    if experts is None:
+        inner = _split_mul(first)
+        if inner is None:
+            return None
+        experts, weights = inner
+    k, t = weighted.ne[1], weighted.ne[2] * weighted.ne[3]
+    if not 2 <= k <= MOE_WR_MAX_EXPERTS or t <= 0:
+        return None
+    count = 2 * k + muls - 1
+    if i + count > n:
+        return None
+    ops = [Op.MUL] * muls
+    views: list[Tensor] = []
+    previous, n_adds = None, 0
+    for off in range(muls, count):
+        c = graph.node(i + off)
+        ops.append(c.op)
+        if c.op == Op.VIEW:
+            e = len(views)
+            if (e >= k or c.src[0] != weighted or c.view_src != weighted or c.type != _F32
+                    or c.ne != (weighted.ne[0], t, 1, 1) or c.nb[0] != weighted.nb[0]
+                    or c.nb[1] != weighted.nb[2] or c.view_offs != e * weighted.nb[1]):
+                return None
+            views.append(c)
+            continue
+        if c.op != Op.ADD or len(views) < 2 or n_adds + 1 >= len(views):
+            return None
+        lhs = views[0] if n_adds == 0 else previous
+        if c.src[0] != lhs or c.src[1] != views[n_adds + 1] or c.type != _F32:
+            return None
+        previous, n_adds = c, n_adds + 1
+    if len(views) != k or n_adds != k - 1 or previous is None:
+        return None
+    if not previous.is_contiguous() or previous.ne != (weighted.ne[0], t, 1, 1):
+        return None
+    if not _subgraph_ok(graph, i, tuple(ops), consumers):
+        return None
+    return count, experts, scale, weights
+
+
+def moe_alloc_deps(graph: Graph, deps: dict[int, list[int]]) -> None:
+    """graph_optimize's allocation dependencies (0c1e57098, #27301): for each weighted reduction that matches
+    (before allocation: no memory-range check), its experts, router weights and scale are kept alive until
+    its output node has run: deps[output slot] gains their slots (each once)."""
+    consumers = consumer_counts(graph)
+    rec = graph.arena.rec
+    ops = rec["op"][graph.nodes].tolist()
+    i, n, mul = 0, graph.n_nodes, int(Op.MUL)
+    while i < n:
+        m = moe_reduction(graph, i, consumers) if ops[i] == mul else None
+        if m is not None:
+            count, experts, scale, weights = m
+            keep = deps.setdefault(int(graph.nodes[i + count - 1]), [])
+            for t in (experts, weights, scale):
+                if t is not None and t.idx not in keep:
+                    keep.append(t.idx)
+            i += count - 1
+        i += 1
+
+
+def _moe_reduction_fuses(graph: Graph, i: int, consumers) -> int:
+    """try_fuse's first attempt: the weighted reduction at node i when it matches and its output overlaps
+    none of the group's sources (ggml_cuda_check_fusion_memory_ranges); its node count, else 0."""
+    m = moe_reduction(graph, i, consumers)
+    if m is None or not _memory_ranges_ok(graph, i, m[0], i + m[0] - 1):
+        return 0
+    return m[0]
+
+
+_FUSION_FIRST = frozenset({Op.ROPE, Op.MUL_MAT, Op.MUL_MAT_ID, Op.RMS_NORM, Op.MUL})   # where try_fuse can match
+
+
+def try_fuse(graph: Graph, i: int, consumers: dict[int, int], cc: int = 900,
+             upstream: str = "0c1e57098") -> Fusion | None:
     """The fusion starting at node i, if one matches (upstream's order of attempts)."""
     op = graph.node(i).op
+    if op == Op.MUL:
+        count = _moe_reduction_fuses(graph, i, consumers) if upstream != "d99724f2" else 0
+        return Fusion(MOE_WR, count - 1) if count else None
     if op == Op.ROPE and _rope_set_rows(graph, i, consumers):
         return Fusion(ROPE_SET_ROWS, 2)
     if op == Op.MUL_MAT:
@@ -147,6 +260,8 @@ def _may_fuse(ops: list[int], ne1: list[int], ne2: list[int], i: int) -> bool:
         return (nxt == _MUL_MAT and nxt2 == _GLU and ne1[i + 1] == 1) or ne1[i] == 1
     if op == _MUL_MAT_ID:
         return nxt == _MUL_MAT_ID and nxt2 == _GLU and ne2[i + 1] == 1
+    if op == _MUL:          # the weighted reduction: its views follow (or the second MUL of the scaled form)
+        return nxt == _VIEW or nxt == _MUL
     return nxt == _MUL      # RMS_NORM
 
 
@@ -155,10 +270,12 @@ _ROPE, _VIEW, _SET_ROWS, _MUL_MAT, _MUL_MAT_ID, _GLU, _MUL = (
 _FIRST_INTS = frozenset(int(o) for o in _FUSION_FIRST)
 
 
-def fusion_plan(graph: Graph, cc: int = 900, launches: list[bool] | None = None) -> dict[int, Fusion]:
+def fusion_plan(graph: Graph, cc: int = 900, launches: list[bool] | None = None,
+                upstream: str = "0c1e57098") -> dict[int, Fusion]:
     """try_fuse evaluated at every node the loop can reach (a node absorbed by a fusion is never tried;
     views/no-ops and nodes without COMPUTE are skipped before try_fuse, as in the capture loop), where
-    _may_fuse lets a match through. `launches`: launching_nodes(graph), when the caller has it."""
+    _may_fuse lets a match through. `launches`: launching_nodes(graph), when the caller has it; `upstream`:
+    the llama.cpp whose rules apply (d99724f2 has no weighted reduction)."""
     consumers = consumer_counts(graph)
     if launches is None:
         launches = launching_nodes(graph)
@@ -171,7 +288,7 @@ def fusion_plan(graph: Graph, cc: int = 900, launches: list[bool] | None = None)
     n = graph.n_nodes
     while i < n:
         if launches[i] and ops[i] in _FIRST_INTS and _may_fuse(ops, ne1, ne2, i):
-            f = try_fuse(graph, i, consumers, cc)
+            f = try_fuse(graph, i, consumers, cc, upstream)
             if f:
                 plan[i] = f
                 i += f.absorbed
