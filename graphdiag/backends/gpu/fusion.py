@@ -20,7 +20,8 @@ Not made yet: topk-moe; snake, the NVFP4 scale fusions and softcap match no grap
 --upstream d99724f2 the weighted reduction is not tried (it came after).
 
 So a decode step at 1 token fuses more (and launches fewer kernels) than at 2: a 1 <-> 2 token change
-changes the captured CUDA graph's topology (the update is refused), 8 <-> 9 does not.
+changes the captured CUDA graph's topology (the update is refused); 8 <-> 9 fuses alike (on quantised
+weights the mat-muls' stream-k fixups change it there: lowering.py).
 llama.cpp's set_rows indices are I64 (its fusion requires it); graphdiag's index tensors are I32 and stand
 in for them, so that condition always holds here as it always does in llama.cpp.
 """
