@@ -46,12 +46,14 @@ class RunResult:
     failures: list[str] = field(default_factory=list)
 
 
-def _wall_less_kernel_loads(session: "Session"):
-    """ggml_time_us for the eviction sweep: the monotonic clock less the time every driver of the session
-    has spent loading kernels (nothing on the CPU backend, which has no driver)."""
+def _wall_less_own_work(session: "Session"):
+    """ggml_time_us for the eviction sweep: the monotonic clock less graphdiag's own work that llama.cpp never
+    does: the time every driver of the session has spent loading kernels (nothing on the CPU backend, which
+    has no driver) and the session's checks (--verify's recompute, --oracle's numpy forward: Session.own_ns).
+    A 1b oracle step of seconds on a loaded host must not age an entry toward ggml's 10 s idle rule."""
     def now_us() -> int:
         loads = sum(d.kernel_load_ns for d in (session.driver, *session.extra_drivers) if d is not None)
-        return (time.monotonic_ns() - loads) // 1000
+        return (time.monotonic_ns() - loads - getattr(session, "own_ns", 0)) // 1000
     return now_us
 
 
@@ -98,7 +100,8 @@ class Session:
             line = compute_cost_line(cfg)
             if line:
                 warn(line)
-        self.clock = clock or (Clock(self.driver.now_us) if sim else Clock(_wall_less_kernel_loads(self)))
+        self.own_ns = 0                # host ns of graphdiag's own checks (verify, oracle): off the eviction clock
+        self.clock = clock or (Clock(self.driver.now_us) if sim else Clock(_wall_less_own_work(self)))
         self.cpu, self.gpu, self.ctx, self.devices, self.split = None, None, None, None, None
         self.faults = FaultInjector([self.driver, *self.extra_drivers], self._fault_fired)
         self.fault_fired = ""          # the kind of the fault that fired in the current step ("" none)
@@ -491,11 +494,13 @@ class Stepper:
         bus.post(E.StepFinished, step, -1, 0, 0, bus.clock(), 0, dt, 0, tuple(out), mode,
                  complete=None if gpu_time is None else gpu_time.fill)
         self.r.tokens.append(out)
+        checks = time.monotonic_ns()
         if s.cfg.verify and mode == "replay":
             logits = logits.copy()             # in the read buffer, which the recompute's read reuses
             self._verify(step, logits)
         if s.reference is not None:
             self._oracle(step, p, batch, logits)
+        s.own_ns += time.monotonic_ns() - checks   # llama.cpp checks nothing: off the eviction clock
 
     def _device_time(self, step: int, device) -> None:
         from .report.sources.attribution import device_time
