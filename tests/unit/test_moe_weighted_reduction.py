@@ -10,7 +10,8 @@ import pytest
 from graphdiag.backends.abi import new_params, set_desc
 from graphdiag.backends.cpu import CpuBackend
 from graphdiag.backends.gpu.capture import lower_graph
-from graphdiag.backends.gpu.fusion import MOE_WR, fusion_plan, moe_alloc_deps, moe_reduction
+from graphdiag.backends.gpu.fusion import (MOE_WR, fusion_plan, moe_alloc_deps, moe_reduction,
+                                           moe_reduction_operands)
 from graphdiag.backends.gpu.fusion_graph import consumer_counts
 from graphdiag.backends.gpu.lowering import op_launches
 from graphdiag.backends.sim_kernels import run_kernel
@@ -77,6 +78,7 @@ def test_both_forms_match_up_to_fifteen_experts(k, scaled):
     m = moe_reduction(g, 0, consumer_counts(g))
     assert m is not None and m[0] == 2 * k + (1 if scaled else 0) == g.n_nodes
     assert (m[2] is not None) == scaled and m[1].name == "experts" and m[3].name == "weights"
+    assert moe_reduction_operands(g, 0) == (m[1], m[2], m[3])     # what the lowering reads back
 
 
 @pytest.mark.parametrize("k,off", [(16, 0), (1, 0), (3, 1)])

@@ -194,6 +194,17 @@ def moe_reduction(graph: Graph, i: int, consumers: dict[int, int]) -> tuple[int,
     return count, experts, scale, weights
 
 
+def moe_reduction_operands(graph: Graph, i: int) -> tuple[Tensor, Tensor | None, Tensor]:
+    """(experts, scale or None, router weights) of the weighted reduction moe_reduction matched at node i: in
+    the scaled form the second node is the MUL by the weights (in the plain form it is the first view)."""
+    first, second = graph.node(i), graph.node(i + 1)
+    if second.op == Op.MUL:
+        (experts, scale), weights = _split_mul(first), _split_mul(second)[1]
+        return experts, scale, weights
+    experts, weights = _split_mul(first)
+    return experts, None, weights
+
+
 def moe_alloc_deps(graph: Graph, deps: dict[int, list[int]]) -> None:
     """graph_optimize's allocation dependencies (0c1e57098, #27301): for each weighted reduction that matches
     (before allocation: no memory-range check), its experts, router weights and scale are kept alive until

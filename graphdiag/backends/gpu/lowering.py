@@ -47,8 +47,8 @@ from .. import abi
 from ..drivers.base import H200_MULTIPROCESSORS, Driver, Launch
 from .compat import MMVQ_MAX_BATCH_SIZE, mmq_stream_k_parts, mul_mat_id_needs_sync, mul_mat_path
 from .descriptors import DescriptorTable
-from .fusion import MMID_GLU, MMV_ADD, MMV_GLU, MOE_WR, RMS_NORM_MUL, ROPE_SET_ROWS, Fusion, moe_reduction
-from .fusion_graph import consumer_counts, other_src
+from .fusion import MMID_GLU, MMV_ADD, MMV_GLU, MOE_WR, RMS_NORM_MUL, ROPE_SET_ROWS, Fusion, moe_reduction_operands
+from .fusion_graph import other_src
 from .fusion_norm import RMS_NORM_MUL_ADD, RMS_NORM_MUL_ROPE, RMS_NORM_MUL_ROPE_SET_ROWS
 from ..abi import Q8_1, Q8_1_BYTES
 from ..geometry import (FA_HEAD_DIMS, FA_MAX_ROWS, fa_direct, fa_plan, fa_vec, geometry_of_bytes, launch_geometry,
@@ -359,11 +359,8 @@ def _lower_fused(d, graph: Graph, i: int, f: Fusion):
         resid = add.src[1] if add.src[0] == node else add.src[0]
         return _mat_product(d, f"mul_mat_vec_add_{_W[node.src[0].type]}", [add, node.src[0], node.src[1], resid],
                             x_slot=2, ip=_mmv_ip(add, node.src[0]))
-    if f.pattern == MOE_WR:         # experts, router weights and the optional scale, as the matcher found them
-        m = moe_reduction(graph, i, consumer_counts(graph))
-        if m is None or m[0] != f.absorbed + 1:
-            raise ValueError(f"node {i}: the weighted reduction planned here no longer matches")
-        _, experts, scale, weights = m
+    if f.pattern == MOE_WR:         # experts, router weights and the optional scale of the planned match
+        experts, scale, weights = moe_reduction_operands(graph, i)
         return KernelOp(_launch(d, "moe_weighted_reduction_f32", [graph.node(i + f.absorbed), experts, weights, scale]))
     if f.pattern == ROPE_SET_ROWS:
         sr = graph.node(i + 2)
