@@ -1,6 +1,6 @@
 """The graph allocator, modelled on ggml-alloc (ggml_gallocr): tensor placement in per-backend compute buffers.
 
-Planning ("reserve") walks the nodes in order with one first-fit free list per backend: a tensor is placed before
+Planning ("reserve") walks the nodes in order with one best-fit free list per backend: a tensor is placed before
 its node runs and its memory is returned after its last consumer (views keep their view_src alive). INPUT and
 OUTPUT tensors are never freed; views take view_src.data + view_offs; persistent tensors (the arena's persistent
 region: weights, KV cache) already have data and are left alone. The plan is kept per node position and reused
@@ -32,7 +32,8 @@ INPLACE_OPS = frozenset({Op.ADD, Op.MUL, Op.SCALE, Op.ROPE, Op.RMS_NORM, Op.SOFT
 
 
 class FreeList:
-    """First-fit allocator over an unbounded range of offsets (ggml_dyn_tallocr); `high` is the size needed."""
+    """ggml_dyn_tallocr over one chunk of unbounded size: free blocks below `top`, everything at or above it
+    free (ggml's last block); `high` is the size needed."""
 
     def __init__(self):
         self.blocks: list[list[int]] = []   # free [offset, size] below `top`, sorted by offset
@@ -40,14 +41,20 @@ class FreeList:
         self.high = 0
 
     def alloc(self, size: int) -> int:
+        """ggml_dyn_tallocr_alloc: the best-fitting free block below the top (the smallest that fits, the
+        last of equal ones), else the top."""
         size = aligned(size)
-        for i, (off, n) in enumerate(self.blocks):
-            if n >= size:
-                if n == size:
-                    self.blocks.pop(i)
-                else:
-                    self.blocks[i] = [off + size, n - size]
-                return off
+        best, best_size = -1, -1
+        for i, (_, n) in enumerate(self.blocks):
+            if size <= n and (best < 0 or n <= best_size):
+                best, best_size = i, n
+        if best >= 0:
+            off, n = self.blocks[best]
+            if n == size:
+                self.blocks.pop(best)
+            else:
+                self.blocks[best] = [off + size, n - size]
+            return off
         off, self.top = self.top, self.top + size
         self.high = max(self.high, self.top)
         return off

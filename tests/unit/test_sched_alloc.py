@@ -1,4 +1,4 @@
-"""The graph allocator: first-fit free list, tensor lifetimes, stable placement, realloc accounting."""
+"""The graph allocator: best-fit free list (ggml_dyn_tallocr), tensor lifetimes, stable placement, realloc accounting."""
 
 import pytest
 
@@ -13,12 +13,12 @@ from graphdiag.model.weights import create_model
 from graphdiag.sched.alloc import FreeList, GraphAllocator
 
 
-def test_free_list_first_fit_merges_and_tracks_the_high_water_mark():
+def test_free_list_merges_and_tracks_the_high_water_mark():
     fl = FreeList()
     a, b, c = fl.alloc(100), fl.alloc(300), fl.alloc(256)
     assert (a, b, c) == (0, 256, 768) and fl.high == 1024
     fl.free(a, 100)
-    assert fl.alloc(200) == 0                 # the first hole that fits
+    assert fl.alloc(200) == 0                 # the only hole that fits
     fl.free(0, 256)
     fl.free(b, 300)                           # merges with the hole before it
     assert fl.blocks == [[0, 768]]
@@ -26,6 +26,20 @@ def test_free_list_first_fit_merges_and_tracks_the_high_water_mark():
     fl.free(c, 256)
     fl.free(0, 700)
     assert fl.blocks == [] and fl.top == 0    # all free again: back to the open end
+
+
+def test_free_list_takes_the_best_fitting_hole_as_ggml_dyn_tallocr_alloc():
+    """The smallest free block that fits, the last of equal ones (`<=`), never the top while a hole fits;
+    first-fit would take the first hole."""
+    fl = FreeList()
+    offs = [fl.alloc(n) for n in (512, 256, 256, 256, 256, 256)]   # 0, 512, 768, 1024, 1280, 1536
+    for i in (0, 2, 4):                                          # holes: 512 @ 0, 256 @ 768, 256 @ 1280
+        fl.free(offs[i], 512 if i == 0 else 256)
+    assert fl.blocks == [[0, 512], [768, 256], [1280, 256]]
+    assert fl.alloc(200) == 1280              # the best fit, the later of two equal holes
+    assert fl.alloc(256) == 768               # the other 256 hole, not the 512 one before it
+    assert fl.alloc(300) == 0 and fl.top == 1792
+    assert fl.alloc(300) == 1792              # no hole fits: the top
 
 
 @pytest.fixture(scope="module")
