@@ -1,8 +1,7 @@
 """Micro benchmark of the CUDA driver layer (needs a GPU): python -m graphdiag.bench.driver [--json PATH]
 
 Measures, as medians after warm-up:
-  launch_host_us        host time of one CudaDriver.launch with pre-packed params (tiny kernel, no sync)
-  launch_host_us_bindings  the same launch through cuda.bindings' cuLaunchKernel
+  launch_host_us        host time of one cuLaunchKernel with pre-packed params (tiny kernel, no sync)
   capture_ms            stream capture of a graph of --kernels tiny kernels (host time)
   instantiate_ms        cuGraphInstantiate of that graph
   update_ms             cuGraphExecUpdate to a recapture with other pointers (same topology)
@@ -60,24 +59,6 @@ def _gpu_ms(drv, stream, fn, reps: int) -> float:
     return statistics.median(times)
 
 
-def _bindings_launch_us(drv, stream, launch, per_rep: int) -> float:
-    """Host time of the same launch through cuda.bindings' cuLaunchKernel (what CudaDriver.launch called
-    before it went through ctypes), for comparison."""
-    from cuda.bindings import driver as D
-    h = launch.handle
-    s = drv._s(stream)
-
-    def timed():
-        t0 = time.perf_counter_ns()
-        for _ in range(per_rep):
-            D.cuLaunchKernel(*h.args, s, h.argv_addr, 0)
-        dt = time.perf_counter_ns() - t0
-        drv.stream_synchronize(stream)
-        return dt
-    timed()
-    return statistics.median(timed() for _ in range(15)) / per_rep / 1e3
-
-
 def bench_launch_and_graphs(drv, stream, n_kernels: int) -> dict:
     n = 256
     bufs = [drv.mem_alloc(4 * n) for _ in range(4)]
@@ -102,7 +83,6 @@ def bench_launch_and_graphs(drv, stream, n_kernels: int) -> dict:
 
     timed_launches()
     launch_us = statistics.median(timed_launches() for _ in range(15)) / per_rep / 1e3
-    bindings_us = _bindings_launch_us(drv, stream, one, per_rep)
 
     def capture(chain):
         drv.begin_capture(stream)
@@ -131,7 +111,7 @@ def bench_launch_and_graphs(drv, stream, n_kernels: int) -> dict:
     drv.graph_destroy(gb)
     for b in bufs:
         drv.mem_free(b)
-    return {"kernels": n_kernels, "launch_host_us": launch_us, "launch_host_us_bindings": bindings_us, "capture_ms": capture_ms,
+    return {"kernels": n_kernels, "launch_host_us": launch_us, "capture_ms": capture_ms,
             "instantiate_ms": inst_ms, "update_ms": update_ms,
             "replay_us_per_kernel": replay_ms * 1e3 / n_kernels, "eager_us_per_kernel": eager_ms * 1e3 / n_kernels}
 
@@ -179,7 +159,7 @@ def main(argv=None) -> int:
     out = {"device": drv.info.name, "graphs": graphs, "mat_vec": mat_vec}
     print(f"device: {drv.info.name}")
     for k, v in graphs.items():
-        print(f"  {k:24s} {v:10.3f}" if isinstance(v, float) else f"  {k:24s} {v:10d}")
+        print(f"  {k:22s} {v:10.3f}" if isinstance(v, float) else f"  {k:22s} {v:10d}")
     for r in mat_vec:
         print(f"  {r['kernel']:18s} K={r['K']:5d} M={r['M']:5d} {r['us']:8.2f} us {r['GB_per_s']:8.1f} GB/s")
     if args.json:

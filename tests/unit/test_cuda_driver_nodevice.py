@@ -59,38 +59,3 @@ def test_error_mapping_names_result_and_call(monkeypatch):
     assert type(exc.value) is CudaError and exc.value.name == "CUDA_ERROR_INVALID_VALUE"
     assert cuda._check((cuda.D.CUresult.CUDA_SUCCESS, 5), "x") == 5
     assert cuda._check((cuda.D.CUresult.CUDA_SUCCESS, 1, 2), "x") == (1, 2)
-
-
-def test_launch_structs_have_cuda_h_layout():
-    """CUlaunchConfig and CUlaunchAttribute as cuda.h lays them out: cuLaunchKernelEx reads them by offset."""
-    import ctypes
-    cfg, attr = cuda._LaunchConfig, cuda._LaunchAttribute
-    assert ctypes.sizeof(attr) == 72 and attr.value.offset == 8           # id, pad to 8, 64-byte union
-    assert (cfg.sharedMemBytes.offset, cfg.hStream.offset, cfg.attrs.offset, cfg.numAttrs.offset) == (24, 32, 40, 48)
-    assert ctypes.sizeof(cfg) == 56
-
-
-def _bound(pdl: bool, stream, handle: int):
-    """A _Launcher without libcuda (its two entry points stand-ins) binding one prepared launch."""
-    launcher = object.__new__(cuda._Launcher)
-    launcher.plain, launcher.ex, launcher.pdl_id, launcher._streams = "plain", "ex", 6, {}
-    h = cuda._Prepared((0xF00D, 3, 2, 1, 128, 1, 1, 4096), None, 0xABC0, pdl)
-    return launcher, h, launcher.bind(h, stream, handle)
-
-
-def test_plain_launch_arguments_are_packed_once_per_stream():
-    stream = object()
-    launcher, h, (fn, args) = _bound(False, stream, 0x5151)
-    assert fn == "plain" and h.calls[id(stream)] == (fn, args)
-    assert [a.value for a in args[:8]] == [0xF00D, 3, 2, 1, 128, 1, 1, 4096]
-    assert (args[8].value, args[9].value, args[10].value) == (0x5151, 0xABC0, None)
-    assert launcher._streams[id(stream)] is stream                        # held: its id is never reused
-
-
-def test_pdl_launch_carries_the_serialisation_attribute():
-    import ctypes
-    launcher, h, (fn, args) = _bound(True, None, 0)
-    assert fn == "ex" and len(args) == 4 and args[1].value == 0xF00D and args[2].value == 0xABC0
-    cfg = args[0]._obj                                                    # the struct byref points at
-    assert (cfg.gridDimX, cfg.gridDimY, cfg.blockDimX, cfg.sharedMemBytes, cfg.numAttrs) == (3, 2, 128, 4096, 1)
-    assert cfg.hStream is None and cfg.attrs[0].id == 6 and cfg.attrs[0].value == 1

@@ -12,7 +12,7 @@ from __future__ import annotations
 import ctypes
 import time
 from pathlib import Path
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import numpy as np
 
@@ -73,15 +73,13 @@ def _load_exec_update():
 
 @dataclass(eq=False)
 class _Prepared:
-    """A launch packed once: cuLaunchKernel's leading arguments, the kernelParams pointer array, and per
-    stream the ready-made argument tuple of the ctypes call that launches it (_Launcher)."""
+    """A launch packed once: cuLaunchKernel's leading arguments and the kernelParams pointer array."""
 
     args: tuple           # (CUfunction, grid x, y, z, block x, y, z, shmem bytes)
     buf: object           # ctypes buffer: void*[1] = {&record}, 8 bytes of padding, then a private copy of
                           # the KPARAMS record (576 bytes)
     argv_addr: int
-    pdl: bool = False     # launched through cuLaunchKernelEx with programmatic stream serialisation
-    calls: dict = field(default_factory=dict)   # id(stream) -> (ctypes function, its argument tuple)
+    config: object = None  # CUlaunchConfig with programmatic stream serialisation (PDL), else None
 
 
 _ARGV_HEAD = 16   # bytes before the record in a _Prepared buffer (the pointer, padded to 16)
@@ -96,54 +94,17 @@ def _pack_argv(record: bytes):
     return buf, addr
 
 
-class _LaunchAttribute(ctypes.Structure):
-    """CUlaunchAttribute (cuda.h): the id, padding to 8 bytes, then the 64-byte CUlaunchAttributeValue union
-    (its first member here: programmaticStreamSerializationAllowed)."""
-
-    _fields_ = [("id", ctypes.c_int), ("_pad", ctypes.c_char * 4), ("value", ctypes.c_int),
-                ("_rest", ctypes.c_char * 60)]
-
-
-class _LaunchConfig(ctypes.Structure):
-    """CUlaunchConfig (cuda.h)."""
-
-    _fields_ = [("gridDimX", ctypes.c_uint), ("gridDimY", ctypes.c_uint), ("gridDimZ", ctypes.c_uint),
-                ("blockDimX", ctypes.c_uint), ("blockDimY", ctypes.c_uint), ("blockDimZ", ctypes.c_uint),
-                ("sharedMemBytes", ctypes.c_uint), ("hStream", ctypes.c_void_p),
-                ("attrs", ctypes.POINTER(_LaunchAttribute)), ("numAttrs", ctypes.c_uint)]
-
-
-class _Launcher:
-    """cuLaunchKernel and cuLaunchKernelEx called through ctypes from argument tuples built once per (launch,
-    stream). Written by hand because cuda.bindings converts every argument again on every call (the
-    CUfunction, the CUstream, the CUlaunchConfig and its attributes): measured by `python -m
-    graphdiag.bench.driver` on the H200 (launch_host_us against launch_host_us_bindings), that conversion
-    was most of graphdiag's eager host cost per launch. It is the same libcuda the bindings loaded, so the
-    handles are the same."""
-
-    def __init__(self, pdl_attribute_id: int):
-        lib = ctypes.CDLL("libcuda.so.1")
-        self.plain, self.ex = lib.cuLaunchKernel, lib.cuLaunchKernelEx
-        self.plain.restype = self.ex.restype = ctypes.c_int
-        self.pdl_id = pdl_attribute_id
-        self._streams: dict = {}         # id(stream) -> the stream (held, so that its id is never reused)
-
-    def bind(self, h: _Prepared, stream, handle: int) -> tuple:
-        """The (function, arguments) that launch `h` on `stream` (whose CUstream value is `handle`)."""
-        self._streams[id(stream)] = stream
-        fn, gx, gy, gz, bx, by, bz, shmem = h.args
-        if h.pdl:
-            # cfg keeps attr alive (its _objects), and the byref keeps cfg
-            attr = _LaunchAttribute(id=self.pdl_id, value=1)
-            cfg = _LaunchConfig(gx, gy, gz, bx, by, bz, shmem, handle, ctypes.pointer(attr), 1)
-            call = (self.ex, (ctypes.byref(cfg), ctypes.c_void_p(int(fn)), ctypes.c_void_p(h.argv_addr),
-                              ctypes.c_void_p(0)))
-        else:
-            u = ctypes.c_uint
-            call = (self.plain, (ctypes.c_void_p(int(fn)), u(gx), u(gy), u(gz), u(bx), u(by), u(bz), u(shmem),
-                                 ctypes.c_void_p(handle), ctypes.c_void_p(h.argv_addr), ctypes.c_void_p(0)))
-        h.calls[id(stream)] = call
-        return call
+def _pdl_config(args: tuple):
+    """A CUlaunchConfig for cuLaunchKernelEx: the grid, block and shared memory of `args`, and the
+    programmatic stream serialisation attribute (ggml_cuda_pdl_config). The stream is set per launch."""
+    cfg = D.CUlaunchConfig()
+    _, cfg.gridDimX, cfg.gridDimY, cfg.gridDimZ, cfg.blockDimX, cfg.blockDimY, cfg.blockDimZ, cfg.sharedMemBytes = args
+    attr = D.CUlaunchAttribute()
+    attr.id = D.CUlaunchAttributeID.CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION
+    attr.value.programmaticStreamSerializationAllowed = 1
+    cfg.attrs = [attr]
+    cfg.numAttrs = 1
+    return cfg
 
 
 @dataclass
@@ -171,7 +132,7 @@ class CudaDriver(Driver):
         self._functions: dict[str, object] = {}
         self._exec_update = _load_exec_update()
         self.batch_copies_error: str | None = None    # why cuMemcpyBatchAsync was refused (then: one by one)
-        self._launcher = _Launcher(int(D.CUlaunchAttributeID.CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION))
+        self._pdl_configs: dict[tuple, object] = {}    # launch geometry -> CUlaunchConfig (PDL)
         self._shmem_opt_in: dict[str, int] = {}       # kernel -> dynamic shared memory it was allowed
         self._closed = False
 
@@ -323,16 +284,23 @@ class CudaDriver(Driver):
             self._shmem_opt_in[launch.kernel] = shmem
         buf, addr = _pack_argv(launch.params.tobytes())   # private snapshot: later edits need a re-prepare
         args = (fn, *map(int, launch.grid), *map(int, launch.block), shmem)
-        launch.handle = _Prepared(args, buf, addr, self.pdl)
+        config = None
+        if self.pdl:   # one config per geometry, shared: launch() sets its stream right before each use
+            config = self._pdl_configs.get(args)
+            if config is None:
+                config = self._pdl_configs[args] = _pdl_config(args)
+        launch.handle = _Prepared(args, buf, addr, config)
         return launch
 
     def launch(self, stream, launch: Launch) -> None:
-        call = launch.handle.calls.get(id(stream))
-        if call is None:
-            call = self._launcher.bind(launch.handle, stream, int(self._s(stream)))
-        err = call[0](*call[1])
+        h = launch.handle
+        if h.config is not None:                      # cuLaunchKernelEx with the PDL attribute
+            h.config.hStream = self._s(stream)
+            (err,) = D.cuLaunchKernelEx(h.config, h.args[0], h.argv_addr, 0)
+        else:
+            (err,) = D.cuLaunchKernel(*h.args, self._s(stream), h.argv_addr, 0)
         if err:
-            raise _error(D.CUresult(err), f"cuLaunchKernel({launch.kernel})")
+            raise _error(err, f"cuLaunchKernel({launch.kernel})")
         if self.tracer is not None:
             self.tracer.on_launch(launch.kernel, launch.label)
 
