@@ -179,10 +179,17 @@ __device__ __forceinline__ float gelu_tanh(float x) {
     return 0.5f * x * (1.0f + tanhf(SQRT_2_OVER_PI * x * (1.0f + GELU_COEF_A * x * x)));
 }
 
-// ggml's GLU variants: 0 = REGLU, 1 = GEGLU (tanh approximation), 2 = SWIGLU.
-__device__ __forceinline__ float glu(int op, float g, float u) {
+// ggml-cuda's swiglu_clamp_single (0c1e57098): the gate clamped from above, up from both sides, by `limit`.
+__device__ __forceinline__ float swiglu_clamp(float g, float u, float limit) {
+    return silu(fminf(g, limit)) * fmaxf(fminf(u, limit), -limit);
+}
+
+// ggml's GLU variants: 0 = REGLU, 1 = GEGLU (tanh approximation), 2 = SWIGLU, 6 = SWIGLU_CLAMP (with `limit`,
+// the GLU's op param 3, which the fused kernels take in fp[0] as upstream's fusion_data.glu_limit).
+__device__ __forceinline__ float glu(int op, float g, float u, float limit = 0.0f) {
     if (op == 0) return fmaxf(g, 0.0f) * u;
     if (op == 1) return gelu_tanh(g) * u;
+    if (op == 6) return swiglu_clamp(g, u, limit);
     return silu(g) * u;
 }
 

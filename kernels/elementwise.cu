@@ -3,17 +3,19 @@
 // shape take a flat float4 path; otherwise indices are unravelled in 32 bits when they fit (common.cuh).
 #include "common.cuh"
 
-__device__ __forceinline__ float binop(int op, float a, float b) {
-    return op == 0 ? a + b : op == 1 ? a * b : op == 2 ? silu(a) * b : gelu_tanh(a) * b;
+__device__ __forceinline__ float binop(int op, float a, float b, float lim) {
+    return op == 0 ? a + b : op == 1 ? a * b : op == 2 ? silu(a) * b : op == 3 ? gelu_tanh(a) * b
+                   : swiglu_clamp(a, b, lim);
 }
 
 __device__ __forceinline__ bool same_ne(const tdesc &a, const tdesc &b) {
     return a.ne[0] == b.ne[0] && a.ne[1] == b.ne[1] && a.ne[2] == b.ne[2] && a.ne[3] == b.ne[3];
 }
 
-// op: 0 add, 1 mul, 2 swiglu (silu(a) * b), 3 geglu (gelu_tanh(a) * b)
+// op: 0 add, 1 mul, 2 swiglu (silu(a) * b), 3 geglu (gelu_tanh(a) * b), 4 swiglu_clamp (limit fp[0])
 template <typename I> __device__ void binary_t(const kparams &p, int op) {
     const tdesc &D = p.t[0], &A = p.t[1], &B = p.t[2];
+    const float lim = p.fp[0];
     const I n = (I)nelements(D), stride = (I)gridDim.x * blockDim.x;
     I i = (I)blockIdx.x * blockDim.x + threadIdx.x;
     if (dense_f32(D) && dense_f32(A) && dense_f32(B) && same_ne(D, A) && same_ne(D, B)) {
@@ -22,11 +24,11 @@ template <typename I> __device__ void binary_t(const kparams &p, int op) {
         if (n % 4 == 0 && ((D.data | A.data | B.data) & 15) == 0) {
             for (; i < n / 4; i += stride) {
                 const float4 x = ((const float4 *)a)[i], y = ((const float4 *)b)[i];
-                ((float4 *)d)[i] = make_float4(binop(op, x.x, y.x), binop(op, x.y, y.y), binop(op, x.z, y.z),
-                                               binop(op, x.w, y.w));
+                ((float4 *)d)[i] = make_float4(binop(op, x.x, y.x, lim), binop(op, x.y, y.y, lim),
+                                               binop(op, x.z, y.z, lim), binop(op, x.w, y.w, lim));
             }
         } else {
-            for (; i < n; i += stride) d[i] = binop(op, a[i], b[i]);
+            for (; i < n; i += stride) d[i] = binop(op, a[i], b[i], lim);
         }
         return;
     }
@@ -37,7 +39,7 @@ template <typename I> __device__ void binary_t(const kparams &p, int op) {
                                bcast_t(i2, A.ne[2], D.ne[2]), bcast_t(i3, A.ne[3], D.ne[3]));
         const float b = load_f(B, bcast_t(i0, B.ne[0], D.ne[0]), bcast_t(i1, B.ne[1], D.ne[1]),
                                bcast_t(i2, B.ne[2], D.ne[2]), bcast_t(i3, B.ne[3], D.ne[3]));
-        store_f(D, i0, i1, i2, i3, binop(op, a, b));
+        store_f(D, i0, i1, i2, i3, binop(op, a, b, lim));
     }
 }
 
@@ -50,6 +52,7 @@ KERNEL_LB(add_f32, 256) { binary(p, 0); }
 KERNEL_LB(mul_f32, 256) { binary(p, 1); }
 KERNEL_LB(glu_swiglu_f32, 256) { binary(p, 2); }
 KERNEL_LB(glu_geglu_f32, 256) { binary(p, 3); }
+KERNEL_LB(glu_swiglu_clamp_f32, 256) { binary(p, 4); }
 
 // dst = x * fp[0] + fp[1] (GGML_OP_SCALE with its bias): rounded multiply, then rounded add, never an FMA,
 // so the simulator's numpy (two roundings) gives the same bytes.

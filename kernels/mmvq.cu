@@ -102,7 +102,8 @@ template <int T, bool add> __device__ void qmmv(const kparams &p) {
     else qmmv_cols<T, add, MMVQ_NC>(p);
 }
 
-// dst[n, m] = glu(W_gate[m] . x[n], W_up[m] . x[n]) (ip[0]: 0 REGLU, 1 GEGLU, 2 SWIGLU).
+// dst[n, m] = glu(W_gate[m] . x[n], W_up[m] . x[n]) (ip[0]: 0 REGLU, 1 GEGLU, 2 SWIGLU, 6 SWIGLU_CLAMP;
+// fp[0]: its limit).
 template <int T, int NC> __device__ void qmmv_glu_cols(const kparams &p) {
     const tdesc &D = p.t[0], &G = p.t[1], &U = p.t[2], &X = p.t[3];
     const i64 m = (i64)blockIdx.x * MMVQ_WARPS + (threadIdx.x >> 5);
@@ -119,7 +120,7 @@ template <int T, int NC> __device__ void qmmv_glu_cols(const kparams &p) {
         qdots_at<T, NC>(u, U, X, n0, i2, i3, nc, au);
 #pragma unroll
         for (int n = 0; n < NC; ++n)
-            if (n < nc && lane == n) store_f(D, m, n0 + n, i2, i3, glu(p.ip[0], ag[n], au[n]));
+            if (n < nc && lane == n) store_f(D, m, n0 + n, i2, i3, glu(p.ip[0], ag[n], au[n], p.fp[0]));
     }
 }
 
@@ -162,7 +163,7 @@ template <int T> __device__ void qmmv_id_glu(const kparams &p) {
     const char *x = row_ptr(X, X.ne[1] > 1 ? s : 0, t, 0);
     const float g = frow_dot<T>(row_ptr(G, m, e, 0), G.ne[0], x, X.nb[0]);
     const float u = frow_dot<T>(row_ptr(U, m, e, 0), U.ne[0], x, X.nb[0]);
-    if ((threadIdx.x & 31) == 0) store_f(D, m, s, t, 0, glu(p.ip[0], g, u));
+    if ((threadIdx.x & 31) == 0) store_f(D, m, s, t, 0, glu(p.ip[0], g, u, p.fp[0]));
 }
 
 // One expert (ip[0]) over rows [ip[2], ip[2] + ip[1]) of the (slot, token) map. Grid (ceil(M/4), rows).

@@ -1,6 +1,7 @@
 // mul_mat_id_vec_glu_*: the fused expert gate/up mat-vec + GLU of one token (ggml fuses
 // MUL_MAT_ID, MUL_MAT_ID, GLU when the experts' mat-vec writes one column):
-//   dst[t, s, m] = glu(G[ids[t, s]][m] . x[t, s or 0], U[ids[t, s]][m] . x[t, s or 0])   (ip[0]: the GLU op)
+//   dst[t, s, m] = glu(G[ids[t, s]][m] . x[t, s or 0], U[ids[t, s]][m] . x[t, s or 0])   (ip[0]: the GLU op,
+//   fp[0]: SWIGLU_CLAMP's limit)
 // One warp per output row m, 4 rows per block; grid (ceil(M / 4), n_used, T) as mul_mat_id_vec.
 #include "common.cuh"
 
@@ -23,7 +24,7 @@ template <int T> __device__ void mmid_glu(const kparams &p) {
     }
     ag = warp_sum(ag);
     au = warp_sum(au);
-    if (lane == 0) store_f(D, m, s, t, 0, glu(p.ip[0], ag, au));
+    if (lane == 0) store_f(D, m, s, t, 0, glu(p.ip[0], ag, au, p.fp[0]));
 }
 
 KERNEL_LB(mul_mat_id_vec_glu_f32, 128) { mmid_glu<GGML_F32>(p); }

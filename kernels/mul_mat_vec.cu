@@ -390,7 +390,8 @@ template <int T, bool add> __device__ void mmv(const kparams &p) {
     else mmv_cols<T, add, MMV_NC>(p);
 }
 
-// dst[n, m] = glu(W_gate[m] . x[n], W_up[m] . x[n]) (ip[0]: 0 REGLU, 1 GEGLU, 2 SWIGLU).
+// dst[n, m] = glu(W_gate[m] . x[n], W_up[m] . x[n]) (ip[0]: 0 REGLU, 1 GEGLU, 2 SWIGLU, 6 SWIGLU_CLAMP;
+// fp[0]: its limit).
 template <int T, int NC> __device__ __forceinline__ void mmv_glu_cols(const kparams &p) {
     const tdesc &D = p.t[0], &G = p.t[1], &U = p.t[2], &X = p.t[3];
     const i64 m = (i64)blockIdx.x * MMV_WARPS + (threadIdx.x >> 5);
@@ -417,7 +418,7 @@ template <int T, int NC> __device__ __forceinline__ void mmv_glu_cols(const kpar
         }
 #pragma unroll
         for (int n = 0; n < NC; ++n)
-            if (n < nc && lane == n) store_f(D, m, n0 + n, i2, i3, glu(p.ip[0], ag[n], au[n]));
+            if (n < nc && lane == n) store_f(D, m, n0 + n, i2, i3, glu(p.ip[0], ag[n], au[n], p.fp[0]));
     }
 }
 

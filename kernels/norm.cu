@@ -14,8 +14,9 @@ __device__ __forceinline__ bool rms_fast(const tdesc &d, i64 n) {
 }
 
 // per row: x / sqrt(mean(x^2) + eps), times w (broadcast by modulo, as ggml's binary ops) when `mul`, plus r
-// (t[3], broadcast the same way: the fused ADD's other operand) when `add`.
-__device__ void rms_norm_row(const kparams &p, bool mul, bool add = false) {
+// (t[3], broadcast the same way: the fused ADD's other operand) when `add`, times fp[1] when `scaled` (the
+// fused SCALE's factor: upstream's rms_norm_f32<do_scale>, scale_out * (x * rsqrt), never with `mul`).
+__device__ void rms_norm_row(const kparams &p, bool mul, bool add = false, bool scaled = false) {
     __shared__ float red[32];
     const tdesc &D = p.t[0], &X = p.t[1], &Wt = p.t[2], &R = p.t[3];
     const i64 i1 = blockIdx.x, i2 = blockIdx.y, i3 = blockIdx.z, n = X.ne[0];
@@ -47,6 +48,7 @@ __device__ void rms_norm_row(const kparams &p, bool mul, bool add = false) {
                 float4 v = make_float4(xv[u].x * scale, xv[u].y * scale, xv[u].z * scale, xv[u].w * scale);
                 if (mul) { v.x *= wv[u].x; v.y *= wv[u].y; v.z *= wv[u].z; v.w *= wv[u].w; }
                 if (add) { v.x += rv[u].x; v.y += rv[u].y; v.z += rv[u].z; v.w += rv[u].w; }
+                if (scaled) { v.x *= p.fp[1]; v.y *= p.fp[1]; v.z *= p.fp[1]; v.w *= p.fp[1]; }
                 dr[i] = v;
             }
         }
@@ -63,6 +65,7 @@ __device__ void rms_norm_row(const kparams &p, bool mul, bool add = false) {
         float v = load_f(X, i0, i1, i2, i3) * scale;
         if (mul) v *= load_f(Wt, i0 % Wt.ne[0], i1 % Wt.ne[1], i2 % Wt.ne[2], i3 % Wt.ne[3]);
         if (add) v += load_f(R, i0 % R.ne[0], i1 % R.ne[1], i2 % R.ne[2], i3 % R.ne[3]);
+        if (scaled) v *= p.fp[1];
         store_f(D, i0, i1, i2, i3, v);
     }
 }
@@ -70,6 +73,7 @@ __device__ void rms_norm_row(const kparams &p, bool mul, bool add = false) {
 KERNEL_LB(rms_norm_f32, 1024) { rms_norm_row(p, false); }
 KERNEL_LB(rms_norm_mul_f32, 1024) { rms_norm_row(p, true); }
 KERNEL_LB(rms_norm_mul_add_f32, 1024) { rms_norm_row(p, true, true); }
+KERNEL_LB(rms_norm_scale_f32, 1024) { rms_norm_row(p, false, false, true); }
 
 // per row: softmax(scale * x)
 KERNEL_LB(soft_max_f32, 256) {

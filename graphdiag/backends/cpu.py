@@ -19,6 +19,7 @@ from . import cpu_ops as ops
 from .base import Backend
 
 HOST_BASE = 0x1000_0000_0000
+_GLU_OPS = (GluOp.SWIGLU, GluOp.GEGLU, GluOp.SWIGLU_CLAMP)
 
 
 def _f32(rec, i: int) -> float:
@@ -148,12 +149,13 @@ class CpuBackend(Backend):
         self._view(a, r)[...] = ops.flash_attn_ext(q, k, v, mask, _f32(r, 0))
 
     def _glu(self, a, r):
-        """Split GLU (gate = src0, up = src1): SWIGLU or GEGLU; swapped (op_params[1]) is never built."""
+        """Split GLU (gate = src0, up = src1): SWIGLU, GEGLU or SWIGLU_CLAMP (its limit: op param 3, f32);
+        swapped (op_params[1]) is never built."""
         glu, swapped = int(r["op_params"][0]), int(r["op_params"][1])
-        if glu not in (GluOp.SWIGLU, GluOp.GEGLU) or swapped or not int(r["src"][1]):
+        if glu not in _GLU_OPS or swapped or not int(r["src"][1]):
             raise GraphdiagError(f"{self.name}: GLU op {glu} (swapped {swapped}) with src1={int(r['src'][1]):#x} "
-                                 "is not implemented (only split SWIGLU and GEGLU)")
-        self._view(a, r)[...] = ops.glu(glu, self._src(a, r, 0), self._src(a, r, 1))
+                                 "is not implemented (only split SWIGLU, GEGLU and SWIGLU_CLAMP)")
+        self._view(a, r)[...] = ops.glu(glu, self._src(a, r, 0), self._src(a, r, 1), _f32(r, 3))
 
     def _scale(self, a, r):
         """op_params f32 [s, bias]: dst = src0 * s + bias."""

@@ -107,13 +107,23 @@ def geglu(gate: np.ndarray, up: np.ndarray) -> np.ndarray:
     return gelu_tanh(gate) * to_f32(up)
 
 
-def glu(op: int, gate: np.ndarray, up: np.ndarray) -> np.ndarray:
-    """The split GLU `op` (GluOp value: 1 GEGLU, 2 SWIGLU) of gate and up; other ops raise GraphdiagError."""
+def swiglu_clamp(gate: np.ndarray, up: np.ndarray, limit: float) -> np.ndarray:
+    """silu(min(gate, limit)) * clamp(up, -limit, limit), float32 (GGML_GLU_OP_SWIGLU_CLAMP, 0c1e57098; ggml-cpu's
+    swiglu_clamp: the gate clamped from above only, up from both sides)."""
+    lim = F32(limit)
+    return silu(np.minimum(to_f32(gate), lim)) * np.clip(to_f32(up), -lim, lim)
+
+
+def glu(op: int, gate: np.ndarray, up: np.ndarray, limit: float = 0.0) -> np.ndarray:
+    """The split GLU `op` (GluOp value: 1 GEGLU, 2 SWIGLU, 6 SWIGLU_CLAMP with `limit`) of gate and up; other
+    ops raise GraphdiagError."""
     if op == 2:
         return swiglu(gate, up)
     if op == 1:
         return geglu(gate, up)
-    raise GraphdiagError(f"glu: op {op} is not implemented (1 = GEGLU, 2 = SWIGLU)")
+    if op == 6:
+        return swiglu_clamp(gate, up, limit)
+    raise GraphdiagError(f"glu: op {op} is not implemented (1 = GEGLU, 2 = SWIGLU, 6 = SWIGLU_CLAMP)")
 
 
 def scale(x: np.ndarray, s: float, bias: float = 0.0) -> np.ndarray:

@@ -328,8 +328,9 @@ def _table() -> dict[str, Callable[[np.ndarray], Geometry]]:
         t[f"mul_mat_id_vec_glu_{w}"] = _mmv_id
         t[f"mul_mat_id_gathered_{w}"] = _mmv_gathered
     t.update({
-        "rms_norm_f32": _rms_rows, "rms_norm_mul_f32": _rms_rows, "soft_max_f32": _per_row(1),
-        "mul_f32": _binary, "add_f32": _binary, "glu_swiglu_f32": _binary,
+        "rms_norm_f32": _rms_rows, "rms_norm_mul_f32": _rms_rows, "rms_norm_scale_f32": _rms_rows,
+        "soft_max_f32": _per_row(1),
+        "mul_f32": _binary, "add_f32": _binary, "glu_swiglu_f32": _binary, "glu_swiglu_clamp_f32": _binary,
         "cpy_f32_f32": _elementwise(1), "cpy_f32_f16": _elementwise(1),
         "rope_f32": _elementwise(1, per=2),
         "set_rows_f16": _elementwise(1), "set_rows_f32": _elementwise(1),

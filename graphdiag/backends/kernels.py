@@ -86,9 +86,9 @@ def _specs() -> dict[str, KernelSpec]:
                                  "q8_0": "same as mul_mat_vec_q8_0, any N (int8 tensor cores)"}[w]))
         s.append(KernelSpec(f"mul_mat_vec_glu_{w}",
                             ("dst (M, N)", f"W_gate {w} (K, M)", f"W_up {w} (K, M)", x),
-                            ip=("glu op (1 = GEGLU, 2 = SWIGLU)",),
-                            doc="fused gate/up mat-vec + GLU: dst = glu(W_gate x, W_up x) (glu_swiglu_f32's or "
-                                "glu_geglu_f32's formula); N <= 8"))
+                            ip=("glu op (1 = GEGLU, 2 = SWIGLU, 6 = SWIGLU_CLAMP)",), fp=("SWIGLU_CLAMP's limit",),
+                            doc="fused gate/up mat-vec + GLU: dst = glu(W_gate x, W_up x) (glu_swiglu_f32's, "
+                                "glu_geglu_f32's or glu_swiglu_clamp_f32's formula); N <= 8"))
         s.append(KernelSpec(f"mul_mat_vec_add_{w}",
                             ("dst (M, N)", f"W {w} (K, M)", x, "r F32 (M, N), same shape as dst"),
                             doc="fused mat-vec + ADD (the residual): dst = W x + r; N <= 8 (1 in the graphs)"))
@@ -99,9 +99,9 @@ def _specs() -> dict[str, KernelSpec]:
         s.append(KernelSpec(f"mul_mat_id_vec_glu_{w}",
                             ("dst (M, n_used, 1)", f"gate experts {w} (K, M, E)", f"up experts {w} (K, M, E)",
                              "x F32 (K, n_b, 1), n_b in {1, n_used}", "ids I32 (n_used, 1)"),
-                            ip=("glu op (2 = SWIGLU)",),
-                            doc="fused expert gate/up mat-vec + GLU of one token: dst[s] = silu(G[ids[s]] x) * "
-                                "(U[ids[s]] x) (kernels/mul_mat_id_glu.cu)"))
+                            ip=("glu op (1 = GEGLU, 2 = SWIGLU, 6 = SWIGLU_CLAMP)",), fp=("SWIGLU_CLAMP's limit",),
+                            doc="fused expert gate/up mat-vec + GLU of one token: dst[s] = glu(G[ids[s]] x, "
+                                "U[ids[s]] x), e.g. silu(G[ids[s]] x) * (U[ids[s]] x) (kernels/mul_mat_id_glu.cu)"))
         s.append(KernelSpec(f"mul_mat_id_gathered_{w}",
                             ("dst (M, n_used, T)", f"experts {w} (K, M, E)", "x F32 (K, n_b, T)",
                              "row map I32 pairs (slot, token), device memory written by the host"),
@@ -113,6 +113,9 @@ def _specs() -> dict[str, KernelSpec]:
         KernelSpec("rms_norm_f32", ("dst", "x"), fp=("eps",), doc="per row: x / sqrt(mean(x^2) + eps)"),
         KernelSpec("rms_norm_mul_f32", ("dst", "x", "w (broadcast)"), fp=("eps",),
                    doc="fused RMS_NORM + MUL: rms_norm(x) * w"),
+        KernelSpec("rms_norm_scale_f32", ("dst (the SCALE)", "x"), fp=("eps", "scale"),
+                   doc="fused RMS_NORM + SCALE without bias (0c1e57098): (x / sqrt(mean(x^2) + eps)) * scale, "
+                       "rms_norm_f32's value then one rounded multiply (rms_norm_f32 then scale_f32's bytes)"),
         KernelSpec("mul_f32", ("dst", "a", "b (broadcast)"), doc="a * b"),
         KernelSpec("add_f32", ("dst", "a", "b (broadcast)"), doc="a + b"),
         KernelSpec("rope_f32", ("dst (D, H, T)", "x (D, H, T)", "pos I32 (T)"),
@@ -165,6 +168,9 @@ def _specs() -> dict[str, KernelSpec]:
         KernelSpec("argsort_f32_i32_desc", ("dst I32 (n, rows)", "x F32 (n, rows)"),
                    doc="each row's indices by descending value; ties: lower index first (top_k_f32 with k = n)"),
         KernelSpec("glu_swiglu_f32", ("dst", "gate", "up"), doc="silu(gate) * up"),
+        KernelSpec("glu_swiglu_clamp_f32", ("dst", "gate", "up"), fp=("limit",),
+                   doc="silu(min(gate, limit)) * min(max(up, -limit), limit) (GGML_GLU_OP_SWIGLU_CLAMP, "
+                       "0c1e57098)"),
         KernelSpec("cpy_f32_f32", ("dst", "src"), doc="element-wise copy between strided layouts, same ne"),
         KernelSpec("cpy_f32_f16", ("dst F16", "src F32"), doc="copy with conversion"),
         *(KernelSpec(f"rng_fill_{w}", (f"dst {w}, contiguous (a weight)",),
@@ -202,7 +208,8 @@ def _x_specs() -> list[KernelSpec]:
             KernelSpec(f"mul_mat_vec_{w}", ("dst (M, N, B2, B3)", f"W {w} (K, M)", x), ip=("unused", "warps per row"),
                        doc=f"dst[.., n, m] = {dot}; N <= 8 (the mat-vec path)"),
             KernelSpec(f"mul_mat_vec_glu_{w}", ("dst (M, N)", f"W_gate {w} (K, M)", f"W_up {w} (K, M)", x),
-                       ip=("glu op (0 REGLU, 1 GEGLU, 2 SWIGLU)",), doc="glu(W_gate x, W_up x); N <= 8"),
+                       ip=("glu op (0 REGLU, 1 GEGLU, 2 SWIGLU, 6 SWIGLU_CLAMP)",), fp=("SWIGLU_CLAMP's limit",),
+                       doc="glu(W_gate x, W_up x); N <= 8"),
             KernelSpec(f"mul_mat_vec_add_{w}", ("dst (M, N)", f"W {w} (K, M)", x, "r F32 (M, N)"),
                        ip=("unused", "warps per row"), doc="W x + r; N <= 8"),
             KernelSpec(f"mul_mat_id_vec_{w}", ("dst (M, n_used, T)", f"experts {w} (K, M, E)",
@@ -210,7 +217,8 @@ def _x_specs() -> list[KernelSpec]:
                        doc=f"dst[t, s, :] = ({deq} of experts[ids[t, s]]) . x[t, s or 0] (F32 x)"),
             KernelSpec(f"mul_mat_id_vec_glu_{w}", ("dst (M, n_used, 1)", f"gate experts {w} (K, M, E)",
                                                    f"up experts {w} (K, M, E)", "x F32 (K, n_b, 1)", "ids I32 (n_used, 1)"),
-                       ip=("glu op",), doc="glu(G[ids[s]] x, U[ids[s]] x) of one token (F32 x)"),
+                       ip=("glu op",), fp=("SWIGLU_CLAMP's limit",),
+                       doc="glu(G[ids[s]] x, U[ids[s]] x) of one token (F32 x)"),
             KernelSpec(f"mul_mat_id_gathered_{w}", ("dst (M, n_used, T)", f"experts {w} (K, M, E)", "x F32 (K, n_b, T)",
                                                     "row map I32 pairs (slot, token)"),
                        ip=("expert id", "number of rows", "first pair in the row map"),

@@ -87,8 +87,8 @@ def _check(cond: bool, kernel: str, detail: str) -> None:
 
 
 def _check_glu(p: np.ndarray, kernel: str) -> None:
-    _check(_ip(p, 0) in (GluOp.GEGLU, GluOp.SWIGLU), kernel,
-           f"glu op {_ip(p, 0)} (GEGLU = 1 and SWIGLU = 2 are implemented)")
+    _check(_ip(p, 0) in (GluOp.GEGLU, GluOp.SWIGLU, GluOp.SWIGLU_CLAMP), kernel,
+           f"glu op {_ip(p, 0)} (GEGLU = 1, SWIGLU = 2 and SWIGLU_CLAMP = 6 are implemented)")
 
 
 def _type_name(t: int) -> str:
@@ -207,7 +207,7 @@ def _mul_mat_vec_glu(name: str, wt: GGMLType) -> Kernel:
         _check_glu(p, name)
         gate = _product(name, wt, space, p, 1, 3, MMV_MAX_N)
         up = _product(name, wt, space, p, 2, 3, MMV_MAX_N)
-        view(space, p, 0)[...] = ops.glu(_ip(p, 0), gate, up)
+        view(space, p, 0)[...] = ops.glu(_ip(p, 0), gate, up, _fp(p, 0))
     return k
 
 
@@ -232,7 +232,7 @@ def _mul_mat_id_vec_glu(name: str, wt: GGMLType) -> Kernel:
         x, ids = view(space, p, 3), view(space, p, 4)
         gate = ops.mul_mat_id(view(space, p, 1), x, ids)
         up = ops.mul_mat_id(view(space, p, 2), x, ids)
-        view(space, p, 0)[...] = ops.glu(_ip(p, 0), gate, up)
+        view(space, p, 0)[...] = ops.glu(_ip(p, 0), gate, up, _fp(p, 0))
     return k
 
 

@@ -1,6 +1,7 @@
 """The simulator's twins of the Gemma 3 / Qwen kernels (kernels.py's _gemma_qwen_specs): scale, GEGLU and the
-RMS_NORM fusions with ADD and with ROPE (and the K-cache write). Built on cpu_ops, composing the unfused ops
-in the order the fused CUDA kernels compute them."""
+RMS_NORM fusions with ADD and with ROPE (and the K-cache write); and of 0c1e57098's RMS_NORM + SCALE fusion and
+GLU SWIGLU_CLAMP (issue 29). Built on cpu_ops, composing the unfused ops in the order the fused CUDA kernels
+compute them."""
 
 from __future__ import annotations
 
@@ -25,6 +26,14 @@ def build(view) -> dict[str, Kernel]:
     def geglu(space, p):
         view(space, p, 0)[...] = ops.geglu(view(space, p, 1), view(space, p, 2))
 
+    def swiglu_clamp(space, p):
+        """silu(min(gate, limit)) * clamp(up, ±limit), the limit fp[0]."""
+        view(space, p, 0)[...] = ops.swiglu_clamp(view(space, p, 1), view(space, p, 2), float(p["fp"][0]))
+
+    def norm_scale(space, p):
+        """rms_norm(t[1], eps fp[0]) times fp[1]: one rounded multiply, no bias (scale_f32's bytes at bias 0)."""
+        view(space, p, 0)[...] = ops.rms_norm(view(space, p, 1), float(p["fp"][0])) * np.float32(p["fp"][1])
+
     def norm_mul(space, p) -> np.ndarray:
         """rms_norm(t[1], eps fp[0]) * t[2]."""
         return ops.mul(ops.rms_norm(view(space, p, 1), float(p["fp"][0])), view(space, p, 2))
@@ -46,5 +55,6 @@ def build(view) -> dict[str, Kernel]:
             raise CudaError("CUDA_ERROR_INVALID_VALUE", name, "t[0] is not an F16 cache")
         ops.set_rows(view(space, p, 0), norm_mul_rope_of(space, p), view(space, p, 4))
 
-    return {"scale_f32": scale, "glu_geglu_f32": geglu, "rms_norm_mul_add_f32": norm_mul_add,
+    return {"scale_f32": scale, "glu_geglu_f32": geglu, "glu_swiglu_clamp_f32": swiglu_clamp,
+            "rms_norm_scale_f32": norm_scale, "rms_norm_mul_add_f32": norm_mul_add,
             "rms_norm_mul_rope_f32": norm_mul_rope, "rms_norm_mul_rope_set_rows_f16": norm_mul_rope_set_rows}

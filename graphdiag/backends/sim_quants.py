@@ -47,14 +47,16 @@ def raw_rows(space: AddressSpace, p: np.ndarray, slot: int, t: int, kernel: str)
     return np.ndarray(shape, np.uint8, buffer=buf, offset=off, strides=strides)
 
 
-def glu(op: int, g: np.ndarray, u: np.ndarray) -> np.ndarray:
-    """common.cuh glu(): 0 REGLU, 1 GEGLU (tanh approximation), 2 SWIGLU, in float32."""
+def glu(op: int, g: np.ndarray, u: np.ndarray, limit: float = 0.0) -> np.ndarray:
+    """common.cuh glu(): 0 REGLU, 1 GEGLU (tanh approximation), 2 SWIGLU, 6 SWIGLU_CLAMP (`limit`), in float32."""
     g, u = g.astype(F32), u.astype(F32)
     if op == 0:
         return np.maximum(g, F32(0)) * u
     if op == 1:
         c = F32(0.7978845608028654)
         return F32(0.5) * g * (F32(1) + np.tanh(c * (g + F32(0.044715) * g * g * g))) * u
+    if op == 6:
+        return ops.swiglu_clamp(g, u, limit)
     return ops.swiglu(g, u)
 
 
@@ -87,9 +89,9 @@ def _mul_mat_vec_add(name: str, t: int):
 def _mul_mat_vec_glu(name: str, t: int):
     def k(space, p):
         op = int(p["ip"][0])
-        _check(op in (0, 1, 2), name, f"glu op {op}")
+        _check(op in (0, 1, 2, 6), name, f"glu op {op}")
         gate, up = _product(name, t, space, p, 1, 3), _product(name, t, space, p, 2, 3)
-        view(space, p, 0)[...] = glu(op, gate, up)
+        view(space, p, 0)[...] = glu(op, gate, up, float(p["fp"][0]))
     return k
 
 
@@ -108,7 +110,7 @@ def _mul_mat_id_vec_glu(name: str, t: int):
         x, ids = view(space, p, 3), view(space, p, 4)
         gate = ops.mul_mat_id(_experts(space, p, 1, t, name), x, ids)
         up = ops.mul_mat_id(_experts(space, p, 2, t, name), x, ids)
-        view(space, p, 0)[...] = glu(int(p["ip"][0]), gate, up)
+        view(space, p, 0)[...] = glu(int(p["ip"][0]), gate, up, float(p["fp"][0]))
     return k
 
 

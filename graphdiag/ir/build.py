@@ -164,6 +164,12 @@ class Ctx:
         x.set_param_i32(0, int(op))
         return x
 
+    def swiglu_clamp(self, gate: Tensor, up: Tensor, limit: float, name: str) -> Tensor:
+        """ggml_swiglu_clamp (0c1e57098): the split GLU SWIGLU_CLAMP, its limit an f32 in op param 3."""
+        x = self.glu_split(gate, up, GluOp.SWIGLU_CLAMP, name)
+        x.set_param_f32(3, limit)
+        return x
+
     def cast(self, a: Tensor, t: int, name: str) -> Tensor:
         """a converted to type t (ggml_cast: a CPY node into a new tensor of a's shape). ggml also points the
         result's src[1] at itself; graphdiag leaves src[1] empty (a pointer that never changes decides

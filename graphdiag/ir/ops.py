@@ -30,9 +30,12 @@ class Op(enum.IntEnum):
 
 
 class GluOp(enum.IntEnum):
+    """enum ggml_glu_op, ggml's values (SWIGLU_OAI 3, GEGLU_ERF 4 and GEGLU_QUICK 5 are never built here)."""
     REGLU = 0
     GEGLU = 1
     SWIGLU = 2
+    SWIGLU_CLAMP = 6     # llama.cpp 0c1e57098 (not in ggml d99724f2): silu(min(gate, limit)) * clamp(up, ±limit),
+                         # the limit an f32 in op param 3
 
 
 class TensorFlag(enum.IntFlag):

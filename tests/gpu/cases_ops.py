@@ -1,5 +1,6 @@
 """Kernel cases of the Gemma 3 / Qwen ops and fusions (scale, GEGLU, the norm fusions with add and rope,
-NEOX rope, per-head QK-norm rows, broadcast bias adds, GEGLU mat-vec, flash attention at head size 256)."""
+NEOX rope, per-head QK-norm rows, broadcast bias adds, GEGLU mat-vec, flash attention at head size 256), and of
+0c1e57098's RMS_NORM + SCALE fusion and GLU SWIGLU_CLAMP (alone and in the fused gate/up mat-vecs)."""
 
 from __future__ import annotations
 
@@ -137,6 +138,38 @@ def flash_attn_256_cases() -> list[Case]:
     return out
 
 
+def norm_scale_swiglu_clamp_cases() -> list[Case]:
+    """rms_norm_scale_f32 on its float4 path and its strided loop; SWIGLU_CLAMP (limit fp[0]) with most values
+    beyond the limit: alone, and in the fused gate/up mat-vec and expert mat-vec kernels (ip[0] = 6)."""
+    out = []
+    for tag, n, t in (("decode-4096", 4096, 1), ("odd-1002", 1002, 3)):
+        c = Case("rms_norm_scale_f32", tag, F32_ELEM)
+        out.append(c.set(c.output(G.F32, n, t), c.randn(G.F32, n, t, scale=3), fp=(1e-6, 0.125)))
+    c = Case("rms_norm_scale_f32", "strided-view", F32_ELEM)
+    xb = c.randn(G.F32, 64, 6)
+    out.append(c.set(c.output(G.F32, 40, 3), c.view(xb, (40, 3), (4, 2 * xb.nb[1]), off=8), fp=(1e-5, -2.5)))
+    c = Case("glu_swiglu_clamp_f32", "rows", F32_ELEM)
+    out.append(c.set(c.output(G.F32, 2048, 3), c.randn(G.F32, 2048, 3, scale=4), c.randn(G.F32, 2048, 3, scale=4),
+                     fp=(1.5,)))
+    c = Case("glu_swiglu_clamp_f32", "odd-strided", F32_ELEM)
+    gb = c.randn(G.F32, 101, 2, scale=4)
+    out.append(c.set(c.output(G.F32, 99, 2), c.view(gb, (99, 2), (4, gb.nb[1])), c.randn(G.F32, 99, 2, scale=4),
+                     fp=(1.5,)))
+    for w in ("f16", "q8_0", "f32"):
+        for k, m, n in ((640, 2048, 1), (512, 77, 3)):
+            # the dots' rounding (~1e-6 of |dot|, up to ~25 here) is measured against max|ref|, which the
+            # clamp caps at 7 * silu(7): 2.3e-6 seen on the H200 at K640 (F16, F32), so twice F32_DOT
+            c = Case(f"mul_mat_vec_glu_{w}", f"swiglu-clamp-K{k}-M{m}-N{n}", 2 * F32_DOT)
+            x = c.q8_1(k, n) if w == "q8_0" else c.randn(G.F32, k, n)
+            out.append(c.set(c.output(G.F32, m, n), c.randn(WT[w], k, m), c.randn(WT[w], k, m), x, ip=(6,),
+                             fp=(7.0,)))
+        c = Case(f"mul_mat_id_vec_glu_{w}", "swiglu-clamp-E4-nb2", F32_DOT)
+        ids = c.ints(c.rng.permutation(4)[:2], (2, 1))
+        out.append(c.set(c.output(G.F32, 100, 2, 1), c.randn(WT[w], 256, 100, 4), c.randn(WT[w], 256, 100, 4),
+                         c.randn(G.F32, 256, 2, 1), ids, ip=(6,), fp=(7.0,)))
+    return out
+
+
 def op_cases() -> list[Case]:
     return (elementwise_op_cases() + norm_op_cases() + rope_neox_cases() + geglu_mat_vec_cases()
-            + flash_attn_256_cases())
+            + flash_attn_256_cases() + norm_scale_swiglu_clamp_cases())

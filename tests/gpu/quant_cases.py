@@ -50,9 +50,10 @@ def _mat_vec(w: str) -> list[Case]:
         c = Case(f"mul_mat_vec_add_{w}", f"K{k}-M{m}-N{n}-{parts}-warps-per-row", _bound(w))
         out.append(c.set(c.output(G.F32, m, n), qweights(c, w, k, m), _x(c, w, k, n), c.randn(G.F32, m, n),
                          ip=(0, parts)))
-    for k, m, n, op in ((512, 77, 1, 2), (256, 40, 2, 1), (1024, 30, 1, 0), (768, 64, 1, 1)):
-        c = Case(f"mul_mat_vec_glu_{w}", f"K{k}-M{m}-N{n}-op{op}", _bound(w))
-        out.append(c.set(c.output(G.F32, m, n), qweights(c, w, k, m), qweights(c, w, k, m), _x(c, w, k, n), ip=(op,)))
+    for k, m, n, op in ((512, 77, 1, 2), (256, 40, 2, 1), (1024, 30, 1, 0), (768, 64, 1, 1), (512, 48, 2, 6)):
+        c = Case(f"mul_mat_vec_glu_{w}", f"K{k}-M{m}-N{n}-op{op}", _bound(w))   # op 6: SWIGLU_CLAMP, limit 7
+        out.append(c.set(c.output(G.F32, m, n), qweights(c, w, k, m), qweights(c, w, k, m), _x(c, w, k, n), ip=(op,),
+                         fp=(7.0,) if op == 6 else ()))
     return out
 
 

@@ -20,6 +20,7 @@ from .concurrency import Region, invalid_reason, scan
 from .entry import Clock, GraphEntry
 from .fusion import fusion_plan, launching_nodes, moe_alloc_deps
 from .launch_memo import LaunchMemo
+from .lowering import refuse_ops_after
 from .ledger_rows import AddressNamer, ledger_rows
 from .pool import TempPool
 from .runtime import CC_VOLTA, GraphRuntime, RuntimeOptions
@@ -246,6 +247,7 @@ class GpuBackend(Backend):
         if entry.lowered is None or entry.lowered_uid != graph.uid or graph.uid == 0:
             launches = launching_nodes(graph)
             opt = self.runtime.opt
+            refuse_ops_after(graph, opt.upstream)
             plan = fusion_plan(graph, self.driver.cc, launches, opt.upstream) if opt.fusion else {}
             entry.plan, entry.lowered = plan, LoweredOps(graph, plan, self.driver.cc, launches, self.launch_memo,
                                                       self.driver.nsm)
@@ -267,6 +269,7 @@ class GpuBackend(Backend):
     def _compute_unrecorded(self, graph: Graph, split: int) -> None:
         entry = GraphEntry(graph.first_node_addr)
         opt = self.runtime.opt
+        refuse_ops_after(graph, opt.upstream)
         plan = fusion_plan(graph, self.driver.cc, upstream=opt.upstream) if opt.fusion else {}
         lowered = lower_graph(graph, plan, self.driver.cc, nsm=self.driver.nsm)   # no memo: lowered afresh
         # no decisions are taken here (eager, nothing captured), but what the pool does while the

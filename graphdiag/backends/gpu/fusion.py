@@ -9,15 +9,18 @@ their conditions are upstream ggml's, in try_fuse's order, for the ops graphdiag
   mul_mat_vec+add        a mat-vec and the ADD of a same-shaped operand (the residual), only at 1 token
   mul_mat_id_vec+glu     the experts' gate/up mat-vec + GLU (MoE), only at 1 token
   rms_norm+mul(+...)     any batch: with rope(+view+set_rows), with add, or alone (fusion_norm.py)
+  rms_norm+scale         any batch (0c1e57098): a SCALE of the norm with bias 0, tried after the MUL forms
   moe_weighted_reduction any batch (llama.cpp #25952, 0c1e57098): the experts' outputs times the router
                          weights, their k views and the k - 1 ADDs summing them (MoE, 2 <= k <= 15); tried
                          first, at a MUL. Where it can apply, graph_optimize also keeps the experts and the
                          weights alive until its output (#27301: alloc_deps)
 
-The GLU may be SWIGLU or GEGLU (Gemma 3), its gate either mat-mul of the pair; mul_mat_vec+add also takes
+The GLU may be SWIGLU, GEGLU (Gemma 3) or, at 0c1e57098, SWIGLU_CLAMP (its limit, op param 3, carried into
+the fused kernel as upstream's fusion_data.glu_limit), its gate either mat-mul of the pair; mul_mat_vec+add also takes
 Qwen2's Q/K/V bias at 1 token (the bias (M,) has the one-column result's shape; a batch broadcasts: no fusion).
 Not made yet: topk-moe; snake, the NVFP4 scale fusions and softcap match no graph here. Under
---upstream d99724f2 the weighted reduction is not tried (it came after).
+--upstream d99724f2 the weighted reduction and rms_norm+scale are not tried (they came after), and a GLU
+SWIGLU_CLAMP (an op d99724f2's ggml does not have) is refused (lowering.refuse_ops_after).
 
 So a decode step at 1 token fuses more (and launches fewer kernels) than at 2: a 1 <-> 2 token change
 changes the captured CUDA graph's topology (the update is refused); 8 <-> 9 fuses alike (on quantised
@@ -36,7 +39,7 @@ from .compat import CC_PASCAL, MMVQ_MAX_BATCH_SIZE, mmvf_ok
 from .fusion_graph import (_COMPUTE, Fusion, _can_fuse, _memory_ranges_ok, _single_use, consumer_counts,
                            launching_nodes)
 from .fusion_norm import (RMS_NORM_MUL, RMS_NORM_MUL_ADD, RMS_NORM_MUL_ROPE, RMS_NORM_MUL_ROPE_SET_ROWS,
-                          ROPE_NEOX, ROPE_NORMAL, _subgraph_ok, rope_set_rows_ok, try_fuse_norm)
+                          RMS_NORM_SCALE, ROPE_NEOX, ROPE_NORMAL, _subgraph_ok, rope_set_rows_ok, try_fuse_norm)
 
 MMV_GLU = "mul_mat_vec+glu"
 MMV_ADD = "mul_mat_vec+add"
@@ -45,7 +48,10 @@ ROPE_SET_ROWS = "rope+view+set_rows"
 MOE_WR = "moe_weighted_reduction"
 MOE_WR_MAX_EXPERTS = 15      # 2k + 1 nodes at most: ggml_can_fuse_subgraph takes fewer than 32
 
-_GLU_FUSABLE = (GluOp.SWIGLU, GluOp.GEGLU)
+# ggml_cuda_should_fuse_mul_mat's valid_glu_ops, of the GLU ops graphdiag builds (SWIGLU_OAI never is):
+# d99724f2 lists SWIGLU, GEGLU and SWIGLU_OAI; 0c1e57098 adds SWIGLU_CLAMP
+_GLU_FUSABLE = {"0c1e57098": (GluOp.SWIGLU, GluOp.GEGLU, GluOp.SWIGLU_CLAMP),
+                "d99724f2": (GluOp.SWIGLU, GluOp.GEGLU)}
 
 
 def _mmvf_ok(mm: Tensor, cc: int) -> bool:
@@ -86,8 +92,10 @@ def _rope_set_rows(graph: Graph, i: int, consumers) -> bool:
     return rope_set_rows_ok(rope, view, sr) and _memory_ranges_ok(graph, i, 3, i + 2)
 
 
-def _mmv_glu(graph: Graph, i: int, consumers, cc: int, op: Op = Op.MUL_MAT) -> bool:
-    """gate, up, GLU (MUL_MAT, or MUL_MAT_ID over the same ids) fused into one mat-vec kernel."""
+def _mmv_glu(graph: Graph, i: int, consumers, cc: int, op: Op = Op.MUL_MAT,
+             upstream: str = "0c1e57098") -> bool:
+    """gate, up, GLU (MUL_MAT, or MUL_MAT_ID over the same ids) fused into one mat-vec kernel; the GLU ops
+    fusable are `upstream`'s."""
     if i + 2 >= graph.n_nodes:
         return False
     gate, up, glu = graph.node(i), graph.node(i + 1), graph.node(i + 2)
@@ -101,8 +109,10 @@ def _mmv_glu(graph: Graph, i: int, consumers, cc: int, op: Op = Op.MUL_MAT) -> b
         return False
     if not (_single_use(gate, consumers) and _single_use(up, consumers)):
         return False            # ggml_can_fuse_subgraph: gate and up are read only by the GLU
-    if {glu.src[0], glu.src[1]} != {gate, up} or glu.param_i32(0) not in _GLU_FUSABLE or glu.param_i32(1):
+    if {glu.src[0], glu.src[1]} != {gate, up} or glu.param_i32(0) not in _GLU_FUSABLE[upstream]:
         return False            # try_fuse takes the two mat-muls in either order: the GLU says which gates
+    if glu.param_i32(1):
+        return False            # swapped
     wg, wu = gate.src[0], up.src[0]
     if wg.type != wu.type or wg.ne != wu.ne or wg.nb != wu.nb or gate.src[1] != up.src[1]:
         return False
@@ -247,14 +257,14 @@ def try_fuse(graph: Graph, i: int, consumers: dict[int, int], cc: int = 900,
     if op == Op.ROPE and _rope_set_rows(graph, i, consumers):
         return Fusion(ROPE_SET_ROWS, 2)
     if op == Op.MUL_MAT:
-        if _mmv_glu(graph, i, consumers, cc):
+        if _mmv_glu(graph, i, consumers, cc, Op.MUL_MAT, upstream):
             return Fusion(MMV_GLU, 2)
         if _mmv_add(graph, i, consumers, cc):
             return Fusion(MMV_ADD, 1)
-    if op == Op.MUL_MAT_ID and _mmv_glu(graph, i, consumers, cc, Op.MUL_MAT_ID):
+    if op == Op.MUL_MAT_ID and _mmv_glu(graph, i, consumers, cc, Op.MUL_MAT_ID, upstream):
         return Fusion(MMID_GLU, 2)
     if op == Op.RMS_NORM:
-        return try_fuse_norm(graph, i, consumers)
+        return try_fuse_norm(graph, i, consumers, upstream)
     return None
 
 
@@ -274,11 +284,11 @@ def _may_fuse(ops: list[int], ne1: list[int], ne2: list[int], i: int) -> bool:
         return nxt == _MUL_MAT_ID and nxt2 == _GLU and ne2[i + 1] == 1
     if op == _MUL:          # the weighted reduction: its views follow (or the second MUL of the scaled form)
         return nxt == _VIEW or nxt == _MUL
-    return nxt == _MUL      # RMS_NORM
+    return nxt == _MUL or nxt == _SCALE     # RMS_NORM: the MUL forms, or the SCALE of rms_norm+scale
 
 
-_ROPE, _VIEW, _SET_ROWS, _MUL_MAT, _MUL_MAT_ID, _GLU, _MUL = (
-    int(o) for o in (Op.ROPE, Op.VIEW, Op.SET_ROWS, Op.MUL_MAT, Op.MUL_MAT_ID, Op.GLU, Op.MUL))
+_ROPE, _VIEW, _SET_ROWS, _MUL_MAT, _MUL_MAT_ID, _GLU, _MUL, _SCALE = (
+    int(o) for o in (Op.ROPE, Op.VIEW, Op.SET_ROWS, Op.MUL_MAT, Op.MUL_MAT_ID, Op.GLU, Op.MUL, Op.SCALE))
 _FIRST_INTS = frozenset(int(o) for o in _FUSION_FIRST)
 
 
@@ -287,7 +297,7 @@ def fusion_plan(graph: Graph, cc: int = 900, launches: list[bool] | None = None,
     """try_fuse evaluated at every node the loop can reach (a node absorbed by a fusion is never tried;
     views/no-ops and nodes without COMPUTE are skipped before try_fuse, as in the capture loop), where
     _may_fuse lets a match through. `launches`: launching_nodes(graph), when the caller has it; `upstream`:
-    the llama.cpp whose rules apply (d99724f2 has no weighted reduction)."""
+    the llama.cpp whose rules apply (d99724f2 has no weighted reduction, no rms_norm+scale and no SWIGLU_CLAMP)."""
     consumers = consumer_counts(graph)
     if launches is None:
         launches = launching_nodes(graph)

@@ -4,8 +4,11 @@
   rms_norm+mul+rope                 QK-norm, roped (Q; K when its cache write does not follow)   absorbs 2
   rms_norm+mul+add                  a norm then the residual ADD (Gemma 3's post-attention/FFN)  absorbs 2
   rms_norm+mul                      any other norm times its weight                              absorbs 1
+  rms_norm+scale                    a norm then a SCALE of it without bias (0c1e57098 only)       absorbs 1
 
-All four at any batch. RMS_NORM+SCALE (the next attempt upstream) is not made here (issue 29).
+All five at any batch. rms_norm+scale (ggml_cuda_can_fuse's RMS_NORM, SCALE branch, 0c1e57098) is not in
+ggml d99724f2: under --upstream d99724f2 it is not tried. No shipped model scales a norm, so it changes no
+preset's kernel count.
 """
 
 from __future__ import annotations
@@ -21,12 +24,14 @@ RMS_NORM_MUL = "rms_norm+mul"
 RMS_NORM_MUL_ADD = "rms_norm+mul+add"
 RMS_NORM_MUL_ROPE = "rms_norm+mul+rope"
 RMS_NORM_MUL_ROPE_SET_ROWS = "rms_norm+mul+rope+view+set_rows"
+RMS_NORM_SCALE = "rms_norm+scale"
 
 ROPE_NORMAL, ROPE_NEOX = 0, 2
 _F32 = GGMLType.F32
 _NORM_MUL_ROPE = (Op.RMS_NORM, Op.MUL, Op.ROPE)
 _NORM_MUL_ADD = (Op.RMS_NORM, Op.MUL, Op.ADD)
 _NORM_MUL = (Op.RMS_NORM, Op.MUL)
+_NORM_SCALE = (Op.RMS_NORM, Op.SCALE)
 
 
 def rope_set_rows_ok(rope: Tensor, view: Tensor, sr: Tensor) -> bool:
@@ -124,8 +129,19 @@ def _norm_mul(graph: Graph, i: int, consumers) -> bool:
     return _can_fuse(graph, i, _NORM_MUL, consumers) and _norm_mul_types_ok(graph.node(i), graph.node(i + 1))
 
 
-def try_fuse_norm(graph: Graph, i: int, consumers: dict[int, int]) -> Fusion | None:
-    """The RMS_NORM fusion starting at node i (an RMS_NORM), in try_fuse's order, or None."""
+def norm_scale_ok(graph: Graph, i: int, consumers) -> bool:
+    """ggml_cuda_can_fuse(RMS_NORM, SCALE) (0c1e57098): ggml_can_fuse (the SCALE reads the norm, its only
+    reader, same shape, both COMPUTE), then a bias (SCALE's op param 1) of 0 and an F32 SCALE. The norm's
+    F32 input and output, which upstream asserts, hold for every RMS_NORM graphdiag builds."""
+    if not _can_fuse(graph, i, _NORM_SCALE, consumers):
+        return False
+    scale = graph.node(i + 1)
+    return scale.param_f32(1) == 0.0 and scale.type == _F32
+
+
+def try_fuse_norm(graph: Graph, i: int, consumers: dict[int, int], upstream: str = "0c1e57098") -> Fusion | None:
+    """The RMS_NORM fusion starting at node i (an RMS_NORM), in try_fuse's order, or None; `upstream`: the
+    rules' commit (d99724f2 has no rms_norm+scale)."""
     if _norm_mul_rope_set_rows(graph, i, consumers):
         return Fusion(RMS_NORM_MUL_ROPE_SET_ROWS, 4)
     if _norm_mul_rope(graph, i, consumers):
@@ -134,6 +150,8 @@ def try_fuse_norm(graph: Graph, i: int, consumers: dict[int, int]) -> Fusion | N
         return Fusion(RMS_NORM_MUL_ADD, 2)
     if _norm_mul(graph, i, consumers):
         return Fusion(RMS_NORM_MUL, 1)
+    if upstream != "d99724f2" and norm_scale_ok(graph, i, consumers):
+        return Fusion(RMS_NORM_SCALE, 1)
     return None
 
 
@@ -143,5 +161,6 @@ def norm_operands(graph: Graph, i: int, f: Fusion) -> tuple[Tensor, Tensor]:
     return norm.src[0], other_src(mul, norm)
 
 
-__all__ = ["RMS_NORM_MUL", "RMS_NORM_MUL_ADD", "RMS_NORM_MUL_ROPE", "RMS_NORM_MUL_ROPE_SET_ROWS", "ROPE_NEOX",
-           "ROPE_NORMAL", "consumer_counts", "norm_operands", "rope_set_rows_ok", "try_fuse_norm"]
+__all__ = ["RMS_NORM_MUL", "RMS_NORM_MUL_ADD", "RMS_NORM_MUL_ROPE", "RMS_NORM_MUL_ROPE_SET_ROWS", "RMS_NORM_SCALE",
+           "ROPE_NEOX", "ROPE_NORMAL", "consumer_counts", "norm_operands", "norm_scale_ok", "rope_set_rows_ok",
+           "try_fuse_norm"]

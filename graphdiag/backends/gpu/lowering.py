@@ -37,6 +37,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from ...errors import GraphdiagError
 from ...ir.arena import TENSOR_SIZE
 from ...ir.attention import fa_operands
 from ...ir.dtypes import QK8_0, GGMLType, is_quantized
@@ -49,7 +50,7 @@ from .compat import MMVQ_MAX_BATCH_SIZE, mmq_stream_k_parts, mul_mat_id_needs_sy
 from .descriptors import DescriptorTable
 from .fusion import MMID_GLU, MMV_ADD, MMV_GLU, MOE_WR, RMS_NORM_MUL, ROPE_SET_ROWS, Fusion, moe_reduction_operands
 from .fusion_graph import other_src
-from .fusion_norm import RMS_NORM_MUL_ADD, RMS_NORM_MUL_ROPE, RMS_NORM_MUL_ROPE_SET_ROWS
+from .fusion_norm import RMS_NORM_MUL_ADD, RMS_NORM_MUL_ROPE, RMS_NORM_MUL_ROPE_SET_ROWS, RMS_NORM_SCALE
 from ..abi import Q8_1, Q8_1_BYTES
 from ..geometry import (FA_HEAD_DIMS, FA_MAX_ROWS, fa_direct, fa_plan, fa_vec, geometry_of_bytes, launch_geometry,
                         mmv_warps_per_row)
@@ -234,10 +235,10 @@ def lower_node(graph: Graph, i: int, fusion: Fusion | None, cc: int, d: "Descrip
     if op == Op.TOP_K:
         return KernelOp(_launch(d, "top_k_f32", [node, s[0]], ip=(node.param_i32(0),)))
     if op == Op.GLU:   # split form only (src1 set, not swapped): the CPU backend refuses the others alike
-        glu = {GluOp.SWIGLU: "glu_swiglu_f32", GluOp.GEGLU: "glu_geglu_f32"}.get(node.param_i32(0))
+        glu = _GLU_KERNELS.get(node.param_i32(0))
         if glu is None or s[1] is None or node.param_i32(1):
             raise NotImplementedError(f"the GPU backend has no kernel for GLU op {node.param_i32(0)} (node {i} {node.name})")
-        return KernelOp(_launch(d, glu, [node, s[0], s[1]]))
+        return KernelOp(_launch(d, glu, [node, s[0], s[1]], fp=(node.param_f32(3),)))   # SWIGLU_CLAMP's limit
     if op == Op.SCALE:
         return KernelOp(_launch(d, "scale_f32", [node, s[0]], fp=(node.param_f32(0), node.param_f32(1))))
     if op in (Op.CPY, Op.CONT):
@@ -245,19 +246,37 @@ def lower_node(graph: Graph, i: int, fusion: Fusion | None, cc: int, d: "Descrip
     raise NotImplementedError(f"the GPU backend has no kernel for {op.name} (node {i} {node.name})")
 
 
+_GLU_KERNELS = {GluOp.SWIGLU: "glu_swiglu_f32", GluOp.GEGLU: "glu_geglu_f32",
+                GluOp.SWIGLU_CLAMP: "glu_swiglu_clamp_f32"}
+# the GLU ops an upstream's ggml has, of those graphdiag builds: d99724f2's enum ends at GEGLU_QUICK (5)
+_GLU_AT = {"0c1e57098": frozenset(_GLU_KERNELS), "d99724f2": frozenset({GluOp.SWIGLU, GluOp.GEGLU})}
+
+
+def refuse_ops_after(graph: Graph, upstream: str) -> None:
+    """Raise GraphdiagError when the graph holds an op that `upstream`'s ggml does not have (a GLU
+    SWIGLU_CLAMP under d99724f2, where ggml_glu_op has no such value and a graph cannot carry it)."""
+    rec = graph.arena.rec
+    nodes = graph.nodes[rec["op"][graph.nodes] == int(Op.GLU)]
+    for op, idx in zip(rec["op_params"][nodes, 0].tolist(), nodes.tolist()):
+        if op in _GLU_KERNELS and op not in _GLU_AT[upstream]:
+            name = rec["name"][idx].decode()
+            raise GraphdiagError(f"GLU op {GluOp(op).name} (node {name!r}) is not in ggml {upstream}: it came with "
+                                 "llama.cpp 0c1e57098 (run with --upstream 0c1e57098)")
+
+
 def _mmv_ip(dst: Tensor, w: Tensor) -> tuple[int, int]:
     """mul_mat_vec(_add)'s ip: (unused, warps per weight row) — rows shared by warps at one column."""
     return (0, mmv_warps_per_row(w.ne[1], w.ne[0]) if dst.ne[1] == 1 else 1)
 
 
-def _mat_product(d, name: str, tensors: list[Tensor | None], x_slot: int, ip=(), parts: int = 0):
+def _mat_product(d, name: str, tensors: list[Tensor | None], x_slot: int, ip=(), parts: int = 0, fp=()):
     """A mat-vec / mat-mul launch; for Q8_0 weights x (tensors[x_slot]) is first quantised to Q8_1 blocks in
     pool scratch (quantize_q8_1), which the kernel then reads in that slot: two launches, as ggml's mmvq;
     `parts` > 0 (the mat-mul where upstream's MMQ needs its stream-k fixup): the kernel's k-split into that
     many parts and mul_mat_fixup_f32 after it (_k_split)."""
     w, x = tensors[1], tensors[x_slot]
     if not is_quantized(w.type):
-        return KernelOp(_launch(d, name, tensors, ip=ip))
+        return KernelOp(_launch(d, name, tensors, ip=ip, fp=fp))
     if x.type != GGMLType.F32 or x.ne[0] % QK8_0:
         raise NotImplementedError(f"{name}: x must be F32 with rows of whole 32-blocks")
     nbk = x.ne[0] // QK8_0
@@ -266,7 +285,7 @@ def _mat_product(d, name: str, tensors: list[Tensor | None], x_slot: int, ip=(),
     quant = _launch(d, "quantize_q8_1", [None, x], scratch=[(0, Q8_1, x.ne, nb)])
     if parts:
         return _k_split(d, name, tensors, quant, (x_slot, Q8_1, x.ne, nb), nbytes, parts)
-    kernel = _launch(d, name, tensors, ip=ip, scratch=[(x_slot, Q8_1, x.ne, nb)])
+    kernel = _launch(d, name, tensors, ip=ip, fp=fp, scratch=[(x_slot, Q8_1, x.ne, nb)])
     return ScratchLaunchesOp([quant, kernel], [((0, 0),), ((x_slot, 0),)], nbytes)
 
 
@@ -345,15 +364,16 @@ def _lower_fused(d, graph: Graph, i: int, f: Fusion):
     if f.pattern in _NORM_FUSED:
         return _lower_norm_fused(d, graph, i, f)
     if f.pattern == MMV_GLU:       # the GLU's src[0] gates: either mat-mul of the pair may be it
-        glu = graph.node(i + 2)
+        glu = graph.node(i + 2)    # fp[0]: the GLU's op param 3 (upstream's fusion_data.glu_limit)
         gate, up = glu.src[0], glu.src[1]
         return _mat_product(d, f"mul_mat_vec_glu_{_W[node.src[0].type]}", [glu, gate.src[0], up.src[0], node.src[1]],
-                            x_slot=3, ip=(glu.param_i32(0),))
+                            x_slot=3, ip=(glu.param_i32(0),), fp=(glu.param_f32(3),))
     if f.pattern == MMID_GLU:      # experts read float x, as the unfused MUL_MAT_ID here
         glu = graph.node(i + 2)
         gate, up = glu.src[0], glu.src[1]
         return KernelOp(_launch(d, f"mul_mat_id_vec_glu_{_W[node.src[0].type]}",
-                                [glu, gate.src[0], up.src[0], node.src[1], node.src[2]], ip=(glu.param_i32(0),)))
+                                [glu, gate.src[0], up.src[0], node.src[1], node.src[2]], ip=(glu.param_i32(0),),
+                                fp=(glu.param_f32(3),)))
     if f.pattern == MMV_ADD:
         add = graph.node(i + 1)
         resid = add.src[1] if add.src[0] == node else add.src[0]
@@ -372,13 +392,19 @@ def _lower_fused(d, graph: Graph, i: int, f: Fusion):
     raise ValueError(f"unknown fusion {f.pattern}")
 
 
-_NORM_FUSED = (RMS_NORM_MUL, RMS_NORM_MUL_ADD, RMS_NORM_MUL_ROPE, RMS_NORM_MUL_ROPE_SET_ROWS)
+_NORM_FUSED = (RMS_NORM_MUL, RMS_NORM_MUL_ADD, RMS_NORM_MUL_ROPE, RMS_NORM_MUL_ROPE_SET_ROWS, RMS_NORM_SCALE)
 
 
 def _lower_norm_fused(d, graph: Graph, i: int, f: Fusion) -> KernelOp:
-    """RMS_NORM + MUL [+ ADD | + ROPE [+ VIEW + SET_ROWS]]: one launch writing the group's last node; w is the
-    MUL's operand other than the norm, r the ADD's other than the MUL."""
-    norm, mul = graph.node(i), graph.node(i + 1)
+    """RMS_NORM + MUL [+ ADD | + ROPE [+ VIEW + SET_ROWS]], or RMS_NORM + SCALE: one launch writing the group's
+    last node; w is the MUL's operand other than the norm, r the ADD's other than the MUL; the SCALE's factor
+    (its op param 0; its bias is 0) goes in as fp[1], as upstream's rms_norm_f32<do_scale> takes scale_out."""
+    norm = graph.node(i)
+    if f.pattern == RMS_NORM_SCALE:
+        scale = graph.node(i + 1)
+        return KernelOp(_launch(d, "rms_norm_scale_f32", [scale, norm.src[0]],
+                                fp=(norm.param_f32(0), scale.param_f32(0))))
+    mul = graph.node(i + 1)
     x, w, eps = norm.src[0], other_src(mul, norm), norm.param_f32(0)
     if f.pattern == RMS_NORM_MUL:
         return KernelOp(_launch(d, "rms_norm_mul_f32", [mul, x, w], fp=(eps,)))
