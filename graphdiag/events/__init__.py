@@ -22,7 +22,7 @@ from .gates import (
     LedgerCaptured, WarmupTransition, PhaseDecided,
 )
 from .capture import (
-    FusionApplied, ConcurrentRegion, ConcurrentRefused, ChunkBoundary, ChunkCaptured, ChunkInstantiated, ChunkUpdated,
+    FusionApplied, ConcurrentRegion, ConcurrentRefused, ConcurrentRace, ChunkBoundary, ChunkCaptured, ChunkInstantiated, ChunkUpdated,
     UpdateRefused, CaptureAbandoned, ChunksDestroyed, EagerRun, CaptureRun, ReplayLaunched, PoolInvalidated,
 )
 from .checks import VerifyResult, OracleCheck

@@ -39,6 +39,21 @@ class ConcurrentRefused(Event):
 
 
 @dataclass(frozen=True)
+class ConcurrentRace(Event):
+    """A region the validity check let through whose streams touch the same bytes with no event between
+    them (concurrency.races): its branches run at once, as in llama.cpp, and may compute wrongly."""
+    kind: ClassVar[str] = "concurrent_race"
+    fork_node: int = -1
+    join_node: int = -1
+    fork_name: str = ""
+    writer: str = ""               # the first pair: a branch output ...
+    writer_stream: int = 0
+    other: str = ""                # ... and what another stream writes or reads in the same bytes
+    other_stream: int = 0
+    n_pairs: int = 0               # pairs of tensors in the region that share bytes across streams
+
+
+@dataclass(frozen=True)
 class ChunkBoundary(Event):
     kind: ClassVar[str] = "chunk_boundary"
     chunk: int = 0

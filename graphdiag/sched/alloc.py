@@ -124,28 +124,23 @@ class _Planner:
             self.lists[p.backend].free(p.offset, p.size)
 
     def inplace_parent(self, node: int) -> int:
-        """The parent whose memory `node` reuses (ggml-alloc's in-place rule), or -1: the first src that
-        is ours, not an output, of the same layout, read by this node alone and viewed by nothing; a view
-        parent only when it is its view_src's one view, at offset 0, and nothing else reads that tensor."""
+        """The parent whose memory `node` reuses (ggml_gallocr_allocate_node's in-place rule), or -1: the first
+        src that is ours, not an output, of the same layout, read by this node alone and viewed by nothing.
+        A view is never ours (ggml_gallocr_is_own: only a tensor the allocator placed is, and it never places
+        a view), so a node over a view parent gets memory of its own."""
         col, plan, children, views = self.col, self.plan, self.children, self.views
         flags, view_src, owned, layout = col.flags, col.view_src, col.owned, col.layout
         if col.op[node] not in INPLACE_OPS or flags[node] & _KEEP:
             return -1
         for parent in col.src[node]:
-            if parent < 0 or parent in self.moved:
+            if parent < 0 or parent in self.moved or view_src[parent] >= 0:
                 continue
-            vs = view_src[parent]
-            base = vs if vs >= 0 else parent
-            if base not in plan or flags[base] & _KEEP or not owned[base]:
+            if parent not in plan or flags[parent] & _KEEP or not owned[parent]:
                 continue
             if layout[parent] != layout[node]:
                 continue
             if children[parent] != 1 or views[parent]:
                 continue
-            if vs >= 0:
-                if views[base] != 1 or children[base] or col.view_offs[parent]:
-                    continue
-                return base
             return parent
         return -1
 

@@ -16,7 +16,7 @@ from ...ir.graph import Graph
 from ..base import Backend, InputStage
 from ..drivers.base import Driver
 from .capture import CaptureLoop, LoweredOps, lower_graph
-from .concurrency import Region, invalid_reason, scan
+from .concurrency import Region, invalid_reason, races, scan
 from .entry import Clock, GraphEntry
 from .fusion import fusion_plan, launching_nodes, moe_alloc_deps
 from .launch_memo import LaunchMemo
@@ -226,6 +226,15 @@ class GpuBackend(Backend):
                     self.concurrent = None
                     return []
             graph.nodes[:] = got.original
+            for r in got.regions:
+                pairs = races(graph, r)
+                if pairs:
+                    (a, sa, b, sb) = pairs[0]
+                    self.bus.emit(E.ConcurrentRace(
+                        step=self.runtime.step, split=split, key=graph.first_node_addr, uid=graph.uid,
+                        t_ns=time.perf_counter_ns(), device=self.runtime.device, fork_node=r.fork,
+                        join_node=r.join, fork_name=graph.node(r.fork).name, writer=a, writer_stream=sa,
+                        other=b, other_stream=sb, n_pairs=len(pairs)))
         return got.regions if got.checked and np.array_equal(got.original, graph.nodes) else []
 
     def fork(self, r: Region) -> None:

@@ -17,6 +17,14 @@ every region is checked (`invalid_reason`, ggml_cuda_concurrent_event::is_valid:
 stream overlaps another's, join buffer aside; no node reads a node of another stream). All valid: the
 original order is restored for the capture; one invalid: every region is dropped and the interleaved order
 runs on one stream.
+
+is_valid leaves out every tensor that overlaps the join's buffer and never looks at the tensors a region reads
+from before the fork, so a region it passes can still race (`races`): ggml-alloc, walking the interleaved
+order, hands a branch's freed buffer to another branch (tiny: Q's mat-mul, freed once its rope has read it,
+becomes K's rope), and the two streams write and read the same bytes with no event between them. Real
+llama.cpp 0c1e57098 with GGML_CUDA_GRAPH_OPT=1 computes other tokens than without it on such graphs (H200,
+2026-12-03: tiny F16 from its 3rd decode, Gemma 3 270M from its 1st); graphdiag launches what llama.cpp
+launches, so it races too, and names the tensors (ConcurrentRace).
 """
 
 from __future__ import annotations
@@ -180,3 +188,33 @@ def invalid_reason(graph: Graph, r: Region) -> str:
             if s is not None and s.idx in stream and stream[s.idx] != stream[slot]:
                 return f"{t.name} (stream {stream[slot]}) reads {s.name} (stream {stream[s.idx]})"
     return ""
+
+
+def races(graph: Graph, r: Region) -> list[tuple[str, int, str, int]]:
+    """Pairs of bytes two streams of region `r` touch with no event between them, on the allocated
+    addresses: (name, stream, other name, other stream), one per pair of tensors. A branch node's output
+    against another stream's outputs, and against what another stream reads from outside the region (the
+    fork's output, say), the join's buffer included (a valid region's streams only meet at the join)."""
+    inside = set(r.order)
+    writes: list[tuple[int, int, int, str]] = []      # (lo, hi, stream, name) of each branch output
+    reads: list[tuple[int, int, int, str]] = []       # tensors from outside the region a branch reads
+    for k, slot in enumerate(r.order):
+        stream = r.stream_of.get(r.fork + 1 + k)
+        t = Tensor(graph.arena, slot)
+        if stream is None:
+            continue
+        b = t.view_src or t
+        if not is_view_or_noop(t.op, t.ne):
+            writes.append((b.data, b.data + b.nbytes(), stream, t.name))
+        for s in t.src:
+            if s is None or s.idx in inside:
+                continue
+            sb = s.view_src or s
+            if sb.idx not in inside and sb.idx >= graph.arena.mark:    # compute buffers (weights/caches aside)
+                reads.append((sb.data, sb.data + sb.nbytes(), stream, s.name))
+    out = []
+    for i, (lo, hi, st, name) in enumerate(writes):
+        for olo, ohi, ost, oname in writes[i + 1:] + reads:
+            if ost != st and lo < ohi and olo < hi:
+                out.append((name, st, oname, ost))
+    return out

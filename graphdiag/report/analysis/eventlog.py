@@ -146,6 +146,12 @@ def _describe_chunk(ev: E.Event) -> str:
                     f" · {ev.n_branches} branches ({sizes} nodes)")
         case E.ConcurrentRefused():
             return _describe_refused(ev)
+        case E.ConcurrentRace():
+            more = f" (+{ev.n_pairs - 1} more pairs)" if ev.n_pairs > 1 else ""
+            return (f"concurrent region races: fork node {ev.fork_node} {ev.fork_name} → join node {ev.join_node}"
+                    f" · {ev.writer} (stream {ev.writer_stream}) shares bytes with {ev.other} (stream "
+                    f"{ev.other_stream}){more}, no event between them; the validity check passed it "
+                    f"(llama.cpp runs it so too)")
         case E.ChunkBoundary():
             moved = f" (moved by {ev.moved_by})" if ev.moved_by else ""
             return f"{_chunk(ev)} · nodes {ev.start_node}–{ev.end_node - 1}{moved}"
@@ -188,7 +194,7 @@ LEVEL = {
     E.WeightsUploaded: 0, E.Evicted: 0, E.PoolInvalidated: 0, E.SinkFailed: 0, E.FaultInjected: 0, E.FaultMissed: 0, E.StepFailed: 0,
     E.CellsRemoved: 1, E.EntryReset: 0,
     E.ContextDecision: 1, E.SchedRealloc: 1, E.GraphSplit: 1, E.UidMiss: 1, E.FusionApplied: 2,
-    E.ConcurrentRegion: 1, E.ConcurrentRefused: 1, E.ChunkBoundary: 1, E.ChunkInstantiated: 1, E.ChunkUpdated: 1,
+    E.ConcurrentRegion: 1, E.ConcurrentRefused: 1, E.ConcurrentRace: 0, E.ChunkBoundary: 1, E.ChunkInstantiated: 1, E.ChunkUpdated: 1,
     E.UpdateRefused: 1, E.ChunksDestroyed: 1, E.WarmupTransition: 1, E.NodeCountChanged: 1,
     E.PropertyDiff: 1, E.Incompatible: 1, E.GraphsDisabled: 1,
     E.StepStarted: 2, E.StepFinished: 2, E.KeyLookup: 2, E.UidHit: 2, E.ChunkCaptured: 2, E.EagerRun: 2,
