@@ -20,7 +20,9 @@ __device__ __forceinline__ float mask_at(const tdesc &M, i64 j, i64 t, i64 h, i6
 
 // ---- decode: flash_attn_vec_f16_d{D}_g{GM} ------------------------------------------------------------
 // With ip[2] set (one split, grid.x 1) t[0] is the node and the block writes the normalised output itself, as
-// ggml's vec kernel does with one parallel block (then it launches no combine: launch_fattn).
+// ggml's vec kernel does with one parallel block (then it launches no combine: launch_fattn); with ip[3] too
+// (the g1 entry) each block takes one query head (grid.y H), as ggml's vec kernel has a block per head: a
+// Gemma 3 layer (4 heads on one kv head, D 256) then runs on 4 SMs instead of 1.
 // The partials for one token per block (decode, T <= 8): grid (n_split, Hkv, T * B),
 // 128 threads. One entry point per head size D and group GM (G = H / Hkv rounded up to 1, 2, 4, 8), as ggml
 // instantiates its vec kernel per head size: a launch fetches only its own code, and its registers are its
@@ -49,8 +51,13 @@ template <int D, int GM> __device__ void fa_vec(const kparams &p, float *smem) {
     constexpr int R = D / 8, PG = FAV_THREADS / R, PPT = FAV_TILE / PG;
     const tdesc &P = p.t[0], &Q = p.t[1], &Kc = p.t[2], &V = p.t[3], &Mk = p.t[4];
     const int tid = threadIdx.x, lane = tid & 31, w = tid >> 5, pg = tid / R, r = tid % R;
-    const i64 H = Q.ne[1], T = Q.ne[2], G = H / Kc.ne[1], nkv = Kc.ne[2];
-    const i64 hk = blockIdx.y, t = blockIdx.z % T, b = blockIdx.z / T;
+    const i64 H = Q.ne[1], T = Q.ne[2], nkv = Kc.ne[2];
+    // ip[3] (with ip[2], GM 1): one query head per block (grid.y H) rather than the G sharing a kv head
+    const bool per_head = p.ip[3] != 0;
+    const i64 Gkv = H / Kc.ne[1], G = per_head ? 1 : Gkv;
+    const i64 hk = per_head ? blockIdx.y / Gkv : blockIdx.y;      // the kv head
+    const i64 h0 = per_head ? blockIdx.y : hk * Gkv;               // the block's first query head
+    const i64 t = blockIdx.z % T, b = blockIdx.z / T;
     const bool has_mask = Mk.data != 0;
     const float scale = p.fp[0];
     const i64 j0 = (i64)blockIdx.x * p.ip[0], j1 = min(j0 + (i64)p.ip[0], nkv);
@@ -77,7 +84,7 @@ template <int D, int GM> __device__ void fa_vec(const kparams &p, float *smem) {
             const bool in = j < j1;
             kr[i] = in ? fav_load8(kbase + j * Kc.nb[2], (i64)r * 8, Kc.nb[0], kvec) : make_uint4(0, 0, 0, 0);
             vr[i] = in ? fav_load8(vbase + j * V.nb[2], (i64)r * 8, V.nb[0], vvec) : make_uint4(0, 0, 0, 0);
-            mk[i] = !in ? F32_NEG_INF : (has_mask && !mhead && r == 0) ? mask_at(Mk, j, t, hk * G, b) : 0.0f;
+            mk[i] = !in ? F32_NEG_INF : (has_mask && !mhead && r == 0) ? mask_at(Mk, j, t, h0, b) : 0.0f;
         }
     };
     load_tile(j0);
@@ -85,7 +92,7 @@ template <int D, int GM> __device__ void fa_vec(const kparams &p, float *smem) {
     // q rows of the G heads into shmem (unscaled)
     for (int e = tid; e < GM * D; e += FAV_THREADS) {
         const int g = e / D, d = e % D;
-        qs[e] = g < G ? load_f(Q, d, hk * G + g, t, b) : 0.0f;
+        qs[e] = g < G ? load_f(Q, d, h0 + g, t, b) : 0.0f;
     }
     float m = F32_NEG_INF, l = 0.0f;   // of head w (and w + 4), kept by warp w
     float m2 = F32_NEG_INF, l2 = 0.0f;
@@ -119,7 +126,7 @@ template <int D, int GM> __device__ void fa_vec(const kparams &p, float *smem) {
                 for (int off = R / 2; off > 0; off >>= 1) dot += __shfl_xor_sync(0xffffffffu, dot, off);
                 if (r == 0) {
                     const i64 j = c0 + pg + PG * i;
-                    const float s = (mhead && j < j1) ? mask_at(Mk, j, t, hk * G + g, b) : mc[i];
+                    const float s = (mhead && j < j1) ? mask_at(Mk, j, t, h0 + g, b) : mc[i];
                     ss[g * FAV_TILE + pg + PG * i] = s == F32_NEG_INF ? s : s + scale * dot;
                 }
             }
@@ -192,7 +199,7 @@ template <int D, int GM> __device__ void fa_vec(const kparams &p, float *smem) {
             float acc = 0.0f;
             for (int q = 0; q < PG; ++q) acc += red[((i64)q * GM + g) * D + d];
             const float L = al[g];
-            store_f(P, d, hk * G + g, t, b, L > 0.0f ? acc / L : 0.0f);
+            store_f(P, d, h0 + g, t, b, L > 0.0f ? acc / L : 0.0f);
         }
         return;
     }
@@ -200,14 +207,14 @@ template <int D, int GM> __device__ void fa_vec(const kparams &p, float *smem) {
         const int g = e / D, d = e % D;
         float acc = 0.0f;
         for (int q = 0; q < PG; ++q) acc += red[((i64)q * GM + g) * D + d];
-        float *out = (float *)((char *)P.data + blockIdx.x * P.nb[1] + (hk * G + g) * P.nb[2] + tb * P.nb[3]);
+        float *out = (float *)((char *)P.data + blockIdx.x * P.nb[1] + (h0 + g) * P.nb[2] + tb * P.nb[3]);
         out[d] = acc;
     }
 #pragma unroll
     for (int k = 0; k < 2; ++k) {
         const int g = w + 4 * k;
         if (g < G && g < GM && lane == 0) {
-            float *out = (float *)((char *)P.data + blockIdx.x * P.nb[1] + (hk * G + g) * P.nb[2] + tb * P.nb[3]);
+            float *out = (float *)((char *)P.data + blockIdx.x * P.nb[1] + (h0 + g) * P.nb[2] + tb * P.nb[3]);
             out[D] = k == 0 ? m : m2;
             out[D + 1] = k == 0 ? l : l2;
         }

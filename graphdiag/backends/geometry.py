@@ -212,10 +212,12 @@ def _flash_attn_vec(d: int, gm: int) -> Callable[[np.ndarray], Geometry]:
 
     def geom(p) -> Geometry:
         q, k, part = _ne(p, 1), _ne(p, 2), _ne(p, 0)
-        if q[0] != d or fav_groups(q[1] // max(k[1], 1)) != gm:
+        per_head = bool(_ip(p, 2) and _ip(p, 3))           # one query head per block: the g1 entry only
+        if q[0] != d or (gm != 1 if per_head else fav_groups(q[1] // max(k[1], 1)) != gm):
             raise ValueError(f"{fa_vec_kernel(d, gm)}: q head size {q[0]}, {q[1]}/{k[1]} heads do not match")
         splits = 1 if _ip(p, 2) else max(part[1], 1)      # ip[2]: one split written to the node (no combine)
-        return (splits, max(k[1], 1), max(q[2] * q[3], 1)), (FAV_THREADS, 1, 1), shmem
+        heads = q[1] if per_head else k[1]
+        return (splits, max(heads, 1), max(q[2] * q[3], 1)), (FAV_THREADS, 1, 1), shmem
     return geom
 
 

@@ -368,8 +368,9 @@ def _flash_attn_vec(d: int, gm: int) -> Kernel:
 
     def k(space, p):
         q, kc = p["t"][1]["ne"], p["t"][2]["ne"]
-        _check(int(q[0]) == d and fav_groups(int(q[1]) // max(int(kc[1]), 1)) == gm, name,
-               f"q head size {int(q[0])}, {int(q[1])}/{int(kc[1])} heads")
+        per_head = bool(_ip(p, 2) and _ip(p, 3))               # one query head per block: g1 takes any G
+        _check(int(q[0]) == d and (gm == 1 if per_head else fav_groups(int(q[1]) // max(int(kc[1]), 1)) == gm),
+               name, f"q head size {int(q[0])}, {int(q[1])}/{int(kc[1])} heads")
         if _ip(p, 2):
             _flash_attn_direct(space, p, name)
         else:

@@ -4,6 +4,8 @@ NEOX rope, per-head QK-norm rows, broadcast bias adds, GEGLU mat-vec, flash atte
 
 from __future__ import annotations
 
+import itertools
+
 import numpy as np
 
 from graphdiag.backends.geometry import FAM_ROWS, fa_mma_blocks, fa_split
@@ -115,11 +117,14 @@ def flash_attn_256_cases() -> list[Case]:
                          ip=(chunk, tq), fp=(1.0 / 16.0,)))
     # the vec kernel alone, writing the node (ip[2]: one split, no combine, as upstream at one KV tile of D):
     # Gemma 3's shape, a GQA group of 2, no mask, and a fully masked row (zeros)
-    for h, hkv, n_kv, mask_t, vis in ((4, 1, 256, G.F16, 200), (8, 4, 256, G.F16, 256), (4, 1, 224, None, None),
-                                      (2, 1, 256, G.F32, 0)):
+    # (per head, ip[3]: the g1 entry with one block per query head, as the lowering launches it)
+    for (h, hkv, n_kv, mask_t, vis), per_head in itertools.product(
+            ((4, 1, 256, G.F16, 200), (8, 4, 256, G.F16, 256), (4, 1, 224, None, None), (2, 1, 256, G.F32, 0)),
+            (False, True)):
         d = 256
-        c = Case(fa_vec_kernel(d, h // hkv), f"D{d}-H{h}-Hkv{hkv}-T1-kv{n_kv}-direct-"
-                 f"{'nomask' if mask_t is None else mask_t.name}{'-masked' if vis == 0 else ''}", F32_DOT)
+        c = Case(fa_vec_kernel(d, 1 if per_head else h // hkv), f"D{d}-H{h}-Hkv{hkv}-T1-kv{n_kv}-direct-"
+                 f"{'nomask' if mask_t is None else mask_t.name}{'-masked' if vis == 0 else ''}"
+                 f"{'-per-head' if per_head else ''}", F32_DOT)
         kc, vc = c.randn(G.F16, d * hkv, n_kv + 3), c.randn(G.F16, d * hkv, n_kv + 3)
         kview = c.view(kc, (d, hkv, n_kv), (2, 2 * d, kc.nb[1]))
         vview = c.view(vc, (d, hkv, n_kv), (2, 2 * d, vc.nb[1]))
@@ -130,7 +135,7 @@ def flash_attn_256_cases() -> list[Case]:
                 m[...] = -np.inf
             mask = c.put(mask_t, m)
         out.append(c.set(c.output(G.F32, d, h, 1), c.randn(G.F32, d, h, 1), kview, vview, mask,
-                         ip=(-(-n_kv // 32) * 32, 1, 1), fp=(1.0 / 16.0,)))
+                         ip=(-(-n_kv // 32) * 32, 1, 1, int(per_head)), fp=(1.0 / 16.0,)))
     c = Case("flash_attn_combine_f32", "Dv256-splits6-H4-T1", F32_DOT)
     part = c.rng.standard_normal((1, 4, 6, 258)).astype(np.float32)
     part[..., 257] = c.rng.uniform(0.5, 10.0, (1, 4, 6))

@@ -169,6 +169,24 @@ def attention_rows(b: Bench, only: str):
         b.free()
 
 
+def direct_attention_rows(b: Bench, only: str):
+    """Gemma 3's decode attention where upstream runs its vec kernel alone (D 256, 4 heads on 1 kv head, n_kv
+    256): one launch writing the node, the 4 heads in one block (g4) or one block per head (g1, ip[3])."""
+    d, h, hkv, n_kv = 256, 4, 1, 256
+    for per_head in (False, True):
+        name = f"fa decode gemma direct {'per-head' if per_head else 'grouped'}"
+        if only not in name:
+            continue
+        q = b.tensor(G.F32, (d, h, 1))
+        kc, vc = b.tensor(G.F16, (d, hkv, n_kv)), b.tensor(G.F16, (d, hkv, n_kv))
+        mask = b.tensor(G.F16, (n_kv, 1), np.zeros((1, n_kv), np.float16))
+        dst = b.tensor(G.F32, (d, h, 1), np.zeros((1, h, d), np.float32))
+        kernel = fa_vec_kernel(d, 1 if per_head else h // hkv)
+        ls = [b.launch(kernel, [dst, q, kc, vc, mask], ip=(n_kv, 1, 1, int(per_head)), fp=(0.0625,))]
+        yield {"row": name, "kernel": kernel, "us": round(b.time_us(ls, batch=10), 2)}
+        b.free()
+
+
 def mat_mul_rows(b: Bench, only: str):
     for w, t in (("f16", G.F16), ("q8_0", G.Q8_0)):
         for k, m, n in ((2048, 2048, 512), (2048, 8192, 512), (8192, 2048, 512), (4096, 11008, 512),
@@ -199,7 +217,7 @@ def main(argv=None) -> int:
     b = Bench(drv)
     rows = []
     from quant_bench import quant_rows   # the file's weight types (kernels/mmvq.cu)
-    for gen in (mat_vec_rows, glu_rows, attention_rows, mat_mul_rows, quant_rows):
+    for gen in (mat_vec_rows, glu_rows, attention_rows, direct_attention_rows, mat_mul_rows, quant_rows):
         for only in args.only.split(","):
             for row in gen(b, only):
                 print(json.dumps(row), flush=True)

@@ -66,3 +66,37 @@ def test_the_direct_launch_is_one_split():
     c = _case(True)
     p = c.params([0x1000 * (i + 1) for i in range(len(c.bufs))])
     assert launch_geometry(c.kernel, p.tobytes())[0] == (1, 1, 1)      # t[0] is the node: (256, 4, 1) is no split count
+
+
+def test_gemma_attention_is_lowered_one_block_per_query_head():
+    """The lowering launches Gemma 3's direct attention on the g1 entry with ip[3], one block per query head
+    (grid (1, 4, 1)) as ggml's vec kernel has a block per head; the four heads sharing a kv head in one block
+    (g4, grid (1, 1, 1)) ran on one SM at 94 µs a layer on the H200 (kernel_profile, 18 layers a step)."""
+    from graphdiag.backends.gpu.lowering import lower_node
+    from graphdiag.ir.ops import Op
+    from graphdiag.model.build import DECODE, GraphParams, build_graph
+    from graphdiag.model.presets import PRESETS
+    from graphdiag.model.weights import create_model
+    g = build_graph(create_model(PRESETS["gemma3-tiny"], G.F16, with_data=False),
+                    GraphParams(1, 1, 1, DECODE, 256)).graph
+    i = next(i for i in range(g.n_nodes) if g.node(i).op == Op.FLASH_ATTN_EXT)
+    q, k = g.node(i).src[0], g.node(i).src[1]
+    assert q.ne[2] == 4                                                 # 4 query heads on one kv head
+    launch = lower_node(g, i, None, 900).launch
+    assert launch.kernel == fa_vec_kernel(q.ne[0], 1) and launch.grid == (1, 4, 1)
+    assert tuple(launch.params["ip"][1:4]) == (1, 1, 1)
+    c = _case(True)
+    p = c.params([0x1000 * (i + 1) for i in range(len(c.bufs))])
+    p["ip"][3] = 1
+    assert launch_geometry(fa_vec_kernel(256, 1), p.tobytes())[0] == (1, 4, 1)
+    with pytest.raises(ValueError, match="do not match"):
+        launch_geometry(fa_vec_kernel(256, 4), p.tobytes())             # per head: the g1 entry only
+
+
+def test_per_head_blocks_compute_what_grouped_blocks_compute():
+    grouped = _case(True).run(SimDevice()).view(np.float32)
+    c = _case(True)
+    c.kernel = fa_vec_kernel(256, 1)
+    c.ip = (256, 1, 1, 1)
+    per_head = c.run(SimDevice()).view(np.float32)
+    assert np.array_equal(grouped, per_head)
