@@ -331,9 +331,15 @@ def _flash_attn_partial(space, p, name: str = "flash attention"):
     """The exact split-KV partials (the decode kernels): per split of ip[0] positions,
     (sum_j p_j v_j, m, sum_j p_j) with p_j = exp(x_j - m), m the split's max."""
     s, vh, part, dv = _fa_split_scores(space, p, name)
-    m = s.max(axis=-1)                                         # (B, H, T, S); -inf: nothing visible
-    e = np.exp(s - np.where(np.isfinite(m), m, F32(0))[..., None])
+    m, e = _fa_exp(s)
     _fa_store(part, np.matmul(e.transpose(0, 1, 3, 2, 4), vh), m, e.sum(axis=-1, dtype=F32), dv)
+
+
+def _fa_exp(s: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """(m, p) of split scores s (B, H, T, S, chunk): each split's max (-inf: nothing visible) and
+    p = exp(s - m) (0 where masked or where nothing is visible)."""
+    m = s.max(axis=-1)
+    return m, np.exp(s - np.where(np.isfinite(m), m, F32(0))[..., None])
 
 
 def _flash_attn_mma(d: int) -> Kernel:
@@ -381,8 +387,7 @@ def _flash_attn_vec(d: int, gm: int) -> Kernel:
 def _flash_attn_direct(space, p, name: str) -> None:
     """The vec kernel with ip[2] set: one split, normalised into the node (the combine of one split)."""
     s, vh, dst, dv = _fa_split_scores(space, p, name, direct=True)
-    m = s.max(axis=-1)                                         # (B, H, T, 1)
-    e = np.exp(s - np.where(np.isfinite(m), m, F32(0))[..., None])
+    _, e = _fa_exp(s)                                          # one split: (B, H, T, 1, chunk)
     o = np.matmul(e.transpose(0, 1, 3, 2, 4), vh)[:, :, 0]     # (B, H, T, Dv)
     den = e.sum(axis=-1, dtype=F32)[..., 0][..., None]         # (B, H, T, 1)
     res = np.divide(o, den, out=np.zeros_like(o), where=den > 0)
