@@ -15,6 +15,7 @@ from graphdiag.backends.gpu.lowering import lower_node, op_launches
 from graphdiag.backends.gpu.runtime import RuntimeOptions
 from graphdiag.ir import Arena, GGMLType as G, GluOp, Graph, Tensor
 from graphdiag.ir.build import Ctx
+from support.placement import place_tensors
 
 E_, D, H, HKV, FF, N_CACHE = 64, 32, 4, 1, 128, 16
 NEOX = 2
@@ -138,12 +139,7 @@ def test_unfused_scale_and_geglu_lower_to_their_kernels():
 def _place_and_fill(g: Graph, leaves, alloc, write):
     """data for every tensor (a view at its source's data + offset), the leaves filled with seeded values."""
     rng = np.random.default_rng(5)
-    for idx in list(g.leafs) + list(g.nodes):
-        t = g.arena.rec[idx]
-        if t["view_src"]:
-            t["data"] = g.arena.rec[g.arena.index(int(t["view_src"]))]["data"] + t["view_offs"]
-        elif not t["data"]:
-            t["data"] = alloc(Tensor(g.arena, int(idx)).nbytes())
+    place_tensors(g, alloc)
     for name, t in sorted(leaves.items()):
         n = int(np.prod(t.ne))
         if t.type == G.I32:

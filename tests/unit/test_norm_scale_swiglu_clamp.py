@@ -27,6 +27,7 @@ from graphdiag.ir.dtypes import GGMLType
 from graphdiag.ir.graph import Graph
 from graphdiag.ir.ops import GluOp, Op
 from graphdiag.ir.tensor import Tensor
+from support.placement import place_tensors
 
 F32, F16 = GGMLType.F32, GGMLType.F16
 EPS, S, LIMIT = 1e-6, 0.125, 0.75
@@ -232,12 +233,7 @@ def test_d99724f2_refuses_a_graph_with_swiglu_clamp():
 
 def _place_and_fill(g: Graph, leaves: dict[str, Tensor], alloc, write) -> None:
     rng = np.random.default_rng(5)
-    for idx in list(g.leafs) + list(g.nodes):
-        t = g.arena.rec[idx]
-        if t["view_src"]:
-            t["data"] = g.arena.rec[g.arena.index(int(t["view_src"]))]["data"] + t["view_offs"]
-        elif not t["data"]:
-            t["data"] = alloc(Tensor(g.arena, int(idx)).nbytes())
+    place_tensors(g, alloc)
     for name, t in sorted(leaves.items()):
         n = int(np.prod(t.ne))
         if name == "ids":
