@@ -13,7 +13,7 @@ from graphdiag.backends.gpu.fusion import MMV_ADD, MMV_GLU, RMS_NORM_MUL, fusion
 from graphdiag.backends.gpu.fusion_norm import RMS_NORM_MUL_ADD, RMS_NORM_MUL_ROPE, RMS_NORM_MUL_ROPE_SET_ROWS
 from graphdiag.backends.gpu.lowering import lower_node, op_launches
 from graphdiag.backends.gpu.runtime import RuntimeOptions
-from graphdiag.ir import Arena, GGMLType as G, GluOp, Graph, Tensor
+from graphdiag.ir import Arena, GGMLType as G, GluOp, Graph
 from graphdiag.ir.build import Ctx
 from support.placement import place_tensors
 
