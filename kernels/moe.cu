@@ -22,3 +22,75 @@ KERNEL_LB(moe_weighted_reduction_f32, 256) {
     }
     ((float *)D.data)[token * n_embd + col] = sum;
 }
+
+// The top-k MoE router (ggml-cuda's topk_moe_cuda, softmax form, no bias and no weight norm): SOFT_MAX, the
+// RESHAPE of the probabilities, their ARGSORT, the VIEW of its first k and the GET_ROWS of the weights
+// [, a SCALE of them] as one kernel. A warp per token, TOPK_MOE_ROWS tokens per block; every logit of the
+// block's rows is read before any write (the outputs may alias the logits, as upstream allows). p = the row's
+// softmax in F32 (e = exp(x - max), times 1 / sum e); then k rounds of argmax over p (ties: the lower expert),
+// each writing ids[r] = expert and weights[r] = p[expert] * scale and taking the expert out.
+//   t[0] weights F32 (k, T) or (1, k, T), contiguous
+//   t[1] ids I32 (k, T): the view of the argsort's rows (row stride nb[1])
+//   t[2] logits F32 (n_expert, T), contiguous; n_expert <= 32 * TOPK_MOE_PER_LANE
+//   ip[0] k (experts used); fp[0] scale (1 without the SCALE)
+#define TOPK_MOE_ROWS 8
+#define TOPK_MOE_PER_LANE 18      // 576 experts (upstream's largest instantiation) over 32 lanes
+
+KERNEL_LB(topk_moe_f32, 32 * TOPK_MOE_ROWS) {
+    const tdesc &W = p.t[0], &I = p.t[1], &L = p.t[2];
+    const i64 n = L.ne[0], rows = L.ne[1] * L.ne[2] * L.ne[3];
+    const int lane = threadIdx.x, k = p.ip[0];
+    const i64 row = (i64)blockIdx.x * TOPK_MOE_ROWS + threadIdx.y;
+    const float scale = p.fp[0];
+    float wt[TOPK_MOE_PER_LANE];
+    const float *lg = (const float *)L.data + row * n;
+#pragma unroll
+    for (int j = 0; j < TOPK_MOE_PER_LANE; ++j) {
+        const i64 e = lane + 32 * j;
+        wt[j] = (row < rows && e < n) ? lg[e] : F32_NEG_INF;
+    }
+    __syncthreads();              // the block's logits all read: the outputs may alias them
+    if (row >= rows) return;
+    float mx = F32_NEG_INF;
+#pragma unroll
+    for (int j = 0; j < TOPK_MOE_PER_LANE; ++j) mx = fmaxf(mx, wt[j]);
+    mx = warp_max(mx);
+    float sum = 0.0f;
+#pragma unroll
+    for (int j = 0; j < TOPK_MOE_PER_LANE; ++j) {
+        const float e = (lane + 32 * j < n && wt[j] != F32_NEG_INF) ? expf(wt[j] - mx) : 0.0f;
+        wt[j] = e;
+        sum += e;
+    }
+    sum = warp_sum(sum);
+    const float inv = sum > 0.0f ? 1.0f / sum : 0.0f;
+#pragma unroll
+    for (int j = 0; j < TOPK_MOE_PER_LANE; ++j) {
+        wt[j] = lane + 32 * j < n ? (isnan(wt[j] * inv) ? -3.402823466e38f : wt[j] * inv) : F32_NEG_INF;
+    }
+    float *w = (float *)W.data + row * k;
+    char *ids = (char *)I.data + row * I.nb[1];
+    for (int r = 0; r < k; ++r) {
+        float best = wt[0];
+        int expert = lane;
+#pragma unroll
+        for (int j = 1; j < TOPK_MOE_PER_LANE; ++j) {
+            if (wt[j] > best) { best = wt[j]; expert = lane + 32 * j; }
+        }
+#pragma unroll
+        for (int off = 16; off > 0; off >>= 1) {
+            const float v = __shfl_xor_sync(0xffffffffu, best, off);
+            const int x = __shfl_xor_sync(0xffffffffu, expert, off);
+            if (v > best || (v == best && x < expert)) { best = v; expert = x; }
+        }
+        if ((expert & 31) == lane) {
+#pragma unroll
+            for (int j = 0; j < TOPK_MOE_PER_LANE; ++j)
+                if (j == expert / 32) wt[j] = F32_NEG_INF;
+        }
+        if (lane == 0) {
+            *(int *)(ids + (i64)r * I.nb[0]) = expert;
+            w[r] = best * scale;
+        }
+    }
+}

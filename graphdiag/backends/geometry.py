@@ -279,6 +279,14 @@ def _moe_reduction(p) -> Geometry:
     return (max(e[2] * e[3], 1), _cdiv(e[0], ELEMENTWISE_BLOCK), 1), (ELEMENTWISE_BLOCK, 1, 1), 0
 
 
+TOPK_MOE_ROWS = 8        # kernels/moe.cu topk_moe_f32: a warp per token, 8 tokens per block (upstream's)
+
+
+def _topk_moe(p) -> Geometry:
+    logits = _ne(p, 2)
+    return (max(_cdiv(logits[1] * logits[2] * logits[3], TOPK_MOE_ROWS), 1), 1, 1), (32, TOPK_MOE_ROWS, 1), 0
+
+
 def _quantize(p) -> Geometry:
     x = _ne(p, 1)
     blocks = (x[0] // 32) * x[1] * x[2] * x[3]
@@ -340,7 +348,7 @@ def _table() -> dict[str, Callable[[np.ndarray], Geometry]]:
         **{fa_mma_kernel(d): _flash_attn_mma(d) for d in FA_HEAD_DIMS},
         "flash_attn_combine_f32": _fa_combine, "top_k_f32": _top_k, "argsort_f32_i32_desc": _top_k,
         "quantize_q8_1": _quantize, "mul_mat_fixup_f32": _elementwise(0),
-        "moe_weighted_reduction_f32": _moe_reduction,
+        "moe_weighted_reduction_f32": _moe_reduction, "topk_moe_f32": _topk_moe,
         # rng.cu: one thread per element (Q8_0: a warp per 32-block, the same thread count)
         **{f"rng_fill_{w}": _elementwise(0) for w in ("f32", "f16", "q8_0")},
     })

@@ -190,6 +190,21 @@ def _moe_weighted_reduction(space, p):
     dst[...] = acc.reshape(dst.shape)
 
 
+def _topk_moe(space, p):
+    """kernels/moe.cu topk_moe_f32: per token, p = softmax(logits); the k largest p (ties: the lower expert)
+    as ids in descending order and p[ids] * fp[0] as the weights: what SOFT_MAX, ARGSORT, its VIEW and the
+    GET_ROWS [and SCALE] compute unfused."""
+    name = "topk_moe_f32"
+    _check_type(p, 2, GGMLType.F32, name)
+    logits = view(space, p, 2)                                 # (B3, B2, T, n_expert)
+    k = _ip(p, 0)
+    probs = ops.soft_max(logits)
+    ids = ops.argsort(probs, True)[..., :k]
+    weights = np.take_along_axis(probs, ids, axis=-1) * F32(_fp(p, 0))
+    view(space, p, 1)[...] = ids.reshape(view(space, p, 1).shape)
+    view(space, p, 0)[...] = weights.reshape(view(space, p, 0).shape)
+
+
 def _mul_mat_fixup(space, p):
     dst, partials = view(space, p, 0), view(space, p, 1)
     b3, n = dst.shape[0], _ip(p, 0)
@@ -466,7 +481,7 @@ def _build() -> dict[str, Kernel]:
         **{fa_mma_kernel(d): _flash_attn_mma(d) for d in FA_HEAD_DIMS},
         "flash_attn_combine_f32": _flash_attn_combine,
         "quantize_q8_1": _quantize_q8_1, "mul_mat_fixup_f32": _mul_mat_fixup,
-        "moe_weighted_reduction_f32": _moe_weighted_reduction, "soft_max_f32": _soft_max, "top_k_f32": _top_k,
+        "moe_weighted_reduction_f32": _moe_weighted_reduction, "topk_moe_f32": _topk_moe, "soft_max_f32": _soft_max, "top_k_f32": _top_k,
         "argsort_f32_i32_desc": _argsort_desc,
         "glu_swiglu_f32": _swiglu, "cpy_f32_f32": _cpy("cpy_f32_f32", GGMLType.F32),
         "cpy_f32_f16": _cpy("cpy_f32_f16", GGMLType.F16),

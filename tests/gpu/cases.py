@@ -102,7 +102,7 @@ def k_split_cases() -> list[Case]:
     for m, n, b2, b3, p in ((300, 12, 1, 1, 3), (64, 9, 2, 2, 1), (1000, 33, 1, 1, 7)):
         c = Case("mul_mat_fixup_f32", f"M{m}-N{n}-B{b2}x{b3}-P{p}", F32_ELEM)
         out.append(c.set(c.randn(G.F32, m, n, b2, b3), c.randn(G.F32, m, n, b2, b3 * p), ip=(p,)))
-    return out + moe_reduction_cases()
+    return out + moe_reduction_cases() + topk_moe_cases()
 
 
 def moe_reduction_cases() -> list[Case]:
@@ -113,6 +113,21 @@ def moe_reduction_cases() -> list[Case]:
         c = Case("moe_weighted_reduction_f32", f"E{d}-k{k}-T{t}" + ("-scaled" if scaled else ""), F32_ELEM)
         out.append(c.set(c.output(G.F32, d, t), c.randn(G.F32, d, k, t), c.randn(G.F32, 1, k, t),
                          c.randn(G.F32, 1, k, t) if scaled else None))
+    return out
+
+
+def topk_moe_cases() -> list[Case]:
+    """The top-k MoE router: the weights (slot 0) and the ids written through the argsort's view (slot 1: its
+    first k columns of n_expert, the rest untouched), 8 tokens a block (a partial last block at 9 and 5)."""
+    out = []
+    for n, k, t, scale in ((8, 2, 1, 1.0), (8, 2, 9, 1.0), (64, 6, 5, 2.5), (512, 8, 3, 1.0), (288, 8, 2, 1.0)):
+        for slot in (0, 1):
+            c = Case("topk_moe_f32", f"E{n}-k{k}-T{t}-s{scale}-{'weights' if slot == 0 else 'ids'}", F32_ELEM)
+            ids = c.output(G.I32, n, t)
+            c.set(c.output(G.F32, k, t), c.view(ids, (k, t), (4, ids.nb[1])), c.randn(G.F32, n, t, scale=3),
+                  ip=(k,), fp=(scale,))
+            c.out = slot
+            out.append(c)
     return out
 
 

@@ -131,10 +131,10 @@ def test_graph_optimize_keeps_experts_and_weights_alive_until_the_output():
     g = _moe_graph(4)
     deps: dict[int, list[int]] = {}
     moe_alloc_deps(g, deps)
-    assert len(deps) == PRESETS["moe-tiny"].n_layer
-    for until, kept in deps.items():
+    out = {u: k for u, k in deps.items() if g.arena.rec["name"][u].decode().startswith("ffn_moe_out-")}
+    assert len(out) == PRESETS["moe-tiny"].n_layer          # (the router's own are test_topk_moe.py's)
+    for until, kept in out.items():
         names = sorted(g.arena.rec["name"][kept].astype(str).tolist())
-        assert g.arena.rec["name"][until].decode().startswith("ffn_moe_out-")
         assert [n.split("-")[0] for n in names] == ["ffn_moe_down", "ffn_moe_weights"]
 
 

@@ -14,11 +14,16 @@ their conditions are upstream ggml's, in try_fuse's order, for the ops graphdiag
                          weights, their k views and the k - 1 ADDs summing them (MoE, 2 <= k <= 15); tried
                          first, at a MUL. Where it can apply, graph_optimize also keeps the experts and the
                          weights alive until its output (#27301: alloc_deps)
+  topk_moe               any batch: the router's SOFT_MAX, RESHAPE, ARGSORT, VIEW (ids), GET_ROWS (weights)
+                         [, SCALE] as one kernel (softmax gating; the expert bias and the weight norm are not
+                         in graphdiag's graphs), at a SOFT_MAX; the logits may alias the outputs up to 8 rows
+                         (one at d99724f2). At 0c1e57098 graph_optimize keeps the group's nodes and sources
+                         alive until the node after it
 
 The GLU may be SWIGLU, GEGLU (Gemma 3) or, at 0c1e57098, SWIGLU_CLAMP (its limit, op param 3, carried into
 the fused kernel as upstream's fusion_data.glu_limit), its gate either mat-mul of the pair; mul_mat_vec+add also takes
 Qwen2's Q/K/V bias at 1 token (the bias (M,) has the one-column result's shape; a batch broadcasts: no fusion).
-Not made yet: topk-moe; snake, the NVFP4 scale fusions and softcap match no graph here. Under
+Snake, the NVFP4 scale fusions and softcap match no graph here. Under
 --upstream d99724f2 the weighted reduction and rms_norm+scale are not tried (they came after), and a GLU
 SWIGLU_CLAMP (an op d99724f2's ggml does not have) is refused (lowering.refuse_ops_after).
 
@@ -37,7 +42,7 @@ from ...ir.ops import GluOp, Op
 from ...ir.tensor import Tensor
 from .compat import CC_PASCAL, MMVQ_MAX_BATCH_SIZE, mmvf_ok
 from .fusion_graph import (_COMPUTE, Fusion, _can_fuse, _memory_ranges_ok, _single_use, consumer_counts,
-                           launching_nodes)
+                           launching_nodes, subgraph_ok)
 from .fusion_norm import (RMS_NORM_MUL, RMS_NORM_MUL_ADD, RMS_NORM_MUL_ROPE, RMS_NORM_MUL_ROPE_SET_ROWS,
                           RMS_NORM_SCALE, ROPE_NEOX, ROPE_NORMAL, _subgraph_ok, rope_set_rows_ok, try_fuse_norm)
 
@@ -46,6 +51,9 @@ MMV_ADD = "mul_mat_vec+add"
 MMID_GLU = "mul_mat_id_vec+glu"
 ROPE_SET_ROWS = "rope+view+set_rows"
 MOE_WR = "moe_weighted_reduction"
+TOPK_MOE = "topk_moe"
+TOPK_MOE_ROWS_PER_BLOCK = 8  # topk-moe.cuh: router rows (tokens) per block, each a warp
+_TOPK_MOE_OPS = (Op.SOFT_MAX, Op.RESHAPE, Op.ARGSORT, Op.VIEW, Op.GET_ROWS)
 MOE_WR_MAX_EXPERTS = 15      # 2k + 1 nodes at most: ggml_can_fuse_subgraph takes fewer than 32
 
 # ggml_cuda_should_fuse_mul_mat's valid_glu_ops, of the GLU ops graphdiag builds (SWIGLU_OAI never is):
@@ -216,23 +224,85 @@ def moe_reduction_operands(graph: Graph, i: int) -> tuple[Tensor, Tensor | None,
 
 
 def moe_alloc_deps(graph: Graph, deps: dict[int, list[int]]) -> None:
-    """graph_optimize's allocation dependencies (0c1e57098, #27301): for each weighted reduction that matches
-    (before allocation: no memory-range check), its experts, router weights and scale are kept alive until
-    its output node has run: deps[output slot] gains their slots (each once)."""
+    """graph_optimize's allocation dependencies (0c1e57098, #27301), matched before allocation (no memory-range
+    check): deps[slot] gains the slots (each once) kept alive until that node has run.
+
+    A weighted reduction keeps its experts, router weights and scale until its output. A top-k MoE router
+    keeps every node of its group and every source of them until the node after the group (add_alloc_deps(i,
+    i + ops.size()): the group's last node is kept too)."""
     consumers = consumer_counts(graph)
     rec = graph.arena.rec
     ops = rec["op"][graph.nodes].tolist()
-    i, n, mul = 0, graph.n_nodes, int(Op.MUL)
+    i, n, mul, soft_max = 0, graph.n_nodes, int(Op.MUL), int(Op.SOFT_MAX)
     while i < n:
         m = moe_reduction(graph, i, consumers) if ops[i] == mul else None
         if m is not None:
             count, experts, scale, weights = m
-            keep = deps.setdefault(int(graph.nodes[i + count - 1]), [])
-            for t in (experts, weights, scale):
-                if t is not None and t.idx not in keep:
-                    keep.append(t.idx)
+            _keep(deps, int(graph.nodes[i + count - 1]), (experts, weights, scale))
+            i += count - 1
+        t = topk_moe(graph, i, consumers) if ops[i] == soft_max else None
+        if t is not None and i + t[0] < n:
+            count = t[0]
+            group = [graph.node(i + k) for k in range(count)]
+            _keep(deps, int(graph.nodes[i + count]), [x for g in group for x in (g, *g.src)])
             i += count - 1
         i += 1
+
+
+def _keep(deps: dict[int, list[int]], until: int, tensors) -> None:
+    keep = deps.setdefault(until, [])
+    for t in tensors:
+        if t is not None and t.idx not in keep:
+            keep.append(t.idx)
+
+
+def topk_moe(graph: Graph, i: int, consumers: dict[int, int]) -> tuple[int, Tensor, Tensor, Tensor | None] | None:
+    """ggml_cuda_topk_moe_fusion + ggml_can_fuse_subgraph + ggml_cuda_should_use_topk_moe at node i, for the
+    router graphdiag builds (softmax gating, no expert bias, no weight norm: SUM_ROWS/CLAMP/DIV are not in
+    its graphs): SOFT_MAX, RESHAPE of it (1, n_expert, T), ARGSORT of the probabilities, VIEW of the first k
+    (the ids), GET_ROWS of the reshaped probabilities by them (the weights) [, a SCALE of the weights].
+    Returns (nodes in the group, logits, ids view, scale node or None), or None. No memory check here:
+    graph_optimize matches before allocation (topk_moe_fuses adds it)."""
+    if i + len(_TOPK_MOE_OPS) > graph.n_nodes:
+        return None
+    sm, rs, arg, view, gr = (graph.node(i + k) for k in range(len(_TOPK_MOE_OPS)))
+    if (sm.op, rs.op, arg.op, view.op, gr.op) != _TOPK_MOE_OPS:
+        return None
+    if rs.src[0] != sm or arg.src[0] != sm or view.src[0] != arg or gr.src[0] != rs or gr.src[1] != view:
+        return None
+    ops, scale = _TOPK_MOE_OPS, None
+    if i + 5 < graph.n_nodes:
+        nxt = graph.node(i + 5)
+        if nxt.op == Op.SCALE and nxt.src[0] == gr:
+            ops, scale = (*_TOPK_MOE_OPS, Op.SCALE), nxt
+    count = len(ops)
+    if not subgraph_ok(graph, i, ops, (i + 3, i + count - 1), consumers):
+        return None
+    logits, weights = sm.src[0], graph.node(i + count - 1)
+    # ggml_cuda_should_use_topk_moe: an expert count launch_topk_moe_cuda instantiates, contiguous weights and
+    # logits, a plain softmax (scale 1, no ALiBi, no mask or sinks)
+    n_expert = view.nb[1] // view.nb[0]
+    if ((n_expert & (n_expert - 1)) or n_expert > 512) and n_expert not in (288, 576):
+        return None
+    if not (weights.is_contiguous() and logits.is_contiguous() and sm.src[0].is_contiguous()):
+        return None
+    if sm.param_f32(0) != 1.0 or sm.param_f32(1) != 0.0 or sm.src[1] is not None or sm.src[2] is not None:
+        return None
+    return count, logits, view, scale
+
+
+def _topk_moe_fuses(graph: Graph, i: int, consumers, upstream: str) -> int:
+    """try_fuse's top-k MoE attempt: the match when neither output overlaps a source it still reads, the logits
+    aside where one block reads every row before writing (at most TOPK_MOE_ROWS_PER_BLOCK rows; one row at
+    d99724f2); its node count, else 0."""
+    m = topk_moe(graph, i, consumers)
+    if m is None:
+        return 0
+    count, logits, view, _ = m
+    ne = graph.node(i).ne
+    rows = ne[1] * ne[2] * ne[3]                    # ggml_nrows of the softmax
+    alias = logits if rows <= (1 if upstream == "d99724f2" else TOPK_MOE_ROWS_PER_BLOCK) else None
+    return count if _memory_ranges_ok(graph, i, count, (i + 3, i + count - 1), alias) else 0
 
 
 def _moe_reduction_fuses(graph: Graph, i: int, consumers) -> int:
@@ -244,7 +314,7 @@ def _moe_reduction_fuses(graph: Graph, i: int, consumers) -> int:
     return m[0]
 
 
-_FUSION_FIRST = frozenset({Op.ROPE, Op.MUL_MAT, Op.MUL_MAT_ID, Op.RMS_NORM, Op.MUL})   # where try_fuse can match
+_FUSION_FIRST = frozenset({Op.ROPE, Op.MUL_MAT, Op.MUL_MAT_ID, Op.RMS_NORM, Op.MUL, Op.SOFT_MAX})   # where try_fuse can match
 
 
 def try_fuse(graph: Graph, i: int, consumers: dict[int, int], cc: int = 900,
@@ -254,6 +324,9 @@ def try_fuse(graph: Graph, i: int, consumers: dict[int, int], cc: int = 900,
     if op == Op.MUL:
         count = _moe_reduction_fuses(graph, i, consumers) if upstream != "d99724f2" else 0
         return Fusion(MOE_WR, count - 1) if count else None
+    if op == Op.SOFT_MAX:
+        count = _topk_moe_fuses(graph, i, consumers, upstream)
+        return Fusion(TOPK_MOE, count - 1) if count else None
     if op == Op.ROPE and _rope_set_rows(graph, i, consumers):
         return Fusion(ROPE_SET_ROWS, 2)
     if op == Op.MUL_MAT:
@@ -284,11 +357,14 @@ def _may_fuse(ops: list[int], ne1: list[int], ne2: list[int], i: int) -> bool:
         return nxt == _MUL_MAT_ID and nxt2 == _GLU and ne2[i + 1] == 1
     if op == _MUL:          # the weighted reduction: its views follow (or the second MUL of the scaled form)
         return nxt == _VIEW or nxt == _MUL
+    if op == _SOFT_MAX:     # the top-k MoE router: the probabilities reshaped, then their argsort
+        return nxt == _RESHAPE and nxt2 == _ARGSORT
     return nxt == _MUL or nxt == _SCALE     # RMS_NORM: the MUL forms, or the SCALE of rms_norm+scale
 
 
-_ROPE, _VIEW, _SET_ROWS, _MUL_MAT, _MUL_MAT_ID, _GLU, _MUL, _SCALE = (
-    int(o) for o in (Op.ROPE, Op.VIEW, Op.SET_ROWS, Op.MUL_MAT, Op.MUL_MAT_ID, Op.GLU, Op.MUL, Op.SCALE))
+_ROPE, _VIEW, _SET_ROWS, _MUL_MAT, _MUL_MAT_ID, _GLU, _MUL, _SCALE, _SOFT_MAX, _RESHAPE, _ARGSORT = (
+    int(o) for o in (Op.ROPE, Op.VIEW, Op.SET_ROWS, Op.MUL_MAT, Op.MUL_MAT_ID, Op.GLU, Op.MUL, Op.SCALE, Op.SOFT_MAX,
+                     Op.RESHAPE, Op.ARGSORT))
 _FIRST_INTS = frozenset(int(o) for o in _FUSION_FIRST)
 
 

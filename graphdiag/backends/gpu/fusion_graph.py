@@ -70,28 +70,55 @@ def _can_fuse(graph: Graph, i: int, ops: tuple[Op, ...], consumers: dict[int, in
     return True
 
 
-def _memory_ranges_ok(graph: Graph, i: int, n: int, out: int) -> bool:
-    """ggml_cuda_check_fusion_memory_ranges: the fused kernel writes node `out`; no source of the n fused
-    nodes (other than a node the fusion elides, i.e. an earlier node of the group) may overlap that output,
-    or the kernel would overwrite what it still reads. Sources without an op (weights, inputs) are skipped."""
-    dst = graph.node(out)
-    lo = dst.data
-    if lo == 0:
-        return True             # not allocated (a graph built without memory): nothing can overlap
-    hi = lo + dst.nbytes()
+def _memory_ranges_ok(graph: Graph, i: int, n: int, out: int | tuple[int, ...], may_alias: Tensor | None = None
+                      ) -> bool:
+    """ggml_cuda_check_fusion_memory_ranges: the fused kernel writes node `out` (or each of several); no source
+    of the n fused nodes (other than a node the fusion elides, i.e. an earlier node of the group) may overlap
+    an output, or the kernel would overwrite what it still reads. Sources without an op (weights, inputs) are
+    skipped, and `may_alias` (the top-k MoE kernel's logits, read whole before any write)."""
     arena, nodes = graph.arena, graph.nodes
     mem, base = arena.mem, arena.base
     group = {int(nodes[k]): k for k in range(i, i + n)}
-    for j in range(i, i + n):
-        for a in _SRC.unpack_from(mem, int(nodes[j]) * TENSOR_SIZE + _O_SRC):   # Tensors only for sources
-            if not a:
-                continue
-            s = Tensor(arena, (a - base) // TENSOR_SIZE)
-            if s.op == Op.NONE:
-                continue
-            s_lo = s.data
-            if s_lo < hi and lo < s_lo + s.nbytes() and not (s.idx in group and group[s.idx] < j):
-                return False
+    for o in (out,) if isinstance(out, int) else out:
+        dst = graph.node(o)
+        lo = dst.data
+        if lo == 0:
+            continue            # not allocated (a graph built without memory): nothing can overlap
+        hi = lo + dst.nbytes()
+        for j in range(i, i + n):
+            for a in _SRC.unpack_from(mem, int(nodes[j]) * TENSOR_SIZE + _O_SRC):   # Tensors only for sources
+                if not a:
+                    continue
+                s = Tensor(arena, (a - base) // TENSOR_SIZE)
+                if s.op == Op.NONE or s == may_alias:
+                    continue
+                s_lo = s.data
+                if s_lo < hi and lo < s_lo + s.nbytes() and not (s.idx in group and group[s.idx] < j):
+                    return False
+    return True
+
+
+def subgraph_ok(graph: Graph, i: int, ops: tuple[Op, ...], outputs: tuple[int, ...], consumers: dict[int, int]
+                ) -> bool:
+    """ggml_can_fuse_subgraph: nodes i.. with these ops, all COMPUTE; every node but the `outputs` (node
+    indices) neither a graph output nor read outside the group, and a view's sources inside the group."""
+    if i + len(ops) > graph.n_nodes:
+        return False
+    group = [graph.node(i + k) for k in range(len(ops))]
+    idx = {t.idx for t in group}
+    for k, (t, op) in enumerate(zip(group, ops)):
+        if t.op != op or not t.flags & _COMPUTE:
+            return False
+        if i + k in outputs:
+            continue
+        if t.flags & _OUTPUT:
+            return False
+        inside = sum(1 for u in group[k + 1:] for s in u.src if s is not None and s == t)
+        if inside != consumers.get(t.idx, 0):
+            return False
+        vs = t.view_src
+        if vs is not None and vs.idx not in idx:
+            return False        # upstream allows a weight (ggml_is_constant): no fused group here views one
     return True
 
 

@@ -17,8 +17,8 @@ from ...ir.dtypes import GGMLType
 from ...ir.graph import Graph
 from ...ir.ops import Op
 from ...ir.tensor import Tensor
-from .fusion_graph import (_COMPUTE, _OUTPUT, Fusion, _can_fuse, _memory_ranges_ok, consumer_counts,
-                           contiguous_rows, other_src)
+from .fusion_graph import (Fusion, _can_fuse, _memory_ranges_ok, consumer_counts,
+                           contiguous_rows, other_src, subgraph_ok)
 
 RMS_NORM_MUL = "rms_norm+mul"
 RMS_NORM_MUL_ADD = "rms_norm+mul+add"
@@ -61,28 +61,8 @@ def _norm_mul_rope_ok(norm: Tensor, mul: Tensor, rope: Tensor) -> bool:
 
 
 def _subgraph_ok(graph: Graph, i: int, ops: tuple[Op, ...], consumers: dict[int, int]) -> bool:
-    """ggml_can_fuse_subgraph with the last node the only output: the ops in order, all COMPUTE, every
-    other node neither an output nor read outside the group, a view's source inside the group."""
-    if i + len(ops) > graph.n_nodes:
-        return False
-    group = [graph.node(i + k) for k in range(len(ops))]
-    idx = {t.idx for t in group}
-    for k, (t, op) in enumerate(zip(group, ops)):
-        if t.op != op or not t.flags & _COMPUTE:
-            return False
-        if k == len(ops) - 1:
-            continue
-        if t.flags & _OUTPUT:
-            return False
-        inside = sum(1 for u in group[k + 1:] for s in u.src if s is not None and s == t)
-        if inside != consumers.get(t.idx, 0):
-            return False
-        vs = t.view_src
-        if vs is not None and vs.idx not in idx:
-            # upstream allows an outside view source that is a weight (ggml_is_constant); these groups'
-            # views (the rope's, for the cache write) never view a weight, so none is taken for one here
-            return False
-    return True
+    """ggml_can_fuse_subgraph with the last node the only output."""
+    return subgraph_ok(graph, i, ops, (i + len(ops) - 1,), consumers)
 
 
 def _norm_mul_rope_set_rows(graph: Graph, i: int, consumers) -> bool:

@@ -48,7 +48,8 @@ from .. import abi
 from ..drivers.base import H200_MULTIPROCESSORS, Driver, Launch
 from .compat import MMVQ_MAX_BATCH_SIZE, mmq_stream_k_parts, mul_mat_id_needs_sync, mul_mat_path
 from .descriptors import DescriptorTable
-from .fusion import MMID_GLU, MMV_ADD, MMV_GLU, MOE_WR, RMS_NORM_MUL, ROPE_SET_ROWS, Fusion, moe_reduction_operands
+from .fusion import (MMID_GLU, MMV_ADD, MMV_GLU, MOE_WR, RMS_NORM_MUL, ROPE_SET_ROWS, TOPK_MOE, Fusion,
+                     moe_reduction_operands)
 from .fusion_graph import other_src
 from .fusion_norm import RMS_NORM_MUL_ADD, RMS_NORM_MUL_ROPE, RMS_NORM_MUL_ROPE_SET_ROWS, RMS_NORM_SCALE
 from ..abi import Q8_1, Q8_1_BYTES
@@ -384,6 +385,11 @@ def _lower_fused(d, graph: Graph, i: int, f: Fusion):
     if f.pattern == MOE_WR:         # experts, router weights and the optional scale of the planned match
         experts, scale, weights = moe_reduction_operands(graph, i)
         return KernelOp(_launch(d, "moe_weighted_reduction_f32", [graph.node(i + f.absorbed), experts, weights, scale]))
+    if f.pattern == TOPK_MOE:       # the router: weights (the GET_ROWS, or its SCALE) and ids (the argsort's view)
+        weights = graph.node(i + f.absorbed)
+        scale = weights.param_f32(0) if weights.op == Op.SCALE else 1.0
+        return KernelOp(_launch(d, "topk_moe_f32", [weights, graph.node(i + 3), node.src[0]],
+                                ip=(graph.node(i + 3).ne[0],), fp=(scale,)))
     if f.pattern == ROPE_SET_ROWS:
         sr = graph.node(i + 2)
         if sr.type != GGMLType.F16:

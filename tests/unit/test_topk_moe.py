@@ -1,0 +1,175 @@
+"""The top-k MoE router fusion (ggml-cuda's topk_moe, in d99724f2 and 0c1e57098): SOFT_MAX, RESHAPE, ARGSORT,
+VIEW (the ids), GET_ROWS (the weights) [, SCALE] as one topk_moe_f32 launch; the matcher's conditions
+(ggml_cuda_topk_moe_fusion, ggml_can_fuse_subgraph, ggml_cuda_should_use_topk_moe), the memory-range check
+that lets the logits alias the outputs, the kernel's simulated twin against the unfused ops, and the
+allocation dependencies graph_optimize adds for it at 0c1e57098."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from graphdiag.backends import cpu_ops as ops
+from graphdiag.backends.abi import new_params, set_desc
+from graphdiag.backends.gpu.capture import lower_graph
+from graphdiag.backends.gpu.fusion import TOPK_MOE, fusion_plan, moe_alloc_deps, topk_moe
+from graphdiag.backends.gpu.fusion_graph import consumer_counts
+from graphdiag.backends.gpu.lowering import op_launches
+from graphdiag.backends.sim_kernels import run_kernel
+from graphdiag.backends.sim_view import AddressSpace
+from graphdiag.config import resolve
+from graphdiag.ir.arena import Arena
+from graphdiag.ir.build import Ctx
+from graphdiag.ir.dtypes import GGMLType
+from graphdiag.ir.graph import Graph
+from graphdiag.model.build import DECODE, PREFILL, GraphParams, build_graph
+from graphdiag.model.presets import PRESETS
+from graphdiag.model.weights import create_model
+from graphdiag.runner import run
+
+F32, I32 = GGMLType.F32, GGMLType.I32
+
+
+def _moe_graph(n_tokens: int):
+    m = create_model(PRESETS["moe-tiny"], GGMLType.F16, with_data=False)
+    return build_graph(m, GraphParams(n_tokens, 1, 1, DECODE if n_tokens == 1 else PREFILL, 256)).graph
+
+
+def _router(n_expert=8, k=2, t=3, softmax_scale=1.0, scale=None, extra_reader=False, computed=False):
+    """The router as llama.cpp's build_moe_ffn builds it (softmax gating, no bias, no norm); `computed`: the
+    logits a node's output (node 0, the router's softmax node 1), not an input."""
+    c = Ctx(Arena())
+    logits = c.new_input(F32, (n_expert, t), "logits")
+    if computed:
+        logits = c.scale(logits, 1.0, "logits (computed)")
+    probs = c.soft_max(logits, "probs", softmax_scale)
+    topk = c.argsort_top_k(probs, k, "topk", "argsort")
+    probs3 = c.reshape(probs, (1, n_expert, t), "probs3")
+    w = c.get_rows(probs3, topk, "weights")
+    g = Graph(c.arena)
+    g.build_forward_expand(w)
+    if scale is not None:
+        g.build_forward_expand(c.scale(w, scale, "weights_scaled"))
+    if extra_reader:
+        g.build_forward_expand(c.scale(probs, 2.0, "probs_elsewhere"))
+    return g
+
+
+@pytest.mark.parametrize("n_tokens", [1, 7])
+def test_each_layers_router_is_one_launch(n_tokens):
+    """moe-tiny (8 experts, k = 2): softmax, argsort and get_rows become one topk_moe_f32 per layer, at 1 token
+    and in a batch, under either upstream."""
+    g = _moe_graph(n_tokens)
+    for upstream in ("0c1e57098", "d99724f2"):
+        plan = fusion_plan(g, 900, upstream=upstream)
+        at = sorted(i for i, f in plan.items() if f.pattern == TOPK_MOE)
+        assert len(at) == PRESETS["moe-tiny"].n_layer and all(plan[i].absorbed == 4 for i in at)
+        assert [g.node(i).name for i in at][0] == "ffn_moe_probs-0"
+        names = [la.kernel for op in lower_graph(g, plan, 900) if op is not None for la in op_launches(op)]
+        assert names.count("topk_moe_f32") == len(at)
+        assert "argsort_f32_i32_desc" not in names and "soft_max_f32" not in names
+
+
+def test_the_match_and_its_scale():
+    g = _router(scale=0.5)
+    m = topk_moe(g, 0, consumer_counts(g))
+    assert m is not None and m[0] == 6 and m[1].name == "logits" and m[2].name == "topk" and m[3].name == "weights_scaled"
+    op = lower_graph(g, fusion_plan(g, 900), 900)[0]
+    assert op.launch.kernel == "topk_moe_f32" and op.launch.params["fp"][0] == np.float32(0.5)
+    assert op.launch.params["ip"][0] == 2 and op.launch.grid == (1, 1, 1) and op.launch.block == (32, 8, 1)
+
+
+@pytest.mark.parametrize("kw", [{"n_expert": 12}, {"n_expert": 1024}, {"softmax_scale": 0.5},
+                                {"extra_reader": True}])
+def test_what_upstream_does_not_fuse(kw):
+    """An expert count launch_topk_moe_cuda has no instantiation for (12, above 512), a scaled softmax, or
+    probabilities read outside the group (ggml_can_fuse_subgraph): the ops launch apart."""
+    plain = _router()
+    assert topk_moe(plain, 0, consumer_counts(plain)) is not None
+    g = _router(**kw)
+    assert topk_moe(g, 0, consumer_counts(g)) is None
+
+
+@pytest.mark.parametrize("t,fuses", [(1, {"0c1e57098": True, "d99724f2": True}),
+                                     (3, {"0c1e57098": True, "d99724f2": False}),
+                                     (9, {"0c1e57098": False, "d99724f2": False})])
+def test_the_logits_may_alias_the_weights_where_one_block_reads_them_all(t, fuses):
+    """ggml_cuda_check_fusion_memory_ranges(is_topk_moe): the logits may overlap an output when one block
+    holds every row (0c1e57098: up to TOPK_MOE_ROWS_PER_BLOCK = 8 rows; d99724f2: one row)."""
+    from graphdiag.backends.gpu.fusion import _topk_moe_fuses
+    g = _router(t=t, computed=True)
+    base = 0x7000_0000_0000
+    for k, idx in enumerate(list(g.leafs) + list(g.nodes)):
+        g.arena.rec["data"][idx] = base + 0x10000 * (k + 1)
+    logits, weights = g.node(1).src[0], g.node(5)
+    assert g.node(1).op.name == "SOFT_MAX" and weights.name == "weights"
+    g.arena.rec["data"][weights.idx] = logits.data           # the weights written over the logits
+    consumers = consumer_counts(g)
+    for upstream, want in fuses.items():
+        assert bool(_topk_moe_fuses(g, 1, consumers, upstream)) is want, upstream
+
+
+def test_288_and_576_experts_have_an_instantiation():
+    for n in (288, 576):
+        g = _router(n_expert=n, k=8)
+        assert topk_moe(g, 0, consumer_counts(g)) is not None
+
+
+def _put(space, a, t=F32):
+    a = np.ascontiguousarray(a)
+    addr = space.alloc(a.nbytes)
+    space.bytes(addr, a.nbytes)[:] = a.view(np.uint8).reshape(-1)
+    ne = list(a.shape[::-1]) + [1] * (4 - a.ndim)
+    nb = [a.itemsize]
+    for n in ne[:3]:
+        nb.append(nb[-1] * n)
+    return addr, int(t), tuple(ne), tuple(nb)
+
+
+@pytest.mark.parametrize("scale", [1.0, 2.5])
+def test_the_fused_kernel_is_softmax_argsort_and_get_rows(scale):
+    rng = np.random.default_rng(3)
+    t, n, k = 9, 16, 4
+    logits = rng.standard_normal((t, n)).astype(np.float32)
+    logits[2, 5] = logits[2, 7]                          # a tie: the lower expert first, as the argsort
+    space = AddressSpace(0x7F00_0000_0000)
+    w = _put(space, np.zeros((t, k), np.float32))
+    sorted_ids = _put(space, np.full((t, n), -1, np.int32), I32)   # the argsort's rows; the view: the first k
+    view = (sorted_ids[0], int(I32), (k, t, 1, 1), (4, 4 * n, 4 * n * t, 4 * n * t))
+    lg = _put(space, logits)
+    p = new_params()
+    for slot, (addr, typ, ne, nb) in enumerate((w, view, lg)):
+        set_desc(p, slot, addr, typ, ne, nb)
+    p["ip"][0], p["fp"][0] = k, scale
+    run_kernel(space, "topk_moe_f32", p)
+    probs = ops.soft_max(logits)
+    want_ids = ops.argsort(probs, True)[:, :k]
+    got_ids = space.ndarray(sorted_ids[0], int(I32), (n, t, 1, 1), sorted_ids[3]).reshape(t, n)
+    np.testing.assert_array_equal(got_ids[:, :k], want_ids)
+    assert (got_ids[:, k:] == -1).all()                 # the rest of the argsort's rows untouched
+    want_w = np.take_along_axis(probs, want_ids, axis=1) * np.float32(scale)
+    np.testing.assert_array_equal(space.ndarray(w[0], int(F32), w[2], w[3]).reshape(t, k), want_w)
+
+
+def test_graph_optimize_keeps_the_router_alive_until_the_node_after_it():
+    """0c1e57098's add_alloc_deps(i, i + ops.size()): every node of the group and their sources, kept until
+    the node after the group (the experts' input reshape in moe-tiny)."""
+    g = _moe_graph(3)
+    deps: dict[int, list[int]] = {}
+    moe_alloc_deps(g, deps)
+    names = g.arena.rec["name"]
+    routed = {names[u].decode(): sorted(names[k].decode() for k in kept) for u, kept in deps.items()
+              if names[u].decode().startswith("ffn_moe_in-")}
+    assert len(routed) == PRESETS["moe-tiny"].n_layer
+    assert routed["ffn_moe_in-0"] == sorted(["ffn_moe_logits-0", "ffn_moe_probs-0", "ffn_moe_probs-0 (reshaped)",
+                                             "ffn_moe_argsort-0", "ffn_moe_topk-0", "ffn_moe_weights-0"])
+
+
+def test_a_simulated_moe_run_fuses_the_router_and_meets_the_oracle():
+    cfg = resolve({"backend": "sim", "model": "moe-tiny", "steps": 4, "prompt_tokens": 12, "oracle": True,
+                   "verify": True, "nvtx": False}, environ={})
+    r = run(cfg)
+    assert [e for e in r.events if type(e).__name__ == "FusionApplied" and e.pattern == TOPK_MOE]
+    checks = [e for e in r.events if type(e).__name__ == "OracleCheck"]
+    assert checks and all(e.ok for e in checks)
+    assert all(e.ok for e in r.events if type(e).__name__ == "VerifyResult")
