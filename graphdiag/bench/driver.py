@@ -2,6 +2,7 @@
 
 Measures, as medians after warm-up:
   launch_host_us        host time of one cuLaunchKernel with pre-packed params (tiny kernel, no sync)
+  launch_host_us_pdl    the same through cuLaunchKernelEx with the PDL attribute (as eager launches on 9.0+)
   capture_ms            stream capture of a graph of --kernels tiny kernels (host time)
   instantiate_ms        cuGraphInstantiate of that graph
   update_ms             cuGraphExecUpdate to a recapture with other pointers (same topology)
@@ -83,6 +84,15 @@ def bench_launch_and_graphs(drv, stream, n_kernels: int) -> dict:
 
     timed_launches()
     launch_us = statistics.median(timed_launches() for _ in range(15)) / per_rep / 1e3
+    # the same launch as eager runs it on 9.0+ (GGML_CUDA_PDL on by default): cuLaunchKernelEx with the
+    # programmatic stream serialisation attribute, whose CUlaunchConfig the bindings convert on every call
+    pdl_us = None
+    if drv.set_pdl(True):
+        drv.prepare(one)
+        timed_launches()
+        pdl_us = statistics.median(timed_launches() for _ in range(15)) / per_rep / 1e3
+        drv.set_pdl(False)
+        drv.prepare(one)
 
     def capture(chain):
         drv.begin_capture(stream)
@@ -111,7 +121,7 @@ def bench_launch_and_graphs(drv, stream, n_kernels: int) -> dict:
     drv.graph_destroy(gb)
     for b in bufs:
         drv.mem_free(b)
-    return {"kernels": n_kernels, "launch_host_us": launch_us, "capture_ms": capture_ms,
+    return {"kernels": n_kernels, "launch_host_us": launch_us, "launch_host_us_pdl": pdl_us, "capture_ms": capture_ms,
             "instantiate_ms": inst_ms, "update_ms": update_ms,
             "replay_us_per_kernel": replay_ms * 1e3 / n_kernels, "eager_us_per_kernel": eager_ms * 1e3 / n_kernels}
 
@@ -159,7 +169,7 @@ def main(argv=None) -> int:
     out = {"device": drv.info.name, "graphs": graphs, "mat_vec": mat_vec}
     print(f"device: {drv.info.name}")
     for k, v in graphs.items():
-        print(f"  {k:22s} {v:10.3f}" if isinstance(v, float) else f"  {k:22s} {v:10d}")
+        print(f"  {k:22s} {v:10.3f}" if isinstance(v, float) else f"  {k:22s} {v if v is not None else '—':>10}")
     for r in mat_vec:
         print(f"  {r['kernel']:18s} K={r['K']:5d} M={r['M']:5d} {r['us']:8.2f} us {r['GB_per_s']:8.1f} GB/s")
     if args.json:

@@ -355,3 +355,15 @@ def test_progress_is_a_bar_on_a_terminal_only():
             return True
     assert isinstance(progress_for(io.StringIO()), PlainProgress)
     assert isinstance(progress_for(Tty()), RichProgress)
+
+
+def test_the_driver_micro_benchmark_times_plain_and_pdl_launches():
+    """python -m graphdiag.bench.driver's figures, on the simulated driver (the numbers mean nothing here;
+    the rows must exist): the PDL launch row only where the GPU has PDL (9.0+)."""
+    from graphdiag.backends.drivers.sim import SimDriver
+    from graphdiag.bench.driver import bench_launch_and_graphs
+    for cc, pdl in (((9, 0), True), ((8, 6), False)):
+        drv = SimDriver(compute_capability=cc)
+        r = bench_launch_and_graphs(drv, drv.stream_create(), 8)
+        assert r["launch_host_us"] > 0 and r["update_ms"] > 0 and r["replay_us_per_kernel"] > 0
+        assert (r["launch_host_us_pdl"] is not None) is pdl and not drv.pdl
