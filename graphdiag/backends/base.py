@@ -33,6 +33,9 @@ class Backend(abc.ABC):
 
     name: str = "?"
     is_gpu: bool = False
+    # the buffer type's get_alignment: where the graph allocator's blocks start and how its sizes round
+    # (ggml's TENSOR_ALIGNMENT, 32, for the CPU buffer type; 128 for CUDA's)
+    alignment: int = 32
 
     @abc.abstractmethod
     def buffer_alloc(self, nbytes: int) -> int:

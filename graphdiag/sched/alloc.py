@@ -21,7 +21,6 @@ from ..backends.base import Backend
 from ..ir.columns import Columns
 from ..ir.graph import Graph
 from ..ir.ops import Op, TensorFlag
-from ..memory import aligned
 from ..release import releasing
 
 _KEEP = int(TensorFlag.INPUT | TensorFlag.OUTPUT)
@@ -33,17 +32,22 @@ INPLACE_OPS = frozenset({Op.ADD, Op.MUL, Op.SCALE, Op.ROPE, Op.RMS_NORM, Op.SOFT
 
 class FreeList:
     """ggml_dyn_tallocr over one chunk of unbounded size: free blocks below `top`, everything at or above it
-    free (ggml's last block); `high` is the size needed."""
+    free (ggml's last block); `high` is the size needed. Sizes round up to `alignment` (the buffer type's)."""
 
-    def __init__(self):
+    def __init__(self, alignment: int = 256):
         self.blocks: list[list[int]] = []   # free [offset, size] below `top`, sorted by offset
         self.top = 0                        # everything at or above is free
         self.high = 0
+        self.alignment = alignment
+
+    def aligned(self, size: int) -> int:
+        a = self.alignment
+        return -(-size // a) * a
 
     def alloc(self, size: int) -> int:
         """ggml_dyn_tallocr_alloc: the best-fitting free block below the top (the smallest that fits, the
         last of equal ones), else the top."""
-        size = aligned(size)
+        size = self.aligned(size)
         best, best_size = -1, -1
         for i, (_, n) in enumerate(self.blocks):
             if size <= n and (best < 0 or n <= best_size):
@@ -62,7 +66,7 @@ class FreeList:
     def free(self, off: int, size: int) -> None:
         """Return [off, off + size): merged with the free blocks it touches, the tail given back to the open
         end. The blocks stay sorted and never touch each other or `top`, so only the neighbours can merge."""
-        size = aligned(size)
+        size = self.aligned(size)
         blocks = self.blocks
         k = bisect.bisect_left(blocks, [off, size])
         if k < len(blocks) and off + size == blocks[k][0]:       # the block after
@@ -87,10 +91,10 @@ class _Planner:
     """One reserve's state over a Columns snapshot: the plan so far, one free list per backend, the
     consumers left per tensor and the live views per view_src; tensors are slots."""
 
-    def __init__(self, col: Columns, n_backends: int, nodes: np.ndarray):
+    def __init__(self, col: Columns, alignments: list[int], nodes: np.ndarray):
         self.col = col
         self.plan: dict[int, Placement] = {}
-        self.lists = [FreeList() for _ in range(n_backends)]
+        self.lists = [FreeList(a) for a in alignments]
         self.backend_of: dict[int, int] = {}
         self.moved: set[int] = set()        # parents whose memory a node took over in place
         # per slot: consumers among the nodes, and views among the nodes (of each view_src); counted down
@@ -110,7 +114,8 @@ class _Planner:
         plan = self.plan
         if i in plan or not self.col.owned[i]:
             return
-        b, size = self.backend_of[i], aligned(self.col.nbytes[i])
+        b = self.backend_of[i]
+        size = self.lists[b].aligned(self.col.nbytes[i])
         parent = self.inplace_parent(i)
         if parent >= 0 and plan[parent].backend == b and plan[parent].size >= size:
             plan[i] = plan[parent]
@@ -257,7 +262,7 @@ class GraphAllocator:
                 col: Columns | None = None) -> None:
         """Plan offsets for every owned tensor, then grow the buffers that are too small."""
         nodes, leafs = g.nodes.tolist(), g.leafs.tolist()
-        pl = _Planner(col if col is not None else Columns(g.arena), len(self.backends), g.nodes)
+        pl = _Planner(col if col is not None else Columns(g.arena), [be.alignment for be in self.backends], g.nodes)
         pl.backend_of = dict(zip(nodes, node_backend))
         pl.backend_of.update(zip(leafs, leaf_backend))
         flags = pl.col.flags

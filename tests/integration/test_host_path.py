@@ -206,7 +206,7 @@ def test_the_input_copy_grouping_is_worked_out_once_per_placement(monkeypatch):
     from graphdiag.backends.gpu import backend as be_mod
     from graphdiag.backends.gpu.backend import _copy_runs
     calls = []
-    monkeypatch.setattr(be_mod, "_copy_runs", lambda layout: calls.append(layout) or _copy_runs(layout))
+    monkeypatch.setattr(be_mod, "_copy_runs", lambda layout, a: calls.append(layout) or _copy_runs(layout, a))
     s, st = _session()
     try:
         for _ in range(6):
@@ -214,9 +214,10 @@ def test_the_input_copy_grouping_is_worked_out_once_per_placement(monkeypatch):
         assert len(calls) == 2 and len(set(calls)) == 1  # one reused decode graph: one layout, two slots
     finally:
         s.close()
-    # adjacent aligned blocks join one run, a gap starts another; offsets are from the run's start
-    assert _copy_runs(((0x1100, 8), (0x1000, 4), (0x2000, 4))) == [
-        (0x1000, 0x108, [(1, 0), (0, 0x100)]), (0x2000, 4, [(2, 0)])]
+    # adjacent allocator blocks (CUDA's: 128-byte aligned) join one run, a gap starts another; offsets are
+    # from the run's start
+    assert _copy_runs(((0x1080, 8), (0x1000, 4), (0x2000, 4), (0x2100, 4)), 128) == [
+        (0x1000, 0x88, [(1, 0), (0, 0x80)]), (0x2000, 4, [(2, 0)]), (0x2100, 4, [(3, 0)])]
 
 
 def test_the_step_timers_are_read_without_a_second_synchronisation():

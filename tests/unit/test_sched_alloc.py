@@ -157,3 +157,33 @@ def test_a_source_placed_only_at_its_readers_turn_is_still_placed(model, monkeyp
     finally:
         t.flags = t.flags | TensorFlag.INPUT
 
+
+
+def test_blocks_start_at_the_buffer_types_alignment():
+    """ggml-alloc rounds each block to its buffer type's alignment: 32 bytes for the CPU's (TENSOR_ALIGNMENT),
+    128 for CUDA's (ggml_backend_cuda_buffer_type_get_alignment); graphdiag's 256-byte memory alignment is not
+    the allocator's."""
+    from graphdiag.backends.gpu.backend import GpuBackend
+    from graphdiag.ir.arena import Arena
+    from graphdiag.ir.build import Ctx
+    from graphdiag.ir.dtypes import GGMLType
+    from graphdiag.ir.graph import Graph
+    assert CpuBackend.alignment == 32 and GpuBackend.alignment == 128
+
+    class Cuda128(CpuBackend):
+        alignment = 128
+
+    def offsets(backend):
+        c = Ctx(Arena())
+        x = c.new_input(GGMLType.F32, (10,), "x")                  # 40 bytes
+        a = c.scale(x, 2.0, "a")
+        b = c.add(a, x, "b")                                       # a's last reader: b takes a over
+        y = c.add(b, c.scale(x, 3.0, "c"), "y")
+        g = Graph(c.arena)
+        g.build_forward_expand(y)
+        alloc = GraphAllocator([backend])
+        alloc.alloc_graph(g, [0] * g.n_nodes, [0] * len(g.leafs))
+        base = min(t.data for t in (x, a))
+        return [t.data - base for t in (x, a, b, y)], alloc.need[0]
+    assert offsets(CpuBackend()) == ([0, 64, 64, 64], 192)          # three blocks of 40 -> 64 bytes
+    assert offsets(Cuda128()) == ([0, 128, 128, 128], 384)

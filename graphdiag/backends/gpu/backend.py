@@ -40,6 +40,7 @@ class ConcurrentEvents:
 
 class GpuBackend(Backend):
     is_gpu = True
+    alignment = 128               # ggml_backend_cuda_buffer_type_get_alignment
 
     def __init__(self, driver: Driver, bus: E.EventBus, options: RuntimeOptions, clock: Clock | None = None,
                  pool_cap: int | None = None, pool_max_buffers: int = 256, name: str | None = None):
@@ -476,7 +477,7 @@ class _PinnedStage(InputStage):
 
     def __init__(self, backend: GpuBackend, layout: tuple[tuple[int, int], ...], slot: int = 0, grow: int = 0):
         self.backend, self.layout, self.slot = backend, layout, slot
-        runs = _copy_runs(layout)
+        runs = _copy_runs(layout, backend.alignment)
         need = sum(aligned(total) for _, total, _ in runs)
         buf = backend.pinned(f"inputs{slot}", need, need + aligned(grow) if grow else 0)
         self.views: list[np.ndarray] = [buf[:0]] * len(layout)
@@ -502,9 +503,9 @@ class _PinnedStage(InputStage):
         be.inputs_sent_epoch[self.slot] = be.sync_epoch
 
 
-def _copy_runs(layout: tuple[tuple[int, int], ...]) -> list[tuple[int, int, list[tuple[int, int]]]]:
-    """Group (addr, nbytes) items, by address, into runs of adjacent aligned blocks: (start, bytes to copy,
-    [(item index, offset in the run)]) per run."""
+def _copy_runs(layout: tuple[tuple[int, int], ...], alignment: int) -> list[tuple[int, int, list[tuple[int, int]]]]:
+    """Group (addr, nbytes) items, by address, into runs of adjacent allocator blocks (`alignment`: the graph
+    allocator's): (start, bytes to copy, [(item index, offset in the run)]) per run."""
     order = sorted(range(len(layout)), key=lambda i: layout[i][0])
     runs: list[tuple[int, int, list[tuple[int, int]]]] = []
     end = None
@@ -516,5 +517,5 @@ def _copy_runs(layout: tuple[tuple[int, int], ...]) -> list[tuple[int, int, list
             runs[-1] = (start, addr - start + nbytes, members)
         else:
             runs.append((addr, nbytes, [(i, 0)]))
-        end = addr + aligned(nbytes)
+        end = addr + -(-nbytes // alignment) * alignment
     return runs
