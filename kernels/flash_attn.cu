@@ -23,7 +23,7 @@ __device__ __forceinline__ float mask_at(const tdesc &M, i64 j, i64 t, i64 h, i6
 // ggml's vec kernel does with one parallel block (then it launches no combine: launch_fattn); with ip[3] too
 // (the g1 entry) each block takes one query head (grid.y H), as ggml's vec kernel has a block per head: a
 // Gemma 3 layer (4 heads on one kv head, D 256) then runs on 4 SMs instead of 1.
-// The partials for one token per block (decode, T <= 8): grid (n_split, Hkv, T * B),
+// The partials for one token per block (decode, T <= 8): grid (n_split, Hkv, T * B) (direct per head: (1, H, T * B)),
 // 128 threads. One entry point per head size D and group GM (G = H / Hkv rounded up to 1, 2, 4, 8), as ggml
 // instantiates its vec kernel per head size: a launch fetches only its own code, and its registers are its
 // own (one entry switching over all twelve bodies was 600 KB of SASS at 248 registers). A block owns kv head hk, token t, and positions [s * chunk, (s + 1) * chunk), walked in tiles
@@ -53,7 +53,7 @@ template <int D, int GM> __device__ void fa_vec(const kparams &p, float *smem) {
     const int tid = threadIdx.x, lane = tid & 31, w = tid >> 5, pg = tid / R, r = tid % R;
     const i64 H = Q.ne[1], T = Q.ne[2], nkv = Kc.ne[2];
     // ip[3] (with ip[2], GM 1): one query head per block (grid.y H) rather than the G sharing a kv head
-    const bool per_head = p.ip[3] != 0;
+    const bool per_head = p.ip[2] != 0 && p.ip[3] != 0;
     const i64 Gkv = H / Kc.ne[1], G = per_head ? 1 : Gkv;
     const i64 hk = per_head ? blockIdx.y / Gkv : blockIdx.y;      // the kv head
     const i64 h0 = per_head ? blockIdx.y : hk * Gkv;               // the block's first query head

@@ -27,8 +27,9 @@ KERNEL_LB(moe_weighted_reduction_f32, 256) {
 // RESHAPE of the probabilities, their ARGSORT, the VIEW of its first k and the GET_ROWS of the weights
 // [, a SCALE of them] as one kernel. A warp per token, TOPK_MOE_ROWS tokens per block; every logit of the
 // block's rows is read before any write (the outputs may alias the logits, as upstream allows). p = the row's
-// softmax in F32 (e = exp(x - max), times 1 / sum e); then k rounds of argmax over p (ties: the lower expert),
-// each writing ids[r] = expert and weights[r] = p[expert] * scale and taking the expert out.
+// softmax in F32 (e = exp(x - max), times 1 / sum e; a NaN p, from a NaN or infinite logit, is -FLT_MAX, as
+// upstream's); then k rounds of argmax over p (ties: the lower expert), each writing ids[r] = expert and
+// weights[r] = p[expert] * scale and taking the expert out.
 //   t[0] weights F32 (k, T) or (1, k, T), contiguous
 //   t[1] ids I32 (k, T): the view of the argsort's rows (row stride nb[1])
 //   t[2] logits F32 (n_expert, T), contiguous; n_expert <= 32 * TOPK_MOE_PER_LANE
@@ -58,15 +59,16 @@ KERNEL_LB(topk_moe_f32, 32 * TOPK_MOE_ROWS) {
     float sum = 0.0f;
 #pragma unroll
     for (int j = 0; j < TOPK_MOE_PER_LANE; ++j) {
-        const float e = (lane + 32 * j < n && wt[j] != F32_NEG_INF) ? expf(wt[j] - mx) : 0.0f;
+        const float e = lane + 32 * j < n ? expf(wt[j] - mx) : 0.0f;
         wt[j] = e;
         sum += e;
     }
     sum = warp_sum(sum);
-    const float inv = sum > 0.0f ? 1.0f / sum : 0.0f;
+    const float inv = 1.0f / sum;     // as upstream: a NaN or infinite logit makes every p NaN ...
 #pragma unroll
-    for (int j = 0; j < TOPK_MOE_PER_LANE; ++j) {
-        wt[j] = lane + 32 * j < n ? (isnan(wt[j] * inv) ? -3.402823466e38f : wt[j] * inv) : F32_NEG_INF;
+    for (int j = 0; j < TOPK_MOE_PER_LANE; ++j) {   // ... and a NaN p is -FLT_MAX, so the argmax stays unique
+        const float v = wt[j] * inv;
+        wt[j] = lane + 32 * j < n ? (isnan(v) ? -3.402823466e38f : v) : F32_NEG_INF;
     }
     float *w = (float *)W.data + row * k;
     char *ids = (char *)I.data + row * I.nb[1];

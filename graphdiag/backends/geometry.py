@@ -279,7 +279,7 @@ def _moe_reduction(p) -> Geometry:
     return (max(e[2] * e[3], 1), _cdiv(e[0], ELEMENTWISE_BLOCK), 1), (ELEMENTWISE_BLOCK, 1, 1), 0
 
 
-TOPK_MOE_ROWS = 8        # kernels/moe.cu topk_moe_f32: a warp per token, 8 tokens per block (upstream's)
+TOPK_MOE_ROWS = 8        # kernels/moe.cu topk_moe_f32: a warp per token, 8 a block (topk-moe.cuh's TOPK_MOE_ROWS_PER_BLOCK)
 
 
 def _topk_moe(p) -> Geometry:

@@ -191,14 +191,19 @@ def _moe_weighted_reduction(space, p):
 
 
 def _topk_moe(space, p):
-    """kernels/moe.cu topk_moe_f32: per token, p = softmax(logits); the k largest p (ties: the lower expert)
-    as ids in descending order and p[ids] * fp[0] as the weights: what SOFT_MAX, ARGSORT, its VIEW and the
-    GET_ROWS [and SCALE] compute unfused."""
+    """kernels/moe.cu topk_moe_f32: per token, p = exp(x - max) * (1 / sum), a NaN p (a NaN or infinite logit)
+    -FLT_MAX as upstream's; the k largest p (ties: the lower expert) as ids in descending order and
+    p[ids] * fp[0] as the weights: what SOFT_MAX, ARGSORT, its VIEW and the GET_ROWS [and SCALE] compute
+    unfused, to the last bit of the softmax's division."""
     name = "topk_moe_f32"
     _check_type(p, 2, GGMLType.F32, name)
-    logits = view(space, p, 2)                                 # (B3, B2, T, n_expert)
+    logits = view(space, p, 2).astype(F32)                     # (B3, B2, T, n_expert)
     k = _ip(p, 0)
-    probs = ops.soft_max(logits)
+    with np.errstate(invalid="ignore", divide="ignore", over="ignore"):
+        mx = np.fmax.reduce(logits, axis=-1, keepdims=True)    # fmaxf: a NaN is passed over
+        e = np.exp(logits - mx)
+        probs = e * (F32(1) / e.sum(axis=-1, keepdims=True, dtype=F32))
+    probs = np.where(np.isnan(probs), F32(-3.402823466e38), probs).astype(F32)   # upstream's NaN -> -FLT_MAX
     ids = ops.argsort(probs, True)[..., :k]
     weights = np.take_along_axis(probs, ids, axis=-1) * F32(_fp(p, 0))
     view(space, p, 1)[...] = ids.reshape(view(space, p, 1).shape)

@@ -148,7 +148,29 @@ def test_the_fused_kernel_is_softmax_argsort_and_get_rows(scale):
     np.testing.assert_array_equal(got_ids[:, :k], want_ids)
     assert (got_ids[:, k:] == -1).all()                 # the rest of the argsort's rows untouched
     want_w = np.take_along_axis(probs, want_ids, axis=1) * np.float32(scale)
-    np.testing.assert_array_equal(space.ndarray(w[0], int(F32), w[2], w[3]).reshape(t, k), want_w)
+    # the softmax times 1 / sum as upstream's kernel, where the unfused op divides: the last bit may differ
+    np.testing.assert_allclose(space.ndarray(w[0], int(F32), w[2], w[3]).reshape(t, k), want_w, rtol=2e-7, atol=0)
+
+
+def test_a_nan_or_infinite_logit_gives_upstreams_row():
+    """topk_moe_cuda: a NaN or infinite logit makes the row's softmax NaN, and a NaN p is -FLT_MAX, so the
+    argmax still picks k distinct experts (the lowest, all equal) with weights -FLT_MAX * scale."""
+    t, n, k = 3, 8, 2
+    logits = np.random.default_rng(4).standard_normal((t, n)).astype(np.float32)
+    logits[0, 3], logits[1, 6] = np.nan, np.inf
+    space = AddressSpace(0x7F00_0000_0000)
+    w = _put(space, np.zeros((t, k), np.float32))
+    ids = _put(space, np.full((t, n), -1, np.int32), I32)
+    p = new_params()
+    for slot, (addr, typ, ne, nb) in enumerate((w, (ids[0], int(I32), (k, t, 1, 1), (4, 4 * n, 4 * n * t, 4 * n * t)),
+                                                _put(space, logits))):
+        set_desc(p, slot, addr, typ, ne, nb)
+    p["ip"][0], p["fp"][0] = k, 1.0
+    run_kernel(space, "topk_moe_f32", p)
+    got_ids = space.ndarray(ids[0], int(I32), (n, t, 1, 1), ids[3]).reshape(t, n)[:, :k]
+    got_w = space.ndarray(w[0], int(F32), w[2], w[3]).reshape(t, k)
+    assert got_ids[:2].tolist() == [[0, 1], [0, 1]] and (got_w[:2] == np.float32(-3.402823466e38)).all()
+    assert np.isfinite(got_w[2]).all() and got_w[2, 0] >= got_w[2, 1] > 0
 
 
 def test_graph_optimize_keeps_the_router_alive_until_the_node_after_it():

@@ -227,8 +227,10 @@ class GpuBackend(Backend):
                     self.concurrent = None
                     return []
             graph.nodes[:] = got.original
+            opt = self.runtime.opt
+            plan = fusion_plan(graph, self.driver.cc, launching_nodes(graph), opt.upstream) if opt.fusion else {}
             for r in got.regions:
-                pairs = races(graph, r)
+                pairs = races(graph, r, plan)
                 if pairs:
                     (a, sa, b, sb) = pairs[0]
                     self.bus.emit(E.ConcurrentRace(

@@ -20,8 +20,9 @@ runs on one stream.
 
 is_valid leaves out every tensor that overlaps the join's buffer and never looks at the tensors a region reads
 from before the fork, so a region it passes can still race (`races`): ggml-alloc, walking the interleaved
-order, hands a branch's freed buffer to another branch (tiny: Q's mat-mul, freed once its rope has read it,
-becomes K's rope), and the two streams write and read the same bytes with no event between them. Real
+order, frees the fork's output once the last branch in that order has read it and hands it to another
+branch (tiny: Q's rope goes over attn_norm while K's and V's mat-muls on the other streams may still be
+reading it), and two streams write and read the same bytes with no event between them. Real
 llama.cpp 0c1e57098 with GGML_CUDA_GRAPH_OPT=1 computes other tokens than without it on such graphs (H200,
 2026-12-03: tiny F16 from its 3rd decode, Gemma 3 270M from its 1st); graphdiag launches what llama.cpp
 launches, so it races too, and names the tensors (ConcurrentRace).
@@ -190,31 +191,43 @@ def invalid_reason(graph: Graph, r: Region) -> str:
     return ""
 
 
-def races(graph: Graph, r: Region) -> list[tuple[str, int, str, int]]:
+def races(graph: Graph, r: Region, plan: dict | None = None) -> list[tuple[str, int, str, int]]:
     """Pairs of bytes two streams of region `r` touch with no event between them, on the allocated
-    addresses: (name, stream, other name, other stream), one per pair of tensors. A branch node's output
-    against another stream's outputs, and against what another stream reads from outside the region (the
-    fork's output, say), the join's buffer included (a valid region's streams only meet at the join)."""
+    addresses: (name, stream, other name, other stream), one per pair of tensors. What a stream writes
+    against what another writes, and against what another reads from before the fork (the fork's output,
+    say), the join's buffer included (a valid region's streams only meet at the join).
+
+    `plan` (the split's fusion plan, node index -> Fusion): a fused kernel writes only its output node (and
+    the top-k MoE router its ids too); the nodes it elides are never written, but what they read from
+    outside is still read, on the group's stream. A read through a view is a read of the view's base."""
+    from .fusion import TOPK_MOE            # (fusion imports this module's neighbours; kept local)
     inside = set(r.order)
-    writes: list[tuple[int, int, int, str]] = []      # (lo, hi, stream, name) of each branch output
-    reads: list[tuple[int, int, int, str]] = []       # tensors from outside the region a branch reads
+    elided: set[int] = set()
+    for q, f in (plan or {}).items():
+        if f.absorbed:
+            kept = {q + f.absorbed} | ({q + 3} if f.pattern == TOPK_MOE else set())
+            elided |= {q + k for k in range(f.absorbed + 1)} - kept
+    writes: list[tuple[int, int, int, str]] = []      # (lo, hi, stream, name) of each output written
+    reads: dict[tuple[int, int], tuple[int, int, int, str]] = {}   # (slot, stream) -> a read from before the fork
     for k, slot in enumerate(r.order):
-        stream = r.stream_of.get(r.fork + 1 + k)
+        pos = r.fork + 1 + k
+        stream = r.stream_of.get(pos)
         t = Tensor(graph.arena, slot)
-        if stream is None:
-            continue
+        if stream is None or is_view_or_noop(t.op, t.ne):
+            continue                  # a view reads nothing itself: its readers read its base
         b = t.view_src or t
-        if not is_view_or_noop(t.op, t.ne):
+        if pos not in elided:
             writes.append((b.data, b.data + b.nbytes(), stream, t.name))
-        for s in t.src:
-            if s is None or s.idx in inside:
+        for src in t.src:
+            if src is None:
                 continue
-            sb = s.view_src or s
+            sb = src.view_src or src
             if sb.idx not in inside and sb.idx >= graph.arena.mark:    # compute buffers (weights/caches aside)
-                reads.append((sb.data, sb.data + sb.nbytes(), stream, s.name))
+                reads.setdefault((sb.idx, stream), (sb.data, sb.data + sb.nbytes(), stream, sb.name))
     out = []
+    others = list(reads.values())
     for i, (lo, hi, st, name) in enumerate(writes):
-        for olo, ohi, ost, oname in writes[i + 1:] + reads:
+        for olo, ohi, ost, oname in writes[i + 1:] + others:
             if ost != st and lo < ohi and olo < hi:
                 out.append((name, st, oname, ost))
     return out

@@ -40,6 +40,7 @@ from ...ir.dtypes import GGMLType, is_quantized
 from ...ir.graph import Graph
 from ...ir.ops import GluOp, Op
 from ...ir.tensor import Tensor
+from ..geometry import TOPK_MOE_ROWS
 from .compat import CC_PASCAL, MMVQ_MAX_BATCH_SIZE, mmvf_ok
 from .fusion_graph import (_COMPUTE, Fusion, _can_fuse, _memory_ranges_ok, _single_use, consumer_counts,
                            launching_nodes, subgraph_ok)
@@ -52,7 +53,6 @@ MMID_GLU = "mul_mat_id_vec+glu"
 ROPE_SET_ROWS = "rope+view+set_rows"
 MOE_WR = "moe_weighted_reduction"
 TOPK_MOE = "topk_moe"
-TOPK_MOE_ROWS_PER_BLOCK = 8  # topk-moe.cuh: router rows (tokens) per block, each a warp
 _TOPK_MOE_OPS = (Op.SOFT_MAX, Op.RESHAPE, Op.ARGSORT, Op.VIEW, Op.GET_ROWS)
 MOE_WR_MAX_EXPERTS = 15      # 2k + 1 nodes at most: ggml_can_fuse_subgraph takes fewer than 32
 
@@ -293,7 +293,7 @@ def topk_moe(graph: Graph, i: int, consumers: dict[int, int]) -> tuple[int, Tens
 
 def _topk_moe_fuses(graph: Graph, i: int, consumers, upstream: str) -> int:
     """try_fuse's top-k MoE attempt: the match when neither output overlaps a source it still reads, the logits
-    aside where one block reads every row before writing (at most TOPK_MOE_ROWS_PER_BLOCK rows; one row at
+    aside where one block reads every row before writing (at most TOPK_MOE_ROWS rows; one row at
     d99724f2); its node count, else 0."""
     m = topk_moe(graph, i, consumers)
     if m is None:
@@ -301,7 +301,7 @@ def _topk_moe_fuses(graph: Graph, i: int, consumers, upstream: str) -> int:
     count, logits, view, _ = m
     ne = graph.node(i).ne
     rows = ne[1] * ne[2] * ne[3]                    # ggml_nrows of the softmax
-    alias = logits if rows <= (1 if upstream == "d99724f2" else TOPK_MOE_ROWS_PER_BLOCK) else None
+    alias = logits if rows <= (1 if upstream == "d99724f2" else TOPK_MOE_ROWS) else None
     return count if _memory_ranges_ok(graph, i, count, (i + 3, i + count - 1), alias) else 0
 
 
