@@ -69,17 +69,11 @@ class Backend(abc.ABC):
     def graph_compute(self, graph: Graph, split: int) -> None:
         """Compute every node of `graph` (a split: nodes without the COMPUTE flag are skipped)."""
 
-    def graph_optimize(self, graph: Graph, split: int, alloc_deps: dict[int, list[int]] | None = None
-                       ) -> list[tuple[int, int]]:
+    def graph_optimize(self, graph: Graph, split: int, alloc_deps: dict[int, list[int]] | None = None) -> None:
         """Called once per split each time the scheduler splits the graph (ggml_backend_graph_optimize).
         `alloc_deps` (0c1e57098's add_alloc_dep, #27301): the backend may add tensors (arena slots) the
-        allocator must keep alive until a node (its slot: the key) has run.
-
-        Returns node ranges [first, last] (indices in `graph`) that run concurrently: the allocator must not
-        reuse, inside such a range, memory freed inside it (branches on other streams may still read it).
-        The GPU backend returns none since 0c1e57098's rules: it reorders `graph.nodes` instead (the branch
-        interleave), as upstream, and checks the placement at graph_compute."""
-        return []
+        allocator must keep alive until a node (its slot: the key) has run. The GPU backend may also reorder
+        `graph.nodes` (the concurrent regions' branch interleave), which the allocator then walks."""
 
     def synchronize(self) -> None:
         """Wait for queued work."""

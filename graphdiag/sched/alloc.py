@@ -123,11 +123,6 @@ class _Planner:
             return
         plan[i] = Placement(b, self.lists[b].alloc(size), size)
 
-    def release(self, i: int) -> None:
-        p = self.plan.get(i)
-        if p is not None and not (self.col.flags[i] & _KEEP) and i not in self.moved:
-            self.lists[p.backend].free(p.offset, p.size)
-
     def inplace_parent(self, node: int) -> int:
         """The parent whose memory `node` reuses (ggml_gallocr_allocate_node's in-place rule), or -1: the first
         src that is ours, not an output, of the same layout, read by this node alone and viewed by nothing.
@@ -149,21 +144,17 @@ class _Planner:
             return parent
         return -1
 
-    def walk(self, nodes: list[int], hold_end: dict[int, int], late: bool = True) -> None:
+    def walk(self, nodes: list[int], late: bool = True) -> None:
         """Place each node's sources and the node in order, then let go of each source it was the last to
-        read (a view: its hold on view_src, freed after its last view and reader). Inside a concurrent range
-        (`hold_end`: first position -> last) freed memory is only returned after its last node (the join):
-        branches on other streams may still be reading it. The checks of place, of one consumer's end and
-        of release are written out here: they run for every source of every node. With `late` False
+        read (a view: its hold on view_src, freed after its last view and reader), as ggml-alloc does in the
+        order it is given (graph_optimize's interleave included: nothing is held back for other streams).
+        The checks of place, of one consumer's end and of release are written out here: they run for every
+        source of every node. With `late` False
         (_late_sources: every source is placed before its readers' turn) no source is looked at to place."""
         plan, col, lists, moved, deps = self.plan, self.col, self.lists, self.moved, self.deps
         owned, src, view_src, flags = col.owned, col.src, col.view_src, col.flags
-        children, views, place, release = self.children, self.views, self.place, self.release
-        deferred: list[int] = []
-        until = -1
-        for pos, i in enumerate(nodes):
-            if hold_end:
-                until = max(until, hold_end.get(pos, -1))
+        children, views, place = self.children, self.views, self.place
+        for i in nodes:
             srcs = src[i]
             if late:
                 for s in srcs:
@@ -186,18 +177,11 @@ class _Planner:
                     if views[vs] or children[vs]:
                         continue
                     s = vs
-                # release(s), its checks first: none of them changes once the last reader ran
+                # its memory back, the checks first: none of them changes once the last reader ran
                 p = plan.get(s)
                 if p is None or flags[s] & _KEEP or s in moved:
                     continue
-                if pos < until:
-                    deferred.append(s)
-                else:
-                    lists[p.backend].free(p.offset, p.size)
-            if pos == until:
-                for t in deferred:
-                    release(t)
-                deferred.clear()
+                lists[p.backend].free(p.offset, p.size)
 
 
 def _late_sources(col: Columns, nodes: np.ndarray, leafs: np.ndarray) -> bool:
@@ -222,7 +206,6 @@ class GraphAllocator:
 
     def __init__(self, backends: list[Backend], bus: E.EventBus | None = None):
         self.backends = backends
-        self.hold: list[tuple[int, int]] = []   # concurrent node ranges [first, last] (set by the scheduler)
         # allocation dependencies (#27301, set through graph_optimize): node slot -> slots kept alive until it
         # has run (ggml_backend_sched adds a no-op node reading them right after it)
         self.deps: dict[int, list[int]] = {}
@@ -271,7 +254,7 @@ class GraphAllocator:
             if flags[i] & _INPUT:
                 pl.place(i)
         pl.keep(self.deps)
-        pl.walk(nodes, {a: b for a, b in self.hold}, _late_sources(pl.col, g.nodes, g.leafs))
+        pl.walk(nodes, _late_sources(pl.col, g.nodes, g.leafs))
         self.nodes = [pl.plan.get(i) for i in nodes]
         self.leafs = [pl.plan.get(i) for i in leafs]
         self._grow([fl.high for fl in pl.lists])

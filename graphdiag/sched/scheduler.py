@@ -167,11 +167,10 @@ class Scheduler:
             self.splits.append(Split(b, first, len(nodes), None, inputs))
         self._region = (graph, start, self.arena.top)
         self.graph = Graph(self.arena, nodes, graph.leafs, uid=graph.uid)
-        self.galloc.hold, self.galloc.deps = [], {}
+        self.galloc.deps = {}
         for i, sp in enumerate(self.splits):
             sp.graph = graph_view(self.graph, sp.i_start, sp.i_end)
-            ranges = self.backends[sp.backend].graph_optimize(sp.graph, i, self.galloc.deps) or []
-            self.galloc.hold += [(sp.i_start + a, sp.i_start + b) for a, b in ranges]
+            self.backends[sp.backend].graph_optimize(sp.graph, i, self.galloc.deps)
             # a backend may reorder its split (concurrent streams): placement follows the order it left
             self.graph.nodes[sp.i_start:sp.i_end] = sp.graph.nodes
         for sp in self.splits:

@@ -152,8 +152,7 @@ class GpuBackend(Backend):
         self.sync_epoch += 1
 
     # -- concurrency (graph_optimize) -------------------------------------------------------------------
-    def graph_optimize(self, graph: Graph, split: int, alloc_deps: dict[int, list[int]] | None = None
-                       ) -> list[tuple[int, int]]:
+    def graph_optimize(self, graph: Graph, split: int, alloc_deps: dict[int, list[int]] | None = None) -> None:
         """ggml_backend_cuda_graph_optimize, called by the scheduler for each GPU split at every alloc:
         the allocation dependencies of the fusions that ask for them (0c1e57098, fusion on), the key's lookup
         (its last use stamped), then the concurrent regions.
@@ -165,8 +164,7 @@ class GpuBackend(Backend):
         With GGML_CUDA_GRAPH_OPT=1 the backend's one map of concurrent events is reset at every call (so,
         as upstream, only the split optimised last keeps its regions), then filled when graphs are enabled
         (and, at d99724f2, the process sees one CUDA device). Each region's nodes are interleaved in
-        `graph` (the scheduler allocates in that order: that is what keeps the branches' tensors apart);
-        no node range goes back, as upstream asks the allocator for nothing here."""
+        `graph` (the scheduler allocates in that order, as ggml-alloc walks upstream's)."""
         opt = self.runtime.opt
         if alloc_deps is not None and opt.fusion and opt.upstream != "d99724f2":
             moe_alloc_deps(graph, alloc_deps)
@@ -175,14 +173,14 @@ class GpuBackend(Backend):
             # split's key is stamped as used now (it may run the 5 s sweep and create the entry)
             self.runtime.lookup(graph, split)
         if not opt.concurrent_streams:
-            return []
+            return
         self.concurrent = None
         if opt.graphs_disabled or self.driver.cc < CC_VOLTA or graph.n_nodes == 0:
-            return []
+            return
         visible = self.driver.visible_devices()
         if opt.upstream == "d99724f2" and visible > 1:
             self._refused(graph, split, reason=f"{visible} CUDA devices visible (d99724f2 needs exactly one)")
-            return []
+            return
         regions, refused = scan(graph)
         for f in refused:
             self._refused(graph, split, f.fork, f.join, f.reason)
@@ -200,7 +198,6 @@ class GpuBackend(Backend):
         while len(self.streams) < min(need, MAX_STREAMS):
             self.streams.append(self.driver.stream_create())
             self.join_events.append(self.driver.event_create())
-        return []
 
     def _refused(self, graph: Graph, split: int, fork: int = -1, join: int = -1, reason: str = "",
                  cleared: int = 0) -> None:
