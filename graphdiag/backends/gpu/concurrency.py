@@ -35,6 +35,7 @@ from dataclasses import dataclass, field
 from ...ir.graph import Graph
 from ...ir.ops import is_view_or_noop
 from ...ir.tensor import Tensor
+from .fusion import written_nodes
 
 FAN_OUT = 3
 FORK_NAME = "attn_norm"
@@ -200,13 +201,9 @@ def races(graph: Graph, r: Region, plan: dict | None = None) -> list[tuple[str, 
     `plan` (the split's fusion plan, node index -> Fusion): a fused kernel writes only its output node (and
     the top-k MoE router its ids too); the nodes it elides are never written, but what they read from
     outside is still read, on the group's stream. A read through a view is a read of the view's base."""
-    from .fusion import TOPK_MOE            # (fusion imports this module's neighbours; kept local)
     inside = set(r.order)
-    elided: set[int] = set()
-    for q, f in (plan or {}).items():
-        if f.absorbed:
-            kept = {q + f.absorbed} | ({q + 3} if f.pattern == TOPK_MOE else set())
-            elided |= {q + k for k in range(f.absorbed + 1)} - kept
+    elided = {q + k for q, f in (plan or {}).items() for k in range(f.absorbed + 1)
+              if q + k not in written_nodes(q, f)}
     writes: list[tuple[int, int, int, str]] = []      # (lo, hi, stream, name) of each output written
     reads: dict[tuple[int, int], tuple[int, int, int, str]] = {}   # (slot, stream) -> a read from before the fork
     for k, slot in enumerate(r.order):

@@ -305,6 +305,12 @@ def _topk_moe_fuses(graph: Graph, i: int, consumers, upstream: str) -> int:
     return count if _memory_ranges_ok(graph, i, count, (i + 3, i + count - 1), alias) else 0
 
 
+def written_nodes(i: int, f: Fusion) -> tuple[int, ...]:
+    """The nodes the fused kernel at node i writes: the group's last, and the top-k MoE router's ids (its
+    VIEW, node i + 3) as well; the other nodes of the group are elided."""
+    return (i + 3, i + f.absorbed) if f.pattern == TOPK_MOE else (i + f.absorbed,)
+
+
 def _moe_reduction_fuses(graph: Graph, i: int, consumers) -> int:
     """try_fuse's first attempt: the weighted reduction at node i when it matches and its output overlaps
     none of the group's sources (ggml_cuda_check_fusion_memory_ranges); its node count, else 0."""
