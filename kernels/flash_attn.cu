@@ -22,9 +22,8 @@ __device__ __forceinline__ float mask_at(const tdesc &M, i64 j, i64 t, i64 h, i6
 // With ip[2] set (one split, grid.x 1) t[0] is the node and the block writes the normalised output itself, as
 // ggml's vec kernel does with one parallel block (then it launches no combine: launch_fattn); with ip[3] too
 // (the g1 entry) each block takes one query head (grid.y H), as ggml's vec kernel has a block per head: a
-// Gemma 3 layer (4 heads on one kv head, D 256) then runs on 4 SMs instead of 1.
-// The partials for one token per block (decode, T <= 8): grid (n_split, Hkv, T * B) (direct per head: (1, H, T * B)),
-// 128 threads. One entry point per head size D and group GM (G = H / Hkv rounded up to 1, 2, 4, 8), as ggml
+// Gemma 3 layer (4 heads on one kv head, D 256) then runs on 4 SMs instead of 1 (fa_vec_direct, below).
+// The partials for one token per block (decode, T <= 8): grid (n_split, Hkv, T * B), 128 threads. One entry point per head size D and group GM (G = H / Hkv rounded up to 1, 2, 4, 8), as ggml
 // instantiates its vec kernel per head size: a launch fetches only its own code, and its registers are its
 // own (one entry switching over all twelve bodies was 600 KB of SASS at 248 registers). A block owns kv head hk, token t, and positions [s * chunk, (s + 1) * chunk), walked in tiles
 // of 32; its G = H / Hkv query heads (G <= 8) share every K/V load. Thread (pg, r) = (tid / R, tid % R),
@@ -52,11 +51,7 @@ template <int D, int GM> __device__ void fa_vec(const kparams &p, float *smem) {
     const tdesc &P = p.t[0], &Q = p.t[1], &Kc = p.t[2], &V = p.t[3], &Mk = p.t[4];
     const int tid = threadIdx.x, lane = tid & 31, w = tid >> 5, pg = tid / R, r = tid % R;
     const i64 H = Q.ne[1], T = Q.ne[2], nkv = Kc.ne[2];
-    // ip[3] (with ip[2], GM 1): one query head per block (grid.y H) rather than the G sharing a kv head
-    const bool per_head = p.ip[2] != 0 && p.ip[3] != 0;
-    const i64 Gkv = H / Kc.ne[1], G = per_head ? 1 : Gkv;
-    const i64 hk = per_head ? blockIdx.y / Gkv : blockIdx.y;      // the kv head
-    const i64 h0 = per_head ? blockIdx.y : hk * Gkv;               // the block's first query head
+    const i64 G = H / Kc.ne[1], hk = blockIdx.y, h0 = hk * G;   // the kv head and its first query head
     const i64 t = blockIdx.z % T, b = blockIdx.z / T;
     const bool has_mask = Mk.data != 0;
     const float scale = p.fp[0];
@@ -221,25 +216,141 @@ template <int D, int GM> __device__ void fa_vec(const kparams &p, float *smem) {
     }
 }
 
+// ---- decode, one query head per block with no combine (ip[2] and ip[3], the g1 entries) -----------------
+// Where upstream's vec kernel runs alone (geometry.fa_direct: one token, n_kv within one tile of D positions;
+// Gemma 3's D 256 at n_kv 256) the block owns query head h = blockIdx.y and holds all its scores, so it needs
+// no online rescaling and no per-tile barrier: fa_vec's tile loop (three barriers and a 32-lane shuffle
+// reduction per 32 positions at D 256) ran Gemma's 4 blocks at 52 µs a layer on the H200, latency-bound with
+// one warp per scheduler. Here FAVD_THREADS threads work in three independent passes, each warp on its own
+// positions as ggml's vec kernel has them (no barrier inside a pass):
+//   1. scores: FAVD_LK lanes per position, each with D / FAVD_LK dims of q in registers and of the K row as
+//      uint4 loads, reduced by log2(FAVD_LK) shuffles: s_j = mask_j + scale * q . k_j (-inf stays -inf);
+//   2. M = max_j s_j, p_j = exp(s_j - M) (0 where s_j or M is -inf), L = sum_j p_j (block reductions);
+//   3. p . V: D / 8 lanes per position (8 dims each, one uint4), the warps' sums added in warp order.
+// dst = O / L, zeros where L is 0 (a fully masked row), as fa_vec's direct branch. Deterministic (fixed
+// reduction orders). ip[0] (the positions' chunk) is at most D: geometry refuses more (the scores are D floats).
+#define FAVD_THREADS 256
+#define FAVD_WARPS (FAVD_THREADS / 32)
+
+template <int D> __device__ void fa_vec_direct(const kparams &p, float *smem) {
+    constexpr int LK = D / 8 < 8 ? D / 8 : 8;          // lanes per position in the scores
+    constexpr int CK = D / (8 * LK);                    // uint4 chunks of a K row per lane
+    constexpr int PK = FAVD_THREADS / LK;               // positions per block step (scores)
+    constexpr int LV = D / 8 < 32 ? D / 8 : 32;         // lanes per position in p . V (8 dims each)
+    constexpr int PV = FAVD_THREADS / LV;               // positions per block step (p . V)
+    static_assert(D % (8 * LK) == 0 && LV * 8 == D, "fa_vec_direct: head size");
+    const tdesc &O = p.t[0], &Q = p.t[1], &Kc = p.t[2], &V = p.t[3], &Mk = p.t[4];
+    const int tid = threadIdx.x, lane = tid & 31, w = tid >> 5;
+    const i64 H = Q.ne[1], T = Q.ne[2], nkv = min((i64)Kc.ne[2], (i64)p.ip[0]);
+    const i64 h = blockIdx.y, hk = h / (H / Kc.ne[1]);
+    const i64 t = blockIdx.z % T, b = blockIdx.z / T;
+    const bool has_mask = Mk.data != 0;
+    const float scale = p.fp[0];
+
+    float *sc = smem;                   // [D] scores, then p
+    float *part = sc + D;               // [FAVD_WARPS][D] the warps' p . V
+    float *red = part + FAVD_WARPS * D; // [32] block reductions
+
+    const bool kvec = Kc.nb[0] == 2 && ((Kc.data | (u64)Kc.nb[1] | (u64)Kc.nb[2] | (u64)Kc.nb[3]) & 15) == 0;
+    const bool vvec = V.nb[0] == 2 && ((V.data | (u64)V.nb[1] | (u64)V.nb[2] | (u64)V.nb[3]) & 15) == 0;
+    const char *kbase = (const char *)Kc.data + hk * Kc.nb[1] + (b % Kc.ne[3]) * Kc.nb[3];
+    const char *vbase = (const char *)V.data + hk * V.nb[1] + (b % V.ne[3]) * V.nb[3];
+
+    // 1. scores: lane group (tid / LK) takes positions tid / LK + PK * s; lane tid % LK dims 8 (c LK + tid % LK) + [0, 8)
+    const int kl = tid % LK;
+    float q[CK][8];
+#pragma unroll
+    for (int c = 0; c < CK; ++c)
+#pragma unroll
+        for (int e = 0; e < 8; ++e) q[c][e] = load_f(Q, (i64)(c * LK + kl) * 8 + e, h, t, b);
+#pragma unroll 4
+    for (i64 j0 = 0; j0 < nkv; j0 += PK) {     // block-uniform trip count: every lane reaches the shuffles
+        const i64 j = j0 + tid / LK;
+        const bool in = j < nkv;
+        const char *row = kbase + j * Kc.nb[2];
+        float dot = 0.0f;
+#pragma unroll
+        for (int c = 0; c < CK; ++c) {
+            float kf[8];
+            h8(in ? fav_load8(row, (i64)(c * LK + kl) * 8, Kc.nb[0], kvec) : make_uint4(0, 0, 0, 0), kf);
+#pragma unroll
+            for (int e = 0; e < 8; ++e) dot += q[c][e] * kf[e];
+        }
+#pragma unroll
+        for (int off = LK / 2; off > 0; off >>= 1) dot += __shfl_xor_sync(0xffffffffu, dot, off);
+        if (in && kl == 0) {
+            const float s = has_mask ? mask_at(Mk, j, t, h, b) : 0.0f;
+            sc[j] = s == F32_NEG_INF ? s : s + scale * dot;
+        }
+    }
+    __syncthreads();
+
+    // 2. the softmax's max and sum over the block
+    float mx = F32_NEG_INF;
+    for (i64 j = tid; j < nkv; j += FAVD_THREADS) mx = fmaxf(mx, sc[j]);
+    mx = block_max(mx, red);
+    float sum = 0.0f;
+    for (i64 j = tid; j < nkv; j += FAVD_THREADS) {
+        const float x = sc[j];
+        const float pj = (mx == F32_NEG_INF || x == F32_NEG_INF) ? 0.0f : expf(x - mx);
+        sc[j] = pj;
+        sum += pj;
+    }
+    const float L = block_sum(sum, red);   // its barriers also publish sc's p
+    __syncthreads();
+
+    // 3. p . V: lane group (tid / LV) takes positions tid / LV + PV * s; lane tid % LV dims 8 (tid % LV) + [0, 8)
+    const int vl = tid % LV;
+    float o[8];
+#pragma unroll
+    for (int e = 0; e < 8; ++e) o[e] = 0.0f;
+#pragma unroll 8
+    for (i64 j = tid / LV; j < nkv; j += PV) {
+        const float pj = sc[j];
+        float vf[8];
+        h8(fav_load8(vbase + j * V.nb[2], (i64)vl * 8, V.nb[0], vvec), vf);
+#pragma unroll
+        for (int e = 0; e < 8; ++e) o[e] += pj * vf[e];
+    }
+    // the position groups of a warp (LV < 32), then the warps in order
+#pragma unroll
+    for (int off = LV; off < 32; off <<= 1)
+#pragma unroll
+        for (int e = 0; e < 8; ++e) o[e] += __shfl_xor_sync(0xffffffffu, o[e], off);
+    if (lane < LV) {
+        float4 *dst = (float4 *)(part + (i64)w * D + vl * 8);
+        dst[0] = make_float4(o[0], o[1], o[2], o[3]);
+        dst[1] = make_float4(o[4], o[5], o[6], o[7]);
+    }
+    __syncthreads();
+    for (int d = tid; d < D; d += FAVD_THREADS) {
+        float acc = 0.0f;
+#pragma unroll
+        for (int q2 = 0; q2 < FAVD_WARPS; ++q2) acc += part[q2 * D + d];
+        store_f(O, d, h, t, b, L > 0.0f ? acc / L : 0.0f);
+    }
+}
+
 // The launch geometry (graphdiag/backends/geometry.py) refuses params of another D or group.
 #define FAV_ENTRY(D, GM)                                                                                   \
     {                                                                                                      \
         extern __shared__ __align__(16) float fav_smem[];                                                  \
-        fa_vec<D, GM>(p, fav_smem);                                                                        \
+        if (GM == 1 && p.ip[2] != 0 && p.ip[3] != 0) fa_vec_direct<D>(p, fav_smem);                      \
+        else fa_vec<D, GM>(p, fav_smem);                                                                   \
     }
-KERNEL_LB(flash_attn_vec_f16_d32_g1, FAV_THREADS) FAV_ENTRY(32, 1)
+KERNEL_LB(flash_attn_vec_f16_d32_g1, FAVD_THREADS) FAV_ENTRY(32, 1)
 KERNEL_LB(flash_attn_vec_f16_d32_g2, FAV_THREADS) FAV_ENTRY(32, 2)
 KERNEL_LB(flash_attn_vec_f16_d32_g4, FAV_THREADS) FAV_ENTRY(32, 4)
 KERNEL_LB(flash_attn_vec_f16_d32_g8, FAV_THREADS) FAV_ENTRY(32, 8)
-KERNEL_LB(flash_attn_vec_f16_d64_g1, FAV_THREADS) FAV_ENTRY(64, 1)
+KERNEL_LB(flash_attn_vec_f16_d64_g1, FAVD_THREADS) FAV_ENTRY(64, 1)
 KERNEL_LB(flash_attn_vec_f16_d64_g2, FAV_THREADS) FAV_ENTRY(64, 2)
 KERNEL_LB(flash_attn_vec_f16_d64_g4, FAV_THREADS) FAV_ENTRY(64, 4)
 KERNEL_LB(flash_attn_vec_f16_d64_g8, FAV_THREADS) FAV_ENTRY(64, 8)
-KERNEL_LB(flash_attn_vec_f16_d128_g1, FAV_THREADS) FAV_ENTRY(128, 1)
+KERNEL_LB(flash_attn_vec_f16_d128_g1, FAVD_THREADS) FAV_ENTRY(128, 1)
 KERNEL_LB(flash_attn_vec_f16_d128_g2, FAV_THREADS) FAV_ENTRY(128, 2)
 KERNEL_LB(flash_attn_vec_f16_d128_g4, FAV_THREADS) FAV_ENTRY(128, 4)
 KERNEL_LB(flash_attn_vec_f16_d128_g8, FAV_THREADS) FAV_ENTRY(128, 8)
-KERNEL_LB(flash_attn_vec_f16_d256_g1, FAV_THREADS) FAV_ENTRY(256, 1)
+KERNEL_LB(flash_attn_vec_f16_d256_g1, FAVD_THREADS) FAV_ENTRY(256, 1)
 KERNEL_LB(flash_attn_vec_f16_d256_g2, FAV_THREADS) FAV_ENTRY(256, 2)
 KERNEL_LB(flash_attn_vec_f16_d256_g4, FAV_THREADS) FAV_ENTRY(256, 4)
 KERNEL_LB(flash_attn_vec_f16_d256_g8, FAV_THREADS) FAV_ENTRY(256, 8)

@@ -37,6 +37,7 @@ FA_COMBINE_HEADS = 4     # flash_attn_combine_f32: heads per block in a batch (p
 FA_COMBINE_MIN_ROWS = 64 # ... from this many (token x batch) rows
 FA_TARGET_BLOCKS = 264   # splits are added until about 2 blocks per SM of an H200 (132 SMs)
 FAV_THREADS = 128        # flash_attn.cu flash_attn_vec_f16_d*_g*: one token per block, 128 threads, tiles of 32
+FAVD_THREADS = 256       # flash_attn.cu fa_vec_direct (ip[2] and ip[3], the g1 entries): one query head per block
 FAV_TILE = 32
 FAV_MAX_G = 8            # query heads per kv head the vec kernel takes
 FAV_MAX_TOKENS = 8       # the vec kernel serves batches up to ggml's mat-vec bound (decode)
@@ -209,6 +210,7 @@ def _flash_attn_vec(d: int, gm: int) -> Callable[[np.ndarray], Geometry]:
     (the kernel would index its shared memory out of bounds)."""
     pg = FAV_THREADS // (d // 8)
     shmem = 4 * (gm * d + gm * FAV_TILE + FAV_MAX_G + pg * gm * d)
+    direct_shmem = 4 * (d + (FAVD_THREADS // 32) * d + 32)     # scores, the warps' p . V, reductions
 
     def geom(p) -> Geometry:
         q, k, part = _ne(p, 1), _ne(p, 2), _ne(p, 0)
@@ -216,8 +218,12 @@ def _flash_attn_vec(d: int, gm: int) -> Callable[[np.ndarray], Geometry]:
         if q[0] != d or (gm != 1 if per_head else fav_groups(q[1] // max(k[1], 1)) != gm):
             raise ValueError(f"{fa_vec_kernel(d, gm)}: q head size {q[0]}, {q[1]}/{k[1]} heads do not match")
         splits = 1 if _ip(p, 2) else max(part[1], 1)      # ip[2]: one split written to the node (no combine)
-        heads = q[1] if per_head else k[1]
-        return (splits, max(heads, 1), max(q[2] * q[3], 1)), (FAV_THREADS, 1, 1), shmem
+        if per_head:      # fa_vec_direct holds the scores of at most D positions
+            if not 0 <= _ip(p, 0) <= d:
+                raise ValueError(f"{fa_vec_kernel(d, gm)}: one head per block takes 0..{d} positions, "
+                                 f"not {_ip(p, 0)}")
+            return (1, max(q[1], 1), max(q[2] * q[3], 1)), (FAVD_THREADS, 1, 1), direct_shmem
+        return (splits, max(k[1], 1), max(q[2] * q[3], 1)), (FAV_THREADS, 1, 1), shmem
     return geom
 
 

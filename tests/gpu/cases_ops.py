@@ -136,6 +136,22 @@ def flash_attn_256_cases() -> list[Case]:
             mask = c.put(mask_t, m)
         out.append(c.set(c.output(G.F32, d, h, 1), c.randn(G.F32, d, h, 1), kview, vview, mask,
                          ip=(-(-n_kv // 32) * 32, 1, 1, int(per_head)), fp=(1.0 / 16.0,)))
+    # fa_vec_direct at every head size (its lanes per position differ: 4 at D 32, 8 from D 64; p . V takes
+    # D / 8 lanes), position counts that leave a warp's last step part empty, and unaligned K/V rows (the
+    # element-wise load path)
+    for d, h, hkv, n_kv, mask_t, unaligned in ((32, 2, 1, 27, None, False), (64, 8, 2, 50, G.F16, False),
+                                               (64, 4, 2, 61, G.F32, True), (128, 4, 4, 100, G.F32, False),
+                                               (256, 4, 1, 250, G.F16, False)):
+        c = Case(fa_vec_kernel(d, 1), f"D{d}-H{h}-Hkv{hkv}-T1-kv{n_kv}-direct-"
+                 f"{'nomask' if mask_t is None else mask_t.name}{'-unaligned' if unaligned else ''}-per-head",
+                 F32_DOT)
+        off, width = (2, d * hkv + 1) if unaligned else (0, d * hkv)
+        kc, vc = c.randn(G.F16, width, n_kv + 1), c.randn(G.F16, width, n_kv + 1)
+        kview = c.view(kc, (d, hkv, n_kv), (2, 2 * d, kc.nb[1]), off)
+        vview = c.view(vc, (d, hkv, n_kv), (2, 2 * d, vc.nb[1]), off)
+        mask = None if mask_t is None else c.put(mask_t, _causal(c, 1, n_kv, 8, n_kv - 5))
+        out.append(c.set(c.output(G.F32, d, h, 1), c.randn(G.F32, d, h, 1), kview, vview, mask,
+                         ip=(-(-n_kv // 32) * 32, 1, 1, 1), fp=(1.0 / np.sqrt(d),)))
     c = Case("flash_attn_combine_f32", "Dv256-splits6-H4-T1", F32_DOT)
     part = c.rng.standard_normal((1, 4, 6, 258)).astype(np.float32)
     part[..., 257] = c.rng.uniform(0.5, 10.0, (1, 4, 6))
