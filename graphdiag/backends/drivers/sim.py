@@ -31,6 +31,7 @@ from .sim_graph import Capture, Node, SimExec, SimGraph, SimHandle, compare_grap
 
 DEVICE_BASE = 0x7000_0000_0000
 DEVICE_STRIDE = 0x100_0000_0000        # 1 TiB between simulated devices: addresses are unique in the process (UVA)
+DEVICE_GRANULE = 2 << 20                # cuMemAlloc's address granule: a freed range is reused (memory.AddressSpace)
 _node_ids = itertools.count(1)         # graph node ids, unique in the process (as CUDA's tools ids)
 
 
@@ -95,7 +96,7 @@ class SimDriver(Driver):
                                memory_bytes or 0, True)
         self.device, self.peer, self.computes = device, peer, bool(compute)
         self.space = AddressSpace(base=DEVICE_BASE + device * DEVICE_STRIDE, capacity=memory_bytes,
-                                  name=self.info.name, materialised=self.computes)
+                                  name=self.info.name, materialised=self.computes, granule=DEVICE_GRANULE)
         self.counters = SimCounters()
         self.null_stream = SimStream()
         self._captures: list[Capture] = []  # captures in progress
