@@ -45,6 +45,7 @@ class CpuBackend(Backend):
             Op.SET_ROWS: self._set_rows, Op.SOFT_MAX: self._soft_max, Op.TOP_K: self._top_k,
             Op.ARGSORT: self._argsort,
             Op.FLASH_ATTN_EXT: self._flash_attn, Op.GLU: self._glu, Op.CPY: self._cpy, Op.SCALE: self._scale,
+            Op.DIV: self._div, Op.SUM_ROWS: self._sum_rows, Op.CLAMP: self._clamp, Op.CONT: self._cont,
         }
 
     # -- memory ----------------------------------------------------------------------------------------
@@ -117,6 +118,20 @@ class CpuBackend(Backend):
 
     def _add(self, a, r):
         self._view(a, r)[...] = ops.add(self._src(a, r, 0), self._src(a, r, 1))
+
+    def _div(self, a, r):
+        self._view(a, r)[...] = ops.div(self._src(a, r, 0), self._src(a, r, 1))
+
+    def _sum_rows(self, a, r):
+        self._view(a, r)[...] = ops.sum_rows(self._src(a, r, 0))
+
+    def _clamp(self, a, r):
+        """op_params f32 [min, max]."""
+        self._view(a, r)[...] = ops.clamp(self._src(a, r, 0), _f32(r, 0), _f32(r, 1))
+
+    def _cont(self, a, r):
+        """src0 (a strided view) into the node, element by element in ggml order."""
+        ops.copy(self._view(a, r), self._src(a, r, 0))
 
     def _mul_mat(self, a, r):
         self._view(a, r)[...] = ops.mul_mat(self._src(a, r, 0), self._src(a, r, 1))

@@ -72,6 +72,22 @@ def mul(a: np.ndarray, b: np.ndarray) -> np.ndarray:
     return to_f32(a) * repeat_to(to_f32(b), a.shape)
 
 
+def div(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    """a / b, b repeated to a's shape (float32; a true division, as ggml's op_div)."""
+    with np.errstate(divide="ignore", invalid="ignore"):
+        return to_f32(a) / repeat_to(to_f32(b), a.shape)
+
+
+def sum_rows(x: np.ndarray) -> np.ndarray:
+    """Per row (last axis): the sum, kept as a length-1 axis (float32 accumulation)."""
+    return to_f32(x).sum(axis=-1, keepdims=True, dtype=F32)
+
+
+def clamp(x: np.ndarray, lo: float, hi: float) -> np.ndarray:
+    """min(max(x, lo), hi) in float32 (GGML_OP_CLAMP; a NaN stays NaN)."""
+    return np.minimum(np.maximum(to_f32(x), F32(lo)), F32(hi))
+
+
 def rms_norm(x: np.ndarray, eps: float) -> np.ndarray:
     """Per row (last axis): x / sqrt(mean(x^2) + eps), float32."""
     x = to_f32(x)

@@ -100,6 +100,25 @@ class Ctx:
     def add(self, a: Tensor, b: Tensor, name: str) -> Tensor:
         return self.new_tensor(GGMLType.F32, a.ne, name, Op.ADD, (a, b))
 
+    def div(self, a: Tensor, b: Tensor, name: str) -> Tensor:
+        """a / b, b repeated to a's shape (ggml_div: a new tensor of a's shape)."""
+        return self.new_tensor(GGMLType.F32, a.ne, name, Op.DIV, (a, b))
+
+    def sum_rows(self, a: Tensor, name: str) -> Tensor:
+        """Each row's sum: (1, ne1, ne2, ne3) of a's type (ggml_sum_rows)."""
+        return self.new_tensor(a.type, (1, *a.ne[1:]), name, Op.SUM_ROWS, (a,))
+
+    def clamp(self, a: Tensor, lo: float, hi: float, name: str) -> Tensor:
+        """min(max(a, lo), hi) into a new tensor of a's shape (ggml_clamp: op_params f32 [lo, hi])."""
+        x = self.new_tensor(a.type, a.ne, name, Op.CLAMP, (a,))
+        x.set_param_f32(0, lo)
+        x.set_param_f32(1, hi)
+        return x
+
+    def cont(self, a: Tensor, name: str) -> Tensor:
+        """a copied into a new contiguous tensor of its shape (ggml_cont)."""
+        return self.new_tensor(a.type, a.ne, name, Op.CONT, (a,))
+
     def mul_mat(self, a: Tensor, b: Tensor, name: str) -> Tensor:
         """a: (K, M, ...), b: (K, N, ...) -> (M, N, ...) F32, as ggml_mul_mat."""
         if a.ne[0] != b.ne[0]:

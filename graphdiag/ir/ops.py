@@ -9,6 +9,8 @@ class Op(enum.IntEnum):
     NONE = 0
     ADD = 2
     MUL = 6
+    DIV = 7
+    SUM_ROWS = 14
     RMS_NORM = 24
     MUL_MAT = 29
     MUL_MAT_ID = 30
@@ -23,6 +25,7 @@ class Op(enum.IntEnum):
     SET_ROWS = 42
     SOFT_MAX = 45
     ROPE = 47
+    CLAMP = 49
     ARGSORT = 60
     TOP_K = 61
     FLASH_ATTN_EXT = 64
