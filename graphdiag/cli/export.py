@@ -1,4 +1,5 @@
-"""`graphdiag export-gguf`: a preset written as a GGUF file (llama, qwen2 or qwen3) that llama.cpp loads."""
+"""`graphdiag export-gguf`: a preset written as a GGUF file (llama, qwen2 or qwen3; a MoE preset as llama) that
+llama.cpp loads."""
 
 from __future__ import annotations
 
@@ -6,29 +7,30 @@ import click
 
 
 @click.command("export-gguf")
-@click.option("--model", default="tiny", show_default=True, help="Preset (tiny, small, 1b, 7b; dense only).")
+@click.option("--model", default="tiny", show_default=True,
+              help="Preset (tiny, small, 1b, 7b; moe-tiny as llama's MoE, whose router normalises its weights).")
 @click.option("--wtype", default="f16", show_default=True,
               help="Weight type of the mat-mul weights and the embedding (f16, bf16, f32, q8_0, q4_0, q5_0, q5_1, "
                    "q4_k, q5_k, q6_k; a K-quant falls back where rows are no multiple of 256, as llama.cpp's).")
 @click.option("--seed", default=0, show_default=True, type=click.IntRange(0, 2**31 - 1),
               help="The seed of the preset's weights (as `run --seed`).")
 @click.option("--arch", default="llama", show_default=True,
-              help="Architecture to write the preset's shapes as (llama, qwen2, qwen3).")
+              help="Architecture to write the preset's shapes as (llama, qwen2, qwen3; a MoE preset: llama).")
 @click.argument("out", type=click.Path(dir_okay=False, writable=True))
 def export_gguf(model: str, wtype: str, seed: int, arch: str, out: str) -> None:
     """Write preset MODEL (graphdiag's seeded weights, a vocabulary of placeholder pieces: SPM for llama,
     byte-level BPE for qwen2/qwen3) as a GGUF of architecture ARCH at OUT, so `graphdiag run --model OUT` and
     llama.cpp run the identical model."""
     from ..errors import UsageError
-    from ..model.arch import get_arch
+    from ..model.gguf_io import export_config
     from ..model.gguf_io import export_gguf as write
-    from ..model.presets import get_preset, weight_type
+    from ..model.presets import weight_type
     from ..model.fallbacks import fallback_note
     from ..model.weights import create_model
 
     if not out.endswith(".gguf"):
         raise UsageError(f"{out}: the output's name must end in .gguf (that is how --model tells a file)")
-    cfg = get_arch(arch).preset(get_preset(model))
+    cfg = export_config(model, arch)
     m = create_model(cfg, weight_type(wtype), seed=seed)
     n = write(m, out, model)
     click.echo(f"wrote {out}: {model} as {arch} ({cfg.n_layer} layers, n_embd {cfg.n_embd}, vocab {cfg.n_vocab}), "

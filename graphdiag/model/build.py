@@ -19,6 +19,7 @@ from ..ir.dtypes import GGMLType
 from ..ir.graph import Graph
 from ..ir.ops import GluOp, TensorFlag
 from ..ir.tensor import Tensor
+from .presets import MOE_NORM_MIN
 from .weights import Layer, Model
 
 DECODE, PREFILL = "decode", "prefill"
@@ -206,7 +207,9 @@ class _Builder:
         return c.mul_mat(lay.ffn_down, glu, f"ffn_down-{il}")
 
     def ffn_moe(self, lay: Layer, il: int, cur: Tensor) -> Tensor:
-        """Router, top-k, expert mat-muls and the weighted sum over the used experts: (n_embd, n_tokens)."""
+        """Router, top-k, expert mat-muls and the weighted sum over the used experts: (n_embd, n_tokens), as
+        llama.cpp's build_moe_ffn with softmax gating, no expert bias, no shared experts, the weights applied
+        after the experts, and norm_w when cfg.moe_norm_w (llama's MoE)."""
         c, g, cfg, t = self.ctx, self.g, self.cfg, cur.ne[1]
         k = cfg.n_expert_used
         probs = c.soft_max(c.mul_mat(lay.ffn_gate_inp, cur, f"ffn_moe_logits-{il}"), f"ffn_moe_probs-{il}")
@@ -214,6 +217,8 @@ class _Builder:
         topk = c.argsort_top_k(probs, k, f"ffn_moe_topk-{il}", f"ffn_moe_argsort-{il}")
         probs3 = c.reshape(probs, (1, cfg.n_expert, t), f"ffn_moe_probs-{il} (reshaped)")
         weights = c.get_rows(probs3, topk, f"ffn_moe_weights-{il}")
+        if cfg.moe_norm_w:
+            weights = self.moe_norm_weights(weights, il, k, t)
         cur3 = c.reshape(cur, (cfg.n_embd, 1, t), f"ffn_moe_in-{il}")
         # router work first, so the expert ops form one contiguous run (one CPU split with --n-cpu-moe)
         g.build_forward_expand(weights)
@@ -231,7 +236,20 @@ class _Builder:
         out = views[0]
         for i in range(1, k):
             out = c.add(out, views[i], f"ffn_moe_out-{il}" if i == k - 1 else f"ffn_moe_sum{i}-{il}")
+        if k == 1:      # build_moe_ffn: "avoid returning a non-contiguous tensor"
+            out = c.cont(out, f"ffn_moe_out-{il}")
         return out
+
+    def moe_norm_weights(self, weights: Tensor, il: int, k: int, t: int) -> Tensor:
+        """build_moe_ffn's norm_w (llama-graph.cpp 2148-2161 at 0c1e57098): the (1, k, T) router weights as
+        (k, T), their SUM_ROWS, CLAMPed to [6.103515625e-5 (F16's smallest normal), inf], the weights DIVided by
+        it, reshaped back to (1, k, T)."""
+        c = self.ctx
+        w2 = c.reshape(weights, (k, t), f"{weights.name} (reshaped)")
+        total = c.sum_rows(w2, f"ffn_moe_weights_sum-{il}")
+        total = c.clamp(total, MOE_NORM_MIN, math.inf, f"ffn_moe_weights_sum_clamped-{il}")
+        norm = c.div(w2, total, f"ffn_moe_weights_norm-{il}")
+        return c.reshape(norm, (1, k, t), f"{norm.name} (reshaped)")
 
     def layer(self, lay: Layer, il: int, x: Tensor, inp: GraphInputs) -> Tensor:
         c = self.ctx

@@ -189,13 +189,28 @@ class FileWeights(Mapping):
         return name in self.g.types
 
 
+def export_config(preset: str, arch: str) -> ModelConfig:
+    """Preset `preset`'s shapes as architecture `arch` (what export-gguf writes); UsageError for a MoE preset as
+    anything but llama (llama.cpp's qwen2, qwen3 and gemma3 have no experts)."""
+    from .arch import get_arch
+    from .presets import get_preset
+    cfg, mod = get_preset(preset), get_arch(arch)
+    if cfg.is_moe and arch != "llama":
+        raise UsageError(f"export-gguf writes MoE preset {preset} as llama only: llama.cpp's {arch} has no experts "
+                         f"(use --arch llama)")
+    return mod.preset(cfg)
+
+
 def export_gguf(model, out: str | Path, name: str) -> int:
     """Write `model` (a preset with values: Model.host) as a GGUF of its architecture (cfg.arch) at `out`;
-    returns the file's bytes. llama gets an SPM vocabulary, qwen2/qwen3 a byte-level BPE one (model/bpe_vocab.py)."""
+    returns the file's bytes. llama gets an SPM vocabulary, qwen2/qwen3 a byte-level BPE one (model/bpe_vocab.py).
+    A MoE preset is written as llama's MoE (Mixtral-style: expert_count, expert_used_count, the expert stacks
+    blk.N.ffn_gate_inp / ffn_gate_exps / ffn_up_exps / ffn_down_exps), which llama.cpp builds with its router
+    weights normalised (model/arch/llama.py)."""
     from gguf import GGMLQuantizationType, GGUFWriter, TokenType
     cfg = model.cfg
-    if cfg.is_moe:
-        raise UsageError(f"export-gguf writes dense models; {cfg.name} is a MoE preset")
+    if cfg.is_moe and cfg.arch != "llama":
+        raise UsageError(f"export-gguf writes MoE model {name} as llama only: llama.cpp's {cfg.arch} has no experts")
     out = Path(out)
     w = GGUFWriter(str(out), cfg.arch)
     w.add_name(f"graphdiag {name} ({model.wtype.name}, seed {model.seed})")
@@ -226,11 +241,16 @@ def export_gguf(model, out: str | Path, name: str) -> int:
 
 def write_shape(w, cfg: ModelConfig) -> None:
     """The hyper-parameters llama.cpp's loader needs, under the writer's architecture (key_length and
-    value_length only where head_dim is not n_embd / n_head, as the converters write them)."""
+    value_length only where head_dim is not n_embd / n_head, as the converters write them). A MoE config's
+    experts: their count, the count used per token, and their FFN width as feed_forward_length (what llama's
+    loader sizes the expert stacks by; the Mixtral converter writes it so)."""
     w.add_context_length(cfg.n_ctx)
     w.add_embedding_length(cfg.n_embd)
     w.add_block_count(cfg.n_layer)
-    w.add_feed_forward_length(cfg.n_ff)
+    w.add_feed_forward_length(cfg.n_ff_exp if cfg.is_moe else cfg.n_ff)
+    if cfg.is_moe:
+        w.add_expert_count(cfg.n_expert)
+        w.add_expert_used_count(cfg.n_expert_used)
     w.add_head_count(cfg.n_head)
     w.add_head_count_kv(cfg.n_head_kv)
     if cfg.n_embd_head:

@@ -10,6 +10,8 @@ from ..ir.dtypes import GGMLType, block_size
 from .kv_sizes import N_UBATCH, swa_cache_size
 
 ROPE_NORM, ROPE_NEOX = 0, 2     # GGML_ROPE_TYPE_NORM / GGML_ROPE_TYPE_NEOX
+MOE_NORM_MIN = 6.103515625e-5   # build_moe_ffn's norm_w clamps the top-k weights' sum to at least F16's
+                                # smallest normal ("avoid division by zero")
 
 # Weight storage types a run may choose for every mat-mul weight and the token embedding (norm weights are
 # always F32, the KV cache always F16). Q5_1 is here because Q5_K falls back to it (preset_type).
@@ -44,6 +46,8 @@ class ModelConfig:
     rope_type: int = 0           # ggml rope mode: ROPE_NORM (0, adjacent pairs) or ROPE_NEOX (2, halves)
     tied_output: bool = False    # the output projection is token_embd (output.weight absent)
     qkv_bias: bool = False       # the Q/K/V mat-muls add a bias (attn_q/k/v.bias: qwen2)
+    moe_norm_w: bool = False     # build_moe_ffn's norm_w: the top-k router weights divided by their sum
+                                 # (llama's MoE files, Mixtral-style); moe-tiny's router does not
 
     @property
     def head_dim(self) -> int:
@@ -114,6 +118,8 @@ PRESETS: dict[str, ModelConfig] = {
         ModelConfig("small", 8, 1024, 16, 4, 2816, 8192),
         ModelConfig("1b", 16, 2048, 32, 8, 8192, 32000),
         ModelConfig("7b", 32, 4096, 32, 32, 11008, 32000),
+        # softmax router, top 2 of 8 experts, weights not normalised (build_moe_ffn with norm_w false, no shared
+        # experts: OLMoE's form); written as a llama file (export-gguf) it is llama's MoE, which normalises them
         ModelConfig("moe-tiny", 4, 512, 8, 8, 0, 4096, n_expert=8, n_expert_used=2, n_ff_exp=512),
         # Gemma 3's pieces at tiny shapes: one KV head, head_dim 128 (n_head * head_dim != n_embd), tied
         # output, layer 5 global and the others sliding over a 128-position window (SWA cache: 768 cells)

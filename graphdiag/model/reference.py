@@ -12,7 +12,7 @@ from collections.abc import Mapping, Sequence
 import numpy as np
 
 from ..quants import dequantize, q8_1_activations, type_of
-from .presets import ROPE_NEOX
+from .presets import MOE_NORM_MIN, ROPE_NEOX
 from .weights import Model
 
 F64 = np.float64
@@ -248,15 +248,20 @@ class Reference:
         return self._mm(_silu(g) * u, p + "ffn_down.weight")
 
     def _moe(self, il: int, h: np.ndarray) -> np.ndarray:
-        """Softmax router, top-k experts (ties: lower id), outputs weighted by the router probabilities."""
+        """Softmax router, top-k experts (ties: lower id), outputs weighted by the router probabilities — with
+        cfg.moe_norm_w divided by their sum over the k chosen (at least F16's smallest normal, as llama.cpp)."""
         cfg, p = self.cfg, f"blk.{il}."
         probs = _softmax(self._mm(h, p + "ffn_gate_inp.weight"))          # (T, E)
         top = np.argsort(-probs, axis=-1, kind="stable")[:, : cfg.n_expert_used]
+        weight = probs
+        if cfg.moe_norm_w:
+            total = np.take_along_axis(probs, top, axis=-1).sum(axis=-1, keepdims=True)
+            weight = probs / np.maximum(total, MOE_NORM_MIN)
         gate, up, down = (self.w(p + f"ffn_{n}_exps.weight") for n in ("gate", "up", "down"))
         out = np.zeros_like(h)
         for e in np.unique(top):
             rows, _ = np.nonzero(top == e)
             x = h[rows]
             a = _silu(x @ gate[e].T) * (x @ up[e].T)
-            out[rows] += probs[rows, e][:, None] * (a @ down[e].T)
+            out[rows] += weight[rows, e][:, None] * (a @ down[e].T)
         return out
