@@ -23,17 +23,20 @@ KERNEL_LB(moe_weighted_reduction_f32, 256) {
     ((float *)D.data)[token * n_embd + col] = sum;
 }
 
-// The top-k MoE router (ggml-cuda's topk_moe_cuda, softmax form, no bias and no weight norm): SOFT_MAX, the
-// RESHAPE of the probabilities, their ARGSORT, the VIEW of its first k and the GET_ROWS of the weights
-// [, a SCALE of them] as one kernel. A warp per token, TOPK_MOE_ROWS tokens per block; every logit of the
-// block's rows is read before any write (the outputs may alias the logits, as upstream allows). p = the row's
-// softmax in F32 (e = exp(x - max), times 1 / sum e; a NaN p, from a NaN or infinite logit, is -FLT_MAX, as
-// upstream's); then k rounds of argmax over p (ties: the lower expert), each writing ids[r] = expert and
-// weights[r] = p[expert] * scale and taking the expert out.
+// The top-k MoE router (ggml-cuda's topk_moe_cuda, softmax form, no bias): SOFT_MAX, the RESHAPE of the
+// probabilities, their ARGSORT, the VIEW of its first k and the GET_ROWS of the weights [, the weight norm:
+// RESHAPE, SUM_ROWS, CLAMP, DIV, RESHAPE] [, a SCALE of them] as one kernel. A warp per token, TOPK_MOE_ROWS
+// tokens per block; every logit of the block's rows is read before any write (the outputs may alias the
+// logits, as upstream allows). p = the row's softmax in F32 (e = exp(x - max), times 1 / sum e; a NaN p, from a
+// NaN or infinite logit, is -FLT_MAX, as upstream's); then k rounds of argmax over p (ties: the lower expert),
+// each writing ids[r] = expert, keeping p[expert] for slot r and taking the expert out. With the norm, the kept
+// p are summed as upstream sums them (each lane adds those of the experts it holds, then a warp sum), the sum
+// is raised to at least the CLAMP's minimum, and each kept p is multiplied by 1 / sum; weights[r] = that * scale.
 //   t[0] weights F32 (k, T) or (1, k, T), contiguous
 //   t[1] ids I32 (k, T): the view of the argsort's rows (row stride nb[1])
 //   t[2] logits F32 (n_expert, T), contiguous; n_expert <= 32 * TOPK_MOE_PER_LANE
-//   ip[0] k (experts used); fp[0] scale (1 without the SCALE)
+//   ip[0] k (experts used); ip[1] 1: normalise the weights (the norm fused), 0: not
+//   fp[0] scale (1 without the SCALE); fp[1] the CLAMP's minimum (with the norm)
 #define TOPK_MOE_ROWS 8
 #define TOPK_MOE_PER_LANE 18      // 576 experts (upstream's largest instantiation) over 32 lanes
 
@@ -41,8 +44,9 @@ KERNEL_LB(topk_moe_f32, 32 * TOPK_MOE_ROWS) {
     const tdesc &W = p.t[0], &I = p.t[1], &L = p.t[2];
     const i64 n = L.ne[0], rows = L.ne[1] * L.ne[2] * L.ne[3];
     const int lane = threadIdx.x, k = p.ip[0];
+    const bool with_norm = p.ip[1] != 0;
     const i64 row = (i64)blockIdx.x * TOPK_MOE_ROWS + threadIdx.y;
-    const float scale = p.fp[0];
+    const float scale = p.fp[0], clamp_min = p.fp[1];
     float wt[TOPK_MOE_PER_LANE];
     const float *lg = (const float *)L.data + row * n;
 #pragma unroll
@@ -70,7 +74,10 @@ KERNEL_LB(topk_moe_f32, 32 * TOPK_MOE_ROWS) {
         const float v = wt[j] * inv;
         wt[j] = lane + 32 * j < n ? (isnan(v) ? -3.402823466e38f : v) : F32_NEG_INF;
     }
-    float *w = (float *)W.data + row * k;
+    float kept[TOPK_MOE_PER_LANE];    // round r's p, held by lane r % 32 in slot r / 32 (upstream's layout)
+#pragma unroll
+    for (int j = 0; j < TOPK_MOE_PER_LANE; ++j) kept[j] = 0.0f;
+    float kept_sum = 0.0f;            // this lane's share of the norm's sum: the p of the experts it holds
     char *ids = (char *)I.data + row * I.nb[1];
     for (int r = 0; r < k; ++r) {
         float best = wt[0];
@@ -86,13 +93,22 @@ KERNEL_LB(topk_moe_f32, 32 * TOPK_MOE_ROWS) {
             if (v > best || (v == best && x < expert)) { best = v; expert = x; }
         }
         if ((expert & 31) == lane) {
+            kept_sum += best;
 #pragma unroll
             for (int j = 0; j < TOPK_MOE_PER_LANE; ++j)
                 if (j == expert / 32) wt[j] = F32_NEG_INF;
         }
-        if (lane == 0) {
-            *(int *)(ids + (i64)r * I.nb[0]) = expert;
-            w[r] = best * scale;
-        }
+#pragma unroll
+        for (int j = 0; j < TOPK_MOE_PER_LANE; ++j)
+            if (j == r / 32 && lane == (r & 31)) kept[j] = best;
+        if (lane == 0) *(int *)(ids + (i64)r * I.nb[0]) = expert;
+    }
+    float norm = 1.0f;
+    if (with_norm) norm = 1.0f / fmaxf(warp_sum(kept_sum), clamp_min);
+    float *w = (float *)W.data + row * k;
+#pragma unroll
+    for (int j = 0; j < TOPK_MOE_PER_LANE; ++j) {
+        const int r = lane + 32 * j;
+        if (r < k) w[r] = kept[j] * norm * scale;    // (p * (1 / sum)) * scale, as upstream; norm 1: exact
     }
 }

@@ -157,10 +157,13 @@ def _specs() -> dict[str, KernelSpec]:
         KernelSpec("topk_moe_f32",
                    ("weights F32 (k, T) or (1, k, T), contiguous", "ids I32 (k, T): the view of the argsort's rows",
                     "router logits F32 (n_expert, T), contiguous (n_expert <= 576)"),
-                   ip=("k: experts used",), fp=("scale of the weights (1: no SCALE)",),
+                   ip=("k: experts used", "1: the weight norm fused, 0: not"),
+                   fp=("scale of the weights (1: no SCALE)", "the norm's CLAMP minimum"),
                    doc="per token p = softmax(logits); k rounds of argmax over p (ties: the lower expert) write "
-                       "ids[r] and weights[r] = p[id] * scale: SOFT_MAX + RESHAPE + ARGSORT + VIEW + GET_ROWS "
-                       "[+ SCALE] fused (kernels/moe.cu, ggml-cuda's topk_moe_cuda)"),
+                       "ids[r] and weights[r] = p[id] * scale, with the norm (p[id] * (1 / max(s, clamp))) * "
+                       "scale, s the k kept p summed per lane (expert % 32, in round order) then by the warp's "
+                       "butterfly: SOFT_MAX + RESHAPE + ARGSORT + VIEW + GET_ROWS [+ RESHAPE + SUM_ROWS + CLAMP + "
+                       "DIV + RESHAPE] [+ SCALE] fused (kernels/moe.cu, ggml-cuda's topk_moe_cuda)"),
         KernelSpec("mul_mat_fixup_f32", ("dst F32 (M, N, B2, B3)", "partials F32 (M, N, B2, B3 * P), pool scratch"),
                    ip=("P: partial outputs (k parts - 1)",),
                    doc="dst[.., i3, n, m] += sum_q partials[.., i3 + q * B3, n, m], q in order: the k-split's "

@@ -194,7 +194,9 @@ def _topk_moe(space, p):
     """kernels/moe.cu topk_moe_f32: per token, p = exp(x - max) * (1 / sum), a NaN p (a NaN or infinite logit)
     -FLT_MAX as upstream's; the k largest p (ties: the lower expert) as ids in descending order and
     p[ids] * fp[0] as the weights: what SOFT_MAX, ARGSORT, its VIEW and the GET_ROWS [and SCALE] compute
-    unfused, to the last bit of the softmax's division."""
+    unfused, to the last bit of the softmax's division. With ip[1] (the weight norm fused) each weight is
+    (p[id] * (1 / max(s, fp[1]))) * fp[0], s the kept p summed as the kernel sums them: each lane (expert % 32)
+    adds its experts' in round order, then the warp's butterfly sum (offsets 16 .. 1)."""
     name = "topk_moe_f32"
     _check_type(p, 2, GGMLType.F32, name)
     logits = view(space, p, 2).astype(F32)                     # (B3, B2, T, n_expert)
@@ -205,7 +207,19 @@ def _topk_moe(space, p):
         probs = e * (F32(1) / e.sum(axis=-1, keepdims=True, dtype=F32))
     probs = np.where(np.isnan(probs), F32(-3.402823466e38), probs).astype(F32)   # upstream's NaN -> -FLT_MAX
     ids = ops.argsort(probs, True)[..., :k]
-    weights = np.take_along_axis(probs, ids, axis=-1) * F32(_fp(p, 0))
+    weights = np.take_along_axis(probs, ids, axis=-1)
+    if _ip(p, 1):
+        flat_ids, flat_w = ids.reshape(-1, k), weights.reshape(-1, k)
+        lanes = np.zeros((flat_w.shape[0], 32), F32)
+        rows = np.arange(flat_w.shape[0])
+        with np.errstate(over="ignore", invalid="ignore"):
+            for r in range(k):                                  # each lane's share, in round order
+                lanes[rows, flat_ids[:, r] & 31] += flat_w[:, r]
+            for off in (16, 8, 4, 2, 1):                        # warp_sum: lane l adds lane l ^ off
+                lanes = lanes + lanes[:, np.arange(32) ^ off]
+            norm = F32(1) / np.fmax(lanes[:, 0], F32(_fp(p, 1)))
+        weights = (flat_w * norm[:, None]).reshape(weights.shape)
+    weights = weights * F32(_fp(p, 0))
     view(space, p, 1)[...] = ids.reshape(view(space, p, 1).shape)
     view(space, p, 0)[...] = weights.reshape(view(space, p, 0).shape)
 

@@ -15,10 +15,11 @@ their conditions are upstream ggml's, in try_fuse's order, for the ops graphdiag
                          first, at a MUL. Where it can apply, graph_optimize also keeps the experts and the
                          weights alive until its output (#27301: alloc_deps)
   topk_moe               any batch: the router's SOFT_MAX, RESHAPE, ARGSORT, VIEW (ids), GET_ROWS (weights)
-                         [, SCALE] as one kernel (softmax gating; the expert bias and the weight norm are not
-                         in graphdiag's graphs), at a SOFT_MAX; the logits may alias the outputs up to 8 rows
-                         (one at d99724f2). At 0c1e57098 graph_optimize keeps the group's nodes and sources
-                         alive until the node after it
+                         [, the weight norm: RESHAPE, SUM_ROWS, CLAMP, DIV, RESHAPE (llama's MoE)] [, SCALE]
+                         as one kernel (softmax gating; the expert bias is not in graphdiag's graphs), at a
+                         SOFT_MAX; the logits may alias the outputs up to 8 rows (one at d99724f2). At
+                         0c1e57098 graph_optimize keeps the group's nodes and sources alive until the node
+                         after it
 
 The GLU may be SWIGLU, GEGLU (Gemma 3) or, at 0c1e57098, SWIGLU_CLAMP (its limit, op param 3, carried into
 the fused kernel as upstream's fusion_data.glu_limit), its gate either mat-mul of the pair; mul_mat_vec+add also takes
@@ -35,6 +36,8 @@ in for them, so that condition always holds here as it always does in llama.cpp.
 """
 
 from __future__ import annotations
+
+from typing import NamedTuple
 
 from ...ir.dtypes import GGMLType, is_quantized
 from ...ir.graph import Graph
@@ -54,6 +57,7 @@ ROPE_SET_ROWS = "rope+view+set_rows"
 MOE_WR = "moe_weighted_reduction"
 TOPK_MOE = "topk_moe"
 _TOPK_MOE_OPS = (Op.SOFT_MAX, Op.RESHAPE, Op.ARGSORT, Op.VIEW, Op.GET_ROWS)
+_TOPK_MOE_NORM_OPS = (Op.RESHAPE, Op.SUM_ROWS, Op.CLAMP, Op.DIV, Op.RESHAPE)
 MOE_WR_MAX_EXPERTS = 15      # 2k + 1 nodes at most: ggml_can_fuse_subgraph takes fewer than 32
 
 # ggml_cuda_should_fuse_mul_mat's valid_glu_ops, of the GLU ops graphdiag builds (SWIGLU_OAI never is):
@@ -256,12 +260,22 @@ def _keep(deps: dict[int, list[int]], until: int, tensors) -> None:
             keep.append(t.idx)
 
 
-def topk_moe(graph: Graph, i: int, consumers: dict[int, int]) -> tuple[int, Tensor, Tensor, Tensor | None] | None:
+class TopkMoe(NamedTuple):
+    """A top-k MoE router match: its node count, the logits, the ids (the argsort's VIEW), and the SCALE and
+    CLAMP nodes of the group (None where it has none; a CLAMP: the weight norm is fused)."""
+
+    count: int
+    logits: Tensor
+    ids: Tensor
+    scale: Tensor | None
+    clamp: Tensor | None
+
+
+def topk_moe(graph: Graph, i: int, consumers: dict[int, int]) -> TopkMoe | None:
     """ggml_cuda_topk_moe_fusion + ggml_can_fuse_subgraph + ggml_cuda_should_use_topk_moe at node i, for the
-    router graphdiag builds (softmax gating, no expert bias, no weight norm: SUM_ROWS/CLAMP/DIV are not in
-    its graphs): SOFT_MAX, RESHAPE of it (1, n_expert, T), ARGSORT of the probabilities, VIEW of the first k
-    (the ids), GET_ROWS of the reshaped probabilities by them (the weights) [, a SCALE of the weights].
-    Returns (nodes in the group, logits, ids view, scale node or None), or None. No memory check here:
+    softmax-gated router without expert bias (the only one graphdiag builds): SOFT_MAX, RESHAPE of it
+    (1, n_expert, T), ARGSORT of the probabilities, VIEW of the first k (the ids), GET_ROWS of the reshaped
+    probabilities by them (the weights) [, the weight norm] [, a SCALE of the weights]. No memory check here:
     graph_optimize matches before allocation (topk_moe_fuses adds it)."""
     if i + len(_TOPK_MOE_OPS) > graph.n_nodes:
         return None
@@ -270,11 +284,7 @@ def topk_moe(graph: Graph, i: int, consumers: dict[int, int]) -> tuple[int, Tens
         return None
     if rs.src[0] != sm or arg.src[0] != sm or view.src[0] != arg or gr.src[0] != rs or gr.src[1] != view:
         return None
-    ops, scale = _TOPK_MOE_OPS, None
-    if i + 5 < graph.n_nodes:
-        nxt = graph.node(i + 5)
-        if nxt.op == Op.SCALE and nxt.src[0] == gr:
-            ops, scale = (*_TOPK_MOE_OPS, Op.SCALE), nxt
+    ops, clamp, scale = _topk_moe_tail(graph, i + len(_TOPK_MOE_OPS))
     count = len(ops)
     if not subgraph_ok(graph, i, ops, (i + 3, i + count - 1), consumers):
         return None
@@ -288,7 +298,35 @@ def topk_moe(graph: Graph, i: int, consumers: dict[int, int]) -> tuple[int, Tens
         return None
     if sm.param_f32(0) != 1.0 or sm.param_f32(1) != 0.0 or sm.src[1] is not None or sm.src[2] is not None:
         return None
-    return count, logits, view, scale
+    return TopkMoe(count, logits, view, scale, clamp)
+
+
+def _topk_moe_tail(graph: Graph, j: int) -> tuple[tuple[Op, ...], Tensor | None, Tensor | None]:
+    """(the group's ops, CLAMP node or None, SCALE node or None) after the router's GET_ROWS (node j - 1), as
+    ggml_cuda_topk_moe_fusion reads on: a RESHAPE there starts the weight norm, RESHAPE -> SUM_ROWS -> CLAMP
+    each reading the one before, a DIV of the RESHAPE by the CLAMP, a RESHAPE of the DIV; a norm broken off
+    after its first RESHAPE leaves the router fusable without it (and without a SCALE). Then a SCALE of the
+    weights, if it reads the group's last node."""
+    n, ops, clamp = graph.n_nodes, _TOPK_MOE_OPS, None
+    if j < n and graph.node(j).op == Op.RESHAPE:
+        if j + len(_TOPK_MOE_NORM_OPS) > n:
+            return ops, None, None
+        rs, total, cl, div, back = (graph.node(j + k) for k in range(len(_TOPK_MOE_NORM_OPS)))
+        if ((rs.op, total.op, cl.op, div.op, back.op) != _TOPK_MOE_NORM_OPS or rs.src[0] != graph.node(j - 1)
+                or total.src[0] != rs or cl.src[0] != total or div.src[0] != rs or div.src[1] != cl
+                or back.src[0] != div):
+            return ops, None, None
+        ops, clamp, j = (*ops, *_TOPK_MOE_NORM_OPS), cl, j + len(_TOPK_MOE_NORM_OPS)
+    if j < n and graph.node(j).op == Op.SCALE and graph.node(j).src[0] == graph.node(j - 1):
+        return (*ops, Op.SCALE), clamp, graph.node(j)
+    return ops, clamp, None
+
+
+def topk_moe_operands(graph: Graph, i: int) -> tuple[Tensor, Tensor, Tensor | None, Tensor | None]:
+    """(weights: the group's last node, ids, CLAMP or None, SCALE or None) of the router topk_moe matched at
+    node i: what ggml_cuda_op_topk_moe is handed (the norm fused when there is a CLAMP)."""
+    ops, clamp, scale = _topk_moe_tail(graph, i + len(_TOPK_MOE_OPS))
+    return graph.node(i + len(ops) - 1), graph.node(i + 3), clamp, scale
 
 
 def _topk_moe_fuses(graph: Graph, i: int, consumers, upstream: str) -> int:
@@ -298,7 +336,7 @@ def _topk_moe_fuses(graph: Graph, i: int, consumers, upstream: str) -> int:
     m = topk_moe(graph, i, consumers)
     if m is None:
         return 0
-    count, logits, view, _ = m
+    count, logits = m.count, m.logits
     ne = graph.node(i).ne
     rows = ne[1] * ne[2] * ne[3]                    # ggml_nrows of the softmax
     alias = logits if rows <= (1 if upstream == "d99724f2" else TOPK_MOE_ROWS) else None

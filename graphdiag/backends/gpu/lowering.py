@@ -37,7 +37,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from ...errors import GraphdiagError
+from ...errors import GraphdiagError, UsageError
 from ...ir.arena import TENSOR_SIZE
 from ...ir.attention import fa_operands
 from ...ir.dtypes import QK8_0, GGMLType, is_quantized
@@ -49,7 +49,7 @@ from ..drivers.base import H200_MULTIPROCESSORS, Driver, Launch
 from .compat import MMVQ_MAX_BATCH_SIZE, mmq_stream_k_parts, mul_mat_id_needs_sync, mul_mat_path
 from .descriptors import DescriptorTable
 from .fusion import (MMID_GLU, MMV_ADD, MMV_GLU, MOE_WR, RMS_NORM_MUL, ROPE_SET_ROWS, TOPK_MOE, Fusion,
-                     moe_reduction_operands)
+                     moe_reduction_operands, topk_moe_operands)
 from .fusion_graph import other_src
 from .fusion_norm import RMS_NORM_MUL_ADD, RMS_NORM_MUL_ROPE, RMS_NORM_MUL_ROPE_SET_ROWS, RMS_NORM_SCALE
 from ..abi import Q8_1, Q8_1_BYTES
@@ -253,6 +253,28 @@ _GLU_KERNELS = {GluOp.SWIGLU: "glu_swiglu_f32", GluOp.GEGLU: "glu_geglu_f32",
 _GLU_AT = {"0c1e57098": frozenset(_GLU_KERNELS), "d99724f2": frozenset({GluOp.SWIGLU, GluOp.GEGLU})}
 
 
+# ops the GPU backend computes only inside a fused kernel (the weight norm of llama's MoE router, in
+# topk_moe_f32): graphdiag has no kernel of their own for them yet
+FUSED_ONLY = (Op.SUM_ROWS, Op.CLAMP, Op.DIV)
+
+
+def refuse_unfused(graph: Graph, plan: dict[int, Fusion], launches: list[bool]) -> None:
+    """UsageError (one line) naming the first node of a FUSED_ONLY op that `plan` leaves to run on its own
+    (fusion off, or upstream's conditions refused the router's fusion), before anything of the graph runs."""
+    rec = graph.arena.rec
+    ops = rec["op"][graph.nodes]
+    hits = np.flatnonzero(np.isin(ops, [int(o) for o in FUSED_ONLY]))
+    if not len(hits):
+        return
+    covered = {j for i, f in plan.items() for j in range(i + 1, i + f.absorbed + 1)}
+    for j in hits.tolist():
+        if launches[j] and j not in covered:
+            node = graph.node(j)
+            raise UsageError(f"node {j} {node.name!r} ({node.op.name}) would run unfused, and the GPU backend computes "
+                             f"{'/'.join(o.name for o in FUSED_ONLY)} only inside the fused top-k MoE router "
+                             f"(llama's weight norm): keep fusion on, or use --backend cpu")
+
+
 def refuse_ops_after(graph: Graph, upstream: str) -> None:
     """Raise GraphdiagError when the graph holds an op that `upstream`'s ggml does not have (a GLU
     SWIGLU_CLAMP under d99724f2, where ggml_glu_op has no such value and a graph cannot carry it)."""
@@ -385,11 +407,12 @@ def _lower_fused(d, graph: Graph, i: int, f: Fusion):
     if f.pattern == MOE_WR:         # experts, router weights and the optional scale of the planned match
         experts, scale, weights = moe_reduction_operands(graph, i)
         return KernelOp(_launch(d, "moe_weighted_reduction_f32", [graph.node(i + f.absorbed), experts, weights, scale]))
-    if f.pattern == TOPK_MOE:       # the router: weights (the GET_ROWS, or its SCALE) and ids (the argsort's view)
-        weights = graph.node(i + f.absorbed)
-        scale = weights.param_f32(0) if weights.op == Op.SCALE else 1.0
-        return KernelOp(_launch(d, "topk_moe_f32", [weights, graph.node(i + 3), node.src[0]],
-                                ip=(graph.node(i + 3).ne[0],), fp=(scale,)))
+    if f.pattern == TOPK_MOE:       # the router: weights (the group's last node) and ids (the argsort's view)
+        weights, ids, clamp, scale = topk_moe_operands(graph, i)
+        # ggml_cuda_op_topk_moe: with_norm when the group has the CLAMP, clamp_val its minimum (op param 0)
+        return KernelOp(_launch(d, "topk_moe_f32", [weights, ids, node.src[0]], ip=(ids.ne[0], int(clamp is not None)),
+                                fp=(scale.param_f32(0) if scale is not None else 1.0,
+                                    clamp.param_f32(0) if clamp is not None else -np.inf)))
     if f.pattern == ROPE_SET_ROWS:
         sr = graph.node(i + 2)
         if sr.type != GGMLType.F16:
