@@ -118,14 +118,21 @@ def moe_reduction_cases() -> list[Case]:
 
 def topk_moe_cases() -> list[Case]:
     """The top-k MoE router: the weights (slot 0) and the ids written through the argsort's view (slot 1: its
-    first k columns of n_expert, the rest untouched), 8 tokens a block (a partial last block at 9 and 5)."""
+    first k columns of n_expert, the rest untouched), 8 tokens a block (a partial last block at 9 and 5); with
+    the weight norm (llama's MoE: ip[1] 1, fp[1] the CLAMP's minimum, 0.99 where it exceeds the kept sum), and
+    k = 40 (weights and sums held in a lane's second slot)."""
     out = []
-    for n, k, t, scale in ((8, 2, 1, 1.0), (8, 2, 9, 1.0), (64, 6, 5, 2.5), (512, 8, 3, 1.0), (288, 8, 2, 1.0)):
+    plain = ((8, 2, 1, 1.0), (8, 2, 9, 1.0), (64, 6, 5, 2.5), (512, 8, 3, 1.0), (288, 8, 2, 1.0), (64, 40, 3, 1.0))
+    norm = ((8, 2, 1, 1.0, 6.103515625e-5), (8, 2, 9, 1.0, 6.103515625e-5), (64, 6, 5, 2.5, 6.103515625e-5),
+            (512, 8, 3, 1.0, 6.103515625e-5), (576, 8, 4, 1.0, 6.103515625e-5), (64, 40, 3, 1.0, 6.103515625e-5),
+            (64, 2, 9, 1.0, 0.99))
+    for n, k, t, scale, lo in [(*x, None) for x in plain] + list(norm):
         for slot in (0, 1):
-            c = Case("topk_moe_f32", f"E{n}-k{k}-T{t}-s{scale}-{'weights' if slot == 0 else 'ids'}", F32_ELEM)
+            what = "" if lo is None else f"-norm{lo:g}"
+            c = Case("topk_moe_f32", f"E{n}-k{k}-T{t}-s{scale}{what}-{'weights' if slot == 0 else 'ids'}", F32_ELEM)
             ids = c.output(G.I32, n, t)
             c.set(c.output(G.F32, k, t), c.view(ids, (k, t), (4, ids.nb[1])), c.randn(G.F32, n, t, scale=3),
-                  ip=(k,), fp=(scale,))
+                  ip=(k, int(lo is not None)), fp=(scale, 0.0 if lo is None else lo))
             c.out = slot
             out.append(c)
     return out
