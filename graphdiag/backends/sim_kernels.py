@@ -218,7 +218,7 @@ def _topk_moe(space, p):
             for off in (16, 8, 4, 2, 1):                        # warp_sum: lane l adds lane l ^ off
                 lanes = lanes + lanes[:, np.arange(32) ^ off]
             norm = F32(1) / np.fmax(lanes[:, 0], F32(_fp(p, 1)))
-        weights = (flat_w * norm[:, None]).reshape(weights.shape)
+            weights = (flat_w * norm[:, None]).reshape(weights.shape)    # -FLT_MAX rows overflow to -inf
     weights = weights * F32(_fp(p, 0))
     view(space, p, 1)[...] = ids.reshape(view(space, p, 1).shape)
     view(space, p, 0)[...] = weights.reshape(view(space, p, 0).shape)
