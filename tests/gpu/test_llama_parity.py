@@ -43,6 +43,17 @@ KNOWN: dict[str, dict] = {
                "KQ mask to F16; graphdiag now builds the mask as 0c1e57098's build_attn_inp_kq_mask does (an F16 "
                "input, no cast), so that one is gone",
     },
+    "cublas-split-k": {
+        "models": ("moe-tiny",), "scenarios": ("fusion-boundary",), "what": "executable",
+        "decision": "TOPOLOGY_CHANGED",
+        "why": "llama.cpp's MoE router mat-mul (ffn_gate_inp, F32 weights) leaves its float mat-vec above 3 "
+               "columns (ggml_cuda_should_use_mmvf on Ampere+) for cuBLAS, which on the H200 ran it as a split-K "
+               "GEMM (cutlass s1688gemm + cublasLt splitKreduce_kernel) at 8 and 9 tokens; the graph captured "
+               "at 9 tokens did not update the one captured at 8 (TOPOLOGY_CHANGED) though both hold 88 kernels "
+               "(tests/data/llama/kernels-moe-f16-fusion-boundary.json, H200 2026-12-04): what cuBLAS changed "
+               "between them is inside cuBLAS. graphdiag's stand-in for the cuBLAS path is one kernel whose "
+               "graph updates in place (tests/integration/test_captured_kernels.py counts the kernels)",
+    },
 }
 
 # the presets exported as GGUF files; moe-tiny as llama's MoE (Mixtral-style: its router weights normalised,

@@ -80,3 +80,37 @@ def test_flash_attention_kernels_per_layer_follow_upstream(gemma3_file):
     extra = [sum(k in ("flash_attn_combine_results", "flash_attn_stream_k_fixup_uniform",
                        "flash_attn_stream_k_fixup_general") for k in c) for c in theirs]
     assert extra == [0, 18]
+
+
+# llama.cpp's MoE router mat-mul (ffn_gate_inp, F32 weights) takes its float mat-vec only up to 3 columns on
+# Ampere and newer (ggml_cuda_should_use_mmvf: F32 ne11 <= 3), then cuBLAS (MMF refuses F32 there), and on the
+# H200 cuBLAS ran it as a split-K GEMM: cutlass_80_tensorop_s1688gemm + cublasLt splitKreduce_kernel, two kernels
+# where graphdiag launches one (its stand-in for the cuBLAS path is one kernel). So each of moe-tiny's 4 layers has
+# one kernel fewer in graphdiag's captures at 8 and 9 tokens; the parity test names the decision this costs
+# (tests/gpu/test_llama_parity.py KNOWN "cublas-split-k").
+CUBLAS_SPLIT_K = 1
+
+
+def test_moe_captures_as_llama_cpp_but_for_cublas_split_k(tmp_path):
+    """moe-tiny exported as llama's MoE, fusion-boundary (recorded on the H200): 73, 84, 88, 88 kernels in
+    llama.cpp's captures at 1, 2, 8 and 9 tokens; graphdiag's are those + 1 (the embedding) - 4 at 8 and 9."""
+    from graphdiag.backends.gpu.compat import mul_mat_path
+    from graphdiag.ir.dtypes import GGMLType
+    from graphdiag.model.build import DECODE, GraphParams, build_graph
+    from graphdiag.model.presets import PRESETS
+    from graphdiag.model.weights import create_model
+    p = tmp_path / "moe-f16.gguf"
+    assert main(["export-gguf", "--model", "moe-tiny", "--wtype", "f16", str(p)]) == 0
+    theirs = _theirs("moe-f16-fusion-boundary")
+    assert [len(c) for c in theirs] == [73, 84, 88, 88]
+    split_k = [sum("splitKreduce_kernel" in k for k in c) for c in theirs]
+    assert split_k == [0, 0, 4, 4]
+    model = create_model(PRESETS["moe-tiny"], GGMLType.F16, with_data=False)   # the file's shapes and types
+    for n_tokens, k in zip((1, 2, 8, 9), split_k):     # the router's path at each capture's tokens
+        g = build_graph(model, GraphParams(n_tokens, n_tokens, n_tokens, DECODE, 256)).graph
+        routers = [g.node(i) for i in range(g.n_nodes) if g.node(i).name.startswith("ffn_moe_logits")]
+        assert len(routers) == 4
+        assert all(mul_mat_path(r, 900) == ("cublas" if k else "mmvf") for r in routers)
+    want = [n - CUBLAS_SPLIT_K * k for n, k in zip(_expected(theirs), split_k)]
+    assert _captures(str(p), "fusion-boundary") == want
+
