@@ -221,27 +221,40 @@ template <int D, int GM> __device__ void fa_vec(const kparams &p, float *smem) {
 // Gemma 3's D 256 at n_kv 256) the block owns query head h = blockIdx.y and holds all its scores, so it needs
 // no online rescaling and no per-tile barrier: fa_vec's tile loop (three barriers and a 32-lane shuffle
 // reduction per 32 positions at D 256) ran Gemma's 4 blocks at 52 µs a layer on the H200, latency-bound with
-// one warp per scheduler. Here FAVD_THREADS threads work in three independent passes, each warp on its own
-// positions as ggml's vec kernel has them (no barrier inside a pass):
-//   1. scores: FAVD_LK lanes per position, each with D / FAVD_LK dims of q in registers and of the K row as
-//      uint4 loads, reduced by log2(FAVD_LK) shuffles: s_j = mask_j + scale * q . k_j (-inf stays -inf);
+// one warp per scheduler. Here FAVD_THREADS threads (8 warps: only H blocks run; the g1 entries' bounds
+// are this block's, and 512 threads would cap fa_vec<256, 1> at 128 registers, where it spills) work in three passes, each warp on its own positions as ggml's vec
+// kernel has them (no barrier inside a pass), loads issued in groups ahead of their use:
+//   1. scores: LK lanes per position, each with D / LK dims of q in registers and of the K row as uint4
+//      loads, reduced by log2(LK) shuffles: s_j = mask_j + scale * q . k_j (-inf stays -inf);
 //   2. M = max_j s_j, p_j = exp(s_j - M) (0 where s_j or M is -inf), L = sum_j p_j (block reductions);
 //   3. p . V: D / 8 lanes per position (8 dims each, one uint4), the warps' sums added in warp order.
 // dst = O / L, zeros where L is 0 (a fully masked row), as fa_vec's direct branch. Deterministic (fixed
-// reduction orders). ip[0] (the positions' chunk) is at most D: geometry refuses more (the scores are D floats).
+// reduction orders). ip[0] (the positions' chunk) is at most D: geometry refuses more (the scores are D
+// floats). K and V rows 16-byte aligned (VEC) take uint4 loads, others the element-wise path: a compile-time
+// choice, so the unrolled loops carry no branch between their loads. Each lane keeps 8 uint4 loads in flight
+// (32 registers) per group of steps.
 #define FAVD_THREADS 256
 #define FAVD_WARPS (FAVD_THREADS / 32)
 
-template <int D> __device__ void fa_vec_direct(const kparams &p, float *smem) {
+template <bool VEC> __device__ __forceinline__ uint4 favd_load8(const char *row, i64 d, i64 nb0) {
+    if (VEC) return *(const uint4 *)(row + d * 2);
+    return fav_load8(row, d, nb0, false);
+}
+
+template <int D, bool VEC> __device__ void fa_vec_direct_body(const kparams &p, float *smem) {
     constexpr int LK = D / 8 < 8 ? D / 8 : 8;          // lanes per position in the scores
     constexpr int CK = D / (8 * LK);                    // uint4 chunks of a K row per lane
     constexpr int PK = FAVD_THREADS / LK;               // positions per block step (scores)
     constexpr int LV = D / 8 < 32 ? D / 8 : 32;         // lanes per position in p . V (8 dims each)
     constexpr int PV = FAVD_THREADS / LV;               // positions per block step (p . V)
+    constexpr int SK = (D + PK - 1) / PK;               // block steps covering D positions (scores)
+    constexpr int SV = (D + PV - 1) / PV;               // and p . V
+    constexpr int GK = CK >= 8 ? 1 : 8 / CK;            // steps whose loads are in flight together: 8 uint4
+    constexpr int GV = 8;                               // a lane (32 registers)
     static_assert(D % (8 * LK) == 0 && LV * 8 == D, "fa_vec_direct: head size");
     const tdesc &O = p.t[0], &Q = p.t[1], &Kc = p.t[2], &V = p.t[3], &Mk = p.t[4];
     const int tid = threadIdx.x, lane = tid & 31, w = tid >> 5;
-    const i64 H = Q.ne[1], T = Q.ne[2], nkv = min((i64)Kc.ne[2], (i64)p.ip[0]);
+    const i64 H = Q.ne[1], T = Q.ne[2], nkv = min((i64)Kc.ne[2], (i64)p.ip[0]);   // nkv <= D (geometry)
     const i64 h = blockIdx.y, hk = h / (H / Kc.ne[1]);
     const i64 t = blockIdx.z % T, b = blockIdx.z / T;
     const bool has_mask = Mk.data != 0;
@@ -251,36 +264,44 @@ template <int D> __device__ void fa_vec_direct(const kparams &p, float *smem) {
     float *part = sc + D;               // [FAVD_WARPS][D] the warps' p . V
     float *red = part + FAVD_WARPS * D; // [32] block reductions
 
-    const bool kvec = Kc.nb[0] == 2 && ((Kc.data | (u64)Kc.nb[1] | (u64)Kc.nb[2] | (u64)Kc.nb[3]) & 15) == 0;
-    const bool vvec = V.nb[0] == 2 && ((V.data | (u64)V.nb[1] | (u64)V.nb[2] | (u64)V.nb[3]) & 15) == 0;
     const char *kbase = (const char *)Kc.data + hk * Kc.nb[1] + (b % Kc.ne[3]) * Kc.nb[3];
     const char *vbase = (const char *)V.data + hk * V.nb[1] + (b % V.ne[3]) * V.nb[3];
 
-    // 1. scores: lane group (tid / LK) takes positions tid / LK + PK * s; lane tid % LK dims 8 (c LK + tid % LK) + [0, 8)
+    // 1. scores: lane group tid / LK takes positions tid / LK + PK * s; lane kl = tid % LK dims 8 (c LK + kl) + [0, 8)
     const int kl = tid % LK;
     float q[CK][8];
 #pragma unroll
     for (int c = 0; c < CK; ++c)
 #pragma unroll
         for (int e = 0; e < 8; ++e) q[c][e] = load_f(Q, (i64)(c * LK + kl) * 8 + e, h, t, b);
-#pragma unroll 4
-    for (i64 j0 = 0; j0 < nkv; j0 += PK) {     // block-uniform trip count: every lane reaches the shuffles
-        const i64 j = j0 + tid / LK;
-        const bool in = j < nkv;
-        const char *row = kbase + j * Kc.nb[2];
-        float dot = 0.0f;
 #pragma unroll
-        for (int c = 0; c < CK; ++c) {
-            float kf[8];
-            h8(in ? fav_load8(row, (i64)(c * LK + kl) * 8, Kc.nb[0], kvec) : make_uint4(0, 0, 0, 0), kf);
+    for (int s0 = 0; s0 < SK; s0 += GK) {   // GK steps' K rows and mask values in flight at once
+        uint4 kr[GK][CK];
+        float mk[GK];
 #pragma unroll
-            for (int e = 0; e < 8; ++e) dot += q[c][e] * kf[e];
+        for (int u = 0; u < GK; ++u) {
+            const i64 j = tid / LK + (i64)PK * (s0 + u);
+            const bool in = s0 + u < SK && j < nkv;
+#pragma unroll
+            for (int c = 0; c < CK; ++c)
+                kr[u][c] = in ? favd_load8<VEC>(kbase + j * Kc.nb[2], (i64)(c * LK + kl) * 8, Kc.nb[0])
+                              : make_uint4(0, 0, 0, 0);
+            mk[u] = (in && has_mask && kl == 0) ? mask_at(Mk, j, t, h, b) : 0.0f;
         }
 #pragma unroll
-        for (int off = LK / 2; off > 0; off >>= 1) dot += __shfl_xor_sync(0xffffffffu, dot, off);
-        if (in && kl == 0) {
-            const float s = has_mask ? mask_at(Mk, j, t, h, b) : 0.0f;
-            sc[j] = s == F32_NEG_INF ? s : s + scale * dot;
+        for (int u = 0; u < GK; ++u) {
+            const i64 j = tid / LK + (i64)PK * (s0 + u);
+            float dot = 0.0f;
+#pragma unroll
+            for (int c = 0; c < CK; ++c) {
+                float kf[8];
+                h8(kr[u][c], kf);
+#pragma unroll
+                for (int e = 0; e < 8; ++e) dot += q[c][e] * kf[e];
+            }
+#pragma unroll
+            for (int off = LK / 2; off > 0; off >>= 1) dot += __shfl_xor_sync(0xffffffffu, dot, off);
+            if (s0 + u < SK && j < nkv && kl == 0) sc[j] = mk[u] == F32_NEG_INF ? mk[u] : mk[u] + scale * dot;
         }
     }
     __syncthreads();
@@ -296,21 +317,32 @@ template <int D> __device__ void fa_vec_direct(const kparams &p, float *smem) {
         sc[j] = pj;
         sum += pj;
     }
-    const float L = block_sum(sum, red);   // its barriers also publish sc's p
-    __syncthreads();
+    const float L = block_sum(sum, red);
+    __syncthreads();                    // every p_j written before pass 3 reads them
 
-    // 3. p . V: lane group (tid / LV) takes positions tid / LV + PV * s; lane tid % LV dims 8 (tid % LV) + [0, 8)
+    // 3. p . V: lane group tid / LV takes positions tid / LV + PV * s; lane vl = tid % LV dims 8 vl + [0, 8)
     const int vl = tid % LV;
     float o[8];
 #pragma unroll
     for (int e = 0; e < 8; ++e) o[e] = 0.0f;
-#pragma unroll 8
-    for (i64 j = tid / LV; j < nkv; j += PV) {
-        const float pj = sc[j];
-        float vf[8];
-        h8(fav_load8(vbase + j * V.nb[2], (i64)vl * 8, V.nb[0], vvec), vf);
 #pragma unroll
-        for (int e = 0; e < 8; ++e) o[e] += pj * vf[e];
+    for (int s0 = 0; s0 < SV; s0 += GV) {   // GV steps' V rows in flight at once
+        uint4 vr[GV];
+#pragma unroll
+        for (int u = 0; u < GV; ++u) {
+            const i64 j = tid / LV + (i64)PV * (s0 + u);
+            vr[u] = s0 + u < SV && j < nkv ? favd_load8<VEC>(vbase + j * V.nb[2], (i64)vl * 8, V.nb[0])
+                                           : make_uint4(0, 0, 0, 0);
+        }
+#pragma unroll
+        for (int u = 0; u < GV; ++u) {
+            const i64 j = tid / LV + (i64)PV * (s0 + u);
+            const float pj = s0 + u < SV && j < nkv ? sc[j] : 0.0f;
+            float vf[8];
+            h8(vr[u], vf);
+#pragma unroll
+            for (int e = 0; e < 8; ++e) o[e] += pj * vf[e];
+        }
     }
     // the position groups of a warp (LV < 32), then the warps in order
 #pragma unroll
@@ -329,6 +361,14 @@ template <int D> __device__ void fa_vec_direct(const kparams &p, float *smem) {
         for (int q2 = 0; q2 < FAVD_WARPS; ++q2) acc += part[q2 * D + d];
         store_f(O, d, h, t, b, L > 0.0f ? acc / L : 0.0f);
     }
+}
+
+template <int D> __device__ void fa_vec_direct(const kparams &p, float *smem) {
+    const tdesc &Kc = p.t[2], &V = p.t[3];
+    const bool kvec = Kc.nb[0] == 2 && ((Kc.data | (u64)Kc.nb[1] | (u64)Kc.nb[2] | (u64)Kc.nb[3]) & 15) == 0;
+    const bool vvec = V.nb[0] == 2 && ((V.data | (u64)V.nb[1] | (u64)V.nb[2] | (u64)V.nb[3]) & 15) == 0;
+    if (kvec && vvec) fa_vec_direct_body<D, true>(p, smem);
+    else fa_vec_direct_body<D, false>(p, smem);
 }
 
 // The launch geometry (graphdiag/backends/geometry.py) refuses params of another D or group.
