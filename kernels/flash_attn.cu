@@ -20,9 +20,9 @@ __device__ __forceinline__ float mask_at(const tdesc &M, i64 j, i64 t, i64 h, i6
 
 // ---- decode: flash_attn_vec_f16_d{D}_g{GM} ------------------------------------------------------------
 // With ip[2] set (one split, grid.x 1) t[0] is the node and the block writes the normalised output itself, as
-// ggml's vec kernel does with one parallel block (then it launches no combine: launch_fattn); with ip[3] too
-// (the g1 entry) each block takes one query head (grid.y H), as ggml's vec kernel has a block per head: a
-// Gemma 3 layer (4 heads on one kv head, D 256) then runs on 4 SMs instead of 1 (fa_vec_direct, below).
+// ggml's vec kernel does with one parallel block (then it launches no combine: launch_fattn). Where upstream
+// does so, the lowering launches flash_attn_vec_direct_f16_d{D} instead (below): one block per query head, as
+// ggml's vec kernel has a block per head (a Gemma 3 layer, 4 heads on one kv head at D 256, on 4 SMs, not 1).
 // The partials for one token per block (decode, T <= 8): grid (n_split, Hkv, T * B), 128 threads. One entry point per head size D and group GM (G = H / Hkv rounded up to 1, 2, 4, 8), as ggml
 // instantiates its vec kernel per head size: a launch fetches only its own code, and its registers are its
 // own (one entry switching over all twelve bodies was 600 KB of SASS at 248 registers). A block owns kv head hk, token t, and positions [s * chunk, (s + 1) * chunk), walked in tiles
@@ -221,8 +221,9 @@ template <int D, int GM> __device__ void fa_vec(const kparams &p, float *smem) {
 // Gemma 3's D 256 at n_kv 256) the block owns query head h = blockIdx.y and holds all its scores, so it needs
 // no online rescaling and no per-tile barrier: fa_vec's tile loop (three barriers and a 32-lane shuffle
 // reduction per 32 positions at D 256) ran Gemma's 4 blocks at 52 µs a layer on the H200, latency-bound with
-// one warp per scheduler. Here FAVD_THREADS threads (8 warps: only H blocks run; the g1 entries' bounds
-// are this block's, and 512 threads would cap fa_vec<256, 1> at 128 registers, where it spills) work in three passes, each warp on its own positions as ggml's vec
+// one warp per scheduler. Here FAVD_THREADS threads (16 warps: only H blocks run, so each SM gets what it
+// can keep loads in flight with; entries of their own, flash_attn_vec_direct_f16_d{D}, so these bounds leave
+// fa_vec's registers alone) work in three passes, each warp on its own positions as ggml's vec
 // kernel has them (no barrier inside a pass), loads issued in groups ahead of their use:
 //   1. scores: LK lanes per position, each with D / LK dims of q in registers and of the K row as uint4
 //      loads, reduced by log2(LK) shuffles: s_j = mask_j + scale * q . k_j (-inf stays -inf);
@@ -231,9 +232,9 @@ template <int D, int GM> __device__ void fa_vec(const kparams &p, float *smem) {
 // dst = O / L, zeros where L is 0 (a fully masked row), as fa_vec's direct branch. Deterministic (fixed
 // reduction orders). ip[0] (the positions' chunk) is at most D: geometry refuses more (the scores are D
 // floats). K and V rows 16-byte aligned (VEC) take uint4 loads, others the element-wise path: a compile-time
-// choice, so the unrolled loops carry no branch between their loads. Each lane keeps 8 uint4 loads in flight
-// (32 registers) per group of steps.
-#define FAVD_THREADS 256
+// choice, so the unrolled loops carry no branch between their loads. Each lane keeps up to 16 uint4 loads in
+// flight (64 registers; at D 256 all of pass 1's, then all of pass 3's: two round trips to memory).
+#define FAVD_THREADS 512
 #define FAVD_WARPS (FAVD_THREADS / 32)
 
 template <bool VEC> __device__ __forceinline__ uint4 favd_load8(const char *row, i64 d, i64 nb0) {
@@ -249,8 +250,8 @@ template <int D, bool VEC> __device__ void fa_vec_direct_body(const kparams &p, 
     constexpr int PV = FAVD_THREADS / LV;               // positions per block step (p . V)
     constexpr int SK = (D + PK - 1) / PK;               // block steps covering D positions (scores)
     constexpr int SV = (D + PV - 1) / PV;               // and p . V
-    constexpr int GK = CK >= 8 ? 1 : 8 / CK;            // steps whose loads are in flight together: 8 uint4
-    constexpr int GV = 8;                               // a lane (32 registers)
+    constexpr int GK = 16 / CK < SK ? 16 / CK : SK;     // steps whose loads are in flight together: 16 uint4
+    constexpr int GV = 16 < SV ? 16 : SV;               // a lane (64 registers)
     static_assert(D % (8 * LK) == 0 && LV * 8 == D, "fa_vec_direct: head size");
     const tdesc &O = p.t[0], &Q = p.t[1], &Kc = p.t[2], &V = p.t[3], &Mk = p.t[4];
     const int tid = threadIdx.x, lane = tid & 31, w = tid >> 5;
@@ -375,22 +376,30 @@ template <int D> __device__ void fa_vec_direct(const kparams &p, float *smem) {
 #define FAV_ENTRY(D, GM)                                                                                   \
     {                                                                                                      \
         extern __shared__ __align__(16) float fav_smem[];                                                  \
-        if (GM == 1 && p.ip[2] != 0 && p.ip[3] != 0) fa_vec_direct<D>(p, fav_smem);                      \
-        else fa_vec<D, GM>(p, fav_smem);                                                                   \
+        fa_vec<D, GM>(p, fav_smem);                                                                        \
     }
-KERNEL_LB(flash_attn_vec_f16_d32_g1, FAVD_THREADS) FAV_ENTRY(32, 1)
+#define FAVD_ENTRY(D)                                                                                      \
+    {                                                                                                      \
+        extern __shared__ __align__(16) float favd_smem[];                                                 \
+        fa_vec_direct<D>(p, favd_smem);                                                                    \
+    }
+KERNEL_LB(flash_attn_vec_direct_f16_d32, FAVD_THREADS, 1) FAVD_ENTRY(32)
+KERNEL_LB(flash_attn_vec_direct_f16_d64, FAVD_THREADS, 1) FAVD_ENTRY(64)
+KERNEL_LB(flash_attn_vec_direct_f16_d128, FAVD_THREADS, 1) FAVD_ENTRY(128)
+KERNEL_LB(flash_attn_vec_direct_f16_d256, FAVD_THREADS, 1) FAVD_ENTRY(256)
+KERNEL_LB(flash_attn_vec_f16_d32_g1, FAV_THREADS) FAV_ENTRY(32, 1)
 KERNEL_LB(flash_attn_vec_f16_d32_g2, FAV_THREADS) FAV_ENTRY(32, 2)
 KERNEL_LB(flash_attn_vec_f16_d32_g4, FAV_THREADS) FAV_ENTRY(32, 4)
 KERNEL_LB(flash_attn_vec_f16_d32_g8, FAV_THREADS) FAV_ENTRY(32, 8)
-KERNEL_LB(flash_attn_vec_f16_d64_g1, FAVD_THREADS) FAV_ENTRY(64, 1)
+KERNEL_LB(flash_attn_vec_f16_d64_g1, FAV_THREADS) FAV_ENTRY(64, 1)
 KERNEL_LB(flash_attn_vec_f16_d64_g2, FAV_THREADS) FAV_ENTRY(64, 2)
 KERNEL_LB(flash_attn_vec_f16_d64_g4, FAV_THREADS) FAV_ENTRY(64, 4)
 KERNEL_LB(flash_attn_vec_f16_d64_g8, FAV_THREADS) FAV_ENTRY(64, 8)
-KERNEL_LB(flash_attn_vec_f16_d128_g1, FAVD_THREADS) FAV_ENTRY(128, 1)
+KERNEL_LB(flash_attn_vec_f16_d128_g1, FAV_THREADS) FAV_ENTRY(128, 1)
 KERNEL_LB(flash_attn_vec_f16_d128_g2, FAV_THREADS) FAV_ENTRY(128, 2)
 KERNEL_LB(flash_attn_vec_f16_d128_g4, FAV_THREADS) FAV_ENTRY(128, 4)
 KERNEL_LB(flash_attn_vec_f16_d128_g8, FAV_THREADS) FAV_ENTRY(128, 8)
-KERNEL_LB(flash_attn_vec_f16_d256_g1, FAVD_THREADS) FAV_ENTRY(256, 1)
+KERNEL_LB(flash_attn_vec_f16_d256_g1, FAV_THREADS) FAV_ENTRY(256, 1)
 KERNEL_LB(flash_attn_vec_f16_d256_g2, FAV_THREADS) FAV_ENTRY(256, 2)
 KERNEL_LB(flash_attn_vec_f16_d256_g4, FAV_THREADS) FAV_ENTRY(256, 4)
 KERNEL_LB(flash_attn_vec_f16_d256_g8, FAV_THREADS) FAV_ENTRY(256, 8)

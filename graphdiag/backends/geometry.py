@@ -14,7 +14,8 @@ from typing import Callable
 import numpy as np
 
 from .abi import KPARAMS, TDESC
-from .kernels import FA_HEAD_DIMS, FAV_GROUPS, KERNELS, X_TYPES, fa_mma_kernel, fa_vec_kernel, fav_groups
+from .kernels import (FA_HEAD_DIMS, FAV_GROUPS, KERNELS, X_TYPES, fa_direct_kernel, fa_mma_kernel, fa_vec_kernel,
+                      fav_groups)
 
 Dim3 = tuple[int, int, int]
 Geometry = tuple[Dim3, Dim3, int]
@@ -37,7 +38,7 @@ FA_COMBINE_HEADS = 4     # flash_attn_combine_f32: heads per block in a batch (p
 FA_COMBINE_MIN_ROWS = 64 # ... from this many (token x batch) rows
 FA_TARGET_BLOCKS = 264   # splits are added until about 2 blocks per SM of an H200 (132 SMs)
 FAV_THREADS = 128        # flash_attn.cu flash_attn_vec_f16_d*_g*: one token per block, 128 threads, tiles of 32
-FAVD_THREADS = 256       # flash_attn.cu fa_vec_direct (ip[2] and ip[3], the g1 entries): one query head per block
+FAVD_THREADS = 512       # flash_attn.cu flash_attn_vec_direct_f16_d*: one query head per block
 FAV_TILE = 32
 FAV_MAX_G = 8            # query heads per kv head the vec kernel takes
 FAV_MAX_TOKENS = 8       # the vec kernel serves batches up to ggml's mat-vec bound (decode)
@@ -207,23 +208,35 @@ def fa_plan(head_dim: int, n_head: int, n_head_kv: int, n_kv: int, n_tokens: int
 
 def _flash_attn_vec(d: int, gm: int) -> Callable[[np.ndarray], Geometry]:
     """The geometry of flash_attn_vec_f16_d{d}_g{gm}; params of another head size or group are refused
-    (the kernel would index its shared memory out of bounds)."""
+    (the kernel would index its shared memory out of bounds), and so is one query head per block (ip[3]:
+    flash_attn_vec_direct_f16_d{d}'s)."""
     pg = FAV_THREADS // (d // 8)
     shmem = 4 * (gm * d + gm * FAV_TILE + FAV_MAX_G + pg * gm * d)
-    direct_shmem = 4 * (d + (FAVD_THREADS // 32) * d + 32)     # scores, the warps' p . V, reductions
 
     def geom(p) -> Geometry:
         q, k, part = _ne(p, 1), _ne(p, 2), _ne(p, 0)
-        per_head = bool(_ip(p, 2) and _ip(p, 3))           # one query head per block: the g1 entry only
-        if q[0] != d or (gm != 1 if per_head else fav_groups(q[1] // max(k[1], 1)) != gm):
+        if q[0] != d or fav_groups(q[1] // max(k[1], 1)) != gm:
             raise ValueError(f"{fa_vec_kernel(d, gm)}: q head size {q[0]}, {q[1]}/{k[1]} heads do not match")
+        if _ip(p, 3):
+            raise ValueError(f"{fa_vec_kernel(d, gm)}: one query head per block is {fa_direct_kernel(d)}")
         splits = 1 if _ip(p, 2) else max(part[1], 1)      # ip[2]: one split written to the node (no combine)
-        if per_head:      # fa_vec_direct holds the scores of at most D positions
-            if not 0 <= _ip(p, 0) <= d:
-                raise ValueError(f"{fa_vec_kernel(d, gm)}: one head per block takes 0..{d} positions, "
-                                 f"not {_ip(p, 0)}")
-            return (1, max(q[1], 1), max(q[2] * q[3], 1)), (FAVD_THREADS, 1, 1), direct_shmem
         return (splits, max(k[1], 1), max(q[2] * q[3], 1)), (FAV_THREADS, 1, 1), shmem
+    return geom
+
+
+def _flash_attn_direct(d: int) -> Callable[[np.ndarray], Geometry]:
+    """flash_attn_vec_direct_f16_d{d}: grid (1, H, T * B), FAVD_THREADS threads; it holds the scores of at
+    most D positions (ip[0]) and needs ip[2] and ip[3] (one split, one query head per block)."""
+    shmem = 4 * (d + (FAVD_THREADS // 32) * d + 32)     # scores, the warps' p . V, reductions
+
+    def geom(p) -> Geometry:
+        q = _ne(p, 1)
+        if q[0] != d:
+            raise ValueError(f"{fa_direct_kernel(d)}: q head size {q[0]} does not match")
+        if not (_ip(p, 2) and _ip(p, 3)) or not 0 <= _ip(p, 0) <= d:
+            raise ValueError(f"{fa_direct_kernel(d)}: takes one split of 0..{d} positions and one query head "
+                             f"per block (ip[0..3] = {_ip(p, 0)}, {_ip(p, 1)}, {_ip(p, 2)}, {_ip(p, 3)})")
+        return (1, max(q[1], 1), max(q[2] * q[3], 1)), (FAVD_THREADS, 1, 1), shmem
     return geom
 
 
@@ -351,6 +364,7 @@ def _table() -> dict[str, Callable[[np.ndarray], Geometry]]:
         "rope_f32": _elementwise(1, per=2),
         "set_rows_f16": _elementwise(1), "set_rows_f32": _elementwise(1),
         **{fa_vec_kernel(d, gm): _flash_attn_vec(d, gm) for d in FA_HEAD_DIMS for gm in FAV_GROUPS},
+        **{fa_direct_kernel(d): _flash_attn_direct(d) for d in FA_HEAD_DIMS},
         **{fa_mma_kernel(d): _flash_attn_mma(d) for d in FA_HEAD_DIMS},
         "flash_attn_combine_f32": _fa_combine, "top_k_f32": _top_k, "argsort_f32_i32_desc": _top_k,
         "quantize_q8_1": _quantize, "mul_mat_fixup_f32": _elementwise(0),

@@ -41,6 +41,15 @@ def fa_vec_kernel(head_dim: int, g: int) -> str:
 FAV_KERNELS = tuple(fa_vec_kernel(d, g) for d in FA_HEAD_DIMS for g in FAV_GROUPS)
 
 
+def fa_direct_kernel(head_dim: int) -> str:
+    """The decode attention entry point where upstream's vec kernel runs alone (geometry.fa_direct): one
+    block per query head writing the node, with its own launch bounds (512 threads)."""
+    return f"flash_attn_vec_direct_f16_d{head_dim}"
+
+
+FA_DIRECT_KERNELS = tuple(fa_direct_kernel(d) for d in FA_HEAD_DIMS)
+
+
 def fa_mma_kernel(head_dim: int) -> str:
     """The batch (prefill) attention entry point for head size `head_dim`: tensor cores, one per head size."""
     return f"flash_attn_mma_f16_d{head_dim}"
@@ -139,6 +148,14 @@ def _specs() -> dict[str, KernelSpec]:
                          "masked split gives (0, -inf, 0). One token per block: the decode kernel (T <= 8) of "
                          f"head size {d}, H / Hkv rounded up to 1/2/4/8 = {gm}")
           for d in FA_HEAD_DIMS for gm in FAV_GROUPS),
+        *(KernelSpec(fa_direct_kernel(d), _fa_slots(d),
+                     ip=("chunk: the positions, at most the head size", "1 (one token per block)", "1 (no split)",
+                         "1 (one query head per block)"), fp=("scale",),
+                     doc="one query head per block, all its n_kv <= D positions: x_j = scale * q . k_j + "
+                         "mask[t, j], M = max_j x_j, p_j = exp(x_j - M), dst = sum_j p_j v_j / sum_j p_j (zeros "
+                         "for a fully masked row), written into the node: no combine, as upstream's vec kernel "
+                         f"at one KV tile; head size {d}")
+          for d in FA_HEAD_DIMS),
         *(KernelSpec(fa_mma_kernel(d), _fa_slots(d),
                      ip=("chunk: positions per split (multiple of 32)", "query rows per block (64)"), fp=("scale",),
                      doc="the decode kernels' partials on tensor cores (batches, T > 8): q and p enter the "

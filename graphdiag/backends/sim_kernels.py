@@ -25,7 +25,8 @@ from .abi import Q8_1
 from .geometry import FAM_KV
 from .sim_quants import quant_kernels
 from .sim_view import Q8_1_BLOCK, view   # noqa: F401  (view re-exported: the kernels' descriptor view)
-from .kernels import FA_HEAD_DIMS, FAV_GROUPS, KERNELS, W_TYPES, fa_mma_kernel, fa_vec_kernel, fav_groups
+from .kernels import (FA_HEAD_DIMS, FAV_GROUPS, KERNELS, W_TYPES, fa_direct_kernel, fa_mma_kernel, fa_vec_kernel,
+                      fav_groups)
 
 Kernel = Callable[[AddressSpace, np.ndarray], None]
 MMV_MAX_N = 8
@@ -408,13 +409,23 @@ def _flash_attn_vec(d: int, gm: int) -> Kernel:
 
     def k(space, p):
         q, kc = p["t"][1]["ne"], p["t"][2]["ne"]
-        per_head = bool(_ip(p, 2) and _ip(p, 3))               # one query head per block: g1 takes any G
-        _check(int(q[0]) == d and (gm == 1 if per_head else fav_groups(int(q[1]) // max(int(kc[1]), 1)) == gm),
+        _check(int(q[0]) == d and fav_groups(int(q[1]) // max(int(kc[1]), 1)) == gm,
                name, f"q head size {int(q[0])}, {int(q[1])}/{int(kc[1])} heads")
         if _ip(p, 2):
             _flash_attn_direct(space, p, name)
         else:
             _flash_attn_partial(space, p)
+    return k
+
+
+def _flash_attn_vec_direct(d: int) -> Kernel:
+    """flash_attn_vec_direct_f16_d{d}: one block per query head, normalised into the node (the math of the vec
+    kernels' ip[2] branch; the blocks only split the heads)."""
+    name = fa_direct_kernel(d)
+
+    def k(space, p):
+        _check(int(p["t"][1]["ne"][0]) == d, name, f"q head size {int(p['t'][1]['ne'][0])}")
+        _flash_attn_direct(space, p, name)
     return k
 
 
@@ -497,6 +508,7 @@ def _build() -> dict[str, Kernel]:
         "rope_f32": _rope, "set_rows_f16": _set_rows("set_rows_f16", GGMLType.F16),
         "set_rows_f32": _set_rows("set_rows_f32", GGMLType.F32), "rope_set_rows_f16": _rope_set_rows,
         **{fa_vec_kernel(d, gm): _flash_attn_vec(d, gm) for d in FA_HEAD_DIMS for gm in FAV_GROUPS},
+        **{fa_direct_kernel(d): _flash_attn_vec_direct(d) for d in FA_HEAD_DIMS},
         **{fa_mma_kernel(d): _flash_attn_mma(d) for d in FA_HEAD_DIMS},
         "flash_attn_combine_f32": _flash_attn_combine,
         "quantize_q8_1": _quantize_q8_1, "mul_mat_fixup_f32": _mul_mat_fixup,

@@ -9,7 +9,7 @@ import itertools
 import numpy as np
 
 from graphdiag.backends.geometry import FAM_ROWS, fa_mma_blocks, fa_split
-from graphdiag.backends.kernels import fa_mma_kernel, fa_vec_kernel
+from graphdiag.backends.kernels import fa_direct_kernel, fa_mma_kernel, fa_vec_kernel
 from graphdiag.ir.dtypes import GGMLType as G
 from kernel_cases import F16_OUT, F32_DOT, F32_ELEM, FA_MMA, ROPE, Case
 
@@ -117,12 +117,12 @@ def flash_attn_256_cases() -> list[Case]:
                          ip=(chunk, tq), fp=(1.0 / 16.0,)))
     # the vec kernel alone, writing the node (ip[2]: one split, no combine, as upstream at one KV tile of D):
     # Gemma 3's shape, a GQA group of 2, no mask, and a fully masked row (zeros)
-    # (per head, ip[3]: the g1 entry with one block per query head, as the lowering launches it)
+    # (per head, ip[3]: flash_attn_vec_direct_f16_d256, one block per query head, as the lowering launches it)
     for (h, hkv, n_kv, mask_t, vis), per_head in itertools.product(
             ((4, 1, 256, G.F16, 200), (8, 4, 256, G.F16, 256), (4, 1, 224, None, None), (2, 1, 256, G.F32, 0)),
             (False, True)):
         d = 256
-        c = Case(fa_vec_kernel(d, 1 if per_head else h // hkv), f"D{d}-H{h}-Hkv{hkv}-T1-kv{n_kv}-direct-"
+        c = Case(fa_direct_kernel(d) if per_head else fa_vec_kernel(d, h // hkv), f"D{d}-H{h}-Hkv{hkv}-T1-kv{n_kv}-direct-"
                  f"{'nomask' if mask_t is None else mask_t.name}{'-masked' if vis == 0 else ''}"
                  f"{'-per-head' if per_head else ''}", F32_DOT)
         kc, vc = c.randn(G.F16, d * hkv, n_kv + 3), c.randn(G.F16, d * hkv, n_kv + 3)
@@ -142,7 +142,7 @@ def flash_attn_256_cases() -> list[Case]:
     for d, h, hkv, n_kv, mask_t, unaligned in ((32, 2, 1, 27, None, False), (64, 8, 2, 50, G.F16, False),
                                                (64, 4, 2, 61, G.F32, True), (128, 4, 4, 100, G.F32, False),
                                                (256, 4, 1, 250, G.F16, False)):
-        c = Case(fa_vec_kernel(d, 1), f"D{d}-H{h}-Hkv{hkv}-T1-kv{n_kv}-direct-"
+        c = Case(fa_direct_kernel(d), f"D{d}-H{h}-Hkv{hkv}-T1-kv{n_kv}-direct-"
                  f"{'nomask' if mask_t is None else mask_t.name}{'-unaligned' if unaligned else ''}-per-head",
                  F32_DOT)
         off, width = (2, d * hkv + 1) if unaligned else (0, d * hkv)

@@ -29,6 +29,11 @@ try:
 except ImportError:   # older trees: the CUDA-core batch kernel
     fa_mma_kernel = None
 try:
+    from graphdiag.backends.kernels import fa_direct_kernel
+except ImportError:   # older trees: the g1 vec entry with ip[3]
+    def fa_direct_kernel(d):
+        return fa_vec_kernel(d, 1)
+try:
     from graphdiag.backends.kernels import fa_vec_kernel
 except ImportError:   # older trees: one decode kernel for every head size and group
     def fa_vec_kernel(d, g):
@@ -181,7 +186,7 @@ def direct_attention_rows(b: Bench, only: str):
         kc, vc = b.tensor(G.F16, (d, hkv, n_kv)), b.tensor(G.F16, (d, hkv, n_kv))
         mask = b.tensor(G.F16, (n_kv, 1), np.zeros((1, n_kv), np.float16))
         dst = b.tensor(G.F32, (d, h, 1), np.zeros((1, h, d), np.float32))
-        kernel = fa_vec_kernel(d, 1 if per_head else h // hkv)
+        kernel = fa_direct_kernel(d) if per_head else fa_vec_kernel(d, h // hkv)
         ls = [b.launch(kernel, [dst, q, kc, vc, mask], ip=(n_kv, 1, 1, int(per_head)), fp=(0.0625,))]
         yield {"row": name, "kernel": kernel, "us": round(b.time_us(ls, batch=10), 2)}
         b.free()

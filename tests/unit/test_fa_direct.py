@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 from graphdiag.backends.geometry import fa_direct, launch_geometry
-from graphdiag.backends.kernels import fa_vec_kernel
+from graphdiag.backends.kernels import fa_direct_kernel, fa_vec_kernel
 from graphdiag.ir.dtypes import GGMLType as G
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "gpu"))
@@ -83,20 +83,27 @@ def test_gemma_attention_is_lowered_one_block_per_query_head():
     q, k = g.node(i).src[0], g.node(i).src[1]
     assert q.ne[2] == 4                                                 # 4 query heads on one kv head
     launch = lower_node(g, i, None, 900).launch
-    assert launch.kernel == fa_vec_kernel(q.ne[0], 1) and launch.grid == (1, 4, 1)
+    assert launch.kernel == fa_direct_kernel(q.ne[0]) and launch.grid == (1, 4, 1)
+    assert launch.block == (512, 1, 1)
     assert tuple(launch.params["ip"][1:4]) == (1, 1, 1)
     c = _case(True)
     p = c.params([0x1000 * (i + 1) for i in range(len(c.bufs))])
     p["ip"][3] = 1
-    assert launch_geometry(fa_vec_kernel(256, 1), p.tobytes())[0] == (1, 4, 1)
-    with pytest.raises(ValueError, match="do not match"):
-        launch_geometry(fa_vec_kernel(256, 4), p.tobytes())             # per head: the g1 entry only
+    assert launch_geometry(fa_direct_kernel(256), p.tobytes())[0] == (1, 4, 1)
+    with pytest.raises(ValueError, match="one query head per block is flash_attn_vec_direct_f16_d256"):
+        launch_geometry(fa_vec_kernel(256, 4), p.tobytes())             # per head: the direct entry only
+    p["ip"][0] = 288
+    with pytest.raises(ValueError, match="0..256 positions"):
+        launch_geometry(fa_direct_kernel(256), p.tobytes())             # its scores hold at most D positions
+    p["ip"][0], p["ip"][3] = 256, 0
+    with pytest.raises(ValueError, match="one query head"):
+        launch_geometry(fa_direct_kernel(256), p.tobytes())
 
 
 def test_per_head_blocks_compute_what_grouped_blocks_compute():
     grouped = _case(True).run(SimDevice()).view(np.float32)
     c = _case(True)
-    c.kernel = fa_vec_kernel(256, 1)
+    c.kernel = fa_direct_kernel(256)
     c.ip = (256, 1, 1, 1)
     per_head = c.run(SimDevice()).view(np.float32)
     assert np.array_equal(grouped, per_head)

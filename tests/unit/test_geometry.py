@@ -25,6 +25,10 @@ def _valid_params(name):
     elif name.startswith("flash_attn_mma_f16_d"):
         d = int(name.split("_d")[-1])
         nes[1], nes[2], nes[3] = (d, 4, 40, 1), (d, 2, 256, 1), (d, 2, 256, 1)
+    elif name.startswith("flash_attn_vec_direct_f16_d"):       # one split of <= D positions, a block per head
+        d = int(name.split("_d")[-1])
+        nes[1], nes[2], nes[3] = (d, 4, 1, 1), (d, 2, d, 1), (d, 2, d, 1)
+        return _p(*nes, ip=(d, 1, 1, 1))
     return _p(*nes, ip=(4, 2, 0))
 
 

@@ -55,7 +55,7 @@ from .fusion_norm import RMS_NORM_MUL_ADD, RMS_NORM_MUL_ROPE, RMS_NORM_MUL_ROPE_
 from ..abi import Q8_1, Q8_1_BYTES
 from ..geometry import (FA_HEAD_DIMS, FA_MAX_ROWS, fa_direct, fa_plan, fa_vec, geometry_of_bytes, launch_geometry,
                         mmv_warps_per_row)
-from ..kernels import fa_mma_kernel, fa_vec_kernel
+from ..kernels import fa_direct_kernel, fa_mma_kernel, fa_vec_kernel
 from .pool import TempPool
 
 _W = {GGMLType.F32: "f32", GGMLType.F16: "f16", GGMLType.Q8_0: "q8_0"}
@@ -370,9 +370,9 @@ def _lower_attention(d, node: Tensor, cc: int):
         raise NotImplementedError(f"flash attention: head dims {hd}/{dv}, {n_head}/{n_head_kv} heads")
     if fa_direct(hd, n_head, n_head_kv, n_kv, n_tok, nb3, cc):
         chunk = -(-n_kv // 32) * 32
-        # one block per query head (ip[3], the g1 entry), as ggml's vec kernel: the G heads sharing a kv head
-        # in one block left Gemma 3's 4 heads on one SM (94 µs a layer on the H200, 18 layers a step)
-        return KernelOp(_launch(d, fa_vec_kernel(hd, 1), [node, q, k, v, mask],
+        # one block per query head (ip[3]), as ggml's vec kernel: the G heads sharing a kv head in one block
+        # left Gemma 3's 4 heads on one SM (94 µs a layer on the H200, 18 layers a step)
+        return KernelOp(_launch(d, fa_direct_kernel(hd), [node, q, k, v, mask],
                                 ip=(chunk, 1, 1, 1), fp=(node.param_f32(0),)))
     tq, n_split, chunk, nbytes = fa_plan(hd, n_head, n_head_kv, n_kv, n_tok, nb3)
     ne = (dv + 2, n_split, n_head, n_tok * nb3)
