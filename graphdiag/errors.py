@@ -47,6 +47,10 @@ class CaptureError(CudaError):
     """Stream capture was invalidated or ended illegally (CUDA_ERROR_STREAM_CAPTURE_*)."""
 
 
+class WatchError(GraphdiagError):
+    """CUPTI would not let graphdiag watch llama.cpp's graph calls (another subscriber, no CUPTI)."""
+
+
 class KernelCompileError(GraphdiagError):
     """NVRTC rejected a kernel file; the message carries the file and NVRTC's log."""
 

@@ -94,6 +94,7 @@ def _session(ll, path: Path, cp: ContextParams, cfg, plan, writer: RawWriter, ma
         session = LlamaSession(ll, str(path), cp)
         _check_prompt(cfg, session.n_vocab)
         w = make_watcher(writer.emit)
+        status = "failed: llama.cpp's graph calls could not be watched (CUPTI)"
         w.start()
         try:
             status = "failed: stopped inside a decode"

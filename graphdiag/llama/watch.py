@@ -28,6 +28,8 @@ import ctypes
 import time
 from typing import Callable
 
+from ..errors import WatchError
+
 RAW_VERSION = 1
 
 # runtime API functions watched -> how to read their parameters
@@ -52,11 +54,20 @@ def _u32(addr: int) -> int:
     return ctypes.c_uint32.from_address(addr).value
 
 
+def _subscribe_refused(status: str) -> str:
+    """The one-line reason cuptiSubscribe refused the watcher."""
+    if status == "ERROR_MULTIPLE_SUBSCRIBERS_NOT_SUPPORTED":
+        return ("CUPTI already has a subscriber in this process (a profiler attached through CUPTI, such as Nsight "
+                "Compute or Nsight Systems?): graphdiag llama watches llama.cpp's graph calls through CUPTI "
+                "callbacks, and CUPTI before 13.5 takes one subscriber per process; run it without the profiler")
+    return f"CUPTI refused graphdiag's subscriber ({status}): llama.cpp's graph calls cannot be watched"
+
+
 class Watch:
     """One CUPTI subscriber on the graph calls of this process, and (with `attach_log`) llama.cpp's logger.
 
     `start()` subscribes (one subscriber per process before CUPTI 13.5: a second fails with CUPTI's
-    MULTIPLE_SUBSCRIBERS error, raised as RuntimeError); `stop()` unsubscribes. Events go to `sink`."""
+    MULTIPLE_SUBSCRIBERS error, raised as WatchError, one line); `stop()` unsubscribes. Events go to `sink`."""
 
     def __init__(self, sink: Callable[[dict], None], kernel_names: bool = False):
         self.sink = sink
@@ -76,8 +87,8 @@ class Watch:
         self._c = cupti
         try:
             self._sub = cupti.subscribe(self._on_callback, None)
-        except cupti.cuptiError as e:     # pragma: no cover - needs a second subscriber in the process
-            raise RuntimeError(f"CUPTI subscribe failed: {cupti.Result(e.status).name}") from None
+        except cupti.cuptiError as e:
+            raise WatchError(_subscribe_refused(cupti.Result(e.status).name)) from None
         self._cbid_fn = {}
         for name, member in cupti.runtime_api_trace_cbid.__members__.items():
             fn = next((f for p, f in _CBID_PREFIX.items() if name.startswith(p)), None)

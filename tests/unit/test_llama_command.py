@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import io
 import json
+import sys
 import os
 from pathlib import Path
 
@@ -248,3 +249,74 @@ def test_the_watchers_own_callback_time_is_taken_out_of_llama_cpps_step():
     out.clear()
     walk(Session(), [None], Batcher(), out.append)           # a watcher without the counter: nothing taken out
     assert [(e["host_ns"], e["watch_ns"]) for e in out if e["ev"] == "decode_end"] == [(1000, 0)]
+
+
+def _fake_cupti(monkeypatch, status: str):
+    """A cupti module whose cuptiSubscribe fails with `status` (cupti-python is a GPU-machine wheel)."""
+    import enum
+    import types
+
+    class Result(enum.IntEnum):
+        SUCCESS = 0
+        ERROR_NOT_INITIALIZED = 15
+        ERROR_MULTIPLE_SUBSCRIBERS_NOT_SUPPORTED = 39
+
+    class cuptiError(Exception):
+        def __init__(self, status):
+            super().__init__(status)
+            self.status = status
+
+    def subscribe(cb, user):
+        raise cuptiError(int(Result[status]))
+
+    inner = types.SimpleNamespace(Result=Result, cuptiError=cuptiError, subscribe=subscribe)
+    pkg = types.ModuleType("cupti")
+    pkg.cupti = inner
+    monkeypatch.setitem(sys.modules, "cupti", pkg)
+
+
+@pytest.mark.parametrize("status,words", [("ERROR_MULTIPLE_SUBSCRIBERS_NOT_SUPPORTED", "a profiler attached"),
+                                          ("ERROR_NOT_INITIALIZED", "ERROR_NOT_INITIALIZED")])
+def test_a_refused_cupti_subscriber_is_one_line_not_an_internal_error(monkeypatch, status, words):
+    """Under Nsight Compute (a CUPTI subscriber of its own) graphdiag llama used to end as an internal error."""
+    from graphdiag.errors import INTERNAL_EXIT, WatchError
+    from graphdiag.llama.watch import Watch
+    _fake_cupti(monkeypatch, status)
+    with pytest.raises(WatchError, match=words) as e:
+        Watch(lambda ev: None).start()
+    assert "\n" not in str(e.value) and e.value.exit_code == 2 != INTERNAL_EXIT
+
+
+def test_a_watch_that_cannot_start_ends_the_record_saying_so(tmp_path):
+    """The raw stream's end names why: the model loaded, the watcher did not (not 'could not load the model')."""
+    from graphdiag.errors import WatchError
+    from graphdiag.llama import run as lrun
+
+    class Session:
+        n_vocab = 100
+
+        def __init__(self, *a):
+            pass
+
+        def close(self):
+            pass
+
+    class Watcher:
+        def start(self):
+            raise WatchError("CUPTI refused")
+
+    events = []
+
+    class Writer:
+        def emit(self, ev):
+            events.append(ev)
+
+    cfg = type("Cfg", (), {"prompt_ids": None})()
+    orig = lrun.LlamaSession
+    lrun.LlamaSession = Session
+    try:
+        with pytest.raises(WatchError):
+            lrun._session(None, tmp_path / "m.gguf", None, cfg, None, Writer(), lambda emit: Watcher())
+    finally:
+        lrun.LlamaSession = orig
+    assert events[-1] == {"ev": "end", "status": "failed: llama.cpp's graph calls could not be watched (CUPTI)"}
