@@ -373,10 +373,6 @@ def validate_run(cfg: RunConfig, scenario=None, as_json: bool = False, verbosity
     if cfg.n_cpu_moe and not model.is_moe:
         raise UsageError(f"{_named(cfg, scenario, 'n_cpu_moe', '--n-cpu-moe')} {cfg.n_cpu_moe}: model {cfg.model} "
                          f"has no experts (a MoE preset: moe-tiny)")
-    if model.moe_norm_w and not cfg.fusion and cfg.backend != "cpu":
-        raise UsageError(f"{_named(cfg, scenario, 'fusion', '--no-fusion')}: model {cfg.model}'s MoE router "
-                         f"normalises its weights (SUM_ROWS, CLAMP, DIV), which the GPU backend computes only fused "
-                         f"into the top-k MoE router: keep fusion on, or use --backend cpu")
     if cfg.n_cpu_moe > model.n_layer:
         raise UsageError(f"{_named(cfg, scenario, 'n_cpu_moe', '--n-cpu-moe')} {cfg.n_cpu_moe}: model "
                          f"{cfg.model} has {model.n_layer} layers")

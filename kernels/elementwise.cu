@@ -5,14 +5,15 @@
 
 __device__ __forceinline__ float binop(int op, float a, float b, float lim) {
     return op == 0 ? a + b : op == 1 ? a * b : op == 2 ? silu(a) * b : op == 3 ? gelu_tanh(a) * b
-                   : swiglu_clamp(a, b, lim);
+                   : op == 5 ? __fdiv_rn(a, b) : swiglu_clamp(a, b, lim);
 }
 
 __device__ __forceinline__ bool same_ne(const tdesc &a, const tdesc &b) {
     return a.ne[0] == b.ne[0] && a.ne[1] == b.ne[1] && a.ne[2] == b.ne[2] && a.ne[3] == b.ne[3];
 }
 
-// op: 0 add, 1 mul, 2 swiglu (silu(a) * b), 3 geglu (gelu_tanh(a) * b), 4 swiglu_clamp (limit fp[0])
+// op: 0 add, 1 mul, 2 swiglu (silu(a) * b), 3 geglu (gelu_tanh(a) * b), 4 swiglu_clamp (limit fp[0]),
+// 5 div (IEEE, rounded to nearest: numpy's a / b to the bit)
 template <typename I> __device__ void binary_t(const kparams &p, int op) {
     const tdesc &D = p.t[0], &A = p.t[1], &B = p.t[2];
     const float lim = p.fp[0];
@@ -53,6 +54,25 @@ KERNEL_LB(mul_f32, 256) { binary(p, 1); }
 KERNEL_LB(glu_swiglu_f32, 256) { binary(p, 2); }
 KERNEL_LB(glu_geglu_f32, 256) { binary(p, 3); }
 KERNEL_LB(glu_swiglu_clamp_f32, 256) { binary(p, 4); }
+KERNEL_LB(div_f32, 256) { binary(p, 5); }
+
+// dst = min(max(x, fp[0]), fp[1]) (GGML_OP_CLAMP; a NaN stays NaN, as numpy's minimum/maximum keep it)
+template <typename I> __device__ void clamp_t(const kparams &p) {
+    const tdesc &D = p.t[0], &X = p.t[1];
+    const I n = (I)nelements(D), stride = (I)gridDim.x * blockDim.x;
+    const float lo = p.fp[0], hi = p.fp[1];
+    for (I i = (I)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += stride) {
+        I i0, i1, i2, i3;
+        unravel_t(i, D.ne, i0, i1, i2, i3);
+        const float x = load_f(X, i0, i1, i2, i3);
+        store_f(D, i0, i1, i2, i3, x != x ? x : fminf(fmaxf(x, lo), hi));
+    }
+}
+
+KERNEL_LB(clamp_f32, 256) {
+    if (FITS32(nelements(p.t[0]))) clamp_t<unsigned>(p);
+    else clamp_t<i64>(p);
+}
 
 // dst = x * fp[0] + fp[1] (GGML_OP_SCALE with its bias): rounded multiply, then rounded add, never an FMA,
 // so the simulator's numpy (two roundings) gives the same bytes.

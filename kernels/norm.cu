@@ -75,6 +75,17 @@ KERNEL_LB(rms_norm_mul_f32, 1024) { rms_norm_row(p, true); }
 KERNEL_LB(rms_norm_mul_add_f32, 1024) { rms_norm_row(p, true, true); }
 KERNEL_LB(rms_norm_scale_f32, 1024) { rms_norm_row(p, false, false, true); }
 
+// per row: dst[0] = sum_i x[i] (GGML_OP_SUM_ROWS; the block's partial sums in a fixed order)
+KERNEL_LB(sum_rows_f32, 256) {
+    __shared__ float red[32];
+    const tdesc &D = p.t[0], &X = p.t[1];
+    const i64 i1 = blockIdx.x, i2 = blockIdx.y, i3 = blockIdx.z, n = X.ne[0];
+    float s = 0.0f;
+    for (i64 i0 = threadIdx.x; i0 < n; i0 += blockDim.x) s += load_f(X, i0, i1, i2, i3);
+    s = block_sum(s, red);
+    if (threadIdx.x == 0) store_f(D, 0, i1, i2, i3, s);
+}
+
 // per row: softmax(scale * x)
 KERNEL_LB(soft_max_f32, 256) {
     __shared__ float red[32];

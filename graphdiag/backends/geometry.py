@@ -376,6 +376,7 @@ def _table() -> dict[str, Callable[[np.ndarray], Geometry]]:
     t["rope_set_rows_f16"] = _elementwise(1, per=2)
     _x_types(t)
     t.update(_gemma_qwen_geometry())
+    t.update({"sum_rows_f32": _per_row(1), "clamp_f32": _elementwise(0), "div_f32": _binary})
     return t
 
 

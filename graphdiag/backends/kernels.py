@@ -207,6 +207,7 @@ def _specs() -> dict[str, KernelSpec]:
           for w in W_TYPES),
     ]
     s += _gemma_qwen_specs()
+    s += _moe_norm_specs()
     return {k.name: k for k in s}
 
 
@@ -252,6 +253,15 @@ def _x_specs() -> list[KernelSpec]:
                        doc="the sorted fallback's per-expert launch (F32 x)"),
         ]
     return s
+def _moe_norm_specs() -> list[KernelSpec]:
+    """llama's MoE weight norm unfused (SUM_ROWS, CLAMP, DIV), where the top-k router's fusion is off or refused."""
+    return [
+        KernelSpec("sum_rows_f32", ("dst (1, rows...)", "x"), doc="per row: dst = sum_i x[i]"),
+        KernelSpec("clamp_f32", ("dst", "x"), fp=("min", "max"), doc="min(max(x, min), max); a NaN stays NaN"),
+        KernelSpec("div_f32", ("dst", "a", "b (broadcast)"), doc="a / b (IEEE, rounded to nearest)"),
+    ]
+
+
 def _gemma_qwen_specs() -> list[KernelSpec]:
     """The ops and fusions of the Gemma 3 and Qwen graphs (scale, GEGLU, the norm fusions with rope and add)."""
     rope_ip, rope_fp = ("n_dims", "mode (0 normal, 2 NEOX)"), ("eps", "freq_base", "freq_scale")

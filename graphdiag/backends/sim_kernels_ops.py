@@ -1,6 +1,6 @@
 """The simulator's twins of the Gemma 3 / Qwen kernels (kernels.py's _gemma_qwen_specs): scale, GEGLU and the
 RMS_NORM fusions with ADD and with ROPE (and the K-cache write); and of 0c1e57098's RMS_NORM + SCALE fusion and
-GLU SWIGLU_CLAMP (issue 29). Built on cpu_ops, composing the unfused ops in the order the fused CUDA kernels
+GLU SWIGLU_CLAMP (issue 29); of llama's MoE weight norm unfused (SUM_ROWS, CLAMP, DIV). Built on cpu_ops, composing the unfused ops in the order the fused CUDA kernels
 compute them."""
 
 from __future__ import annotations
@@ -55,6 +55,16 @@ def build(view) -> dict[str, Kernel]:
             raise CudaError("CUDA_ERROR_INVALID_VALUE", name, "t[0] is not an F16 cache")
         ops.set_rows(view(space, p, 0), norm_mul_rope_of(space, p), view(space, p, 4))
 
-    return {"scale_f32": scale, "glu_geglu_f32": geglu, "glu_swiglu_clamp_f32": swiglu_clamp,
+    def sum_rows(space, p):
+        view(space, p, 0)[...] = ops.sum_rows(view(space, p, 1))
+
+    def clamp(space, p):
+        view(space, p, 0)[...] = ops.clamp(view(space, p, 1), float(p["fp"][0]), float(p["fp"][1]))
+
+    def div(space, p):
+        view(space, p, 0)[...] = ops.div(view(space, p, 1), view(space, p, 2))
+
+    return {"sum_rows_f32": sum_rows, "clamp_f32": clamp, "div_f32": div,
+            "scale_f32": scale, "glu_geglu_f32": geglu, "glu_swiglu_clamp_f32": swiglu_clamp,
             "rms_norm_scale_f32": norm_scale, "rms_norm_mul_add_f32": norm_mul_add,
             "rms_norm_mul_rope_f32": norm_mul_rope, "rms_norm_mul_rope_set_rows_f16": norm_mul_rope_set_rows}

@@ -191,6 +191,29 @@ def norm_scale_swiglu_clamp_cases() -> list[Case]:
     return out
 
 
+def moe_norm_cases() -> list[Case]:
+    """llama's MoE weight norm unfused: sum_rows_f32 over k = 2 weights per token and over a long strided row;
+    clamp_f32 with values on both sides of its bounds and a NaN; div_f32 by a broadcast row sum (and by 0)."""
+    out = []
+    for tag, ne, strided in (("k2-T7", (2, 7), False), ("row-3000-strided", (3000, 3), True)):
+        c = Case("sum_rows_f32", tag, F32_DOT)
+        if strided:
+            x = c.randn(G.F32, ne[0] + 5, ne[1])
+            x = c.view(x, ne, (4, 4 * (ne[0] + 5)))
+        else:
+            x = c.randn(G.F32, *ne)
+        out.append(c.set(c.output(G.F32, 1, ne[1]), x))
+    c = Case("clamp_f32", "bounds-nan")
+    v = c.rng.standard_normal((5, 64)).astype(np.float32)
+    v[0, :4] = (np.nan, np.inf, -np.inf, 6e-5)
+    out.append(c.set(c.output(G.F32, 64, 5), c.put(G.F32, v), fp=(6.103515625e-5, 0.75)))
+    c = Case("div_f32", "by-row-sum")
+    den = np.abs(c.rng.standard_normal((9, 1)).astype(np.float32)) + 0.1
+    den[3, 0] = 0.0                                          # a zero sum: inf / nan, as numpy
+    out.append(c.set(c.output(G.F32, 2, 9), c.randn(G.F32, 2, 9), c.put(G.F32, den)))
+    return out
+
+
 def op_cases() -> list[Case]:
     return (elementwise_op_cases() + norm_op_cases() + rope_neox_cases() + geglu_mat_vec_cases()
-            + flash_attn_256_cases() + norm_scale_swiglu_clamp_cases())
+            + flash_attn_256_cases() + norm_scale_swiglu_clamp_cases() + moe_norm_cases())

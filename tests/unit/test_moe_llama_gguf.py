@@ -212,8 +212,24 @@ def test_a_moe_file_graphdiag_does_not_build_is_refused_in_one_line(tmp_path, ca
     assert needle in line, line
 
 
-def test_a_moe_preset_exports_as_llama_only_and_needs_fusion_on_the_gpu(exported, tmp_path, capsys):
+def test_a_moe_preset_exports_as_llama_only(exported, tmp_path, capsys):
     line = one_line(capsys, ["export-gguf", "--model", "moe-tiny", "--arch", "qwen3", str(tmp_path / "q.gguf")])
     assert "writes MoE preset moe-tiny as llama only" in line and not (tmp_path / "q.gguf").exists()
-    line = one_line(capsys, ["run", "--backend", "sim", "--model", str(exported["f16"]), "--no-fusion"])
-    assert "--no-fusion" in line and "computes only fused into the top-k MoE router" in line
+
+
+def test_the_gpu_backend_runs_the_norm_unfused_without_fusion(exported, capsys):
+    """--no-fusion (GGML_CUDA_DISABLE_FUSION in llama.cpp): SUM_ROWS, CLAMP and DIV run as kernels of their own
+    (sum_rows_f32, clamp_f32, div_f32: three per layer, where the fused router had none), verify and the oracle
+    hold; the fused run's router kernel count is 3 per layer fewer."""
+    base = {"backend": "sim", "steps": 4, "prompt_tokens": 8, "oracle": True, "verify": True, "nvtx": False,
+            "model": str(exported["f16"])}
+    unfused = run(resolve({**base, "fusion": False}, environ={}))
+    fused = run(resolve(base, environ={}))
+    assert not unfused.failures and all(e.ok for e in unfused.events if type(e).__name__ == "OracleCheck")
+    assert not any(e.pattern.startswith("topk_moe") for e in unfused.events if type(e).__name__ == "FusionApplied")
+
+    def kernels(r):
+        return [e.n_graph_nodes for e in r.events if type(e).__name__ == "ChunkCaptured"]
+    n_layer = 4
+    assert kernels(unfused) and kernels(fused)
+    assert kernels(unfused)[0] > kernels(fused)[0] + 3 * n_layer - 1

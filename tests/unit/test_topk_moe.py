@@ -256,16 +256,23 @@ def test_what_upstream_does_with_another_norm(form, count):
         assert fusion_plan(g, 900) == {}
 
 
-def test_an_unfused_weight_norm_is_refused_on_the_gpu_backend():
-    """The GPU backend has no unfused SUM_ROWS/CLAMP/DIV kernels: with fusion off (or refused) the graph is
-    refused in one line naming the first such node, before anything runs; fused, it passes."""
+def test_an_unfused_weight_norm_lowers_to_kernels_of_its_own():
+    """With fusion off (or refused) SUM_ROWS, CLAMP and DIV each launch their own kernel, as ggml-cuda's unfused
+    ops (k_sum_rows_f32, the clamp kernel, k_bin_bcast op_div); the CLAMP carries its bounds."""
     from graphdiag.backends.gpu.fusion_graph import launching_nodes
-    from graphdiag.backends.gpu.lowering import refuse_unfused
-    from graphdiag.errors import UsageError
+    from graphdiag.backends.gpu.lowering import lower_node
+    from graphdiag.ir.ops import Op
     g = _router(norm="norm")
-    refuse_unfused(g, fusion_plan(g, 900), launching_nodes(g))
-    with pytest.raises(UsageError, match=r"node 6 'weights_sum' \(SUM_ROWS\) would run unfused"):
-        refuse_unfused(g, {}, launching_nodes(g))
+    launches = launching_nodes(g)
+    got = {}
+    for i in range(g.n_nodes):
+        node = g.node(i)
+        if node.op in (Op.SUM_ROWS, Op.CLAMP, Op.DIV) and launches[i]:
+            got[node.op] = lower_node(g, i, None, 900).launch
+    assert {op: l.kernel for op, l in got.items()} == {Op.SUM_ROWS: "sum_rows_f32", Op.CLAMP: "clamp_f32",
+                                                       Op.DIV: "div_f32"}
+    clamp = next(g.node(i) for i in range(g.n_nodes) if g.node(i).op == Op.CLAMP)
+    assert tuple(got[Op.CLAMP].params["fp"][:2]) == (np.float32(clamp.param_f32(0)), np.float32(clamp.param_f32(1)))
 
 
 def _run_topk(logits, k, scale=1.0, lo=None):

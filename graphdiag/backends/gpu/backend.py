@@ -20,7 +20,7 @@ from .concurrency import Region, invalid_reason, races, scan
 from .entry import Clock, GraphEntry
 from .fusion import fusion_plan, launching_nodes, moe_alloc_deps
 from .launch_memo import LaunchMemo
-from .lowering import refuse_ops_after, refuse_unfused
+from .lowering import refuse_ops_after
 from .ledger_rows import AddressNamer, ledger_rows
 from .pool import TempPool
 from .runtime import CC_VOLTA, GraphRuntime, RuntimeOptions
@@ -258,7 +258,6 @@ class GpuBackend(Backend):
             opt = self.runtime.opt
             refuse_ops_after(graph, opt.upstream)
             plan = fusion_plan(graph, self.driver.cc, launches, opt.upstream) if opt.fusion else {}
-            refuse_unfused(graph, plan, launches)
             entry.plan, entry.lowered = plan, LoweredOps(graph, plan, self.driver.cc, launches, self.launch_memo,
                                                       self.driver.nsm)
             entry.lowered_uid = graph.uid
@@ -281,7 +280,6 @@ class GpuBackend(Backend):
         opt = self.runtime.opt
         refuse_ops_after(graph, opt.upstream)
         plan = fusion_plan(graph, self.driver.cc, upstream=opt.upstream) if opt.fusion else {}
-        refuse_unfused(graph, plan, launching_nodes(graph))
         lowered = lower_graph(graph, plan, self.driver.cc, nsm=self.driver.nsm)   # no memo: lowered afresh
         # no decisions are taken here (eager, nothing captured), but what the pool does while the
         # recompute runs (an invalidation) is reported on the bus like anything else

@@ -244,6 +244,12 @@ def lower_node(graph: Graph, i: int, fusion: Fusion | None, cc: int, d: "Descrip
         return KernelOp(_launch(d, "scale_f32", [node, s[0]], fp=(node.param_f32(0), node.param_f32(1))))
     if op in (Op.CPY, Op.CONT):
         return KernelOp(_launch(d, f"cpy_f32_{_W[node.type]}", [node, s[0]]))
+    if op == Op.SUM_ROWS:    # llama's MoE weight norm where the router's fusion is off or refused
+        return KernelOp(_launch(d, "sum_rows_f32", [node, s[0]]))
+    if op == Op.CLAMP:
+        return KernelOp(_launch(d, "clamp_f32", [node, s[0]], fp=(node.param_f32(0), node.param_f32(1))))
+    if op == Op.DIV:
+        return KernelOp(_launch(d, "div_f32", [node, s[0], s[1]]))
     raise NotImplementedError(f"the GPU backend has no kernel for {op.name} (node {i} {node.name})")
 
 
@@ -251,28 +257,6 @@ _GLU_KERNELS = {GluOp.SWIGLU: "glu_swiglu_f32", GluOp.GEGLU: "glu_geglu_f32",
                 GluOp.SWIGLU_CLAMP: "glu_swiglu_clamp_f32"}
 # the GLU ops an upstream's ggml has, of those graphdiag builds: d99724f2's enum ends at GEGLU_QUICK (5)
 _GLU_AT = {"0c1e57098": frozenset(_GLU_KERNELS), "d99724f2": frozenset({GluOp.SWIGLU, GluOp.GEGLU})}
-
-
-# ops the GPU backend computes only inside a fused kernel (the weight norm of llama's MoE router, in
-# topk_moe_f32): graphdiag has no kernel of their own for them yet
-FUSED_ONLY = (Op.SUM_ROWS, Op.CLAMP, Op.DIV)
-
-
-def refuse_unfused(graph: Graph, plan: dict[int, Fusion], launches: list[bool]) -> None:
-    """UsageError (one line) naming the first node of a FUSED_ONLY op that `plan` leaves to run on its own
-    (fusion off, or upstream's conditions refused the router's fusion), before anything of the graph runs."""
-    rec = graph.arena.rec
-    ops = rec["op"][graph.nodes]
-    hits = np.flatnonzero(np.isin(ops, [int(o) for o in FUSED_ONLY]))
-    if not len(hits):
-        return
-    covered = {j for i, f in plan.items() for j in range(i + 1, i + f.absorbed + 1)}
-    for j in hits.tolist():
-        if launches[j] and j not in covered:
-            node = graph.node(j)
-            raise UsageError(f"node {j} {node.name!r} ({node.op.name}) would run unfused, and the GPU backend computes "
-                             f"{'/'.join(o.name for o in FUSED_ONLY)} only inside the fused top-k MoE router "
-                             f"(llama's weight norm): keep fusion on, or use --backend cpu")
 
 
 def refuse_ops_after(graph: Graph, upstream: str) -> None:
