@@ -56,41 +56,32 @@ KERNEL_LB(glu_geglu_f32, 256) { binary(p, 3); }
 KERNEL_LB(glu_swiglu_clamp_f32, 256) { binary(p, 4); }
 KERNEL_LB(div_f32, 256) { binary(p, 5); }
 
-// dst = min(max(x, fp[0]), fp[1]) (GGML_OP_CLAMP; a NaN stays NaN, as numpy's minimum/maximum keep it)
-template <typename I> __device__ void clamp_t(const kparams &p) {
+// Unary ops with two float parameters, one thread per element:
+// op 0, GGML_OP_SCALE with its bias: dst = x * fp[0] + fp[1], a rounded multiply then a rounded add, never an
+//       FMA, so the simulator's numpy (two roundings) gives the same bytes;
+// op 1, GGML_OP_CLAMP: dst = min(max(x, fp[0]), fp[1]), a NaN stays NaN (as numpy's minimum/maximum keep it).
+__device__ __forceinline__ float unop(int op, float x, float a, float b) {
+    return op == 0 ? __fadd_rn(__fmul_rn(x, a), b) : x != x ? x : fminf(fmaxf(x, a), b);
+}
+
+template <typename I> __device__ void unary_t(const kparams &p, int op) {
     const tdesc &D = p.t[0], &X = p.t[1];
     const I n = (I)nelements(D), stride = (I)gridDim.x * blockDim.x;
-    const float lo = p.fp[0], hi = p.fp[1];
+    const float a = p.fp[0], b = p.fp[1];
     for (I i = (I)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += stride) {
         I i0, i1, i2, i3;
         unravel_t(i, D.ne, i0, i1, i2, i3);
-        const float x = load_f(X, i0, i1, i2, i3);
-        store_f(D, i0, i1, i2, i3, x != x ? x : fminf(fmaxf(x, lo), hi));
+        store_f(D, i0, i1, i2, i3, unop(op, load_f(X, i0, i1, i2, i3), a, b));
     }
 }
 
-KERNEL_LB(clamp_f32, 256) {
-    if (FITS32(nelements(p.t[0]))) clamp_t<unsigned>(p);
-    else clamp_t<i64>(p);
+__device__ void unary(const kparams &p, int op) {
+    if (FITS32(nelements(p.t[0]))) unary_t<unsigned>(p, op);
+    else unary_t<i64>(p, op);
 }
 
-// dst = x * fp[0] + fp[1] (GGML_OP_SCALE with its bias): rounded multiply, then rounded add, never an FMA,
-// so the simulator's numpy (two roundings) gives the same bytes.
-template <typename I> __device__ void scale_t(const kparams &p) {
-    const tdesc &D = p.t[0], &X = p.t[1];
-    const I n = (I)nelements(D), stride = (I)gridDim.x * blockDim.x;
-    const float s = p.fp[0], b = p.fp[1];
-    for (I i = (I)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += stride) {
-        I i0, i1, i2, i3;
-        unravel_t(i, D.ne, i0, i1, i2, i3);
-        store_f(D, i0, i1, i2, i3, __fadd_rn(__fmul_rn(load_f(X, i0, i1, i2, i3), s), b));
-    }
-}
-
-KERNEL_LB(scale_f32, 256) {
-    if (FITS32(nelements(p.t[0]))) scale_t<unsigned>(p);
-    else scale_t<i64>(p);
-}
+KERNEL_LB(scale_f32, 256) { unary(p, 0); }
+KERNEL_LB(clamp_f32, 256) { unary(p, 1); }
 
 // Copy between strided layouts: element i of src (flat, in src's ne) goes to element i of dst (in dst's
 // ne), as ggml's cpy; with equal ne this is a plain strided copy. The dst type (F32/F16) decides the store.

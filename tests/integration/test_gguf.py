@@ -13,7 +13,7 @@ from graphdiag.model.gguf_io import open_gguf, write_shape
 from graphdiag.model.presets import ModelConfig
 from graphdiag.model.weights import create_model
 from graphdiag.runner import run
-from support.cli import one_line
+from support.cli import export_files, one_line
 from support.decisions import decision_stream
 
 gguf = pytest.importorskip("gguf")
@@ -23,13 +23,7 @@ SMALL = ModelConfig("mini", 2, 128, 4, 2, 256, 512, n_ctx=512)
 
 @pytest.fixture(scope="module")
 def exported(tmp_path_factory):
-    d = tmp_path_factory.mktemp("gguf")
-    out = {}
-    for wt in ("f16", "q8_0"):
-        p = d / f"tiny-{wt}.gguf"
-        assert main(["export-gguf", "--model", "tiny", "--wtype", wt, str(p)]) == 0
-        out[wt] = p
-    return out
+    return export_files(tmp_path_factory.mktemp("gguf"), "tiny", "wtype", ("f16", "q8_0"))
 
 
 def test_an_exported_preset_reads_back_with_the_gguf_package(exported):

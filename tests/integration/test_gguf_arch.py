@@ -18,7 +18,7 @@ from graphdiag.model.presets import PRESETS, ROPE_NEOX
 from graphdiag.model.weights import create_file_model
 from graphdiag.runner import run
 from support.arch_gguf import MINI, MINI_QWEN3_WIDE, arch_config, write_arch_gguf
-from support.cli import one_line
+from support.cli import export_files, one_line
 from support.decisions import decision_stream
 
 gguf = pytest.importorskip("gguf")
@@ -26,13 +26,7 @@ gguf = pytest.importorskip("gguf")
 
 @pytest.fixture(scope="module")
 def exported(tmp_path_factory):
-    d = tmp_path_factory.mktemp("gguf-arch")
-    out = {}
-    for arch in ("qwen2", "qwen3"):
-        p = d / f"tiny-{arch}.gguf"
-        assert main(["export-gguf", "--model", "tiny", "--arch", arch, str(p)]) == 0
-        out[arch] = p
-    return out
+    return export_files(tmp_path_factory.mktemp("gguf-arch"), "tiny", "arch", ("qwen2", "qwen3"))
 
 
 def test_an_exported_qwen_file_has_the_keys_and_vocabulary_llama_cpp_reads(exported):

@@ -18,7 +18,7 @@ from graphdiag.model.presets import PRESETS, ModelConfig
 from graphdiag.model.weights import create_file_model, create_model
 from graphdiag.runner import run
 from support.arch_gguf import write_arch_gguf
-from support.cli import one_line
+from support.cli import export_files, one_line
 
 gguf = pytest.importorskip("gguf")
 
@@ -28,13 +28,7 @@ MOE_MINI = ModelConfig("moe-mini", 2, 128, 4, 2, 0, 512, n_expert=4, n_expert_us
 
 @pytest.fixture(scope="module")
 def exported(tmp_path_factory):
-    d = tmp_path_factory.mktemp("moe-gguf")
-    out = {}
-    for wt in ("f16", "q8_0"):
-        p = d / f"moe-tiny-{wt}.gguf"
-        assert main(["export-gguf", "--model", "moe-tiny", "--wtype", wt, str(p)]) == 0
-        out[wt] = p
-    return out
+    return export_files(tmp_path_factory.mktemp("moe-gguf"), "moe-tiny", "wtype", ("f16", "q8_0"))
 
 
 def _llama_cpp_tensors(n_layer: int) -> dict[str, tuple[int, ...]]:

@@ -164,17 +164,7 @@ def test_a_nan_or_infinite_logit_gives_upstreams_row():
     t, n, k = 3, 8, 2
     logits = np.random.default_rng(4).standard_normal((t, n)).astype(np.float32)
     logits[0, 3], logits[1, 6] = np.nan, np.inf
-    space = AddressSpace(0x7F00_0000_0000)
-    w = _put(space, np.zeros((t, k), np.float32))
-    ids = _put(space, np.full((t, n), -1, np.int32), I32)
-    p = new_params()
-    for slot, (addr, typ, ne, nb) in enumerate((w, (ids[0], int(I32), (k, t, 1, 1), (4, 4 * n, 4 * n * t, 4 * n * t)),
-                                                _put(space, logits))):
-        set_desc(p, slot, addr, typ, ne, nb)
-    p["ip"][0], p["fp"][0] = k, 1.0
-    run_kernel(space, "topk_moe_f32", p)
-    got_ids = space.ndarray(ids[0], int(I32), (n, t, 1, 1), ids[3]).reshape(t, n)[:, :k]
-    got_w = space.ndarray(w[0], int(F32), w[2], w[3]).reshape(t, k)
+    got_ids, got_w = _run_topk(logits, k)
     assert got_ids[:2].tolist() == [[0, 1], [0, 1]] and (got_w[:2] == np.float32(-3.402823466e38)).all()
     assert np.isfinite(got_w[2]).all() and got_w[2, 0] >= got_w[2, 1] > 0
 
