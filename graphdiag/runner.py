@@ -122,7 +122,7 @@ class Session:
             t0 = time.perf_counter_ns()
             self.ctx = make_context(self.model, [*gpus, self.cpu], bus, cfg.n_cpu_moe, cfg.reuse_disabled,
                                     self.split, self.devices.copy if self.devices is not None else None,
-                                    arenas_by_output=cfg.upstream != "d99724f2")
+                                    arenas_by_output=cfg.upstream != "d99724f2", upstream=cfg.upstream)
             self.load_ns = time.perf_counter_ns() - t0       # the weights' upload, nearly all of it
             self.reference = Reference(self.model, q8_1_activations=self.gpu is not None) if cfg.oracle else None
             # the Q8_1 noise twin: the same reference with its activations jittered before each Q8_1 rounding

@@ -59,9 +59,9 @@ KERNEL_LB(div_f32, 256) { binary(p, 5); }
 // Unary ops with two float parameters, one thread per element:
 // op 0, GGML_OP_SCALE with its bias: dst = x * fp[0] + fp[1], a rounded multiply then a rounded add, never an
 //       FMA, so the simulator's numpy (two roundings) gives the same bytes;
-// op 1, GGML_OP_CLAMP: dst = min(max(x, fp[0]), fp[1]), a NaN stays NaN (as numpy's minimum/maximum keep it).
+// op 1, GGML_OP_CLAMP: dst = fminf(fmaxf(x, fp[0]), fp[1]), ggml-cuda's op_clamp (a NaN becomes fp[0]).
 __device__ __forceinline__ float unop(int op, float x, float a, float b) {
-    return op == 0 ? __fadd_rn(__fmul_rn(x, a), b) : x != x ? x : fminf(fmaxf(x, a), b);
+    return op == 0 ? __fadd_rn(__fmul_rn(x, a), b) : fminf(fmaxf(x, a), b);
 }
 
 template <typename I> __device__ void unary_t(const kparams &p, int op) {

@@ -84,8 +84,16 @@ def sum_rows(x: np.ndarray) -> np.ndarray:
 
 
 def clamp(x: np.ndarray, lo: float, hi: float) -> np.ndarray:
-    """min(max(x, lo), hi) in float32 (GGML_OP_CLAMP; a NaN stays NaN)."""
-    return np.minimum(np.maximum(to_f32(x), F32(lo)), F32(hi))
+    """GGML_OP_CLAMP as ggml-cpu computes it, MAX(MIN(x, hi), lo) with C's comparison macros, in float32: a NaN
+    becomes hi (NaN < hi is false). ggml-cuda's op_clamp differs there (clamp_cuda)."""
+    x = to_f32(x)
+    y = np.where(x < F32(hi), x, F32(hi))
+    return np.where(y > F32(lo), y, F32(lo)).astype(F32)
+
+
+def clamp_cuda(x: np.ndarray, lo: float, hi: float) -> np.ndarray:
+    """GGML_OP_CLAMP as ggml-cuda's op_clamp computes it, fminf(fmaxf(x, lo), hi): a NaN becomes lo."""
+    return np.fmin(np.fmax(to_f32(x), F32(lo)), F32(hi))
 
 
 def rms_norm(x: np.ndarray, eps: float) -> np.ndarray:

@@ -230,12 +230,13 @@ def _flash_attn_direct(d: int) -> Callable[[np.ndarray], Geometry]:
     shmem = 4 * (d + (FAVD_THREADS // 32) * d + 32)     # scores, the warps' p . V, reductions
 
     def geom(p) -> Geometry:
-        q = _ne(p, 1)
+        q, n_kv = _ne(p, 1), _ne(p, 2)[2]
         if q[0] != d:
             raise ValueError(f"{fa_direct_kernel(d)}: q head size {q[0]} does not match")
-        if not (_ip(p, 2) and _ip(p, 3)) or not 0 <= _ip(p, 0) <= d:
-            raise ValueError(f"{fa_direct_kernel(d)}: takes one split of 0..{d} positions and one query head "
-                             f"per block (ip[0..3] = {_ip(p, 0)}, {_ip(p, 1)}, {_ip(p, 2)}, {_ip(p, 3)})")
+        if not (_ip(p, 2) and _ip(p, 3)) or not n_kv <= _ip(p, 0) <= d:
+            raise ValueError(f"{fa_direct_kernel(d)}: takes one split of all n_kv = {n_kv} positions, at most {d}, "
+                             f"and one query head per block (ip[0..3] = {_ip(p, 0)}, {_ip(p, 1)}, {_ip(p, 2)}, "
+                             f"{_ip(p, 3)})")
         return (1, max(q[1], 1), max(q[2] * q[3], 1)), (FAVD_THREADS, 1, 1), shmem
     return geom
 

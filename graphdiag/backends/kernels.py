@@ -257,7 +257,8 @@ def _moe_norm_specs() -> list[KernelSpec]:
     """llama's MoE weight norm unfused (SUM_ROWS, CLAMP, DIV), where the top-k router's fusion is off or refused."""
     return [
         KernelSpec("sum_rows_f32", ("dst (1, rows...)", "x"), doc="per row: dst = sum_i x[i]"),
-        KernelSpec("clamp_f32", ("dst", "x"), fp=("min", "max"), doc="min(max(x, min), max); a NaN stays NaN"),
+        KernelSpec("clamp_f32", ("dst", "x"), fp=("min", "max"),
+                   doc="fminf(fmaxf(x, min), max), ggml-cuda's op_clamp: a NaN becomes min"),
         KernelSpec("div_f32", ("dst", "a", "b (broadcast)"), doc="a / b (IEEE, rounded to nearest)"),
     ]
 

@@ -59,7 +59,7 @@ def build(view) -> dict[str, Kernel]:
         view(space, p, 0)[...] = ops.sum_rows(view(space, p, 1))
 
     def clamp(space, p):
-        view(space, p, 0)[...] = ops.clamp(view(space, p, 1), float(p["fp"][0]), float(p["fp"][1]))
+        view(space, p, 0)[...] = ops.clamp_cuda(view(space, p, 1), float(p["fp"][0]), float(p["fp"][1]))
 
     def div(space, p):
         view(space, p, 0)[...] = ops.div(view(space, p, 1), view(space, p, 2))

@@ -19,7 +19,7 @@ from pathlib import Path
 
 from .. import events as E
 from ..config import N_BATCH
-from ..errors import UsageError
+from ..errors import UsageError, WatchError
 from ..plan import kv_demand, plan_steps
 from ..report.record.header import RunHeader
 from .batches import Batcher
@@ -94,9 +94,9 @@ def _session(ll, path: Path, cp: ContextParams, cfg, plan, writer: RawWriter, ma
         session = LlamaSession(ll, str(path), cp)
         _check_prompt(cfg, session.n_vocab)
         w = make_watcher(writer.emit)
-        status = "failed: llama.cpp's graph calls could not be watched (CUPTI)"
-        w.start()
         try:
+            status = "failed: llama.cpp's graph calls could not be watched (CUPTI)"
+            w.start()                      # a watcher that fails to start is closed too (its log callback kept)
             status = "failed: stopped inside a decode"
             walk(session, plan, Batcher(cfg, session.n_vocab), writer.emit, nvtx_sink(), getattr(w, "gpu_ns", None),
                  getattr(w, "own_ns", None))
@@ -104,6 +104,8 @@ def _session(ll, path: Path, cp: ContextParams, cfg, plan, writer: RawWriter, ma
         except KeyboardInterrupt:
             status = "interrupted: Ctrl-C"
             raise
+        except WatchError:
+            raise                          # the status already says it
         except Exception as e:
             status = f"failed: {type(e).__name__}: {e}"
             raise

@@ -54,6 +54,14 @@ def _u32(addr: int) -> int:
     return ctypes.c_uint32.from_address(addr).value
 
 
+def _result_name(cupti, status) -> str:
+    """CUPTI's name for a result code (the number where this CUPTI has no name for it)."""
+    try:
+        return cupti.Result(status).name
+    except ValueError:
+        return f"CUPTI result {status}"
+
+
 def _subscribe_refused(status: str) -> str:
     """The one-line reason cuptiSubscribe refused the watcher."""
     if status == "ERROR_MULTIPLE_SUBSCRIBERS_NOT_SUPPORTED":
@@ -83,20 +91,28 @@ class Watch:
 
     # -- CUPTI -----------------------------------------------------------------------------------------
     def start(self) -> None:
-        from cupti import cupti
+        try:
+            from cupti import cupti
+        except ImportError as e:
+            raise WatchError(f"no CUPTI (cupti-python: {e}): llama.cpp's graph calls cannot be watched") from None
         self._c = cupti
         try:
             self._sub = cupti.subscribe(self._on_callback, None)
         except cupti.cuptiError as e:
-            raise WatchError(_subscribe_refused(cupti.Result(e.status).name)) from None
-        self._cbid_fn = {}
-        for name, member in cupti.runtime_api_trace_cbid.__members__.items():
-            fn = next((f for p, f in _CBID_PREFIX.items() if name.startswith(p)), None)
-            if fn is not None:
-                self._cbid_fn[int(member)] = fn
-                cupti.enable_callback(1, self._sub, cupti.CallbackDomain.RUNTIME_API, int(member))
-        cupti.enable_callback(1, self._sub, cupti.CallbackDomain.RESOURCE,
-                              int(cupti.CallbackIdResource.GRAPHNODE_CREATED))
+            raise WatchError(_subscribe_refused(_result_name(cupti, e.status))) from None
+        try:
+            self._cbid_fn = {}
+            for name, member in cupti.runtime_api_trace_cbid.__members__.items():
+                fn = next((f for p, f in _CBID_PREFIX.items() if name.startswith(p)), None)
+                if fn is not None:
+                    self._cbid_fn[int(member)] = fn
+                    cupti.enable_callback(1, self._sub, cupti.CallbackDomain.RUNTIME_API, int(member))
+            cupti.enable_callback(1, self._sub, cupti.CallbackDomain.RESOURCE,
+                                  int(cupti.CallbackIdResource.GRAPHNODE_CREATED))
+        except cupti.cuptiError as e:     # subscribed, but a callback could not be enabled: let go of it
+            self.stop()
+            raise WatchError(f"CUPTI would not enable graphdiag's callbacks ({_result_name(cupti, e.status)}): "
+                             "llama.cpp's graph calls cannot be watched") from None
 
     def stop(self) -> None:
         if self._sub is not None:

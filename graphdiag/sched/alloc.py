@@ -26,8 +26,13 @@ from ..release import releasing
 _KEEP = int(TensorFlag.INPUT | TensorFlag.OUTPUT)
 _INPUT = int(TensorFlag.INPUT)
 # ggml_op_can_inplace, for the ops graphdiag's graphs have: such a node takes over its parent's memory
-# when it is that parent's last reader (ggml_gallocr_allocate_node)
-INPLACE_OPS = frozenset({Op.ADD, Op.MUL, Op.SCALE, Op.ROPE, Op.RMS_NORM, Op.SOFT_MAX})
+# when it is that parent's last reader (ggml_gallocr_allocate_node). CLAMP joined the list after d99724f2
+# (0c1e57098's ggml-alloc.c has it; llama's MoE weight norm clamps the SUM_ROWS of the weights in place)
+INPLACE_OPS_AT = {
+    "d99724f2": frozenset({Op.ADD, Op.MUL, Op.DIV, Op.SCALE, Op.ROPE, Op.RMS_NORM, Op.SOFT_MAX}),
+    "0c1e57098": frozenset({Op.ADD, Op.MUL, Op.DIV, Op.SCALE, Op.ROPE, Op.RMS_NORM, Op.SOFT_MAX, Op.CLAMP}),
+}
+INPLACE_OPS = INPLACE_OPS_AT["0c1e57098"]
 
 
 class FreeList:
@@ -91,8 +96,10 @@ class _Planner:
     """One reserve's state over a Columns snapshot: the plan so far, one free list per backend, the
     consumers left per tensor and the live views per view_src; tensors are slots."""
 
-    def __init__(self, col: Columns, alignments: list[int], nodes: np.ndarray):
+    def __init__(self, col: Columns, alignments: list[int], nodes: np.ndarray,
+                 inplace_ops: frozenset = INPLACE_OPS):
         self.col = col
+        self.inplace_ops = inplace_ops
         self.plan: dict[int, Placement] = {}
         self.lists = [FreeList(a) for a in alignments]
         self.backend_of: dict[int, int] = {}
@@ -130,7 +137,7 @@ class _Planner:
         a view), so a node over a view parent gets memory of its own."""
         col, plan, children, views = self.col, self.plan, self.children, self.views
         flags, view_src, owned, layout = col.flags, col.view_src, col.owned, col.layout
-        if col.op[node] not in INPLACE_OPS or flags[node] & _KEEP:
+        if col.op[node] not in self.inplace_ops or flags[node] & _KEEP:
             return -1
         for parent in col.src[node]:
             if parent < 0 or parent in self.moved or view_src[parent] >= 0:
@@ -204,8 +211,9 @@ def _late_sources(col: Columns, nodes: np.ndarray, leafs: np.ndarray) -> bool:
 class GraphAllocator:
     """Compute buffers of `backends` (index = backend id) and the placement plan of the last reserved graph."""
 
-    def __init__(self, backends: list[Backend], bus: E.EventBus | None = None):
+    def __init__(self, backends: list[Backend], bus: E.EventBus | None = None, upstream: str = "0c1e57098"):
         self.backends = backends
+        self.inplace_ops = INPLACE_OPS_AT[upstream]     # the upstream's ggml_op_can_inplace
         # allocation dependencies (#27301, set through graph_optimize): node slot -> slots kept alive until it
         # has run (ggml_backend_sched adds a no-op node reading them right after it)
         self.deps: dict[int, list[int]] = {}
@@ -245,7 +253,8 @@ class GraphAllocator:
                 col: Columns | None = None) -> None:
         """Plan offsets for every owned tensor, then grow the buffers that are too small."""
         nodes, leafs = g.nodes.tolist(), g.leafs.tolist()
-        pl = _Planner(col if col is not None else Columns(g.arena), [be.alignment for be in self.backends], g.nodes)
+        pl = _Planner(col if col is not None else Columns(g.arena), [be.alignment for be in self.backends], g.nodes,
+                      self.inplace_ops)
         pl.backend_of = dict(zip(nodes, node_backend))
         pl.backend_of.update(zip(leafs, leaf_backend))
         flags = pl.col.flags

@@ -288,11 +288,12 @@ class _Prepared:
 
 def make_context(model: Model, backends: list[Backend], bus: E.EventBus | None = None, n_cpu_moe: int = 0,
                  reuse_disabled: bool = False, split: LayerSplit | None = None, copier=None,
-                 arenas_by_output: bool = True) -> Context:
+                 arenas_by_output: bool = True, upstream: str = "0c1e57098") -> Context:
     """Load the model (backends[0] default, backends[-1] the CPU for --n-cpu-moe), wire scheduler and context.
     With a layer `split` the GPU backends come first, one per device in device order (backend index =
     device), and `copier` moves split inputs between them. `arenas_by_output`: one graph result for
-    ubatches with outputs and one for those without (llama.cpp 0c1e57098), else one (ggml d99724f2)."""
+    ubatches with outputs and one for those without (llama.cpp 0c1e57098), else one (ggml d99724f2); `upstream`:
+    whose ggml-alloc rules place the tensors (its in-place ops)."""
     bus = bus if bus is not None else E.EventBus()
     cpu = backends[-1] if len(backends) > 1 else None
     gpus = [b for b in backends if b.is_gpu]
@@ -301,7 +302,7 @@ def make_context(model: Model, backends: list[Backend], bus: E.EventBus | None =
         pin = split.node_device
     else:
         buffers, pin = load_model(model, backends[0], cpu, n_cpu_moe), None
-    sched = Scheduler(backends, model.arena, bus, pin=pin, copier=copier)
+    sched = Scheduler(backends, model.arena, bus, pin=pin, copier=copier, upstream=upstream)
     for wb in buffers:
         sched.register_buffer(wb.addr, wb.nbytes, wb.backend)
     return Context(model, sched, bus, reuse_disabled, arenas_by_output)

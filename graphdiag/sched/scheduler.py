@@ -47,7 +47,8 @@ def is_sched_copy(t: Tensor) -> bool:
 
 
 class Scheduler:
-    def __init__(self, backends: list[Backend], arena: Arena, bus: E.EventBus | None = None, pin=None, copier=None):
+    def __init__(self, backends: list[Backend], arena: Arena, bus: E.EventBus | None = None, pin=None, copier=None,
+                 upstream: str = "0c1e57098"):
         """`pin(name)`: a backend index for a node by name, or None; `copier(src, dst, src_be, dst_be)`: copies
         a split input between two devices and returns True (False: the default copy through the host)."""
         if not backends:
@@ -55,7 +56,7 @@ class Scheduler:
         self.backends = list(backends)
         self.arena = arena
         self.bus = bus
-        self.galloc = GraphAllocator(self.backends, bus)
+        self.galloc = GraphAllocator(self.backends, bus, upstream)
         self.owners: list[tuple[int, int, int]] = []   # (address, bytes, backend) of persistent buffers
         self.splits: list[Split] = []
         self.graph: Graph | None = None                 # the graph copy: split inputs + nodes

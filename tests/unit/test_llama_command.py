@@ -267,7 +267,7 @@ def _fake_cupti(monkeypatch, status: str):
             self.status = status
 
     def subscribe(cb, user):
-        raise cuptiError(int(Result[status]))
+        raise cuptiError(status if isinstance(status, int) else int(Result[status]))
 
     inner = types.SimpleNamespace(Result=Result, cuptiError=cuptiError, subscribe=subscribe)
     pkg = types.ModuleType("cupti")
@@ -276,7 +276,8 @@ def _fake_cupti(monkeypatch, status: str):
 
 
 @pytest.mark.parametrize("status,words", [("ERROR_MULTIPLE_SUBSCRIBERS_NOT_SUPPORTED", "a profiler attached"),
-                                          ("ERROR_NOT_INITIALIZED", "ERROR_NOT_INITIALIZED")])
+                                          ("ERROR_NOT_INITIALIZED", "ERROR_NOT_INITIALIZED"),
+                                          (999, "CUPTI result 999")])
 def test_a_refused_cupti_subscriber_is_one_line_not_an_internal_error(monkeypatch, status, words):
     """Under Nsight Compute (a CUPTI subscriber of its own) graphdiag llama used to end as an internal error."""
     from graphdiag.errors import INTERNAL_EXIT, WatchError
@@ -301,9 +302,17 @@ def test_a_watch_that_cannot_start_ends_the_record_saying_so(tmp_path):
         def close(self):
             pass
 
+        def perf(self):
+            return {}
+
     class Watcher:
+        closed = False
+
         def start(self):
             raise WatchError("CUPTI refused")
+
+        def close(self):            # a watcher that failed to start is closed too (LeadWatcher keeps its log callback)
+            Watcher.closed = True
 
     events = []
 
@@ -320,3 +329,13 @@ def test_a_watch_that_cannot_start_ends_the_record_saying_so(tmp_path):
     finally:
         lrun.LlamaSession = orig
     assert events[-1] == {"ev": "end", "status": "failed: llama.cpp's graph calls could not be watched (CUPTI)"}
+    assert Watcher.closed
+
+
+def test_no_cupti_is_one_line(monkeypatch):
+    from graphdiag.errors import WatchError
+    from graphdiag.llama.watch import Watch
+    monkeypatch.setitem(sys.modules, "cupti", None)          # import cupti raises ImportError
+    with pytest.raises(WatchError, match="no CUPTI"):
+        Watch(lambda ev: None).start()
+
