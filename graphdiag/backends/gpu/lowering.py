@@ -37,7 +37,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from ...errors import GraphdiagError, UsageError
+from ...errors import GraphdiagError
 from ...ir.arena import TENSOR_SIZE
 from ...ir.attention import fa_operands
 from ...ir.dtypes import QK8_0, GGMLType, is_quantized
