@@ -168,14 +168,16 @@ __device__ __forceinline__ unsigned shf_r(unsigned lo, unsigned hi, unsigned sh)
 }
 
 // The 8 quant words of the 34-byte Q8_0 block at blk (2-byte aligned): its 32 quants start 2 bytes in, so
-// they are 4-byte aligned for every other block; 9 aligned word loads and a funnel shift serve both cases.
+// they are 4-byte aligned for every other block. 8 aligned word loads and a funnel shift serve both cases;
+// when the quants start mid-word, the last two come from one 2-byte load, so no byte past the block is read.
 __device__ __forceinline__ void q8_block_words(const unsigned char *blk, int *q) {
     const u64 qa = (u64)(blk + 2);
     const unsigned *wb = (const unsigned *)(qa & ~(u64)3);
     const unsigned sh = (unsigned)(qa & 3) * 8;
     unsigned wv[9];
 #pragma unroll
-    for (int i = 0; i < 9; ++i) wv[i] = wb[i];
+    for (int i = 0; i < 8; ++i) wv[i] = wb[i];
+    wv[8] = sh ? (unsigned)*(const unsigned short *)(blk + 32) : 0u;
 #pragma unroll
     for (int i = 0; i < 8; ++i) q[i] = (int)shf_r(wv[i], wv[i + 1], sh);
 }
@@ -196,13 +198,18 @@ __device__ __forceinline__ float q8_lane_block(const unsigned char *blk, const c
     return h2f(*(const unsigned short *)blk) * h2f(*(const unsigned short *)xb) * (float)q8_1_dot32(q, xb);
 }
 
-// One Q8_0 block's share for 4 lanes (8 quants = 2 ints each, 2-byte loads) against the Q8_1 block of x: the
-// blocks past the last whole step, read straight from global memory 8 blocks per warp pass.
-__device__ __forceinline__ float q8_block_dot(const unsigned char *blk, int sub, const char *xb) {
-    const unsigned short *qs = (const unsigned short *)(blk + 2 + sub * 8);
-    const int w0 = (int)((unsigned)qs[0] | ((unsigned)qs[1] << 16)), w1 = (int)((unsigned)qs[2] | ((unsigned)qs[3] << 16));
-    const int *xi = (const int *)(xb + 4 + sub * 8);
-    return h2f(*(const unsigned short *)blk) * h2f(*(const unsigned short *)xb) * (float)dp4a(w1, xi[1], dp4a(w0, xi[0], 0));
+// One column against blocks [b0, nblk) of a Q8_0 row, a whole block per lane (lane + 32 * part, stepping
+// 32 * nparts): rows of fewer than Q8_STEP blocks (tiny's and Gemma 3's K 512 / 640: the LM head), rows not
+// 16-byte aligned (odd rows of a 640-wide matrix) and the blocks past a staged row's last whole step. Each
+// lane has its block's 8 words in flight at once; the 4-lanes-a-block loop this replaces (2-byte loads, 8
+// blocks a pass) ran Gemma 3's Q8_0 LM head (K 640, 262144 rows) at half of ggml's bandwidth on the H200.
+__device__ __forceinline__ float q8_row_lanes(const char *w, i64 b0, i64 nblk, const char *xq, int part, int nparts) {
+    const int lane = threadIdx.x & 31;
+    float a = 0.0f;
+#pragma unroll 2
+    for (i64 b = b0 + lane + 32 * part; b < nblk; b += 32 * nparts)
+        a += q8_lane_block((const unsigned char *)w + b * 34, xq + b * 36);
+    return a;
 }
 
 // One column against a 16-byte aligned Q8_0 row, staged: the row is read in steps of Q8_STEP blocks (1088
@@ -210,11 +217,10 @@ __device__ __forceinline__ float q8_block_dot(const unsigned char *blk, int sub,
 // is used) into the warp's shared buffer; each lane then takes one whole block of the step from there (one
 // integer dot of 32 quants, one scale product: measured on the H200, cold L2, K2048 M32000: 31.6 -> 22.5 us
 // against 4 lanes per block). Step s of the row goes to part s % nparts; the blocks past the last whole step
-// take 4 lanes per block straight from global memory (q8_block_dot), 8 blocks per warp pass. The buffer has
-// 16 bytes of slack: the last lane's 9-word read ends past its block.
+// take a lane each straight from global memory (q8_row_lanes).
 #define Q8_STEP 32
 #define Q8_STEP_U4 (Q8_STEP * 34 / 16)   // 68 uint4 per step
-#define Q8_STAGE (Q8_STEP * 34 + 16)
+#define Q8_STAGE (Q8_STEP * 34)
 __device__ __forceinline__ float q8_row_staged(const char *w, i64 K, const char *xq, int part, int nparts) {
     __shared__ __align__(16) unsigned char stage[MMV_WARPS][Q8_STAGE];
     const int lane = threadIdx.x & 31;
@@ -239,9 +245,7 @@ __device__ __forceinline__ float q8_row_staged(const char *w, i64 K, const char 
         __syncwarp();
         a += q8_lane_block((const unsigned char *)st + lane * 34, xq + (s * Q8_STEP + lane) * 36);
     }
-    for (i64 b = nsteps * Q8_STEP + (lane >> 2) + 8 * part; b < nblk; b += 8 * nparts)
-        a += q8_block_dot((const unsigned char *)w + b * 34, lane & 3, xq + b * 36);
-    return a;
+    return a + q8_row_lanes(w, nsteps * Q8_STEP, nblk, xq, part, nparts);
 }
 
 // The GLU pair (gate and up rows against one column) staged together: both rows' steps are in flight at
@@ -270,25 +274,27 @@ __device__ __forceinline__ void q8_rows2_staged(const char *wg, const char *wu, 
         q8_block_words(bu, q);
         au += h2f(*(const unsigned short *)bu) * dx * (float)q8_1_dot32(q, xb);
     }
-    for (i64 b = nsteps * Q8_STEP + (lane >> 2); b < nblk; b += 8) {
-        ag += q8_block_dot((const unsigned char *)wg + b * 34, lane & 3, xq + b * 36);
-        au += q8_block_dot((const unsigned char *)wu + b * 34, lane & 3, xq + b * 36);
+    for (i64 b = nsteps * Q8_STEP + lane; b < nblk; b += 32) {
+        ag += q8_lane_block((const unsigned char *)wg + b * 34, xq + b * 36);
+        au += q8_lane_block((const unsigned char *)wu + b * 34, xq + b * 36);
     }
     ag = warp_sum(ag);
     au = warp_sum(au);
 }
 
 // Q8_0 row . Q8_1 x rows (xq + n * xnb1: K / 32 blocks of 36 bytes: f16 d, f16 s, 32 int8). 4 lanes per
-// weight block (8 quants = 2 ints each), 8 blocks per warp step, ILP steps in flight; one column of a
-// 16-byte aligned row takes the staged loop above.
+// weight block (8 quants = 2 ints each), 8 blocks per warp step, ILP steps in flight (several columns). One
+// column takes the staged loop above (16-byte aligned rows of Q8_STEP blocks or more), else a block a lane.
 template <int NC>
 __device__ __forceinline__ void row_dots_q8_1(const char *w, i64 wnb0, i64 K, const char *xq, i64 xnb1, int nc,
                                               float *acc, int part = 0, int nparts = 1) {
     constexpr int ILP = NC == 1 ? MMV_ILP_Q : 1;
     const int lane = threadIdx.x & 31, sub = lane & 3;
     const i64 nblk = K / QK8_0;
-    if (NC == 1 && wnb0 == 34 && aligned16(w)) {
-        acc[0] = warp_sum(acc[0] + q8_row_staged(w, K, xq, part, nparts));
+    if (NC == 1 && wnb0 == 34) {
+        const float a = nblk >= Q8_STEP && aligned16(w) ? q8_row_staged(w, K, xq, part, nparts)
+                                                        : q8_row_lanes(w, 0, nblk, xq, part, nparts);
+        acc[0] = warp_sum(acc[0] + a);
         return;
     }
     for (i64 b0 = (lane >> 2) + 8 * ILP * part; b0 < nblk; b0 += 8 * ILP * nparts) {

@@ -60,6 +60,11 @@ def mat_vec_cases() -> list[Case]:
                             (1280, 40, 1)):
             c = Case(f"mul_mat_vec_{w}", f"K{k}-M{m}-N1-{parts}-warps-per-row", F32_DOT)
             out.append(c.set(c.output(G.F32, m, 1), _weights(c, w, k, m), _x(c, w, k, 1), ip=(0, parts)))
+        # rows of fewer than 32 blocks, every other one off 16-byte alignment (K640: Gemma 3's LM head; Q8_0:
+        # a block a lane), alone and shared by warps; K1120: a staged step and 3 blocks past it
+        for k, m, parts in ((640, 70, 1), (640, 37, 2), (512, 33, 1), (1120, 21, 4)):
+            c = Case(f"mul_mat_vec_{w}", f"K{k}-M{m}-N1-{parts}-warps-per-row-short", F32_DOT)
+            out.append(c.set(c.output(G.F32, m, 1), _weights(c, w, k, m), _x(c, w, k, 1), ip=(0, parts)))
         c = Case(f"mul_mat_vec_{w}", "K512-M96-N1-offset-2-warps-per-row", F32_DOT)     # the generic loops
         out.append(c.set(c.output(G.F32, 96, 1), _weights(c, w, 512, 96, layout="offset"), _x(c, w, 512, 1),
                          ip=(0, 2)))
@@ -142,7 +147,8 @@ def glu_cases() -> list[Case]:
     out = []
     for w in W_TYPES:
         # K1280: aligned rows with a partial last step (Q8_0: a staged step, then 8 blocks past it)
-        for k, m, n in ((1024, 300, 1), (512, 77, 5), (1280, 70, 1)):
+        # K640: rows of 20 blocks, odd ones off 16-byte alignment (Q8_0: a block a lane, staged or not)
+        for k, m, n in ((1024, 300, 1), (512, 77, 5), (1280, 70, 1), (640, 33, 1)):
             c = Case(f"mul_mat_vec_glu_{w}", f"K{k}-M{m}-N{n}", F32_DOT)
             out.append(c.set(c.output(G.F32, m, n), c.randn(WT[w], k, m), c.randn(WT[w], k, m),
                              _x(c, w, k, n), ip=(2,)))
