@@ -47,7 +47,8 @@ def norm_op_cases() -> list[Case]:
         out.append(c.set(c.output(G.F32, n, t), c.randn(G.F32, n, t), c.randn(G.F32, n), c.randn(G.F32, n, r_rows),
                          fp=(1e-6,)))
     for mode in (0, NEOX):
-        for d, h, t, n_dims in ((256, 4, 3, 256), (128, 2, 2, 64)):
+        # a pair per thread (D 256, 128; D 96: threads past the pairs), and D 1024: pairs strided over the block
+        for d, h, t, n_dims in ((256, 4, 3, 256), (128, 2, 2, 64), (96, 3, 2, 64), (1024, 1, 2, 128)):
             c = Case("rms_norm_mul_rope_f32", f"mode{mode}-D{d}-H{h}-T{t}-ndims{n_dims}", ROPE)
             pos = c.ints(c.rng.integers(0, 100, t))
             out.append(c.set(c.output(G.F32, d, h, t), c.randn(G.F32, d, h, t), c.randn(G.F32, d), pos,

@@ -109,6 +109,13 @@ def _refusal(capsys, path) -> str:
     ("llama", dict(extra_tensors={"rope_freqs.weight": np.ones(16)}),
      "tensor rope_freqs.weight changes llama's graph in llama.cpp; graphdiag does not compute it"),
     ("qwen2", dict(extra_tensors={"output.bias": np.zeros(512)}), "tensor output.bias changes qwen2's graph"),
+    # the per-weight scales llama.cpp loads for every architecture (build_lora_mm multiplies by them)
+    ("llama", dict(extra_tensors={"blk.1.attn_q.scale": np.ones(1)}),
+     "tensor blk.1.attn_q.scale changes llama's graph in llama.cpp (build_lora_mm multiplies its mat-mul by it)"),
+    ("qwen3", dict(extra_tensors={"blk.0.ffn_down.input_scale": np.ones(1)}),
+     "tensor blk.0.ffn_down.input_scale changes qwen3's graph in llama.cpp"),
+    ("qwen2", dict(extra_tensors={"output.scale": np.ones(1)}), "tensor output.scale changes qwen2's graph"),
+    ("gemma3", dict(extra_tensors={"blk.0.ffn_up.scale": np.ones(1)}), "tensor blk.0.ffn_up.scale changes gemma3's"),
 ])
 def test_a_file_the_architectures_graph_cannot_compute_is_refused_in_one_line(tmp_path, capsys, arch, kw, needle):
     line = _refusal(capsys, write_arch_gguf(tmp_path / "bad.gguf", arch, **kw))

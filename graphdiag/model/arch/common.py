@@ -132,12 +132,23 @@ def _check_rope_scaling(meta: Meta) -> None:
                         f"computed by graphdiag")
 
 
+# Per-weight scales llama.cpp 0c1e57098 loads for every architecture (llama_model::load_tensors' generic pass
+# after load_arch_tensors: `<weight>.scale`, shape {1} or {n_expert}, and `<weight>.input_scale`, for the
+# attention, FFN, expert, SSM and output weights; NVFP4 files carry them). build_lora_mm multiplies a mat-mul
+# by its weight's scale, so a file with one computes another model than the weights alone.
+WEIGHT_SCALES = (".scale", ".input_scale")
+
+
 def refuse_present(meta: Meta, names: tuple[str, ...]) -> None:
     """Refuse a file that has a tensor llama.cpp would use and graphdiag's graph does not (naming it),
-    instead of silently computing another model. `names` are suffixes (`attn_output.bias` matches each layer's)."""
+    instead of silently computing another model. `names` are suffixes (`attn_output.bias` matches each layer's);
+    the per-weight scales (WEIGHT_SCALES) are refused for every architecture."""
+    names = tuple(names) + WEIGHT_SCALES
     for n in sorted(meta.names):
         if n.endswith(names):
-            raise meta.fail(f"tensor {n} changes {meta.arch}'s graph in llama.cpp; graphdiag does not compute it")
+            why = " (build_lora_mm multiplies its mat-mul by it)" if n.endswith(WEIGHT_SCALES) else ""
+            raise meta.fail(f"tensor {n} changes {meta.arch}'s graph in llama.cpp{why}; graphdiag does not "
+                            f"compute it")
 
 
 def attention_specs(cfg: ModelConfig, il: int, wo: bool = True) -> Iterator[TensorSpec]:

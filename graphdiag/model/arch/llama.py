@@ -23,7 +23,7 @@ NAME = "llama"
 ROPE_TYPE = ROPE_NORM
 # tensors llama.cpp's llama graph uses when present and graphdiag's does not: refused, not ignored
 UNSUPPORTED = ("rope_freqs.weight", "attn_output.bias", "ffn_gate.bias", "ffn_up.bias", "ffn_down.bias",
-               "attn_qkv.weight", "ffn_gate_exps.scale", "ffn_up_exps.scale", "ffn_down_exps.scale")
+               "attn_qkv.weight")   # and every weight's .scale / .input_scale (common.WEIGHT_SCALES)
 MAX_EXPERTS = 1024       # llama-hparams.h LLAMA_MAX_EXPERTS
 
 
