@@ -267,6 +267,21 @@ template <int D, bool VEC> __device__ void fa_vec_direct_body(const kparams &p, 
 
     const char *kbase = (const char *)Kc.data + hk * Kc.nb[1] + (b % Kc.ne[3]) * Kc.nb[3];
     const char *vbase = (const char *)V.data + hk * V.nb[1] + (b % V.ne[3]) * V.nb[3];
+    // Q (F32) and O (F32) rows, and the mask row (F16 or F32: a flag, not load_f's switch per element): the
+    // generic loads inlined at every unrolled use made the kernel's code 140 KB (65 KB for the path a
+    // launch takes), far past what the SM's instruction caches hold; 37 KB without them.
+    const char *qrow = row_ptr(Q, h, t, b);
+    const char *mrow = has_mask ? (const char *)Mk.data + t * Mk.nb[1] + (h % Mk.ne[2]) * Mk.nb[2] +
+                                      (b % Mk.ne[3]) * Mk.nb[3]
+                                : nullptr;
+    const bool m16 = Mk.type == GGML_F16;
+
+    // V's lines are asked into L2 now, so pass 3 finds them there rather than a round trip to HBM after the
+    // softmax (the KV cache of a layer is cold: a step streams all the weights through L2 between its uses).
+    constexpr int VLINES = D * 2 > 128 ? D * 2 / 128 : 1;   // 128-byte lines of a V row
+    if (VEC)
+        for (i64 j = tid / VLINES; j < nkv; j += FAVD_THREADS / VLINES)
+            asm volatile("prefetch.global.L2 [%0];" ::"l"(vbase + j * V.nb[2] + (tid % VLINES) * 128));
 
     // 1. scores: lane group tid / LK takes positions tid / LK + PK * s; lane kl = tid % LK dims 8 (c LK + kl) + [0, 8)
     const int kl = tid % LK;
@@ -274,7 +289,7 @@ template <int D, bool VEC> __device__ void fa_vec_direct_body(const kparams &p, 
 #pragma unroll
     for (int c = 0; c < CK; ++c)
 #pragma unroll
-        for (int e = 0; e < 8; ++e) q[c][e] = load_f(Q, (i64)(c * LK + kl) * 8 + e, h, t, b);
+        for (int e = 0; e < 8; ++e) q[c][e] = *(const float *)(qrow + ((i64)(c * LK + kl) * 8 + e) * Q.nb[0]);
 #pragma unroll
     for (int s0 = 0; s0 < SK; s0 += GK) {   // GK steps' K rows and mask values in flight at once
         uint4 kr[GK][CK];
@@ -287,7 +302,8 @@ template <int D, bool VEC> __device__ void fa_vec_direct_body(const kparams &p, 
             for (int c = 0; c < CK; ++c)
                 kr[u][c] = in ? favd_load8<VEC>(kbase + j * Kc.nb[2], (i64)(c * LK + kl) * 8, Kc.nb[0])
                               : make_uint4(0, 0, 0, 0);
-            mk[u] = (in && has_mask && kl == 0) ? mask_at(Mk, j, t, h, b) : 0.0f;
+            const char *ma = mrow + j * Mk.nb[0];
+            mk[u] = (in && has_mask && kl == 0) ? (m16 ? h2f(*(const unsigned short *)ma) : *(const float *)ma) : 0.0f;
         }
 #pragma unroll
         for (int u = 0; u < GK; ++u) {
@@ -356,11 +372,12 @@ template <int D, bool VEC> __device__ void fa_vec_direct_body(const kparams &p, 
         dst[1] = make_float4(o[4], o[5], o[6], o[7]);
     }
     __syncthreads();
+    char *orow = (char *)row_ptr(O, h, t, b);
     for (int d = tid; d < D; d += FAVD_THREADS) {
         float acc = 0.0f;
 #pragma unroll
         for (int q2 = 0; q2 < FAVD_WARPS; ++q2) acc += part[q2 * D + d];
-        store_f(O, d, h, t, b, L > 0.0f ? acc / L : 0.0f);
+        *(float *)(orow + d * O.nb[0]) = L > 0.0f ? acc / L : 0.0f;
     }
 }
 

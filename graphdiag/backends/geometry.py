@@ -14,6 +14,7 @@ from typing import Callable
 import numpy as np
 
 from .abi import KPARAMS, TDESC
+from ..ir.dtypes import GGMLType
 from .kernels import (FA_HEAD_DIMS, FAV_GROUPS, KERNELS, X_TYPES, fa_direct_kernel, fa_mma_kernel, fa_vec_kernel,
                       fav_groups)
 
@@ -56,10 +57,15 @@ TOPK_SHMEM_MAX = 49152   # top_k.cu stages the row in shmem up to this many byte
 _NE4 = struct.Struct("<4q")
 _I32 = struct.Struct("<i")
 _DESC, _NE_AT, _IP_AT = TDESC.itemsize, TDESC.fields["ne"][1], KPARAMS.fields["ip"][1]
+_TYPE_AT = TDESC.fields["type"][1]
 
 
 def _ne(p, slot: int) -> tuple[int, int, int, int]:
     return _NE4.unpack_from(p, slot * _DESC + _NE_AT)
+
+
+def _type(p, slot: int) -> int:
+    return _I32.unpack_from(p, slot * _DESC + _TYPE_AT)[0]
 
 
 def _ip(p, i: int) -> int:
@@ -233,6 +239,9 @@ def _flash_attn_direct(d: int) -> Callable[[np.ndarray], Geometry]:
         q, n_kv = _ne(p, 1), _ne(p, 2)[2]
         if q[0] != d:
             raise ValueError(f"{fa_direct_kernel(d)}: q head size {q[0]} does not match")
+        if _type(p, 0) != GGMLType.F32 or _type(p, 1) != GGMLType.F32:
+            raise ValueError(f"{fa_direct_kernel(d)}: reads Q and writes O as F32 (types {_type(p, 1)}, "
+                             f"{_type(p, 0)})")
         if not (_ip(p, 2) and _ip(p, 3)) or not n_kv <= _ip(p, 0) <= d:
             raise ValueError(f"{fa_direct_kernel(d)}: takes one split of all n_kv = {n_kv} positions, at most {d}, "
                              f"and one query head per block (ip[0..3] = {_ip(p, 0)}, {_ip(p, 1)}, {_ip(p, 2)}, "

@@ -68,6 +68,21 @@ def test_the_direct_launch_is_one_split():
     assert launch_geometry(c.kernel, p.tobytes())[0] == (1, 1, 1)      # t[0] is the node: (256, 4, 1) is no split count
 
 
+def test_the_direct_kernel_takes_f32_q_and_o_only():
+    """Its Q and O rows are read and written as F32 (no per-element type switch: the kernel's code size), so the
+    geometry refuses any other type rather than let it read the bytes as floats."""
+    c = _case(True)
+    c.kernel = fa_direct_kernel(256)
+    p = c.params([0x1000 * (i + 1) for i in range(len(c.bufs))])
+    p["ip"][3] = 1                     # a block per query head, as the lowering sets it
+    assert launch_geometry(c.kernel, p.tobytes())[0] == (1, 4, 1)
+    for slot in (0, 1):
+        q = p.copy()
+        q["t"][slot]["type"] = int(G.F16)
+        with pytest.raises(ValueError, match="reads Q and writes O as F32"):
+            launch_geometry(c.kernel, q.tobytes())
+
+
 def test_gemma_attention_is_lowered_one_block_per_query_head():
     """The lowering launches Gemma 3's direct attention on flash_attn_vec_direct_f16_d*, one block per query head
     (grid (1, 4, 1)) as ggml's vec kernel has a block per head; the four heads sharing a kv head in one block
