@@ -333,35 +333,6 @@ __device__ __forceinline__ void row_dots_q8_1(const char *w, i64 wnb0, i64 K, co
     for (int n = 0; n < NC; ++n) acc[n] = warp_sum(acc[n]);
 }
 
-// One column against a block's MMV_WARPS rows of a Q8_0 matrix whose rows are short (fewer than Q8_STEP
-// blocks) and contiguous (Gemma 3's LM head: K 640, 262144 rows; tiny's K 512): the block copies its rows
-// (4 * 34 * nblk bytes, one run of memory) and the column's Q8_1 blocks into shared memory with coalesced word
-// loads, then lane b of warp w takes block b of row w from there. Taken a block a lane from global memory
-// (q8_row_lanes), each lane's 9 words at a 34-byte stride cost the L1 about six times the bytes it moved
-// and every row read x again: Gemma 3's head ran at 1.27 TB/s on the H200 (kernel_bench, 140 us). The block
-// takes this path whole or not at all (q8_short_rows_ok), so its barrier is reached by every thread.
-#define Q8_SHORT_X (Q8_STEP * 36)
-__device__ __forceinline__ bool q8_short_rows_ok(const tdesc &D, const tdesc &W, const char *w0, const char *xq) {
-    const i64 nblk = W.ne[0] / QK8_0;
-    return W.nb[0] == 34 && nblk < Q8_STEP && W.nb[1] == nblk * 34 && (W.nb[1] & 3) == 0 &&
-           ((u64)w0 & 3) == 0 && ((u64)xq & 3) == 0 && ((i64)blockIdx.x + 1) * MMV_WARPS <= D.ne[0];
-}
-
-__device__ __forceinline__ float q8_short_rows(const char *w0, i64 nblk, const char *xq) {
-    __shared__ __align__(16) unsigned wst[MMV_WARPS * Q8_STEP * 34 / 4];
-    __shared__ __align__(16) unsigned xst[Q8_SHORT_X / 4];
-    const int nw = (int)(MMV_WARPS * nblk * 34 / 4), nx = (int)(nblk * 9);
-    const unsigned *wg = (const unsigned *)w0, *xg = (const unsigned *)xq;
-    for (int i = threadIdx.x; i < nw; i += MMV_WARPS * 32) wst[i] = wg[i];
-    for (int i = threadIdx.x; i < nx; i += MMV_WARPS * 32) xst[i] = xg[i];
-    __syncthreads();
-    const int lane = threadIdx.x & 31, w = threadIdx.x >> 5;
-    float a = 0.0f;
-    if (lane < nblk)
-        a = q8_lane_block((const unsigned char *)wst + (w * nblk + lane) * 34, (const char *)xst + lane * 36);
-    return warp_sum(a);
-}
-
 // One column pass of W[m] . x[n0 .. n0 + nc): F32 x for float weights, Q8_1 x for Q8_0 weights.
 template <int T, int NC>
 __device__ __forceinline__ void dots(const char *w, const tdesc &W, const tdesc &X, i64 n0, i64 i2, i64 i3, int nc,
@@ -376,21 +347,9 @@ __device__ __forceinline__ void dots(const char *w, const tdesc &W, const tdesc 
 template <int T, bool add, int NC> __device__ __forceinline__ void mmv_cols(const kparams &p) {
     const tdesc &D = p.t[0], &W = p.t[1], &X = p.t[2], &R = p.t[3];
     const i64 m = (i64)blockIdx.x * MMV_WARPS + (threadIdx.x >> 5);
+    if (m >= D.ne[0]) return;   // whole warps leave; no block-wide sync below
     const int lane = threadIdx.x & 31;
     const i64 i2 = blockIdx.y % D.ne[2], i3 = blockIdx.y / D.ne[2];
-    if (T == GGML_Q8_0 && NC == 1) {   // a whole block's short rows through shared memory (before any warp leaves)
-        const char *w0 = row_ptr(W, (i64)blockIdx.x * MMV_WARPS, i2 / (D.ne[2] / W.ne[2]), i3 / (D.ne[3] / W.ne[3]));
-        const char *xq = row_ptr(X, 0, i2, i3);
-        if (q8_short_rows_ok(D, W, w0, xq)) {
-            float v = q8_short_rows(w0, W.ne[0] / QK8_0, xq);
-            if (lane == 0) {
-                if (add) v += load_f(R, m % R.ne[0], 0, i2 % R.ne[2], i3 % R.ne[3]);
-                store_f(D, m, 0, i2, i3, v);
-            }
-            return;
-        }
-    }
-    if (m >= D.ne[0]) return;   // whole warps leave; no block-wide sync below
     const char *w = row_ptr(W, m, i2 / (D.ne[2] / W.ne[2]), i3 / (D.ne[3] / W.ne[3]));
     for (i64 n0 = 0; n0 < D.ne[1]; n0 += NC) {
         const int nc = (int)min((i64)NC, D.ne[1] - n0);
