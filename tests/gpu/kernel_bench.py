@@ -82,6 +82,19 @@ class Bench:
         grid, block, shmem = launch_geometry(name, p)
         return self.drv.prepare(Launch(name, grid, block, p, shmem))
 
+    def window_us(self, issue, reps=15) -> float:
+        """Median µs of `issue()` between two events, after a warm-up call."""
+        issue()
+        self.drv.stream_synchronize(self.stream)
+        times = []
+        for _ in range(reps):
+            self.drv.event_record(self.e0, self.stream)
+            issue()
+            self.drv.event_record(self.e1, self.stream)
+            self.drv.stream_synchronize(self.stream)
+            times.append(self.drv.event_elapsed_ms(self.e0, self.e1) * 1e3)
+        return statistics.median(times)
+
     def time_us(self, launches, batch=20, reps=15) -> float:
         for _ in range(3):
             for l in launches:
@@ -212,6 +225,69 @@ def mat_mul_rows(b: Bench, only: str):
             b.free()
 
 
+PARAM_SRC = r"""
+struct P576 { unsigned long long a[72]; };
+struct P64 { unsigned long long a[8]; };
+// spread: nine fields, one per 64-byte line of the struct (as a kparams kernel reads t[0..5]'s ne/nb)
+extern "C" __global__ void k576_spread(const P576 p) {
+    unsigned long long s = 0;
+#pragma unroll
+    for (int i = 0; i < 72; i += 8) s += p.a[i];
+    if (threadIdx.x == 0 && s == 1) *(int *)p.a[0] = 1;
+}
+extern "C" __global__ void k576_one(const P576 p) { if (threadIdx.x == 0 && p.a[1] == 1) *(int *)p.a[0] = 1; }
+extern "C" __global__ void k64(const P64 p) {
+    unsigned long long s = 0;
+#pragma unroll
+    for (int i = 0; i < 8; ++i) s += p.a[i];
+    if (threadIdx.x == 0 && s == 1) *(int *)p.a[0] = 1;
+}
+extern "C" __global__ void k8(unsigned long long a) { if (threadIdx.x == 0 && a == 1) *(int *)a = 1; }
+"""
+
+
+def param_rows(b: Bench, only: str):
+    """What a kernel's parameter block costs per node of a replayed graph and per eager launch: 400 one-block
+    kernels that do nothing, taking 576 bytes (graphdiag's kparams, nine 64-byte lines read or one), 64 or 8.
+    Not graphdiag's kernels: a question for its ABI (ggml's kernels take ~100-200 bytes of scalars)."""
+    from cuda.bindings import driver as D
+
+    from graphdiag.backends.nvrtc import compile_cubin
+    rows = [(n, size) for n, size in (("k576_spread", 576), ("k576_one", 576), ("k64", 64), ("k8", 8))
+            if only in f"launch params {n}"]
+    if not rows:
+        return
+    arch = "sm_%d%d" % tuple(b.drv.info.compute_capability)
+    image = np.frombuffer(compile_cubin(PARAM_SRC.encode(), "params.cu", {}, (f"--gpu-architecture={arch}",)),
+                          np.uint8).copy()
+    err, mod = D.cuModuleLoadData(image.ctypes.data)
+    assert not err, err
+    n_launch = 400
+    for name, size in rows:
+        err, fn = D.cuModuleGetFunction(mod, name.encode())
+        assert not err, err
+        arg = np.zeros(size // 8, np.uint64)
+        argv = np.array([arg.ctypes.data], np.uint64)
+
+        def launch_all(args=(fn, 1, 1, 1, 128, 1, 1, 0), argv=argv):
+            for _ in range(n_launch):
+                (e,) = D.cuLaunchKernel(*args, b.drv._s(b.stream), argv.ctypes.data, 0)
+                assert not e, e
+        launch_all()
+        b.drv.stream_synchronize(b.stream)
+        eager = b.window_us(launch_all) / n_launch
+        b.drv.begin_capture(b.stream)
+        launch_all()
+        graph = b.drv.end_capture(b.stream)
+        exe = b.drv.instantiate(graph)
+        replay = b.window_us(lambda: b.drv.graph_launch(exe, b.stream)) / n_launch
+        b.drv.exec_destroy(exe)
+        b.drv.graph_destroy(graph)
+        yield {"row": f"launch params {name}", "bytes": size, "eager_us_per_kernel": round(eager, 3),
+               "replay_us_per_kernel": round(replay, 3)}
+    D.cuModuleUnload(mod)
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("--json")
@@ -223,7 +299,7 @@ def main(argv=None) -> int:
     b = Bench(drv)
     rows = []
     from quant_bench import quant_rows   # the file's weight types (kernels/mmvq.cu)
-    for gen in (mat_vec_rows, glu_rows, attention_rows, direct_attention_rows, mat_mul_rows, quant_rows):
+    for gen in (mat_vec_rows, glu_rows, attention_rows, direct_attention_rows, mat_mul_rows, quant_rows, param_rows):
         for only in args.only.split(","):
             for row in gen(b, only):
                 print(json.dumps(row), flush=True)
