@@ -84,9 +84,25 @@ KERNEL_LB(rope_set_rows_f16, 256) {
 // freq_scale), ip = (n_dims, mode). CACHE: written to the F16 cache row idx[i2] (t[4]) at i1 * D + d (heads
 // flattened) instead of the rope's own (D, H, T) output. Each pair is read and written by one thread after
 // the reduction's barriers, so in place is safe.
+// The pair (a, b) of row (i1, i2, i3), normalised and weighted (x0, x1), rotated by pos when `rot`, written to
+// the rope's output or (CACHE) to the cache row `row` at i1 * n + a / b.
+template <bool CACHE>
+__device__ __forceinline__ void norm_rope_store(const kparams &p, i64 j, i64 a, i64 b, bool rot, int pos, i64 row,
+                                                i64 i1, i64 i2, i64 i3, i64 n, float x0, float x1) {
+    const tdesc &D = p.t[0];
+    if (rot) rope_rotate_by(p.fp[1], p.fp[2], p.ip[0], j, pos, x0, x1);
+    if (CACHE) {
+        store_f(D, i1 * n + a, row, 0, 0, x0);
+        store_f(D, i1 * n + b, row, 0, 0, x1);
+    } else {
+        store_f(D, a, i1, i2, i3, x0);
+        store_f(D, b, i1, i2, i3, x1);
+    }
+}
+
 template <bool CACHE> __device__ void norm_mul_rope_row(const kparams &p) {
     __shared__ float red[32];
-    const tdesc &D = p.t[0], &X = p.t[1], &W = p.t[2], &P = p.t[3];
+    const tdesc &X = p.t[1], &W = p.t[2], &P = p.t[3];
     const i64 i1 = blockIdx.x, i2 = blockIdx.y, i3 = blockIdx.z, n = X.ne[0];
     const i64 w1 = i1 % W.ne[1], w2 = i2 % W.ne[2], w3 = i3 % W.ne[3];
     if (n / 2 <= (i64)blockDim.x) {
@@ -110,17 +126,7 @@ template <bool CACHE> __device__ void norm_mul_rope_row(const kparams &p) {
         const i64 row = CACHE ? (i64)load_i32(p.t[4], i2, 0, 0, 0) : 0;
         const float ss = block_sum(x0 * x0 + x1 * x1, red);
         const float scale = 1.0f / sqrtf(ss / (float)n + p.fp[0]);   // as norm.cu: not rsqrtf
-        if (!has) return;
-        x0 = x0 * scale * g0;
-        x1 = x1 * scale * g1;
-        if (rot) rope_rotate_by(p.fp[1], p.fp[2], p.ip[0], j, pos, x0, x1);
-        if (CACHE) {
-            store_f(D, i1 * n + a, row, 0, 0, x0);
-            store_f(D, i1 * n + b, row, 0, 0, x1);
-        } else {
-            store_f(D, a, i1, i2, i3, x0);
-            store_f(D, b, i1, i2, i3, x1);
-        }
+        if (has) norm_rope_store<CACHE>(p, j, a, b, rot, pos, row, i1, i2, i3, n, x0 * scale * g0, x1 * scale * g1);
         return;
     }
     float ss = 0.0f;
@@ -135,16 +141,9 @@ template <bool CACHE> __device__ void norm_mul_rope_row(const kparams &p) {
     for (i64 j = threadIdx.x; j < n / 2; j += blockDim.x) {
         i64 a, b;
         const bool rot = rope_pair(j, p.ip[0], p.ip[1], a, b);
-        float x0 = load_f(X, a, i1, i2, i3) * scale * load_f(W, a % W.ne[0], w1, w2, w3);
-        float x1 = load_f(X, b, i1, i2, i3) * scale * load_f(W, b % W.ne[0], w1, w2, w3);
-        if (rot) rope_rotate_by(p.fp[1], p.fp[2], p.ip[0], j, pos, x0, x1);
-        if (CACHE) {
-            store_f(D, i1 * n + a, row, 0, 0, x0);
-            store_f(D, i1 * n + b, row, 0, 0, x1);
-        } else {
-            store_f(D, a, i1, i2, i3, x0);
-            store_f(D, b, i1, i2, i3, x1);
-        }
+        norm_rope_store<CACHE>(p, j, a, b, rot, pos, row, i1, i2, i3, n,
+                               load_f(X, a, i1, i2, i3) * scale * load_f(W, a % W.ne[0], w1, w2, w3),
+                               load_f(X, b, i1, i2, i3) * scale * load_f(W, b % W.ne[0], w1, w2, w3));
     }
 }
 
