@@ -302,8 +302,11 @@ template <int D, bool VEC> __device__ void fa_vec_direct_body(const kparams &p, 
             for (int c = 0; c < CK; ++c)
                 kr[u][c] = in ? favd_load8<VEC>(kbase + j * Kc.nb[2], (i64)(c * LK + kl) * 8, Kc.nb[0])
                               : make_uint4(0, 0, 0, 0);
-            const char *ma = mrow + j * Mk.nb[0];
-            mk[u] = (in && has_mask && kl == 0) ? (m16 ? h2f(*(const unsigned short *)ma) : *(const float *)ma) : 0.0f;
+            mk[u] = 0.0f;
+            if (in && has_mask && kl == 0) {
+                const char *ma = mrow + j * Mk.nb[0];
+                mk[u] = m16 ? h2f(*(const unsigned short *)ma) : *(const float *)ma;
+            }
         }
 #pragma unroll
         for (int u = 0; u < GK; ++u) {

@@ -425,6 +425,8 @@ def _flash_attn_vec_direct(d: int) -> Kernel:
 
     def k(space, p):
         _check(int(p["t"][1]["ne"][0]) == d, name, f"q head size {int(p['t'][1]['ne'][0])}")
+        _check_type(p, 0, GGMLType.F32, name)   # the kernel writes O and reads Q as F32
+        _check_type(p, 1, GGMLType.F32, name)
         _flash_attn_direct(space, p, name)
     return k
 

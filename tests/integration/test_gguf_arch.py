@@ -111,7 +111,7 @@ def _refusal(capsys, path) -> str:
     ("qwen2", dict(extra_tensors={"output.bias": np.zeros(512)}), "tensor output.bias changes qwen2's graph"),
     # the per-weight scales llama.cpp loads for every architecture (build_lora_mm multiplies by them)
     ("llama", dict(extra_tensors={"blk.1.attn_q.scale": np.ones(1)}),
-     "tensor blk.1.attn_q.scale changes llama's graph in llama.cpp (build_lora_mm multiplies its mat-mul by it)"),
+     "tensor blk.1.attn_q.scale changes llama's graph in llama.cpp (its generic pass loads it; build_lora_mm"),
     ("qwen3", dict(extra_tensors={"blk.0.ffn_down.input_scale": np.ones(1)}),
      "tensor blk.0.ffn_down.input_scale changes qwen3's graph in llama.cpp"),
     ("qwen2", dict(extra_tensors={"output.scale": np.ones(1)}), "tensor output.scale changes qwen2's graph"),

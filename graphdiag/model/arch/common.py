@@ -135,7 +135,8 @@ def _check_rope_scaling(meta: Meta) -> None:
 # Per-weight scales llama.cpp 0c1e57098 loads for every architecture (llama_model::load_tensors' generic pass
 # after load_arch_tensors: `<weight>.scale`, shape {1} or {n_expert}, and `<weight>.input_scale`, for the
 # attention, FFN, expert, SSM and output weights; NVFP4 files carry them). build_lora_mm multiplies a mat-mul
-# by its weight's scale, so a file with one computes another model than the weights alone.
+# by its weight's scale where the arch's graph passes it (qwen2's and gemma3's FFN pass NULL; `.input_scale` is
+# loaded but used by no graph): refused everywhere, deliberately wider than what a given graph reads.
 WEIGHT_SCALES = (".scale", ".input_scale")
 
 
@@ -146,7 +147,10 @@ def refuse_present(meta: Meta, names: tuple[str, ...]) -> None:
     names = tuple(names) + WEIGHT_SCALES
     for n in sorted(meta.names):
         if n.endswith(names):
-            why = " (build_lora_mm multiplies its mat-mul by it)" if n.endswith(WEIGHT_SCALES) else ""
+            why = (" (its generic pass loads it with NVFP4 weights; graphdiag refuses such files whole)"
+                   if n.endswith(".input_scale") else
+                   " (its generic pass loads it; build_lora_mm multiplies the mat-mul by it where the graph passes "
+                   "it, and graphdiag refuses it everywhere rather than follow which)" if n.endswith(".scale") else "")
             raise meta.fail(f"tensor {n} changes {meta.arch}'s graph in llama.cpp{why}; graphdiag does not "
                             f"compute it")
 
