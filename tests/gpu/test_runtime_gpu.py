@@ -158,7 +158,7 @@ def test_programmatic_dependent_launch_changes_timing_only(monkeypatch):
     from support.decisions import decision_stream
     ex = []
     real = CudaDriver.launch
-    monkeypatch.setattr(CudaDriver, "launch", lambda self, s, l: ex.append(l.handle.config is not None) or real(self, s, l))
+    monkeypatch.setattr(CudaDriver, "launch", lambda self, s, l: ex.append(l.handle.pdl) or real(self, s, l))
     on = run_gpu(steps=8, oracle=True, verify=True)
     n_on, ex[:] = list(ex), []
     off = run_gpu(steps=8, oracle=True, verify=True, env={"GGML_CUDA_PDL": "0"})
