@@ -99,10 +99,11 @@ def _pack_argv(record: bytes):
 def _launch_config(args: tuple, stream, pdl: bool):
     """A CUlaunchConfig for cuLaunchKernelEx: the grid, block and shared memory of `args` on `stream`, with
     the programmatic stream serialisation attribute where `pdl` (ggml_cuda_pdl_config). Every launch goes
-    through cuLaunchKernelEx with a config built once per geometry and stream: the bindings' cuLaunchKernel
-    converts its eleven arguments on every call and setting a config's hStream costs about 1 µs, against
-    3.8 µs for the whole call (H200, .dev-measured in stop 40: cuLaunchKernel 5.1 µs bare, 6.4 through the
-    old launch(); cuLaunchKernelEx with hStream set per call 4.9)."""
+    through cuLaunchKernelEx with a config built once per geometry and stream: the bindings convert
+    cuLaunchKernel's eleven arguments on every call, and setting a config's hStream costs about 1 µs. On two
+    lent H200s (2026-12-04, each pair in one process): cuLaunchKernel 5.1 µs bare against cuLaunchKernelEx
+    3.8 µs bare and 4.9 µs through the old launch() (hStream set per call); cuLaunchKernelEx 3.3 µs bare
+    against 3.5 µs through this launch()."""
     cfg = D.CUlaunchConfig()
     _, cfg.gridDimX, cfg.gridDimY, cfg.gridDimZ, cfg.blockDimX, cfg.blockDimY, cfg.blockDimZ, cfg.sharedMemBytes = args
     cfg.hStream = stream
