@@ -19,6 +19,8 @@ from __future__ import annotations
 
 import numpy as np
 
+from ..parallel import over_spans
+
 GOLDEN = 0x9E3779B97F4A7C15
 M1, M2 = 0xBF58476D1CE4E5B9, 0x94D049BB133111EB
 LANE_CENTRE = 2 * 65535
@@ -53,33 +55,40 @@ def multiplier(scale: float) -> np.float32:
 
 
 def centred_lanes(key: int, first: int, n: int) -> np.ndarray:
-    """c for elements first .. first+n-1 of the stream `key`, as int32."""
+    """c for elements first .. first+n-1 of the stream `key`, as int32. The mix runs in place with one
+    temporary, and the four 16-bit lanes are read through a uint16 view of z (their sum is the same in any
+    lane order): about half the time of masking and shifting each lane out."""
     with np.errstate(over="ignore"):
         z = np.arange(first + 1, first + n + 1, dtype=np.uint64)
         z *= np.uint64(GOLDEN)
         z += np.uint64(key)
-        z ^= z >> np.uint64(30)
+        t = z >> np.uint64(30)
+        z ^= t
         z *= np.uint64(M1)
-        z ^= z >> np.uint64(27)
+        np.right_shift(z, np.uint64(27), out=t)
+        z ^= t
         z *= np.uint64(M2)
-        z ^= z >> np.uint64(31)
-    m = np.uint64(0xFFFF)
-    s = z & m
-    s += (z >> np.uint64(16)) & m
-    s += (z >> np.uint64(32)) & m
-    s += z >> np.uint64(48)
-    return s.astype(np.int32) - np.int32(LANE_CENTRE)
+        np.right_shift(z, np.uint64(31), out=t)
+        z ^= t
+    lanes = z.view(np.uint16).reshape(n, 4)
+    c = lanes[:, 0].astype(np.int32)
+    c += lanes[:, 1]
+    c += lanes[:, 2]
+    c += lanes[:, 3]
+    c -= np.int32(LANE_CENTRE)
+    return c
 
 
 def draw_f32(seed: int, index: int, n: int, mul: np.float32, add: np.float32) -> np.ndarray:
-    """The n float32 values of tensor `index` (flat, ggml element order), drawn in chunks."""
+    """The n float32 values of tensor `index` (flat, ggml element order), drawn in chunks over the host's
+    cores (each element a pure function of its index: the same bits on any number of threads)."""
     key = stream_key(seed, index)
     out = np.empty(n, np.float32)
     mul, add = np.float32(mul), np.float32(add)
-    for a in range(0, n, CHUNK):
-        b = min(n, a + CHUNK)
-        x = centred_lanes(key, a, b - a).astype(np.float32)
-        x *= mul
+
+    def span(a: int, b: int) -> None:
+        x = out[a:b]
+        np.multiply(centred_lanes(key, a, b - a), mul, out=x, dtype=np.float32)   # exact int -> f32, then f32 *
         x += add
-        out[a:b] = x
+    over_spans(n, CHUNK, span)
     return out

@@ -13,7 +13,8 @@ from __future__ import annotations
 import numpy as np
 
 from ..ir.dtypes import GGMLType, block_size
-from .codecs import dequantize_bytes, quantize_bytes
+from ..parallel import over_spans
+from .codecs import CHUNK_ELEMENTS, dequantize_bytes, quantize_bytes
 from .layouts import BLOCK_DTYPE, type_of
 
 __all__ = ["BLOCK_DTYPE", "QUANT_TYPES", "dequantize", "q8_1_activations", "quantize", "type_of"]
@@ -45,8 +46,14 @@ def quantize(x: np.ndarray, t) -> np.ndarray:
     x = np.ascontiguousarray(x, np.float32)
     if t == G.F32:
         return x.copy()
-    if t == G.F16:
-        return x.astype(np.float16)
+    if t == G.F16:   # a cast per span over the host's cores (round to nearest even, as any split)
+        out = np.empty(x.shape, np.float16)
+        src, dst = x.reshape(-1), out.reshape(-1)
+
+        def cast(a: int, b: int) -> None:
+            dst[a:b] = src[a:b]
+        over_spans(src.size, CHUNK_ELEMENTS, cast)
+        return out
     bs = block_size(t)
     if x.ndim == 0 or x.shape[-1] % bs:
         raise ValueError(f"{t.name} needs rows that are a multiple of {bs} elements, got shape {x.shape}")

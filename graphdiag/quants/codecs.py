@@ -12,18 +12,16 @@ over the host's cores: numpy releases the GIL inside each operation, so threads 
 
 from __future__ import annotations
 
-import os
-from concurrent.futures import ThreadPoolExecutor
 from typing import Callable
 
 import numpy as np
 
 from ..ir.dtypes import GGMLType, block_size, type_size
+from ..parallel import over_spans
 from . import kquants
 
 G = GGMLType
 CHUNK_ELEMENTS = 1 << 18        # elements per chunk of work (a few MB of float32 temporaries per thread)
-MAX_THREADS = 16
 
 
 def _gguf_type(t: GGMLType):
@@ -82,29 +80,11 @@ DEQUANTIZERS: dict[GGMLType, Callable[[np.ndarray], np.ndarray]] = {
 }
 
 
-def threads() -> int:
-    """Worker threads for a big tensor: the cores this process may run on (at most MAX_THREADS)."""
-    try:
-        n = len(os.sched_getaffinity(0))
-    except (AttributeError, OSError):
-        n = os.cpu_count() or 1
-    return max(1, min(MAX_THREADS, n))
-
-
 def _chunked(fn, src: np.ndarray, out: np.ndarray, per_chunk: int) -> np.ndarray:
     """out[a:b] = fn(src[a:b]) over chunks of `per_chunk` blocks, on a thread pool when there are several."""
-    spans = [(a, min(a + per_chunk, len(src))) for a in range(0, len(src), per_chunk)]
-
-    def one(span):
-        a, b = span
+    def one(a: int, b: int) -> None:
         out[a:b] = fn(src[a:b])
-    n = min(threads(), len(spans))
-    if n <= 1:
-        for s in spans:
-            one(s)
-    else:
-        with ThreadPoolExecutor(n) as pool:
-            list(pool.map(one, spans))
+    over_spans(len(src), per_chunk, one)
     return out
 
 

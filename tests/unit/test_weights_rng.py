@@ -160,3 +160,20 @@ def test_load_progress_reaches_the_callback():
         W.LOAD_PROGRESS.reset(token)
     total = sum(t.nbytes() for t in m.tensors())
     assert seen[-1] == (total, total) and len(seen) == len(m.tensors())
+
+
+@pytest.mark.parametrize("n", [1, rng.CHUNK - 1, 3 * rng.CHUNK + 5])
+def test_a_draw_is_the_same_bits_on_one_thread_or_many(monkeypatch, n):
+    """draw_f32 and the F16 store split their work over the host's cores: the bytes are those of one thread
+    and of the element-wise formula (value = f32(c) * mul + add, each f32-rounded; F16 as numpy's cast)."""
+    import graphdiag.parallel as par
+    from graphdiag.quants import quantize
+    mul, add = rng.multiplier(0.02), np.float32(0.25)
+    monkeypatch.setattr(par, "threads", lambda: 1)
+    one = rng.draw_f32(3, 9, n, mul, add)
+    monkeypatch.setattr(par, "threads", lambda: 7)
+    many = rng.draw_f32(3, 9, n, mul, add)
+    assert one.tobytes() == many.tobytes()
+    c = rng.centred_lanes(rng.stream_key(3, 9), 0, n).astype(np.float32)
+    assert one.tobytes() == ((c * mul).astype(np.float32) + add).astype(np.float32).tobytes()
+    assert quantize(many, GGMLType.F16).tobytes() == one.astype(np.float16).tobytes()
