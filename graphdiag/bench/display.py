@@ -28,6 +28,12 @@ def _x(v) -> str:
     return "—" if v is None else f"{v:.2f}×"
 
 
+def _ratio(r: dict, key: str) -> str:
+    """A ratio of the row, with the range over its rounds where it has several."""
+    span = r.get(f"{key}_range")
+    return _x(r.get(key)) + (f" ({span[0]:.2f}–{span[1]:.2f})" if span and r.get(key) is not None else "")
+
+
 WIDTH = 80            # every table fits this many columns: presets go side by side only as far as they fit
 
 
@@ -38,9 +44,9 @@ def _label(r: dict) -> str:
 LLAMA_METRICS = [
     ("llama.cpp replay", lambda r: f"{_ms(r.get('llama_replay_ms'))} ({_ms(r.get('llama_replay_p90_ms'))})"),
     ("llama.cpp graphs off", lambda r: f"{_ms(r.get('llama_eager_ms'))} ({_ms(r.get('llama_eager_p90_ms'))})"),
-    ("replay ÷ llama.cpp", lambda r: _x(r.get("replay_vs_llama"))),
-    ("eager ÷ llama.cpp off", lambda r: _x(r.get("eager_vs_llama"))),
-    ("llama.cpp graphs ×", lambda r: _x(r.get("llama_graph_speedup"))),
+    ("replay ÷ llama.cpp", lambda r: _ratio(r, "replay_vs_llama")),
+    ("eager ÷ llama.cpp off", lambda r: _ratio(r, "eager_vs_llama")),
+    ("llama.cpp graphs ×", lambda r: _ratio(r, "llama_graph_speedup")),
 ]
 
 
@@ -57,13 +63,13 @@ def decode_metrics(sim: bool, llama: bool = False) -> list[tuple[str, object]]:
 
 def _rest(sim: bool) -> list[tuple[str, object]]:
     return [
-        ("graphs × (eager ÷ replay)", lambda r: _x(r["graph_speedup"])),
+        ("graphs × (eager ÷ replay)", lambda r: _ratio(r, "graph_speedup")),
         ("numpy in replay (sim)" if sim else "GPU replay", lambda r: _ms(r["replay_gpu_ms"])),
         ("host outside numpy" if sim else "host/replay", lambda r: _ms(r["replay_host_ms"])),
         ("to launch", lambda r: _ms(r.get("replay_to_launch_ms"))),
         ("kernels", lambda r: str(r["kernels_per_step"] or "—")),
         ("roofline", lambda r: _ms(r["roofline_ms"])),
-        ("replay ÷ roofline", lambda r: _x(r["replay_over_roofline"])),
+        ("replay ÷ roofline", lambda r: _ratio(r, "replay_over_roofline")),
         ("torch graph", lambda r: _ms(r.get("torch_graph_ms"))),
         ("torch eager", lambda r: _ms(r.get("torch_eager_ms"))),
         ("replay ÷ torch graph", lambda r: _x(r.get("replay_vs_torch_graph"))),
@@ -97,7 +103,10 @@ def fitted_tables(rows: list[dict], metrics: list[tuple[str, object]], console: 
 
 def decode_title(rows: list[dict]) -> str:
     sim = any(r["simulated"] for r in rows)
+    rounds = max(r.get("rounds", 1) for r in rows)
     return ("decode step, batch 1 (µs, medians after warm-up; p90 in brackets)"
+            + (f"; {rounds} rounds in turn: times the median of the rounds', each ratio the median of the "
+               "rounds' ratios (their range in brackets)" if rounds > 1 else "")
             + (" — SIMULATED: host times of numpy kernels, not GPU results" if sim else ""))
 
 

@@ -36,6 +36,7 @@ class StepsOptions:
     prefill: int = 0            # also time prefills of this many tokens (0: none)
     torch: bool = True          # the PyTorch peer, where torch and a CUDA device are there (F16 rows only)
     llama: bool = False         # the llama.cpp peer (llama_peer.py): real llama.cpp on the same GGUF
+    rounds: int = 1             # decode rows (and their llama.cpp peer) measured this many times, interleaved
     settings: dict = field(default_factory=dict)   # further RunConfig settings
 
 
@@ -287,7 +288,8 @@ def _row_names(model: str, wtype: str | None) -> dict:
     return {"model": Path(model).name, "model_path": model, "wtype": OWN_TYPES}
 
 
-def decode_row(opts: StepsOptions, model: str, wtype: str | None, bandwidth: float, progress: Progress) -> dict:
+def decode_row(opts: StepsOptions, model: str, wtype: str | None, bandwidth: float, progress: Progress,
+               instrument: bool = True) -> dict:
     base = _decode_settings(opts, model, wtype)
     names = _row_names(model, wtype)
     label = f"{names['model']} {names['wtype']}"
@@ -313,10 +315,47 @@ def decode_row(opts: StepsOptions, model: str, wtype: str | None, bandwidth: flo
            "roofline_ms": roof, "host_ref_us": host_ref}
     if on.header.get("model_file"):
         row["model_types"] = on.header["model_file"].get("types")
-    if rep:
+    if rep and instrument:
         row.update(instrumentation_share(base, label, progress))
     row["graph_speedup"] = _ratio(row["eager_ms"], row["replay_ms"])
     row["replay_over_roofline"] = _ratio(row["replay_ms"], roof)
+    return row
+
+
+# the timings a row of several rounds gives as their median, and the ratios it gives as the median of the
+# per-round ratios (each round's two sides measured minutes apart at most) with their range
+ROUND_TIMES = ("replay_ms", "replay_p90_ms", "replay_gpu_ms", "replay_host_ms", "replay_to_launch_ms", "eager_ms",
+               "eager_p90_ms", "eager_gpu_ms", "host_ref_us", "llama_replay_ms", "llama_replay_p90_ms",
+               "llama_eager_ms", "llama_eager_p90_ms", "llama_host_ref_us")
+ROUND_RATIOS = ("graph_speedup", "replay_over_roofline", "replay_vs_llama", "eager_vs_llama", "llama_graph_speedup")
+ROUND_COUNTS = ("replay_steps", "eager_steps", "llama_replay_steps", "llama_eager_steps")
+
+
+def combine_rounds(rounds: list[dict]) -> dict:
+    """One row from the rounds of a decode row: the first round's row with each timing the median over the
+    rounds, each ratio the median of the rounds' ratios and its [min, max] under `<ratio>_range`, the step
+    counts summed, and `per_round` keeping every round's timings and ratios. A host whose speed drifts moves
+    both sides of a round together, so the ratios hold where one run's absolute times do not."""
+    if len(rounds) == 1:
+        return rounds[0]
+    row = dict(rounds[0])
+
+    def values(k):
+        return [r[k] for r in rounds if r.get(k) is not None]
+    for k in ROUND_TIMES:
+        if any(k in r for r in rounds):
+            xs = values(k)
+            row[k] = statistics.median(xs) if xs else None
+    for k in ROUND_RATIOS:
+        if any(k in r for r in rounds):
+            xs = values(k)
+            row[k] = statistics.median(xs) if xs else None
+            row[f"{k}_range"] = [min(xs), max(xs)] if xs else None
+    for k in ROUND_COUNTS:
+        if any(k in r for r in rounds):
+            row[k] = sum(values(k))
+    row["rounds"] = len(rounds)
+    row["per_round"] = [{k: r.get(k) for k in ROUND_TIMES + ROUND_RATIOS if k in r} for r in rounds]
     return row
 
 
@@ -369,27 +408,33 @@ def prefill_row(opts: StepsOptions, model: str, wtype: str | None, progress: Pro
 
 
 def bench_steps(opts: StepsOptions, progress: Progress | None = None) -> list[dict]:
-    """One decode row per (model, weight type), and a prefill row each when opts.prefill is set. The PyTorch
-    peers run after every graphdiag row, so torch's import, its CUDA allocator and its threads are not in the
-    process while graphdiag is timed (a 1b prefill measured 25 ms without them, 29-32 ms after a peer ran)."""
+    """One decode row per (model, weight type), and a prefill row each when opts.prefill is set. A decode
+    row's llama.cpp peer runs right after graphdiag's runs of it, in child processes; with opts.rounds > 1
+    the pair is measured that many times in turn (combine_rounds). The PyTorch peers run after every
+    graphdiag row, so torch's import, its CUDA allocator and its threads are not in the process while
+    graphdiag is timed (a 1b prefill measured 25 ms without them, 29-32 ms after a peer ran)."""
     progress = progress or Progress()
     check_steps(opts)
     if opts.llama:
         from .llama_peer import check_llama_peer
         check_llama_peer(opts.backend)
     bandwidth, _, _ = measure_bandwidth(opts.backend, progress)
-    rows = []
-    for model, wtype in runs_of(opts):
-        rows.append(decode_row(opts, model, wtype, bandwidth, progress))
-        if opts.prefill:
-            rows.append(prefill_row(opts, model, wtype, progress))
-    if opts.llama:                        # after every graphdiag row, as the PyTorch peer
+    folder = None
+    if opts.llama:
         from .llama_peer import add_llama_peer, llama_folder
         folder = llama_folder()
-        for row in rows:
-            if row["kind"] == "decode" and not row["simulated"]:
+    rows = []
+    for model, wtype in runs_of(opts):
+        rounds = []
+        for k in range(opts.rounds):      # graphdiag's two runs, then llama.cpp's two (child processes)
+            row = decode_row(opts, model, wtype, bandwidth, progress, instrument=k == 0)
+            if opts.llama and not row["simulated"]:
                 prompt = resolve(_decode_settings(opts, *row_source(row))).prompt_tokens
                 add_llama_peer(row, opts.steps, prompt, folder, progress, decode_stats)
+            rounds.append(row)
+        rows.append(combine_rounds(rounds))
+        if opts.prefill:
+            rows.append(prefill_row(opts, model, wtype, progress))
     for row in rows:
         if _wants_peer(opts, row):
             add_torch_peer(row, progress)

@@ -9,6 +9,7 @@ import click
 
 POSITIVE = click.IntRange(min=1)
 MAX_LEDGER_REPS = 10_000     # ~20 s on 7b at ~2 ms a repetition; the medians settle long before
+MAX_ROUNDS = 20              # each round of a 7b row with its llama.cpp peer takes about half a minute on the H200
 
 
 @click.group()
@@ -66,9 +67,13 @@ def _names(value: str, known, what: str, files: bool = False) -> tuple[str, ...]
               "graphdiag[llama]).")
 @click.option("--devices", type=int, default=None, help="Split the layers across N GPUs (as `run --devices`).")
 @click.option("--tensor-split", default=None, help="Share of the layers per device, comma-separated (e.g. 3,1).")
+@click.option("--rounds", type=click.IntRange(1, MAX_ROUNDS), default=1,
+              help=f"Measure each decode row (and its llama.cpp peer) this many times in turn (1-{MAX_ROUNDS}): "
+                   "times the median of the rounds', ratios the median of the rounds' ratios with their range "
+                   "(a lent host's speed drifts over minutes).")
 @click.option("--json", "as_json", is_flag=True, help="One JSON row per line instead of the table.")
 def steps(backend, models, wtypes, steps, prompt_tokens, chunk_size, prefill, no_torch, peers, devices,
-          tensor_split, as_json):
+          tensor_split, rounds, as_json):
     """Decode step times per preset and weight type: replay and eager (median, p90), GPU time, kernels per
     step, host time of a replayed step, the HBM roofline and step ÷ roofline, and PyTorch eager / CUDA graph
     on the same shapes when torch is importable. Progress goes to stderr (plain lines when it is not a
@@ -86,7 +91,7 @@ def steps(backend, models, wtypes, steps, prompt_tokens, chunk_size, prefill, no
     _no_wtype_for_files(names, wtypes)
     opts = StepsOptions(names, _names(wtypes or "f16", [w for w in WEIGHT_TYPES if w != "f32"], "weight type"),
                         backend, steps, prompt_tokens, chunk_size, prefill, not no_torch and "torch" in peer, settings=split,
-                        llama="llama" in peer)
+                        llama="llama" in peer, rounds=rounds)
     with progress_for(sys.stderr) as progress:      # plain lines when stderr is not a terminal
         rows = bench_steps(opts, progress)
     if as_json:

@@ -214,7 +214,7 @@ def test_the_torch_peers_run_after_every_graphdiag_row(monkeypatch):
     calls = []
 
     def row(kind):
-        def measured(opts, model, wtype, *rest):
+        def measured(opts, model, wtype, *rest, **kw):
             calls.append((kind, model, wtype))
             return {"kind": kind, "model": model, "wtype": wtype, "simulated": False}
         return measured

@@ -93,3 +93,53 @@ def test_the_llama_footnote_says_what_each_row_ran_on():
         text = " ".join(out.getvalue().split())
         assert says in text
         assert not_says is None or f"llama.cpp: 0.3.36 (llama-cpp-python) on each {not_says}" not in text
+
+
+def test_rounds_combine_times_as_medians_and_ratios_with_their_range():
+    rounds = [_row() | {"replay_ms": r, "eager_ms": e, "graph_speedup": e / r, "llama_replay_ms": lr,
+                        "replay_vs_llama": r / lr, "replay_steps": 60, "llama_replay_steps": 58}
+              for r, e, lr in ((0.18, 0.50, 0.19), (0.30, 0.80, 0.29), (0.20, 0.52, 0.25))]
+    assert S.combine_rounds(rounds[:1]) is rounds[0]
+    row = S.combine_rounds(rounds)
+    assert row["rounds"] == 3 and row["replay_ms"] == 0.20 and row["eager_ms"] == 0.52 and row["llama_replay_ms"] == 0.25
+    # the ratio is the median of the rounds' own ratios (0.947, 1.034, 0.8), not a ratio of medians (0.8)
+    assert row["replay_vs_llama"] == pytest.approx(0.18 / 0.19)
+    assert row["replay_vs_llama_range"] == pytest.approx([0.20 / 0.25, 0.30 / 0.29])
+    assert row["graph_speedup_range"] == pytest.approx([0.52 / 0.20, 0.50 / 0.18])
+    assert row["replay_steps"] == 180 and row["llama_replay_steps"] == 174
+    assert [p["replay_ms"] for p in row["per_round"]] == [0.18, 0.30, 0.20]
+    assert "eager_vs_llama" not in row and rounds[0]["replay_ms"] == 0.18      # absent stays absent; inputs kept
+    out = io.StringIO()
+    render([row | {"llama": "0.3.36"}], file=out)
+    text = out.getvalue()
+    assert "0.95× (0.80–1.03)" in text and "3 rounds in turn" in " ".join(text.split())
+    assert max(len(l) for l in text.splitlines()) <= 80
+
+
+def test_each_round_runs_graphdiag_then_its_llama_peer_in_turn(monkeypatch):
+    """--rounds N: a decode row and its llama.cpp peer N times in turn, the instrumentation's share measured
+    in the first round only; then the next row."""
+    calls = []
+
+    def decode_row(opts, model, wtype, bandwidth, progress, instrument=True):
+        calls.append(("graphdiag", model, instrument))
+        return _row(wtype) | {"model": model, "replay_ms": 0.2 + 0.1 * len(calls)}
+
+    def peer(row, steps, prompt, folder, progress, stats):
+        calls.append(("llama.cpp", row["model"]))
+        row.update(llama_replay_ms=0.25, replay_vs_llama=row["replay_ms"] / 0.25)
+    monkeypatch.setattr(S, "measure_bandwidth", lambda backend, progress: (1e12, False, "GPU"))
+    monkeypatch.setattr(S, "decode_row", decode_row)
+    monkeypatch.setattr(L, "check_llama_peer", lambda backend: None)
+    monkeypatch.setattr(L, "llama_folder", lambda: "folder")
+    monkeypatch.setattr(L, "add_llama_peer", peer)
+    rows = S.bench_steps(S.StepsOptions(models=("tiny", "small"), llama=True, torch=False, rounds=2))
+    assert calls == [("graphdiag", "tiny", True), ("llama.cpp", "tiny"), ("graphdiag", "tiny", False),
+                     ("llama.cpp", "tiny"), ("graphdiag", "small", True), ("llama.cpp", "small"),
+                     ("graphdiag", "small", False), ("llama.cpp", "small")]
+    assert [r["rounds"] for r in rows] == [2, 2]
+    assert [p["replay_ms"] for p in rows[0]["per_round"]] == pytest.approx([0.3, 0.5])
+
+
+def test_rounds_out_of_range_is_one_line(capsys):
+    assert "--rounds" in one_line(capsys, ["bench", "steps", "--backend", "sim", "--rounds", "0"])
