@@ -75,6 +75,8 @@ class CaptureLoop:
         """Run or capture every node; returns (n_chunks, n_launches)."""
         b, drv, rt = self.b, self.b.driver, self.b.runtime
         capturing = use_graph and update
+        if not capturing and not regions and isinstance(lowered, LoweredOps):
+            return 0, self.run_eager(lowered)
         chunk_size = rt.opt.chunk_size
         key, uid, n = entry.key, graph.uid, graph.n_nodes
         forks = {r.fork: r for r in regions}   # fork node -> region (the concurrent_events map)
@@ -164,6 +166,25 @@ class CaptureLoop:
                 rt.emit(E.ChunksDestroyed, split, key, uid, first=n_chunks, count=gone)
         return n_chunks, n_launches
 
+    def run_eager(self, lowered: "LoweredOps") -> int:
+        """evaluate() where nothing is captured and no region forks: every op on stream 0, in node order, one
+        per node group (a node or a fused group: the nodes evaluate() would skip are never visited). The same
+        launches in the same order as evaluate()'s walk, without its per-node chunk and fork bookkeeping,
+        which is host time an eager step pays per launch. Returns the launches."""
+        b, drv = self.b, self.b.driver
+        stream = b.stream0
+        pool = b.pool_of(stream)
+        n_launches = 0
+        for i in lowered.group_starts():
+            op = lowered[i]
+            if op is None:
+                continue
+            if not op.ready:                   # lowered without preparing (eager): prepared at first use
+                op.prepare(drv)
+            op.run(drv, stream, pool)
+            n_launches += op.n_launches
+        return n_launches
+
     def replay(self, entry: GraphEntry) -> int:
         drv, s = self.b.driver, self.b.stream0
         for inst in entry.instances:
@@ -194,7 +215,8 @@ class LoweredOps:
 
     FIRST_BLOCK, MAX_BLOCK = 8, 128
 
-    __slots__ = ("_graph", "_cc", "_nsm", "_memo", "_ops", "_groups", "_next", "_upto", "_block", "_names")
+    __slots__ = ("_graph", "_cc", "_nsm", "_memo", "_ops", "_groups", "_starts", "_next", "_upto", "_block",
+                 "_names")
 
     def __init__(self, graph: Graph, plan: dict[int, Fusion], cc: int, launches: list[bool] | None = None,
                  memo=None, nsm: int = H200_MULTIPROCESSORS):
@@ -214,11 +236,16 @@ class LoweredOps:
         self._graph, self._cc, self._nsm, self._memo = graph, cc, nsm, memo
         self._ops: list = [None] * n
         self._groups, self._next, self._upto = groups, 0, 0 if groups else n
+        self._starts = [g[0] for g in groups]
         self._block = self.FIRST_BLOCK
         self._names = graph.arena.rec["name"][graph.nodes].tolist()
 
     def __len__(self) -> int:
         return len(self._ops)
+
+    def group_starts(self) -> list[int]:
+        """The first node of each node group, in order (what an evaluation without forks visits)."""
+        return self._starts
 
     def __getitem__(self, i: int):
         while i >= self._upto:

@@ -1,0 +1,63 @@
+"""An eager step without concurrent regions runs its ops straight from the node groups (CaptureLoop.run_eager,
+without evaluate()'s per-node chunk and fork bookkeeping, host time paid per launch): the same launches, in
+the same order, with the same parameters as evaluate()'s walk of every node, and the same tokens."""
+
+from __future__ import annotations
+
+import pytest
+
+from graphdiag.backends.drivers.sim import SimDriver
+from graphdiag.backends.gpu import capture
+from support.simrun import run_sim
+
+
+def _launches(monkeypatch, walk: bool, **settings):
+    seen, used = [], []
+    real = SimDriver.launch
+
+    def launch(self, stream, l):
+        seen.append((l.kernel, tuple(l.grid), tuple(l.block), l.params.tobytes()))
+        return real(self, stream, l)
+    monkeypatch.setattr(SimDriver, "launch", launch)
+    fast = capture.CaptureLoop.run_eager
+
+    def run_eager(self, lowered):
+        used.append(1)
+        return fast(self, lowered)
+    monkeypatch.setattr(capture.CaptureLoop, "run_eager", run_eager)
+    if walk:   # evaluate()'s general walk: the fast path's guard sees no LoweredOps
+        monkeypatch.setattr(capture, "LoweredOps", type("NotLowered", (), {}))
+    r = run_sim(steps=6, graphs_disabled=True, sim_mode="compute", **settings)
+    monkeypatch.undo()
+    return seen, used, r
+
+
+@pytest.mark.parametrize("model, wtype", [("tiny", "q8_0"), ("moe-tiny", "f16"), ("gemma3-tiny", "f16")])
+def test_the_eager_fast_path_launches_what_the_walk_launches(monkeypatch, model, wtype):
+    fast, used, a = _launches(monkeypatch, False, model=model, wtype=wtype)
+    walked, unused, b = _launches(monkeypatch, True, model=model, wtype=wtype)
+    assert used and not unused          # the first run took the fast path, the second the walk
+    assert len(fast) > 50 and fast == walked
+    assert a.tokens == b.tokens
+
+
+def test_concurrent_regions_keep_the_walk(monkeypatch):
+    """Forked regions need evaluate()'s fork/join handling: an eager evaluation with regions (the warm-up
+    steps of a run with concurrent streams) never takes the fast path; one without does."""
+    fast_calls, with_regions = [], []
+    fast, evaluate = capture.CaptureLoop.run_eager, capture.CaptureLoop.evaluate
+
+    def run_eager(self, lowered):
+        fast_calls.append(1)
+        return fast(self, lowered)
+
+    def watched(self, entry, graph, split, use_graph, update, lowered, plan, regions):
+        before = len(fast_calls)
+        out = evaluate(self, entry, graph, split, use_graph, update, lowered, plan, regions)
+        if regions and not (use_graph and update):
+            with_regions.append(len(fast_calls) - before)
+        return out
+    monkeypatch.setattr(capture.CaptureLoop, "run_eager", run_eager)
+    monkeypatch.setattr(capture.CaptureLoop, "evaluate", watched)
+    run_sim(steps=6, model="small", concurrent_streams=True)
+    assert with_regions and not any(with_regions) and fast_calls
