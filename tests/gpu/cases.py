@@ -61,7 +61,8 @@ def mat_vec_cases() -> list[Case]:
             c = Case(f"mul_mat_vec_{w}", f"K{k}-M{m}-N1-{parts}-warps-per-row", F32_DOT)
             out.append(c.set(c.output(G.F32, m, 1), _weights(c, w, k, m), _x(c, w, k, 1), ip=(0, parts)))
         # rows of fewer than 32 blocks, every other one off 16-byte alignment (K640: Gemma 3's LM head; Q8_0:
-        # a block a lane), alone and shared by warps; K1120: a staged step and 3 blocks past it
+        # a block a lane), alone and shared by warps; and K1120 (35 blocks): one staged step, then a tail of 3
+        # blocks taken a block a lane
         for k, m, parts in ((640, 70, 1), (640, 37, 2), (512, 33, 1), (1120, 21, 4)):
             c = Case(f"mul_mat_vec_{w}", f"K{k}-M{m}-N1-{parts}-warps-per-row-short", F32_DOT)
             out.append(c.set(c.output(G.F32, m, 1), _weights(c, w, k, m), _x(c, w, k, 1), ip=(0, parts)))
