@@ -30,4 +30,10 @@ def over_spans(n: int, per_span: int, fn: Callable[[int, int], None]) -> None:
             fn(a, b)
         return
     with ThreadPoolExecutor(workers) as pool:
-        list(pool.map(lambda s: fn(*s), spans))   # list(): a worker's exception is raised here
+        futures = [pool.submit(fn, a, b) for a, b in spans]
+        try:
+            for f in futures:
+                f.result()                   # the first failing span's exception, raised here
+        except BaseException:                # a failure or Ctrl-C: the spans not yet started never start
+            pool.shutdown(wait=True, cancel_futures=True)
+            raise

@@ -26,7 +26,7 @@ M1, M2 = 0xBF58476D1CE4E5B9, 0x94D049BB133111EB
 LANE_CENTRE = 2 * 65535
 IH_STD = float(np.sqrt((65536.0 ** 2 - 1) / 3.0))   # std of the sum of four uniform 16-bit lanes
 MASK64 = (1 << 64) - 1
-CHUNK = 1 << 22   # elements drawn at a time on the host (bounded temporaries: 8 bytes each)
+CHUNK = 1 << 20   # elements drawn at a time by one host thread (temporaries ~20 bytes each: ~20 MB a thread)
 
 
 def mix64_int(z: int) -> int:

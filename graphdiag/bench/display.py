@@ -105,8 +105,8 @@ def decode_title(rows: list[dict]) -> str:
     sim = any(r["simulated"] for r in rows)
     rounds = max(r.get("rounds", 1) for r in rows)
     return ("decode step, batch 1 (µs, medians after warm-up; p90 in brackets)"
-            + (f"; {rounds} rounds in turn: times the median of the rounds', each ratio the median of the "
-               "rounds' ratios (their range in brackets)" if rounds > 1 else "")
+            + (f"; {rounds} rounds in turn (graphdiag first, then llama.cpp first, ...): times the rounds' "
+               "medians; a ratio with a range in brackets is the median of the rounds' own ratios" if rounds > 1 else "")
             + (" — SIMULATED: host times of numpy kernels, not GPU results" if sim else ""))
 
 
@@ -124,7 +124,9 @@ def _host_refs(console: Console, rows: list[dict]) -> None:
     refs = [ref(r) for r in rows if r.get("host_ref_us") is not None]
     if refs:
         peers = any(r.get("torch_host_ref_us") is not None for r in rows)
-        console.print("host reference before each row" + (" / before its PyTorch peer" if peers else "") + ":")
+        several = any(r.get("rounds", 1) > 1 for r in rows)
+        console.print("host reference before each row" + (" (the median over its rounds)" if several else "")
+                      + (" / before its PyTorch peer" if peers else "") + ":")
         for line in refs:
             console.print(line)
         console.print("  (µs of a fixed piece of host Python; the host figures scale with it)")

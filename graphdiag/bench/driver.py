@@ -1,8 +1,10 @@
 """Micro benchmark of the CUDA driver layer (needs a GPU): python -m graphdiag.bench.driver [--json PATH]
 
 Measures, as medians after warm-up:
-  launch_host_us        host time of one cuLaunchKernel with pre-packed params (tiny kernel, no sync)
-  launch_host_us_pdl    the same through cuLaunchKernelEx with the PDL attribute (as eager launches on 9.0+)
+  launch_host_us        host time of one launch as the driver makes it (cuLaunchKernelEx on a config built
+                        once, no attributes; pre-packed params, tiny kernel, no sync). Before 2026-12-04
+                        it timed cuLaunchKernel, so older figures are not comparable
+  launch_host_us_pdl    the same with the PDL attribute (as eager launches on 9.0+)
   capture_ms            stream capture of a graph of --kernels tiny kernels (host time)
   instantiate_ms        cuGraphInstantiate of that graph
   update_ms             cuGraphExecUpdate to a recapture with other pointers (same topology)
@@ -84,8 +86,8 @@ def bench_launch_and_graphs(drv, stream, n_kernels: int) -> dict:
 
     timed_launches()
     launch_us = statistics.median(timed_launches() for _ in range(15)) / per_rep / 1e3
-    # the same launch as eager runs it on 9.0+ (GGML_CUDA_PDL on by default): cuLaunchKernelEx with the
-    # programmatic stream serialisation attribute, whose CUlaunchConfig the bindings convert on every call
+    # the same launch as eager runs it on 9.0+ (GGML_CUDA_PDL on by default): its config carries the
+    # programmatic stream serialisation attribute
     pdl_us = None
     if drv.set_pdl(True):
         drv.prepare(one)

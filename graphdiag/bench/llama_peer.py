@@ -70,16 +70,27 @@ def llama_decode_stats(model: Path, steps: int, prompt_tokens: int, graphs: bool
 
 def add_llama_peer(row: dict, steps: int, prompt_tokens: int, folder: Path, progress, decode_stats) -> None:
     """llama.cpp's replayed and eager decode step next to graphdiag's, with the ratios."""
+    row.update(llama_peer_figures(row, steps, prompt_tokens, folder, progress, decode_stats))
+    add_llama_ratios(row)
+
+
+def llama_peer_figures(row: dict, steps: int, prompt_tokens: int, folder: Path, progress, decode_stats) -> dict:
+    """llama.cpp's figures for the model `row` names (its graphdiag times are not read: this can run before
+    them)."""
     from .timing import host_reference_us
     model = export_row_model(row, folder)
-    row["llama_host_ref_us"] = host_reference_us()
+    out = {"llama_host_ref_us": host_reference_us()}
     for graphs, key in ((True, "replay"), (False, "eager")):
         progress.start(f"{row['model']} {row['wtype']} llama.cpp graphs {'on' if graphs else 'off'}", 1)
         st = llama_decode_stats(model, steps, prompt_tokens, graphs, folder, decode_stats)
         progress.advance()
-        row[f"llama_{key}_ms"], row[f"llama_{key}_p90_ms"] = st.get("ms"), st.get("p90_ms")
-        row[f"llama_{key}_steps"] = st.get("steps", 0)
-    row["llama"] = "llama.cpp 0.3.36 (llama-cpp-python), watched"
+        out[f"llama_{key}_ms"], out[f"llama_{key}_p90_ms"] = st.get("ms"), st.get("p90_ms")
+        out[f"llama_{key}_steps"] = st.get("steps", 0)
+    out["llama"] = "llama.cpp 0.3.36 (llama-cpp-python), watched"
+    return out
+
+
+def add_llama_ratios(row: dict) -> None:
     row["replay_vs_llama"] = _ratio(row.get("replay_ms"), row.get("llama_replay_ms"))
     row["eager_vs_llama"] = _ratio(row.get("eager_ms"), row.get("llama_eager_ms"))
     row["llama_graph_speedup"] = _ratio(row.get("llama_eager_ms"), row.get("llama_replay_ms"))

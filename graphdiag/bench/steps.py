@@ -251,6 +251,8 @@ def check_steps(opts: StepsOptions) -> None:
     or --prefill is one line (UsageError) at once, not an error after minutes of other rows. The decode
     row's instrumentation rounds decode more steps than --steps: they are checked too."""
     from ..config import validate_run
+    if opts.rounds < 1:
+        raise UsageError(f"rounds {opts.rounds}: each row is measured at least once (1 or more)")
     instr_steps = INSTR_DECODE
     for model, wtype in runs_of(opts):
         n_ctx = model_config(model).n_ctx
@@ -288,8 +290,8 @@ def _row_names(model: str, wtype: str | None) -> dict:
     return {"model": Path(model).name, "model_path": model, "wtype": OWN_TYPES}
 
 
-def decode_row(opts: StepsOptions, model: str, wtype: str | None, bandwidth: float, progress: Progress,
-               instrument: bool = True) -> dict:
+def decode_row(opts: StepsOptions, model: str, wtype: str | None, bandwidth: float, progress: Progress) -> dict:
+    """graphdiag's replayed and eager decode step of one (model, weight type): one run graphs on, one off."""
     base = _decode_settings(opts, model, wtype)
     names = _row_names(model, wtype)
     label = f"{names['model']} {names['wtype']}"
@@ -315,8 +317,6 @@ def decode_row(opts: StepsOptions, model: str, wtype: str | None, bandwidth: flo
            "roofline_ms": roof, "host_ref_us": host_ref}
     if on.header.get("model_file"):
         row["model_types"] = on.header["model_file"].get("types")
-    if rep and instrument:
-        row.update(instrumentation_share(base, label, progress))
     row["graph_speedup"] = _ratio(row["eager_ms"], row["replay_ms"])
     row["replay_over_roofline"] = _ratio(row["replay_ms"], roof)
     return row
@@ -337,6 +337,7 @@ def combine_rounds(rounds: list[dict]) -> dict:
     counts summed, and `per_round` keeping every round's timings and ratios. A host whose speed drifts moves
     both sides of a round together, so the ratios hold where one run's absolute times do not."""
     if len(rounds) == 1:
+        rounds[0]["rounds"] = 1
         return rounds[0]
     row = dict(rounds[0])
 
@@ -357,6 +358,12 @@ def combine_rounds(rounds: list[dict]) -> dict:
     row["rounds"] = len(rounds)
     row["per_round"] = [{k: r.get(k) for k in ROUND_TIMES + ROUND_RATIOS if k in r} for r in rounds]
     return row
+
+
+def _llama_figures(opts: StepsOptions, model: str, wtype: str | None, folder, progress: Progress) -> dict:
+    from .llama_peer import llama_peer_figures
+    prompt = resolve(_decode_settings(opts, model, wtype)).prompt_tokens
+    return llama_peer_figures(_row_names(model, wtype), opts.steps, prompt, folder, progress, decode_stats)
 
 
 def _wants_peer(opts: StepsOptions, row: dict) -> bool:
@@ -420,19 +427,29 @@ def bench_steps(opts: StepsOptions, progress: Progress | None = None) -> list[di
         check_llama_peer(opts.backend)
     bandwidth, _, _ = measure_bandwidth(opts.backend, progress)
     folder = None
-    if opts.llama:
-        from .llama_peer import add_llama_peer, llama_folder
+    if opts.llama:                    # every GGUF the peer runs, written before anything is timed
+        from .llama_peer import add_llama_ratios, export_row_model, llama_folder
         folder = llama_folder()
+        for model, wtype in runs_of(opts):
+            export_row_model(_row_names(model, wtype), folder)
     rows = []
     for model, wtype in runs_of(opts):
         rounds = []
-        for k in range(opts.rounds):      # graphdiag's two runs, then llama.cpp's two (child processes)
-            row = decode_row(opts, model, wtype, bandwidth, progress, instrument=k == 0)
+        for k in range(opts.rounds):
+            # graphdiag's two runs and llama.cpp's two (child processes), in turn: graphdiag first in even
+            # rounds, llama.cpp first in odd ones, so a steady drift of the host does not favour one side
+            peer_first = opts.llama and k % 2 == 1
+            peer = _llama_figures(opts, model, wtype, folder, progress) if peer_first else None
+            row = decode_row(opts, model, wtype, bandwidth, progress)
             if opts.llama and not row["simulated"]:
-                prompt = resolve(_decode_settings(opts, *row_source(row))).prompt_tokens
-                add_llama_peer(row, opts.steps, prompt, folder, progress, decode_stats)
+                row.update(peer or _llama_figures(opts, model, wtype, folder, progress))
+                add_llama_ratios(row)
             rounds.append(row)
-        rows.append(combine_rounds(rounds))
+        row = combine_rounds(rounds)
+        if row.get("replay_ms") is not None:      # the instrumentation's share: once, after the rounds
+            row.update(instrumentation_share(_decode_settings(opts, model, wtype),
+                                             f"{row['model']} {row['wtype']}", progress))
+        rows.append(row)
         if opts.prefill:
             rows.append(prefill_row(opts, model, wtype, progress))
     for row in rows:

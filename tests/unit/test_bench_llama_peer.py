@@ -116,30 +116,38 @@ def test_rounds_combine_times_as_medians_and_ratios_with_their_range():
     assert max(len(l) for l in text.splitlines()) <= 80
 
 
-def test_each_round_runs_graphdiag_then_its_llama_peer_in_turn(monkeypatch):
-    """--rounds N: a decode row and its llama.cpp peer N times in turn, the instrumentation's share measured
-    in the first round only; then the next row."""
+def test_rounds_alternate_which_side_runs_first_after_every_export(monkeypatch):
+    """--rounds N: each decode row and its llama.cpp peer N times in turn, graphdiag first in even rounds and
+    llama.cpp first in odd ones (a steady host drift favours neither side); every GGUF the peer runs is
+    written before anything is timed; the instrumentation's share is measured once, after a row's rounds."""
     calls = []
 
-    def decode_row(opts, model, wtype, bandwidth, progress, instrument=True):
-        calls.append(("graphdiag", model, instrument))
+    def decode_row(opts, model, wtype, bandwidth, progress):
+        calls.append(("graphdiag", model))
         return _row(wtype) | {"model": model, "replay_ms": 0.2 + 0.1 * len(calls)}
 
-    def peer(row, steps, prompt, folder, progress, stats):
+    def figures(row, steps, prompt, folder, progress, stats):
         calls.append(("llama.cpp", row["model"]))
-        row.update(llama_replay_ms=0.25, replay_vs_llama=row["replay_ms"] / 0.25)
+        return {"llama_replay_ms": 0.25, "llama": "0.3.36"}
     monkeypatch.setattr(S, "measure_bandwidth", lambda backend, progress: (1e12, False, "GPU"))
     monkeypatch.setattr(S, "decode_row", decode_row)
+    monkeypatch.setattr(S, "instrumentation_share", lambda settings, label, progress: calls.append(("instr", label)) or {})
     monkeypatch.setattr(L, "check_llama_peer", lambda backend: None)
     monkeypatch.setattr(L, "llama_folder", lambda: "folder")
-    monkeypatch.setattr(L, "add_llama_peer", peer)
-    rows = S.bench_steps(S.StepsOptions(models=("tiny", "small"), llama=True, torch=False, rounds=2))
-    assert calls == [("graphdiag", "tiny", True), ("llama.cpp", "tiny"), ("graphdiag", "tiny", False),
-                     ("llama.cpp", "tiny"), ("graphdiag", "small", True), ("llama.cpp", "small"),
-                     ("graphdiag", "small", False), ("llama.cpp", "small")]
-    assert [r["rounds"] for r in rows] == [2, 2]
-    assert [p["replay_ms"] for p in rows[0]["per_round"]] == pytest.approx([0.3, 0.5])
+    monkeypatch.setattr(L, "export_row_model", lambda row, folder: calls.append(("export", row["model"])))
+    monkeypatch.setattr(L, "llama_peer_figures", figures)
+    rows = S.bench_steps(S.StepsOptions(models=("tiny", "small"), llama=True, torch=False, rounds=3))
+    assert calls == [("export", "tiny"), ("export", "small"),
+                     ("graphdiag", "tiny"), ("llama.cpp", "tiny"), ("llama.cpp", "tiny"), ("graphdiag", "tiny"),
+                     ("graphdiag", "tiny"), ("llama.cpp", "tiny"), ("instr", "tiny f16"),
+                     ("graphdiag", "small"), ("llama.cpp", "small"), ("llama.cpp", "small"), ("graphdiag", "small"),
+                     ("graphdiag", "small"), ("llama.cpp", "small"), ("instr", "small f16")]
+    assert [r["rounds"] for r in rows] == [3, 3]
+    assert [p["replay_ms"] for p in rows[0]["per_round"]] == pytest.approx([0.5, 0.8, 0.9])
+    assert [p["replay_vs_llama"] for p in rows[0]["per_round"]] == pytest.approx([0.5 / 0.25, 0.8 / 0.25, 0.9 / 0.25])
 
 
 def test_rounds_out_of_range_is_one_line(capsys):
     assert "--rounds" in one_line(capsys, ["bench", "steps", "--backend", "sim", "--rounds", "0"])
+    with pytest.raises(S.UsageError, match="rounds 0"):        # from Python too, before anything is measured
+        S.check_steps(S.StepsOptions(rounds=0))

@@ -106,7 +106,7 @@ def test_a_failure_mid_capture_ends_the_capture_and_the_key_warms_up_again(monke
 
     def failing_launch(self, stream, launch):
         if fail["on"] and self.is_capturing(stream):
-            raise CudaError("CUDA_ERROR_LAUNCH_OUT_OF_RESOURCES", "cuLaunchKernel(" + launch.kernel + ")")
+            raise CudaError("CUDA_ERROR_LAUNCH_OUT_OF_RESOURCES", "cuLaunchKernelEx(" + launch.kernel + ")")
         return real_launch(self, stream, launch)
 
     monkeypatch.setattr(SimDriver, "launch", failing_launch)

@@ -177,3 +177,21 @@ def test_a_draw_is_the_same_bits_on_one_thread_or_many(monkeypatch, n):
     c = rng.centred_lanes(rng.stream_key(3, 9), 0, n).astype(np.float32)
     assert one.tobytes() == ((c * mul).astype(np.float32) + add).astype(np.float32).tobytes()
     assert quantize(many, GGMLType.F16).tobytes() == one.astype(np.float16).tobytes()
+
+
+def test_a_failing_span_stops_the_rest_and_raises(monkeypatch):
+    """over_spans raises the first failing span's error and starts no span queued behind it."""
+    import threading
+    import graphdiag.parallel as par
+    monkeypatch.setattr(par, "threads", lambda: 2)
+    ran, failed = [], threading.Event()
+
+    def span(a, b):
+        if a == 0:
+            failed.set()
+            raise ValueError("span 0")
+        failed.wait(5)                        # the other worker is busy until span 0 has failed
+        ran.append(a)
+    with pytest.raises(ValueError, match="span 0"):
+        par.over_spans(100, 1, span)
+    assert len(ran) < 10                      # not the 99 queued behind it

@@ -304,7 +304,7 @@ class CudaDriver(Driver):
             cfg = h.configs[stream] = _launch_config(h.args, self._s(stream), h.pdl)
         (err,) = D.cuLaunchKernelEx(cfg, h.args[0], h.argv_addr, 0)
         if err:
-            raise _error(err, f"cuLaunchKernel({launch.kernel})")
+            raise _error(err, f"cuLaunchKernelEx({launch.kernel})")
         if self.tracer is not None:
             self.tracer.on_launch(launch.kernel, launch.label)
 
@@ -434,6 +434,7 @@ class CudaDriver(Driver):
             tried(D.cuModuleUnload(mod), "cuModuleUnload")
         self._modules.clear()
         self._functions.clear()
+        self._configs.clear()
         tried(D.cuDevicePrimaryCtxRelease(self._dev), "cuDevicePrimaryCtxRelease")
         if first[0] is not None:
             raise _error(*first[0])

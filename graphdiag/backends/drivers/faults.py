@@ -4,7 +4,7 @@ A scenario's `{ at_step = N, fault = KIND }` arms KIND for step N on every drive
 of that kind in the step fails at the driver-call boundary with the result the CUDA driver documents for it
 (never by corrupting device memory), on the real driver and the simulated one alike:
 
-    launch       cuLaunchKernel / cuGraphLaunch   CUDA_ERROR_LAUNCH_OUT_OF_RESOURCES (not sticky)
+    launch       cuLaunchKernelEx / cuGraphLaunch CUDA_ERROR_LAUNCH_OUT_OF_RESOURCES (not sticky)
     capture      cuStreamEndCapture               CUDA_ERROR_STREAM_CAPTURE_INVALIDATED (the capture is
                                                   really ended and its graph destroyed first)
     instantiate  cuGraphInstantiate               CUDA_ERROR_OUT_OF_MEMORY
@@ -24,7 +24,7 @@ from ...errors import CaptureError, CudaError, OutOfDeviceMemory
 
 # kind -> ((driver method, the CUDA call it stands for), ...), the error's result name
 FAULTS: dict[str, tuple[tuple[tuple[str, str], ...], str]] = {
-    "launch": ((("launch", "cuLaunchKernel"), ("graph_launch", "cuGraphLaunch")),
+    "launch": ((("launch", "cuLaunchKernelEx"), ("graph_launch", "cuGraphLaunch")),
                "CUDA_ERROR_LAUNCH_OUT_OF_RESOURCES"),
     "capture": ((("end_capture", "cuStreamEndCapture"),), "CUDA_ERROR_STREAM_CAPTURE_INVALIDATED"),
     "instantiate": ((("instantiate", "cuGraphInstantiate"),), "CUDA_ERROR_OUT_OF_MEMORY"),
@@ -50,7 +50,7 @@ def recoverable(error: BaseException) -> bool:
 
 
 def calls_of(kind: str) -> str:
-    """The CUDA calls a fault of `kind` waits for ("cuLaunchKernel / cuGraphLaunch")."""
+    """The CUDA calls a fault of `kind` waits for ("cuLaunchKernelEx / cuGraphLaunch")."""
     return " / ".join(call for _, call in FAULTS[kind][0])
 
 

@@ -174,6 +174,7 @@ class CaptureLoop:
         b, drv = self.b, self.b.driver
         stream = b.stream0
         pool = b.pool_of(stream)
+        b.capture_aborted = False
         n_launches = 0
         for i in lowered.group_starts():
             op = lowered[i]
@@ -236,14 +237,14 @@ class LoweredOps:
         self._graph, self._cc, self._nsm, self._memo = graph, cc, nsm, memo
         self._ops: list = [None] * n
         self._groups, self._next, self._upto = groups, 0, 0 if groups else n
-        self._starts = [g[0] for g in groups]
+        self._starts = tuple(g[0] for g in groups)
         self._block = self.FIRST_BLOCK
         self._names = graph.arena.rec["name"][graph.nodes].tolist()
 
     def __len__(self) -> int:
         return len(self._ops)
 
-    def group_starts(self) -> list[int]:
+    def group_starts(self) -> tuple[int, ...]:
         """The first node of each node group, in order (what an evaluation without forks visits)."""
         return self._starts
 
