@@ -105,8 +105,10 @@ def decode_title(rows: list[dict]) -> str:
     sim = any(r["simulated"] for r in rows)
     rounds = max(r.get("rounds", 1) for r in rows)
     return ("decode step, batch 1 (µs, medians after warm-up; p90 in brackets)"
-            + (f"; {rounds} rounds in turn (graphdiag first, then llama.cpp first, ...): times the rounds' "
-               "medians; a ratio with a range in brackets is the median of the rounds' own ratios" if rounds > 1 else "")
+            + (f"; {rounds} rounds" + (" in turn (graphdiag first, then llama.cpp first, ...)"
+                                         if any(r.get("llama") for r in rows) else "")
+               + ": times the rounds' medians; a ratio with a range in brackets is the median of the rounds' own "
+               "ratios" if rounds > 1 else "")
             + (" — SIMULATED: host times of numpy kernels, not GPU results" if sim else ""))
 
 

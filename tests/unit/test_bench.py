@@ -367,3 +367,17 @@ def test_the_driver_micro_benchmark_times_plain_and_pdl_launches():
         r = bench_launch_and_graphs(drv, drv.stream_create(), 8)
         assert r["launch_host_us"] > 0 and r["update_ms"] > 0 and r["replay_us_per_kernel"] > 0
         assert (r["launch_host_us_pdl"] is not None) is pdl and not drv.pdl
+
+
+def test_rounds_on_the_simulated_driver(capsys):
+    """--rounds 2 end to end: one row of two rounds, each round's figures kept, the instrumentation once."""
+    rc = main(["bench", "steps", "--backend", "sim", "--model", "tiny", "--steps", "8", "--prompt-tokens", "4",
+               "--rounds", "2", "--json"])
+    out = capsys.readouterr()
+    assert rc == 0, out.err
+    (row,) = [json.loads(l) for l in out.out.splitlines()]
+    assert row["rounds"] == 2 and len(row["per_round"]) == 2 and all(p["replay_ms"] > 0 for p in row["per_round"])
+    lo, hi = row["graph_speedup_range"]
+    assert lo <= row["graph_speedup"] <= hi and row["instr_share_pct"] is not None
+    assert sum(l.endswith("graphs on 0/9") for l in out.err.splitlines()) == 2
+    assert sum("instrumentation 0/" in l for l in out.err.splitlines()) == 1

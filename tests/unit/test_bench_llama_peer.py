@@ -112,7 +112,7 @@ def test_rounds_combine_times_as_medians_and_ratios_with_their_range():
     out = io.StringIO()
     render([row | {"llama": "0.3.36"}], file=out)
     text = out.getvalue()
-    assert "0.95× (0.80–1.03)" in text and "3 rounds in turn" in " ".join(text.split())
+    assert "0.95× (0.80–1.03)" in text and "3 rounds in turn (graphdiag first" in " ".join(text.split())
     assert max(len(l) for l in text.splitlines()) <= 80
 
 
