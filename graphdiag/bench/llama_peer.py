@@ -68,12 +68,6 @@ def llama_decode_stats(model: Path, steps: int, prompt_tokens: int, graphs: bool
     return decode_stats(events, "replay" if graphs else "eager")
 
 
-def add_llama_peer(row: dict, steps: int, prompt_tokens: int, folder: Path, progress, decode_stats) -> None:
-    """llama.cpp's replayed and eager decode step next to graphdiag's, with the ratios."""
-    row.update(llama_peer_figures(row, steps, prompt_tokens, folder, progress, decode_stats))
-    add_llama_ratios(row)
-
-
 def llama_peer_figures(row: dict, steps: int, prompt_tokens: int, folder: Path, progress, decode_stats) -> dict:
     """llama.cpp's figures for the model `row` names (its graphdiag times are not read: this can run before
     them)."""
@@ -91,6 +85,7 @@ def llama_peer_figures(row: dict, steps: int, prompt_tokens: int, folder: Path, 
 
 
 def add_llama_ratios(row: dict) -> None:
+    """The ratios of graphdiag's replayed and eager step to llama.cpp's, on a row holding both."""
     row["replay_vs_llama"] = _ratio(row.get("replay_ms"), row.get("llama_replay_ms"))
     row["eager_vs_llama"] = _ratio(row.get("eager_ms"), row.get("llama_eager_ms"))
     row["llama_graph_speedup"] = _ratio(row.get("llama_eager_ms"), row.get("llama_replay_ms"))

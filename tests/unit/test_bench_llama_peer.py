@@ -40,7 +40,8 @@ def test_llama_peer_figures(monkeypatch, tmp_path):
         return {"ms": 0.19 if graphs else 0.30, "p90_ms": 0.21 if graphs else 0.33, "steps": 60}
     monkeypatch.setattr(L, "llama_decode_stats", stats)
     row = _row()
-    L.add_llama_peer(row, 64, 16, tmp_path, S.Progress(), S.decode_stats)
+    row.update(L.llama_peer_figures(row, 64, 16, tmp_path, S.Progress(), S.decode_stats))
+    L.add_llama_ratios(row)
     assert calls == [("tiny-f16.gguf", 64, 16, True), ("tiny-f16.gguf", 64, 16, False)]
     assert (tmp_path / "tiny-f16.gguf").stat().st_size > 1_000_000
     assert row["replay_vs_llama"] == pytest.approx(0.18 / 0.19) and row["eager_vs_llama"] == pytest.approx(0.5 / 0.3)
@@ -73,7 +74,7 @@ def test_llama_peer_runs_a_file_row_on_the_file(monkeypatch, tmp_path):
                         lambda model, *a: calls.append(model) or {"ms": 0.2, "p90_ms": 0.2, "steps": 8})
     row = _row() | S._row_names(str(gguf), None)
     assert row["wtype"] == S.OWN_TYPES and S.row_source(row) == (str(gguf), None)
-    L.add_llama_peer(row, 8, 4, tmp_path / "peer", S.Progress(), S.decode_stats)
+    row.update(L.llama_peer_figures(row, 8, 4, tmp_path / "peer", S.Progress(), S.decode_stats))
     assert calls == [gguf, gguf]
     assert S.row_source(_row("q8_0")) == ("tiny", "q8_0")
 
