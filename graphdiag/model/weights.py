@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import contextvars
 import os
+from collections import OrderedDict
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Callable, Iterator
@@ -197,10 +198,62 @@ def host_shape(t: Tensor) -> tuple[int, ...]:
 
 
 def draw_host(t: Tensor, seed: int) -> np.ndarray:
-    """The stored host array of weight `t`, bit-identical to what rng_fill writes on a device."""
+    """The stored host array of weight `t`, bit-identical to what rng_fill writes on a device. A type with no
+    device generator (quantised on the host) comes from HOST_QUANTISED when drawn before in this process:
+    read-only, shared by every model of the same preset, weight type and seed."""
+    key = (seed, t.idx, t.name, t.type, tuple(t.ne))
+    if t.type not in DEVICE_FILL:
+        got = HOST_QUANTISED.get(key)
+        if got is not None:
+            return got
     mul, add = value_spec(t)
-    x = rng.draw_f32(seed, t.idx, int(np.prod(t.ne)), mul, add).reshape(host_shape(t))
-    return _store(x, t.type)
+    x = _store(rng.draw_f32(seed, t.idx, int(np.prod(t.ne)), mul, add).reshape(host_shape(t)), t.type)
+    if t.type not in DEVICE_FILL:
+        HOST_QUANTISED.put(key, x)
+    return x
+
+
+class QuantisedCache:
+    """Host-quantised weights kept for the process, least recently used first out, within `budget` bytes
+    and a quarter of the host's available memory at each insertion. The same preset's weights are built
+    again within a process — `bench steps` builds a row's model for graphs on, graphs off, the
+    instrumentation share and the llama.cpp peer's export, once per round — and ggml's reference
+    K-quant quantisers run at about 5 M weights a second a core in numpy (a 1b Q4_K model, 0.76 GB,
+    took some 40 s a build on the lent GPU host), while the values are a pure function of (seed, tensor,
+    type). Kept arrays are made read-only: every holder shares them."""
+
+    def __init__(self, budget: int):
+        self.budget, self.nbytes, self.hits = budget, 0, 0
+        self._kept: OrderedDict[tuple, np.ndarray] = OrderedDict()
+
+    def get(self, key: tuple) -> np.ndarray | None:
+        got = self._kept.get(key)
+        if got is not None:
+            self._kept.move_to_end(key)
+            self.hits += 1
+        return got
+
+    def put(self, key: tuple, a: np.ndarray) -> None:
+        cap = min(self.budget, available_host_bytes() // 4)
+        if a.nbytes > cap:
+            return
+        a.flags.writeable = False
+        old = self._kept.pop(key, None)
+        self.nbytes += a.nbytes - (old.nbytes if old is not None else 0)
+        self._kept[key] = a
+        while self.nbytes > cap:
+            _, out = self._kept.popitem(last=False)
+            self.nbytes -= out.nbytes
+
+    def clear(self) -> None:
+        self._kept.clear()
+        self.nbytes = 0
+
+    def __len__(self) -> int:
+        return len(self._kept)
+
+
+HOST_QUANTISED = QuantisedCache(8 << 30)
 
 
 class HostWeights(Mapping):
