@@ -118,16 +118,28 @@ PREFILL_METRICS = [("tokens", lambda r: str(r["n_tokens"])), ("graphdiag", lambd
 
 
 def _host_refs(console: Console, rows: list[dict]) -> None:
-    """The host reference before each row (and before its PyTorch peer, which runs later): a ratio whose two
-    sides were timed at different host speeds says so here. One line per row, so no reference is broken."""
+    """The host reference before each row, before its llama.cpp peer and before its PyTorch peer (which runs
+    later): a ratio whose two sides were timed at different host speeds says so here (for llama.cpp, by
+    steps.host_speed_differed: in how many rounds). One line per row, so no reference is broken."""
+    from .steps import HOST_SPEED_TOLERANCE
+
     def ref(r):
-        peer = r.get("torch_host_ref_us")
-        return f"  {r['model']} {r['wtype']} {r['host_ref_us']:.0f}" + ("" if peer is None else f" / {peer:.0f}")
+        llama, peer, differed = r.get("llama_host_ref_us"), r.get("torch_host_ref_us"), r.get("host_speed_differed")
+        line = f"  {r['model']} {r['wtype']} {r['host_ref_us']:.0f}"
+        line += "" if llama is None else f" · llama.cpp {llama:.0f}"
+        line += "" if peer is None else f" / {peer:.0f}"
+        if differed and r.get("rounds", 1) > 1:
+            line += f" ({differed} of {r['rounds']} rounds apart > {HOST_SPEED_TOLERANCE}×)"
+        elif differed:
+            line += f" (apart > {HOST_SPEED_TOLERANCE}×: its ratios compare host speeds)"
+        return line
     refs = [ref(r) for r in rows if r.get("host_ref_us") is not None]
     if refs:
+        llamas = any(r.get("llama_host_ref_us") is not None for r in rows)
         peers = any(r.get("torch_host_ref_us") is not None for r in rows)
         several = any(r.get("rounds", 1) > 1 for r in rows)
         console.print("host reference before each row" + (" (the median over its rounds)" if several else "")
+                      + (" · its llama.cpp peer" if llamas else "")
                       + (" / before its PyTorch peer" if peers else "") + ":")
         for line in refs:
             console.print(line)

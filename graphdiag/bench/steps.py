@@ -329,6 +329,16 @@ ROUND_TIMES = ("replay_ms", "replay_p90_ms", "replay_gpu_ms", "replay_host_ms", 
                "llama_eager_ms", "llama_eager_p90_ms", "llama_host_ref_us")
 ROUND_RATIOS = ("graph_speedup", "replay_over_roofline", "replay_vs_llama", "eager_vs_llama", "llama_graph_speedup")
 ROUND_COUNTS = ("replay_steps", "eager_steps", "llama_replay_steps", "llama_eager_steps")
+# graphdiag's and llama.cpp's host references further apart than this: the round's ratios compare two host
+# speeds (the lent H200 hosts switched between ~175 and ~350-400 µs within seconds, 2026-12-04)
+HOST_SPEED_TOLERANCE = 1.3
+
+
+def host_speed_differed(row: dict) -> bool:
+    """Whether the host ran graphdiag's side and llama.cpp's at speeds further apart than the tolerance (by
+    the host reference taken right before each)."""
+    a, b = row.get("host_ref_us"), row.get("llama_host_ref_us")
+    return bool(a and b) and max(a, b) / min(a, b) > HOST_SPEED_TOLERANCE
 
 
 def combine_rounds(rounds: list[dict]) -> dict:
@@ -355,8 +365,11 @@ def combine_rounds(rounds: list[dict]) -> dict:
     for k in ROUND_COUNTS:
         if any(k in r for r in rounds):
             row[k] = sum(values(k))
+    if any("host_speed_differed" in r for r in rounds):
+        row["host_speed_differed"] = sum(bool(r.get("host_speed_differed")) for r in rounds)
     row["rounds"] = len(rounds)
-    row["per_round"] = [{k: r.get(k) for k in ROUND_TIMES + ROUND_RATIOS if k in r} for r in rounds]
+    row["per_round"] = [{k: r.get(k) for k in ROUND_TIMES + ROUND_RATIOS + ("host_speed_differed",) if k in r}
+                        for r in rounds]
     return row
 
 
@@ -444,6 +457,7 @@ def bench_steps(opts: StepsOptions, progress: Progress | None = None) -> list[di
             if opts.llama and not row["simulated"]:
                 row.update(peer or _llama_figures(opts, model, wtype, folder, progress))
                 add_llama_ratios(row)
+                row["host_speed_differed"] = host_speed_differed(row)
             rounds.append(row)
         row = combine_rounds(rounds)
         if row.get("replay_ms") is not None:      # the instrumentation's share: once, after the rounds

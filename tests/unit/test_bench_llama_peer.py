@@ -152,3 +152,43 @@ def test_rounds_out_of_range_is_one_line(capsys):
     assert "--rounds" in one_line(capsys, ["bench", "steps", "--backend", "sim", "--rounds", "0"])
     with pytest.raises(S.UsageError, match="rounds 0"):        # from Python too, before anything is measured
         S.check_steps(S.StepsOptions(rounds=0))
+
+
+def test_a_round_whose_sides_ran_at_different_host_speeds_is_flagged(monkeypatch):
+    """The lent hosts switch between two speeds within seconds (host reference ~175 or ~350-400 µs): a round
+    whose graphdiag side and llama.cpp side were timed at references more than 1.3× apart is flagged, counted
+    over the rounds and named beside the references, so its ratio is not read as either side's speed."""
+    assert S.host_speed_differed({"host_ref_us": 296.0, "llama_host_ref_us": 170.0})
+    assert not S.host_speed_differed({"host_ref_us": 170.0, "llama_host_ref_us": 182.0})
+    assert not S.host_speed_differed({"host_ref_us": 170.0})
+    ours, theirs = iter([170.0, 384.0, 180.0]), iter([182.0, 176.0, 399.0])   # each side's refs, in its order
+
+    def row_of(opts, model, wtype, bandwidth, progress):
+        return _row(wtype) | {"host_ref_us": next(ours)}
+
+    def figures(row, steps, prompt, folder, progress, stats):
+        return {"llama_replay_ms": 0.2, "llama_eager_ms": 0.3, "llama": "0.3.36", "llama_host_ref_us": next(theirs)}
+    monkeypatch.setattr(S, "measure_bandwidth", lambda backend, progress: (1e12, False, "GPU"))
+    monkeypatch.setattr(S, "decode_row", row_of)
+    monkeypatch.setattr(S, "instrumentation_share", lambda settings, label, progress: {})
+    monkeypatch.setattr(L, "check_llama_peer", lambda backend: None)
+    monkeypatch.setattr(L, "llama_folder", lambda: "folder")
+    monkeypatch.setattr(L, "export_row_model", lambda row, folder: None)
+    monkeypatch.setattr(L, "llama_peer_figures", figures)
+    [row] = S.bench_steps(S.StepsOptions(models=("tiny",), llama=True, torch=False, rounds=3))
+    assert [p["host_speed_differed"] for p in row["per_round"]] == [False, True, True]
+    assert row["host_speed_differed"] == 2
+    out = io.StringIO()
+    render([row], file=out)
+    text = out.getvalue()
+    assert "· its llama.cpp peer:" in " ".join(text.split()) and "(2 of 3 rounds apart > 1.3×)" in text
+    assert max(len(l) for l in text.splitlines()) <= 80
+    one = _row() | {"host_ref_us": 296.0, "llama_host_ref_us": 170.0, "llama": "0.3.36", "llama_replay_ms": 0.2}
+    one["host_speed_differed"] = S.host_speed_differed(one)
+    out = io.StringIO()
+    render([one], file=out)
+    assert "tiny f16 296 · llama.cpp 170 (apart > 1.3×: its ratios compare host speeds)" in out.getvalue()
+    calm = _row() | {"host_ref_us": 170.0, "llama_host_ref_us": 180.0, "llama": "0.3.36", "llama_replay_ms": 0.2}
+    out = io.StringIO()
+    render([calm | {"host_speed_differed": False}], file=out)
+    assert "tiny f16 170 · llama.cpp 180\n" in out.getvalue()
