@@ -273,14 +273,6 @@ def check_steps(opts: StepsOptions) -> None:
             validate_run(resolve({**settings, "nvtx": False}), sc)
 
 
-def row_source(row: dict) -> tuple[str, str | None]:
-    """The (model, weight type) a row was run with, back from its names: a file's row names the file by its
-    base name and its weight type OWN_TYPES, which are labels, not settings."""
-    if "model_path" in row:
-        return row["model_path"], None
-    return row["model"], row["wtype"]
-
-
 def _row_names(model: str, wtype: str | None) -> dict:
     """How a row names its model: a preset and its weight type, or a file's name (the full path apart, in
     `model_path`) and OWN_TYPES (the types per tensor are the run header's, in `model_types`)."""

@@ -73,10 +73,9 @@ def test_llama_peer_runs_a_file_row_on_the_file(monkeypatch, tmp_path):
     monkeypatch.setattr(L, "llama_decode_stats",
                         lambda model, *a: calls.append(model) or {"ms": 0.2, "p90_ms": 0.2, "steps": 8})
     row = _row() | S._row_names(str(gguf), None)
-    assert row["wtype"] == S.OWN_TYPES and S.row_source(row) == (str(gguf), None)
+    assert row["wtype"] == S.OWN_TYPES and row["model_path"] == str(gguf) and row["model"] == "mine.gguf"
     row.update(L.llama_peer_figures(row, 8, 4, tmp_path / "peer", S.Progress(), S.decode_stats))
     assert calls == [gguf, gguf]
-    assert S.row_source(_row("q8_0")) == ("tiny", "q8_0")
 
 
 def test_the_llama_footnote_says_what_each_row_ran_on():
