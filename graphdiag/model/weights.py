@@ -201,16 +201,19 @@ def draw_host(t: Tensor, seed: int) -> np.ndarray:
     """The stored host array of weight `t`, bit-identical to what rng_fill writes on a device. A type with no
     device generator (quantised on the host) comes from HOST_QUANTISED when drawn before in this process:
     read-only, shared by every model of the same preset, weight type and seed."""
+    if t.type in DEVICE_FILL:
+        return _draw_stored(t, seed)
     key = (seed, t.idx, t.name, t.type, tuple(t.ne))
-    if t.type not in DEVICE_FILL:
-        got = HOST_QUANTISED.get(key)
-        if got is not None:
-            return got
+    got = HOST_QUANTISED.get(key)
+    if got is None:
+        got = _draw_stored(t, seed)
+        HOST_QUANTISED.put(key, got)
+    return got
+
+
+def _draw_stored(t: Tensor, seed: int) -> np.ndarray:
     mul, add = value_spec(t)
-    x = _store(rng.draw_f32(seed, t.idx, int(np.prod(t.ne)), mul, add).reshape(host_shape(t)), t.type)
-    if t.type not in DEVICE_FILL:
-        HOST_QUANTISED.put(key, x)
-    return x
+    return _store(rng.draw_f32(seed, t.idx, int(np.prod(t.ne)), mul, add).reshape(host_shape(t)), t.type)
 
 
 class QuantisedCache:
