@@ -232,6 +232,7 @@ def make_header(cfg: RunConfig, s: Session, scenario: str | None) -> dict:
         "model": cfg.model, "upstream": cfg.upstream, "settings": settings, "sources": dict(cfg.sources),
         "sim_mode": s.sim_mode, "sim_mode_reason": mode_reason(cfg) if s.sim_mode else "",
         "blas": blas_threads().to_dict(), "model_file": _model_file(s.model),
+        "launcher": s.driver.launcher if s.driver is not None and not s.driver.simulated else "",
         "started": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
         "scenario": scenario, "note": "; ".join(n for n in (s.note, fallback_note(s.model)) if n),
     }

@@ -176,6 +176,9 @@ def render(rows: list[dict], file=None, console: Console | None = None) -> None:
         for t in fitted_tables(pre, PREFILL_METRICS, console):
             console.print(t)
         _host_refs(console, pre)
+    launchers = sorted({r["launcher"] for r in rows if r.get("launcher")})
+    if launchers:
+        console.print("eager launches: " + "; ".join(launchers))
     peered = [r for r in rows if r.get("llama")]
     if peered:
         files = any(r.get("model_types") for r in peered)

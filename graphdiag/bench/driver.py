@@ -5,6 +5,9 @@ Measures, as medians after warm-up:
                         once, no attributes; pre-packed params, tiny kernel, no sync). Before 2026-12-04
                         it timed cuLaunchKernel, so older figures are not comparable
   launch_host_us_pdl    the same with the PDL attribute (as eager launches on 9.0+)
+  launch_host_us_loop   the PDL launch issued 1000 at a time through launch_batch (the C launch loop, as
+                        eager steps launch; one by one through the bindings where it could not be built:
+                        launcher says which)
   capture_ms            stream capture of a graph of --kernels tiny kernels (host time)
   instantiate_ms        cuGraphInstantiate of that graph
   update_ms             cuGraphExecUpdate to a recapture with other pointers (same topology)
@@ -88,11 +91,22 @@ def bench_launch_and_graphs(drv, stream, n_kernels: int) -> dict:
     launch_us = statistics.median(timed_launches() for _ in range(15)) / per_rep / 1e3
     # the same launch as eager runs it on 9.0+ (GGML_CUDA_PDL on by default): its config carries the
     # programmatic stream serialisation attribute
-    pdl_us = None
+    pdl_us = loop_us = None
+    run = [one] * per_rep
+
+    def timed_batch():
+        t0 = time.perf_counter_ns()
+        drv.launch_batch(stream, run)
+        dt = time.perf_counter_ns() - t0
+        drv.stream_synchronize(stream)
+        return dt
+
     if drv.set_pdl(True):
         drv.prepare(one)
         timed_launches()
         pdl_us = statistics.median(timed_launches() for _ in range(15)) / per_rep / 1e3
+        timed_batch()
+        loop_us = statistics.median(timed_batch() for _ in range(15)) / per_rep / 1e3
         drv.set_pdl(False)
         drv.prepare(one)
 
@@ -123,7 +137,9 @@ def bench_launch_and_graphs(drv, stream, n_kernels: int) -> dict:
     drv.graph_destroy(gb)
     for b in bufs:
         drv.mem_free(b)
-    return {"kernels": n_kernels, "launch_host_us": launch_us, "launch_host_us_pdl": pdl_us, "capture_ms": capture_ms,
+    return {"kernels": n_kernels, "launch_host_us": launch_us, "launch_host_us_pdl": pdl_us,
+            "launch_host_us_loop": loop_us, "launcher": drv.launcher,
+            "capture_ms": capture_ms,
             "instantiate_ms": inst_ms, "update_ms": update_ms,
             "replay_us_per_kernel": replay_ms * 1e3 / n_kernels, "eager_us_per_kernel": eager_ms * 1e3 / n_kernels}
 

@@ -298,6 +298,7 @@ def decode_row(opts: StepsOptions, model: str, wtype: str | None, bandwidth: flo
     roof = R.roofline_ms(wb, kvb, bandwidth) if bandwidth == bandwidth else None
     row = {"kind": "decode", **names, "backend": on.header.get("backend"),
            "device": on.header.get("device"), "simulated": bool(on.header.get("simulated")), "n_kv": n_kv,
+           "launcher": off.header.get("launcher", ""),           # how the eager step's launches went out
            "devices": on.header.get("settings", {}).get("devices", 1),
            "gpu_time_source": gpu_time_source(on.header),     # what replay_gpu_ms / eager_gpu_ms measured
            "replay_ms": rep.get("ms"), "replay_p90_ms": rep.get("p90_ms"), "replay_gpu_ms": rep.get("gpu_ms"),

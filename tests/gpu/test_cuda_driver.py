@@ -295,3 +295,34 @@ def test_single_and_one_by_one_copies_land_where_they_belong(driver, stream):
     finally:
         driver.batch_copies_error = None
         driver.mem_free(dev)
+
+
+def test_launch_batch_through_the_c_loop_computes_what_launch_does_and_names_a_failing_launch(driver, stream):
+    """launch_batch issues a run of launches from launch_loop.c (where the host has a C compiler, as the lent
+    machine does): the same results as launching one by one, also captured into a graph, and a launch the
+    driver refuses raises with cuLaunchKernelEx and the kernel named, the launches before it made."""
+    from graphdiag.errors import CudaError
+    assert driver.launcher == "C loop", driver.launcher
+    c = Chain(driver, 5000)
+    driver.launch_batch(stream, c.launches)
+    driver.stream_synchronize(stream)
+    np.testing.assert_allclose(c.result(), c.expected(), rtol=1e-5, atol=1e-5)
+    batched = c.result()
+    driver.memcpy_htod(c.by, np.full(c.n, np.nan, np.float32))
+    graph = _capture(driver, stream, lambda s: driver.launch_batch(s, c.launches))
+    assert driver.graph_num_nodes(graph) == 3
+    exec_ = driver.instantiate(graph)
+    driver.graph_launch(exec_, stream)
+    driver.stream_synchronize(stream)
+    np.testing.assert_array_equal(c.result(), batched)
+    driver.exec_destroy(exec_)
+    driver.graph_destroy(graph)
+    bad = Launch("add_f32", (1, 1, 1), (4096, 1, 1), c.launches[2].params.copy(), 0)   # > 1024 threads
+    driver.prepare(bad)
+    driver.memcpy_htod(c.by, np.full(c.n, np.nan, np.float32))
+    with pytest.raises(CudaError) as err:
+        driver.launch_batch(stream, c.launches + [bad, c.launches[0]])
+    assert err.value.call == "cuLaunchKernelEx(add_f32)" and err.value.name == "CUDA_ERROR_INVALID_VALUE"
+    driver.stream_synchronize(stream)
+    np.testing.assert_array_equal(c.result(), batched)          # the three before it ran
+    c.free()

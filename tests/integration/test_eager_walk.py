@@ -61,3 +61,37 @@ def test_concurrent_regions_keep_the_walk(monkeypatch):
     monkeypatch.setattr(capture.CaptureLoop, "evaluate", watched)
     run_sim(steps=6, model="small", concurrent_streams=True)
     assert with_regions and not any(with_regions) and fast_calls
+
+
+def test_eager_launches_reach_the_driver_in_runs_before_the_rest_is_lowered(monkeypatch):
+    """run_eager hands plain launches to launch_batch in runs: on a graph not yet lowered, the first run goes
+    out while later node groups are still unlowered (the GPU starts while the host lowers); a graph lowered
+    before (reused) goes out in fewer runs; every launch goes out once, in order."""
+    from graphdiag.backends.drivers.base import Driver
+    state = {"lowered": None, "first": True}
+    fresh, early, runs_of, counted = [], [], [], []
+    fast = capture.CaptureLoop.run_eager
+
+    def run_eager(self, lowered):
+        state["lowered"], state["first"] = lowered, True
+        fresh.append(not lowered.is_lowered(lowered.group_starts()[-1]))
+        runs_of.append([])
+        n = fast(self, lowered)
+        counted.append(n)
+        return n
+
+    def launch_batch(self, stream, launches):
+        if state["first"]:
+            lw = state["lowered"]
+            early.append(not lw.is_lowered(lw.group_starts()[-1]))
+            state["first"] = False
+        runs_of[-1].append(len(launches))
+        return Driver.launch_batch(self, stream, launches)
+    monkeypatch.setattr(capture.CaptureLoop, "run_eager", run_eager)
+    monkeypatch.setattr(SimDriver, "launch_batch", launch_batch)
+    run_sim(steps=4, graphs_disabled=True, model="tiny", wtype="q8_0")
+    assert any(fresh) and early == fresh          # first run early exactly where there was lowering left
+    for new, runs, n in zip(fresh, runs_of, counted):
+        assert sum(runs) <= n                     # ops that do more than launch run themselves
+        if new:
+            assert len(runs) > 2 and runs[0] <= capture.LoweredOps.FIRST_BLOCK

@@ -367,6 +367,7 @@ def test_the_driver_micro_benchmark_times_plain_and_pdl_launches():
         r = bench_launch_and_graphs(drv, drv.stream_create(), 8)
         assert r["launch_host_us"] > 0 and r["update_ms"] > 0 and r["replay_us_per_kernel"] > 0
         assert (r["launch_host_us_pdl"] is not None) is pdl and not drv.pdl
+        assert (r["launch_host_us_loop"] is not None) is pdl and r["launcher"] == "one by one"
 
 
 def test_rounds_on_the_simulated_driver(capsys):

@@ -54,6 +54,10 @@ def test_report_header_says_simulated_or_names_the_gpu():
     assert "SIMULATED GPU: simulated GPU (cc 9.0)" in sim[0]
     gpu = header_lines(RunHeader(backend="cuda", device="NVIDIA H200", simulated=False, model="tiny"))
     assert "GPU: NVIDIA H200" in gpu[0] and "SIMULATED" not in gpu[0]
+    assert not any(line.startswith("eager launches") for line in sim + gpu)   # an older record: not said
+    looped = header_lines(RunHeader(backend="cuda", device="NVIDIA H200", simulated=False, model="tiny",
+                                    launcher="C loop"))
+    assert "eager launches: C loop" in looped
 
 
 def test_report_header_marks_where_each_setting_came_from():

@@ -157,6 +157,7 @@ class Driver(abc.ABC):
 
     # kernels
     pdl = False       # launches carry programmatic stream serialisation (set_pdl)
+    launcher = "one by one"   # how launch_batch issues its launches
 
     def set_pdl(self, on: bool) -> bool:
         """GGML_CUDA_PDL: launch kernels prepared from now on with programmatic dependent launch, where the
@@ -172,6 +173,12 @@ class Driver(abc.ABC):
     @abc.abstractmethod
     def launch(self, stream, launch: Launch) -> None:
         """Launch a prepared kernel (recorded as a graph node when the stream is capturing)."""
+
+    def launch_batch(self, stream, launches: list[Launch]) -> None:
+        """Prepared launches in order on `stream`, as launch() makes them one by one (which is what this
+        does; the CUDA driver issues them from C). A failing launch raises, the ones before it made."""
+        for launch in launches:
+            self.launch(stream, launch)
 
     # memory
     @abc.abstractmethod

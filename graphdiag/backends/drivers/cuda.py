@@ -10,6 +10,7 @@ time (NVRTC -> CUBIN, disk-cached), on the first prepare() of a kernel the file 
 from __future__ import annotations
 
 import ctypes
+import struct
 import time
 from pathlib import Path
 from dataclasses import dataclass
@@ -19,6 +20,7 @@ import numpy as np
 from ...errors import CaptureError, CudaError, NoDeviceError, OutOfDeviceMemory
 from ..abi import KPARAMS
 from ..nvrtc import KernelCompiler, arch_for
+from . import launch_loop
 from .base import DeviceInfo, Driver, Launch, UpdateOutcome, UpdateResult
 
 try:
@@ -82,6 +84,7 @@ class _Prepared:
     argv_addr: int
     configs: dict         # stream (None: the null stream) -> CUlaunchConfig with that hStream
     pdl: bool             # the configs carry programmatic stream serialisation (GGML_CUDA_PDL)
+    rows: dict            # stream -> the launch loop's row (config address, CUfunction, kernelParams)
 
 
 _ARGV_HEAD = 16   # bytes before the record in a _Prepared buffer (the pointer, padded to 16)
@@ -143,6 +146,10 @@ class CudaDriver(Driver):
         self.batch_copies_error: str | None = None    # why cuMemcpyBatchAsync was refused (then: one by one)
         self._configs: dict[tuple, dict] = {}          # (launch geometry, PDL) -> {stream: CUlaunchConfig}
         self._shmem_opt_in: dict[str, int] = {}       # kernel -> dynamic shared memory it was allowed
+        self._loop: launch_loop.LaunchLoop | None = None
+        self._loop_tried = False
+        self.launch_loop_error = ""                    # why launch_batch launches one by one ("": it does not)
+        self._launch_ex = 0                            # libcuda's cuLaunchKernelEx, for the loop
         self._closed = False
 
     def visible_devices(self) -> int:
@@ -294,7 +301,7 @@ class CudaDriver(Driver):
         buf, addr = _pack_argv(launch.params.tobytes())   # private snapshot: later edits need a re-prepare
         args = (fn, *map(int, launch.grid), *map(int, launch.block), shmem)
         configs = self._configs.setdefault((args, self.pdl), {})
-        launch.handle = _Prepared(args, buf, addr, configs, self.pdl)
+        launch.handle = _Prepared(args, buf, addr, configs, self.pdl, {})
         return launch
 
     def launch(self, stream, launch: Launch) -> None:
@@ -307,6 +314,46 @@ class CudaDriver(Driver):
             raise _error(err, f"cuLaunchKernelEx({launch.kernel})")
         if self.tracer is not None:
             self.tracer.on_launch(launch.kernel, launch.label)
+
+    @property
+    def launcher(self) -> str:
+        """How launch_batch issues its launches: "C loop" (launch_loop.c) or "bindings" with the reason."""
+        return "C loop" if self._launch_loop() is not None else f"cuda.bindings one by one ({self.launch_loop_error})"
+
+    def _launch_loop(self):
+        if not self._loop_tried:
+            self._loop_tried = True
+            self._loop, self.launch_loop_error = launch_loop.load(self.compiler.cache_dir)
+            if self._loop is not None:
+                self._launch_ex = ctypes.cast(ctypes.CDLL("libcuda.so.1").cuLaunchKernelEx, ctypes.c_void_p).value
+        return self._loop
+
+    def launch_batch(self, stream, launches: list[Launch]) -> None:
+        """The launches in order on `stream`, as launch() makes them one by one, issued in one call through
+        the C launch loop (libcuda's cuLaunchKernelEx on the same configs, functions and kernelParams); one
+        by one through the bindings where the loop could not be built. A failing launch raises as launch()
+        does, the ones before it made."""
+        loop = self._loop if self._loop_tried else self._launch_loop()
+        if loop is None:
+            for la in launches:
+                self.launch(stream, la)
+            return
+        rows = []
+        for la in launches:
+            h = la.handle
+            row = h.rows.get(stream)
+            if row is None:
+                cfg = h.configs.get(stream)
+                if cfg is None:
+                    cfg = h.configs[stream] = _launch_config(h.args, self._s(stream), h.pdl)
+                row = h.rows[stream] = struct.pack("<3Q", cfg.getPtr(), int(h.args[0]), h.argv_addr)
+            rows.append(row)
+        done, err = loop.run(self._launch_ex, b"".join(rows), len(rows))
+        if self.tracer is not None:
+            for la in launches[:done]:
+                self.tracer.on_launch(la.kernel, la.label)
+        if err:
+            raise _error(D.CUresult(err), f"cuLaunchKernelEx({launches[done].kernel})")
 
     def preload(self) -> None:
         from ..kernels import KERNELS

@@ -24,7 +24,8 @@ from ...errors import CaptureError, CudaError, OutOfDeviceMemory
 
 # kind -> ((driver method, the CUDA call it stands for), ...), the error's result name
 FAULTS: dict[str, tuple[tuple[tuple[str, str], ...], str]] = {
-    "launch": ((("launch", "cuLaunchKernelEx"), ("graph_launch", "cuGraphLaunch")),
+    "launch": ((("launch", "cuLaunchKernelEx"), ("launch_batch", "cuLaunchKernelEx"),
+                ("graph_launch", "cuGraphLaunch")),
                "CUDA_ERROR_LAUNCH_OUT_OF_RESOURCES"),
     "capture": ((("end_capture", "cuStreamEndCapture"),), "CUDA_ERROR_STREAM_CAPTURE_INVALIDATED"),
     "instantiate": ((("instantiate", "cuGraphInstantiate"),), "CUDA_ERROR_OUT_OF_MEMORY"),
@@ -51,7 +52,7 @@ def recoverable(error: BaseException) -> bool:
 
 def calls_of(kind: str) -> str:
     """The CUDA calls a fault of `kind` waits for ("cuLaunchKernelEx / cuGraphLaunch")."""
-    return " / ".join(call for _, call in FAULTS[kind][0])
+    return " / ".join(dict.fromkeys(call for _, call in FAULTS[kind][0]))
 
 
 class FaultInjector:

@@ -16,6 +16,7 @@ from ..drivers.base import H200_MULTIPROCESSORS
 from .concurrency import Region
 from .entry import GraphEntry
 from .fusion import Fusion, launching_nodes
+from .lowering import KernelOp
 
 
 class CaptureLoop:
@@ -170,20 +171,35 @@ class CaptureLoop:
         """evaluate() where nothing is captured and no region forks: every op on stream 0, in node order, one
         per node group (a node or a fused group: the nodes evaluate() would skip are never visited). The same
         launches in the same order as evaluate()'s walk, without its per-node chunk and fork bookkeeping,
-        which is host time an eager step pays per launch. Returns the launches."""
+        which is host time an eager step pays per launch. Plain kernel launches go to the driver in runs
+        (launch_batch: one call from C on CUDA), a run ending before the host lowers the next block of node
+        groups, so the GPU has the first kernels while the rest are lowered, and before any op that does
+        more than launch (a scratch buffer, the sorted MUL_MAT_ID's sync). Returns the launches."""
         b, drv = self.b, self.b.driver
         stream = b.stream0
         pool = b.pool_of(stream)
         b.capture_aborted = False
         n_launches = 0
+        run: list = []
         for i in lowered.group_starts():
+            if run and not lowered.is_lowered(i):
+                drv.launch_batch(stream, run)
+                run = []
             op = lowered[i]
             if op is None:
                 continue
             if not op.ready:                   # lowered without preparing (eager): prepared at first use
                 op.prepare(drv)
-            op.run(drv, stream, pool)
+            if type(op) is KernelOp:
+                run.append(op.launch)
+            else:
+                if run:
+                    drv.launch_batch(stream, run)
+                    run = []
+                op.run(drv, stream, pool)
             n_launches += op.n_launches
+        if run:
+            drv.launch_batch(stream, run)
         return n_launches
 
     def replay(self, entry: GraphEntry) -> int:
@@ -247,6 +263,10 @@ class LoweredOps:
     def group_starts(self) -> tuple[int, ...]:
         """The first node of each node group, in order (what an evaluation without forks visits)."""
         return self._starts
+
+    def is_lowered(self, i: int) -> bool:
+        """Whether node i's op is made already (asking for it lowers nothing)."""
+        return i < self._upto
 
     def __getitem__(self, i: int):
         while i >= self._upto:

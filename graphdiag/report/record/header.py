@@ -38,6 +38,7 @@ class RunHeader:
     sim_mode_reason: str = ""      # why, e.g. "default for model 7b", "--sim-mode", "--verify needs computed results"
     blas: dict[str, Any] = field(default_factory=dict)   # config.BlasThreads.to_dict(): numpy's BLAS threads
     model_file: dict[str, Any] = field(default_factory=dict)   # a GGUF model: path, arch, tensor types, bytes
+    launcher: str = ""             # CUDA: how eager steps issue their launches ("C loop", or one by one and why)
     llama: dict[str, Any] = field(default_factory=dict)   # a record converted from a watched llama.cpp run
     #   (graphdiag/llama/convert.py): llama_cpp version, raw stream, env, perf counters, not_observable
     graphdiag_version: str = __version__

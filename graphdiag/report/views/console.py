@@ -39,6 +39,8 @@ def header_lines(header: RunHeader) -> list[str]:
     if header.note:
         lines.insert(1, f"note: {header.note}")
     lines += run_mode_lines(header)
+    if header.launcher:
+        lines.append(f"eager launches: {header.launcher}")
     mf = header.model_file
     if mf:
         types = ", ".join(f"{n} ×{k}" for n, k in sorted(mf.get("types", {}).items()))
