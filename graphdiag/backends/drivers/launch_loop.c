@@ -5,9 +5,10 @@
  * record). `launch` is libcuda's cuLaunchKernelEx. The rows are launched in order; the first launch that
  * fails stops the run. Returns how many launched; *err holds the failing CUresult (0 when all did).
  *
- * Written in C because a launch made from Python through cuda.bindings costs ~3.3 us of host time on the
- * lent H200 against ~X us for the driver call itself, and an eager decode step of a quantised 1b model is
- * ~300 launches whose GPU work is shorter than that: ggml issues the same launches from C++.
+ * Written in C because a launch made from Python through cuda.bindings costs ~2 us of host time more than
+ * the driver call itself (lent H200, python -m graphdiag.bench.driver: 6.2 us a launch one by one, 4.1 us
+ * through this loop, on a slow host), and an eager decode step of a quantised 1b model is ~300 launches
+ * whose GPU work is often shorter than that: ggml issues the same launches from C++.
  */
 #include <stdint.h>
 

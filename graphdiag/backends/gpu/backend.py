@@ -53,6 +53,7 @@ class GpuBackend(Backend):
         self._pool_args = (pool_cap, pool_max_buffers)
         self.pools: dict[int, TempPool] = {}  # one per stream, as ggml's pools[device][stream]
         self.capture_aborted = False          # set when a pool ended the capture in progress
+        self.eager_run: list | None = None    # launches an eager run holds back (CaptureLoop.run_eager)
         self.stream0 = driver.stream_create()
         self.streams = [self.stream0]
         self.fork_event = driver.event_create()
@@ -362,7 +363,12 @@ class GpuBackend(Backend):
     def end_capture_for_pool(self) -> None:
         """The pool is about to synchronise and invalidate every graph (llama.cpp: "invalidate
         everything"): a capture in progress cannot survive that, so it is ended and dropped first (nothing
-        leaks); the capture loop then finishes the split eagerly and the entry warms up again."""
+        leaks); the capture loop then finishes the split eagerly and the entry warms up again. An eager run
+        of launches not yet made (CaptureLoop.run_eager) is launched first: its buffers are still held."""
+        run = self.eager_run
+        if run:
+            self.driver.launch_batch(self.stream0, run)
+            run.clear()
         if self.driver.is_capturing(self.stream0):
             self.capture_aborted = True
             try:

@@ -16,7 +16,7 @@ from ..drivers.base import H200_MULTIPROCESSORS
 from .concurrency import Region
 from .entry import GraphEntry
 from .fusion import Fusion, launching_nodes
-from .lowering import KernelOp
+from .lowering import KernelOp, ScratchLaunchesOp
 
 
 class CaptureLoop:
@@ -171,35 +171,45 @@ class CaptureLoop:
         """evaluate() where nothing is captured and no region forks: every op on stream 0, in node order, one
         per node group (a node or a fused group: the nodes evaluate() would skip are never visited). The same
         launches in the same order as evaluate()'s walk, without its per-node chunk and fork bookkeeping,
-        which is host time an eager step pays per launch. Plain kernel launches go to the driver in runs
-        (launch_batch: one call from C on CUDA), a run ending before the host lowers the next block of node
-        groups, so the GPU has the first kernels while the rest are lowered, and before any op that does
-        more than launch (a scratch buffer, the sorted MUL_MAT_ID's sync). Returns the launches."""
+        which is host time an eager step pays per launch. The launches go to the driver in runs
+        (launch_batch: one call from C on CUDA). A run ends before the host lowers the next block of node
+        groups, so the GPU has the first kernels while the rest are lowered; before an op that does more
+        than launch (the sorted MUL_MAT_ID's sync); and before the pool frees or flushes device memory
+        (backend.eager_run, launched by end_capture_for_pool), so no launch follows its scratch buffer's
+        release. Returns the launches."""
         b, drv = self.b, self.b.driver
         stream = b.stream0
         pool = b.pool_of(stream)
         b.capture_aborted = False
         n_launches = 0
         run: list = []
-        for i in lowered.group_starts():
-            if run and not lowered.is_lowered(i):
-                drv.launch_batch(stream, run)
-                run = []
-            op = lowered[i]
-            if op is None:
-                continue
-            if not op.ready:                   # lowered without preparing (eager): prepared at first use
-                op.prepare(drv)
-            if type(op) is KernelOp:
-                run.append(op.launch)
-            else:
-                if run:
+        b.eager_run = run
+        try:
+            for i in lowered.group_starts():
+                if run and not lowered.is_lowered(i):
                     drv.launch_batch(stream, run)
-                    run = []
-                op.run(drv, stream, pool)
-            n_launches += op.n_launches
-        if run:
-            drv.launch_batch(stream, run)
+                    run.clear()
+                op = lowered[i]
+                if op is None:
+                    continue
+                if not op.ready:                   # lowered without preparing (eager): prepared at first use
+                    op.prepare(drv)
+                kind = type(op)
+                if kind is KernelOp:
+                    run.append(op.launch)
+                elif kind is ScratchLaunchesOp:
+                    op.stage(drv, pool, run)
+                else:
+                    if run:
+                        drv.launch_batch(stream, run)
+                        run.clear()
+                    op.run(drv, stream, pool)
+                n_launches += op.n_launches
+            if run:
+                drv.launch_batch(stream, run)
+                run.clear()
+        finally:
+            b.eager_run = None
         return n_launches
 
     def replay(self, entry: GraphEntry) -> int:

@@ -140,6 +140,20 @@ class ScratchLaunchesOp:
             driver.launch(stream, launch)
         pool.free(addr, size)
 
+    def stage(self, driver: Driver, pool: TempPool, run: list) -> None:
+        """run() for an eager run of launches (CaptureLoop.run_eager): the buffer taken and handed back
+        around appending the launches to `run`, which the backend launches before the pool frees or
+        flushes anything on the device (TempPool.before_flush), so no launch is made after its buffer went."""
+        addr, size = pool.alloc(self.nbytes)
+        if addr != self.addr:
+            for launch, places in zip(self.launches, self.slots):
+                for slot, off in places:
+                    launch.params["t"][slot]["data"] = addr + off
+                driver.prepare(launch)
+            self.addr = addr
+        run.extend(self.launches)
+        pool.free(addr, size)
+
 
 class SortedMulMatIdOp:
     """The MUL_MAT_ID sorted fallback: ids to the host (synchronising), one launch per used expert."""
