@@ -167,13 +167,17 @@ class CaptureLoop:
                 rt.emit(E.ChunksDestroyed, split, key, uid, first=n_chunks, count=gone)
         return n_chunks, n_launches
 
+    FIRST_RUN, MAX_RUN = 4, 64         # launches in an eager step's first run, and at most in any
+
     def run_eager(self, lowered: "LoweredOps") -> int:
         """evaluate() where nothing is captured and no region forks: every op on stream 0, in node order, one
         per node group (a node or a fused group: the nodes evaluate() would skip are never visited). The same
         launches in the same order as evaluate()'s walk, without its per-node chunk and fork bookkeeping,
         which is host time an eager step pays per launch. The launches go to the driver in runs
-        (launch_batch: one call from C on CUDA). A run ends before the host lowers the next block of node
-        groups, so the GPU has the first kernels while the rest are lowered; before an op that does more
+        (launch_batch: one call from C on CUDA) of FIRST_RUN launches, then twice as many each time up to
+        MAX_RUN, so the GPU starts on the first kernels while the host stages the rest (one run for a whole
+        1b Q8_0 step left the GPU idle its first ~165 us on the H200). A run also ends before the host
+        lowers the next block of node groups; before an op that does more
         than launch (the sorted MUL_MAT_ID's sync); and before the pool frees or flushes device memory
         (backend.eager_run, launched by end_capture_for_pool), so no launch follows its scratch buffer's
         release. Returns the launches."""
@@ -184,11 +188,13 @@ class CaptureLoop:
         n_launches = 0
         run: list = []
         b.eager_run = run
+        limit = self.FIRST_RUN
         try:
             for i in lowered.group_starts():
-                if run and not lowered.is_lowered(i):
+                if run and (len(run) >= limit or not lowered.is_lowered(i)):
                     drv.launch_batch(stream, run)
                     run.clear()
+                    limit = min(2 * limit, self.MAX_RUN)
                 op = lowered[i]
                 if op is None:
                     continue
