@@ -128,7 +128,8 @@ class ScratchLaunchesOp:
             driver.prepare(launch)
         self.ready = True
 
-    def run(self, driver: Driver, stream, pool: TempPool) -> None:
+    def _take(self, driver: Driver, pool: TempPool) -> tuple[int, int]:
+        """A buffer from the pool, the launches re-packed if it is not the one they point into."""
         addr, size = pool.alloc(self.nbytes)
         if addr != self.addr:
             for launch, places in zip(self.launches, self.slots):
@@ -136,6 +137,10 @@ class ScratchLaunchesOp:
                     launch.params["t"][slot]["data"] = addr + off
                 driver.prepare(launch)
             self.addr = addr
+        return addr, size
+
+    def run(self, driver: Driver, stream, pool: TempPool) -> None:
+        addr, size = self._take(driver, pool)
         for launch in self.launches:
             driver.launch(stream, launch)
         pool.free(addr, size)
@@ -144,13 +149,7 @@ class ScratchLaunchesOp:
         """run() for an eager run of launches (CaptureLoop.run_eager): the buffer taken and handed back
         around appending the launches to `run`, which the backend launches before the pool frees or
         flushes anything on the device (TempPool.before_flush), so no launch is made after its buffer went."""
-        addr, size = pool.alloc(self.nbytes)
-        if addr != self.addr:
-            for launch, places in zip(self.launches, self.slots):
-                for slot, off in places:
-                    launch.params["t"][slot]["data"] = addr + off
-                driver.prepare(launch)
-            self.addr = addr
+        addr, size = self._take(driver, pool)
         run.extend(self.launches)
         pool.free(addr, size)
 
