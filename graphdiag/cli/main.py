@@ -53,6 +53,12 @@ def _register() -> None:
         cli.add_command(getattr(module, name))
 
 
+# modules of graphdiag's required dependencies (pyproject's `dependencies`) -> their package: one missing is a
+# broken install, said in one line, not a bug
+REQUIRED_MODULES = {"click": "click", "rich": "rich", "numpy": "numpy", "cuda": "cuda-python", "nvtx": "nvtx",
+                    "gguf": "gguf"}
+
+
 def main(argv: list[str] | None = None) -> int:
     """Entry point: run the group; every error ends in one line on stderr and an exit status. numpy's BLAS
     threads are set first, before anything loads numpy (config.apply_blas_threads)."""
@@ -89,6 +95,13 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt:
         click.echo("graphdiag: interrupted", err=True)
         return 130
+    except ModuleNotFoundError as e:
+        package = REQUIRED_MODULES.get((e.name or "").split(".")[0])
+        if package is None:                     # not one graphdiag requires: a bug
+            return _internal(e)
+        click.echo(f"graphdiag: error: {package}, which graphdiag requires, is not installed (module {e.name!r}); "
+                   f"install graphdiag with its dependencies (pip install {package})", err=True)
+        return 2
     except MemoryError:
         click.echo("graphdiag: error: out of host memory (a size asked for is too large for this machine)",
                    err=True)

@@ -81,6 +81,29 @@ def test_memory_error_is_bad_input_not_a_traceback(capsys, monkeypatch):
     assert "out of host memory" in _one_line(capsys, ["run", *QUICK, "--steps", "1"])
 
 
+@pytest.mark.parametrize("module, package", [("nvtx", "nvtx"), ("cuda.bindings", "cuda-python")])
+def test_a_required_dependency_missing_is_one_line_not_a_bug(capsys, monkeypatch, module, package):
+    import graphdiag.runner as runner
+
+    def missing(*a, **kw):
+        raise ModuleNotFoundError(f"No module named {module!r}", name=module)
+    monkeypatch.setattr(runner, "make_header", missing)
+    line = _one_line(capsys, ["run", *QUICK, "--steps", "1"])
+    assert line.startswith(f"graphdiag: error: {package}, which graphdiag requires, is not installed")
+    assert "bug" not in line
+
+
+def test_a_missing_module_graphdiag_does_not_require_is_still_a_bug(capsys, monkeypatch):
+    import graphdiag.runner as runner
+
+    def missing(*a, **kw):
+        raise ModuleNotFoundError("No module named 'graphdiag.nowhere'", name="graphdiag.nowhere")
+    monkeypatch.setattr(runner, "make_header", missing)
+    monkeypatch.delenv("GRAPHDIAG_DEBUG", raising=False)
+    assert "internal error" in _one_line(capsys, ["run", *QUICK, "--steps", "1"], code=3,
+                                         prefix="graphdiag: internal error:")
+
+
 def _explode(monkeypatch):
     import graphdiag.runner as runner
     monkeypatch.setattr(runner, "make_header", lambda *a, **kw: 1 / 0)
