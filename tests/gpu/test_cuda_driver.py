@@ -79,6 +79,21 @@ def _capture(driver, stream, record) -> object:
     return graph
 
 
+def _replayed(driver, stream, chain: Chain, record) -> np.ndarray:
+    """The chain's output poisoned, then computed by a graph captured from `record` (its three kernels) and
+    replayed once; the graph and its executable destroyed."""
+    driver.memcpy_htod(chain.by, np.full(chain.n, np.nan, np.float32))
+    graph = _capture(driver, stream, record)
+    assert driver.graph_num_nodes(graph) == 3
+    exec_ = driver.instantiate(graph)
+    driver.graph_launch(exec_, stream)
+    driver.stream_synchronize(stream)
+    out = chain.result()
+    driver.exec_destroy(exec_)
+    driver.graph_destroy(graph)
+    return out
+
+
 def test_device_info(driver):
     info = driver.info
     assert info.name and info.total_memory > 0 and not info.simulated
@@ -91,15 +106,7 @@ def test_captured_graph_replays_what_eager_computes(driver, stream):
     driver.stream_synchronize(stream)
     eager = c.result()
     np.testing.assert_allclose(eager, c.expected(), rtol=1e-5, atol=1e-5)
-    driver.memcpy_htod(c.by, np.full(c.n, np.nan, np.float32))   # poison, then replay
-    graph = _capture(driver, stream, c.record)
-    assert driver.graph_num_nodes(graph) == 3
-    exec_ = driver.instantiate(graph)
-    driver.graph_launch(exec_, stream)
-    driver.stream_synchronize(stream)
-    np.testing.assert_array_equal(c.result(), eager)
-    driver.exec_destroy(exec_)
-    driver.graph_destroy(graph)
+    np.testing.assert_array_equal(_replayed(driver, stream, c, c.record), eager)
     c.free()
 
 
@@ -308,15 +315,8 @@ def test_launch_batch_through_the_c_loop_computes_what_launch_does_and_names_a_f
     driver.stream_synchronize(stream)
     np.testing.assert_allclose(c.result(), c.expected(), rtol=1e-5, atol=1e-5)
     batched = c.result()
-    driver.memcpy_htod(c.by, np.full(c.n, np.nan, np.float32))
-    graph = _capture(driver, stream, lambda s: driver.launch_batch(s, c.launches))
-    assert driver.graph_num_nodes(graph) == 3
-    exec_ = driver.instantiate(graph)
-    driver.graph_launch(exec_, stream)
-    driver.stream_synchronize(stream)
-    np.testing.assert_array_equal(c.result(), batched)
-    driver.exec_destroy(exec_)
-    driver.graph_destroy(graph)
+    np.testing.assert_array_equal(_replayed(driver, stream, c, lambda s: driver.launch_batch(s, c.launches)),
+                                  batched)
     bad = Launch("add_f32", (1, 1, 1), (4096, 1, 1), c.launches[2].params.copy(), 0)   # > 1024 threads
     driver.prepare(bad)
     driver.memcpy_htod(c.by, np.full(c.n, np.nan, np.float32))

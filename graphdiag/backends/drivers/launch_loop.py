@@ -18,7 +18,6 @@ import os
 import shutil
 import subprocess
 import tempfile
-from dataclasses import dataclass
 from pathlib import Path
 
 SOURCE = Path(__file__).with_name("launch_loop.c")
@@ -27,17 +26,17 @@ ROW_WORDS = 3                      # config address, CUfunction, kernelParams ad
 COMPILE_TIMEOUT_S = 60
 
 
-@dataclass(frozen=True)
 class LaunchLoop:
     """The loaded loop: `run(launch_fn, rows, n)` -> (launched, CUresult of the failing launch or 0)."""
 
-    fn: object                     # the ctypes function graphdiag_launch_rows
-    path: Path
+    def __init__(self, fn, path: Path):
+        self.fn, self.path = fn, path     # fn: the ctypes function graphdiag_launch_rows
+        self._err = ctypes.c_int32(0)
+        self._err_ref = ctypes.byref(self._err)
 
     def run(self, launch_fn: int, rows: bytes, n: int) -> tuple[int, int]:
-        err = ctypes.c_int32(0)
-        done = self.fn(launch_fn, rows, n, ctypes.byref(err))
-        return done, err.value
+        done = self.fn(launch_fn, rows, n, self._err_ref)
+        return done, self._err.value
 
 
 def compiler(environ=None) -> str | None:
@@ -76,12 +75,11 @@ def load(cache_dir: Path | None, environ=None) -> tuple[LaunchLoop | None, str]:
     if cc is None:
         return None, "no C compiler ($CC, cc, gcc or clang)"
     name = _library_name(cc)
-    for folder in ([Path(cache_dir)] if cache_dir else []):
-        if (folder / name).is_file():
-            try:
-                return _bind(folder / name), ""
-            except OSError:
-                break                      # a damaged file: build again below
+    if cache_dir and (Path(cache_dir) / name).is_file():
+        try:
+            return _bind(Path(cache_dir) / name), ""
+        except OSError:
+            pass                           # a damaged file: build again below
     try:
         out_dir = Path(cache_dir) if cache_dir else None
         if out_dir is not None:
