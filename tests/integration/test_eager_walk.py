@@ -100,3 +100,25 @@ def test_eager_launches_reach_the_driver_in_runs_before_the_rest_is_lowered(monk
         assert sum(runs) == n                     # plain and scratch launches alike (no sorted MUL_MAT_ID here)
         # a step's first run is short (a scratch op adds its two launches at once), none is long
         assert runs[0] <= first + 1 and max(runs) <= most + 1 and len(runs) > 2
+
+
+def test_steps_after_a_graphs_first_take_its_prepared_ops(monkeypatch):
+    """Once a graph's ops are all lowered and prepared (its first eager step), later steps on it run them from
+    LoweredOps.ready_ops without asking per group whether it is lowered: a step on a fresh graph never does,
+    every later decode step does, and the launches stay the walk's (the first test compares them)."""
+    took, fresh = [], []
+    fast, ready = capture.CaptureLoop.run_eager, capture.CaptureLoop._run_ready
+
+    def run_eager(self, lowered):
+        fresh.append(lowered.ready_ops() is None)
+        took.append(False)
+        return fast(self, lowered)
+
+    def run_ready(self, ops, *a):
+        took[-1] = True
+        return ready(self, ops, *a)
+    monkeypatch.setattr(capture.CaptureLoop, "run_eager", run_eager)
+    monkeypatch.setattr(capture.CaptureLoop, "_run_ready", run_ready)
+    run_sim(steps=6, graphs_disabled=True, model="tiny", wtype="q8_0")
+    assert took == [not f for f in fresh]
+    assert fresh[:2] == [True, True] and not any(fresh[2:]) and len(took) >= 7   # prefill, first decode, rest

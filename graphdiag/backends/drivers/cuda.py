@@ -338,17 +338,18 @@ class CudaDriver(Driver):
             for la in launches:
                 self.launch(stream, la)
             return
-        rows = []
-        for la in launches:
-            h = la.handle
-            row = h.rows.get(stream)
-            if row is None:
-                cfg = h.configs.get(stream)
-                if cfg is None:
-                    cfg = h.configs[stream] = _launch_config(h.args, self._s(stream), h.pdl)
-                row = h.rows[stream] = struct.pack("<3Q", cfg.getPtr(), int(h.args[0]), h.argv_addr)
-            rows.append(row)
-        done, err = loop.run(self._launch_ex, b"".join(rows), len(rows))
+        try:
+            rows = b"".join([la.handle.rows[stream] for la in launches])
+        except KeyError:              # a launch's first time on this stream: its row made once
+            for la in launches:
+                h = la.handle
+                if stream not in h.rows:
+                    cfg = h.configs.get(stream)
+                    if cfg is None:
+                        cfg = h.configs[stream] = _launch_config(h.args, self._s(stream), h.pdl)
+                    h.rows[stream] = struct.pack("<3Q", cfg.getPtr(), int(h.args[0]), h.argv_addr)
+            rows = b"".join([la.handle.rows[stream] for la in launches])
+        done, err = loop.run(self._launch_ex, rows, len(launches))
         if self.tracer is not None:
             for la in launches[:done]:
                 self.tracer.on_launch(la.kernel, la.label)

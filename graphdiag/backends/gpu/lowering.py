@@ -132,12 +132,15 @@ class ScratchLaunchesOp:
         """A buffer from the pool, the launches re-packed if it is not the one they point into."""
         addr, size = pool.alloc(self.nbytes)
         if addr != self.addr:
-            for launch, places in zip(self.launches, self.slots):
-                for slot, off in places:
-                    launch.params["t"][slot]["data"] = addr + off
-                driver.prepare(launch)
-            self.addr = addr
+            self._repack(driver, addr)
         return addr, size
+
+    def _repack(self, driver: Driver, addr: int) -> None:
+        for launch, places in zip(self.launches, self.slots):
+            for slot, off in places:
+                launch.params["t"][slot]["data"] = addr + off
+            driver.prepare(launch)
+        self.addr = addr
 
     def run(self, driver: Driver, stream, pool: TempPool) -> None:
         addr, size = self._take(driver, pool)
@@ -148,7 +151,14 @@ class ScratchLaunchesOp:
     def stage(self, driver: Driver, pool: TempPool, run: list) -> None:
         """run() for an eager run of launches (CaptureLoop.run_eager): the buffer taken and handed back
         around appending the launches to `run`, which the backend launches before the pool frees or
-        flushes anything on the device (TempPool.before_flush), so no launch is made after its buffer went."""
+        flushes anything on the device (TempPool.before_flush), so no launch is made after its buffer went.
+        A cached buffer that fits is taken and handed back in one call (TempPool.reuse)."""
+        addr = pool.reuse(self.nbytes)
+        if addr is not None:
+            if addr != self.addr:
+                self._repack(driver, addr)
+            run.extend(self.launches)
+            return
         addr, size = self._take(driver, pool)
         run.extend(self.launches)
         pool.free(addr, size)
