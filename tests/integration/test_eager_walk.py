@@ -107,18 +107,18 @@ def test_steps_after_a_graphs_first_take_its_prepared_ops(monkeypatch):
     LoweredOps.ready_ops without asking per group whether it is lowered: a step on a fresh graph never does,
     every later decode step does, and the launches stay the walk's (the first test compares them)."""
     took, fresh = [], []
-    fast, ready = capture.CaptureLoop.run_eager, capture.CaptureLoop._run_ready
+    fast, walk = capture.CaptureLoop.run_eager, capture.CaptureLoop._lowering
 
     def run_eager(self, lowered):
         fresh.append(lowered.ready_ops() is None)
-        took.append(False)
+        took.append(True)
         return fast(self, lowered)
 
-    def run_ready(self, ops, *a):
-        took[-1] = True
-        return ready(self, ops, *a)
+    def lowering(lowered, drv):        # the per-group walk: the prepared ops were not taken
+        took[-1] = False
+        return walk(lowered, drv)
     monkeypatch.setattr(capture.CaptureLoop, "run_eager", run_eager)
-    monkeypatch.setattr(capture.CaptureLoop, "_run_ready", run_ready)
+    monkeypatch.setattr(capture.CaptureLoop, "_lowering", staticmethod(lowering))
     run_sim(steps=6, graphs_disabled=True, model="tiny", wtype="q8_0")
     assert took == [not f for f in fresh]
     assert fresh[:2] == [True, True] and not any(fresh[2:]) and len(took) >= 7   # prefill, first decode, rest

@@ -185,57 +185,24 @@ class CaptureLoop:
         stream = b.stream0
         pool = b.pool_of(stream)
         b.capture_aborted = False
+        # every step after a graph's first: its ops as its first left them, without asking per group
+        # whether it is lowered and prepared (about 0.3 us of Python a launch on an eager 1b Q8_0 step)
         ops = lowered.ready_ops()
-        if ops is not None:
-            return self._run_ready(ops, drv, stream, pool)
-        n_launches = 0
-        run: list = []
-        b.eager_run = run
-        limit = self.FIRST_RUN
-        try:
-            for i in lowered.group_starts():
-                if run and (len(run) >= limit or not lowered.is_lowered(i)):
-                    drv.launch_batch(stream, run)
-                    run.clear()
-                    limit = min(2 * limit, self.MAX_RUN)
-                op = lowered[i]
-                if op is None:
-                    continue
-                if not op.ready:                   # lowered without preparing (eager): prepared at first use
-                    op.prepare(drv)
-                kind = type(op)
-                if kind is KernelOp:
-                    run.append(op.launch)
-                elif kind is ScratchLaunchesOp:
-                    op.stage(drv, pool, run)
-                else:
-                    if run:
-                        drv.launch_batch(stream, run)
-                        run.clear()
-                    op.run(drv, stream, pool)
-                n_launches += op.n_launches
-            if run:
-                drv.launch_batch(stream, run)
-                run.clear()
-        finally:
-            b.eager_run = None
-        return n_launches
-
-    def _run_ready(self, ops: tuple, drv, stream, pool) -> int:
-        """run_eager() of a step whose ops are all lowered and prepared (every step after its graph's first):
-        the same runs without asking, per group, whether it is lowered and ready. About 0.3 us of host time
-        a launch was Python's on an eager 1b Q8_0 step (311 launches), which llama.cpp pays in C++."""
-        b = self.b
+        if ops is None:
+            ops = self._lowering(lowered, drv)
         n_launches = 0
         run: list = []
         b.eager_run = run
         limit = self.FIRST_RUN
         try:
             for op in ops:
-                if len(run) >= limit:
-                    drv.launch_batch(stream, run)
-                    run.clear()
-                    limit = min(2 * limit, self.MAX_RUN)
+                if op is None or len(run) >= limit:
+                    if run:
+                        drv.launch_batch(stream, run)
+                        run.clear()
+                        limit = min(2 * limit, self.MAX_RUN)
+                    if op is None:
+                        continue
                 kind = type(op)
                 if kind is KernelOp:
                     run.append(op.launch)
@@ -255,6 +222,19 @@ class CaptureLoop:
         finally:
             b.eager_run = None
         return n_launches
+
+    @staticmethod
+    def _lowering(lowered: "LoweredOps", drv):
+        """The ops of a graph's first eager step, each prepared at first use, with None where the next
+        block of node groups is about to be lowered (run_eager ends its run there first)."""
+        for i in lowered.group_starts():
+            if not lowered.is_lowered(i):
+                yield None
+            op = lowered[i]
+            if op is not None:
+                if not op.ready:               # lowered without preparing (eager): prepared at first use
+                    op.prepare(drv)
+                yield op
 
     def replay(self, entry: GraphEntry) -> int:
         drv, s = self.b.driver, self.b.stream0
