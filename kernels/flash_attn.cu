@@ -7,12 +7,15 @@
 // and the sum l of p_j = exp(x_j - m) into the pool scratch t[0] (Dv + 2, n_split, H, T * B). An empty or
 // fully masked split gives (0, -inf, 0).
 // flash_attn_combine_f32: grid (H / HB, T * B), block (Dv, HB) (HB heads per block: geometry.py): dst = sum_s O_s e^(m_s - M) / sum_s l_s e^(m_s - M),
-// M = max_s m_s, splits in order (deterministic); all splits empty (fully masked row) gives zeros.
+// M = max_s m_s, splits in order (deterministic; past FAC_CHUNK splits the sums so far are rescaled to the
+// running max, chunk by chunk); all splits empty (fully masked row) gives zeros.
 // GQA: kv head = h / G. Mask (n_kv, T_pad, M2, M3), F32 or F16 (by descriptor type): dims 2/3 broadcast.
 #include "common.cuh"
 #include "mma.cuh"
 
-__device__ __forceinline__ float mask_at(const tdesc &M, i64 j, i64 t, i64 h, i64 b) {
+// Out of line: the per-head masks are rare (llama.cpp's broadcasts over heads), and inlined into fa_vec's
+// unrolled score loop this was a fifth of its code (fetched anew each decode step: see fav_load8_slow).
+__device__ __noinline__ float mask_at(const tdesc &M, i64 j, i64 t, i64 h, i64 b) {
     const char *a = (const char *)M.data + j * M.nb[0] + t * M.nb[1] + (h % M.ne[2]) * M.nb[2] +
                     (b % M.ne[3]) * M.nb[3];
     return M.type == GGML_F16 ? h2f(*(const unsigned short *)a) : *(const float *)a;
@@ -34,11 +37,14 @@ __device__ __forceinline__ float mask_at(const tdesc &M, i64 j, i64 t, i64 h, i6
 // (m, l per head); p.V accumulates in registers, and the PG row groups are summed in order at the end
 // (deterministic).
 #define FAV_THREADS 128
+#define FAC_CHUNK 8       // flash_attn_combine_f32: splits loaded together
 #define FAV_TILE 32
 #define FAV_MAX_G 8
 
-__device__ __forceinline__ uint4 fav_load8(const char *row, i64 d, i64 nb0, bool vec) {
-    if (vec) return *(const uint4 *)(row + d * 2);
+// 8 halves of a K or V row that is not 16-byte aligned, element by element: out of line, so the aligned
+// path's code (every cache's) stays short; the kernel's instructions are fetched anew each decode step
+// (the weights stream through L2 in between), and under ncu a longer body showed as instruction-fetch stalls.
+__device__ __noinline__ uint4 fav_load8_slow(const char *row, i64 d, i64 nb0) {
     unsigned short h[8];
 #pragma unroll
     for (int e = 0; e < 8; ++e) h[e] = *(const unsigned short *)(row + (d + e) * nb0);
@@ -46,13 +52,24 @@ __device__ __forceinline__ uint4 fav_load8(const char *row, i64 d, i64 nb0, bool
                       h[6] | ((unsigned)h[7] << 16));
 }
 
+__device__ __forceinline__ uint4 fav_load8(const char *row, i64 d, i64 nb0, bool vec) {
+    if (vec) return *(const uint4 *)(row + d * 2);
+    return fav_load8_slow(row, d, nb0);
+}
+
+// i modulo a broadcast dim n (a batch index into K, V or the mask: n is 1 or the batch)
+__device__ __forceinline__ int fav_bmod(int i, i64 n) { return n == 1 ? 0 : i % (int)n; }
+
 template <int D, int GM> __device__ void fa_vec(const kparams &p, float *smem) {
     constexpr int R = D / 8, PG = FAV_THREADS / R, PPT = FAV_TILE / PG;
     const tdesc &P = p.t[0], &Q = p.t[1], &Kc = p.t[2], &V = p.t[3], &Mk = p.t[4];
     const int tid = threadIdx.x, lane = tid & 31, w = tid >> 5, pg = tid / R, r = tid % R;
-    const i64 H = Q.ne[1], T = Q.ne[2], nkv = Kc.ne[2];
-    const i64 G = H / Kc.ne[1], hk = blockIdx.y, h0 = hk * G;   // the kv head and its first query head
-    const i64 t = blockIdx.z % T, b = blockIdx.z / T;
+    // head and token indices in 32 bits (a 64-bit division or modulo is a long software sequence, and the
+    // block's setup was a fifth of its samples under ncu)
+    const int H = (int)Q.ne[1], T = (int)Q.ne[2];
+    const i64 nkv = Kc.ne[2];
+    const int G = H / (int)Kc.ne[1], hk = blockIdx.y, h0 = hk * G;   // the kv head and its first query head
+    const int t = blockIdx.z % T, b = blockIdx.z / T;
     const bool has_mask = Mk.data != 0;
     const float scale = p.fp[0];
     const i64 j0 = (i64)blockIdx.x * p.ip[0], j1 = min(j0 + (i64)p.ip[0], nkv);
@@ -62,14 +79,16 @@ template <int D, int GM> __device__ void fa_vec(const kparams &p, float *smem) {
     float *al = ss + GM * FAV_TILE;        // [GM] alpha of the tile
     float *red = al + FAV_MAX_G;           // [PG][GM][D] for the final sum over row groups
 
-    const i64 kb = b % Kc.ne[3], vb = b % V.ne[3];
     const bool kvec = Kc.nb[0] == 2 && ((Kc.data | (u64)Kc.nb[1] | (u64)Kc.nb[2] | (u64)Kc.nb[3]) & 15) == 0;
     const bool vvec = V.nb[0] == 2 && ((V.data | (u64)V.nb[1] | (u64)V.nb[2] | (u64)V.nb[3]) & 15) == 0;
-    const char *kbase = (const char *)Kc.data + hk * Kc.nb[1] + kb * Kc.nb[3];
-    const char *vbase = (const char *)V.data + hk * V.nb[1] + vb * V.nb[3];
+    const char *kbase = (const char *)Kc.data + hk * Kc.nb[1] + fav_bmod(b, Kc.ne[3]) * Kc.nb[3];
+    const char *vbase = (const char *)V.data + hk * V.nb[1] + fav_bmod(b, V.ne[3]) * V.nb[3];
 
-    // the mask is read per position when it broadcasts over heads (llama.cpp's), per head otherwise
-    const bool mhead = has_mask && Mk.ne[2] > 1;
+    // the mask is read per position when it broadcasts over heads (llama.cpp's: from one row whose address
+    // is taken once), per head otherwise (mask_at)
+    const bool mhead = has_mask && Mk.ne[2] > 1, m16 = Mk.type == GGML_F16;
+    const char *mrow = has_mask ? (const char *)Mk.data + (i64)t * Mk.nb[1] + fav_bmod(b, Mk.ne[3]) * Mk.nb[3] : 0;
+    const i64 mnb0 = Mk.nb[0];
     uint4 kr[PPT], vr[PPT];
     float mk[PPT];
     auto load_tile = [&](i64 c0) {
@@ -79,7 +98,12 @@ template <int D, int GM> __device__ void fa_vec(const kparams &p, float *smem) {
             const bool in = j < j1;
             kr[i] = in ? fav_load8(kbase + j * Kc.nb[2], (i64)r * 8, Kc.nb[0], kvec) : make_uint4(0, 0, 0, 0);
             vr[i] = in ? fav_load8(vbase + j * V.nb[2], (i64)r * 8, V.nb[0], vvec) : make_uint4(0, 0, 0, 0);
-            mk[i] = !in ? F32_NEG_INF : (has_mask && !mhead && r == 0) ? mask_at(Mk, j, t, h0, b) : 0.0f;
+            float mv = 0.0f;
+            if (in && has_mask && !mhead && r == 0) {
+                const char *a = mrow + j * mnb0;
+                mv = m16 ? h2f(*(const unsigned short *)a) : *(const float *)a;
+            }
+            mk[i] = in ? mv : F32_NEG_INF;
         }
     };
     load_tile(j0);
@@ -111,8 +135,7 @@ template <int D, int GM> __device__ void fa_vec(const kparams &p, float *smem) {
             float kf[8];
             h8(kc[i], kf);
 #pragma unroll
-            for (int g = 0; g < GM; ++g) {
-                if (g >= G) break;
+            for (int g = 0; g < GM; ++g) {   // all GM heads: q rows past G are zeros, their scores unused
                 const float4 a = *(const float4 *)(qs + g * D + r * 8);
                 const float4 c = *(const float4 *)(qs + g * D + r * 8 + 4);
                 float dot = kf[0] * a.x + kf[1] * a.y + kf[2] * a.z + kf[3] * a.w +
@@ -150,8 +173,7 @@ template <int D, int GM> __device__ void fa_vec(const kparams &p, float *smem) {
         __syncthreads();
         // p . V into this thread's 8 dims of each head
 #pragma unroll
-        for (int g = 0; g < GM; ++g) {
-            if (g >= G) break;
+        for (int g = 0; g < GM; ++g) {   // heads past G accumulate what is never written out
             const float a = al[g];
             float acc[8];
 #pragma unroll
@@ -426,28 +448,44 @@ KERNEL_LB(flash_attn_vec_f16_d256_g8, FAV_THREADS) FAV_ENTRY(256, 8)
 
 KERNEL_LB(flash_attn_combine_f32, 256) {
     const tdesc &O = p.t[0], &P = p.t[1];
-    const i64 h = (i64)blockIdx.x * blockDim.y + threadIdx.y, tb = blockIdx.y, Dv = P.ne[0] - 2, ns = P.ne[1],
-              T = O.ne[2];
+    const int h = blockIdx.x * blockDim.y + threadIdx.y, tb = blockIdx.y, Dv = (int)P.ne[0] - 2, ns = (int)P.ne[1],
+              T = (int)O.ne[2];
     if (h >= P.ne[2]) return;
-    const i64 t = tb % T, b = tb / T;
+    const int t = tb % T, b = tb / T;
     const char *base = (const char *)P.data + h * P.nb[2] + tb * P.nb[3];
-    // the loops over splits are unrolled so a split's loads do not wait for the one before (a decode step's
-    // combine was two chains of n_split L2 round trips: ~3.6 us at 8 splits)
-    float M = F32_NEG_INF;
-#pragma unroll 8
-    for (int s = 0; s < (int)ns; ++s) M = fmaxf(M, *(const float *)(base + s * P.nb[1] + Dv * 4));
-    for (i64 d = threadIdx.x; d < Dv; d += blockDim.x) {
-        float acc = 0.0f, L = 0.0f;
-        if (M != F32_NEG_INF) {
-#pragma unroll 8
-            for (int s = 0; s < (int)ns; ++s) {
-                const float *ps = (const float *)(base + s * P.nb[1]);
-                const float ms = ps[Dv];
-                if (ms == F32_NEG_INF) continue;
-                const float wgt = expf(ms - M);
-                L += ps[Dv + 1] * wgt;
-                acc += ps[d] * wgt;
+    const i64 snb = P.nb[1];
+    // Splits in chunks of FAC_CHUNK: a chunk's m, l and o[d] are all loaded before any is used, one round trip
+    // to memory per chunk (a loop that waited for the max before loading the rest made two, and ggml's
+    // combine ran in 1.6 us against this one's 2.6 at a decode's 8 splits). The running max M rescales the
+    // chunks before (as the partial kernels rescale their tiles); a decode's splits are one chunk, where M is
+    // the max over all and the sums run in split order as before.
+    for (int d = threadIdx.x; d < Dv; d += blockDim.x) {
+        float M = F32_NEG_INF, acc = 0.0f, L = 0.0f;
+        for (int s0 = 0; s0 < ns; s0 += FAC_CHUNK) {
+            float ms[FAC_CHUNK], ls[FAC_CHUNK], os[FAC_CHUNK];
+#pragma unroll
+            for (int u = 0; u < FAC_CHUNK; ++u) {
+                const bool in = s0 + u < ns;
+                const float *ps = (const float *)(base + (s0 + u) * snb);
+                ms[u] = in ? ps[Dv] : F32_NEG_INF;
+                ls[u] = in ? ps[Dv + 1] : 0.0f;
+                os[u] = in ? ps[d] : 0.0f;
             }
+            float Mc = M;
+#pragma unroll
+            for (int u = 0; u < FAC_CHUNK; ++u) Mc = fmaxf(Mc, ms[u]);
+            if (Mc == F32_NEG_INF) continue;           // every split so far empty or fully masked
+            const float rs = expf(M - Mc);             // 0 while M is -inf (acc and L are 0 then)
+            acc *= rs;
+            L *= rs;
+#pragma unroll
+            for (int u = 0; u < FAC_CHUNK; ++u) {
+                if (ms[u] == F32_NEG_INF) continue;
+                const float wgt = expf(ms[u] - Mc);
+                L += ls[u] * wgt;
+                acc += os[u] * wgt;
+            }
+            M = Mc;
         }
         store_f(O, d, h, t, b, L > 0.0f ? acc / L : 0.0f);
     }

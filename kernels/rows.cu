@@ -33,8 +33,29 @@ template <typename I> __device__ void set_rows_t(const kparams &p) {
     }
 }
 
+// The same for a dense F32 source and dense I32 indices (every K/V cache write of a decode): element e is
+// src[e], its index idx[e / w], one division and no unravelling ahead of the two loads (the general loop's
+// seven divisions made a decode's V write 1.9 us under CUPTI against upstream's 1.3).
+__device__ void set_rows_dense(const kparams &p) {
+    const tdesc &D = p.t[0], &S = p.t[1], &Ix = p.t[2];
+    const unsigned n = (unsigned)nelements(S), w = (unsigned)D.ne[0], stride = gridDim.x * blockDim.x;
+    const float *src = (const float *)S.data;
+    const int *idx = (const int *)Ix.data;
+    for (unsigned e = blockIdx.x * blockDim.x + threadIdx.x; e < n; e += stride) {
+        const unsigned rr = e / w;
+        store_f(D, e - rr * w, idx[rr], 0, 0, src[e]);
+    }
+}
+
+__device__ __forceinline__ bool dense_i32(const tdesc &d) {
+    return d.type == GGML_I32 && d.nb[0] == 4 && d.nb[1] == 4 * d.ne[0] && d.nb[2] == d.nb[1] * d.ne[1] &&
+           d.nb[3] == d.nb[2] * d.ne[2];
+}
+
 __device__ void set_rows(const kparams &p) {
-    if (FITS32(nelements(p.t[1]))) set_rows_t<unsigned>(p);
+    const bool fits = FITS32(nelements(p.t[1]));
+    if (fits && dense_f32(p.t[1]) && dense_i32(p.t[2])) set_rows_dense(p);
+    else if (fits) set_rows_t<unsigned>(p);
     else set_rows_t<i64>(p);
 }
 

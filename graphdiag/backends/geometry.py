@@ -30,7 +30,7 @@ MM_BM, MM_BN = 128, 64   # mul_mat.cu tensor-core kernels (f16, q8_0): 128 x 64 
 MM_BLOCK = 256
 MM_BK_P, MM_STAGES = 64, 3   # mul_mat_f16's pipelined path: W in three k tiles of 64 in flight (dynamic shmem)
 QUANT_WARPS = 8          # quantize.cu: one warp per 32-block, 8 warps per block
-ELEMENTWISE_BLOCK = 256  # element-wise / rope kernels: one thread per element or pair, grid-stride loop
+ELEMENTWISE_BLOCK = 256  # element-wise kernels: one thread per element, grid-stride loop
 MAX_GRID_X = 1 << 20     # cap on grid-stride grids: plenty of blocks to fill 132 SMs, no overflow
 GRID_YZ_MAX = 65535      # CUDA's limit on grid.y and grid.z
 FA_SUB = 32              # a split's chunk of positions is a multiple of this (the decode kernels' tile)
@@ -371,7 +371,7 @@ def _table() -> dict[str, Callable[[np.ndarray], Geometry]]:
         "soft_max_f32": _per_row(1),
         "mul_f32": _binary, "add_f32": _binary, "glu_swiglu_f32": _binary, "glu_swiglu_clamp_f32": _binary,
         "cpy_f32_f32": _elementwise(1), "cpy_f32_f16": _elementwise(1),
-        "rope_f32": _elementwise(1, per=2),
+        "rope_f32": _rope_rows,
         "set_rows_f16": _elementwise(1), "set_rows_f32": _elementwise(1),
         **{fa_vec_kernel(d, gm): _flash_attn_vec(d, gm) for d in FA_HEAD_DIMS for gm in FAV_GROUPS},
         **{fa_direct_kernel(d): _flash_attn_direct(d) for d in FA_HEAD_DIMS},
@@ -382,15 +382,25 @@ def _table() -> dict[str, Callable[[np.ndarray], Geometry]]:
         # rng.cu: one thread per element (Q8_0: a warp per 32-block, the same thread count)
         **{f"rng_fill_{w}": _elementwise(0) for w in ("f32", "f16", "q8_0")},
     })
-    # rope_set_rows walks x's (D/2, Hkv, T) pairs; its ne3 is 1 by the catalogue.
-    t["rope_set_rows_f16"] = _elementwise(1, per=2)
+    t["rope_set_rows_f16"] = _rope_rows     # x (D, Hkv, T): its ne3 is 1 by the catalogue
     _x_types(t)
     t.update(_gemma_qwen_geometry())
     t.update({"sum_rows_f32": _per_row(1), "clamp_f32": _elementwise(0), "div_f32": _binary})
     return t
 
 
-ROPE_ROW_MAX_BLOCK = 256  # rope.cu rms_norm_mul_rope*: one block per head row, a thread per rotated pair
+ROPE_ROW_MAX_BLOCK = 256  # rope.cu's kernels: one block per head row, a thread per rotated pair
+
+
+MAX_GRID_YZ = 65535      # CUDA's grid y and z bound; row kernels stride past it
+
+
+def _rope_rows(p) -> Geometry:
+    """rope_f32 / rope_set_rows_f16: one block per row (head, token, batch) of x (t[1]), a thread per pair
+    of its ne0 (32..256 threads, striding beyond); tokens and batches past MAX_GRID_YZ stride."""
+    n = _ne(p, 1)
+    threads = min(ROPE_ROW_MAX_BLOCK, max(32, -(-(n[0] // 2) // 32) * 32))
+    return (max(n[1], 1), min(max(n[2], 1), MAX_GRID_YZ), min(max(n[3], 1), MAX_GRID_YZ)), (threads, 1, 1), 0
 
 
 def _norm_rope_rows(p) -> Geometry:

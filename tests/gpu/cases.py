@@ -283,6 +283,14 @@ def rope_cases() -> list[Case]:
     c = Case("rope_set_rows_f16", "cache", F16_OUT)
     out.append(c.set(c.output(G.F16, 64, 10), c.randn(G.F32, 32, 2, 3), c.ints([5, 6, 7]), c.ints([2, 9, 4]),
                      ip=(32, 0), fp=(10000.0, 1.0)))
+    # a block per row: pairs past the block's 256 threads, and tokens past the grid's 65535 rows in y
+    c = Case("rope_set_rows_f16", "pairs-past-block", F16_OUT)
+    out.append(c.set(c.output(G.F16, 1024, 4), c.randn(G.F32, 1024, 1, 2), c.ints([3, 90]), c.ints([1, 3]),
+                     ip=(768, 0), fp=(10000.0, 1.0)))
+    c = Case("rope_f32", "tokens-past-grid-y", ROPE)
+    n_tok = 65535 + 70
+    out.append(c.set(c.output(G.F32, 4, 1, n_tok), c.randn(G.F32, 4, 1, n_tok), c.ints(c.rng.integers(0, 100, n_tok)),
+                     ip=(4, 0), fp=(10000.0, 1.0)))
     return out
 
 
@@ -293,6 +301,9 @@ def set_rows_cases() -> list[Case]:
         out.append(c.set(c.output(t, 64, 16), c.randn(G.F32, 64, 5), c.ints([3, 0, 15, 8, 9])))
         c = Case(name, "heads-flattened", 0.0)   # src (D, Hkv, T) into rows of D * Hkv
         out.append(c.set(c.output(t, 64, 8), c.randn(G.F32, 16, 4, 3), c.ints([1, 6, 2])))
+        c = Case(name, "strided-src", 0.0)       # a source view with gaps: the general (unravelling) loop
+        sb = c.randn(G.F32, 80, 5)
+        out.append(c.set(c.output(t, 64, 16), c.view(sb, (64, 5), (4, sb.nb[1])), c.ints([3, 0, 15, 8, 9])))
     return out
 
 
@@ -377,9 +388,12 @@ def flash_attn_cases() -> list[Case]:
         n_split, chunk = fa_split(n_kv, hkv)
         out.append(c.set(c.output(G.F32, d + 2, n_split, h, 1), c.randn(G.F32, d, h, 1), kview, vview, mask,
                          ip=(chunk, 1), fp=(1.0 / np.sqrt(d),)))
-    # the last two are batches of FA_COMBINE_MIN_ROWS tokens or more (several heads per block), the first of
+    # The last two are batches of FA_COMBINE_MIN_ROWS tokens or more (several heads per block), the first of
     # them with heads that do not fill the last block
-    for dv, ns, h, t in ((64, 5, 4, 3), (128, 1, 2, 2), (64, 8, 32, 1), (64, 2, 6, 70), (128, 3, 32, 64)):
+    # Past 8 splits the combine works in chunks of 8, rescaled to the running max (20: three chunks; 9: a
+    # chunk of one)
+    for dv, ns, h, t in ((64, 5, 4, 3), (128, 1, 2, 2), (64, 8, 32, 1), (64, 20, 4, 2), (32, 9, 3, 1),
+                         (64, 2, 6, 70), (128, 3, 32, 64)):
         c = Case("flash_attn_combine_f32", f"Dv{dv}-splits{ns}-H{h}-T{t}", F32_DOT)
         part = c.rng.standard_normal((t, h, ns, dv + 2)).astype(np.float32)
         part[..., dv] *= 3.0
