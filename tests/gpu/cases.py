@@ -11,7 +11,7 @@ from graphdiag.backends.kernels import KERNELS, W_TYPES, fa_mma_kernel, fa_vec_k
 from graphdiag.ir.dtypes import GGMLType as G
 from quant_cases import quant_cases
 from cases_ops import op_cases
-from kernel_cases import F16_OUT, F32_DOT, F32_ELEM, FA_MMA, ROPE, TC_DOT, Case
+from kernel_cases import F16_OUT, F32_DOT, F32_ELEM, FA_MMA, ROPE, ROPE_SINCOS, TC_DOT, Case
 
 WT = {"f32": G.F32, "f16": G.F16, "q8_0": G.Q8_0}
 
@@ -287,6 +287,12 @@ def rope_cases() -> list[Case]:
     c = Case("rope_set_rows_f16", "pairs-past-block", F16_OUT)
     out.append(c.set(c.output(G.F16, 1024, 4), c.randn(G.F32, 1024, 1, 2), c.ints([3, 90]), c.ints([1, 3]),
                      ip=(768, 0), fp=(10000.0, 1.0)))
+    # theta = pos exactly (one pair, n_dims 2: its frequency is 1) up to 2^17: the kernel's sin/cos (2 pi reduced
+    # in two parts, then the hardware's) against numpy's float32 sin/cos of the same theta; the hardware's own
+    # reduction alone would be off by ~1e-2 there
+    c = Case("rope_f32", "large-positions", ROPE_SINCOS)
+    out.append(c.set(c.output(G.F32, 2, 4, 256), c.randn(G.F32, 2, 4, 256), c.ints(c.rng.integers(0, 1 << 17, 256)),
+                     ip=(2, 0), fp=(10000.0, 1.0)))
     c = Case("rope_f32", "tokens-past-grid-y", ROPE)
     n_tok = 65535 + 70
     out.append(c.set(c.output(G.F32, 4, 1, n_tok), c.randn(G.F32, 4, 1, n_tok), c.ints(c.rng.integers(0, 100, n_tok)),

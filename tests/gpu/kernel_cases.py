@@ -31,6 +31,7 @@ from graphdiag.memory import AddressSpace, dequantize_q8_0, quantize_q8_0
 F32_DOT = 2e-6     # dot products, any weight type, K <= 2048; measured <= 7.5e-7 (flash_attn, mul_mat)
 F32_ELEM = 1e-6    # norms, softmax, silu: measured <= 1.4e-7; add/mul/get_rows/copies are exact (0)
 ROPE = 1e-5        # positions < 100: theta's float32 rounding grows with the position; measured 2.5e-6
+ROPE_SINCOS = 2e-6  # theta exact (pos * 1) up to 2^17: the kernel's sin/cos alone (~5e-7 expected)
 F16_OUT = 1e-3     # F16 results: one F16 ulp (2^-10) of the largest value; measured 0 (same rounding)
 FA_MMA = 1e-4     # tensor-core attention: the twin rounds q and p to F16 as the kernel does; sum order, exp ulps
 TC_DOT = 1e-5      # tensor-core F32 accumulation (not IEEE round-to-nearest per add) vs numpy; K <= 256
