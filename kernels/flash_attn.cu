@@ -33,7 +33,7 @@ __device__ __noinline__ float mask_at(const tdesc &M, i64 j, i64 t, i64 h, i64 b
 // R = D / 8: it holds 8 dims [8r, 8r + 8) of the K and V rows of the tile positions pg + PG * i (PG = 128 / R)
 // as uint4, loaded one tile ahead (K, V and the mask of a tile are all in flight together: one memory round
 // trip per tile, none serialised behind the softmax). Scores: the R lanes of a row reduce their partial
-// dots by shuffles; the softmax of a tile runs one warp per head (lane = position), online across tiles
+// dots by shuffles, the G heads' together (fav_head_sums); the softmax of a tile runs one warp per head (lane = position), online across tiles
 // (m, l per head); p.V accumulates in registers, and the PG row groups are summed in order at the end
 // (deterministic).
 #define FAV_THREADS 128
@@ -55,6 +55,36 @@ __device__ __noinline__ uint4 fav_load8_slow(const char *row, i64 d, i64 nb0) {
 __device__ __forceinline__ uint4 fav_load8(const char *row, i64 d, i64 nb0, bool vec) {
     if (vec) return *(const uint4 *)(row + d * 2);
     return fav_load8_slow(row, d, nb0);
+}
+
+// The sums over a position's R lanes of its GM heads' partial dots v[0..GM): at each shuffle round a lane keeps
+// half the heads it holds and passes the other half to its partner (lane ^ off), so the GM sums take
+// log2(min(GM, R)) halving rounds of n / 2 shuffles and log2(R / GM) plain ones: 4 shuffles for 4 heads over 8
+// lanes, where reducing each head on its own took 12 (they were the kernel's most sampled stall under ncu).
+// Afterwards the lane holds the full sums of heads hb .. hb + FAV_HEADS_PER_LANE - 1 in v[0..], hb returned;
+// lanes r with r % (R / GM) == 0 (all lanes when GM >= R) hold distinct heads.
+#define FAV_HEADS_PER_LANE(R, GM) ((GM) > (R) ? (GM) / (R) : 1)
+template <int R, int GM> __device__ __forceinline__ int fav_head_sums(float (&v)[GM], int r) {
+    int hb = 0;
+#pragma unroll
+    for (int off = R / 2, n = GM; off > 0; off >>= 1) {
+        if (n > 1) {
+            const bool up = (r & off) != 0;
+#pragma unroll
+            for (int k = 0; k < GM / 2; ++k) {
+                if (k < n / 2) {
+                    const float send = up ? v[k] : v[k + n / 2];
+                    const float keep = up ? v[k + n / 2] : v[k];
+                    v[k] = keep + __shfl_xor_sync(0xffffffffu, send, off);
+                }
+            }
+            if (up) hb += n / 2;
+            n /= 2;
+        } else {
+            v[0] += __shfl_xor_sync(0xffffffffu, v[0], off);
+        }
+    }
+    return hb;
 }
 
 // i modulo a broadcast dim n (a batch index into K, V or the mask: n is 1 or the batch)
@@ -99,11 +129,11 @@ template <int D, int GM> __device__ void fa_vec(const kparams &p, float *smem) {
             kr[i] = in ? fav_load8(kbase + j * Kc.nb[2], (i64)r * 8, Kc.nb[0], kvec) : make_uint4(0, 0, 0, 0);
             vr[i] = in ? fav_load8(vbase + j * V.nb[2], (i64)r * 8, V.nb[0], vvec) : make_uint4(0, 0, 0, 0);
             float mv = 0.0f;
-            if (in && has_mask && !mhead && r == 0) {
+            if (in && has_mask && !mhead) {
                 const char *a = mrow + j * mnb0;
                 mv = m16 ? h2f(*(const unsigned short *)a) : *(const float *)a;
             }
-            mk[i] = in ? mv : F32_NEG_INF;
+            mk[i] = in ? mv : F32_NEG_INF;   // every lane: the one holding a head's sum writes its score
         }
     };
     load_tile(j0);
@@ -134,18 +164,21 @@ template <int D, int GM> __device__ void fa_vec(const kparams &p, float *smem) {
         for (int i = 0; i < PPT; ++i) {
             float kf[8];
             h8(kc[i], kf);
+            float v[GM];
 #pragma unroll
             for (int g = 0; g < GM; ++g) {   // all GM heads: q rows past G are zeros, their scores unused
                 const float4 a = *(const float4 *)(qs + g * D + r * 8);
                 const float4 c = *(const float4 *)(qs + g * D + r * 8 + 4);
-                float dot = kf[0] * a.x + kf[1] * a.y + kf[2] * a.z + kf[3] * a.w +
-                            kf[4] * c.x + kf[5] * c.y + kf[6] * c.z + kf[7] * c.w;
+                v[g] = kf[0] * a.x + kf[1] * a.y + kf[2] * a.z + kf[3] * a.w +
+                       kf[4] * c.x + kf[5] * c.y + kf[6] * c.z + kf[7] * c.w;
+            }
+            const int hb = fav_head_sums<R, GM>(v, r);
+            if (GM >= R || r % (R / GM) == 0) {
+                const i64 j = c0 + pg + PG * i;
 #pragma unroll
-                for (int off = R / 2; off > 0; off >>= 1) dot += __shfl_xor_sync(0xffffffffu, dot, off);
-                if (r == 0) {
-                    const i64 j = c0 + pg + PG * i;
-                    const float s = (mhead && j < j1) ? mask_at(Mk, j, t, h0 + g, b) : mc[i];
-                    ss[g * FAV_TILE + pg + PG * i] = s == F32_NEG_INF ? s : s + scale * dot;
+                for (int k = 0; k < FAV_HEADS_PER_LANE(R, GM); ++k) {
+                    const float sm = (mhead && j < j1) ? mask_at(Mk, j, t, h0 + hb + k, b) : mc[i];
+                    ss[(hb + k) * FAV_TILE + pg + PG * i] = sm == F32_NEG_INF ? sm : sm + scale * v[k];
                 }
             }
         }
