@@ -135,11 +135,12 @@ template <typename I> __device__ __forceinline__ I bcast_t(I i, i64 n, i64 nd) {
     return n == nd ? i : i % (I)n;
 }
 
-// An F32 tensor stored densely in ggml order (no view strides, no gaps).
-__device__ __forceinline__ bool dense_f32(const tdesc &d) {
-    return d.type == GGML_F32 && d.nb[0] == 4 && d.nb[1] == 4 * d.ne[0] && d.nb[2] == d.nb[1] * d.ne[1] &&
+// A tensor of 4-byte type `type` stored densely in ggml order (no view strides, no gaps).
+__device__ __forceinline__ bool dense4(const tdesc &d, int type) {
+    return d.type == type && d.nb[0] == 4 && d.nb[1] == 4 * d.ne[0] && d.nb[2] == d.nb[1] * d.ne[1] &&
            d.nb[3] == d.nb[2] * d.ne[2];
 }
+__device__ __forceinline__ bool dense_f32(const tdesc &d) { return dense4(d, GGML_F32); }
 
 // Reductions. Block reductions use a 32-float shared array and assume blockDim.x is a multiple of 32.
 __device__ __forceinline__ float warp_sum(float v) {

@@ -45,6 +45,20 @@ __device__ __forceinline__ void rope_rotate(const kparams &p, i64 j, int pos, fl
     rope_rotate_by(p.fp[0], p.fp[1], p.ip[0], j, pos, x0, x1);
 }
 
+// Store the pair (a, b) of row (i1, i2, i3): to the rope's own output, or (CACHE) to the F16 cache row `row` at
+// i1 * n + a / b (heads flattened, n = the head size).
+template <bool CACHE>
+__device__ __forceinline__ void rope_store(const tdesc &D, i64 a, i64 b, i64 i1, i64 i2, i64 i3, i64 n, i64 row,
+                                           float x0, float x1) {
+    if (CACHE) {
+        store_f(D, i1 * n + a, row, 0, 0, x0);
+        store_f(D, i1 * n + b, row, 0, 0, x1);
+    } else {
+        store_f(D, a, i1, i2, i3, x0);
+        store_f(D, b, i1, i2, i3, x1);
+    }
+}
+
 // rope_f32 and rope_set_rows_f16: one block per row (head i1, token i2, batch i3) of x, a thread per rotated
 // pair (striding past the block; rows past the grid's y and z, which geometry.py caps at 65535, stride too).
 // A row's position and cache row are loaded once per block and no index is divided: the grid-stride loop
@@ -65,13 +79,7 @@ template <bool CACHE> __device__ void rope_rows(const kparams &p) {
                 const bool rot = rope_pair(j, n_dims, mode, a, b);
                 float x0 = load_f(X, a, i1, i2, i3), x1 = load_f(X, b, i1, i2, i3);
                 if (rot) rope_rotate(p, j, pos, x0, x1);
-                if (CACHE) {
-                    store_f(D, i1 * hd + a, row, 0, 0, x0);
-                    store_f(D, i1 * hd + b, row, 0, 0, x1);
-                } else {
-                    store_f(D, a, i1, i2, i3, x0);
-                    store_f(D, b, i1, i2, i3, x1);
-                }
+                rope_store<CACHE>(D, a, b, i1, i2, i3, hd, row, x0, x1);
             }
         }
 }
@@ -90,15 +98,8 @@ KERNEL_LB(rope_set_rows_f16, 256) { rope_rows<true>(p); }
 template <bool CACHE>
 __device__ __forceinline__ void norm_rope_store(const kparams &p, i64 j, i64 a, i64 b, bool rot, int pos, i64 row,
                                                 i64 i1, i64 i2, i64 i3, i64 n, float x0, float x1) {
-    const tdesc &D = p.t[0];
     if (rot) rope_rotate_by(p.fp[1], p.fp[2], p.ip[0], j, pos, x0, x1);
-    if (CACHE) {
-        store_f(D, i1 * n + a, row, 0, 0, x0);
-        store_f(D, i1 * n + b, row, 0, 0, x1);
-    } else {
-        store_f(D, a, i1, i2, i3, x0);
-        store_f(D, b, i1, i2, i3, x1);
-    }
+    rope_store<CACHE>(p.t[0], a, b, i1, i2, i3, n, row, x0, x1);
 }
 
 template <bool CACHE> __device__ void norm_mul_rope_row(const kparams &p) {

@@ -47,14 +47,9 @@ __device__ void set_rows_dense(const kparams &p) {
     }
 }
 
-__device__ __forceinline__ bool dense_i32(const tdesc &d) {
-    return d.type == GGML_I32 && d.nb[0] == 4 && d.nb[1] == 4 * d.ne[0] && d.nb[2] == d.nb[1] * d.ne[1] &&
-           d.nb[3] == d.nb[2] * d.ne[2];
-}
-
 __device__ void set_rows(const kparams &p) {
     const bool fits = FITS32(nelements(p.t[1]));
-    if (fits && dense_f32(p.t[1]) && dense_i32(p.t[2])) set_rows_dense(p);
+    if (fits && dense_f32(p.t[1]) && dense4(p.t[2], GGML_I32)) set_rows_dense(p);
     else if (fits) set_rows_t<unsigned>(p);
     else set_rows_t<i64>(p);
 }

@@ -392,23 +392,24 @@ def _table() -> dict[str, Callable[[np.ndarray], Geometry]]:
 ROPE_ROW_MAX_BLOCK = 256  # rope.cu's kernels: one block per head row, a thread per rotated pair
 
 
-MAX_GRID_YZ = 65535      # CUDA's grid y and z bound; row kernels stride past it
+def _pair_threads(ne0: int) -> int:
+    """Threads of a rope row block: one per rotated pair of ne0, in warps, 32..ROPE_ROW_MAX_BLOCK."""
+    return min(ROPE_ROW_MAX_BLOCK, max(32, -(-(ne0 // 2) // 32) * 32))
 
 
 def _rope_rows(p) -> Geometry:
     """rope_f32 / rope_set_rows_f16: one block per row (head, token, batch) of x (t[1]), a thread per pair
-    of its ne0 (32..256 threads, striding beyond); tokens and batches past MAX_GRID_YZ stride."""
+    of its ne0 (32..256 threads, striding beyond); tokens and batches past GRID_YZ_MAX stride."""
     n = _ne(p, 1)
-    threads = min(ROPE_ROW_MAX_BLOCK, max(32, -(-(n[0] // 2) // 32) * 32))
-    return (max(n[1], 1), min(max(n[2], 1), MAX_GRID_YZ), min(max(n[3], 1), MAX_GRID_YZ)), (threads, 1, 1), 0
+    return ((max(n[1], 1), min(max(n[2], 1), GRID_YZ_MAX), min(max(n[3], 1), GRID_YZ_MAX)),
+            (_pair_threads(n[0]), 1, 1), 0)
 
 
 def _norm_rope_rows(p) -> Geometry:
     """rms_norm_mul_rope*: one block per row (head, token, batch) of x (t[1]), a thread per pair of its ne0
     (32..256 threads, striding beyond)."""
     n = _ne(p, 1)
-    threads = min(ROPE_ROW_MAX_BLOCK, max(32, -(-(n[0] // 2) // 32) * 32))
-    return (max(n[1], 1), max(n[2], 1), max(n[3], 1)), (threads, 1, 1), 0
+    return (max(n[1], 1), max(n[2], 1), max(n[3], 1)), (_pair_threads(n[0]), 1, 1), 0
 
 
 def _gemma_qwen_geometry() -> dict[str, Callable[[np.ndarray], Geometry]]:
