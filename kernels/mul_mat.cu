@@ -27,34 +27,7 @@
 #define MM_BK 32
 #define MM_PAD 8   // halves of padding per shmem row (k tiles of 32: 80-byte rows; of 64: 144)
 
-template <int T> __device__ void mm_tiled(const kparams &p) {
-    __shared__ float ws[TILE][TILE + 1];   // +1: column reads ws[tx][kk] hit distinct banks
-    __shared__ float xs[TILE][TILE + 1];
-    const tdesc &D = p.t[0], &W = p.t[1], &X = p.t[2];
-    const i64 M = D.ne[0], N = D.ne[1], K = W.ne[0];
-    const int tx = threadIdx.x % TILE, ty = threadIdx.x / TILE;
-    const i64 m0 = (i64)blockIdx.x * TILE, n0 = (i64)blockIdx.y * TILE;
-    const i64 i2 = blockIdx.z % D.ne[2], i3 = blockIdx.z / D.ne[2];
-    const i64 w2 = i2 / (D.ne[2] / W.ne[2]), w3 = i3 / (D.ne[3] / W.ne[3]);
-    const bool wrow = m0 + ty < M, xrow = n0 + ty < N;
-    const char *wr = wrow ? row_ptr(W, m0 + ty, w2, w3) : 0;
-    const char *xr = xrow ? row_ptr(X, n0 + ty, i2, i3) : 0;
-    float acc = 0.0f;
-    for (i64 k0 = 0; k0 < K; k0 += TILE) {
-        const i64 k = k0 + tx;
-        ws[ty][tx] = (wrow && k < K) ? row_elem<T>(wr, k, W.nb[0]) : 0.0f;   // coalesced along k
-        xs[ty][tx] = (xrow && k < K) ? row_elem<GGML_F32>(xr, k, X.nb[0]) : 0.0f;
-        __syncthreads();
-#pragma unroll
-        for (int kk = 0; kk < TILE; ++kk) acc += ws[tx][kk] * xs[ty][kk];
-        __syncthreads();
-    }
-    if (m0 + tx < M && n0 + ty < N) store_f(D, m0 + tx, n0 + ty, i2, i3, acc);   // consecutive m: coalesced
-}
 
-KERNEL_LB(mul_mat_f32, 256) { mm_tiled<GGML_F32>(p); }
-// BF16 prefill (more columns than MMVF takes): the same CUDA-core tiles, weights widened exactly to F32.
-KERNEL_LB(mul_mat_bf16, 256) { mm_tiled<GGML_BF16_ELEM>(p); }
 
 struct mm_part {
     i64 i2, i3, k0, k1;   // the output batch of this block, its part's k range
@@ -80,6 +53,41 @@ __device__ __forceinline__ const tdesc &mm_part_out(const kparams &p, const mm_p
     i3 += (r.part - 1) * p.t[0].ne[3];
     return p.t[3];
 }
+
+// CUDA-core tiles; with ip[0] = S > 1 parts (mul_mat_f32 only: graphdiag's stand-in for the split-K GEMM +
+// reduce cuBLAS runs on small F32 outputs, compat.cublas_split_k_parts) each part sums its k range into dst
+// or the partials, as the tensor-core k-split does; grid z = B2 * B3 * S.
+template <int T> __device__ void mm_tiled(const kparams &p) {
+    __shared__ float ws[TILE][TILE + 1];   // +1: column reads ws[tx][kk] hit distinct banks
+    __shared__ float xs[TILE][TILE + 1];
+    const tdesc &W = p.t[1], &X = p.t[2];
+    const i64 M = p.t[0].ne[0], N = p.t[0].ne[1], K = W.ne[0];
+    const mm_part r = mm_k_part(p, K);
+    i64 o3;
+    const tdesc &D = mm_part_out(p, r, o3);
+    const int tx = threadIdx.x % TILE, ty = threadIdx.x / TILE;
+    const i64 m0 = (i64)blockIdx.x * TILE, n0 = (i64)blockIdx.y * TILE;
+    const i64 i2 = r.i2, i3 = r.i3;
+    const i64 w2 = i2 / (p.t[0].ne[2] / W.ne[2]), w3 = i3 / (p.t[0].ne[3] / W.ne[3]);
+    const bool wrow = m0 + ty < M, xrow = n0 + ty < N;
+    const char *wr = wrow ? row_ptr(W, m0 + ty, w2, w3) : 0;
+    const char *xr = xrow ? row_ptr(X, n0 + ty, i2, i3) : 0;
+    float acc = 0.0f;
+    for (i64 k0 = r.k0; k0 < r.k1; k0 += TILE) {
+        const i64 k = k0 + tx;
+        ws[ty][tx] = (wrow && k < r.k1) ? row_elem<T>(wr, k, W.nb[0]) : 0.0f;   // coalesced along k
+        xs[ty][tx] = (xrow && k < r.k1) ? row_elem<GGML_F32>(xr, k, X.nb[0]) : 0.0f;
+        __syncthreads();
+#pragma unroll
+        for (int kk = 0; kk < TILE; ++kk) acc += ws[tx][kk] * xs[ty][kk];
+        __syncthreads();
+    }
+    if (m0 + tx < M && n0 + ty < N) store_f(D, m0 + tx, n0 + ty, i2, o3, acc);   // consecutive m: coalesced
+}
+
+KERNEL_LB(mul_mat_f32, 256) { mm_tiled<GGML_F32>(p); }
+// BF16 prefill (more columns than MMVF takes): the same CUDA-core tiles, weights widened exactly to F32.
+KERNEL_LB(mul_mat_bf16, 256) { mm_tiled<GGML_BF16_ELEM>(p); }
 
 // dst += the k-split's partial outputs: t[1] F32 (M, N, B2, B3 * ip[0]), ip[0] = S - 1 parts; one thread per
 // dst element (grid-stride), the parts added in order.

@@ -119,8 +119,9 @@ def _mmv_gathered(p) -> Geometry:
 
 
 def _mm(p) -> Geometry:
+    """The CUDA-core tiles: one 256-thread block per 16 x 16 output tile per batch per k part (ip[0])."""
     d = _ne(p, 0)
-    return (_cdiv(d[0], TILE), _cdiv(d[1], TILE), max(d[2] * d[3], 1)), (TILE * TILE, 1, 1), 0
+    return (_cdiv(d[0], TILE), _cdiv(d[1], TILE), max(d[2] * d[3], 1) * max(_ip(p, 0), 1)), (TILE * TILE, 1, 1), 0
 
 
 def _per_row(slot: int) -> Callable[[np.ndarray], Geometry]:

@@ -83,7 +83,7 @@ def _specs() -> dict[str, KernelSpec]:
                else "sum_k W[m, k] * x[.., n, k]")
         s.append(KernelSpec(f"mul_mat_vec_{w}", ("dst (M, N, B2, B3)", f"W {w} (K, M)", x),
                             doc=f"dst[.., n, m] = {dot}; N <= 8 (the mat-vec path)"))
-        split = w in ("f16", "q8_0")   # the k-split (mul_mat.cu), followed by mul_mat_fixup_f32
+        split = w in ("f16", "q8_0", "f32")   # the k-split (mul_mat.cu), followed by mul_mat_fixup_f32
         s.append(KernelSpec(f"mul_mat_{w}", ("dst (M, N, B2, B3)", f"W {w} (K, M)", x)
                             + (("partials F32 (M, N, B2, B3 * (S - 1)), pool scratch; only when S > 1",) if split else ()),
                             ip=("S: k parts (0 or 1: none); part p sums k in [64 * (p * U // S), 64 * ((p + 1) * U "

@@ -128,7 +128,7 @@ def _product(name: str, wt: GGMLType, space, p, wslot: int, xslot: int, max_n: i
 
 def _mul_mat(name: str, wt: GGMLType, max_n: int | None) -> Kernel:
     tc = max_n is None and wt == GGMLType.F16
-    if max_n is None and wt in (GGMLType.F16, GGMLType.Q8_0):
+    if max_n is None and wt in (GGMLType.F16, GGMLType.Q8_0, GGMLType.F32):
         return _mul_mat_split(name, wt)
     def k(space, p):
         view(space, p, 0)[...] = _product(name, wt, space, p, 1, 2, max_n, tc)
@@ -142,9 +142,9 @@ def k_parts(p: np.ndarray, k: int) -> list[tuple[int, int]]:
 
 
 def _mul_mat_split(name: str, wt: GGMLType) -> Kernel:
-    """mul_mat_f16 / mul_mat_q8_0 with their k-split: part 0's sum into dst, part q's into t[3] at batch
-    i3 + (q - 1) * B3 (mul_mat_fixup_f32 adds them in)."""
-    q8 = wt == GGMLType.Q8_0
+    """mul_mat_f16 / mul_mat_q8_0 / mul_mat_f32 with their k-split: part 0's sum into dst, part q's into t[3]
+    at batch i3 + (q - 1) * B3 (mul_mat_fixup_f32 adds them in)."""
+    q8, f16 = wt == GGMLType.Q8_0, wt == GGMLType.F16
     def k(space, p):
         _check_type(p, 1, wt, name)
         _check_type(p, 2, Q8_1 if q8 else GGMLType.F32, name)
@@ -155,7 +155,7 @@ def _mul_mat_split(name: str, wt: GGMLType) -> Kernel:
             partials, b3 = view(space, p, 3), dst.shape[0]
             _check(partials.shape[0] == b3 * (len(parts) - 1) and partials.shape[1:] == dst.shape[1:], name,
                    f"partials {partials.shape[::-1]} do not hold {len(parts) - 1} parts of dst {dst.shape[::-1]}")
-        if not q8:
+        if f16:
             with np.errstate(over="ignore"):
                 x = x.astype(np.float16)
         for q, (k0, k1) in enumerate(parts):

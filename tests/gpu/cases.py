@@ -91,12 +91,14 @@ def mat_mat_cases() -> list[Case]:
 
 
 def k_split_cases() -> list[Case]:
-    """The k-split (ip[0] = S parts) of the tensor-core mat-muls: part 0 into dst, parts 1.. into the partials
+    """The k-split (ip[0] = S parts) of the tensor-core mat-muls and of mul_mat_f32: part 0 into dst, parts 1.. into the partials
     (t[3]), each compared (out = 3: the partials), with a part of no k (more parts than 64-wide k units), a
     partial last unit, unaligned rows (F16's register path) and batches; then mul_mat_fixup_f32."""
     out = []
-    for w in ("f16", "q8_0"):
+    for w in ("f16", "q8_0", "f32"):
         shapes = [(1408, 512, 250, 1, 1, 3), (256, 300, 12, 2, 1, 4), (160, 200, 9, 1, 1, 5), (96, 64, 40, 2, 2, 2)]
+        if w == "f32":   # cuBLAS's split-K stand-in: the MoE router's shape (8 experts, K 512) at 4 and 16 columns
+            shapes += [(512, 8, 4, 1, 1, 8), (512, 8, 16, 1, 1, 8), (200, 8, 9, 1, 1, 4)]
         if w == "f16":
             shapes.append((200, 130, 24, 1, 1, 3))   # K % 64 != 0, rows not 16-byte aligned: the register path
         for k, m, n, b, wb, s in shapes:

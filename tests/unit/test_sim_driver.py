@@ -297,3 +297,31 @@ def test_event_elapsed_is_host_time(drv, abc):
     assert drv.event_elapsed_ms(e0, e1) >= 0
     with pytest.raises(CudaError, match="INVALID_HANDLE"):
         drv.event_elapsed_ms(drv.event_create(), e1)
+
+
+def _pdl(launch: Launch, on: bool) -> Launch:
+    launch.pdl = on
+    return launch
+
+
+def test_update_refused_when_a_launch_changes_between_pdl_and_plain(drv, abc):
+    """A PDL launch after a kernel is a programmatic edge: the same two kernels with the second launched
+    plainly the next time is TOPOLOGY_CHANGED at that node (llama.cpp's mmvf -> mmf refusal at 1 -> 2
+    tokens on F16 with fusion off, H100 2026-12-06); the same PDL both times updates."""
+    a, b, c, s = abc
+    assert drv.set_pdl(True)                     # the simulated device is 9.0
+    first = capture(drv, s, add_launch(drv, c, a, b), _pdl(add_launch(drv, c, c, b), True))
+    x = drv.instantiate(first)
+    same = capture(drv, s, add_launch(drv, c, a, b), _pdl(add_launch(drv, c, c, b, kernel="mul_f32"), True))
+    assert drv.exec_update(x, same).ok
+    plain = capture(drv, s, add_launch(drv, c, a, b), _pdl(add_launch(drv, c, c, b), False))
+    out = drv.exec_update(x, plain)
+    assert not out.ok and out.result == UpdateResult.TOPOLOGY_CHANGED
+    assert "node 1" in out.error_node and "ordinary" in out.error_node
+
+
+def test_pdl_off_makes_every_edge_ordinary(drv, abc):
+    a, b, c, s = abc
+    drv.set_pdl(False)                           # GGML_CUDA_PDL=0: no launch carries the attribute
+    x = drv.instantiate(capture(drv, s, add_launch(drv, c, a, b), _pdl(add_launch(drv, c, c, b), True)))
+    assert drv.exec_update(x, capture(drv, s, add_launch(drv, c, a, b), _pdl(add_launch(drv, c, c, b), False))).ok

@@ -53,6 +53,7 @@ class Launch:
     shmem: int = 0
     handle: object = field(default=None, repr=False)
     label: str = ""       # the graphdiag node(s) this launch computes ("attn_norm-0+attn_norm_mul-0")
+    pdl: bool = True      # upstream launches this kernel with PDL (gpu/pdl.py), where the driver's PDL is on
 
 
 # the H200's streaming multiprocessors: the simulated driver's, so its stream-k decisions are the H200's

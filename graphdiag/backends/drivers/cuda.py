@@ -300,8 +300,9 @@ class CudaDriver(Driver):
             self._shmem_opt_in[launch.kernel] = shmem
         buf, addr = _pack_argv(launch.params.tobytes())   # private snapshot: later edits need a re-prepare
         args = (fn, *map(int, launch.grid), *map(int, launch.block), shmem)
-        configs = self._configs.setdefault((args, self.pdl), {})
-        launch.handle = _Prepared(args, buf, addr, configs, self.pdl, {})
+        pdl = self.pdl and launch.pdl
+        configs = self._configs.setdefault((args, pdl), {})
+        launch.handle = _Prepared(args, buf, addr, configs, pdl, {})
         return launch
 
     def launch(self, stream, launch: Launch) -> None:

@@ -313,7 +313,7 @@ class SimDriver(Driver):
             self.counters.captured_launches += 1
             self._record(s, Node("kernel", launch.kernel, tuple(launch.grid), tuple(launch.block),
                                  launch.params.copy(), fn=launch.handle, label=launch.label,
-                                 node_id=next(_node_ids)))
+                                 node_id=next(_node_ids), programmatic=self.pdl and launch.pdl))
             return
         if self.computes:
             launch.handle(self.space, launch.params)

@@ -166,6 +166,27 @@ def mmq_stream_k_parts(m_rows: int, ncols: int, batch: int, k: int, nsm: int, cc
     return max(2, min(-(-nsm // ntiles), MMQ_MAX_K_PARTS, units))
 
 
+CUBLAS_TILE = 64            # the 64 x 64 output tile of the cuBLAS kernel recorded (cutlass s1688gemm_64x64)
+CUBLAS_SPLIT_K_MIN_K = 256  # K below which graphdiag's model of cuBLAS keeps one kernel (no record split it)
+
+
+def cublas_split_k_parts(node: Tensor, nsm: int) -> int:
+    """The k parts of graphdiag's stand-in for an F32 MUL_MAT that upstream hands to cuBLAS (0: one kernel).
+
+    cuBLAS chooses its kernels itself, so this is a model of its choice, held to what was recorded: the MoE
+    router's F32 mat-mul (ffn_gate_inp: 8 experts x K 512) at 4, 8 and 9 columns ran as cutlass
+    `s1688gemm_64x64_16x6` + cublasLt `splitKreduce_kernel`, two kernels (H200 2026-12-04 and H100
+    2026-12-06: tests/data/llama/kernels-moe-*.json), where at up to 3 columns MMVF runs one. Rule: an
+    output of fewer 64 x 64 tiles than a quarter of the SMs over K >= 256 splits K (so two launches:
+    the k-split mat-mul and its reduce); graphdiag's parts as its MMQ k-split takes them."""
+    m, n = node.ne[0], node.ne[1]
+    tiles = -(-m // CUBLAS_TILE) * -(-n // CUBLAS_TILE) * node.ne[2] * node.ne[3]
+    k = node.src[0].ne[0]
+    if k < CUBLAS_SPLIT_K_MIN_K or 4 * tiles >= nsm:
+        return 0
+    return max(2, min(-(-nsm // tiles), MMQ_MAX_K_PARTS, -(-k // MMQ_K_UNIT)))
+
+
 def mul_mat_id_sync_reason(node: Tensor, cc: int) -> str:
     """'' when a fast path applies (no sync), else every path's refusal (the sorted fallback synchronises)."""
     src0, src1 = node.src[0], node.src[1]

@@ -7,7 +7,7 @@ its MAX_SRC sources the source's type, ne and nb (zeros for none). The key is co
 the group's op, type, ne, nb, op_params, names (the label) and source pointers, compares source pointers
 with the group's own slots (which tensor is the residual), and reads its sources' type, ne and nb — kernel
 choice, scalars and geometry (geometry.py reads only ne and ip) depend on nothing else, and cc is fixed
-per backend. What it leaves out, device addresses, enters a launch only as the `data` of the descriptors
+per backend (and so is each launch's PDL, remembered with it). What it leaves out, device addresses, enters a launch only as the `data` of the descriptors
 of the tensors it describes: a remembered launch keeps those (descriptor slot, struct slot) pairs and a
 hit writes those descriptors' `data` afresh from the current structs. A hit makes new Launch and op objects
 (no mutable state is shared between graphs); they are prepared on the driver as a lowered op always is.
@@ -99,8 +99,8 @@ class LaunchMemo:
         ops, r = [], 0
         for got in found:
             made = []
-            for kernel, _, grid, block, shmem, _ in got.launches:
-                made.append(Launch(kernel, grid, block, params[r, ...], shmem))
+            for kernel, _, grid, block, shmem, _, pdl in got.launches:
+                made.append(Launch(kernel, grid, block, params[r, ...], shmem, pdl=pdl))
                 r += 1
             op = ScratchLaunchesOp(made, list(got.slots), got.nbytes) if got.scratch else KernelOp(made[0])
             _take_prepared(op, got.last)
@@ -122,7 +122,7 @@ class LaunchMemo:
         if len(self.entries) >= self.CAP:
             self.entries.clear()
         rows = tuple((la.kernel, la.params.tobytes(), la.grid, la.block, la.shmem,
-                      ([slot * _DESC // 8 for slot, _ in refs], [idx for _, idx in refs]))
+                      ([slot * _DESC // 8 for slot, _ in refs], [idx for _, idx in refs]), la.pdl)
                      for la, refs in zip(launches, described))
         self.entries[key] = _Remembered(got.scratch, rows, got.slots, got.nbytes, op)
 

@@ -46,7 +46,8 @@ from ...ir.ops import GluOp, Op
 from ...ir.tensor import Tensor
 from .. import abi
 from ..drivers.base import H200_MULTIPROCESSORS, Driver, Launch
-from .compat import MMVQ_MAX_BATCH_SIZE, mmq_stream_k_parts, mul_mat_id_needs_sync, mul_mat_path
+from .compat import (MMVQ_MAX_BATCH_SIZE, cublas_split_k_parts, mmq_stream_k_parts, mul_mat_id_needs_sync,
+                     mul_mat_path)
 from .descriptors import DescriptorTable
 from .fusion import (MMID_GLU, MMV_ADD, MMV_GLU, MOE_WR, RMS_NORM_MUL, ROPE_SET_ROWS, TOPK_MOE, Fusion,
                      moe_reduction_operands, topk_moe_operands)
@@ -56,6 +57,7 @@ from ..abi import Q8_1, Q8_1_BYTES
 from ..geometry import (FA_HEAD_DIMS, FA_MAX_ROWS, fa_direct, fa_plan, fa_vec, geometry_of_bytes, launch_geometry,
                         mmv_warps_per_row)
 from ..kernels import fa_direct_kernel, fa_mma_kernel, fa_vec_kernel
+from .pdl import upstream_pdl
 from .pool import TempPool
 
 _W = {GGMLType.F32: "f32", GGMLType.F16: "f16", GGMLType.Q8_0: "q8_0"}
@@ -204,7 +206,8 @@ class SortedMulMatIdOp:
             p["t"][3]["nb"] = (4, 8, 8 * len(pairs), 8 * len(pairs))
             p["ip"][:3] = (int(experts[lo]), int(hi - lo), int(lo))
             grid, block, shmem = launch_geometry(self.kernel, p)
-            launch = driver.prepare(Launch(self.kernel, grid, block, p, shmem, label=self.template.label))
+            launch = driver.prepare(Launch(self.kernel, grid, block, p, shmem, label=self.template.label,
+                                           pdl=self.template.pdl))
             driver.launch(stream, launch)
         pool.free(addr, size)
 
@@ -220,7 +223,16 @@ def lower_node(graph: Graph, i: int, fusion: Fusion | None, cc: int, d: "Descrip
                nsm: int = H200_MULTIPROCESSORS):
     """The lowered op for node i (with `fusion` absorbing the following nodes); `d`: the graph's
     DescriptorTable, where the caller lowers many nodes (None: descriptors read from the structs); `cc`,
-    `nsm`: the device's compute capability and multiprocessors."""
+    `nsm`: the device's compute capability and multiprocessors. Each launch carries PDL where upstream's
+    counterpart would (pdl.upstream_pdl)."""
+    op = _lower_node(graph, i, fusion, cc, d, nsm)
+    node = graph.node(i)
+    for launch in op_launches(op):
+        launch.pdl = upstream_pdl(launch.kernel, node, cc)
+    return op
+
+
+def _lower_node(graph: Graph, i: int, fusion: Fusion | None, cc: int, d: "DescriptorTable | None", nsm: int):
     node = graph.node(i)
     if fusion is not None:
         return _lower_fused(d, graph, i, fusion)
@@ -235,6 +247,10 @@ def lower_node(graph: Graph, i: int, fusion: Fusion | None, cc: int, d: "Descrip
     if op == Op.MUL_MAT and s[0].type in _X:
         return _lower_x_mul_mat(d, node, cc, nsm)
     if op == Op.MUL_MAT:
+        if s[0].type == GGMLType.F32 and mul_mat_path(node, cc) == "cublas":
+            parts = cublas_split_k_parts(node, nsm)
+            if parts:
+                return _split_k(d, node, parts)
         if s[1].ne[1] > MMVQ_MAX_BATCH_SIZE:
             parts = _stream_k_parts(node, cc, nsm) if s[0].type == GGMLType.Q8_0 else 0
             return _mat_product(d, f"mul_mat_{_W[s[0].type]}", [node, s[0], s[1]], x_slot=2, parts=parts)
@@ -317,6 +333,20 @@ def _mat_product(d, name: str, tensors: list[Tensor | None], x_slot: int, ip=(),
         return _k_split(d, name, tensors, quant, (x_slot, Q8_1, x.ne, nb), nbytes, parts)
     kernel = _launch(d, name, tensors, ip=ip, fp=fp, scratch=[(x_slot, Q8_1, x.ne, nb)])
     return ScratchLaunchesOp([quant, kernel], [((0, 0),), ((x_slot, 0),)], nbytes)
+
+
+def _split_k(d, node: Tensor, parts: int):
+    """An F32 MUL_MAT upstream hands to cuBLAS, which splits K (compat.cublas_split_k_parts): mul_mat_f32 in
+    `parts` k parts, parts 1.. into pool scratch, and mul_mat_fixup_f32 adding them in — two launches, as
+    cuBLAS's split-K GEMM and its reduce."""
+    m, n, b2, b3 = node.ne
+    pne = (m, n, b2, b3 * (parts - 1))
+    pnb = (4, 4 * m, 4 * m * n, 4 * m * n * b2)
+    f32 = int(GGMLType.F32)
+    kernel = _launch(d, "mul_mat_f32", [node, node.src[0], node.src[1], None], ip=(parts,),
+                     scratch=[(3, f32, pne, pnb)])
+    fixup = _launch(d, "mul_mat_fixup_f32", [node, None], ip=(parts - 1,), scratch=[(1, f32, pne, pnb)])
+    return ScratchLaunchesOp([kernel, fixup], [((3, 0),), ((1, 0),)], pnb[3] * pne[3])
 
 
 def _k_split(d, name: str, tensors: list[Tensor | None], first: Launch, operand, nbytes: int, parts: int):
