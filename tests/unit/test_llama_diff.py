@@ -44,13 +44,13 @@ def test_first_difference_is_named(repro, tmp_path, capsys):
     r, box = RawStream(), {}
     r.decode(RawStream.eager, n_tokens=16, n_outputs=1)
     r.decode(RawStream.eager)
-    r.decode(lambda s: box.__setitem__("x", s.capture(new_entry=True, nodes=60)))     # graphdiag: 58
+    r.decode(lambda s: box.__setitem__("x", s.capture(new_entry=True, nodes=60, uid=4)))     # graphdiag: 58
     for _ in range(3):
-        r.decode(lambda s: s.replay(box["x"]))
+        r.decode(lambda s: s.replay(box["x"], uid=4))
     rc = main(["diff", str(repro), str(_llama(tmp_path, r.end()))])
     out = capsys.readouterr().out
     assert rc == 1
-    assert "first difference: step 2, decision 3" in out
+    assert "first difference: step 2, decision 4" in out
     assert "control: capture of E1: 58 graph nodes" in out and "test:    capture of E1: 60 graph nodes" in out
 
 
@@ -59,10 +59,10 @@ def test_replay_against_eager(repro, tmp_path, capsys):
     r, box = RawStream(), {}
     r.decode(RawStream.eager, n_tokens=16, n_outputs=1)
     r.decode(RawStream.eager)
-    r.decode(RawStream.eager)
-    r.decode(lambda s: box.__setitem__("x", s.capture(new_entry=True)))
-    r.decode(lambda s: s.replay(box["x"]))
-    r.decode(lambda s: s.replay(box["x"]))
+    r.decode(lambda s: s.log("CUDA Graph id 4 reused\n"))           # the uid hit comes before warmup
+    r.decode(lambda s: box.__setitem__("x", s.capture(new_entry=True, uid=4)))
+    r.decode(lambda s: s.replay(box["x"], uid=4))
+    r.decode(lambda s: s.replay(box["x"], uid=4))
     rc = main(["diff", str(repro), str(_llama(tmp_path, r.end())), "--json"])
     d = json.loads(capsys.readouterr().out)
     assert rc == 1 and d["first"]["step"] == 2
@@ -161,7 +161,8 @@ def test_recorded_batch_changes_and_idle():
     if not (DATA / "tiny-f16-batch12.raw.jsonl").exists():
         pytest.skip("no recorded fixtures")
     steps = observed_decisions(convert_raw(DATA / "tiny-f16-batch12.raw.jsonl")[1])
-    assert [x.line() for x in steps[1]][1:] == ["phase of E1: capture", "capture of E1: 69 graph nodes",
+    assert [x.line() for x in steps[1]][:2] == ["uid: hit", "warmup: complete"]     # the prompts' uid matched
+    assert [x.line() for x in steps[1]][2:] == ["phase of E1: capture", "capture of E1: 69 graph nodes",
                                                 "executable of E1: instantiated (new)"]
     assert steps[3][-1].line() == "executable of E1: refused (TOPOLOGY_CHANGED), instantiated again"
     assert all([x.line() for x in steps[s]] == ["phase: eager"] for s in (21, 22, 23))

@@ -1,7 +1,8 @@
 """A graphdiag run against a watched llama.cpp run: the decisions both can show, aligned step by step.
 
 Each record is reduced to what llama.cpp exposes (graphdiag/llama/convert.py): per step, per graph compute,
-its evictions of captured entries, its warmup transition, its phase (eager / capture / replay; graphs
+its evictions of captured entries, its uid hit (ggml's "CUDA Graph id N reused": the cgraph's uid was the
+entry's, no property comparison), its warmup transition, its phase (eager / capture / replay; graphs
 disabled reads eager) and, for a capture, the captured graph's node count and whether the executable was
 new (first instantiate), updated, or refused (with CUDA's result) and instantiated again. Graph entries are
 renamed E1, E2, … in the order of their first capture on each side; a graphdiag key evicted and captured
@@ -20,7 +21,7 @@ from typing import Any
 from ... import events as E
 
 NOT_COMPARED = ("graph keys and uids", "which node and field changed", "chunk boundaries", "fusions",
-                "uid hits (context graph reuse)", "timings", "tokens", "the entry of an eager compute",
+                "timings", "tokens", "the entry of an eager compute",
                 "evictions of entries never captured")
 
 _PHASES = {"eager": "eager", "disabled": "eager", "incompatible": "eager", "capture": "capture",
@@ -29,8 +30,8 @@ _PHASES = {"eager": "eager", "disabled": "eager", "incompatible": "eager", "capt
 
 @dataclass(frozen=True)
 class Decision:
-    """One comparable decision: what (evicted | warmup | phase | capture), the entry ("" not compared), and
-    the outcome text."""
+    """One comparable decision: what (evicted | uid | warmup | phase | capture | executable), the entry (""
+    not compared), and the outcome text."""
 
     what: str
     entry: str
@@ -51,6 +52,7 @@ class ObservedDiff:
     decisions_compared: int = 0
     first: tuple | None = None
     control_step: list[str] = field(default_factory=list)   # the whole first differing step, each side
+    excused: list[dict] = field(default_factory=list)        # pairs a known difference excused, in order
     test_step: list[str] = field(default_factory=list)
     steps_only_in: dict[str, int] = field(default_factory=dict)
     not_compared: tuple = NOT_COMPARED
@@ -95,6 +97,8 @@ def observed_decisions(events: list[E.Event]) -> dict[int, list[Decision]]:
                 add(Decision("evicted", entry(ev), "executable destroyed"))
                 captured.discard(dk)
             generation[dk] = generation.get(dk, 0) + 1
+        elif isinstance(ev, E.UidHit):
+            add(Decision("uid", "", "hit"))
         elif isinstance(ev, E.WarmupTransition):
             add(Decision("warmup", "", "complete" if ev.to_state == "warm" else "reset"))
         elif isinstance(ev, E.PhaseDecided) and ev.phase in _PHASES:
@@ -139,10 +143,11 @@ def _merge_new(ds: list[Decision]) -> list[Decision]:
 
 
 def diff_observed(control: tuple, test: tuple, names: tuple[str, str] = ("graphdiag", "llama.cpp"),
-                  skip: tuple[str, ...] = ()) -> ObservedDiff:
+                  skip: tuple[str, ...] = (), excuse=None) -> ObservedDiff:
     """Align two records (RunHeader, events) by step and name the first decision that differs. `skip`:
-    kinds of decision left out ("capture": graph node counts), for a known difference that must not hide
-    the decisions after it; they are added to `not_compared`."""
+    kinds of decision left out (added to `not_compared`). `excuse(step, i, x, y, a, b)` (a, b: each
+    side's decisions per step) names the known difference a differing pair is, or None: a named pair is
+    recorded in `excused` and the comparison goes on with the next decision (known.py)."""
     (ha, ea), (hb, eb) = control, test
     a, b = observed_decisions(ea), observed_decisions(eb)
     if skip:
@@ -159,7 +164,10 @@ def diff_observed(control: tuple, test: tuple, names: tuple[str, str] = ("graphd
         for i in range(max(len(xs), len(ys))):
             x = xs[i] if i < len(xs) else None
             y = ys[i] if i < len(ys) else None
-            if x != y:
+            if x != y and excuse is not None and x is not None and y is not None \
+                    and (name := excuse(step, i, x, y, a, b)):
+                d.excused.append({"name": name, "step": step, "index": i, "control": x.line(), "test": y.line()})
+            elif x != y:
                 d.first = (step, i, x, y)
                 d.control_step, d.test_step = [v.line() for v in xs], [v.line() for v in ys]
                 return d
