@@ -93,3 +93,7 @@ class VerifyMismatch(GraphdiagError):
     """A replayed step computed something different from eager (--verify)."""
 
     exit_code = 1
+
+
+class TraceError(GraphdiagError):
+    """`graphdiag trace` cannot trace CMD: not found or not executable, no compiler, no CUPTI, no GPU."""

@@ -1,0 +1,424 @@
+/* gdtrace: graphdiag's CUDA injection library (graphdiag trace -- CMD).
+
+   The CUDA driver loads it into any process started with CUDA_INJECTION64_PATH naming it and calls
+   InitializeInjection once, inside cuInit. It subscribes to CUPTI callbacks on the runtime and driver API
+   calls of CUDA graphs (stream capture begin/end, instantiate, exec update, graph launch, exec destroy) and
+   of stream / device / context synchronisation, and writes one JSON line per call to the file named by
+   GRAPHDIAG_TRACE_OUT (write(2) of a whole line under a mutex, O_APPEND: flushed as it goes). It records,
+   never analyses: graphdiag/trace/convert.py turns the lines into a graphdiag record.
+
+   CUPTI and libcuda are resolved with dlopen/dlsym (libcupti from GRAPHDIAG_CUPTI_PATH), so it compiles from
+   the headers alone and links nothing but -ldl -lpthread. A driver callback nested inside a runtime call of
+   the same thread is skipped (the runtime call is the one recorded). If CUPTI is missing or already has a
+   subscriber, one "error" line is written and nothing else happens. */
+#define _GNU_SOURCE
+#include <dlfcn.h>
+#include <fcntl.h>
+#include <pthread.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/syscall.h>
+#include <time.h>
+#include <unistd.h>
+
+#include <cuda.h>
+#include <cupti.h>              /* with generated_cuda_runtime_api_meta.h and generated_cuda_meta.h */
+
+#define EXPORT __attribute__((visibility("default")))
+#define GD_NONE INT64_MIN
+#define STR(x) #x
+#define XSTR(x) STR(x)
+
+/* ---- one record, and its JSON encoding (exported for the CPU tests) ---------------------------------- */
+typedef struct gd_rec {
+    const char *ev, *fn, *api, *text;
+    int64_t pid, tid, device, stream, graph, exec, t0_ns, t1_ns, ret;
+    int64_t nodes, kernel_nodes, update_result, error_node, error_node_index, error_node_kernel_index;
+    int64_t mem_free_before, mem_free_after;
+    const char *error_node_kernel, *error_from_kernel;
+    const char *const *kernel_names;
+    int64_t n_kernel_names; /* < 0: no kernel_names field */
+} gd_rec;
+
+typedef struct { char *buf; size_t cap, len; } sb;
+
+static void put(sb *s, const char *p, size_t n) {
+    if (s->len < s->cap) memcpy(s->buf + s->len, p, s->len + n <= s->cap ? n : s->cap - s->len);
+    s->len += n;
+}
+static void puts_(sb *s, const char *p) { put(s, p, strlen(p)); }
+
+static void put_str(sb *s, const char *p) { /* a JSON string: quote, backslash and control characters escaped */
+    static const char hex[] = "0123456789abcdef";
+    put(s, "\"", 1);
+    for (const unsigned char *c = (const unsigned char *)p; *c; c++) {
+        char e[7] = {'\\', 0};
+        if (*c == '"' || *c == '\\') { e[1] = (char)*c; put(s, e, 2); }
+        else if (*c == '\n') put(s, "\\n", 2);
+        else if (*c == '\t') put(s, "\\t", 2);
+        else if (*c == '\r') put(s, "\\r", 2);
+        else if (*c < 0x20 || *c == 0x7f) {
+            memcpy(e, "\\u00", 4); e[4] = hex[*c >> 4]; e[5] = hex[*c & 15]; put(s, e, 6);
+        } else put(s, (const char *)c, 1);
+    }
+    put(s, "\"", 1);
+}
+
+static void key(sb *s, const char *k) { put(s, ",\"", 2); puts_(s, k); put(s, "\":", 2); }
+
+static void put_int(sb *s, const char *k, int64_t v) {
+    char num[24];
+    int n = 0;
+    uint64_t u = v < 0 ? (uint64_t)0 - (uint64_t)v : (uint64_t)v;
+    if (v == GD_NONE) return;
+    do { num[sizeof num - 1 - n++] = (char)('0' + u % 10); u /= 10; } while (u);
+    if (v < 0) num[sizeof num - 1 - n++] = '-';
+    key(s, k);
+    put(s, num + sizeof num - n, (size_t)n);
+}
+
+static void put_text(sb *s, const char *k, const char *v) {
+    if (!v) return;
+    key(s, k);
+    put_str(s, v);
+}
+
+/* The record as one JSON line (with '\n') into buf[cap]; returns the length it needs (without the NUL, which
+   is written when it fits): call again with a larger buffer when the result is >= cap. */
+EXPORT size_t gdtrace_encode(const gd_rec *r, char *buf, size_t cap) {
+    sb s = {buf, cap, 0};
+    put(&s, "{\"ev\":", 6);
+    put_str(&s, r->ev ? r->ev : "api");
+    put_text(&s, "fn", r->fn);
+    put_text(&s, "api", r->api);
+    put_int(&s, "pid", r->pid); put_int(&s, "tid", r->tid); put_int(&s, "device", r->device);
+    put_int(&s, "stream", r->stream); put_int(&s, "t0_ns", r->t0_ns); put_int(&s, "t1_ns", r->t1_ns);
+    put_int(&s, "ret", r->ret); put_int(&s, "graph", r->graph); put_int(&s, "exec", r->exec);
+    put_int(&s, "nodes", r->nodes); put_int(&s, "kernel_nodes", r->kernel_nodes);
+    put_int(&s, "update_result", r->update_result);
+    if (r->error_node != GD_NONE) { key(&s, "error_node"); puts_(&s, r->error_node ? "true" : "false"); }
+    put_int(&s, "error_node_index", r->error_node_index);
+    put_int(&s, "error_node_kernel_index", r->error_node_kernel_index);
+    put_text(&s, "error_node_kernel", r->error_node_kernel);
+    put_text(&s, "error_from_kernel", r->error_from_kernel);
+    put_int(&s, "mem_free_before", r->mem_free_before); put_int(&s, "mem_free_after", r->mem_free_after);
+    if (r->n_kernel_names >= 0) {
+        key(&s, "kernel_names");
+        put(&s, "[", 1);
+        for (int64_t i = 0; i < r->n_kernel_names; i++) {
+            if (i) put(&s, ",", 1);
+            put_str(&s, r->kernel_names[i] ? r->kernel_names[i] : "?");
+        }
+        put(&s, "]", 1);
+    }
+    put_text(&s, "text", r->text);
+    put(&s, "}\n", 2);
+    if (s.len < cap) buf[s.len] = 0;
+    return s.len;
+}
+
+EXPORT void gdtrace_rec_init(gd_rec *r) { /* every number absent */
+    memset(r, 0, sizeof *r);
+    int64_t *n = &r->pid;
+    for (; n <= &r->mem_free_after; n++) *n = GD_NONE;
+    r->n_kernel_names = -1;
+}
+
+/* ---- output ------------------------------------------------------------------------------------------- */
+static int out_fd = -1;
+static pthread_mutex_t out_mu = PTHREAD_MUTEX_INITIALIZER;
+
+static int64_t now_ns(void) {
+    struct timespec t;
+    clock_gettime(CLOCK_MONOTONIC, &t);   /* Python's time.monotonic_ns: the same clock */
+    return (int64_t)t.tv_sec * 1000000000 + t.tv_nsec;
+}
+
+static void emit(const gd_rec *r) {
+    char small[4096], *line = small;
+    size_t n = gdtrace_encode(r, small, sizeof small);
+    if (n >= sizeof small) {
+        if (!(line = malloc(n + 1))) return;
+        gdtrace_encode(r, line, n + 1);
+    }
+    pthread_mutex_lock(&out_mu);
+    for (size_t off = 0; out_fd >= 0 && off < n;) {
+        ssize_t w = write(out_fd, line + off, n - off);
+        if (w <= 0) break;
+        off += (size_t)w;
+    }
+    pthread_mutex_unlock(&out_mu);
+    if (line != small) free(line);
+}
+
+static void emit_error(const char *text) {
+    gd_rec r;
+    gdtrace_rec_init(&r);
+    r.ev = "error"; r.pid = getpid(); r.t0_ns = now_ns(); r.text = text;
+    emit(&r);
+}
+
+/* ---- CUPTI and libcuda, resolved at init -------------------------------------------------------------- */
+#define FN(name) static __typeof__(name) *p_##name
+FN(cuptiSubscribe); FN(cuptiEnableCallback); FN(cuptiGetResultString); FN(cuptiGetGraphId);
+FN(cuptiGetGraphExecId); FN(cuptiGetStreamId); FN(cuptiGetDeviceId);
+FN(cuGraphGetNodes); FN(cuGraphNodeGetType); FN(cuGraphKernelNodeGetParams); FN(cuFuncGetName);
+FN(cuKernelGetName); FN(cuMemGetInfo);
+#define LOAD(lib, name) (p_##name = (__typeof__(p_##name))dlsym(lib, XSTR(name)))
+
+enum op { BEGIN, END, INSTANTIATE, UPDATE, LAUNCH, DESTROY, SYNC_STREAM, SYNC_DEVICE, SYNC_CONTEXT };
+static const char *const OP_FN[] = {"cudaStreamBeginCapture", "cudaStreamEndCapture", "cudaGraphInstantiate",
+    "cudaGraphExecUpdate", "cudaGraphLaunch", "cudaGraphExecDestroy", "cudaStreamSynchronize",
+    "cudaDeviceSynchronize", "cuCtxSynchronize"};
+
+#define RT(n) CUPTI_RUNTIME_TRACE_CBID_##n
+#define DRV(n) CUPTI_DRIVER_TRACE_CBID_##n
+static const struct { CUpti_CallbackId cbid; enum op op; } RT_OPS[] = {
+    {RT(cudaStreamBeginCapture_v10000), BEGIN}, {RT(cudaStreamBeginCapture_ptsz_v10000), BEGIN},
+    {RT(cudaStreamEndCapture_v10000), END}, {RT(cudaStreamEndCapture_ptsz_v10000), END},
+    {RT(cudaGraphInstantiate_v10000), INSTANTIATE}, {RT(cudaGraphInstantiate_v12000), INSTANTIATE},
+    {RT(cudaGraphInstantiateWithFlags_v11040), INSTANTIATE},
+    {RT(cudaGraphInstantiateWithParams_v12000), INSTANTIATE},
+    {RT(cudaGraphInstantiateWithParams_ptsz_v12000), INSTANTIATE}, {RT(cudaGraphExecUpdate_v10020), UPDATE},
+    {RT(cudaGraphLaunch_v10000), LAUNCH}, {RT(cudaGraphLaunch_ptsz_v10000), LAUNCH},
+    {RT(cudaGraphExecDestroy_v10000), DESTROY}, {RT(cudaStreamSynchronize_v3020), SYNC_STREAM},
+    {RT(cudaStreamSynchronize_ptsz_v7000), SYNC_STREAM}, {RT(cudaDeviceSynchronize_v3020), SYNC_DEVICE},
+}, DRV_OPS[] = {
+    {DRV(cuStreamBeginCapture), BEGIN}, {DRV(cuStreamBeginCapture_ptsz), BEGIN},
+    {DRV(cuStreamBeginCapture_v2), BEGIN}, {DRV(cuStreamBeginCapture_v2_ptsz), BEGIN},
+    {DRV(cuStreamEndCapture), END}, {DRV(cuStreamEndCapture_ptsz), END},
+    {DRV(cuGraphInstantiate), INSTANTIATE}, {DRV(cuGraphInstantiate_v2), INSTANTIATE},
+    {DRV(cuGraphInstantiateWithFlags), INSTANTIATE}, {DRV(cuGraphInstantiateWithParams), INSTANTIATE},
+    {DRV(cuGraphInstantiateWithParams_ptsz), INSTANTIATE}, {DRV(cuGraphExecUpdate_v2), UPDATE},
+    {DRV(cuGraphLaunch), LAUNCH}, {DRV(cuGraphLaunch_ptsz), LAUNCH}, {DRV(cuGraphExecDestroy), DESTROY},
+    {DRV(cuStreamSynchronize), SYNC_STREAM}, {DRV(cuStreamSynchronize_ptsz), SYNC_STREAM},
+    {DRV(cuCtxSynchronize), SYNC_CONTEXT}, {DRV(cuCtxSynchronize_v2), SYNC_CONTEXT},
+};
+#define N_OF(a) (sizeof(a) / sizeof((a)[0]))
+
+static __thread int tl_runtime_depth;   /* inside a recorded runtime call: its driver calls are not recorded */
+static __thread int tl_self;            /* inside this library's own driver calls */
+static __thread int64_t tl_mem_before, tl_exec_entered;
+
+static int op_of(CUpti_CallbackDomain dom, CUpti_CallbackId cbid) {
+    size_t n = dom == CUPTI_CB_DOMAIN_RUNTIME_API ? N_OF(RT_OPS) : N_OF(DRV_OPS);
+    for (size_t i = 0; i < n; i++) {
+        if (dom == CUPTI_CB_DOMAIN_RUNTIME_API ? RT_OPS[i].cbid == cbid : DRV_OPS[i].cbid == cbid)
+            return dom == CUPTI_CB_DOMAIN_RUNTIME_API ? (int)RT_OPS[i].op : (int)DRV_OPS[i].op;
+    }
+    return -1;
+}
+
+static int64_t mem_free(void) {
+    size_t free_b = 0, total = 0;
+    tl_self++;
+    CUresult rc = p_cuMemGetInfo ? p_cuMemGetInfo(&free_b, &total) : CUDA_ERROR_NOT_FOUND;
+    tl_self--;
+    return rc == CUDA_SUCCESS ? (int64_t)free_b : GD_NONE;
+}
+
+static int64_t graph_id(CUgraph g) { uint32_t id; return g && !p_cuptiGetGraphId(g, &id) ? id : GD_NONE; }
+static int64_t exec_id(CUgraphExec e) { uint32_t id; return e && !p_cuptiGetGraphExecId(e, &id) ? id : GD_NONE; }
+
+static const char *kernel_name(CUgraphNode node) { /* NULL: not a kernel node */
+    CUgraphNodeType type;
+    CUDA_KERNEL_NODE_PARAMS p;
+    const char *name = NULL;
+    if (p_cuGraphNodeGetType(node, &type) || type != CU_GRAPH_NODE_TYPE_KERNEL) return NULL;
+    memset(&p, 0, sizeof p);
+    if (p_cuGraphKernelNodeGetParams(node, &p)) return "?";
+    if (p.func && p_cuFuncGetName && !p_cuFuncGetName(&name, p.func) && name) return name;
+    if (p.kern && p_cuKernelGetName && !p_cuKernelGetName(&name, p.kern) && name) return name;
+    return "?";
+}
+
+static CUgraphNode *graph_nodes(CUgraph g, size_t *n) {
+    CUgraphNode *nodes;
+    *n = 0;
+    if (p_cuGraphGetNodes(g, NULL, n) || !*n || !(nodes = calloc(*n, sizeof *nodes))) return NULL;
+    if (p_cuGraphGetNodes(g, nodes, n)) { free(nodes); *n = 0; return NULL; }
+    return nodes;
+}
+
+/* A captured graph: node and kernel-node counts, kernel names in cuGraphGetNodes order (names: freed by caller) */
+static const char **describe_graph(CUgraph g, gd_rec *r) {
+    size_t n;
+    CUgraphNode *nodes = graph_nodes(g, &n);
+    const char **names = calloc(n ? n : 1, sizeof *names);
+    int64_t k = 0;
+    for (size_t i = 0; nodes && names && i < n; i++) {
+        const char *name = kernel_name(nodes[i]);
+        if (name) names[k++] = name;
+    }
+    r->nodes = (int64_t)n;
+    r->kernel_nodes = k;
+    r->kernel_names = names;
+    r->n_kernel_names = names ? k : -1;
+    free(nodes);
+    return names;
+}
+
+static void describe_error_node(CUgraph g, CUgraphNode err, CUgraphNode from, gd_rec *r) {
+    size_t n;
+    CUgraphNode *nodes = graph_nodes(g, &n);
+    int64_t kernels = 0;
+    r->error_node = err != NULL;
+    for (size_t i = 0; err && nodes && i < n; i++) {
+        if (nodes[i] == err) {
+            r->error_node_index = (int64_t)i;
+            r->error_node_kernel = kernel_name(err);
+            r->error_node_kernel_index = r->error_node_kernel ? kernels : GD_NONE;
+            break;
+        }
+        kernels += kernel_name(nodes[i]) != NULL;
+    }
+    if (from) r->error_from_kernel = kernel_name(from);
+    free(nodes);
+}
+
+/* Reads one call's parameters (by the layout generated_cuda*_meta.h gives them) and its result, at API_EXIT. */
+static void record(enum op op, int runtime, const CUpti_CallbackData *cb) {
+    const void *prm = cb->functionParams;
+    const char **names = NULL;
+    CUstream stream = NULL;
+    gd_rec r;
+    uint32_t u;
+    gdtrace_rec_init(&r);
+    r.fn = OP_FN[op]; r.api = runtime ? "runtime" : "driver";
+    r.pid = getpid(); r.tid = (int64_t)syscall(SYS_gettid);
+    r.t0_ns = (int64_t)*cb->correlationData; r.t1_ns = now_ns();
+    r.ret = runtime ? (int64_t)*(const cudaError_t *)cb->functionReturnValue
+                    : (int64_t)*(const CUresult *)cb->functionReturnValue;
+    if (cb->context && !p_cuptiGetDeviceId(cb->context, &u)) r.device = u;
+    tl_self++;
+    switch (op) {
+    case BEGIN: /* both layouts start with the stream */
+        stream = *(CUstream const *)prm;
+        break;
+    case END: {
+        const cuStreamEndCapture_params *p = prm;     /* = cudaStreamEndCapture_v10000_params */
+        stream = p->hStream;
+        if (!r.ret && p->phGraph && *p->phGraph) {
+            r.graph = graph_id(*p->phGraph);
+            names = describe_graph(*p->phGraph, &r);
+        }
+        break;
+    }
+    case INSTANTIATE: {
+        const cuGraphInstantiateWithFlags_params *p = prm;  /* every variant: (CUgraphExec *, CUgraph, ...) */
+        r.graph = graph_id(p->hGraph);
+        if (!r.ret && p->phGraphExec) r.exec = exec_id(*p->phGraphExec);
+        r.mem_free_before = tl_mem_before;
+        r.mem_free_after = mem_free();
+        break;
+    }
+    case UPDATE: {
+        const cuGraphExecUpdate_v2_params *p = prm;   /* = cudaGraphExecUpdate_v10020_params */
+        r.exec = exec_id(p->hGraphExec);
+        r.graph = graph_id(p->hGraph);
+        if (p->resultInfo) {
+            r.update_result = p->resultInfo->result;
+            describe_error_node(p->hGraph, p->resultInfo->errorNode, p->resultInfo->errorFromNode, &r);
+        }
+        break;
+    }
+    case LAUNCH: {
+        const cuGraphLaunch_params *p = prm;          /* = cudaGraphLaunch_v10000_params */
+        r.exec = exec_id(p->hGraph);
+        stream = p->hStream;
+        break;
+    }
+    case DESTROY:
+        r.exec = tl_exec_entered;                     /* its id, read before it was destroyed */
+        break;
+    case SYNC_STREAM:
+        stream = *(CUstream const *)prm;
+        break;
+    default:
+        break;
+    }
+    if (op == BEGIN || op == END || op == LAUNCH || op == SYNC_STREAM)
+        r.stream = cb->context && !p_cuptiGetStreamId(cb->context, stream, &u) ? (int64_t)u : (stream ? -1 : 0);
+    tl_self--;
+    emit(&r);
+    free(names);
+}
+
+static void CUPTIAPI on_callback(void *user, CUpti_CallbackDomain dom, CUpti_CallbackId cbid, const void *data) {
+    const CUpti_CallbackData *cb = data;
+    int runtime = dom == CUPTI_CB_DOMAIN_RUNTIME_API, op;
+    (void)user;
+    if (tl_self || (!runtime && tl_runtime_depth > 0) || (op = op_of(dom, cbid)) < 0) return;
+    if (cb->callbackSite == CUPTI_API_ENTER) {
+        tl_runtime_depth += runtime;
+        *cb->correlationData = (uint64_t)now_ns();
+        if (op == INSTANTIATE) tl_mem_before = mem_free();
+        if (op == DESTROY) {
+            tl_self++;
+            tl_exec_entered = exec_id(*(CUgraphExec const *)cb->functionParams);
+            tl_self--;
+        }
+        return;
+    }
+    tl_runtime_depth -= runtime;
+    record((enum op)op, runtime, cb);
+}
+
+/* ---- the entry point the CUDA driver calls ------------------------------------------------------------ */
+static int start(void) {
+    static char why[512];
+    const char *path = getenv("GRAPHDIAG_CUPTI_PATH");
+    void *cupti = dlopen(path && *path ? path : "libcupti.so.13", RTLD_NOW | RTLD_LOCAL);
+    void *cuda = dlopen("libcuda.so.1", RTLD_NOW | RTLD_LOCAL);
+    CUpti_SubscriberHandle sub;
+    CUptiResult rc;
+    if (!cupti) {
+        snprintf(why, sizeof why, "no CUPTI: %s", dlerror());
+        emit_error(why);
+        return 0;
+    }
+    if (!cuda) { emit_error("no CUDA driver: libcuda.so.1 could not be opened"); return 0; }
+    if (!LOAD(cupti, cuptiSubscribe) || !LOAD(cupti, cuptiEnableCallback) || !LOAD(cupti, cuptiGetResultString)
+        || !LOAD(cupti, cuptiGetGraphId) || !LOAD(cupti, cuptiGetGraphExecId) || !LOAD(cupti, cuptiGetStreamId)
+        || !LOAD(cupti, cuptiGetDeviceId) || !LOAD(cuda, cuGraphGetNodes) || !LOAD(cuda, cuGraphNodeGetType)
+        || !LOAD(cuda, cuGraphKernelNodeGetParams) || !LOAD(cuda, cuMemGetInfo)) {
+        snprintf(why, sizeof why, "CUPTI or libcuda lacks a function gdtrace needs: %s", dlerror());
+        emit_error(why);
+        return 0;
+    }
+    LOAD(cuda, cuFuncGetName);            /* optional: kernel names read "?" without both */
+    LOAD(cuda, cuKernelGetName);
+    rc = p_cuptiSubscribe(&sub, on_callback, NULL);
+    if (rc != CUPTI_SUCCESS) {
+        const char *name = "?";
+        p_cuptiGetResultString(rc, &name);
+        snprintf(why, sizeof why, rc == CUPTI_ERROR_MULTIPLE_SUBSCRIBERS_NOT_SUPPORTED
+                 ? "CUPTI already has a subscriber in this process (a profiler such as Nsight?): %s"
+                 : "CUPTI refused the subscriber: %s", name);
+        emit_error(why);
+        return 0;
+    }
+    for (size_t i = 0; i < N_OF(RT_OPS); i++) p_cuptiEnableCallback(1, sub, CUPTI_CB_DOMAIN_RUNTIME_API, RT_OPS[i].cbid);
+    for (size_t i = 0; i < N_OF(DRV_OPS); i++) p_cuptiEnableCallback(1, sub, CUPTI_CB_DOMAIN_DRIVER_API, DRV_OPS[i].cbid);
+    gd_rec r;
+    gdtrace_rec_init(&r);
+    r.ev = "start"; r.pid = getpid(); r.t0_ns = now_ns(); r.text = path && *path ? path : "libcupti.so.13";
+    emit(&r);
+    return 1;
+}
+
+static int started;
+
+static void init_once(void) {
+    const char *out = getenv("GRAPHDIAG_TRACE_OUT");
+    if (out && *out) out_fd = open(out, O_WRONLY | O_APPEND | O_CREAT | O_CLOEXEC, 0644);
+    started = out_fd >= 0 && start();
+}
+
+EXPORT int InitializeInjection(void) {
+    static pthread_once_t once = PTHREAD_ONCE_INIT;
+    pthread_once(&once, init_once);
+    return started;
+}
