@@ -13,7 +13,14 @@ from typing import Any, Mapping
 
 from .errors import UsageError
 
-DEFAULT_CHUNK_SIZE = 512
+DEFAULT_CHUNK_SIZE = 0      # one CUDA graph per split, as upstream; N > 0 is the design article's chunked capture
+ARTICLE_CHUNK_SIZE = 512    # the chunk size the design article uses (`--chunk-size 512` shows it)
+# the design article's rules graphdiag can follow on request, none of them in upstream llama.cpp
+# (/work/shared/notes/serving-and-tracing.md): setting -> the words the header, the summary and the record use
+ARTICLE_RULES = {
+    "chunk_size": "chunked capture: the design article's rule, not in upstream llama.cpp",
+    "pool_invalidation": "graph invalidation on a pool flush: the design article's rule, not in upstream llama.cpp",
+}
 MAX_SEED = 2**63 - 1
 CC_MAJOR = (1, 15)          # compute capabilities a CUDA device could report (sm_10 .. sm_15x)
 # --wtype names: model.presets.WEIGHT_TYPES's keys (it maps them to ggml types; it is on the engine floor and
@@ -86,6 +93,7 @@ class RunConfig:
     tensor_split: tuple | None = None  # share of the layers per device (--tensor-split); None: by free memory
     pool_cap: int | None = None      # bytes the temporary pool may hold on the device (None: unlimited)
     pool_max_buffers: int = 256      # cached buffers in the pool (ggml's MAX_BUFFERS)
+    pool_invalidation: bool = False  # the article's rule: a pool flush invalidates every graph (upstream: none)
     compute_capability: str = "9.0"  # simulated driver only
     verify: bool = False             # recompute each replayed step eagerly and compare
     oracle: bool = False             # compare each step's logits with the independent numpy forward
@@ -193,6 +201,22 @@ class RunConfig:
             origin = getattr(self, "env_origins", {}).get(src[4:])
             raise UsageError(f"{msg} (from {src}{', set in ' + origin if origin else ''})")
         raise UsageError(msg)
+
+    def article_rules(self, gpu: bool = True) -> list[str]:
+        """The design article's rules this run follows (ARTICLE_RULES' words), in order; none by default, and
+        none without a GPU backend (`gpu` False: nothing is captured, no pool)."""
+        return [ARTICLE_RULES[name] for name in ARTICLE_RULES if gpu and self._article_on(name)]
+
+    def rules(self, gpu: bool = True) -> str:
+        """What ran, for the header: "upstream 0c1e57098" alone, or with the article's rules named after it
+        ("upstream 0c1e57098 + article: chunked capture (512), graph invalidation on a pool flush")."""
+        parts = [f"chunked capture ({self.chunk_size})" if name == "chunk_size" else "graph invalidation on a pool flush"
+                 for name in ARTICLE_RULES if gpu and self._article_on(name)]
+        return f"upstream {self.upstream}" + (f" + article: {', '.join(parts)}" if parts else "")
+
+    def _article_on(self, name: str) -> bool:
+        # a chunk size <= 0 (GGML_CUDA_GRAPH_CHUNK_SIZE is atoi'd, only `> 0` chunks) captures one graph per split
+        return self.chunk_size > 0 if name == "chunk_size" else bool(self.pool_invalidation)
 
     @property
     def cc_tuple(self) -> tuple[int, int]:
@@ -345,7 +369,7 @@ def debug_requested(environ: Mapping[str, str] | None = None) -> bool:
 
 
 # options that only act on the CUDA-graph runtime: on --backend cpu they would do nothing
-GPU_ONLY = {"verify": "--verify", "chunk_size": "--chunk-size", "compute_capability": "--cc",
+GPU_ONLY = {"verify": "--verify", "chunk_size": "--chunk-size", "pool_invalidation": "--pool-invalidation", "compute_capability": "--cc",
             "concurrent_streams": "--concurrent-streams", "fusion": "--no-fusion", "graphs_disabled": "--no-graphs",
             "pool_cap": "--pool-cap", "pool_max_buffers": "--pool-max-buffers", "devices": "--devices",
             "tensor_split": "--tensor-split"}
@@ -556,7 +580,8 @@ def _check_timeline(cfg: RunConfig, scenario) -> None:
 
 # the run command's flag for a setting where it is not --NAME (bool settings: the flag that sets them)
 FLAGS = {"compute_capability": "--cc", "fusion": "--no-fusion", "graphs_disabled": "--no-graphs",
-         "reuse_disabled": "--no-reuse", "nvtx": "--no-nvtx"}
+         "reuse_disabled": "--no-reuse", "nvtx": "--no-nvtx",
+         "pool_invalidation": "--pool-invalidation"}
 
 
 def _flag(cfg: RunConfig, name: str) -> str:

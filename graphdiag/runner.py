@@ -113,7 +113,7 @@ class Session:
             self.cpu = CpuBackend()
             if self.driver is not None:
                 opts = RuntimeOptions(cfg.chunk_size, cfg.fusion, cfg.concurrent_streams, cfg.graphs_disabled,
-                                      cfg.pdl, cfg.upstream)
+                                      cfg.pdl, cfg.upstream, cfg.pool_invalidation)
                 make = lambda d, name=None: GpuBackend(d, bus, opts, self.clock, cfg.pool_cap, cfg.pool_max_buffers, name)
                 self._open_gpus(make)
             self.model = build_model(cfg.model, cfg.wtype, seed=cfg.seed, swa_full=cfg.swa_full,
@@ -229,7 +229,9 @@ def make_header(cfg: RunConfig, s: Session, scenario: str | None) -> dict:
     return {
         "schema": "graphdiag-events", "version": E.SCHEMA_VERSION, "graphdiag_version": __version__,
         "backend": s.backend_name, "device": s.device, "simulated": s.driver is not None and s.driver.simulated,
-        "model": cfg.model, "upstream": cfg.upstream, "settings": settings, "sources": dict(cfg.sources),
+        "model": cfg.model, "upstream": cfg.upstream, "rules": cfg.rules(s.driver is not None),
+        "article": cfg.article_rules(s.driver is not None),
+        "settings": settings, "sources": dict(cfg.sources),
         "sim_mode": s.sim_mode, "sim_mode_reason": mode_reason(cfg) if s.sim_mode else "",
         "blas": blas_threads().to_dict(), "model_file": _model_file(s.model),
         "launcher": s.driver.launcher if s.driver is not None and not s.driver.simulated else "",

@@ -38,6 +38,7 @@ from .errors import ScenarioError, UsageError
 RUN_FIELDS: dict[str, type] = {
     "model": str, "wtype": str, "prompt_tokens": int, "prompt_ids": list, "prompt": str, "steps": int, "batch": int, "chunk_size": int,
     "fusion": bool, "concurrent_streams": bool, "n_cpu_moe": int, "pool_cap": int, "pool_max_buffers": int,
+    "pool_invalidation": bool,
     "compute_capability": str, "reuse_disabled": bool, "graphs_disabled": bool, "devices": int, "tensor_split": list,
     "sim_mode": str, "swa_full": bool, "upstream": str, "ubatch_size": int,
 }

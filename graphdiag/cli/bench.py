@@ -58,7 +58,9 @@ def _names(value: str, known, what: str, files: bool = False) -> tuple[str, ...]
                                                      "(f16,q8_0,q4_k,...: any --wtype of run; default f16).")
 @click.option("--steps", type=click.IntRange(min=8), default=64, help="Decode steps per run (>= 8).")
 @click.option("--prompt-tokens", type=POSITIVE, default=None)
-@click.option("--chunk-size", type=click.IntRange(min=0), default=None)
+@click.option("--chunk-size", type=click.IntRange(min=0), default=None,
+              help="Capture in chunks of N nodes: the design article's rule, not in upstream llama.cpp (default 0: "
+                   "one graph per split, as upstream).")
 @click.option("--prefill", type=click.IntRange(min=0), default=0,
               help="Also time prefills of this many tokens (e.g. 512), against PyTorch's (0: none).")
 @click.option("--no-torch", is_flag=True, help="Skip the PyTorch peer even where torch is importable.")

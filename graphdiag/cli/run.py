@@ -34,7 +34,8 @@ def _one_scenario(given: tuple[str, ...]) -> str | None:
 @click.option("--steps", type=int, default=None, help="Decode steps.")
 @click.option("--batch", type=int, default=None, help="Sequences decoded together (tokens per decode step).")
 @click.option("--chunk-size", type=int, default=None,
-              help="Nodes per captured CUDA graph (0 = one graph per split). Env: GGML_CUDA_GRAPH_CHUNK_SIZE.")
+              help="Capture each split in chunks of N nodes: the design article's rule, not in upstream llama.cpp "
+                   "(default 0: one graph per split, as upstream). Env: GGML_CUDA_GRAPH_CHUNK_SIZE.")
 @click.option("--no-fusion", "fusion", flag_value=False, default=None, help="Env: GGML_CUDA_DISABLE_FUSION.")
 @click.option("--concurrent-streams", "concurrent_streams", flag_value=True, default=None,
               help="Run the Q/K/V fan-out on extra streams. Env: GGML_CUDA_GRAPH_OPT=1.")
@@ -56,6 +57,9 @@ def _one_scenario(given: tuple[str, ...]) -> str | None:
               help="Share of the layers per device, comma-separated (e.g. 3,1; default: by free memory).")
 @click.option("--pool-cap", type=int, default=None, help="Bytes the temporary pool may hold on the device.")
 @click.option("--pool-max-buffers", type=int, default=None, help="Buffers the pool caches (ggml: 256).")
+@click.option("--pool-invalidation", "pool_invalidation", flag_value=True, default=None,
+              help="A pool flush invalidates every captured graph: the design article's rule, not in upstream "
+                   "llama.cpp (default off).")
 @click.option("--cc", "compute_capability", default=None, help="Compute capability of the simulated GPU (e.g. 6.1).")
 @click.option("--sim-mode", "sim_mode", type=click.Choice(["compute", "decisions"]), default=None,
               help="Simulated driver: compute every kernel in numpy, or decisions only (kernels modelled, memory "

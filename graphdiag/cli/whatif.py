@@ -24,6 +24,7 @@ def whatif(record: Path, policy: str, max_graphs: int, as_json: bool) -> None:
     eviction rules, and compare captures, instantiates, updates, replays, eager runs and graphs held with
     the recorded run (first-node is replayed too: it should reproduce the record)."""
     from .. import events as E
+    from ..config import DEFAULT_CHUNK_SIZE
     from ..errors import EventFileError, UsageError
     from ..report.record.read import read_record
     from ..report.analysis.whatif import POLICIES, what_if
@@ -35,10 +36,10 @@ def whatif(record: Path, policy: str, max_graphs: int, as_json: bool) -> None:
         raise UsageError(f"{record} comes from real llama.cpp: whatif replays each graph's key and node "
                          f"properties, which are not observable in llama.cpp (whatif the graphdiag run of the "
                          f"same plan instead)")
-    chunk = header.settings.get("chunk_size", 512)
+    chunk = header.settings.get("chunk_size", DEFAULT_CHUNK_SIZE)
     pols = ("first-node",) if policy == "first-node" else ("first-node", policy)
     try:
-        w = what_if(events, pols, max_graphs, chunk if isinstance(chunk, int) else 512)
+        w = what_if(events, pols, max_graphs, chunk if isinstance(chunk, int) else DEFAULT_CHUNK_SIZE)
     except EventFileError as e:
         raise EventFileError(f"{record}: {e}") from None
     if not any(isinstance(e, E.RunEnded) for e in events):

@@ -15,6 +15,21 @@ from pathlib import Path
 from ..errors import UsageError
 
 
+def _check_upstream(settings: dict, scenario: str | None) -> None:
+    """The llama.cpp that llama-cpp-python runs is UPSTREAMS[0]: a graphdiag run under another commit's
+    rules (--upstream, or the scenario's [run] upstream) would be held against the wrong code. Refused
+    before any model is built."""
+    from ..config import UPSTREAMS
+    from ..scenario import load_scenario
+    given, where = settings.get("upstream"), "--upstream"
+    if given is None and scenario:
+        sc = load_scenario(scenario)
+        given, where = sc.run.get("upstream"), f"upstream ({sc.where('run.upstream')})"
+    if given not in (None, UPSTREAMS[0]):
+        raise UsageError(f"{where} {given} with --against-llama: llama.cpp through llama-cpp-python is "
+                         f"{UPSTREAMS[0]}, so its decisions cannot be compared with {given}'s rules (drop it)")
+
+
 def run_against_llama(settings: dict, scenario: str | None, events_path: str | None, verbosity: int = 0,
                       out=None, **inject) -> int:
     """Exit status: 1 when either run's checks fail or the decisions differ, else 0."""
@@ -26,6 +41,7 @@ def run_against_llama(settings: dict, scenario: str | None, events_path: str | N
     from .command import llama_cli
 
     out = out or sys.stdout
+    _check_upstream(settings, scenario)
     model = settings.get("model")
     if not model or not is_file(model):
         raise UsageError("--against-llama runs real llama.cpp on a GGUF file: give --model PATH.gguf "

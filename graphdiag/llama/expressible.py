@@ -4,14 +4,15 @@ llama.cpp takes a batch per llama_decode, sleeps between calls and reads its env
 changes, sequences joining and leaving, n_kv growth, prefills, idle time, the graph environment variables
 and graph reuse off can be expressed. What graphdiag models inside its own runtime cannot: moved graph
 arenas, a draft model's own context, injected driver faults, chunked capture, a capped pool, a simulated
-compute capability, MoE CPU offload, layer splits. Each is refused in one line naming it.
+compute capability, MoE CPU offload, layer splits, the article's pool invalidation, another
+upstream's rules. Each is refused in one line naming it.
 """
 
 from __future__ import annotations
 
 from pathlib import Path
 
-from ..config import DEFAULT_CHUNK_SIZE, RunConfig
+from ..config import UPSTREAMS, RunConfig
 from ..errors import UsageError
 from ..model.arch.common import N_CTX_MAX
 
@@ -23,7 +24,10 @@ TIMELINE_REFUSED = {
 }
 # setting -> (its default, why llama.cpp has no such setting)
 SETTINGS_REFUSED = {
-    "chunk_size": ((0, DEFAULT_CHUNK_SIZE), "upstream captures each split as one graph (no chunk size)"),
+    "chunk_size": ((0,), "upstream captures each split as one graph (no chunk size)"),
+    "pool_invalidation": ((False,), "upstream's pool never invalidates graphs (the design article's rule)"),
+    "upstream": ((UPSTREAMS[0],), f"llama.cpp through llama-cpp-python is {UPSTREAMS[0]}: its decisions cannot "
+                                  f"be held against another commit's rules"),
     "n_cpu_moe": ((0,), "MoE CPU offload is not driven by graphdiag llama"),
     "devices": ((1,), "graphdiag llama runs on one GPU"),
     "tensor_split": ((None,), "graphdiag llama runs on one GPU"),

@@ -26,7 +26,9 @@ def test_the_record_header_names_the_upstream_it_followed(tmp_path, capsys, upst
     header = json.loads(ev.read_text().splitlines()[0])
     assert header["upstream"] == upstream
     assert read_record(ev)[0].upstream == upstream
-    assert f"rules: {'llama.cpp' if upstream == '0c1e57098' else 'ggml'} {upstream}" in capsys.readouterr().out
+    assert header["rules"] == f"upstream {upstream}"
+    assert (f"rules: upstream {upstream} · {'llama.cpp' if upstream == '0c1e57098' else 'ggml'} {upstream}"
+            in capsys.readouterr().out)
 
 
 @pytest.mark.parametrize("upstream,cast", [("0c1e57098", False), ("d99724f2", True)])

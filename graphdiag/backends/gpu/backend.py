@@ -77,12 +77,13 @@ class GpuBackend(Backend):
     # -- temporary pools ----------------------------------------------------------------------------------
     def pool_of(self, stream) -> TempPool:
         """The temporary pool of `stream` (ggml_backend_cuda_context::pool(): one per device and stream, so
-        branches on concurrent streams never hand each other a buffer still in use). Any pool's flush
-        invalidates every graph of the context."""
+        branches on concurrent streams never hand each other a buffer still in use). Under the article's
+        rule (RuntimeOptions.pool_invalidation) any pool's flush invalidates every graph of the context."""
         key = id(stream)
         pool = self.pools.get(key)
         if pool is None:
-            pool = TempPool(self.driver, self.runtime.invalidate_all, *self._pool_args)
+            invalidate = self.runtime.invalidate_all if self.runtime.opt.pool_invalidation else None
+            pool = TempPool(self.driver, invalidate, *self._pool_args)
             pool.before_flush = self.end_capture_for_pool
             pool.on_alloc = self.addresses.add
             pool.on_free = self.addresses.remove
@@ -361,15 +362,17 @@ class GpuBackend(Backend):
             rt.emit(E.EagerRun, split, entry.key, graph.uid, n_launches=n_launches, duration_ns=dt)
 
     def end_capture_for_pool(self) -> None:
-        """The pool is about to synchronise and invalidate every graph (llama.cpp: "invalidate
-        everything"): a capture in progress cannot survive that, so it is ended and dropped first (nothing
-        leaks); the capture loop then finishes the split eagerly and the entry warms up again. An eager run
-        of launches not yet made (CaptureLoop.run_eager) is launched first: its buffers are still held."""
+        """The pool is about to free device memory. An eager run of launches not yet made
+        (CaptureLoop.run_eager) is launched first: its buffers are still held. Under the article's rule the
+        pool then invalidates every graph ("invalidate everything"): a capture in progress cannot survive
+        that, so it is ended and dropped first (nothing leaks); the capture loop then finishes the split
+        eagerly and the entry warms up again. Upstream's pool ends no capture: its synchronise inside a
+        capture fails it, as the driver decides."""
         run = self.eager_run
         if run:
             self.driver.launch_batch(self.stream0, run)
             run.clear()
-        if self.driver.is_capturing(self.stream0):
+        if self.runtime.opt.pool_invalidation and self.driver.is_capturing(self.stream0):
             self.capture_aborted = True
             try:
                 self.driver.graph_destroy(self.driver.end_capture(self.stream0))

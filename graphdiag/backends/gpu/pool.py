@@ -1,10 +1,11 @@
-"""The temporary-buffer pool, modelled on ggml_cuda_pool_leg, with CUDA-graph invalidation.
+"""The temporary-buffer pool, modelled on ggml_cuda_pool_leg (0c1e57098).
 
-Captured graphs hold pool addresses, so whenever the pool's addresses may change every captured graph of
-the context is invalidated (the graph article's `invalidate_cuda_graphs`): on an allocation failure
-(synchronise, free every cached buffer, invalidate, retry) and on a free that cannot be cached because the
-pool is full (the buffer is really freed). `cap` (bytes the pool may hold) and `max_buffers` (cache slots)
-are run options so scenarios can force both.
+As upstream, an allocation that fails synchronises, frees every cached buffer and retries once, and a free
+that cannot be cached because the pool is full really frees the buffer. Captured graphs still hold pool
+addresses, and upstream does nothing about them. The design article adds a rule upstream does not have:
+whenever the pool's addresses may change, every captured graph of the context is invalidated (its
+`invalidate_cuda_graphs`); `invalidate` is given only when a run asks for that rule (--pool-invalidation).
+`cap` (bytes the pool may hold) and `max_buffers` (cache slots) are run options so scenarios can force both.
 """
 
 from __future__ import annotations
@@ -19,10 +20,10 @@ LOOK_AHEAD = 1.05   # ggml over-allocates new pool buffers by 5 % so slightly la
 
 
 class TempPool:
-    def __init__(self, driver: Driver, invalidate: Callable[[str, int], None], cap: int | None = None,
+    def __init__(self, driver: Driver, invalidate: Callable[[str, int], None] | None, cap: int | None = None,
                  max_buffers: int = 256):
         self.driver = driver
-        self.invalidate = invalidate          # invalidate(reason, nbytes)
+        self.invalidate = invalidate          # invalidate(reason, nbytes); None: upstream's pool (no invalidation)
         self.cap = cap
         self.max_buffers = max_buffers
         self.cached: list[tuple[int, int]] = []   # (addr, size) free buffers kept for reuse
@@ -30,7 +31,7 @@ class TempPool:
         self.n_device_allocs = 0
         self.on_alloc: Callable[[int], None] | None = None   # told of every new device buffer
         self.on_free: Callable[[int], None] | None = None    # and of every buffer really freed
-        self.before_flush: Callable[[], None] | None = None  # told before the pool invalidates graphs
+        self.before_flush: Callable[[], None] | None = None  # told before the pool frees device memory
 
     def alloc(self, size: int) -> tuple[int, int]:
         """(addr, actual size) of a buffer of at least `size` bytes: best fit from the cache, else new."""
@@ -48,7 +49,8 @@ class TempPool:
                 self.before_flush()
             self.driver.synchronize()
             freed = self.clear()
-            self.invalidate("alloc failure", freed)
+            if self.invalidate is not None:
+                self.invalidate("alloc failure", freed)
             return self._device_alloc(want)       # a second failure propagates: truly out of memory
 
     def reuse(self, size: int) -> int | None:
@@ -78,7 +80,8 @@ class TempPool:
             self.before_flush()
         self._device_free(addr)
         self.pool_size -= size
-        self.invalidate("free into full pool", size)
+        if self.invalidate is not None:
+            self.invalidate("free into full pool", size)
 
     def clear(self) -> int:
         """Free every cached buffer (each tried: the first error raised once all were); returns the bytes freed."""

@@ -36,12 +36,13 @@ def _digests(snap):
 
 @dataclass(frozen=True)
 class RuntimeOptions:
-    chunk_size: int = 512
+    chunk_size: int = 0                  # > 0: the design article's chunked capture (upstream: one graph per split)
     fusion: bool = True
     concurrent_streams: bool = False
     graphs_disabled: bool = False        # GGML_CUDA_DISABLE_GRAPHS present in the environment
     pdl: bool = True                     # GGML_CUDA_PDL: programmatic dependent launch where cc >= 9.0
     upstream: str = "0c1e57098"          # the upstream commit whose rules the runtime follows (config.UPSTREAMS)
+    pool_invalidation: bool = False      # the design article's rule: a pool flush invalidates every graph
 
 
 class GraphRuntime:

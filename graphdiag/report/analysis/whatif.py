@@ -258,8 +258,9 @@ def _learn(calls: list[Call]) -> tuple[dict, dict, dict]:
     return {}, {}, launches
 
 
-def what_if(events, policies=POLICIES, max_graphs: int = 0, chunk_size: int = 512) -> WhatIf:
-    """Replay the record under each policy (first-node first: it should match the record)."""
+def what_if(events, policies=POLICIES, max_graphs: int = 0, chunk_size: int = 0) -> WhatIf:
+    """Replay the record under each policy (first-node first: it should match the record). `chunk_size`:
+    the record's (0: one graph per split, as upstream; N > 0: the article's chunks of N nodes)."""
     if max_graphs < 0:
         raise UsageError(f"--max-graphs must be >= 0, not {max_graphs}")
     for p in policies:

@@ -29,6 +29,8 @@ class RunHeader:
     simulated: bool = True
     model: str = ""
     upstream: str = ""             # the upstream commit whose rules the run followed ("": a record from before)
+    rules: str = ""                # what ran: "upstream 0c1e57098", "... + article: chunked capture (512)" (config.rules)
+    article: list[str] = field(default_factory=list)   # the design article's rules followed, in config.ARTICLE_RULES' words
     settings: dict[str, Any] = field(default_factory=dict)
     sources: dict[str, str] = field(default_factory=dict)
     started: str = ""

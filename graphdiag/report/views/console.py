@@ -71,8 +71,10 @@ def run_mode_lines(header: RunHeader) -> list[str]:
     from ...config import UPSTREAM_DATES
     lines = []
     if header.upstream:
-        lines.append(f"rules: {UPSTREAM_DATES.get(header.upstream, header.upstream)}"
+        lines.append(f"rules: {header.rules or 'upstream ' + header.upstream} · "
+                     f"{UPSTREAM_DATES.get(header.upstream, header.upstream)}"
                      + ("" if header.upstream == "0c1e57098" else " (--upstream: older rules)"))
+    lines += header.article
     if header.sim_mode == "decisions":
         lines += [f"simulator: DECISIONS ONLY ({header.sim_mode_reason}) · no logits, no tokens "
                   f"(--sim-mode compute computes them)",
@@ -167,8 +169,9 @@ def _overview(s: Summary) -> str:
     modes += f"{', ' if modes else ''}{failed} failed" if failed else ""
     mode = {"decisions": " · simulator decisions-only (tokens not computed)",
             "compute": " · simulator computing"}.get(s.header.sim_mode, "")
+    article = "".join(f"\n{rule}" for rule in s.header.article)     # the article's rules, said again
     return (f"{s.steps} steps ({modes or 'none'}) · {s.distinct_keys} graph key"
-            f"{'s' if s.distinct_keys != 1 else ''} · max {s.max_chunks} chunks per graph{mode}")
+            f"{'s' if s.distinct_keys != 1 else ''} · max {s.max_chunks} chunks per graph{mode}{article}")
 
 
 def _key_table(s: Summary) -> Table:
