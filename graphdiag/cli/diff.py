@@ -48,7 +48,7 @@ def _compare(control: Path, test: Path | None, steps: tuple[int, ...], as_json: 
     if steps:
         raise UsageError("--step compares two steps of ONE record; give a single file with it")
     a, b = read_record(control), read_record(test)
-    if a[0].llama or b[0].llama:              # a watched llama.cpp run: only what it can show is compared
+    if a[0].llama or b[0].llama or a[0].trace or b[0].trace:   # watched / traced: only what it shows is compared
         from ..report.analysis.observed_diff import diff_observed
         from ..report.views.observed_diff import render_observed_diff
         od = diff_observed(a, b, (str(control), str(test)))

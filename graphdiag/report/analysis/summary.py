@@ -103,6 +103,7 @@ class Summary:
     devices: DeviceReport | None = None                   # per device, on several (--devices N); else None
     faults: Faults = field(default_factory=Faults)        # failed steps, injected faults (failures.py)
     sinks_cut_off: list[str] = field(default_factory=list)   # outputs that failed mid-run: "NAME at step N: error"
+    trace: list[str] = field(default_factory=list)         # a traced process's diagnoses (trace_checks.py)
 
     @property
     def diagnoses(self) -> dict[str, int]:
@@ -180,6 +181,10 @@ def summarize(header: RunHeader | dict[str, Any], events: Iterable[E.Event]) -> 
     s.graph_memory = graph_memory(header.simulated, events)
     s.faults = faults(events)
     s.strict = strict_findings(events, s.thrash, s.graph_memory, s.faults)
+    if header.trace:
+        from .trace_checks import trace_findings
+        s.trace = trace_findings(events)
+        s.strict += [f"trace: {x}" for x in s.trace]
     s.devices = device_report(events)
     s.sinks_cut_off = [f"{e.sink} at step {e.step}: {e.error}" for e in events if isinstance(e, E.SinkFailed)]
     return s

@@ -43,6 +43,8 @@ class RunHeader:
     launcher: str = ""             # CUDA: how eager steps issue their launches ("C loop", or one by one and why)
     llama: dict[str, Any] = field(default_factory=dict)   # a record converted from a watched llama.cpp run
     #   (graphdiag/llama/convert.py): llama_cpp version, raw stream, env, perf counters, not_observable
+    trace: dict[str, Any] = field(default_factory=dict)   # a record converted from `graphdiag trace -- CMD`
+    #   (graphdiag/trace/convert.py): cmd, raw stream, pids, devices, what a step is, not_observable
     graphdiag_version: str = __version__
     schema: str = SCHEMA_NAME
     version: int = E.SCHEMA_VERSION

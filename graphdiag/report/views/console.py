@@ -47,6 +47,7 @@ def header_lines(header: RunHeader) -> list[str]:
         lines.append(f"model file: {mf.get('path')} ({mf.get('arch')}, {mf.get('tensors')} tensors: {types}; "
                      f"{mf.get('bytes', 0):,} bytes of weights, memory-mapped; --wtype does not apply)")
     lines += llama_lines(header)
+    lines += trace_lines(header)
     items = []
     for name, value in header.settings.items():
         src = header.sources.get(name, "default")
@@ -64,6 +65,17 @@ def llama_lines(header: RunHeader) -> list[str]:
     return ([f"llama.cpp {lm.get('llama_cpp', '')} (llama_perf_context: {counts or 'none recorded'}); "
              f"env: {' '.join(f'{k}={v}' for k, v in (lm.get('env') or {}).items()) or 'none set'}"]
             + _wrap_items("not observable in llama.cpp:", list(lm.get("not_observable") or [])))
+
+
+def trace_lines(header: RunHeader) -> list[str]:
+    """A record converted from `graphdiag trace -- CMD`: the command, what a step is, what it cannot show."""
+    tr = header.trace
+    if not tr:
+        return []
+    return ([f"traced: {' '.join(tr.get('cmd') or [])} (pids {', '.join(map(str, tr.get('pids') or [])) or 'none'}; "
+             f"exit {tr.get('exit')}; raw {tr.get('raw')})", f"a step is {tr.get('step')}"]
+            + [f"trace error: {e}" for e in tr.get("errors") or []]
+            + _wrap_items("not observable in a trace:", list(tr.get("not_observable") or [])))
 
 
 def run_mode_lines(header: RunHeader) -> list[str]:

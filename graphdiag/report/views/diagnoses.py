@@ -11,6 +11,7 @@ def diagnosis_lines(s) -> list[str]:
     """Thrash causes, graph memory (peak, end, per key), never-replayed executables, prevented stale replays."""
     out = [f"thrash: {t.cause}; fields that differ: {', '.join(t.differing_fields) or 'none named'}"
            for t in s.thrash]
+    out += [f"trace: {x}" for x in s.trace]
     gm = s.graph_memory
     if gm.executables and s.header.llama:        # real llama.cpp: no memory figure per executable
         out.append(f"graph executables: {gm.executables} (their device memory is not observable in llama.cpp)")

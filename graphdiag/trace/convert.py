@@ -1,0 +1,267 @@
+"""A `graphdiag trace` raw stream -> a graphdiag record (the schema of `graphdiag run --events`).
+
+A step (STEP below, also in the header) is one graph launch of the traced process, with the capture,
+instantiate and update that made or changed its executable since that executable's last launch; a
+capture, instantiate or update no launch followed is a step of its own at the end; and a compute
+llama.cpp logged as a warmup reset (it ran eagerly) is a step. Steps are numbered in time order over
+every process, thread, stream and device. Executable lineages are graph entries (keys 1, 2, ... in order
+of first instantiate), as `graphdiag llama` numbers them: an instantiate of the graph whose update was just
+refused continues the refused executable's entry. Pieces shared with graphdiag/llama/convert.py: the
+update result names and how a run ended. What a trace cannot show is named in the header, never guessed.
+"""
+
+from __future__ import annotations
+
+import datetime
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from .. import events as E
+from ..llama.convert import _result_name, _status
+from ..llama.units import REUSED, WARMUP_COMPLETE, WARMUP_RESET
+from ..report.record.header import RunHeader
+from .raw import read_raw
+
+STEP = ("one graph launch (with the capture, instantiate and update of its executable since its last launch), "
+        "a capture/instantiate/update never launched, or a compute llama.cpp logged as a warmup reset (eager); "
+        "numbered in time order over all processes, threads, streams and devices")
+NOT_OBSERVABLE = (
+    "graph key (steps are keyed by executable lineage)", "which node property changed (the ledger)",
+    "tokens, positions, sequences (no llama_decode boundaries)", "eager kernels (only graph calls are watched)",
+    "device time (host time of the calls only)", "event synchronisation (cudaEventSynchronize, stream waits)",
+    "log lines' exact position (placed when graphdiag read them from CMD's stderr)",
+)
+DISABLED = "disabling CUDA graphs due to"
+SYNC_FNS = ("cudaStreamSynchronize", "cudaDeviceSynchronize", "cuCtxSynchronize")
+
+
+def convert_raw(path: str | Path) -> tuple[RunHeader, list[E.Event]]:
+    raw_header, lines = read_raw(path)
+    return convert(raw_header, lines, source=str(path))
+
+
+@dataclass
+class _Pending:
+    """What happened to one executable lineage since its last launch (events without step numbers)."""
+
+    t_ns: int
+    device: int = 0
+    items: list = field(default_factory=list)       # (event class, kwargs)
+    kernel_nodes: int = 0
+    captured: bool = False
+    cost_ns: int = 0
+
+
+class _Converter:
+    def __init__(self):
+        self.events: list[E.Event] = []
+        self.step = -1
+        self.entries = 0
+        self.entry_of: dict[tuple, int] = {}          # (pid, exec) -> entry
+        self.graph_of: dict[tuple, int] = {}          # (pid, exec) -> graph id it runs
+        self.names: dict[tuple, list] = {}            # (pid, graph) -> kernel names
+        self.captures: dict[tuple, tuple] = {}        # (pid, graph) -> (t0, ChunkCaptured kwargs, kernel nodes)
+        self.capture_t0: dict[tuple, int] = {}        # (pid, stream) -> BeginCapture t0
+        self.refused: dict[tuple, int] = {}           # (pid, graph) -> entry whose update to it was refused
+        self.pending: dict[int, _Pending] = {}        # entry -> since its last launch
+        self.logs: list = []                          # (event class, kwargs) for the next step
+
+    # -- steps -----------------------------------------------------------------------------------------
+    def _emit_step(self, key: int, p: _Pending, tail: list, t_end: int, mode: str) -> None:
+        self.step += 1
+        s, dev = self.step, p.device
+        out = [E.StepStarted(step=s, t_ns=p.t_ns, phase="decode", device=dev)]
+        for cls, kw in self.logs:
+            out.append(cls(step=s, split=0, key=key, t_ns=kw.pop("t_ns", p.t_ns), device=dev, **kw))
+        self.logs = []
+        for cls, kw in p.items + tail:
+            out.append(cls(step=s, split=0, key=key, device=dev, **kw))
+        out.append(E.StepFinished(step=s, t_ns=t_end, duration_ns=max(t_end - p.t_ns, 0), mode=mode, device=dev))
+        self.events += out
+
+    def _pend(self, key: int, t: int, dev: int) -> _Pending:
+        return self.pending.setdefault(key, _Pending(t_ns=t, device=dev))
+
+    def _flush(self, key: int, t_end: int) -> None:
+        """A lineage's capture/instantiate/update that no launch followed: a step of its own."""
+        p = self.pending.pop(key, None)
+        if p is not None:
+            phase = [(E.PhaseDecided, {"phase": "capture", "why": "observed: graph made, not launched",
+                                       "t_ns": p.t_ns})]
+            p.items = phase + p.items
+            self._emit_step(key, p, [], t_end, "capture")
+
+    # -- calls -----------------------------------------------------------------------------------------
+    def api(self, ln: dict[str, Any]) -> None:
+        fn, pid, t0, t1 = ln["fn"], ln["pid"], ln["t0_ns"], ln["t1_ns"]
+        dev, ok = ln.get("device", 0) or 0, ln["ret"] == 0
+        if fn == "cudaStreamBeginCapture":
+            self.capture_t0[(pid, ln.get("stream", -1))] = t0
+        elif fn == "cudaStreamEndCapture" and ok and "graph" in ln:
+            g = (pid, ln["graph"])
+            start = self.capture_t0.pop((pid, ln["stream"]), t0)
+            self.names[g] = list(ln.get("kernel_names") or [])
+            self.captures[g] = (start, {"chunk": 0, "n_graph_nodes": ln.get("nodes", 0), "capture_ns": t1 - start,
+                                        "t_ns": start}, ln.get("kernel_nodes", 0))
+        elif fn == "cudaGraphInstantiate" and ok and "exec" in ln:
+            self._instantiate(ln, pid, dev)
+        elif fn == "cudaGraphExecUpdate":
+            self._update(ln, pid, dev)
+        elif fn == "cudaGraphLaunch":
+            self._launch(ln, pid, dev)
+        elif fn == "cudaGraphExecDestroy":
+            self._destroy(ln, pid, dev)
+        elif fn in SYNC_FNS:
+            self.events.append(E.TracedCall(step=max(self.step, 0), t_ns=t0, device=dev, fn=fn,
+                                            stream=ln.get("stream", -1), pid=pid, tid=ln.get("tid", 0)))
+
+    def _captured_into(self, p: _Pending, pid: int, graph: int) -> None:
+        cap = self.captures.pop((pid, graph), None)
+        if cap is not None:
+            start, kw, kernels = cap
+            p.t_ns = min(p.t_ns, start)
+            p.items.append((E.ChunkCaptured, kw))
+            p.kernel_nodes, p.captured = kernels, True
+            p.cost_ns += kw["capture_ns"]
+
+    def _instantiate(self, ln, pid, dev) -> None:
+        g, x = ln.get("graph"), (pid, ln["exec"])
+        entry = self.refused.pop((pid, g), None)
+        after_refusal = entry is not None
+        if entry is None:
+            self.entries += 1
+            entry = self.entries
+        self.entry_of[x], self.graph_of[x] = entry, g
+        p = self._pend(entry, ln["t0_ns"], dev)
+        self._captured_into(p, pid, g)
+        before, after = ln.get("mem_free_before"), ln.get("mem_free_after")
+        mem = max(before - after, 0) if isinstance(before, int) and isinstance(after, int) else 0
+        p.items.append((E.ChunkInstantiated, {"chunk": 0, "duration_ns": ln["t1_ns"] - ln["t0_ns"],
+                                              "after_refusal": after_refusal, "mem_bytes": mem,
+                                              "t_ns": ln["t0_ns"]}))
+        p.cost_ns += ln["t1_ns"] - ln["t0_ns"]
+
+    def _update(self, ln, pid, dev) -> None:
+        x, g = (pid, ln["exec"]), ln.get("graph")
+        entry = self.entry_of.get(x, 0)
+        p = self._pend(entry, ln["t0_ns"], dev)
+        self._captured_into(p, pid, g)
+        dt, result = ln["t1_ns"] - ln["t0_ns"], ln.get("update_result", 0 if ln["ret"] == 0 else -1)
+        p.cost_ns += dt
+        if result == 0 and ln["ret"] == 0:
+            self.graph_of[x] = g
+            p.items.append((E.ChunkUpdated, {"chunk": 0, "duration_ns": dt, "t_ns": ln["t0_ns"]}))
+            return
+        old = self.names.get((pid, self.graph_of.get(x)), [])
+        new = self.names.get((pid, g), [])
+        p.items.append((E.UpdateRefused, {"chunk": 0, "reason": _result_name(result) if result >= 0 else
+                                          f"error {ln['ret']}", "error_node": error_node(ln, old, new),
+                                          "duration_ns": dt, "t_ns": ln["t0_ns"]}))
+        self.refused[(pid, g)] = entry
+
+    def _launch(self, ln, pid, dev) -> None:
+        x = (pid, ln["exec"])
+        entry = self.entry_of.get(x, 0)
+        p = self.pending.pop(entry, None)
+        dt = max(ln["t1_ns"] - ln["t0_ns"], 1)
+        call = (E.TracedCall, {"fn": "cudaGraphLaunch", "exec_id": ln["exec"], "stream": ln["stream"], "pid": pid,
+                               "tid": ln.get("tid", 0), "t_ns": ln["t0_ns"]})
+        if p is not None and (p.captured or any(c is E.ChunkInstantiated for c, _ in p.items)):
+            p.items.insert(0, (E.PhaseDecided, {"phase": "capture", "why": "observed: graph made, then launched",
+                                                "t_ns": p.t_ns}))
+            tail = [(E.CaptureRun, {"n_chunks": 1, "n_launches": p.kernel_nodes, "duration_ns": p.cost_ns + dt,
+                                    "t_ns": ln["t0_ns"]}), call]
+            self._emit_step(entry, p, tail, ln["t1_ns"], "capture")
+            return
+        p = p or _Pending(t_ns=ln["t0_ns"], device=dev)     # an update alone (no capture seen) is a replay's
+        p.items.insert(0, (E.PhaseDecided, {"phase": "replay", "why": "observed: graph launched without a capture",
+                                            "t_ns": ln["t0_ns"]}))
+        tail = [(E.ReplayLaunched, {"n_chunks": 1, "duration_ns": dt, "t_ns": ln["t0_ns"]}), call]
+        self._emit_step(entry, p, tail, ln["t1_ns"], "replay")
+
+    def _destroy(self, ln, pid, dev) -> None:
+        x = (pid, ln["exec"])
+        entry = self.entry_of.pop(x, 0)
+        self.graph_of.pop(x, None)
+        replaced = bool(entry) and entry in self.refused.values()   # its update was refused: re-instantiated next
+        if not replaced:
+            self._flush(entry, ln["t0_ns"])
+        s = max(self.step, 0)
+        if entry and not replaced:                  # the lineage ends (a refused one goes on at its instantiate)
+            self.events.append(E.Evicted(step=s, split=0, key=entry, t_ns=ln["t0_ns"], device=dev, n_chunks=1))
+        self.events.append(E.TracedCall(step=s, key=entry, t_ns=ln["t0_ns"], device=dev, fn="cudaGraphExecDestroy",
+                                        exec_id=ln["exec"], pid=pid, tid=ln.get("tid", 0)))
+
+    # -- llama.cpp's log lines -------------------------------------------------------------------------
+    def log(self, ln: dict[str, Any]) -> None:
+        text, t = ln["text"], ln["t_ns"]
+        m = REUSED.search(text)
+        if m:
+            self.logs.append((E.UidHit, {"uid": int(m.group(1)), "t_ns": t}))
+        elif WARMUP_COMPLETE in text:
+            self.logs.append((E.WarmupTransition, {"from_state": "cold", "to_state": "warm", "t_ns": t,
+                                                   "why": "warmup complete (llama.cpp's log)"}))
+        elif WARMUP_RESET in text:          # that compute ran eagerly: a step of its own
+            self.logs.append((E.WarmupTransition, {"from_state": "warm", "to_state": "cold", "t_ns": t,
+                                                   "why": "warmup reset: properties changed (llama.cpp's log)"}))
+            p = _Pending(t_ns=t, items=[(E.PhaseDecided, {"phase": "eager", "t_ns": t,
+                                                         "why": "observed: warmup reset (llama.cpp's log)"}),
+                                        (E.EagerRun, {"t_ns": t})])
+            self._emit_step(0, p, [], t, "eager")
+        elif DISABLED in text:
+            reason = text[text.index(DISABLED):].strip()
+            self.events.append(E.GraphsDisabled(step=max(self.step, 0), t_ns=t, reason=f"llama.cpp's log: {reason}"))
+
+
+def error_node(ln: dict[str, Any], old: list[str], new: list[str]) -> str:
+    """The node an update was refused at, named from the kernel names of both graphs (the executable's and the
+    new one's, in cuGraphGetNodes order): "node 41: mul_mat_q_stream_k_fixup added" ("" where CUDA named no
+    node and the graphs' kernels do not say)."""
+    if not ln.get("error_node"):
+        if len(new) < len(old):
+            return f"kernel {len(new)}: {old[len(new)]} removed (CUDA named no node)"
+        return ""
+    idx, k = ln.get("error_node_index"), ln.get("error_node_kernel_index")
+    name = ln.get("error_node_kernel")
+    if name is None or k is None:
+        return f"node {idx}: not a kernel node"
+    where = f" (kernel {k} of {len(new)}; the executable's graph has {len(old)})"
+    if k >= len(old) or (len(new) > len(old) and old[k] == new[min(k + 1, len(new) - 1)]):
+        return f"node {idx}: {name} added{where}"
+    if len(new) < len(old) and k + 1 < len(old) and old[k + 1] == name:
+        return f"node {idx}: {old[k]} removed{where}"
+    was = ln.get("error_from_kernel") or old[k]
+    return f"node {idx}: {was} -> {name}{where}" if was != name else f"node {idx}: {name} changed{where}"
+
+
+def convert(raw_header: dict[str, Any], lines: list[dict[str, Any]], source: str = "") -> tuple[RunHeader, list[E.Event]]:
+    """(header, events) of the converted record."""
+    c = _Converter()
+    timed = sorted((ln for ln in lines if ln["ev"] in ("api", "log")),
+                   key=lambda ln: ln.get("t0_ns", ln.get("t_ns", 0)))
+    for ln in timed:
+        c.api(ln) if ln["ev"] == "api" else c.log(ln)
+    t_last = max((ln.get("t1_ns", ln.get("t_ns", 0)) for ln in timed), default=0)
+    for key in list(c.pending):
+        c._flush(key, t_last)
+    end = next((ln for ln in reversed(lines) if ln["ev"] == "end"), None)
+    status, reason = _status(end)
+    steps_done = sum(isinstance(e, E.StepFinished) for e in c.events)
+    c.events.append(E.RunEnded(step=c.step + 1, t_ns=int((end or {}).get("t_ns", t_last) or t_last),
+                               status=status, steps_done=steps_done, reason=reason))
+    return _header(raw_header, lines, source, end), c.events
+
+
+def _header(raw: dict[str, Any], lines: list[dict[str, Any]], source: str, end: dict | None) -> RunHeader:
+    pids = sorted({ln["pid"] for ln in lines if ln["ev"] in ("start", "api")})
+    devices = sorted({ln.get("device", 0) for ln in lines if ln["ev"] == "api"})
+    cmd = raw.get("cmd") or []
+    trace = {"cmd": cmd, "raw": source, "pids": pids, "devices": devices, "step": STEP,
+             "exit": (end or {}).get("code"), "not_observable": list(NOT_OBSERVABLE),
+             "errors": [ln["text"] for ln in lines if ln["ev"] == "error"]}
+    return RunHeader(backend="cuda", device=", ".join(f"CUDA device {d}" for d in devices) or "no device seen",
+                     simulated=False, model=" ".join(cmd), settings={"cmd": " ".join(cmd)},
+                     note="an unmodified process traced through CUDA injection (CUPTI callbacks) and its stderr",
+                     started=raw.get("started") or datetime.datetime.now().isoformat(timespec="seconds"),
+                     trace=trace)

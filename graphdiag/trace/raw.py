@@ -1,0 +1,82 @@
+"""The raw stream of `graphdiag trace`: what gdtrace.c and the stderr reader write before conversion.
+
+JSON lines (UTF-8). The first line is graphdiag's header `{"raw": "graphdiag-trace", "version": 1, "cmd":
+[...], ...}`; then, appended as they happen by every traced process (O_APPEND, one write(2) per line):
+  {"ev": "start", "pid", "t0_ns", "text": libcupti}          the library subscribed in a process
+  {"ev": "error", "pid", "t0_ns", "text"}                    it could not (no CUPTI, another subscriber)
+  {"ev": "api", "fn", "api": "runtime"|"driver", "pid", "tid", "device", "t0_ns", "t1_ns", "ret", + per call:
+     stream, graph, exec (CUPTI ids), nodes, kernel_nodes, kernel_names (a capture's kernels in
+     cuGraphGetNodes order), update_result, error_node (bool), error_node_index (in the new graph's
+     cuGraphGetNodes order), error_node_kernel_index (among its kernel nodes), error_node_kernel,
+     error_from_kernel, mem_free_before / mem_free_after (cuMemGetInfo around an instantiate)}
+  {"ev": "log", "t_ns", "text"}                              a graph line of CMD's stderr (as graphdiag read it)
+  {"ev": "end", "t_ns", "status", "code"}                    how CMD ended (graphdiag writes it last)
+`fn` is the runtime name for both APIs (cuGraphLaunch is "cudaGraphLaunch"), except "cuCtxSynchronize".
+Times are CLOCK_MONOTONIC ns in every writer. `read_raw` turns any defect into one EventFileError line.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+from ..errors import EventFileError
+
+RAW_NAME = "graphdiag-trace"
+RAW_VERSION = 1
+API_FUNCTIONS = ("cudaStreamBeginCapture", "cudaStreamEndCapture", "cudaGraphInstantiate", "cudaGraphExecUpdate",
+                 "cudaGraphLaunch", "cudaGraphExecDestroy", "cudaStreamSynchronize", "cudaDeviceSynchronize",
+                 "cuCtxSynchronize")
+_REQUIRED = {"start": ("pid",), "error": ("pid", "text"), "api": ("fn", "pid", "t0_ns", "t1_ns", "ret"),
+             "log": ("t_ns", "text"), "end": ("status",)}
+_API_REQUIRED = {"cudaStreamEndCapture": ("stream",), "cudaGraphExecUpdate": ("exec",),
+                 "cudaGraphLaunch": ("exec", "stream"), "cudaGraphExecDestroy": ("exec",),
+                 "cudaStreamSynchronize": ("stream",)}
+
+
+def read_raw(path: str | Path) -> tuple[dict[str, Any], list[dict[str, Any]]]:
+    """(header, lines) of a trace stream (EventFileError, one line, on anything malformed)."""
+    path = Path(path)
+    try:
+        text = path.read_text(encoding="utf-8")
+    except FileNotFoundError:
+        raise EventFileError(f"{path}: no such file") from None
+    except UnicodeDecodeError:
+        raise EventFileError(f"{path}: not a graphdiag-trace raw stream (not UTF-8 text)") from None
+    except OSError as e:
+        raise EventFileError(f"{path}: cannot read: {e.strerror}") from None
+    rows = [(n, line) for n, line in enumerate(text.split("\n"), start=1) if line.strip()]
+    if not rows:
+        raise EventFileError(f"{path}: empty file (no header line)")
+    header = _parse(path, *rows[0])
+    if not isinstance(header, dict) or header.get("raw") != RAW_NAME:
+        raise EventFileError(f"{path}: not a graphdiag-trace raw stream (no \"raw\": \"{RAW_NAME}\" header)")
+    if header.get("version") != RAW_VERSION:
+        raise EventFileError(f"{path}: unsupported trace stream version {header.get('version')!r} "
+                             f"(this graphdiag reads version {RAW_VERSION})")
+    return header, [_checked(path, n, _parse(path, n, line)) for n, line in rows[1:]]
+
+
+def _parse(path: Path, n: int, line: str):
+    try:
+        return json.loads(line)
+    except json.JSONDecodeError:
+        raise EventFileError(f"{path}:{n}: not JSON (a line cut short?)") from None
+
+
+def _checked(path: Path, n: int, obj) -> dict[str, Any]:
+    ev = obj.get("ev") if isinstance(obj, dict) else None
+    if ev not in _REQUIRED:
+        raise EventFileError(f"{path}:{n}: unknown trace line {ev!r} (known: {', '.join(_REQUIRED)})")
+    need = _REQUIRED[ev]
+    if ev == "api":
+        if obj.get("fn") not in API_FUNCTIONS:
+            raise EventFileError(f"{path}:{n}: api line for {obj.get('fn')!r}, not a traced call")
+        need = need + _API_REQUIRED.get(obj["fn"], ())
+    for name in need:
+        v = obj.get(name)
+        ok = isinstance(v, str) if name in ("text", "status", "fn") else isinstance(v, int) and not isinstance(v, bool)
+        if not ok:
+            raise EventFileError(f"{path}:{n}: {ev} line without a valid {name} ({json.dumps(v)[:40]})")
+    return obj
