@@ -43,7 +43,8 @@ def _register() -> None:
     from .run import run
     cli.add_command(run)
     for mod, name in (("report", "report"), ("diff", "diff"), ("scenarios", "scenarios"), ("bench", "bench"),
-                      ("whatif", "whatif"), ("export", "export_gguf"), ("llama", "llama")):
+                      ("whatif", "whatif"), ("export", "export_gguf"), ("llama", "llama"),
+                      ("trace", "trace")):
         try:
             module = __import__(f"graphdiag.cli.{mod}", fromlist=[name])
         except ModuleNotFoundError as e:

@@ -1,0 +1,202 @@
+"""`graphdiag trace -- CMD`'s body: check CMD, build the library, run CMD under it, convert and report.
+
+CMD runs in its own process group (so Ctrl-C reaches it once, forwarded by graphdiag; where graphdiag owns the
+terminal, CMD's group gets the foreground while it runs). Its stdout is CMD's own; its stderr passes through
+graphdiag, which records llama.cpp's graph lines from it. graphdiag exits with CMD's code (128 + signal if
+it died), or 1 when CMD succeeded and --strict found something. Bad input (CMD not found, not executable; no
+compiler, headers, CUPTI, driver or GPU; CUPTI refused in CMD) is one line and exit 2, and nothing is written.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import datetime
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+
+from ..errors import TraceError, UsageError
+from .raw import RAW_NAME, RAW_VERSION
+
+GRAPH_LINES = ("CUDA Graph id", "CUDA graph", "disabling CUDA graphs")
+
+
+def resolve_cmd(cmd: list[str]) -> str:
+    """CMD's executable (TraceError: not found, not executable)."""
+    if not cmd:
+        raise UsageError("give the command to trace after --: graphdiag trace -- CMD [ARGS...]")
+    exe = cmd[0]
+    if os.sep in exe:
+        if not os.path.exists(exe):
+            raise TraceError(f"{exe}: no such file")
+        if os.path.isdir(exe) or not os.access(exe, os.X_OK):
+            raise TraceError(f"{exe}: not executable")
+        return exe
+    found = shutil.which(exe)
+    if found is None:
+        raise TraceError(f"{exe}: command not found")
+    return found
+
+
+def check_device() -> None:
+    """A CUDA driver and at least one GPU (TraceError otherwise)."""
+    try:
+        cuda = ctypes.CDLL("libcuda.so.1")
+    except OSError:
+        raise TraceError("no CUDA driver (libcuda.so.1 not found): graphdiag trace needs an NVIDIA GPU") from None
+    n = ctypes.c_int(0)
+    rc = cuda.cuInit(0)
+    if rc != 0 or cuda.cuDeviceGetCount(ctypes.byref(n)) != 0 or n.value == 0:
+        raise TraceError(f"no usable GPU (cuInit returned {rc}, {n.value} devices): graphdiag trace needs one")
+
+
+def run_traced(cmd: list[str], raw_path: Path, library: Path, cupti: Path, echo=None) -> int:
+    """Run CMD under the library, its raw stream in raw_path; returns CMD's exit code (128 + signal)."""
+    exe = resolve_cmd(cmd)
+    fd = os.open(raw_path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_APPEND, 0o644)
+    try:
+        _line(fd, {"raw": RAW_NAME, "version": RAW_VERSION, "cmd": cmd, "library": str(library),
+                   "cupti": str(cupti), "started": datetime.datetime.now().isoformat(timespec="seconds")})
+        env = dict(os.environ, CUDA_INJECTION64_PATH=str(library), GRAPHDIAG_TRACE_OUT=str(raw_path),
+                   GRAPHDIAG_CUPTI_PATH=str(cupti))
+        proc = subprocess.Popen([exe, *cmd[1:]], env=env, stderr=subprocess.PIPE, process_group=0)
+        reader = threading.Thread(target=_pass_stderr, args=(proc.stderr, fd, echo or sys.stderr.buffer),
+                                  daemon=True)
+        reader.start()
+        code, status = _wait(proc)
+        reader.join(timeout=5)
+        _line(fd, {"ev": "end", "t_ns": time.monotonic_ns(), "status": status, "code": code})
+    finally:
+        os.close(fd)
+    return code
+
+
+def _line(fd: int, obj: dict) -> None:
+    os.write(fd, (json.dumps(obj, separators=(",", ":")) + "\n").encode())
+
+
+def _pass_stderr(pipe, fd: int, echo) -> None:
+    """CMD's stderr, line by line: passed through, and llama.cpp's graph lines recorded (as read)."""
+    for raw in iter(pipe.readline, b""):
+        t = time.monotonic_ns()
+        try:
+            echo.write(raw)
+            echo.flush()
+        except (OSError, ValueError):
+            pass
+        text = raw.decode("utf-8", "replace").rstrip("\n")
+        if any(m in text for m in GRAPH_LINES):
+            _line(fd, {"ev": "log", "t_ns": t, "text": text})
+
+
+def _wait(proc: subprocess.Popen) -> tuple[int, str]:
+    """Wait for CMD, forwarding Ctrl-C and SIGTERM to its process group; (exit code, how it ended)."""
+    got: list[int] = []
+
+    def forward(sig, _frame):
+        got.append(sig)
+        try:
+            os.killpg(proc.pid, sig)
+        except ProcessLookupError:
+            pass
+
+    old = {s: signal.signal(s, forward) for s in (signal.SIGINT, signal.SIGTERM)}
+    tty = _give_terminal(proc.pid)
+    try:
+        rc = proc.wait()
+    finally:
+        _give_terminal(os.getpgrp(), tty)
+        for s, h in old.items():
+            signal.signal(s, h)
+    if rc < 0:
+        name = signal.Signals(-rc).name
+        kind = "interrupted" if -rc in (signal.SIGINT, signal.SIGTERM) else "failed"
+        return 128 - rc, f"{kind}: CMD died of {name}"
+    if got:
+        return rc, f"interrupted: {signal.Signals(got[0]).name} forwarded, CMD exited with {rc}"
+    return rc, "complete" if rc == 0 else f"failed: CMD exited with {rc}"
+
+
+def _give_terminal(pgid: int, fd: int | None = None) -> int | None:
+    """Make pgid the terminal's foreground group where graphdiag holds the terminal (the fd used, or None)."""
+    try:
+        fd = sys.stdin.fileno() if fd is None else fd
+        if not os.isatty(fd) or os.tcgetpgrp(fd) not in (os.getpgrp(), pgid):
+            return None
+        old = signal.signal(signal.SIGTTOU, signal.SIG_IGN)
+        try:
+            os.tcsetpgrp(fd, pgid)
+        finally:
+            signal.signal(signal.SIGTTOU, old)
+        return fd
+    except (OSError, ValueError, AttributeError):
+        return None
+
+
+def trace_cli(cmd: list[str], events_path=None, raw_path=None, timeline_path=None, strict=False, verbosity=0,
+              out=None) -> int:
+    """The whole command: checks, build, run, convert, write, report. Returns graphdiag's exit code."""
+    from ..config import kernel_cache_dir
+    from ..llama.command import _render
+    from ..llama.run import LlamaResult
+    from . import build
+    from .convert import convert_raw
+
+    resolve_cmd(cmd)
+    library, cupti = build.library(kernel_cache_dir()), build.cupti_library()
+    check_device()
+    for p, what in ((events_path, "the event record"), (timeline_path, "the timeline")):
+        if p:
+            _check_writable(Path(p), what)
+    raw = Path(raw_path) if raw_path else Path(tempfile.mkstemp(prefix="graphdiag-trace-", suffix=".raw.jsonl")[1])
+    code = run_traced(cmd, raw, library, cupti)
+    header, events = convert_raw(raw)
+    if header.trace.get("errors"):
+        raise TraceError(f"the trace of {cmd[0]} failed: {header.trace['errors'][0]} (raw stream: {raw})")
+    if not header.trace.get("pids"):
+        raise TraceError(f"{cmd[0]} never initialised CUDA (the driver never loaded graphdiag's library); "
+                         f"nothing to trace (raw stream: {raw})")
+    res = LlamaResult(raw, header, events)
+    write_outputs(res, events_path, timeline_path)
+    rc = _render(res, None, strict, False, verbosity, out or sys.stdout)
+    return code if code != 0 else rc
+
+
+def write_outputs(res, events_path, timeline_path) -> None:
+    """The record (--events) and the trace-event timeline (--timeline: each step a slice)."""
+    from .. import events as E
+    from ..report.record.write import JsonlWriter
+    from ..report.sinks.timeline import TimelineWriter
+    if events_path:
+        with JsonlWriter(events_path, res.header) as w:
+            for ev in res.events:
+                w(ev)
+    if timeline_path:
+        tw = TimelineWriter(timeline_path, simulated=False)
+        tw.start(res.header.to_dict())
+        started = {}
+        for ev in res.events:
+            if isinstance(ev, E.StepStarted):
+                started[ev.step] = ev
+                tw(E.SpanBegin(step=ev.step, t_ns=ev.t_ns, name="graph step", category="trace/step", payload=ev.step))
+            tw(ev)
+            if isinstance(ev, E.StepFinished) and ev.step in started:
+                tw(E.SpanEnd(step=ev.step, t_ns=max(ev.t_ns, started.pop(ev.step).t_ns), name="graph step",
+                             category="trace/step"))
+        tw.close()
+
+
+def _check_writable(path: Path, what: str) -> None:
+    """An output file can be written (EventWriteError otherwise), leaving nothing behind."""
+    from ..report.record.write import open_output
+    existed = path.exists()
+    open_output(path, what).close()
+    if not existed:
+        path.unlink()
