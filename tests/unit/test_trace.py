@@ -1,0 +1,269 @@
+"""graphdiag trace on the CPU: the injection library compiles and encodes its records; the raw stream converts
+into a record whose report, timeline, --strict and diff work; each diagnosis; bad input is one line, exit 2."""
+
+from __future__ import annotations
+
+import ctypes
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from graphdiag import events as E
+from graphdiag.cli.main import main
+from graphdiag.errors import EventFileError, TraceError
+from graphdiag.report.analysis import trace_checks as tc
+from graphdiag.report.analysis.summary import summarize
+from graphdiag.trace import build
+from graphdiag.trace.command import run_traced
+from graphdiag.trace.convert import convert, convert_raw, error_node
+from graphdiag.trace.raw import read_raw
+
+DATA = Path(__file__).resolve().parents[1] / "data" / "trace"
+NONE = -(1 << 63)
+
+
+# -- the C library -------------------------------------------------------------------------------------------
+class Rec(ctypes.Structure):
+    _fields_ = ([(n, ctypes.c_char_p) for n in ("ev", "fn", "api", "text")]
+                + [(n, ctypes.c_int64) for n in ("pid", "tid", "device", "stream", "graph", "exec", "t0_ns", "t1_ns",
+                                                 "ret", "nodes", "kernel_nodes", "update_result", "error_node",
+                                                 "error_node_index", "error_node_kernel_index", "mem_free_before",
+                                                 "mem_free_after")]
+                + [("error_node_kernel", ctypes.c_char_p), ("error_from_kernel", ctypes.c_char_p),
+                   ("kernel_names", ctypes.POINTER(ctypes.c_char_p)), ("n_kernel_names", ctypes.c_int64)])
+
+
+@pytest.fixture(scope="module")
+def lib(tmp_path_factory):
+    try:
+        path = build.library(tmp_path_factory.mktemp("cache"))
+    except TraceError as e:
+        pytest.skip(str(e))
+    so = ctypes.CDLL(str(path))
+    so.gdtrace_encode.restype = ctypes.c_size_t
+    so.gdtrace_encode.argtypes = [ctypes.POINTER(Rec), ctypes.c_char_p, ctypes.c_size_t]
+    return path, so
+
+
+def _encode(so, rec: Rec, cap: int = 4096) -> tuple[int, bytes]:
+    buf = ctypes.create_string_buffer(cap)
+    n = so.gdtrace_encode(ctypes.byref(rec), buf, cap)
+    return n, buf.raw[:min(n, cap)]
+
+
+def _rec(so, **kw) -> Rec:
+    r = Rec()
+    so.gdtrace_rec_init(ctypes.byref(r))
+    for k, v in kw.items():
+        setattr(r, k, v.encode() if isinstance(v, str) else v)
+    return r
+
+
+def test_library_exports_only_its_entry_points(lib):
+    out = subprocess.run(["nm", "-D", "--defined-only", str(lib[0])], capture_output=True, text=True).stdout
+    names = {line.split()[-1] for line in out.splitlines() if " T " in line}
+    assert names == set(build.EXPORTED)
+
+
+def test_encodes_each_record_kind_as_the_raw_stream_reads_it(lib, tmp_path):
+    so = lib[1]
+    names = (ctypes.c_char_p * 3)(b'void k<"q">(int)', b"tab\there\\", b"ctl\x01\x1f\x7f")
+    recs = [
+        _rec(so, ev="start", pid=7, t0_ns=5, text="/x/libcupti.so.13"),
+        _rec(so, ev="error", pid=7, t0_ns=6, text='CUPTI refused: "MULTIPLE"\n'),
+        _rec(so, fn="cudaStreamEndCapture", api="runtime", pid=7, tid=8, device=0, stream=13, t0_ns=10, t1_ns=20,
+             ret=0, graph=1, nodes=4, kernel_nodes=3, kernel_names=ctypes.cast(names, ctypes.POINTER(ctypes.c_char_p)),
+             n_kernel_names=3),
+        _rec(so, fn="cudaGraphInstantiate", api="driver", pid=7, tid=8, device=1, t0_ns=30, t1_ns=40, ret=0, graph=1,
+             exec=2, mem_free_before=1 << 40, mem_free_after=(1 << 40) - 4096),
+        _rec(so, fn="cudaGraphExecUpdate", api="runtime", pid=7, tid=8, device=0, t0_ns=50, t1_ns=60, ret=910,
+             graph=3, exec=2, update_result=2, error_node=1, error_node_index=41, error_node_kernel_index=40,
+             error_node_kernel="mul_mat_q_stream_k_fixup", error_from_kernel="rope_f32"),
+        _rec(so, fn="cudaGraphLaunch", api="runtime", pid=7, tid=8, device=0, stream=-1, t0_ns=70, t1_ns=71, ret=0,
+             exec=2),
+    ]
+    lines = []
+    for r in recs:
+        n, raw = _encode(so, r)
+        assert raw.endswith(b"\n") and raw.count(b"\n") == 1 and n == len(raw)
+        lines.append(raw.decode())
+    objs = [json.loads(x) for x in lines]
+    assert list(objs[2]) == ["ev", "fn", "api", "pid", "tid", "device", "stream", "t0_ns", "t1_ns", "ret", "graph",
+                             "nodes", "kernel_nodes", "kernel_names"]
+    assert objs[2]["kernel_names"] == ['void k<"q">(int)', "tab\there\\", "ctl\x01\x1f\x7f"]
+    assert '\\u0001\\u001f\\u007f' in lines[2] and '\\t' in lines[2] and '\\"q\\"' in lines[2]
+    assert objs[1] == {"ev": "error", "pid": 7, "t0_ns": 6, "text": 'CUPTI refused: "MULTIPLE"\n'}
+    assert objs[3]["mem_free_before"] - objs[3]["mem_free_after"] == 4096
+    assert objs[4]["error_node"] is True and objs[4]["error_node_index"] == 41
+    assert objs[4]["error_node_kernel"] == "mul_mat_q_stream_k_fixup" and objs[4]["update_result"] == 2
+    assert objs[5]["stream"] == -1 and "graph" not in objs[5]
+    raw = tmp_path / "r.raw.jsonl"
+    raw.write_text('{"raw":"graphdiag-trace","version":1,"cmd":["x"]}\n' + "".join(lines))
+    assert len(read_raw(raw)[1]) == 6            # the reader takes every kind the library writes
+
+
+def test_encode_reports_the_size_it_needs(lib):
+    so = lib[1]
+    long = "k" * 5000
+    r = _rec(so, ev="error", pid=1, text=long)
+    n, part = _encode(so, r, cap=64)
+    assert n > 5000 and len(part) == 64
+    n2, full = _encode(so, r, cap=n + 1)
+    assert n2 == n and json.loads(full)["text"] == long
+
+
+# -- conversion --------------------------------------------------------------------------------------------
+def _summary(name):
+    h, ev = convert_raw(DATA / f"{name}.raw.jsonl")
+    return h, ev, summarize(h, ev)
+
+
+def test_llama_stream_steps_entries_and_refusal_node():
+    h, ev, s = _summary("llama-batch")
+    assert s.step_modes == {"capture": 2, "replay": 4, "eager": 1}
+    assert [e.key for e in ev if isinstance(e, E.ChunkInstantiated)] == [1, 1]
+    assert [e.after_refusal for e in ev if isinstance(e, E.ChunkInstantiated)] == [False, True]
+    assert [e.mem_bytes for e in ev if isinstance(e, E.ChunkInstantiated)] == [2 << 20, 2 << 20]
+    ref = next(e for e in ev if isinstance(e, E.UpdateRefused))
+    assert ref.reason == "TOPOLOGY_CHANGED" and ref.error_node.startswith("node 2: mul_mat_q_stream_k_fixup added")
+    assert sum(isinstance(e, E.UidHit) for e in ev) == 3
+    assert h.trace["pids"] == [4242] and "graph launch" in h.trace["step"]
+    assert s.ended.status == "complete" and s.ended.steps_done == 7
+    assert s.trace == [f"update refused ×1 at entry 1 (TOPOLOGY_CHANGED: {ref.error_node}), first at step 5"]
+
+
+def test_error_node_names():
+    old, new = ["a", "b", "c"], ["a", "x", "b", "c"]
+    ln = {"error_node": True, "error_node_index": 5, "error_node_kernel_index": 1, "error_node_kernel": "x"}
+    assert error_node(ln, old, new).startswith("node 5: x added")
+    assert error_node(ln | {"error_node_kernel": "y"}, old, ["a", "y", "c"]).startswith("node 5: b -> y")
+    assert error_node(ln | {"error_node_kernel": "c"}, old, ["a", "c"]).startswith("node 5: b removed")
+    assert error_node({"error_node": False}, old, ["a"]) == "kernel 1: b removed (CUDA named no node)"
+    assert error_node(ln | {"error_node_kernel": None}, old, new) == "node 5: not a kernel node"
+
+
+def test_each_diagnosis_on_its_stream():
+    assert _summary("torch-inflight")[2].trace == [
+        "executable 1 (entry 1) destroyed at step 2 while its launch at step 2 on stream 7 may still run (no "
+        "stream, device or context synchronisation since: llama.cpp #26558)"]
+    assert _summary("leak")[2].trace[0].startswith("graph memory growing: 5 executables instantiated after replays")
+    assert _summary("thrash")[2].trace[0].startswith("warmup thrash: 4 warmup resets, 4 after a warmup complete; "
+                                                     "one every 2 steps")
+    assert _summary("disabled")[2].trace == ["no CUDA graph captured in the traced process (llama.cpp's log: "
+                                             "disabling CUDA graphs due to unsupported node type)"]
+
+
+def test_diagnoses_stay_quiet_where_nothing_is_wrong():
+    _, ev, _ = _summary("llama-batch")
+    assert tc.destroyed_in_flight(ev) == [] and tc.graph_memory_growth(ev) == [] and tc.warmup_thrash(ev) == []
+    assert tc.never_captured(ev) == []
+    synced = [e for e in _summary("torch-inflight")[1]]
+    last = max(i for i, e in enumerate(synced) if isinstance(e, E.TracedCall) and e.fn == "cudaGraphExecDestroy")
+    synced.insert(last, E.TracedCall(step=2, fn="cudaStreamSynchronize", stream=7, pid=777))
+    assert tc.destroyed_in_flight(synced) == []
+
+
+def test_diagnoses_only_for_trace_records():
+    h, ev, _ = _summary("llama-batch")
+    h.trace = {}
+    assert summarize(h, ev).trace == []
+
+
+def test_a_stream_cut_short_ends_failed():
+    h, lines = read_raw(DATA / "llama-batch.raw.jsonl")
+    _, ev = convert(h, [ln for ln in lines if ln["ev"] != "end"])
+    assert ev[-1].status == "failed" and "no end line" in ev[-1].reason
+
+
+def test_malformed_stream_is_one_line(tmp_path):
+    p = tmp_path / "bad.raw.jsonl"
+    p.write_text('{"raw":"graphdiag-trace","version":1}\n{"ev":"api","fn":"cudaGraphLaunch","pid":1}\n')
+    with pytest.raises(EventFileError, match="bad.raw.jsonl:2: api line without a valid t0_ns"):
+        read_raw(p)
+
+
+# -- report, timeline, strict, diff on a converted record ---------------------------------------------------
+def _record(tmp_path, name):
+    from graphdiag.report.record.write import JsonlWriter
+    h, ev = convert_raw(DATA / f"{name}.raw.jsonl")
+    out = tmp_path / f"{name}.jsonl"
+    with JsonlWriter(out, h) as w:
+        for e in ev:
+            w(e)
+    return out, h, ev
+
+
+def test_report_timeline_strict_and_diff(tmp_path, capsys):
+    from graphdiag.llama.command import _render
+    from graphdiag.llama.run import LlamaResult
+    from graphdiag.trace.command import write_outputs
+    rec, h, ev = _record(tmp_path, "llama-batch")
+    assert main(["report", str(rec)]) == 0
+    text = capsys.readouterr().out
+    assert "a step is one graph launch" in text and "trace: update refused ×1 at entry 1" in text
+    assert main(["report", str(rec), "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["trace"]
+    res = LlamaResult(DATA / "llama-batch.raw.jsonl", h, ev)
+    tl = tmp_path / "t.json"
+    write_outputs(res, tmp_path / "e.jsonl", tl)
+    trace = json.loads(tl.read_text())
+    slices = [x for x in trace["traceEvents"] if x.get("name") == "graph step"]
+    assert len(slices) == 7
+    assert _render(res, None, True, False, 0, sys.stdout) == 1
+    assert "FAILED: strict: trace: update refused" in capsys.readouterr().out
+    other, _, _ = _record(tmp_path, "thrash")
+    assert main(["diff", str(rec), str(rec)]) == 0
+    capsys.readouterr()
+    assert main(["diff", str(rec), str(other)]) == 1
+
+
+# -- running CMD (no GPU: the library is never loaded) and bad input ------------------------------------------
+def test_run_passes_stderr_records_graph_lines_and_returns_code(tmp_path):
+    script = ("import sys; sys.stderr.write('load\\nggml_backend_cuda_graph_compute: CUDA graph warmup complete\\n');"
+              "print('out'); sys.exit(3)")
+    raw, echo = tmp_path / "r.raw.jsonl", tmp_path / "echo"
+    with open(echo, "wb") as f:
+        code = run_traced([sys.executable, "-c", script], raw, tmp_path / "none.so", tmp_path / "none", echo=f)
+    assert code == 3
+    assert echo.read_bytes() == b"load\nggml_backend_cuda_graph_compute: CUDA graph warmup complete\n"
+    head, lines = read_raw(raw)
+    assert head["cmd"][0] == sys.executable
+    assert [ln["ev"] for ln in lines] == ["log", "end"]
+    assert lines[1]["code"] == 3 and lines[1]["status"] == "failed: CMD exited with 3"
+
+
+def test_run_reports_a_signal_as_128_plus_it(tmp_path):
+    code = run_traced([sys.executable, "-c", "import os, signal; os.kill(os.getpid(), signal.SIGTERM)"],
+                      tmp_path / "r.raw.jsonl", tmp_path / "x.so", tmp_path / "x")
+    assert code == 143
+    assert read_raw(tmp_path / "r.raw.jsonl")[1][-1]["status"] == "interrupted: CMD died of SIGTERM"
+
+
+@pytest.mark.parametrize("argv, env, message", [
+    (["nonexistent-cmd-xyz"], {}, "nonexistent-cmd-xyz: command not found"),
+    (["{tmp}/plain.txt"], {}, "plain.txt: not executable"),
+    (["true"], {"CC": "/no/such/cc"}, "no C compiler"),
+    (["true"], {"GRAPHDIAG_CUPTI_PATH": "/no/libcupti.so"}, "GRAPHDIAG_CUPTI_PATH=/no/libcupti.so: no such file"),
+])
+def test_bad_input_is_one_line_exit_2(argv, env, message, monkeypatch, capsys, tmp_path):
+    for k, v in env.items():
+        monkeypatch.setenv(k, v)
+    monkeypatch.setenv("GRAPHDIAG_CACHE_DIR", str(tmp_path / "cache"))
+    (tmp_path / "plain.txt").write_text("not a program\n")
+    argv = [a.format(tmp=tmp_path) for a in argv]
+    events = tmp_path / "e.jsonl"
+    assert main(["trace", "--events", str(events), "--", *argv]) == 2
+    err = capsys.readouterr().err
+    assert message in err and err.count("\n") == 1
+    assert not events.exists()
+
+
+def test_no_cupti_found(monkeypatch):
+    monkeypatch.delenv("GRAPHDIAG_CUPTI_PATH", raising=False)
+    monkeypatch.delenv("CUDA_HOME", raising=False)
+    monkeypatch.setattr(build, "_wheel_dirs", lambda sub: [])
+    with pytest.raises(TraceError, match="no CUPTI library found"):
+        build.cupti_library()
