@@ -25,7 +25,6 @@ TIMELINE_REFUSED = {
 # setting -> (its default, why llama.cpp has no such setting)
 SETTINGS_REFUSED = {
     "chunk_size": ((0,), "upstream captures each split as one graph (no chunk size)"),
-    "pool_invalidation": ((False,), "upstream's pool never invalidates graphs (the design article's rule)"),
     "upstream": ((UPSTREAMS[0],), f"llama.cpp through llama-cpp-python is {UPSTREAMS[0]}: its decisions cannot "
                                   f"be held against another commit's rules"),
     "n_cpu_moe": ((0,), "MoE CPU offload is not driven by graphdiag llama"),
@@ -33,6 +32,7 @@ SETTINGS_REFUSED = {
     "tensor_split": ((None,), "graphdiag llama runs on one GPU"),
     "pool_cap": ((None,), "ggml's pool has no cap to set"),
     "pool_max_buffers": ((256,), "ggml's MAX_CUDA_BUFFERS is compiled in"),
+    "pool_invalidation": ((False,), "upstream's pool never invalidates graphs (the design article's rule)"),
     "compute_capability": (("9.0",), "the GPU's own compute capability applies"),
     "sim_mode": ((None,), "llama.cpp runs on the GPU, not the simulated driver"),
     "verify": ((False,), "llama.cpp's replays cannot be recomputed eagerly from outside"),

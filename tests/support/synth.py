@@ -15,6 +15,7 @@ import re
 import zlib
 
 from graphdiag import events as E
+from graphdiag.config import RunConfig
 from graphdiag.report.record import RunHeader
 
 KEY_A = 0x5EED0000A8F0
@@ -28,13 +29,15 @@ INSTANTIATE_NS, UPDATE_NS, REFUSED_NS = 2_700_000, 150_000, 90_000
 def header(**settings) -> RunHeader:
     """A simulated run's header with RunConfig-like settings; `settings` override the defaults."""
     s = dict(backend="sim", model="tiny", wtype="f16", seed=0, prompt_tokens=16, steps=8, batch=1,
-             chunk_size=512, fusion=True, concurrent_streams=False, graphs_disabled=False,
-             reuse_disabled=False, n_cpu_moe=0, pool_cap=None, pool_max_buffers=256,
+             chunk_size=0, fusion=True, concurrent_streams=False, graphs_disabled=False,
+             reuse_disabled=False, n_cpu_moe=0, pool_cap=None, pool_max_buffers=256, pool_invalidation=False,
              compute_capability="9.0", verify=False, nvtx=True)
     s.update(settings)
     sources = {k: "default" for k in s}
     sources.update({k: "cli" for k in settings})
+    cfg = RunConfig(chunk_size=s["chunk_size"], pool_invalidation=s["pool_invalidation"])   # what ran, as the runner says
     return RunHeader(backend="sim", device="simulated GPU (cc 9.0)", simulated=True, model=s["model"],
+                     upstream=cfg.upstream, rules=cfg.rules(), article=cfg.article_rules(),
                      settings=s, sources=sources, started="2026-12-01T10:00:00", scenario=None)
 
 
@@ -175,20 +178,22 @@ def _replays(s: Synth, key, n, n_chunks=1, batch=1) -> None:
         s.end("replay", tokens=(7,) * batch)
 
 
-def steady_decode(n_replays=5, chunk_size=512) -> tuple[RunHeader, list[E.Event]]:
-    """Prefill eager, decode eager, capture (warmup complete), then replays on uid hits."""
+def steady_decode(n_replays=5, chunk_size=0) -> tuple[RunHeader, list[E.Event]]:
+    """Prefill eager, decode eager, capture (warmup complete), then replays on uid hits. One graph per
+    split by default (upstream); `chunk_size` N > 0: the article's chunks of N nodes."""
     s = Synth()
     fusions = ((10, "rms_norm+mul", 1), (64, "rms_norm+mul", 1))
     bounds = ((0, 120, ""),) if chunk_size == 0 or chunk_size >= 120 else \
         tuple((a, min(a + chunk_size, 120), "") for a in range(0, 120, chunk_size))
     _warm_up(s, KEY_A, bounds=bounds, fusions=fusions)
     _replays(s, KEY_A, n_replays, n_chunks=len(bounds))
-    return header(steps=3 + n_replays, chunk_size=chunk_size), s.finished()
+    return header(steps=3 + n_replays, **({"chunk_size": chunk_size} if chunk_size else {})), s.finished()
 
 
 def batch_change() -> tuple[RunHeader, list[E.Event]]:
     """Steady at batch 8, then batch 9: warmup reset, eager, recapture with the update refused
-    (TOPOLOGY_CHANGED: the fused mat-vec no longer applies) and re-instantiated, then replays."""
+    (TOPOLOGY_CHANGED: the fused mat-vec no longer applies) and re-instantiated, then replays. Captured in
+    the article's chunks of 64 nodes (a fusion moves the first boundary)."""
     s = Synth()
     bounds = ((0, 64, "fusion"), (64, 120, ""))
     _warm_up(s, KEY_A, bounds=bounds, fusions=((40, "mul_mat_vec+glu", 2),), batch=8)
@@ -205,7 +210,7 @@ def batch_change() -> tuple[RunHeader, list[E.Event]]:
     s.capture(0, KEY_A, ((0, 62, ""), (62, 120, "")), ["refused:TOPOLOGY_CHANGED", "update"])
     s.end("capture", tokens=(7,) * 9)
     _replays(s, KEY_A, 2, n_chunks=2, batch=9)
-    return header(batch=8, steps=len({e.step for e in s.events})), s.finished()
+    return header(batch=8, chunk_size=64, steps=len({e.step for e in s.events})), s.finished()
 
 
 def moe_offload() -> tuple[RunHeader, list[E.Event]]:
@@ -238,8 +243,8 @@ def moe_offload() -> tuple[RunHeader, list[E.Event]]:
 
 
 def pressure_and_idle() -> tuple[RunHeader, list[E.Event]]:
-    """A steady run interrupted by a pool invalidation (entries cleared, re-warmed) and by an idle gap
-    that evicts the entry."""
+    """A steady run interrupted by a pool invalidation (the article's rule: entries cleared, re-warmed) and by
+    an idle gap that evicts the entry."""
     s = Synth()
     _warm_up(s, KEY_A)
     _replays(s, KEY_A, 1)
@@ -249,7 +254,7 @@ def pressure_and_idle() -> tuple[RunHeader, list[E.Event]]:
     s.emit(E.Evicted, step=s.step_no + 1, key=KEY_A, idle_ns=11_000_000_000, n_chunks=1)
     s.nodes.clear()
     _replays_after_reset(s)
-    return header(pool_cap=8 << 20, steps=len({e.step for e in s.events})), s.finished()
+    return header(pool_cap=8 << 20, pool_invalidation=True, steps=len({e.step for e in s.events})), s.finished()
 
 
 def _replays_after_reset(s: Synth) -> None:

@@ -46,7 +46,8 @@ def test_diff_first_divergent_step_and_what_changed():
     changes = d.first_divergence.changes
     assert changes[0].change == "changed" and "n_tokens 8" in changes[0].test
     assert any("ne[1] 16→1" in (c.control or "") and "ne[1] 16→8" in (c.test or "") for c in changes)
-    assert [(s.name, s.control, s.test) for s in d.settings] == [("steps", 8, 9), ("batch", 1, 8)]
+    assert [(s.name, s.control, s.test) for s in d.settings] == [("steps", 8, 9), ("batch", 1, 8),
+                                                                  ("chunk_size", 0, 64)]
     assert {c.name: c.delta for c in d.counters}["update_refusals"] == 1
     assert d.tokens_differ_at == 1
 

@@ -61,7 +61,7 @@ def test_report_header_says_simulated_or_names_the_gpu():
 
 
 def test_report_header_marks_where_each_setting_came_from():
-    h = synth.header(batch=8)
+    h = synth.header(batch=8, chunk_size=512)
     h.settings["graphs_disabled"] = True
     h.sources["graphs_disabled"] = "env GGML_CUDA_DISABLE_GRAPHS"
     h.sources["chunk_size"] = "scenario"
