@@ -9,8 +9,8 @@ Sinks (counters, the terminal report, the JSON-lines record, NVTX, diff) subscri
 One module per area, re-exported flat (`from graphdiag import events as E; E.StepFinished`): base.py (Event,
 the registry of kinds), run.py, failures.py, context.py (context and scheduler), gates.py (the graph
 runtime's gates), capture.py (capture, instantiate/update, replay), checks.py, device.py, observers.py
-(sink failures, spans), trace.py (calls `graphdiag trace` saw), and bus.py (EventBus, Recorder). The import order below is the order kinds were
-defined in, which is the registry's order.
+(sink failures, spans), trace.py (calls `graphdiag trace` saw), and bus.py (EventBus, Recorder). The import
+order below is the order kinds were defined in, which is the registry's order.
 """
 
 from .base import EVENT_TYPES, SCHEMA_VERSION, Event, _fast_init
