@@ -70,6 +70,12 @@ def n_ubatches(n_tokens: int, n_ubatch: int, n_batch: int = N_BATCH) -> int:
     return full * -(-n_batch // n_ubatch) + -(-rest // n_ubatch)
 
 
+def plan_length(batch: int, prompt_tokens: int, n_ubatch: int, steps: int) -> int:
+    """The steps of a run, as its events number them: each of the `batch` prompts as many steps as it has
+    ubatches, then `steps` more (a timeline prefill of several ubatches takes that many of them)."""
+    return batch * n_ubatches(prompt_tokens, n_ubatch) + steps
+
+
 def prefill_ubatches(n_tokens: int, n_ubatch: int, **fields) -> list[StepPlan]:
     """A prefill of `n_tokens` as its ubatches' steps: only the last has an output."""
     sizes, steps, off = ubatch_sizes(n_tokens, n_ubatch), [], 0
@@ -93,7 +99,7 @@ class Plan:
             self.by_step.setdefault(int(item["at_step"]), []).append(item)
 
     def __len__(self) -> int:
-        return self.batch * self.n_prompt + self.steps
+        return plan_length(self.batch, self.prompt_tokens, self.n_ubatch, self.steps)
 
     def __iter__(self) -> Iterator[StepPlan]:
         for q in range(self.batch):

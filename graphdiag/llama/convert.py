@@ -16,6 +16,7 @@ from typing import Any
 from .. import events as E
 from ..backends.drivers.base import UpdateResult
 from ..errors import EventFileError
+from ..plan import N_UBATCH, n_ubatches
 from ..report.record.header import RunHeader
 from .raw import read_raw
 from .units import Grouper, Unit
@@ -192,12 +193,27 @@ def _result_name(code: int) -> str:
         return f"RESULT_{code}"
 
 
+def _count(raw: dict[str, Any], name: str) -> int | None:
+    v = raw.get(name)
+    return v if isinstance(v, int) and not isinstance(v, bool) and v >= 0 else None
+
+
+def _steps(raw: dict[str, Any], batch: int, n_decodes: int) -> int:
+    """The run's steps after its prompts, as graphdiag run's header counts them: the raw header's `steps`
+    (the plan's), else the decodes past the prompts, each prompt as many decodes as it has ubatches (the
+    driver decodes a ubatch at a time; plan.py's numbering); one a prompt where the stream gave no length."""
+    if _count(raw, "steps") is not None:
+        return raw["steps"]
+    prompt, n_ubatch = _count(raw, "prompt_tokens"), _count(raw, "n_ubatch") or N_UBATCH
+    return max(n_decodes - batch * (n_ubatches(prompt, n_ubatch) if prompt else 1), 0)
+
+
 def _header(raw: dict[str, Any], perf: dict[str, Any], source: str, n_steps: int) -> RunHeader:
-    batch = int(raw.get("batch") or 1)            # the plan's first `batch` steps prefill each sequence
+    batch = _count(raw, "batch") or 1             # the plan's first steps prefill each of `batch` sequences
     plan = raw.get("plan")
-    settings = {"model": raw.get("model", ""), "steps": max(n_steps - batch, 0), "batch": batch,
+    settings = {"model": raw.get("model", ""), "steps": _steps(raw, batch, n_steps), "batch": batch,
                 "prompt_tokens": raw.get("prompt_tokens"), "n_ctx": raw.get("n_ctx"),
-                "n_batch": raw.get("n_batch"), "n_ubatch": raw.get("n_ubatch"),
+                "n_batch": raw.get("n_batch"), "ubatch_size": raw.get("n_ubatch"),    # graphdiag run's name
                 "flash_attn": raw.get("flash_attn"), "chunk_size": 0,
                 "graphs_disabled": "GGML_CUDA_DISABLE_GRAPHS" in (raw.get("env") or {}),
                 "reuse_disabled": "LLAMA_GRAPH_REUSE_DISABLE" in (raw.get("env") or {})}

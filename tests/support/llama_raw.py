@@ -6,11 +6,14 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+from graphdiag.plan import n_ubatches
+
 
 class RawStream:
     """Builds a raw stream. Ids: CUPTI graph ids count from 1, executable ids from 1."""
 
     def __init__(self, env: dict | None = None, batch: int = 1, **header):
+        self.given = set(header)
         self.t = 1_000_000
         self.graphs = 0
         self.execs = 0
@@ -99,7 +102,11 @@ class RawStream:
         return self
 
     def write(self, path: Path) -> Path:
-        self.lines[0]["steps"] = self.step + 1 - self.lines[0]["batch"]
+        """The stream as a file; its header's `steps` as the driver writes it (the plan's steps after each
+        sequence's prompt, a prompt as many decodes as it has ubatches), unless the header gave them."""
+        h = self.lines[0]
+        if "steps" not in self.given:
+            h["steps"] = self.step + 1 - h["batch"] * n_ubatches(h["prompt_tokens"], h["n_ubatch"])
         path.write_text("".join(json.dumps(ln) + "\n" for ln in self.lines))
         return path
 

@@ -154,3 +154,38 @@ def test_recorded_fixture_converts(path, tmp_path):
     assert steps and all(s.step in _phases(ev) for s in steps)
     write_record(tmp_path / "c.jsonl", h, ev)
     assert read_record(tmp_path / "c.jsonl")[1] == ev
+
+
+def _prompt_over_ubatch(**header) -> RawStream:
+    """A 1100-token prompt (n_ubatch 512): llama.cpp's three ubatches, one llama_decode each (the driver
+    decodes a plan step at a time), only the last with an output; then three decode steps."""
+    r, box = RawStream(prompt_tokens=1100, n_ubatch=512, **header), {}
+    for n, out in ((512, 0), (512, 0), (76, 1)):
+        r.decode(RawStream.eager, n_tokens=n, n_outputs=out)
+    r.decode(RawStream.eager)
+    r.decode(lambda s: box.setdefault("x", s.capture(new_entry=True, uid=4)))
+    r.decode(lambda s: s.replay(box["x"], uid=4))
+    return r.end(n_reused=1)
+
+
+@pytest.mark.parametrize("said", [True, False], ids=["steps-in-raw", "steps-from-decodes"])
+def test_a_prompt_over_n_ubatch_numbers_its_steps_as_graphdiag_run(said, tmp_path):
+    """Every ubatch a step, numbered as plan.py numbers them; the header's settings say the run's steps
+    (3 decode steps, not 5) and its ubatch size as `graphdiag run`'s header does, so the reader sizes the
+    converted run as it sizes graphdiag's own (issue 46)."""
+    raw = _prompt_over_ubatch()
+    path = raw.write(tmp_path / "r.jsonl")
+    if not said:                               # a stream whose header did not give the plan's steps
+        lines = path.read_text().splitlines()
+        head = json.loads(lines[0])
+        del head["steps"]
+        path.write_text("\n".join([json.dumps(head), *lines[1:]]) + "\n")
+    h, ev = convert_raw(path)
+    assert {k: h.settings[k] for k in ("batch", "prompt_tokens", "ubatch_size", "steps")} == {
+        "batch": 1, "prompt_tokens": 1100, "ubatch_size": 512, "steps": 3}
+    assert [(s.step, s.n_tokens, s.phase) for s in _of(ev, E.StepStarted)] == [
+        (0, 512, "prefill"), (1, 512, "prefill"), (2, 76, "prefill"), (3, 1, "decode"), (4, 1, "decode"),
+        (5, 1, "decode")]
+    assert _of(ev, E.RunEnded)[0].step == 6
+    write_record(tmp_path / "c.jsonl", h, ev)
+    assert read_record(tmp_path / "c.jsonl")[1] == ev

@@ -118,3 +118,28 @@ def test_a_decode_batch_over_ubatch_size_is_refused_up_front(capsys):
                  "--ubatch-size", "2"]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "decodes 4 sequences, more than --ubatch-size 2" in err[0]
+
+
+def test_a_record_s_header_sizes_its_run_with_every_ubatch_a_step(tmp_path):
+    """The reader counts the run's steps as the plan does (issue 46: it counted one step a prompt and refused
+    the record of any prompt over n_ubatch); past that count a step is still refused."""
+    from graphdiag import events as E
+    from graphdiag.errors import EventFileError
+    from graphdiag.plan import plan_length
+    from graphdiag.report.record import read_record, write_record
+    from graphdiag.report.record.read import MAX_STEP, planned_steps
+
+    cfg = resolve({"batch": 2, "prompt_tokens": 1100, "steps": 3}, environ={})
+    s = cfg.settings()
+    assert planned_steps(s) == len(plan_steps(cfg)) == plan_length(2, 1100, 512, 3) == 2 * 3 + 3
+    assert planned_steps(s | {"ubatch_size": 16, "prompt_tokens": 40}) == 2 * 3 + 3
+    assert planned_steps(s | {"prompt_tokens": 4000}) == 2 * 8 + 3         # 2048 = 4 ubatches, 1952 = 4
+    assert planned_steps({"batch": 1, "steps": 5, "prompt_tokens": None}) == 6   # a stream that did not say
+    assert planned_steps({"batch": 1, "steps": "5"}) == MAX_STEP
+    header = RunHeader(settings=s)
+    write_record(tmp_path / "ok.jsonl", header, [E.RunEnded(step=9, status="complete", steps_done=9)])
+    assert read_record(tmp_path / "ok.jsonl")[1][0].step == 9
+    write_record(tmp_path / "bad.jsonl", header, [E.RunEnded(step=10, status="complete", steps_done=9)])
+    with pytest.raises(EventFileError, match=r"step 10 is beyond the run's 9 steps \(6 prompt ubatches for "
+                                             r"batch 2 \+ steps 3, from its header\)"):
+        read_record(tmp_path / "bad.jsonl")

@@ -11,6 +11,7 @@ from typing import Any
 
 from ... import events as E
 from ...errors import EventFileError
+from ...plan import N_UBATCH, plan_length
 from .header import SCHEMA_NAME, RunHeader
 
 
@@ -41,20 +42,39 @@ def read_record(path: str | Path) -> tuple[RunHeader, list[E.Event]]:
 MAX_STEP = 2**63 - 1    # where the header does not say how many steps the run had
 
 
+def _count(settings: dict[str, Any], name: str, default: int | None = None) -> int | None:
+    v = settings.get(name, default)
+    return v if isinstance(v, int) and not isinstance(v, bool) and v >= 0 else default
+
+
+def planned_steps(settings: dict[str, Any]) -> int:
+    """The steps a record's header says its run had (plan.plan_length over its settings): each of the
+    `batch` prompts as many steps as it has ubatches of `ubatch_size` tokens (llama.cpp decodes each ubatch
+    as its own graph compute), then `steps` more. A header without prompt_tokens (a converted llama.cpp
+    stream that did not say) counts one ubatch a prompt, one without ubatch_size llama.cpp's default 512;
+    MAX_STEP where batch or steps is not a count."""
+    batch, steps = _count(settings, "batch"), _count(settings, "steps")
+    if batch is None or steps is None:
+        return MAX_STEP
+    return plan_length(batch, _count(settings, "prompt_tokens", 1) or 1,
+                       _count(settings, "ubatch_size", N_UBATCH) or N_UBATCH, steps)
+
+
 def _check_steps(path: Path, header: RunHeader, numbered: list[tuple[int, E.Event]]) -> None:
-    """Events come in step order (-1: before the first step), within the run's steps (its `batch`
-    prefills and `steps` decode steps; the run's end comes at the step after the last), and the run ended
-    with a status runs end with. Anything else is a damaged or edited record, whose report would be nonsense."""
+    """Events come in step order (-1: before the first step), within the run's steps (planned_steps: its
+    prompts' ubatches and its `steps` further steps; the run's end comes at the step after the last), and
+    the run ended with a status runs end with. Anything else is a damaged or edited record, whose report
+    would be nonsense."""
     s = header.settings
-    plain = all(isinstance(s.get(k), int) and not isinstance(s.get(k), bool) for k in ("batch", "steps"))
-    last, at, most = -1, 0, (s["batch"] + s["steps"] if plain else MAX_STEP)
+    last, at, most = -1, 0, planned_steps(s)
     for n, ev in numbered:
         if ev.step < -1:
             raise EventFileError(f"{path}:{n}: step {ev.step} is not a step (steps count from 0; -1: before the "
                                  f"first)")
         if ev.step > most:
-            raise EventFileError(f"{path}:{n}: step {ev.step} is beyond the run's {most} steps (batch "
-                                 f"{s['batch']} prefills + steps {s['steps']}, from its header)")
+            prompts = most - s["steps"]
+            raise EventFileError(f"{path}:{n}: step {ev.step} is beyond the run's {most} steps ({prompts} "
+                                 f"prompt ubatches for batch {s['batch']} + steps {s['steps']}, from its header)")
         if ev.step < last:
             raise EventFileError(f"{path}:{n}: step {ev.step} comes after step {last} (line {at}): the "
                                  f"record's events are out of order")
