@@ -9,7 +9,8 @@ from collections import OrderedDict
 from ..ir.arena import TENSOR_DTYPE, TENSOR_SIZE
 from ..ir.graph import Graph
 from ..ir.tensor import Tensor
-from .build import BuiltGraph, GraphInputs, GraphParams, _Builder, builder_for
+from .build import builder_for
+from .graph_context import BuiltGraph, GraphContext, GraphInputs, GraphParams
 from .weights import Model
 
 _LAYOUT = struct.Struct("<4q4Q")                  # ne then nb, adjacent in the struct
@@ -24,7 +25,7 @@ class _Template:
 
     __slots__ = ("start", "end", "raw", "nodes", "leafs", "inputs", "logits", "n_kv_shaped")
 
-    def __init__(self, b: _Builder, start: int, res: BuiltGraph):
+    def __init__(self, b: GraphContext, start: int, res: BuiltGraph):
         arena = b.m.arena
         self.start, self.end = start, arena.top
         self.raw = bytes(arena.mem[start * TENSOR_SIZE:arena.top * TENSOR_SIZE])

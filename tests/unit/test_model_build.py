@@ -13,7 +13,7 @@ from graphdiag.model.build import DECODE, PREFILL, GraphParams, build_graph, pad
 from graphdiag.model.presets import PRESETS, get_preset, weight_type
 from graphdiag.model.weights import create_model, on_cpu
 
-N_7B_DECODE_NODES = 870   # 32 layers x 27 + 6: the two out_ids GET_ROWS included (and no mask cast: 0c1e57098)
+N_7B_DECODE_NODES = 998   # 32 layers x 31 + 6: the two out_ids GET_ROWS included (and no mask cast: 0c1e57098)
 
 
 @pytest.fixture(scope="module")
@@ -36,6 +36,12 @@ def node_index(g) -> dict[str, int]:
     for i, t in enumerate(g.iter_nodes()):
         out.setdefault(t.name, i)
     return out
+
+
+def op_index(g, op: Op, name: str) -> int:
+    """Position of the node of op `op` named `name` (upstream's names repeat: Kcur-0 is K's mat-mul, reshape
+    and rope; `cache_k_l0 (view)` its cache write and the attention's cache view)."""
+    return next(i for i, t in enumerate(g.iter_nodes()) if t.op == op and t.name == name)
 
 
 def consumers(g, t) -> list[str]:
@@ -80,7 +86,7 @@ def test_decode_layer_order_matches_what_the_runtime_fuses(tiny):
     names = [t.name for t in g.iter_nodes()]
     norm = g.node(at["attn_norm-0"])
     assert sorted(consumers(g, norm)) == ["Kcur-0", "Qcur-0", "Vcur-0"]
-    i = at["Kcur_rope-0"]
+    i = op_index(g, Op.ROPE, "Kcur-0")
     rope, view, set_rows = g.node(i), g.node(i + 1), g.node(i + 2)
     assert (rope.op, view.op, set_rows.op) == (Op.ROPE, Op.VIEW, Op.SET_ROWS)
     assert view.src[0] == rope and set_rows.src[1] == view and set_rows.view_src == tiny.layers[0].k_cache
@@ -90,14 +96,21 @@ def test_decode_layer_order_matches_what_the_runtime_fuses(tiny):
     assert g.node(i + 2).op == Op.GLU and g.node(i + 2).param_i32(0) == GluOp.SWIGLU
     fa = g.node(at["__fattn__-0"])
     k, v, mask = fa.src[1], fa.src[2], fa.src[3]
-    assert k.ne[:3] == (64, 8, 256) and k.src[0].name == "cache_k_l0 (set_rows)"
-    assert v.src[0].name == "cache_v_l0 (set_rows)" and at["cache_v_l0 (set_rows)"] < at["__fattn__-0"]
+    # build_attn_mha's permutes of the cache views (get_k, get_v), each view's source the cache's SET_ROWS
+    assert (k.op, k.name, v.op, v.name) == (Op.PERMUTE, "cache_k_l0 (view) (permuted)", Op.PERMUTE,
+                                            "cache_v_l0 (view) (permuted)")
+    k, v = k.src[0], v.src[0]
+    assert k.ne[:3] == (64, 8, 256) and k.src[0].op == Op.SET_ROWS and k.src[0].name == "cache_k_l0 (view)"
+    assert v.src[0].op == Op.SET_ROWS and op_index(g, Op.SET_ROWS, "cache_v_l0 (view)") < at["__fattn__-0"]
+    q = fa.src[0]
+    assert (q.op, q.name, q.ne[:3], q.src[0].op, q.src[0].name) == (Op.PERMUTE, "Qcur-0 (view) (permuted)",
+                                                                    (64, 4, 8), Op.VIEW, "Qcur-0 (view)")
     # flash attention reads the F16 mask input itself (0c1e57098: no cast node; d99724f2: test below)
     assert mask.name == "attn_inp_kq_mask" and mask.op == Op.NONE and mask.type == GGMLType.F16
     assert mask.flags & TensorFlag.INPUT and mask.ne[:2] == (256, 4)
     assert abs(fa.param_f32(0) - 1 / 8) < 1e-7
     assert names[-3:] == ["norm", "result_norm", "result_output"]
-    for n in ("attn_out-0", "ffn_inp-0", "ffn_norm-0", "ffn_down-0", "l_out-3", "inp_embd"):
+    for n in ("attn_out-0", "ffn_inp-0", "ffn_norm-0", "ffn_out-0", "l_out-3", "embd"):
         assert n in at
 
 
@@ -125,7 +138,7 @@ def test_the_kq_mask_is_an_f16_input_at_0c1e57098_and_a_cast_f32_one_at_d99724f2
     assert (cnv.name, cnv.op, cnv.type) == ("kq_mask (copy)", Op.CPY, GGMLType.F16)
     assert cnv.src[0] == b_old.inputs.kq_mask and b_old.inputs.kq_mask.type == GGMLType.F32
     assert tuple(cnv.ne[:2]) == (256, n_tokens)
-    assert at["cache_v_l0 (set_rows)"] < at["kq_mask (copy)"] < at["__fattn__-0"]
+    assert op_index(g_old, Op.SET_ROWS, "cache_v_l0 (view)") < at["kq_mask (copy)"] < at["__fattn__-0"]
     assert [t.name for t in g_old.iter_nodes() if t.op == Op.CPY] == ["kq_mask (copy)"]
     assert g_old.n_nodes == g.n_nodes + 1
     # the cast is the only difference: the rest of the node list is the same names and ops
@@ -159,9 +172,10 @@ def test_moe_ffn_names_and_order(moe):
     names = [t.name for t in g.iter_nodes()]
     i, j = names.index("ffn_moe_logits-1"), names.index("ffn_moe_out-1")
     assert [n for n in names[i:j + 1] if "reshaped" not in n] == [
-        "ffn_moe_logits-1", "ffn_moe_probs-1", "ffn_moe_argsort-1", "ffn_moe_topk-1", "ffn_moe_weights-1", "ffn_moe_in-1",
+        "ffn_moe_logits-1", "ffn_moe_probs-1", "ffn_moe_argsort-1", "ffn_moe_topk-1", "ffn_moe_weights-1",
         "ffn_moe_gate-1", "ffn_moe_up-1", "ffn_moe_swiglu-1", "ffn_moe_down-1", "ffn_moe_weighted-1",
-        "ffn_moe_weighted-1 (view 0)", "ffn_moe_weighted-1 (view 1)", "ffn_moe_out-1"]
+        "ffn_moe_weighted-1 (view)", "ffn_moe_weighted-1 (view)", "ffn_moe_out-1"]
+    assert names[names.index("ffn_moe_gate-1") - 1] == "ffn_norm-1 (reshaped)"   # the experts' input
     at = node_index(g)
     assert [g.node(at[f"ffn_moe_{n}-1"]).op for n in ("gate", "up", "down")] == [Op.MUL_MAT_ID] * 3
     # ggml_argsort_top_k, as build_moe_ffn: a descending ARGSORT of all 8 experts, the top 2 a VIEW of it
@@ -189,9 +203,11 @@ def test_other_params_change_shapes_not_addresses(tiny):
     tiny.arena.reset()
     g4 = build_graph(tiny, decode_params(4, n_kv=512)).graph
     assert g4.first_node_addr == g1.first_node_addr and g4.n_nodes == g1.n_nodes
-    changed = {g4.node(i).name for i in np.nonzero((tiny.arena.rec["ne"][g4.nodes] != ne1).any(axis=1))[0]}
-    assert {"inp_embd", "Qcur-0", "k-0", "v-0", "result_output"} <= changed
-    assert "cache_k_l0 (set_rows)" not in changed   # the whole cache, whatever the batch
+    changed = {(g4.node(i).op, g4.node(i).name)
+               for i in np.nonzero((tiny.arena.rec["ne"][g4.nodes] != ne1).any(axis=1))[0]}
+    assert {(Op.GET_ROWS, "embd"), (Op.MUL_MAT, "Qcur-0"), (Op.VIEW, "cache_k_l0 (view)"),
+            (Op.PERMUTE, "cache_v_l0 (view) (permuted)"), (Op.MUL_MAT, "result_output")} <= changed
+    assert not {n for op, n in changed if op == Op.SET_ROWS}   # the whole cache, whatever the batch
 
 
 def test_padded_n_kv():
@@ -204,4 +220,4 @@ def test_7b_decode_graph_builds_without_data():
     b = build_graph(m, decode_params(1))
     assert m.host == {} and all(t.data == 0 for t in m.tensors())
     assert b.graph.n_nodes == N_7B_DECODE_NODES
-    assert b.graph.node(0).name == "inp_embd" and b.logits.ne[:2] == (32000, 1)
+    assert b.graph.node(0).name == "embd" and b.logits.ne[:2] == (32000, 1)

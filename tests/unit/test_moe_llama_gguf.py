@@ -131,7 +131,7 @@ def test_graph_optimize_keeps_the_normalised_router_alive_until_the_node_after_i
     moe_alloc_deps(g, deps)
     names = g.arena.rec["name"]
     kept = {names[u].decode(): sorted(names[k].decode() for k in ks) for u, ks in deps.items()}
-    assert kept["ffn_moe_in-1"] == sorted([
+    assert kept["ffn_norm-1 (reshaped)"] == sorted([
         "ffn_moe_logits-1", "ffn_moe_probs-1", "ffn_moe_probs-1 (reshaped)", "ffn_moe_argsort-1", "ffn_moe_topk-1",
         "ffn_moe_weights-1", "ffn_moe_weights-1 (reshaped)", "ffn_moe_weights_sum-1", "ffn_moe_weights_sum_clamped-1",
         "ffn_moe_weights_norm-1", "ffn_moe_weights_norm-1 (reshaped)"])

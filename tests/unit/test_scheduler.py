@@ -57,7 +57,7 @@ def test_n_cpu_moe_puts_the_experts_of_the_first_layers_on_the_cpu(model):
     for li, sp in ((0, sched.splits[1]), (1, sched.splits[3])):
         nodes = list(sp.graph.iter_nodes())
         cpys, rest = nodes[:2], nodes[2:]
-        assert {c.src[0].name for c in cpys} == {f"ffn_moe_in-{li}", f"ffn_moe_topk-{li}"}
+        assert {c.src[0].name for c in cpys} == {f"ffn_norm-{li} (reshaped)", f"ffn_moe_topk-{li}"}
         assert [n.name for n in rest] == [f"ffn_moe_{n}-{li}" for n in ("gate", "up", "swiglu", "down")]
     for li, sp in ((0, sched.splits[2]), (1, sched.splits[4])):
         first, second = sp.graph.node(0), sp.graph.node(1)

@@ -7,6 +7,8 @@ allocation dependencies graph_optimize adds for it at 0c1e57098."""
 
 from __future__ import annotations
 
+import re
+
 import numpy as np
 import pytest
 
@@ -177,9 +179,9 @@ def test_graph_optimize_keeps_the_router_alive_until_the_node_after_it():
     moe_alloc_deps(g, deps)
     names = g.arena.rec["name"]
     routed = {names[u].decode(): sorted(names[k].decode() for k in kept) for u, kept in deps.items()
-              if names[u].decode().startswith("ffn_moe_in-")}
+              if re.fullmatch(r"ffn_norm-\d+ \(reshaped\)", names[u].decode())}
     assert len(routed) == PRESETS["moe-tiny"].n_layer
-    assert routed["ffn_moe_in-0"] == sorted(["ffn_moe_logits-0", "ffn_moe_probs-0", "ffn_moe_probs-0 (reshaped)",
+    assert routed["ffn_norm-0 (reshaped)"] == sorted(["ffn_moe_logits-0", "ffn_moe_probs-0", "ffn_moe_probs-0 (reshaped)",
                                              "ffn_moe_argsort-0", "ffn_moe_topk-0", "ffn_moe_weights-0"])
 
 

@@ -8,8 +8,11 @@ Each module gives, for its architecture as llama.cpp 0c1e57098 builds it:
   tensors(cfg)         the persistent weights (common.TensorSpec: name, ne, kind, field) in creation order: what
                        a file must hold (each checked up front) and what a preset of that arch is made of
   preset(cfg)          a preset's shapes as this architecture (export-gguf --arch)
-  Builder              the graph builder (a model/build._Builder subclass: same ops, order, names, views)
-  Reference            the independent numpy forward (a model/reference.Reference subclass)
+  Builder              the graph builder (a model/graph_context.GraphContext subclass: upstream's ops, order,
+                       names, views)
+  Reference            the independent numpy forward (a model/reference_base.ReferenceBase subclass)
+The modules use only those public interfaces; this registry sits above them, and model/build.py and
+model/reference.py (which pick a model's builder and oracle) above it.
 Adding an architecture (gemma3: model/arch/gemma3.py) is one such module and one entry in ARCHS.
 """
 

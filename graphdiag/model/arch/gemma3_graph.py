@@ -19,7 +19,7 @@ from ...ir.build import Ctx
 from ...ir.dtypes import GGMLType
 from ...ir.ops import GluOp, Op, TensorFlag
 from ...ir.tensor import Tensor
-from ..build import BuiltGraph, _Builder
+from ..graph_context import BuiltGraph, GraphContext, permute
 from ..presets import ROPE_NEOX
 
 
@@ -45,18 +45,7 @@ class IswaInputs:
         return self.kq_mask
 
 
-def permute(c: Ctx, a: Tensor, axes: tuple, name: str = "") -> Tensor:
-    """ggml_permute: source dim i becomes dim axes[i] (a view; op_params hold the axes)."""
-    ne, nb = [0] * 4, [0] * 4
-    for i, ax in enumerate(axes):
-        ne[ax], nb[ax] = a.ne[i], a.nb[i]
-    x = c.new_tensor(a.type, ne, name or f"{a.name} (permuted)", Op.PERMUTE, (a,), a, 0, nb)
-    for i, ax in enumerate(axes):
-        x.set_param_i32(i, ax)
-    return x
-
-
-class Builder(_Builder):
+class Builder(GraphContext):
     """One ubatch's graph. `model.cfg` is a gemma3.Gemma3Config; params carry n_kv (global) and n_kv_swa.
     Built afresh each time: GraphTemplates stamps one n_kv-shaped set, an iSWA graph has two."""
 

@@ -1,10 +1,10 @@
 """Gemma 3's independent numpy forward (the oracle), in float64 with the F16 cache's rounding of K and V.
 
 It shares nothing with the graph path but the stored weights, and nothing with the cells either: each sequence
-keeps every position's K/V (model/reference._SeqCache), and a sliding layer attends to the positions p0 of its
+keeps every position's K/V (model/reference_base.SeqCache), and a sliding layer attends to the positions p0 of its
 sequence with p1 - n_swa < p0 <= p1, the window llama.cpp's SWA mask leaves visible. Formulas written from
 Gemma 3's definition: embedding * sqrt(n_embd); QK-norm over head_dim; NEOX rope (element i rotates with
-i + head_dim/2: reference._rope) with the layer's base; Q * f_attention_scale; post-attention and post-FFN RMS norms before
+i + head_dim/2: reference_base.rope_pairs) with the layer's base; Q * f_attention_scale; post-attention and post-FFN RMS norms before
 the residual adds; GEGLU with the tanh GELU; tied lm_head.
 """
 
@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from ..reference import F64, Reference as _Reference, _rms_norm, _rope, _SeqCache, _softmax
+from ..reference_base import F64, ReferenceBase, SeqCache, rms_norm, rope_pairs, softmax
 
 _SQRT_2_OVER_PI = np.sqrt(2.0 / np.pi)
 
@@ -22,21 +22,21 @@ def gelu_tanh(x: np.ndarray) -> np.ndarray:
     return 0.5 * x * (1.0 + np.tanh(_SQRT_2_OVER_PI * (x + 0.044715 * x ** 3)))
 
 
-class Reference(_Reference):
+class Reference(ReferenceBase):
     """The oracle's interface (decode, prefill, forward) for a Gemma 3 model (cfg: gemma3.Gemma3Config)."""
 
     def forward(self, tokens: np.ndarray, seqs: np.ndarray, pos: np.ndarray, out_rows: np.ndarray) -> np.ndarray:
         cfg = self.cfg
         for s in np.unique(seqs):
-            self.seqs.setdefault(int(s), _SeqCache(cfg.n_layer, cfg.n_embd_kv)).grow(int(pos[seqs == s].max()) + 1)
+            self.seqs.setdefault(int(s), SeqCache(cfg.n_layer, cfg.n_embd_kv)).grow(int(pos[seqs == s].max()) + 1)
         x = self.w("token_embd.weight")[tokens].astype(F64) * np.sqrt(F64(cfg.n_embd))
         for il in range(cfg.n_layer):
             p = f"blk.{il}."
-            h = self._attention(il, _rms_norm(x, self.w(p + "attn_norm.weight"), cfg.norm_eps), seqs, pos)
-            x = x + _rms_norm(h, self.w(p + "post_attention_norm.weight"), cfg.norm_eps)
-            h = self._ffn(il, _rms_norm(x, self.w(p + "ffn_norm.weight"), cfg.norm_eps))
-            x = x + _rms_norm(h, self.w(p + "post_ffw_norm.weight"), cfg.norm_eps)
-        h = _rms_norm(x[out_rows], self.w("output_norm.weight"), cfg.norm_eps)
+            h = self._attention(il, rms_norm(x, self.w(p + "attn_norm.weight"), cfg.norm_eps), seqs, pos)
+            x = x + rms_norm(h, self.w(p + "post_attention_norm.weight"), cfg.norm_eps)
+            h = self._ffn(il, rms_norm(x, self.w(p + "ffn_norm.weight"), cfg.norm_eps))
+            x = x + rms_norm(h, self.w(p + "post_ffw_norm.weight"), cfg.norm_eps)
+        h = rms_norm(x[out_rows], self.w("output_norm.weight"), cfg.norm_eps)
         lm = "token_embd.weight" if cfg.tied_output else "output.weight"
         return self._mm(h, lm).astype(np.float32)
 
@@ -44,8 +44,8 @@ class Reference(_Reference):
         """Q or K: projection, per-head RMS norm by attn_{q,k}_norm, NEOX rope at the layer's base."""
         cfg, p, t = self.cfg, f"blk.{il}.", h.shape[0]
         x = self._mm(h, p + f"attn_{which}.weight").reshape(t, n_head, cfg.head_dim)
-        x = _rms_norm(x, self.w(p + f"attn_{which}_norm.weight"), cfg.norm_eps)
-        return _rope(x, pos, cfg.rope_base_of(il), neox=True)
+        x = rms_norm(x, self.w(p + f"attn_{which}_norm.weight"), cfg.norm_eps)
+        return rope_pairs(x, pos, cfg.rope_base_of(il), neox=True)
 
     def _attention(self, il: int, h: np.ndarray, seqs: np.ndarray, pos: np.ndarray) -> np.ndarray:
         cfg, p, t = self.cfg, f"blk.{il}.", h.shape[0]
@@ -62,7 +62,7 @@ class Reference(_Reference):
             out[rows] = self._attend(il, q[rows], pos[rows], self.seqs[int(s)])
         return self._mm(out.reshape(t, cfg.n_embd_q), p + "attn_output.weight")
 
-    def _attend(self, il: int, q: np.ndarray, qpos: np.ndarray, c: _SeqCache) -> np.ndarray:
+    def _attend(self, il: int, q: np.ndarray, qpos: np.ndarray, c: SeqCache) -> np.ndarray:
         """Attention of q (Tq, H, hd), already scaled, over the sequence's positions p0 <= p1, and within
         the window (p1 - p0 < n_swa) on a sliding layer."""
         cfg = self.cfg
@@ -76,7 +76,7 @@ class Reference(_Reference):
         if cfg.is_swa(il):
             seen = seen & (p1 - p0 < cfg.n_swa)
         s = np.where(seen, s, -np.inf)
-        return np.einsum("htn,nhd->thd", _softmax(s), v)
+        return np.einsum("htn,nhd->thd", softmax(s), v)
 
     def _ffn(self, il: int, h: np.ndarray) -> np.ndarray:
         p = f"blk.{il}."

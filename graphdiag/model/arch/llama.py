@@ -7,16 +7,17 @@ flash attention (scale 1/sqrt(head_dim)); attn_output; residual ADD; ffn_norm; S
 `expert_used_count`, the weights normalised (norm_w: SUM_ROWS, CLAMP, DIV), no weight scale (llama never reads
 `expert_weights_scale`), no expert bias or shared experts, the experts' FFN as wide as `feed_forward_length`;
 residual ADD. The output projection is token_embd when output.weight is absent (tied).
-The base builder (model/build._Builder) and oracle (model/reference.Reference) are this graph.
+The base builder (model/graph_context.GraphContext) and oracle (model/reference_base.ReferenceBase) are
+this graph.
 """
 
 from __future__ import annotations
 
 import dataclasses
 
-from ..build import _Builder
+from ..graph_context import GraphContext
 from ..presets import ROPE_NORM, ModelConfig
-from ..reference import Reference as _Reference
+from ..reference_base import ReferenceBase
 from .common import Meta, TensorSpec, attention_specs, base_config, ffn_specs, model_specs, refuse_present
 
 NAME = "llama"
@@ -73,9 +74,9 @@ def preset(cfg: ModelConfig) -> ModelConfig:
     return dataclasses.replace(cfg, arch=NAME, rope_type=ROPE_TYPE, moe_norm_w=cfg.is_moe)
 
 
-class Builder(_Builder):
+class Builder(GraphContext):
     """llama's graph is the base builder's."""
 
 
-class Reference(_Reference):
+class Reference(ReferenceBase):
     """llama's forward is the base oracle's."""

@@ -10,9 +10,9 @@ from __future__ import annotations
 
 import dataclasses
 
-from ..build import _Builder
+from ..graph_context import GraphContext
 from ..presets import ROPE_NEOX, ModelConfig
-from ..reference import Reference as _Reference
+from ..reference_base import ReferenceBase
 from .common import Meta, TensorSpec, attention_specs, base_config, ffn_specs, model_specs, refuse_present
 
 NAME = "qwen2"
@@ -43,9 +43,10 @@ def preset(cfg: ModelConfig) -> ModelConfig:
     return dataclasses.replace(cfg, arch=NAME, rope_type=ROPE_TYPE, qkv_bias=True)
 
 
-class Builder(_Builder):
-    """The base builder adds a layer's biases where it has them and ropes in cfg.rope_type (NEOX)."""
+class Builder(GraphContext):
+    """The base builder adds a layer's biases where it has them and ropes in cfg.rope_type (NEOX); qwen2.cpp
+    names no attention output (ggml's node_<index>: labelled attn_out-il as llama's)."""
 
 
-class Reference(_Reference):
+class Reference(ReferenceBase):
     """The base oracle adds the biases the model has and ropes in cfg.rope_type (NEOX)."""

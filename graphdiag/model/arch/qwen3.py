@@ -13,10 +13,9 @@ import dataclasses
 
 import numpy as np
 
-from ..build import GraphInputs, _Builder
+from ..graph_context import GraphContext, GraphInputs
 from ..presets import ROPE_NEOX, ModelConfig
-from ..reference import Reference as _Reference, _rms_norm, _rope
-from ..weights import Layer
+from ..reference_base import ReferenceBase, rms_norm, rope_pairs
 from .common import NORM, Meta, TensorSpec, attention_specs, base_config, ffn_specs, model_specs, refuse_present
 
 NAME = "qwen3"
@@ -45,19 +44,19 @@ def preset(cfg: ModelConfig) -> ModelConfig:
     return dataclasses.replace(cfg, arch=NAME, rope_type=ROPE_TYPE)
 
 
-class Builder(_Builder):
-    def rope_qk(self, lay: Layer, il: int, q, k, inp: GraphInputs):
-        """QK-norm then rope, Q before K (llama.cpp's creation order; the graph order follows from the
-        Q, V, K expansion as for llama)."""
-        q = self.rope(self.norm(q, lay.attn_q_norm, "Qcur_normed", il), il, inp, f"Qcur_rope-{il}")
-        k = self.rope(self.norm(k, lay.attn_k_norm, "Kcur_normed", il), il, inp, f"Kcur_rope-{il}")
+class Builder(GraphContext):
+    def build_rope_qk(self, lay, il: int, q, k, inp: GraphInputs):
+        """QK-norm (build_norm: `norm-il`, `Qcur_normed-il`) then rope (`Qcur-il`), Q before K (llama.cpp's
+        creation order; the graph order follows from the Q, V, K expansion as for llama)."""
+        q = self.rope(self.build_norm(q, lay.attn_q_norm, "Qcur_normed", il), il, inp, f"Qcur-{il}")
+        k = self.rope(self.build_norm(k, lay.attn_k_norm, "Kcur_normed", il), il, inp, f"Kcur-{il}")
         return q, k
 
 
-class Reference(_Reference):
+class Reference(ReferenceBase):
     def _qk(self, il: int, q: np.ndarray, k: np.ndarray, pos: np.ndarray):
         """Each head's (head_dim,) row RMS-normed and scaled by its weight, then NEOX-roped."""
         p, eps, base = f"blk.{il}.", self.cfg.norm_eps, self.cfg.rope_base
-        q = _rms_norm(q, self.w(p + "attn_q_norm.weight"), eps)
-        k = _rms_norm(k, self.w(p + "attn_k_norm.weight"), eps)
-        return _rope(q, pos, base, neox=True), _rope(k, pos, base, neox=True)
+        q = rms_norm(q, self.w(p + "attn_q_norm.weight"), eps)
+        k = rms_norm(k, self.w(p + "attn_k_norm.weight"), eps)
+        return rope_pairs(q, pos, base, neox=True), rope_pairs(k, pos, base, neox=True)

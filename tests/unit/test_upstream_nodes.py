@@ -1,0 +1,85 @@
+"""graphdiag's llama, qwen2, qwen3 and llama-MoE graphs node for node against llama.cpp's own.
+
+Each fixture in tests/data/nodes/ is the node list llama.cpp 0c1e57098's scheduler ran for one llama_decode
+(tools/record_llama_nodes.py: cb_eval, flash attention on, unified KV cache, the last token's logits only) on
+a file written by `graphdiag export-gguf --model PRESET --arch ARCH` (seed 0, F16). The test writes the same
+file, builds graphdiag's graph for the same batch and compares op, type, ne and name of every node, in order.
+
+Allowed differences, each an exact predicate:
+- unnamed_upstream: a node upstream's graph code never names is called `node_<its index>` by ggml
+  (ggml_visit_parents); graphdiag gives it a label instead (UNNAMED_LABELS: flash attention's result, qwen2's
+  and qwen3's attention output mat-mul, the last layer's two output-row GET_ROWS). Op, type and ne still match.
+- The recorded `buffer` and `split` are not compared: a CUDA build puts the embedding's GET_ROWS in a CPU split
+  of its own (token_embd stays in host memory), which moves no node (the list is the same on either build).
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+
+import pytest
+
+from graphdiag.ir.dtypes import GGMLType
+from graphdiag.model.build import DECODE, PREFILL, GraphParams, build_graph
+from graphdiag.model.gguf_io import export_config, export_gguf
+from graphdiag.model.presets import weight_type
+from graphdiag.model.source import build_model
+from graphdiag.model.weights import create_model
+
+NODES = Path(__file__).resolve().parent.parent / "data" / "nodes"
+FILES = {"tiny-llama": ("tiny", "llama"), "tiny-qwen2": ("tiny", "qwen2"), "tiny-qwen3": ("tiny", "qwen3"),
+         "moe-tiny": ("moe-tiny", "llama")}
+N_KV = 256          # an empty cache's n_kv (llama.cpp pads the cells in use to 256)
+# graphdiag's labels for the nodes upstream leaves unnamed, by op (the layer number after the dash)
+UNNAMED_LABELS = {"FLASH_ATTN_EXT": re.compile(r"__fattn__-\d+"), "MUL_MAT": re.compile(r"attn_out-\d+"),
+                  "GET_ROWS": re.compile(r"(attn_out_rows|inp_rows)-\d+")}
+
+
+def unnamed_upstream(i: int, up: dict, ours: dict) -> bool:
+    """Node i is one upstream never names (ggml called it node_<i>) and graphdiag's label for it is its own."""
+    label = UNNAMED_LABELS.get(up["op"])
+    return up["name"] == f"node_{i}" and label is not None and label.fullmatch(ours["name"]) is not None
+
+
+@pytest.fixture(scope="module")
+def gguf_files(tmp_path_factory):
+    """The four files the fixtures were recorded on, written again (export-gguf, seed 0, F16)."""
+    out = {}
+    root = tmp_path_factory.mktemp("nodes")
+    for name, (preset, arch) in FILES.items():
+        path = root / f"{name}.gguf"
+        export_gguf(create_model(export_config(preset, arch), weight_type("f16"), seed=0), str(path), preset)
+        out[name] = path
+    return out
+
+
+def graphdiag_nodes(path: Path, n_tokens: int) -> list[dict]:
+    """graphdiag's graph for one sequence's n_tokens at positions 0.., the last token's logits only."""
+    m = build_model(str(path), "f16", with_data=False)
+    b = build_graph(m, GraphParams(n_tokens, 1, 1, DECODE if n_tokens == 1 else PREFILL, N_KV))
+    return [{"op": t.op.name, "type": GGMLType(t.type).name.lower(), "ne": list(t.ne), "name": t.name}
+            for t in b.graph.iter_nodes()]
+
+
+@pytest.mark.parametrize("n_tokens", [1, 3])
+@pytest.mark.parametrize("name", list(FILES))
+def test_graph_is_upstreams_node_for_node(gguf_files, name, n_tokens):
+    fixture = json.loads((NODES / f"{name}-{n_tokens}.json").read_text())
+    assert fixture["recorded"]["n_tokens"] == n_tokens and fixture["recorded"]["n_outputs"] == 1
+    up, ours = fixture["nodes"], graphdiag_nodes(gguf_files[name], n_tokens)
+    assert len(ours) == len(up)
+    for i, (u, o) in enumerate(zip(up, ours)):
+        assert (o["op"], o["type"], o["ne"]) == (u["op"], u["type"], u["ne"]), f"node {i}: {o} vs upstream {u}"
+        assert o["name"] == u["name"] or unnamed_upstream(i, u, o), f"node {i}: {o['name']!r} vs upstream {u}"
+
+
+def test_unnamed_upstream_is_exact():
+    """The predicate allows a label only where upstream's name is exactly node_<i> of an op that has one."""
+    mm = {"op": "MUL_MAT", "name": "node_26"}
+    assert unnamed_upstream(26, mm, {"name": "attn_out-0"})
+    assert not unnamed_upstream(27, mm, {"name": "attn_out-0"})               # another index
+    assert not unnamed_upstream(26, mm, {"name": "ffn_out-0"})                # not the label of the op
+    assert not unnamed_upstream(26, {"op": "ADD", "name": "node_26"}, {"name": "attn_out-0"})
+    assert not unnamed_upstream(3, {"op": "MUL_MAT", "name": "Qcur-0"}, {"name": "attn_out-0"})
