@@ -117,7 +117,7 @@ class Session:
                 make = lambda d, name=None: GpuBackend(d, bus, opts, self.clock, cfg.pool_cap, cfg.pool_max_buffers, name)
                 self._open_gpus(make)
             self.model = build_model(cfg.model, cfg.wtype, seed=cfg.seed, swa_full=cfg.swa_full,
-                                     n_seq_max=cfg.batch, upstream=cfg.upstream)
+                                     n_seq_max=cfg.batch, upstream=cfg.upstream, n_ubatch=cfg.ubatch_size)
             gpus = self.devices.gpus if self.devices is not None else [self.gpu] if self.gpu is not None else []
             t0 = time.perf_counter_ns()
             self.ctx = make_context(self.model, [*gpus, self.cpu], bus, cfg.n_cpu_moe, cfg.reuse_disabled,

@@ -89,6 +89,7 @@ class Gemma3Config(ModelConfig):
     rope_base_swa: float = 10000.0
     n_seq_max: int = 1
     swa_full: bool = False
+    n_ubatch: int = N_UBATCH     # the run's n_ubatch (--ubatch-size): the SWA cache holds one ubatch past the window
 
     def is_swa(self, il: int) -> bool:
         return self.n_swa > 0 and bool(self.swa_layers[il])
@@ -108,7 +109,7 @@ class Gemma3Config(ModelConfig):
         """The SWA cache's cells (0 without a window): llama_kv_cache_iswa's size_swa, unified cache."""
         if self.n_swa <= 0:
             return 0
-        return swa_cache_size(self.n_ctx, self.n_swa, self.n_seq_max, N_UBATCH, True, self.swa_full)
+        return swa_cache_size(self.n_ctx, self.n_swa, self.n_seq_max, self.n_ubatch, True, self.swa_full)
 
 
 PRESETS: dict[str, ModelConfig] = {
@@ -122,7 +123,7 @@ PRESETS: dict[str, ModelConfig] = {
         # experts: OLMoE's form); written as a llama file (export-gguf) it is llama's MoE, which normalises them
         ModelConfig("moe-tiny", 4, 512, 8, 8, 0, 4096, n_expert=8, n_expert_used=2, n_ff_exp=512),
         # Gemma 3's pieces at tiny shapes: one KV head, head_dim 128 (n_head * head_dim != n_embd), tied
-        # output, layer 5 global and the others sliding over a 128-position window (SWA cache: 768 cells)
+        # output, layer 5 global and the others sliding over a 128-position window (SWA cache: 768 cells, n_ubatch 512)
         Gemma3Config("gemma3-tiny", 6, 256, 4, 1, 512, 4096, rope_base=1e6, norm_eps=1e-6, arch="gemma3",
                      n_embd_head=128, rope_type=ROPE_NEOX, tied_output=True, n_swa=128, swa_layers=swa_pattern(6)),
     )

@@ -6,6 +6,7 @@ import dataclasses
 from pathlib import Path
 
 from ..errors import UsageError
+from .kv_sizes import N_UBATCH
 from .presets import ModelConfig, get_preset, weight_type
 
 
@@ -48,22 +49,23 @@ def check_backend(name: str, cfg: ModelConfig, backend: str) -> None:
 
 
 def build_model(name: str, wtype: str, seed: int = 0, with_data: bool = True, swa_full: bool = False,
-                n_seq_max: int = 1, upstream: str = "0c1e57098"):
-    """The Model of a preset (seeded weights) or of a GGUF file (its weights, memory-mapped). A file with a
-    sliding window sizes its SWA cache for `n_seq_max` sequences, or as the global one with `swa_full`.
-    Its graphs are built by `upstream`'s rules (a run's cfg.upstream; the newest by default)."""
+                n_seq_max: int = 1, upstream: str = "0c1e57098", n_ubatch: int = N_UBATCH):
+    """The Model of a preset (seeded weights) or of a GGUF file (its weights, memory-mapped). A model with a
+    sliding window sizes its SWA cache for `n_seq_max` sequences and ubatches of `n_ubatch` tokens, or as
+    the global one with `swa_full`. Its graphs are built by `upstream`'s rules (a run's cfg.upstream; the
+    newest by default)."""
     from .weights import create_file_model, create_model
     if is_file(name):
         g = _file(name)
-        g = dataclasses.replace(g, cfg=sized(g.cfg, swa_full, n_seq_max))
+        g = dataclasses.replace(g, cfg=sized(g.cfg, swa_full, n_seq_max, n_ubatch))
         return create_file_model(g, with_data, upstream=upstream)
-    return create_model(sized(get_preset(name), swa_full, n_seq_max), weight_type(wtype), seed=seed,
+    return create_model(sized(get_preset(name), swa_full, n_seq_max, n_ubatch), weight_type(wtype), seed=seed,
                         with_data=with_data, upstream=upstream)
 
 
-def sized(cfg: ModelConfig, swa_full: bool, n_seq_max: int) -> ModelConfig:
-    """A sliding-window config with the run's SWA cache sizing (llama_context passes swa_full and n_seq_max to
-    the iSWA cache); any other config as it is."""
+def sized(cfg: ModelConfig, swa_full: bool, n_seq_max: int, n_ubatch: int = N_UBATCH) -> ModelConfig:
+    """A sliding-window config with the run's SWA cache sizing (llama_context passes swa_full, n_seq_max and
+    n_ubatch to the iSWA cache: kv_sizes.swa_cache_size); any other config as it is."""
     if getattr(cfg, "n_swa", 0) > 0:
-        return dataclasses.replace(cfg, swa_full=swa_full, n_seq_max=n_seq_max)
+        return dataclasses.replace(cfg, swa_full=swa_full, n_seq_max=n_seq_max, n_ubatch=n_ubatch)
     return cfg

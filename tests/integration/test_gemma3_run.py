@@ -91,3 +91,15 @@ def test_decisions_only_decides_as_compute_mode_for_gemma3():
         return [(type(e).__name__, e.step) for e in r.events
                 if isinstance(e, (E.PropertyDiff, E.WarmupTransition, E.ContextDecision))]
     assert facts("compute") == facts("decisions")
+
+
+def test_the_swa_n_kv_stays_as_upstream_s_with_a_small_ubatch():
+    """--ubatch-size 64 on gemma3-tiny: upstream's SWA cache is pad256(128 + 64) = 256 cells
+    (llama_kv_cache_iswa's size_swa with the run's n_ubatch), so its n_kv stays 256 past position 256 while
+    the global one grows; sized for n_ubatch 512 (768 cells) the SWA n_kv grew 256 -> 512 (issue 46 review)."""
+    s, result = _summary({"backend": "sim", "model": "gemma3-tiny", "sim_mode": "decisions", "ubatch_size": 64,
+                          "prompt_tokens": 200, "steps": 80})
+    rebuilt = [e.reason for e in result.events if isinstance(e, E.ContextDecision) and not e.reused]
+    assert "n_kv 256→512" in rebuilt                     # the global cache's mask grows at position 256
+    assert not any("n_kv (SWA)" in r for r in rebuilt), rebuilt
+    assert s.counters["replays"] >= 60

@@ -16,11 +16,42 @@ from graphdiag.sched.swa_cells import SwaKvCells, swa_cache_size
     (32768, 512, 4, False, False, 1024),      # one stream per sequence: one window each
     (32768, 512, 1, True, True, 32768),       # --swa-full: the global size
     (768, 512, 1, True, False, 768),          # capped at n_ctx
-    (700, 512, 1, True, False, 768),          # the cap padded to 256 again, as upstream
+    (700, 512, 1, True, False, 768),          # n_ctx padded to 768 first (llama_context), then the cap
     (4096, 100, 1, True, False, 768),         # 612 padded to 768
 ])
 def test_swa_cache_size(n_ctx, n_swa, n_seq, unified, full, want):
     assert swa_cache_size(n_ctx, n_swa, n_seq, 512, unified, full) == want
+
+
+# Worked by hand from 0c1e57098: llama_context's constructor pads n_ctx to 256, takes n_batch = min(n_ctx,
+# n_batch) and n_ubatch = min(n_batch, n_ubatch), and gives the cache n_ctx_seq (n_ctx when unified, else
+# pad256(n_ctx / n_seq_max)); llama_kv_cache_iswa's constructor: size_base = n_ctx_seq, size_swa =
+# pad256(min(size_base, n_swa * (unified ? n_seq_max : 1) + n_ubatch)), or size_base with swa_full.
+@pytest.mark.parametrize("n_ctx, n_swa, n_seq, n_ubatch, unified, full, want", [
+    (4096, 128, 1, 64, True, False, 256),     # the review's case (gemma3-tiny, --ubatch-size 64): 192 -> 256
+    (4096, 128, 1, 512, True, False, 768),    # gemma3-tiny at the default n_ubatch: 640 -> 768
+    (4096, 128, 3, 64, True, False, 512),     # unified, 3 sequences: 3 windows + 64 = 448 -> 512
+    (4096, 128, 3, 64, False, False, 256),    # a stream each: n_ctx_seq pad256(1365) = 1536; 192 -> 256
+    (4096, 128, 1, 16, True, False, 256),     # 144 -> 256
+    (4096, 240, 1, 16, True, False, 256),     # 256 exactly: no pad
+    (4096, 241, 1, 16, True, False, 512),     # 257 -> 512
+    (1024, 512, 4, 512, False, False, 256),   # n_ctx_seq pad256(256) = 256 caps 1024
+    (1000, 100, 3, 64, False, False, 256),    # n_ctx 1024; n_ctx_seq pad256(341) = 512; 164 -> 256
+    (1000, 512, 1, 512, True, False, 1024),   # n_ctx 1000 -> 1024 caps 1024
+    (700, 128, 1, 64, True, True, 768),       # swa_full: size_base, n_ctx padded to 768
+    (1024, 128, 1, 2048, True, False, 1024),  # n_ubatch <= n_batch <= n_ctx: 1024; capped at 1024 anyway
+])
+def test_swa_cache_size_as_upstream_sizes_it(n_ctx, n_swa, n_seq, n_ubatch, unified, full, want):
+    assert swa_cache_size(n_ctx, n_swa, n_seq, n_ubatch, unified, full) == want
+
+
+def test_the_run_s_n_ubatch_sizes_gemma3_s_swa_cache():
+    """The run's --ubatch-size reaches the SWA cache (it was sized for n_ubatch 512 whatever the run's)."""
+    from graphdiag.model.presets import get_preset
+    from graphdiag.model.source import sized
+    cfg = get_preset("gemma3-tiny")
+    assert sized(cfg, False, 1, 64).swa_size == 256 and sized(cfg, False, 1, 512).swa_size == 768
+    assert sized(cfg, False, 3, 64).swa_size == 512 and sized(cfg, True, 1, 64).swa_size == 4096
 
 
 # -- a literal twin of llama.cpp's loops, cell by cell ----------------------------------------------------
