@@ -22,6 +22,11 @@ def aligned(n: int) -> int:
     return (n + ALIGN - 1) // ALIGN * ALIGN
 
 
+
+class UnmappedAccess(ValueError):
+    """A read or write of bytes no live allocation holds (e.g. memory freed since a graph captured its
+    address): the simulated driver reports it as the device would, an illegal address."""
+
 class AddressSpace:
     """Allocations at increasing addresses from `base`; `capacity` bytes in all (None = unbounded).
 
@@ -113,12 +118,12 @@ class AddressSpace:
             raise RuntimeError(f"{self.name}: memory is reserved, not materialised: nothing may read or write it")
         i = bisect.bisect_right(self._bases, addr) - 1
         if i < 0:
-            raise ValueError(f"{self.name}: address {addr:#x} is not allocated")
+            raise UnmappedAccess(f"{self.name}: address {addr:#x} is not allocated")
         b = self._bases[i]
         buf = self._bufs[b]
         off = addr - b
         if off + nbytes > len(buf):
-            raise ValueError(f"{self.name}: [{addr:#x}, +{nbytes}) runs past its allocation")
+            raise UnmappedAccess(f"{self.name}: [{addr:#x}, +{nbytes}) runs past its allocation")
         return buf, off
 
     def bytes(self, addr: int, nbytes: int) -> np.ndarray:

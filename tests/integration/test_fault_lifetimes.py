@@ -51,7 +51,7 @@ def test_a_pool_invalidation_during_a_capture_ends_it_and_the_run_goes_on_correc
     """A free into a full pool during the capture step invalidates every graph: the capture in progress is
     ended and dropped, the split finishes eagerly (the oracle checks what it computed) and the key warms
     up again: eager, capture, replay."""
-    s, bus, st = _session(oracle=True)
+    s, bus, st = _session(oracle=True, pool_invalidation=True)   # the article's rule
     seen = []
     bus.subscribe(lambda e: seen.append(e))
     try:
@@ -77,7 +77,7 @@ def test_a_pool_invalidation_during_a_capture_ends_it_and_the_run_goes_on_correc
 
 
 def test_the_verify_recompute_reports_a_pool_invalidation():
-    s, bus, st = _session()
+    s, bus, st = _session(pool_invalidation=True)          # the article's rule
     seen = []
     bus.subscribe(lambda e: seen.append(e))
     try:

@@ -166,7 +166,7 @@ def test_the_compatibility_walk_runs_only_when_the_uid_changes(monkeypatch):
 
 
 def test_each_stream_has_its_own_pool_and_any_pool_invalidates_everything():
-    s, st = _session(concurrent_streams=True, wtype="q8_0")
+    s, st = _session(concurrent_streams=True, wtype="q8_0", pool_invalidation=True)   # the article's rule
     seen = []
     s.bus.subscribe(seen.append)
     try:

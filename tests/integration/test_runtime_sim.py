@@ -48,7 +48,7 @@ def test_batch_change_names_node_and_field_resets_warmup_and_recaptures():
     diffs = [d for d in of(r, E.PropertyDiff) if d.step == 5]
     assert diffs, "the ledger must report the first differing node"
     d = diffs[0]
-    assert d.node == 0 and d.node_name == "inp_embd" and d.field == "ne[1]" and (d.old, d.new) == ("1", "2")
+    assert d.node == 0 and d.node_name == "embd" and d.field == "ne[1]" and (d.old, d.new) == ("1", "2")
     resets = [w for w in of(r, E.WarmupTransition) if w.to_state == "cold"]
     assert [w.step for w in resets] == [5]
     p = phases(r)
@@ -188,7 +188,8 @@ def test_idle_under_10s_keeps_the_entry():
 
 
 def test_pool_alloc_failure_invalidates_every_entry_and_rewarms():
-    r = run_sim(prompt_tokens=4, steps=10, pool_cap=280_000, timeline=[{"at_step": 5, "prefill": 32}])
+    r = run_sim(prompt_tokens=4, steps=10, pool_cap=280_000, timeline=[{"at_step": 5, "prefill": 32}],
+                pool_invalidation=True)                  # the article's rule
     inv = of(r, E.PoolInvalidated)
     assert inv and inv[0].reason == "alloc failure" and inv[0].step == 5 and inv[0].n_captured >= 1
     p = phases(r)
@@ -196,7 +197,7 @@ def test_pool_alloc_failure_invalidates_every_entry_and_rewarms():
 
 
 def test_free_into_full_pool_invalidates_every_step():
-    r = run_sim(steps=5, pool_max_buffers=0)
+    r = run_sim(steps=5, pool_max_buffers=0, pool_invalidation=True)   # the article's rule
     assert r.counters.invalidations >= 5 and r.counters.replays == 0
     assert {e.reason for e in of(r, E.PoolInvalidated)} == {"free into full pool"}
 

@@ -23,7 +23,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from ...errors import CaptureError, CudaError
-from ...memory import AddressSpace
+from ...memory import AddressSpace, UnmappedAccess
 from ...release import releasing
 from ..sim_kernels import SIM_KERNELS
 from .base import DeviceInfo, Driver, Launch, UpdateOutcome
@@ -282,8 +282,11 @@ class SimDriver(Driver):
         if self.activity is not None:
             self.activity.graph(x.nodes, x.order, x.id, s.id, self.modelled_ns)
         self.modelled_ns += self.GRAPH_NODE_NS * len(x.order)
-        for i in x.order:
-            self._run_node(x.nodes[i])
+        try:
+            for i in x.order:
+                self._run_node(x.nodes[i])
+        except UnmappedAccess as e:         # a captured address freed since (upstream's pool frees with graphs alive)
+            raise CudaError("CUDA_ERROR_ILLEGAL_ADDRESS", "graph_launch", str(e)) from None
 
     def _run_node(self, n: Node) -> None:
         if n.type == "kernel":
