@@ -109,7 +109,7 @@ def _boundaries(r, step):
     return [e for e in of(r, E.ChunkBoundary) if e.step == step]
 
 
-@pytest.mark.parametrize("chunk,expect", [(0, 1), (512, 1), (64, 2)])
+@pytest.mark.parametrize("chunk,expect", [(0, 1), (512, 1), (64, 3)])   # tiny: 130 nodes
 def test_chunk_counts(chunk, expect):
     r = run_sim(steps=4, chunk_size=chunk)
     assert len(_boundaries(r, 2)) == expect
