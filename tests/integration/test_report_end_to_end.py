@@ -120,12 +120,12 @@ def test_diff_cli_on_batch_change_runs_with_different_chunk_sizes(tmp_path):
 
 
 def _node_line(field: str, control, test) -> re.Pattern:
-    """A rendered node-row line: 'N inp_embd   FIELD   CONTROL   TEST   changed'."""
-    return re.compile(rf"^\d+ inp_embd +{re.escape(field)} +{control} +{test} +changed *$", re.M)
+    """A rendered node-row line: 'N embd   FIELD   CONTROL   TEST   changed'."""
+    return re.compile(rf"^\d+ embd +{re.escape(field)} +{control} +{test} +changed *$", re.M)
 
 
 def test_diff_e2e_node_rows_of_batch_1_and_batch_2(steady, tmp_path):
-    """Steady decode at batch 1 and at batch 2: the decode captures differ in inp_embd's ne[1] (1 vs 2);
+    """Steady decode at batch 1 and at batch 2: the decode captures differ in embd's ne[1] (1 vs 2);
     the batch-2 run also captured its prefill graph, which the batch-1 run never did."""
     a, b = tmp_path / "b1.jsonl", tmp_path / "b2.jsonl"
     write_record(a, steady[0], steady[1].events)
@@ -135,7 +135,7 @@ def test_diff_e2e_node_rows_of_batch_1_and_batch_2(steady, tmp_path):
     assert not d.equal and [s.name for s in d.settings] == ["batch"]
     decode = next(c for c in d.nodes if c.control and c.test)
     assert (decode.control.label, decode.test.label) == ("decode #0", "decode #0")
-    assert ("inp_embd", "ne[1]", 1, 2) in [(ch.name, ch.field, ch.control, ch.test) for ch in decode.changes]
+    assert ("embd", "ne[1]", 1, 2) in [(ch.name, ch.field, ch.control, ch.test) for ch in decode.changes]
     assert [(c.control, c.test.label) for c in d.nodes if not c.control] == [(None, "prefill #0")]
     res = CliRunner().invoke(diff, [str(a), str(b)])
     assert res.exit_code == 1 and _node_line("ne[1]", 1, 2).search(res.output)
@@ -152,7 +152,7 @@ def test_diff_e2e_steps_across_a_batch_change_name_the_node_change(tmp_path):
     d = diff_steps(read_record(path)[1], 4, 7)
     (c,) = d.nodes
     assert c.control.step < 5 <= c.test.step
-    assert ("inp_embd", "ne[1]", 1, 2) in [(ch.name, ch.field, ch.control, ch.test) for ch in c.changes]
+    assert ("embd", "ne[1]", 1, 2) in [(ch.name, ch.field, ch.control, ch.test) for ch in c.changes]
     res = CliRunner().invoke(diff, [str(path), "--step", "4", "--step", "7"])
     assert res.exit_code == 1 and _node_line("ne[1]", 1, 2).search(res.output)
     assert CliRunner().invoke(diff, [str(path), "--step", "3", "--step", "4"]).exit_code == 0
