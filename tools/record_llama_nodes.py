@@ -141,6 +141,8 @@ def main(argv=None) -> int:
     a = ap.parse_args(argv)
     if a.tokens < 1:
         ap.error("--tokens must be at least 1")
+    if not Path(a.model).is_file():
+        ap.error(f"{a.model}: no such file")
     n_ctx = a.n_ctx or graphdiag_n_ctx(a.model)
     nodes = record(a.model, a.tokens, n_ctx)
     out = Path(a.out)

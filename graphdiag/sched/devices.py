@@ -24,7 +24,7 @@ import numpy as np
 
 _LAYER_TENSOR = re.compile(r"^blk\.(\d+)\.|^cache_[kv]_l(\d+)$")
 _OUTPUT_TENSORS = ("output_norm.weight", "output.weight")
-_LAYER_NORM = "norm"          # the rms_norm of a layer's norms, "norm-{il}" (model/build.py), as upstream's cb name
+_LAYER_NORM = "norm"          # the rms_norm of a layer's norms, "norm-{il}" (model/graph_context.py), as upstream's cb name
 
 
 def split_points(shares: Sequence[float]) -> tuple[float, ...]:
