@@ -1,0 +1,75 @@
+"""Kernel names of captured graphs on both sides, as one vocabulary: ggml's kernel identifiers.
+
+llama.cpp's kernel nodes are named by their CUDA function (`cuFuncGetName`: mangled C++ such as
+`_Z13mul_mat_vec_fI6__half...`, or already cut to the identifier); graphdiag's by its own kernels
+(`mul_mat_vec_add_q8_0`). `upstream(name)` gives the ggml identifier a graphdiag kernel stands for (a fused
+mat-vec+add is still ggml's `mul_mat_vec_q`, a fused rms_norm+mul its `rms_norm_f32`), `identifier(name)`
+cuts ggml's function name to its identifier; a few families stay coarser where the kernels differ in kind
+but not in place (`rope` for rope_norm/rope_neox, `quantize` for ggml's two Q8_1 quantisers, `fixup` for a
+second launch that adds split parts: MMQ stream-k, flash attention stream-k, cuBLAS's split-K reduce,
+graphdiag's mul_mat_fixup_f32; `cublas_gemm` for the GEMM cuBLAS ran and graphdiag's F32 stand-in).
+"""
+
+from __future__ import annotations
+
+import re
+
+# ggml identifier -> the coarser family both sides are compared in
+_COARSE = {"rope_norm": "rope", "rope_neox": "rope", "quantize_q8_1": "quantize", "quantize_mmq_q8_1": "quantize",
+           "mul_mat_q_stream_k_fixup": "fixup", "flash_attn_stream_k_fixup_uniform": "fixup",
+           "flash_attn_stream_k_fixup_general": "fixup"}
+# graphdiag kernel name pattern -> ggml identifier (first match wins)
+_GRAPHDIAG = (
+    (r"get_rows_(f32|f16|bf16)$", "k_get_rows_float"), (r"get_rows_", "k_get_rows"),
+    (r"rope", "rope"), (r"set_rows_", "k_set_rows"), (r"^(add|sub|mul|div)_f32$", "k_bin_bcast"),
+    (r"rms_norm", "rms_norm_f32"), (r"quantize_q8_1", "quantize"),
+    (r"mul_mat_fixup", "fixup"), (r"flash_attn_combine", "flash_attn_combine_results"),
+    (r"flash_attn_mma", "flash_attn_ext_f16"), (r"flash_attn_vec", "flash_attn_ext_vec"),
+    (r"^glu_", "unary_gated_op_kernel"), (r"topk_moe", "topk_moe_cuda"),
+    (r"moe_weighted_reduction", "moe_weighted_reduction_f32"),
+    (r"mul_mat_(id_)?vec_.*(f16|bf16|f32)$", "mul_mat_vec_f"), (r"mul_mat_(id_)?vec_", "mul_mat_vec_q"),
+    (r"mul_mat_(id_)?f32$", "cublas_gemm"), (r"mul_mat_(id_)?(f16|bf16)$", "mul_mat_f"),
+    (r"mul_mat_(id_)?q", "mul_mat_q"),
+)
+_MANGLED = re.compile(r"^_Z(\d+)")
+
+
+def identifier(name: str) -> str:
+    """A llama.cpp kernel function's family: its ggml identifier, coarsened where _COARSE says."""
+    if "cutlass" in name or re.search(r"(sm\d+|ampere|hopper)_.*gemm", name):
+        return "cublas_gemm"
+    if "splitKreduce" in name:
+        return "fixup"
+    m = _MANGLED.match(name)
+    if m:
+        n = int(m.group(1))
+        name = name[m.end():m.end() + n]
+    return _COARSE.get(name, name)
+
+
+def upstream(name: str) -> str:
+    """The family of the ggml kernel a graphdiag kernel stands for ("?name" where no rule maps it)."""
+    return next((fam for pat, fam in _GRAPHDIAG if re.search(pat, name)), f"?{name}")
+
+
+def upstream_sequence(names: list[str]) -> list[str]:
+    """upstream() of each graphdiag kernel in a capture, in order; a flash-attention combine after the
+    tensor-core kernel is the stream-k fixup ggml launches there (after the vec kernel, its combine)."""
+    out: list[str] = []
+    for k in names:
+        fam = upstream(k)
+        out.append("fixup" if fam == "flash_attn_combine_results" and out and out[-1] == "flash_attn_ext_f16"
+                   else fam)
+    return out
+
+
+def first_difference(ours: list[str], theirs: list[str], embedding_on_cpu: int = 1) -> tuple[int, str, str] | None:
+    """(index in llama.cpp's capture, graphdiag's family, llama.cpp's) of the first kernel whose family
+    differs, after graphdiag's first `embedding_on_cpu` kernels (the embedding's GET_ROWS llama.cpp runs on
+    the CPU); None when the two sequences are the same."""
+    a, b = upstream_sequence(ours[embedding_on_cpu:]), [identifier(k) for k in theirs]
+    for i in range(max(len(a), len(b))):
+        x, y = (a[i] if i < len(a) else ""), (b[i] if i < len(b) else "")
+        if x != y:
+            return i, x, y
+    return None

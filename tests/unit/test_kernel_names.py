@@ -1,0 +1,30 @@
+"""Kernel names of both sides in ggml's vocabulary (graphdiag/llama/kernel_names.py)."""
+
+from graphdiag.llama.kernel_names import first_difference, identifier, upstream, upstream_sequence
+
+
+def test_llama_cpp_names_cut_to_ggml_identifiers():
+    assert identifier("_Z13mul_mat_vec_fI6__halfS0_Li1ELi256ELb0ELb0EEvPKT_PKfPKi") == "mul_mat_vec_f"
+    assert identifier("_Z9rope_normILb1ELb0EffEvPKT1_PT2_") == "rope" == identifier("rope_neox")
+    assert identifier("_ZN7cutlass7Kernel2I50cutlass_80_tensorop_s1688gemm_64x64_16x6_tn_align4EEvNT_6ParamsE") \
+        == "cublas_gemm"
+    assert identifier("_ZN8cublasLt19splitKreduce_kernelILi32ELi16EiffffLb0E") == "fixup"
+    assert identifier("mul_mat_q_stream_k_fixup") == "fixup" and identifier("k_set_rows") == "k_set_rows"
+
+
+def test_graphdiag_names_as_the_ggml_kernel_they_stand_for():
+    assert [upstream(k) for k in ("mul_mat_vec_add_q8_0", "mul_mat_vec_glu_f16", "rms_norm_mul_f32",
+                                  "rope_set_rows_f16", "set_rows_f16", "add_f32", "glu_swiglu_f32",
+                                  "mul_mat_f32", "mul_mat_fixup_f32", "get_rows_q8_0", "nonesuch")] == [
+        "mul_mat_vec_q", "mul_mat_vec_f", "rms_norm_f32", "rope", "k_set_rows", "k_bin_bcast",
+        "unary_gated_op_kernel", "cublas_gemm", "fixup", "k_get_rows", "?nonesuch"]
+    assert upstream_sequence(["flash_attn_mma_f16_d64", "flash_attn_combine_f32"]) == ["flash_attn_ext_f16", "fixup"]
+    assert upstream_sequence(["flash_attn_vec_f16_d64_g1", "flash_attn_combine_f32"])[1] == \
+        "flash_attn_combine_results"
+
+
+def test_first_difference_leaves_out_the_embedding():
+    ours = ["get_rows_f16", "rms_norm_mul_f32", "mul_mat_vec_f16"]
+    assert first_difference(ours, ["rms_norm_f32", "_Z13mul_mat_vec_fIffEv"]) is None
+    assert first_difference(ours, ["rms_norm_f32", "_Z9mul_mat_fIffEv"]) == (1, "mul_mat_vec_f", "mul_mat_f")
+    assert first_difference(ours, ["rms_norm_f32"]) == (1, "mul_mat_vec_f", "")
