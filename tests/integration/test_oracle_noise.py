@@ -1,5 +1,5 @@
 """The oracle's bound for runs on Q8_1-rounded activations (a GPU backend or the sim, on a quantised weight):
-the larger of ORACLE_BOUND_Q8_1 and ORACLE_NOISE_FACTOR times the distance of the oracle's jittered twin,
+ORACLE_NOISE_FACTOR times the farthest apart the oracle and its two jittered twins land, at least ORACLE_FLOOR,
 so a model that carries its own rounding noise far (Gemma 3 270M: 0.03-0.28 from the float64 forward on the
 sim and on the H200 alike, real llama.cpp 0.10) is checked at its own resolution, and a wrong kernel or
 weight still fails."""
@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 
 from graphdiag import events as E
-from graphdiag.events.checks import ORACLE_BOUND_Q8_1, ORACLE_NOISE_FACTOR
+from graphdiag.events.checks import ORACLE_FLOOR, ORACLE_NOISE_FACTOR
 from graphdiag.model.reference import Reference
 from graphdiag.model.source import build_model
 from support.simrun import of, run_sim
@@ -29,10 +29,10 @@ def test_the_jittered_twin_is_deterministic_and_shares_the_weights():
     assert twins[0]._w is ref._w and len(ref._w) > 0  # one float64 copy of the weights
 
 
-def test_a_preset_keeps_the_fixed_floor_and_the_cpu_backend_has_no_twin():
+def test_a_preset_is_bound_by_its_noise_and_the_cpu_backend_has_no_twin():
     r = run_sim(wtype="q8_0", steps=3, prompt_tokens=8, oracle=True)
     checks = of(r, E.OracleCheck)
-    assert all(c.noise is not None and c.bound == max(ORACLE_BOUND_Q8_1, ORACLE_NOISE_FACTOR * c.noise)
+    assert all(c.noise is not None and c.bound == max(ORACLE_FLOOR, ORACLE_NOISE_FACTOR * c.noise)
                for c in checks) and not r.failures
     cpu = run_sim(wtype="q8_0", steps=2, prompt_tokens=8, oracle=True, backend="cpu")
     assert {c.noise for c in of(cpu, E.OracleCheck)} == {None} and {c.bound for c in of(cpu, E.OracleCheck)} == {1e-3}
@@ -47,7 +47,7 @@ def _gemma_checks(path):
 def test_the_gemma_file_on_the_sim_passes_at_its_own_noise(gemma3_file):
     checks, r = _gemma_checks(gemma3_file)
     assert len(checks) == 5 and not r.failures
-    assert max(c.rel_err for c in checks) > ORACLE_BOUND_Q8_1    # the fixed bound alone failed this run
+    assert max(c.rel_err for c in checks) > 3e-2         # the former fixed bound alone failed this run
     assert all(c.noise > 0.01 for c in checks)
 
 
@@ -72,7 +72,7 @@ def test_the_summary_and_the_event_line_name_the_noise(tmp_path, capsys):
     assert main(["run", "--backend", "sim", "--wtype", "q8_0", "--steps", "2", "--oracle", "-v",
                  "--events", str(rec)]) == 0
     out = capsys.readouterr().out
-    assert "the model's own Q8_1 noise, which reached" in out and "0 over the bound" in out
+    assert "the model's own Q8_1 noise, at least" in out and "0 over the bound" in out
     assert "the model's Q8_1 noise" in out              # the per-step line under -v
     lines = rec.read_text().splitlines()
     i = next(i for i, l in enumerate(lines) if '"kind":"oracle"' in l or '"kind": "oracle"' in l)

@@ -95,6 +95,7 @@ class Summary:
     oracle_bound: float = 0.0                             # the largest bound of a check
     oracle_max_noise: float | None = None                 # Q8_1 runs: the largest noise-twin distance
     oracle_worst_share: float = 0.0                       # max over the checks of rel_err / bound
+    oracle_nonfinite: int = 0                             # checks failed on NaN or inf logits (ours or the oracle's)
     ended: E.RunEnded | None = None                       # how the run ended (None: not recorded, cut short)
     accounting: Accounting = field(default_factory=Accounting)   # where the time goes (accounting.py)
     thrash: list[KeyThrash] = field(default_factory=list)  # keys alternating between graph variants
@@ -174,6 +175,7 @@ def summarize(header: RunHeader | dict[str, Any], events: Iterable[E.Event]) -> 
     noises = [e.noise for e in oracle if getattr(e, "noise", None) is not None]
     s.oracle_max_noise = max(noises) if noises else None
     s.oracle_worst_share = max((e.rel_err / e.bound for e in oracle if e.bound), default=0.0)
+    s.oracle_nonfinite = sum(bool(e.nan or e.inf or e.ref_nan or e.ref_inf) for e in oracle)
     s.ended = next((e for e in reversed(events) if isinstance(e, E.RunEnded)), None)
     s.disabled_reasons = sorted({disabled_cause(header, r) for r in s.disabled_reasons})
     s.accounting = account(events)

@@ -14,7 +14,7 @@ from rich.console import Console
 from rich.table import Table
 
 from ... import events as E
-from ...events.checks import ORACLE_BOUND_Q8_1, ORACLE_NOISE_FACTOR
+from ...events.checks import ORACLE_FLOOR, ORACLE_NOISE_FACTOR
 from ..analysis.eventlog import EventLog, fmt_ns
 from ..analysis.measured import gpu_phrase, simulated_timings, timing_name
 from ..analysis.summary import Summary, disabled_cause
@@ -232,6 +232,19 @@ def _counter_table(s: Summary) -> Table:
     return t
 
 
+def _oracle_note(s: Summary) -> str:
+    """--oracle's line: the checks, the largest error, the bound (and the noise it follows), the failures."""
+    if s.oracle_max_noise is not None:
+        bound = (f"bound per step: {ORACLE_NOISE_FACTOR:g}× the model's own Q8_1 noise, at least "
+                 f"{ORACLE_FLOOR:g}; the noise reached {s.oracle_max_noise:.3g}, the closest step used "
+                 f"{s.oracle_worst_share:.0%} of its bound")
+    else:
+        bound = f"bound {s.oracle_bound:g}"
+    nonfinite = f" ({s.oracle_nonfinite} on NaN or inf logits)" if s.oracle_nonfinite else ""
+    return (f"oracle: {s.oracle_checks} checks, max relative error {s.oracle_max_rel_err:.3g} ({bound}), "
+            f"{s.oracle_failures} over the bound{nonfinite}")
+
+
 def _notes(s: Summary) -> list[str]:
     notes = []
     for k in s.keys:
@@ -247,14 +260,8 @@ def _notes(s: Summary) -> list[str]:
     notes += diagnosis_lines(s)
     if s.verify_checks:
         notes.append(f"verify: {s.verify_checks} checks, {s.verify_mismatches} mismatches")
-    if s.oracle_checks and s.oracle_max_noise is not None:
-        notes.append(f"oracle: {s.oracle_checks} checks, max relative error {s.oracle_max_rel_err:.3g} "
-                     f"(bound per step: the larger of {ORACLE_BOUND_Q8_1:g} and {ORACLE_NOISE_FACTOR:g}× the "
-                     f"model's own Q8_1 noise, which reached {s.oracle_max_noise:.3g}; the closest step used "
-                     f"{s.oracle_worst_share:.0%} of its bound), {s.oracle_failures} over the bound")
-    elif s.oracle_checks:
-        notes.append(f"oracle: {s.oracle_checks} checks, max relative error {s.oracle_max_rel_err:.3g} "
-                     f"(bound {s.oracle_bound:g}), {s.oracle_failures} over the bound")
+    if s.oracle_checks:
+        notes.append(_oracle_note(s))
     notes += [f"cut off: {c} (every other output got every event)" for c in s.sinks_cut_off]
     notes += end_lines(s)
     return notes
