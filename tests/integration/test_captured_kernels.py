@@ -140,9 +140,9 @@ NAME_DIFFERENCES = {
     # + stream-k fixup) where graphdiag runs the vec kernel + combine (same count, another kernel)
     ("tiny-q8_0-fusion-boundary", 1): (10, "flash_attn_ext_vec", "flash_attn_ext_f16"),
     ("tiny-q8_0-fusion-boundary", 2): (10, "flash_attn_ext_vec", "flash_attn_ext_f16"),
-    # ggml_cuda_should_use_mmvf (0c1e57098, mmvf.cu): F16 weights on Ampere+ take the mat-vec at ne11 == 1 only;
-    # graphdiag's compat.mmvf_ok still takes it up to 3 columns (an older upstream's rule), so at 2 tokens its Q
-    # mat-mul is mul_mat_vec_f16 where llama.cpp's is mul_mat_f (not a PDL launch: the graph's edges differ too)
+    # float MUL_MAT at 2-8 columns: graphdiag's lowering runs its mat-vec kernel up to 8 columns whatever
+    # compat.mul_mat_path says, where ggml 0c1e57098 runs MMF (mul_mat_f): ggml_cuda_should_use_mmvf takes F16
+    # on Ampere+ at ne11 == 1 only (gpu/pdl.py already gives those launches MMF's plain edges)
     ("moe-f16-fusion-boundary", 1): (1, "mul_mat_vec_f", "mul_mat_f"),
     ("moe-f16-fusion-boundary", 2): (1, "mul_mat_vec_f", "mul_mat_f"),
     ("moe-f16-fusion-boundary", 3): (15, "mul_mat_vec_f", "mul_mat_f"),
