@@ -39,18 +39,20 @@ def timeline(seed: int, model: str = "tiny", limits: Limits = Limits()) -> dict:
     first = batch * n_ubatches(prompt, N_UBATCH)        # the first decode step
     steps += first - batch                               # timeline steps are validated against batch + steps
     env = {k: v for k, v in RUN_ENV if rng.random() < 0.2}
-    changes = _changes(rng, limits, first, batch + steps - 1, batch, limits.max_tokens - batch * prompt)
+    changes = _changes(rng, limits, (first, batch + steps - 1, first + steps - 1), batch,
+                       limits.max_tokens - batch * prompt)
     return {"name": f"gen-{seed}", "description": f"generated timeline, seed {seed} (graphdiag/llama/timelines.py)",
             "run": {"model": model, "prompt_tokens": prompt, "steps": steps, "batch": batch}, "env": env,
             "timeline": changes}
 
 
-def _changes(rng: random.Random, limits: Limits, first: int, last: int, batch: int, budget: int):
-    """Timeline entries over decode steps first..last, spending at most `budget` tokens."""
-    out, step, cur = [], first, batch
-    while step <= last:
-        tokens = cur
-        r = rng.random()
+def _changes(rng: random.Random, limits: Limits, steps: tuple[int, int, int], batch: int, budget: int):
+    """Timeline entries at decode steps first..last (what scenario validation accepts), the plan running to
+    `end`, spending at most `budget` tokens."""
+    (first, last, end), out, step, cur = steps, [], steps[0], batch
+    while step <= end:
+        tokens, left = cur, end - step + 1
+        r = rng.random() if step <= last else 1.0       # past `last` the batch stays
         if r < 0.12:
             cur = max(1, min(limits.max_batch, cur + rng.choice((-3, -2, -1, 1, 2, 3, 5, 8))))
             out.append({"at_step": step, "batch": cur})
@@ -63,17 +65,17 @@ def _changes(rng: random.Random, limits: Limits, first: int, last: int, batch: i
                 tokens = cur
         elif r < 0.23:
             n = rng.randint(1, limits.max_prefill) if rng.random() < 0.5 else rng.randint(1, 64)
-            n = min(n, budget - cur * (last - step + 1))
+            n = min(n, budget - cur * left)
             u = n_ubatches(n, N_UBATCH)
             if n >= 1 and step + u - 1 <= last:
                 out.append({"at_step": step, "prefill": n})
                 budget -= n
                 step += u                                # its ubatches take the steps after it
                 continue
-        if rng.random() < 0.08:
+        if step <= last and rng.random() < 0.08:
             out.append({"at_step": step, "idle_s": round(rng.uniform(0, limits.max_idle_s) * 2) / 2})
-        if tokens * (last - step + 1) > budget:          # fewer sequences, to stay within the cells
-            cur = max(1, budget // (last - step + 1))
+        if step <= last and tokens * left > budget:     # fewer sequences, to stay within the cells
+            cur = max(1, budget // left)
             out = [e for e in out if e["at_step"] != step or not {"batch", "alternate_batches"} & e.keys()]
             out.append({"at_step": step, "batch": cur})
         budget -= cur
