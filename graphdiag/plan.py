@@ -106,7 +106,8 @@ class Plan:
             yield from prefill_ubatches(self.prompt_tokens, self.n_ubatch, seq=q, initial=True)
         batch, cycle, k = self.batch, None, 0
         every, since, own = 0, 0, 0        # new_arena_every, its start step; separate_arena_batch
-        first, end = self.batch * self.n_prompt, len(self)
+        first = self.batch * self.n_prompt
+        end = first + self.steps           # not len(self): an absurd --steps is past what len() may return
         step, covered = first, first       # covered: the first step whose timeline items are not yet read
         while step < end:
             idle, prefill, fault = 0.0, 0, ""

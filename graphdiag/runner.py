@@ -25,6 +25,7 @@ from .config import RunConfig, kernel_cache_dir
 from .counters import Counters
 from .backends.drivers.faults import FaultInjector, calls_of, recoverable
 from .errors import CudaError, GraphdiagError, NoDeviceError, OutOfDeviceMemory, RunInterrupted, Terminated
+from .interrupts import interrupt_came, shielded
 from .ir.dtypes import GGMLType
 from .quants import q8_1_activations
 from .model.source import build_model, model_config
@@ -264,14 +265,16 @@ def run(cfg: RunConfig, scenario=None, sinks=(), span_sinks=(), on_header=None, 
         bus.on_sink_error = lambda f: warn(f"{f.sink} failed at step {f.step} ({f.error}): cut off, "
                                            f"every other output still gets every event")
     session = Session(cfg, bus, warn=warn)
-    session.device_source, session.device_sinks = _open_device(session, cupti, warn), list(device_sinks)
-    header = make_header(cfg, session, getattr(scenario, "name", None))
-    if on_header is not None:
-        on_header(header)
-    session.announce()
-    result = RunResult(header, rec.events, counters)
     try:
-        walk_recorded(session, result, plan_steps(cfg, scenario))
+        session.device_source, session.device_sinks = _open_device(session, cupti, warn), list(device_sinks)
+        header = make_header(cfg, session, getattr(scenario, "name", None))
+        result = RunResult(header, rec.events, counters)
+
+        def start() -> None:                # the run starts: the outputs open (on_header), then it is announced
+            if on_header is not None:
+                on_header(header)
+            session.announce()
+        walk_recorded(session, result, plan_steps(cfg, scenario), start)
     except BaseException:
         with contextlib.suppress(Exception):   # the run's error is the one to report, not a release's echo
             _close_session(session)
@@ -298,11 +301,15 @@ def _open_device(session: Session, cupti: bool, warn):
         return None
 
 
-def walk_recorded(session: "Session", result: RunResult, plan) -> None:
-    """Walk the plan and end the record with a RunEnded event however the run ends (complete, Ctrl-C,
-    an error, a closed stdout); the exception, if any, goes on to the caller."""
+def walk_recorded(session: "Session", result: RunResult, plan, start=None) -> None:
+    """`start()` (the outputs opened with the header, the run announced), then walk the plan, and end the
+    record with a RunEnded event however the run ends (complete, Ctrl-C, an error, a closed stdout), from
+    the moment `start` begins: a record that has its header always ends with its RunEnded. The exception,
+    if any, goes on to the caller."""
     status, reason = "complete", ""
     try:
+        if start is not None:
+            start()
         Stepper(session, result).run(plan)
     except KeyboardInterrupt as e:
         status, reason = "interrupted", "SIGTERM" if isinstance(e, Terminated) else "Ctrl-C"
@@ -314,13 +321,16 @@ def walk_recorded(session: "Session", result: RunResult, plan) -> None:
         status, reason = "failed", f"{type(e).__name__}: {e}"
         raise
     except BaseException as e:
-        status, reason = "failed", f"internal error: {type(e).__name__}: {e}"
+        came = interrupt_came()             # a signal inside a C extension's import comes out as its ImportError
+        status, reason = (("interrupted", "SIGTERM" if isinstance(came, Terminated) else "Ctrl-C") if came else
+                          ("failed", f"internal error: {type(e).__name__}: {e}"))
         raise
     finally:
         step = session.ctx.step if session.ctx is not None else 0
         ended = E.RunEnded(step=step, status=status, steps_done=len(result.tokens), reason=reason)
         try:
-            session.bus.emit(ended)
+            with shielded():      # a signal now comes after the record's last line, not instead of it
+                session.bus.emit(ended)
         except (GraphdiagError, OSError):
             pass                  # a sink that failed (full disk, closed pipe) already reported why
 
@@ -554,7 +564,6 @@ def run_cli(settings: dict, scenario: str | None = None, events_path: str | None
     import sys
 
     from .config import resolve, validate_run
-    from .interrupts import terminate_as_interrupt
     from .scenario import load_scenario
 
     out, err = out or sys.stdout, err or sys.stderr
@@ -568,20 +577,19 @@ def run_cli(settings: dict, scenario: str | None = None, events_path: str | None
     for w in validate_run(cfg, sc, as_json=as_json, verbosity=verbosity):
         err.write(f"graphdiag: warning: {w}\n")
     header, events = {}, E.Recorder()
-    with terminate_as_interrupt():
-        try:
-            result = _run_with_sinks(cfg, sc, events_path, as_json, verbosity, out, header, events,
-                                     timeline_path=timeline_path, cupti=cupti, err=err,
-                                     record_stream=record_stream)
-        except KeyboardInterrupt as e:
-            partial = RunResult(header, events.events, Counters())
-            _render_result(partial, sc, as_json, out, strict)
-            ended = next((e for e in reversed(events.events) if isinstance(e, E.RunEnded)), None)
-            step = ended.step if ended is not None else 0
-            if not as_json:
-                out.write(f"interrupted at step {step} (summary of the steps so far)\n")
-            raise RunInterrupted(step, terminated=isinstance(e, Terminated)) from None
-        return _render_result(result, sc, as_json, out, strict)
+    try:                                    # SIGTERM is an interrupt here: cli.main's terminate_as_interrupt
+        result = _run_with_sinks(cfg, sc, events_path, as_json, verbosity, out, header, events,
+                                 timeline_path=timeline_path, cupti=cupti, err=err,
+                                 record_stream=record_stream)
+    except KeyboardInterrupt as e:
+        partial = RunResult(header, events.events, Counters())
+        _render_result(partial, sc, as_json, out, strict)
+        ended = next((e for e in reversed(events.events) if isinstance(e, E.RunEnded)), None)
+        step = ended.step if ended is not None else 0
+        if not as_json:
+            out.write(f"interrupted at step {step} (summary of the steps so far)\n")
+        raise RunInterrupted(step, terminated=isinstance(e, Terminated)) from None
+    return _render_result(result, sc, as_json, out, strict)
 
 
 def _distinct_outputs(events_path: str | None, timeline_path: str | None) -> None:
@@ -600,14 +608,14 @@ def _distinct_outputs(events_path: str | None, timeline_path: str | None) -> Non
 
 def _run_with_sinks(cfg: RunConfig, sc, events_path, as_json: bool, verbosity: int, out, header: dict,
                     recorder, timeline_path=None, cupti: bool = False, err=None, record_stream=None) -> RunResult:
-    """Open the record and the timeline (before any model is built: a path that cannot be written fails
-    first), wire the console, the record and NVTX, run, close every one however the run ends (each close
+    """Show the record and the timeline writable (before any model is built: a path that cannot be written
+    fails first; they are opened once the run starts, so a refused run leaves them as they were), wire the
+    console, the record and NVTX, run, close every one however the run ends (each close
     tried, a second Ctrl-C or a SIGTERM held back until the files are written). `header` and `recorder`
     keep what an interrupted run leaves. The record is essential (its failure ends the run); the console,
     the timeline and NVTX are cut off alone when they fail."""
     import sys
 
-    from .interrupts import shielded
     from .report.sinks.console import ConsoleReporter
     from .report.record.write import JsonlWriter
 
@@ -651,7 +659,8 @@ def _run_with_sinks(cfg: RunConfig, sc, events_path, as_json: bool, verbosity: i
     finally:
         with shielded(), releasing() as release:
             for o in outputs:
-                release(o.close)
+                if o is not timeline or header:     # a run refused before it started leaves the file as it was
+                    release(o.close)
 
 
 def _render_result(result: RunResult, sc, as_json: bool, out, strict: bool = False) -> int:

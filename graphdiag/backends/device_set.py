@@ -51,6 +51,35 @@ class CurrentContext:
         setattr(self._driver, name, value)
 
 
+def check_devices(cfg) -> None:
+    """What opening the drivers would refuse, said before any work starts (bench steps, ahead of its rows):
+    --backend cuda without a usable GPU, more devices than CUDA shows or than the simulator models."""
+    if cfg.backend == "cpu":
+        return
+    if cfg.backend in ("auto", "cuda"):
+        from .drivers import cuda
+        try:
+            count = cuda.device_count()
+        except NoDeviceError:
+            if cfg.backend == "cuda":
+                raise
+        else:
+            if count < cfg.devices:
+                raise _too_few_cuda(cfg.devices, count)
+            return
+    if cfg.devices > MAX_SIM_DEVICES:
+        raise _too_many_simulated(cfg.devices)
+
+
+def _too_few_cuda(n: int, count: int) -> UsageError:
+    return UsageError(f"devices {n}: this machine shows {count} CUDA device{'s' * (count != 1)} "
+                      f"(CUDA_VISIBLE_DEVICES); use --backend sim to simulate {n}")
+
+
+def _too_many_simulated(n: int) -> UsageError:
+    return UsageError(f"devices {n}: the simulated driver models at most {MAX_SIM_DEVICES} devices")
+
+
 def open_drivers(cfg, cache_dir=None) -> tuple[list, str]:
     """(one driver per device, note) for --devices N > 1; UsageError before anything is built when N
     exceeds the devices present. cache_dir: where CUDA drivers cache compiled kernels (handed down from
@@ -66,8 +95,7 @@ def open_drivers(cfg, cache_dir=None) -> tuple[list, str]:
             note = f"no GPU ({e}); using the SIMULATED driver"
         else:
             if count < n:
-                raise UsageError(f"devices {n}: this machine shows {count} CUDA device{'s' * (count != 1)} "
-                                 f"(CUDA_VISIBLE_DEVICES); use --backend sim to simulate {n}")
+                raise _too_few_cuda(n, count)
             drivers = []
             try:
                 for i in range(n):
@@ -80,7 +108,7 @@ def open_drivers(cfg, cache_dir=None) -> tuple[list, str]:
     else:
         note = ""
     if n > MAX_SIM_DEVICES:
-        raise UsageError(f"devices {n}: the simulated driver models at most {MAX_SIM_DEVICES} devices")
+        raise _too_many_simulated(n)
     from ..sim_mode import sim_mode
     from .drivers.sim import SimDriver
     compute = sim_mode(cfg) == "compute"

@@ -88,7 +88,9 @@ def steps(backend, models, wtypes, steps, prompt_tokens, chunk_size, prefill, no
     from ..model.presets import PRESETS, WEIGHT_TYPES
     split = {k: v for k, v in (("devices", devices), ("tensor_split", tensor_split)) if v is not None}
     peer = _names(peers, ("torch", "llama"), "peer")
-    resolve({"backend": backend, **split})     # a bad --devices / --tensor-split: one line, before any run
+    from ..backends.device_set import check_devices
+    # a bad --devices / --tensor-split, or a backend this machine lacks: one line, before any run
+    check_devices(resolve({"backend": backend, **split}))
     names = _names(models, PRESETS, "preset", files=True)
     _no_wtype_for_files(names, wtypes)
     opts = StepsOptions(names, _names(wtypes or "f16", [w for w in WEIGHT_TYPES if w != "f32"], "weight type"),

@@ -6,16 +6,28 @@ from __future__ import annotations
 import click
 
 
-@click.command("export-gguf")
+class _ExportCommand(click.Command):
+    """--help ends with the presets and architectures export-gguf takes, read from their registries (imported
+    only for --help: they load numpy, which every other command line would pay for)."""
+
+    def format_epilog(self, ctx: click.Context, formatter: click.HelpFormatter) -> None:
+        from ..model.arch import supported
+        from ..model.presets import PRESETS
+        formatter.write_paragraph()
+        formatter.write_text(f"Models (--model): {', '.join(PRESETS)}. Architectures (--arch): {supported()}.")
+
+
+@click.command("export-gguf", cls=_ExportCommand)
 @click.option("--model", default="tiny", show_default=True,
-              help="Preset (tiny, small, 1b, 7b; moe-tiny as llama's MoE, whose router normalises its weights).")
+              help="Preset (listed below; moe-tiny is written as llama's MoE, whose router normalises its "
+                   "weights).")
 @click.option("--wtype", default="f16", show_default=True,
               help="Weight type of the mat-mul weights and the embedding (f16, bf16, f32, q8_0, q4_0, q5_0, q5_1, "
                    "q4_k, q5_k, q6_k; a K-quant falls back where rows are no multiple of 256, as llama.cpp's).")
 @click.option("--seed", default=0, show_default=True, type=click.IntRange(0, 2**31 - 1),
               help="The seed of the preset's weights (as `run --seed`).")
 @click.option("--arch", default="llama", show_default=True,
-              help="Architecture to write the preset's shapes as (llama, qwen2, qwen3; a MoE preset: llama).")
+              help="Architecture to write the preset's shapes as (listed below; a MoE preset: llama).")
 @click.argument("out", type=click.Path(dir_okay=False, writable=True))
 def export_gguf(model: str, wtype: str, seed: int, arch: str, out: str) -> None:
     """Write preset MODEL (graphdiag's seeded weights, a vocabulary of placeholder pieces: SPM for llama,

@@ -2,7 +2,8 @@
 
 Exit codes: 0 ok; 1 a check failed (or `diff`: the runs differ); 2 bad input (one line on stderr);
 3 an internal error, i.e. a bug (one line asking for a report; the traceback with --debug or
-GRAPHDIAG_DEBUG=1); 130 interrupted (Ctrl-C); 141 stdout closed early (e.g. piped into `head`), quietly.
+GRAPHDIAG_DEBUG=1); 130 interrupted (Ctrl-C); 143 terminated (SIGTERM; a second one changes nothing);
+141 stdout closed early (e.g. piped into `head`), quietly.
 """
 
 from __future__ import annotations
@@ -14,7 +15,9 @@ import traceback
 import click
 
 from .. import __version__
-from ..errors import INTERNAL_EXIT, GraphdiagError, InternalError, RunInterrupted
+from ..interrupts import interrupt_came, terminate_as_interrupt
+from ..errors import (INTERNAL_EXIT, INTERRUPTED_EXIT, TERMINATED_EXIT, GraphdiagError, InternalError,
+                      RunInterrupted, Terminated)
 
 BROKEN_PIPE_EXIT = 141       # 128 + SIGPIPE, as a shell reports a reader that went away
 
@@ -26,17 +29,20 @@ def _set_debug(ctx: click.Context, param: click.Parameter, value: bool) -> None:
     _debug = _debug or value
 
 
-@click.group(context_settings={"help_option_names": ["-h", "--help"]})
+@click.group(context_settings={"help_option_names": ["-h", "--help"]}, invoke_without_command=True)
 @click.version_option(__version__, prog_name="graphdiag")
 @click.option("--debug", is_flag=True, expose_value=False, is_eager=True, callback=_set_debug,
               help="Show the Python traceback of an internal error (also: GRAPHDIAG_DEBUG=1).")
-def cli() -> None:
+@click.pass_context
+def cli(ctx: click.Context) -> None:
     """Profile and diagnose CUDA-graph capture/replay in LLM decode, the way llama.cpp does it.
 
     graphdiag runs a reference decode workload through a faithful reproduction of llama.cpp's CUDA graph
     path and reports every decision: warmup transitions, uid hits, which node and field forced a recapture,
     chunk boundaries, update-versus-instantiate outcomes and why.
     """
+    if ctx.invoked_subcommand is None:      # `graphdiag` alone: its help, on stdout, exit 0 (as git and pip)
+        click.echo(ctx.get_help())
 
 
 def _register() -> None:
@@ -62,13 +68,32 @@ REQUIRED_MODULES = {"click": "click", "rich": "rich", "numpy": "numpy", "cuda": 
 
 def main(argv: list[str] | None = None) -> int:
     """Entry point: run the group; every error ends in one line on stderr and an exit status. numpy's BLAS
-    threads are set first, before anything loads numpy (config.apply_blas_threads)."""
+    threads are set first, before anything loads numpy (config.apply_blas_threads). SIGTERM is an interrupt
+    for the whole command (interrupts.terminate_as_interrupt)."""
     from ..config import apply_blas_threads, debug_requested
 
     apply_blas_threads()
 
     global _debug
     _debug = debug_requested(os.environ)
+    with terminate_as_interrupt():
+        try:
+            return _main(argv)
+        except KeyboardInterrupt as e:          # a second Ctrl-C while the first was being reported
+            return TERMINATED_EXIT if isinstance(e, Terminated) else INTERRUPTED_EXIT
+
+
+def _interrupted(e: BaseException | None) -> int:
+    """An interrupt that ended the command outside a run's own handling (before the run started)."""
+    if isinstance(e, Terminated):
+        click.echo("graphdiag: terminated (SIGTERM)", err=True)
+        return TERMINATED_EXIT
+    click.echo("graphdiag: interrupted", err=True)
+    return INTERRUPTED_EXIT
+
+
+def _main(argv: list[str] | None) -> int:
+    """The command, its errors mapped to one line and an exit status."""
     try:
         _register()
         rv = cli.main(args=argv, prog_name="graphdiag", standalone_mode=False)
@@ -79,9 +104,8 @@ def main(argv: list[str] | None = None) -> int:
         return BROKEN_PIPE_EXIT
     except click.exceptions.Exit as e:
         return e.exit_code
-    except click.exceptions.Abort:
-        click.echo("graphdiag: aborted", err=True)
-        return 130
+    except click.exceptions.Abort as e:         # click's form of a KeyboardInterrupt inside a command
+        return _interrupted(e.__context__)
     except click.ClickException as e:
         click.echo(f"graphdiag: error: {e.format_message()}", err=True)
         return e.exit_code
@@ -89,14 +113,15 @@ def main(argv: list[str] | None = None) -> int:
         click.echo(f"graphdiag: {e}", err=True)
         return e.exit_code
     except InternalError as e:
-        return _internal(e)
+        return _interrupted(interrupt_came()) if interrupt_came() else _internal(e)
     except GraphdiagError as e:
         click.echo(f"graphdiag: error: {e}", err=True)
         return e.exit_code
-    except KeyboardInterrupt:
-        click.echo("graphdiag: interrupted", err=True)
-        return 130
+    except KeyboardInterrupt as e:
+        return _interrupted(e)
     except ModuleNotFoundError as e:
+        if interrupt_came():                    # a signal inside an import comes out as the import's error
+            return _interrupted(interrupt_came())
         package = REQUIRED_MODULES.get((e.name or "").split(".")[0])
         if package is None:                     # not one graphdiag requires: a bug
             return _internal(e)
@@ -108,7 +133,7 @@ def main(argv: list[str] | None = None) -> int:
                    err=True)
         return 2
     except Exception as e:                      # anything else is a bug in graphdiag, not bad input
-        return _internal(e)
+        return _interrupted(interrupt_came()) if interrupt_came() else _internal(e)
 
 
 def _internal(e: BaseException) -> int:

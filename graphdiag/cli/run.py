@@ -7,9 +7,12 @@ import click
 
 def _one_scenario(given: tuple[str, ...]) -> str | None:
     """--scenario at most once: click would keep the last one and drop the others silently."""
+    from ..errors import UsageError
     if len(given) > 1:
-        from ..errors import UsageError
         raise UsageError(f"--scenario given {len(given)} times ({', '.join(given)}): a run runs one scenario")
+    if given and not given[0].strip():
+        raise UsageError(f"--scenario {given[0]!r}: give a scenario name or a .toml path (graphdiag scenarios "
+                         f"lists them)")
     return given[0] if given else None
 
 

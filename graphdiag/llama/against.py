@@ -51,6 +51,9 @@ def run_against_llama(settings: dict, scenario: str | None, events_path: str | N
     if settings.get("chunk_size") not in (None, 0):
         raise UsageError(f"--chunk-size {settings['chunk_size']} with --against-llama: upstream captures each "
                          f"split as one graph (use 0, the default here)")
+    if inject.get("lib") is None:         # llama_cpp missing: said now, not after the whole graphdiag run
+        from .driver import require_llama_cpp
+        require_llama_cpp()
     settings = {**settings, "chunk_size": 0}
     ours = Path(events_path) if events_path else Path(tempfile.mkdtemp(prefix="graphdiag-")) / "graphdiag.jsonl"
     theirs = ours.with_suffix(".llama.jsonl")

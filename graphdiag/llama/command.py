@@ -31,18 +31,19 @@ def llama_cli(model: str, settings: dict, scenario: str | None = None, events_pa
               raw_path: str | None = None, timeline_path: str | None = None, plot_path: str | None = None,
               strict: bool = False, as_json: bool = False, verbosity: int = 0, out=None, **inject) -> int:
     """Run, write the record (--events) and the timeline (--timeline), draw the plot (--plot), report.
-    Exit 0, or 1 when --strict or an observable scenario expectation fails. Output files are opened
-    before llama.cpp loads (an unwritable path fails first)."""
-    from ..report.record.write import JsonlWriter, open_output
+    Exit 0, or 1 when --strict or an observable scenario expectation fails. Output files are shown
+    writable before llama.cpp loads (an unwritable path fails first) and left as they were until written."""
+    from ..report.record.write import probe_output
     from .run import run_llama
 
     out = out or sys.stdout
     cfg, sc = resolve_llama(model, settings, scenario)
     if timeline_path and events_path and Path(timeline_path).resolve() == Path(events_path).resolve():
         raise UsageError(f"--events and --timeline name the same file ({events_path}): give each its own")
-    for p, what in ((events_path, "the event record"), (timeline_path, "the timeline")):
+    for p, what in ((events_path, "the event record"), (timeline_path, "the timeline"),
+                    (raw_path, "the raw llama-watch stream")):
         if p:
-            open_output(Path(p), what).close()
+            probe_output(Path(p), what)
     res = run_llama(model, cfg, sc, raw_path=raw_path, **inject)
     return _outputs(res, sc, events_path, timeline_path, plot_path, strict, as_json, verbosity, out)
 

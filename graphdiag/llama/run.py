@@ -19,7 +19,8 @@ from pathlib import Path
 
 from .. import events as E
 from ..config import N_BATCH
-from ..errors import UsageError, WatchError
+from ..errors import Terminated, UsageError, WatchError
+from ..model.gguf_io import read_gguf
 from ..plan import kv_demand, plan_steps
 from ..report.record.header import RunHeader
 from .batches import Batcher
@@ -42,6 +43,7 @@ class LlamaResult:
 def prepare(model: str, cfg, scenario=None) -> tuple[Path, list, ContextParams]:
     """(file, plan, context params) with every check that needs no llama.cpp made."""
     path = check_gguf(model)
+    read_gguf(path)                   # truncated or corrupt (alignment 0, a tensor named twice): one line, here
     check_expressible(cfg, scenario)
     plan = list(plan_steps(cfg, scenario))
     n_ctx = context_length(path)
@@ -101,8 +103,8 @@ def _session(ll, path: Path, cp: ContextParams, cfg, plan, writer: RawWriter, ma
             walk(session, plan, Batcher(cfg, session.n_vocab), writer.emit, nvtx_sink(), getattr(w, "gpu_ns", None),
                  getattr(w, "own_ns", None))
             status = "complete"
-        except KeyboardInterrupt:
-            status = "interrupted: Ctrl-C"
+        except KeyboardInterrupt as e:
+            status = f"interrupted: {'SIGTERM' if isinstance(e, Terminated) else 'Ctrl-C'}"
             raise
         except WatchError:
             raise                          # the status already says it

@@ -58,7 +58,9 @@ class GgufModel:
         return max(by, key=by.get) if by else GGMLType.F32
 
 
-def _reader(path: Path):
+def read_gguf(path: Path):
+    """The file's reader (metadata and tensor infos read, data memory-mapped); UsageError, one line, for a file
+    the gguf package cannot read: missing, truncated, corrupt (general.alignment 0, a tensor named twice...)."""
     try:
         from .gguf_reader import FastGGUFReader as GGUFReader     # the library's, arrays read in one piece
     except ImportError:
@@ -68,7 +70,7 @@ def _reader(path: Path):
     except FileNotFoundError:
         raise UsageError(f"{path}: no such model file") from None
     except (ValueError, OSError, IndexError, KeyError) as e:
-        raise UsageError(f"{path}: not a readable GGUF file ({type(e).__name__}: {e})") from None
+        raise UsageError(f"{path}: not a readable GGUF file, truncated or corrupt ({type(e).__name__}: {e})") from None
 
 
 def _value(reader, key: str, default=None):
@@ -96,7 +98,7 @@ def _open(path_str: str, version) -> GgufModel:
     from .arch import get_arch, supported
     from .arch.common import Meta
     path = Path(path_str)
-    r = _reader(path)
+    r = read_gguf(path)
     arch = _value(r, "general.architecture")
     if not isinstance(arch, str) or arch not in _archs():
         raise UsageError(f"{path}: architecture {arch!r} is not supported (supported: {supported()})")
@@ -168,7 +170,7 @@ class FileWeights(Mapping):
         got = self._cache.get(name)
         if got is None:
             if self._r is None:
-                self._r = _reader(self.g.path)
+                self._r = read_gguf(self.g.path)
                 self._by = {t.name: t for t in self._r.tensors}
             t = self._by[name]
             got, dt = t.data, BLOCK_DTYPE[self.g.types[name]]
@@ -288,7 +290,7 @@ def detokenizer(path: str | Path):
     """ids -> text through the file's vocabulary, as llama.cpp's token_to_piece joins pieces: SPM ("llama":
     "▁" is a space, <0xNN> a byte) and byte-level BPE ("gpt2": each character stands for one byte); None for
     a file with another tokenizer or none. Exact for the pieces; special tokens print as their text."""
-    r = _reader(Path(path))
+    r = read_gguf(Path(path))
     kind, pieces = _value(r, "tokenizer.ggml.model"), _value(r, "tokenizer.ggml.tokens")
     if not pieces or kind not in ("llama", "gpt2"):
         return None

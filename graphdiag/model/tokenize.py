@@ -108,8 +108,8 @@ def _id(value, default: int, n: int) -> int | None:
 @lru_cache(maxsize=4)
 def file_vocab(path_str: str, version=None) -> Vocab:
     """The vocabulary of the GGUF file at `path_str` (read once per file version)."""
-    from .gguf_io import _reader, _value
-    r = _reader(Path(path_str))
+    from .gguf_io import _value, read_gguf
+    r = read_gguf(Path(path_str))
 
     def get(key: str, default):
         f = r.fields.get(key) if key == "tokenizer.ggml.tokens" else None

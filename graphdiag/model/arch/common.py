@@ -10,6 +10,7 @@ attention.layer_norm_rms_epsilon. Their graphs assert n_rot == key_length == val
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from typing import Callable, Iterator
 
@@ -81,6 +82,15 @@ class Meta:
             raise self.fail(f"metadata {self.arch}.{key} = {v!r} is not a number")
         return float(v)
 
+    def finite(self, key: str, default, positive: bool) -> float:
+        """`real`, refused unless finite and > 0 (`positive`: a rope base) or >= 0 (an RMS epsilon): llama.cpp
+        takes any float, and a NaN or negative one computes NaNs; graphdiag refuses the file instead."""
+        v = self.real(key, default)
+        if v is not None and not (math.isfinite(v) and (v > 0 if positive else v >= 0)):
+            raise self.fail(f"metadata {self.arch}.{key} = {v:g} is not a {'positive' if positive else 'non-negative'} "
+                            f"finite number (the model would compute NaNs)")
+        return v
+
     def fail(self, what: str) -> UsageError:
         return UsageError(f"{self.path}: {what}")
 
@@ -100,7 +110,7 @@ def base_config(meta: Meta, **arch_fields) -> ModelConfig:
         # llama.cpp's llama/qwen2/qwen3 graphs assert n_embd_head_v == n_embd_head_k == n_rot
         raise meta.fail(f"{meta.arch}.attention.key_length {k_len}, value_length {v_len} and "
                         f"rope.dimension_count {n_rot} must be equal ({meta.arch}'s graph assumes it)")
-    eps = meta.real("attention.layer_norm_rms_epsilon", None)
+    eps = meta.finite("attention.layer_norm_rms_epsilon", None, positive=False)
     if eps is None:
         raise meta.fail(f"metadata {meta.arch}.attention.layer_norm_rms_epsilon is missing (llama.cpp requires it)")
     _check_rope_scaling(meta)
@@ -111,7 +121,7 @@ def base_config(meta: Meta, **arch_fields) -> ModelConfig:
     fields.update(arch_fields)
     return ModelConfig(meta.path.stem, meta.need("block_count"), n_embd, n_head, n_head_kv,
                        meta.need("feed_forward_length"), n_vocab,
-                       rope_base=meta.real("rope.freq_base", 10000.0), norm_eps=eps, n_ctx=n_ctx, **fields)
+                       rope_base=meta.finite("rope.freq_base", 10000.0, positive=True), norm_eps=eps, n_ctx=n_ctx, **fields)
 
 
 def _n_vocab(meta: Meta) -> int:

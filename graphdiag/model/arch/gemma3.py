@@ -46,7 +46,7 @@ def config(meta: Meta) -> Gemma3Config:
         layers = swa_pattern(base.n_layer, int(pat))
     return Gemma3Config(**dataclasses.asdict(base), n_swa=n_swa,
                         swa_layers=layers if n_swa > 0 else (False,) * base.n_layer,
-                        rope_base_swa=float(meta.get("rope.freq_base_swa", 10000.0)))
+                        rope_base_swa=meta.finite("rope.freq_base_swa", 10000.0, positive=True))
 
 
 def layer_specs(cfg: ModelConfig, il: int):
@@ -84,6 +84,8 @@ def kv_layers(cfg: ModelConfig) -> list[tuple[int, int]]:
 
 def preset(cfg: ModelConfig) -> Gemma3Config:
     """A preset's shapes as gemma3 (export-gguf --arch gemma3): tied output, window 512 on pattern 6 (as
-    Gemma 3 270M), rope bases 1e6 / 1e4, rms eps 1e-6."""
+    Gemma 3 270M), rope bases 1e6 / 1e4, rms eps 1e-6. A Gemma 3 preset (gemma3-tiny) is already one: as it is."""
+    if isinstance(cfg, Gemma3Config) and cfg.arch == NAME:
+        return cfg
     base = dataclasses.replace(cfg, arch=NAME, rope_type=ROPE_TYPE, tied_output=True, rope_base=1e6, norm_eps=1e-6)
     return Gemma3Config(**dataclasses.asdict(base), n_swa=512, swa_layers=swa_pattern(cfg.n_layer))

@@ -21,7 +21,7 @@ from pathlib import Path
 from ... import events as E
 from ...errors import EventWriteError
 from ..analysis.eventlog import describe
-from ..record.write import open_output
+from ..record.write import open_output, probe_output
 
 HOST_PID, DEVICE_PID = 1, 2
 HOST_TID, DECISION_TID, COUNTER_TID = 1, 2, 3
@@ -73,13 +73,14 @@ def decision_of(ev: E.Event) -> tuple[str, dict] | None:
 class TimelineWriter:
     """Collects trace events; `close()` writes the file (idempotent). `simulated` labels the device.
 
-    The file is opened, and shown writable, by the constructor (a path that cannot be written, /dev/full
-    included, fails before the run); the runner closes it however the run ends, SIGTERM and a second
-    Ctrl-C included (runner.shielded)."""
+    The file is shown writable by the constructor (probe_output: a path that cannot be written, /dev/full
+    included, fails before the run, and an existing file is left as it was) and opened by close(); the
+    runner closes it however a started run ends, SIGTERM and a second Ctrl-C included (runner.shielded),
+    and not at all when the run was refused before it started."""
 
     def __init__(self, path: str | Path, simulated: bool = False):
         self.path = Path(path)
-        self._f = open_output(self.path, "the timeline")
+        probe_output(self.path, "the timeline")
         self.sink_name = f"the timeline {self.path}"
         self.simulated = simulated
         self.n_devices = 1
@@ -234,7 +235,7 @@ class TimelineWriter:
                 e["dur"] = round(e["dur"] / 1e3, 3)
         doc = {"traceEvents": self._metadata() + self.out, "displayTimeUnit": "ms",
                "otherData": {"generator": "graphdiag", "simulated_device": self.simulated}}
-        f, self._f = self._f, None
+        f = open_output(self.path, "the timeline")
         try:
             with f:
                 f.write(json.dumps(doc, separators=(",", ":")))

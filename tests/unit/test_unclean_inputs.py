@@ -1,0 +1,218 @@
+"""Issue 49, point 3: the inputs a newcomer found not clean. Each is one line on stderr and exit 2 (bad input),
+130 (Ctrl-C) or 143 (SIGTERM), decided before any work starts; a refused run leaves an existing output file
+byte for byte as it was; a started run's record always ends with its run_ended event."""
+
+from __future__ import annotations
+
+import dataclasses
+import importlib.util
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from graphdiag.cli.main import main
+from graphdiag.model.presets import ModelConfig, PRESETS
+from support.cli import QUICK, one_line
+
+ROOT = Path(__file__).resolve().parents[2]
+SMALL = ModelConfig("mini", 2, 128, 4, 2, 256, 512, n_ctx=512)
+HUGE = str(10**20)
+
+
+@pytest.fixture
+def no_model(monkeypatch):
+    """Building a model fails the test: these refusals must come first."""
+    import graphdiag.runner as runner
+    monkeypatch.setattr(runner, "build_model", lambda *a, **kw: pytest.fail("a model was built"))
+
+
+def _gguf(path: Path, cfg: ModelConfig = SMALL, alignment: int | None = None) -> Path:
+    """A small llama GGUF as export-gguf writes it, with `general.alignment` set where given."""
+    import gguf
+
+    from graphdiag.model.gguf_io import export_gguf
+    from graphdiag.model.weights import create_model
+
+    class Writer(gguf.GGUFWriter):
+        def __init__(self, *a, **kw):
+            super().__init__(*a, **kw)
+            if alignment is not None:
+                self.add_uint32("general.alignment", alignment)
+    real, gguf.GGUFWriter = gguf.GGUFWriter, Writer
+    try:
+        export_gguf(create_model(cfg, seed=1), path, "mini")
+    finally:
+        gguf.GGUFWriter = real
+    return path
+
+
+def _bad_gguf(tmp_path: Path, kind: str) -> Path:
+    p = tmp_path / f"{kind}.gguf"
+    if kind == "alignment-0":
+        return _gguf(p, alignment=0)
+    data = _gguf(tmp_path / "good.gguf").read_bytes()
+    if kind == "truncated":
+        p.write_bytes(data[: len(data) // 2])
+    elif kind == "duplicate":      # the second tensor named as the first (names of equal length, in the header)
+        a, b = b"blk.0.attn_q.weight", b"blk.0.attn_k.weight"
+        i = data.index(a)
+        p.write_bytes(data[:i] + b + data[i + len(a):])
+    return p
+
+
+# -- numbers and names ----------------------------------------------------------------------------------------
+@pytest.mark.parametrize("argv", [["run", *QUICK, "--steps", HUGE], ["bench", "steps", "--steps", HUGE]])
+def test_an_absurd_step_count_is_refused_in_one_line(capsys, argv):
+    assert "KV cells" in one_line(capsys, argv)
+
+
+def test_an_empty_scenario_name_is_refused(capsys, no_model):
+    assert "--scenario" in one_line(capsys, ["run", *QUICK, "--scenario", ""])
+
+
+def test_gemma3_tiny_exports_as_gemma3(tmp_path, capsys):
+    from graphdiag.model.gguf_io import open_gguf
+    out = tmp_path / "g.gguf"
+    assert main(["export-gguf", "--model", "gemma3-tiny", "--arch", "gemma3", str(out)]) == 0
+    cfg, preset = open_gguf(str(out)).cfg, PRESETS["gemma3-tiny"]
+    assert cfg.arch == "gemma3" and (cfg.n_layer, cfg.head_dim, cfg.n_head_kv) == (6, 128, 1) == \
+        (preset.n_layer, preset.head_dim, preset.n_head_kv)
+
+
+def test_export_help_lists_every_preset_and_architecture(capsys):
+    from graphdiag.model.arch import ARCHS
+    assert main(["export-gguf", "--help"]) == 0
+    text = " ".join(capsys.readouterr().out.split())
+    for name in [*PRESETS, *ARCHS]:
+        assert name in text, name
+    assert "gemma3-tiny" in text and "gemma3" in text.replace("gemma3-tiny", "")
+
+
+# -- GGUF files -------------------------------------------------------------------------------------------
+@pytest.mark.parametrize("kind,needle", [("truncated", "truncated"), ("alignment-0", "alignment"),
+                                         ("duplicate", "duplicated tensor")])
+@pytest.mark.parametrize("command", ["llama", "run"])
+def test_a_broken_gguf_file_is_one_line_before_llama_cpp_is_needed(tmp_path, capsys, kind, needle, command):
+    p = _bad_gguf(tmp_path, kind)
+    argv = ["llama", str(p)] if command == "llama" else ["run", *QUICK, "--model", str(p)]
+    line = one_line(capsys, argv)
+    assert str(p) in line and needle in line and "llama_cpp" not in line, line
+
+
+@pytest.mark.parametrize("field,value,key", [("norm_eps", -1e-5, "attention.layer_norm_rms_epsilon"),
+                                             ("rope_base", float("nan"), "rope.freq_base"),
+                                             ("rope_base", float("inf"), "rope.freq_base"),
+                                             ("rope_base", 0.0, "rope.freq_base")])
+def test_a_meaningless_epsilon_or_rope_base_is_refused_naming_key_and_value(tmp_path, capsys, field, value, key):
+    p = _gguf(tmp_path / "m.gguf", dataclasses.replace(SMALL, **{field: value}))
+    line = one_line(capsys, ["run", *QUICK, "--model", str(p)])
+    assert f"llama.{key} = {value:g}" in line, line
+
+
+# -- devices and backends: refused before any work ------------------------------------------------------------
+def test_bench_steps_with_more_devices_than_modelled_is_refused_before_any_row(capsys):
+    assert "at most 8 devices" in one_line(capsys, ["bench", "steps", "--devices", "99", "--no-torch"])
+
+
+def test_bench_steps_on_cuda_without_a_gpu_is_refused_before_any_row(capsys, monkeypatch):
+    from graphdiag.backends.drivers import cuda
+    from graphdiag.errors import NoDeviceError
+
+    def no_gpu():
+        raise NoDeviceError("no CUDA driver: none here")
+    monkeypatch.setattr(cuda, "device_count", no_gpu)
+    assert "no CUDA driver" in one_line(capsys, ["bench", "steps", "--backend", "cuda", "--no-torch"])
+
+
+def test_against_llama_without_llama_cpp_is_refused_before_the_run(tmp_path, capsys, monkeypatch, no_model):
+    real = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "llama_cpp" else real(name, *a))
+    p = _gguf(tmp_path / "m.gguf")
+    assert "llama" in one_line(capsys, ["run", "--backend", "sim", "--model", str(p), "--against-llama"])
+
+
+# -- the command alone ----------------------------------------------------------------------------------------
+def test_graphdiag_alone_prints_its_help_to_stdout_and_exits_0(capsys):
+    assert main([]) == 0
+    cap = capsys.readouterr()
+    assert "Usage: graphdiag" in cap.out and "run" in cap.out and cap.err == ""
+
+
+# -- output files a refused run leaves alone ------------------------------------------------------------------
+@pytest.mark.parametrize("argv", [["run", "--backend", "sim", "--devices", "99"],
+                                  ["run", "--backend", "sim", "--model", "{bad}"],
+                                  ["llama", "{bad}"]])
+@pytest.mark.parametrize("flag", ["--events", "--timeline", "--raw"])
+def test_a_refused_run_leaves_an_existing_output_file_as_it_was(tmp_path, capsys, argv, flag):
+    if flag == "--raw" and argv[0] != "llama":
+        pytest.skip("--raw is graphdiag llama's")
+    bad = _bad_gguf(tmp_path, "truncated")
+    out = tmp_path / "kept.out"
+    out.write_bytes(b"an earlier run's bytes\n")
+    one_line(capsys, [a.replace("{bad}", str(bad)) for a in argv] + [flag, str(out)])
+    assert out.read_bytes() == b"an earlier run's bytes\n"
+
+
+def test_a_refused_run_creates_no_output_file(tmp_path, capsys):
+    out = tmp_path / "new.jsonl"
+    one_line(capsys, ["run", "--backend", "sim", "--devices", "99", "--events", str(out)])
+    assert not out.exists()
+
+
+# -- signals --------------------------------------------------------------------------------------------------
+def _graphdiag(*args: str) -> subprocess.Popen:
+    # SIGINT as a terminal delivers it, even where this test runs in a background job (which ignores it)
+    return subprocess.Popen([sys.executable, "-m", "graphdiag", *args], stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, cwd=ROOT, env=dict(os.environ, PYTHONPATH=str(ROOT)),
+                            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
+
+
+def _until(cond, proc, timeout: float = 120) -> None:
+    end = time.monotonic() + timeout
+    while time.monotonic() < end and proc.poll() is None:
+        if cond():
+            return
+        time.sleep(0.005)
+    pytest.fail(f"never happened (rc {proc.poll()})")
+
+
+def _last(rec: Path) -> dict:
+    lines = rec.read_text().splitlines()
+    assert lines, "an empty record"
+    return json.loads(lines[-1])
+
+
+@pytest.mark.parametrize("sig,code,reason", [(signal.SIGINT, 130, "Ctrl-C"), (signal.SIGTERM, 143, "SIGTERM")])
+def test_a_signal_as_soon_as_the_record_exists_ends_it_with_run_ended(tmp_path, sig, code, reason):
+    rec = tmp_path / "run.jsonl"
+    p = _graphdiag("run", *QUICK, "--steps", "400", "--events", str(rec))
+    # the earliest moment there is a record to end: its header is there (a new file's writability probe
+    # creates and removes it before the run starts)
+    _until(lambda: rec.exists() and rec.read_bytes().startswith(b"{"), p)
+    p.send_signal(sig)
+    out, err = p.communicate(timeout=120)
+    assert p.returncode == code, err
+    assert b"Traceback" not in err, err
+    last = _last(rec)
+    assert last["kind"] == "run_ended" and last["status"] == "interrupted" and last["reason"] == reason
+
+
+@pytest.mark.parametrize("delay", [0.0, 0.02, 0.1])
+def test_a_second_sigterm_exits_143_like_the_first(tmp_path, delay):
+    rec, tl = tmp_path / "run.jsonl", tmp_path / "t.json"
+    p = _graphdiag("run", *QUICK, "--steps", "4000", "--events", str(rec), "--timeline", str(tl))
+    _until(lambda: rec.exists() and rec.read_text().count('"kind":"step_finished"') >= 2, p)
+    p.send_signal(signal.SIGTERM)
+    time.sleep(delay)
+    p.send_signal(signal.SIGTERM)
+    out, err = p.communicate(timeout=120)
+    assert p.returncode == 143, err
+    assert err.decode().strip().splitlines()[-1].startswith("graphdiag: terminated (SIGTERM)"), err
+    assert _last(rec)["reason"] == "SIGTERM"
+    json.loads(tl.read_text())
