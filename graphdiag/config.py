@@ -447,8 +447,9 @@ def _check_swa_cells(cfg: RunConfig, model, demand) -> None:
     import numpy as np
 
     from .model.source import sized
+    from .plan import max_sequences
     from .sched.swa_cells import SwaKvCells
-    size = sized(model, cfg.swa_full, cfg.batch, cfg.ubatch_size).swa_size
+    size = sized(model, cfg.swa_full, max_sequences(p for _, p, _ in demand.steps), cfg.ubatch_size).swa_size
     cells, nxt = SwaKvCells(size, model.n_swa), {}
     for step, p, _ in demand.steps:
         seqs = [p.seq] * p.n_tokens if p.kind == "prefill" else list(range(p.batch))

@@ -141,6 +141,12 @@ class Plan:
             step += 1
 
 
+def max_sequences(plan) -> int:
+    """The most sequences any step of the plan holds: llama.cpp's n_seq_max for it (a decode step's batch, a
+    prefill's sequence id + 1), which sizes the SWA cache (kv_sizes.swa_cache_size)."""
+    return max([1] + [p.batch if p.kind == "decode" else p.seq + 1 for p in plan])
+
+
 def plan_steps(cfg, scenario=None) -> Plan:
     """Prefill each of the `batch` sequences, then `steps` decode steps, with the timeline applied."""
     return Plan(cfg, scenario)

@@ -31,7 +31,7 @@ from .quants import q8_1_activations
 from .model.source import build_model, model_config
 from .model.reference import Reference
 from .model.fallbacks import fallback_note
-from .plan import StepPlan, plan_steps
+from .plan import StepPlan, max_sequences, plan_steps
 from .release import releasing
 from .sched.context import make_context
 
@@ -81,7 +81,8 @@ def open_driver(cfg: RunConfig):
 class Session:
     """Everything one run holds; `close()` releases it in reverse order."""
 
-    def __init__(self, cfg: RunConfig, bus: E.EventBus, clock: Clock | None = None, warn=None):
+    def __init__(self, cfg: RunConfig, bus: E.EventBus, clock: Clock | None = None, warn=None,
+                 n_seq_max: int | None = None):
         """`warn(line)` hears, before the model is built, what computing a big model on the simulated
         driver will cost."""
         self.cfg, self.bus = cfg, bus
@@ -119,7 +120,8 @@ class Session:
                 make = lambda d, name=None: GpuBackend(d, bus, opts, self.clock, cfg.pool_cap, cfg.pool_max_buffers, name)
                 self._open_gpus(make)
             self.model = build_model(cfg.model, cfg.wtype, seed=cfg.seed, swa_full=cfg.swa_full,
-                                     n_seq_max=cfg.batch, upstream=cfg.upstream, n_ubatch=cfg.ubatch_size)
+                                     n_seq_max=n_seq_max or cfg.batch, upstream=cfg.upstream,
+                                     n_ubatch=cfg.ubatch_size)
             gpus = self.devices.gpus if self.devices is not None else [self.gpu] if self.gpu is not None else []
             t0 = time.perf_counter_ns()
             self.ctx = make_context(self.model, [*gpus, self.cpu], bus, cfg.n_cpu_moe, cfg.reuse_disabled,
@@ -264,7 +266,7 @@ def run(cfg: RunConfig, scenario=None, sinks=(), span_sinks=(), on_header=None, 
     if warn is not None:
         bus.on_sink_error = lambda f: warn(f"{f.sink} failed at step {f.step} ({f.error}): cut off, "
                                            f"every other output still gets every event")
-    session = Session(cfg, bus, warn=warn)
+    session = Session(cfg, bus, warn=warn, n_seq_max=max_sequences(plan_steps(cfg, scenario)))
     try:
         session.device_source, session.device_sinks = _open_device(session, cupti, warn), list(device_sinks)
         header = make_header(cfg, session, getattr(scenario, "name", None))

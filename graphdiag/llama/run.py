@@ -21,7 +21,7 @@ from .. import events as E
 from ..config import N_BATCH
 from ..errors import Terminated, UsageError, WatchError
 from ..model.gguf_io import read_gguf
-from ..plan import kv_demand, plan_steps
+from ..plan import kv_demand, max_sequences, plan_steps
 from ..report.record.header import RunHeader
 from .batches import Batcher
 from .convert import convert_raw
@@ -54,7 +54,7 @@ def prepare(model: str, cfg, scenario=None) -> tuple[Path, list, ContextParams]:
     # each step is one llama_decode of at most n_ubatch tokens (plan.py splits prompts as llama.cpp would),
     # so llama.cpp makes it exactly one ubatch: graphdiag's step i is llama.cpp's ubatch i
     n_batch = max([N_BATCH] + [p.tokens for p in plan])
-    n_seq = max([1] + [p.batch if p.kind == "decode" else p.seq + 1 for p in plan])
+    n_seq = max_sequences(plan)
     # swa_full as graphdiag's run has it (off unless --swa-full, as llama-server; the C API's default is on)
     return path, plan, ContextParams(n_ctx=n_ctx, n_batch=n_batch, n_seq_max=n_seq, swa_full=bool(cfg.swa_full),
                                      n_ubatch=cfg.ubatch_size)

@@ -244,3 +244,23 @@ def test_a_decode_token_after_removals_restarts_the_search_at_cell_0_as_llama_cp
            ("add", 0, 1), ("rm", 1, 11), ("add", 1, 1), ("rm", 2, 21), ("add", 0, 15), ("add", 0, 1), ("add", 2, 1),
            ("add", 1, 34), ("add", 1, 1)]
     _run(ops, 64, 16)
+
+
+def test_the_plans_most_sequences_size_the_swa_cache_as_llama_cpp_n_seq_max():
+    """A timeline that raises the batch above --batch sizes the SWA cache for its most sequences, as
+    `graphdiag llama` gives llama.cpp n_seq_max (it was sized for --batch alone)."""
+    from types import SimpleNamespace
+
+    from graphdiag.config import resolve
+    from graphdiag.plan import max_sequences, plan_steps
+    from graphdiag.runner import Session
+    from graphdiag import events as E
+    sc = SimpleNamespace(name="t", timeline=[{"at_step": 3, "batch": 3}])
+    cfg = resolve({"backend": "sim", "model": "gemma3-tiny", "ubatch_size": 64, "prompt_tokens": 4, "steps": 6},
+                  environ={})
+    assert max_sequences(plan_steps(cfg, sc)) == 3
+    s = Session(cfg, E.EventBus(), n_seq_max=max_sequences(plan_steps(cfg, sc)))
+    try:
+        assert s.model.cfg.swa_size == 512          # 128 x 3 + 64, padded to 256; --batch 1 alone gave 256
+    finally:
+        s.close()
