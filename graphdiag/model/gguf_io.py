@@ -27,7 +27,7 @@ import numpy as np
 from ..errors import UsageError
 from ..ir.dtypes import GGMLType, block_size, row_size
 from ..quants import BLOCK_DTYPE, type_of
-from .presets import ModelConfig
+from .presets import ModelConfig, swa_pattern
 
 # GGUF tensor type -> graphdiag's (the same numbers: ggml's enum)
 TYPES = {int(t): t for t in (GGMLType.F32, GGMLType.F16, GGMLType.BF16, GGMLType.Q8_0, GGMLType.Q4_0, GGMLType.Q5_0,
@@ -261,6 +261,20 @@ def write_shape(w, cfg: ModelConfig) -> None:
     w.add_rope_dimension_count(cfg.head_dim)
     w.add_rope_freq_base(cfg.rope_base)
     w.add_layer_norm_rms_eps(cfg.norm_eps)
+    _write_window(w, cfg)
+
+
+def _write_window(w, cfg: ModelConfig) -> None:
+    """Gemma 3's sliding window, as its converter writes it: attention.sliding_window, rope.freq_base_swa,
+    and the pattern only where it is not llama.cpp's default of 6 (an absent window means none, on both
+    sides: models/gemma3.cpp, arch/gemma3.py)."""
+    n_swa = getattr(cfg, "n_swa", 0)
+    if n_swa <= 0:
+        return
+    w.add_sliding_window(n_swa)
+    w.add_rope_freq_base_swa(cfg.rope_base_swa)
+    if tuple(cfg.swa_layers) != tuple(swa_pattern(cfg.n_layer)):
+        w.add_sliding_window_pattern([bool(x) for x in cfg.swa_layers])
 
 
 def _write_spm_vocab(w, n_vocab: int, TokenType) -> None:

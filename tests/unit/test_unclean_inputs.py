@@ -83,6 +83,17 @@ def test_gemma3_tiny_exports_as_gemma3(tmp_path, capsys):
     cfg, preset = open_gguf(str(out)).cfg, PRESETS["gemma3-tiny"]
     assert cfg.arch == "gemma3" and (cfg.n_layer, cfg.head_dim, cfg.n_head_kv) == (6, 128, 1) == \
         (preset.n_layer, preset.head_dim, preset.n_head_kv)
+    # the sliding window travels with the file (it was dropped: the export read back as a model with none)
+    assert (cfg.n_swa, cfg.rope_base_swa, tuple(cfg.swa_layers)) == \
+        (preset.n_swa, preset.rope_base_swa, tuple(preset.swa_layers))
+
+
+def test_a_gemma3_export_with_its_own_window_pattern_keeps_it(tmp_path):
+    from graphdiag.model.gguf_io import open_gguf
+    out = tmp_path / "t.gguf"
+    assert main(["export-gguf", "--model", "tiny", "--arch", "gemma3", str(out)]) == 0
+    cfg = open_gguf(str(out)).cfg
+    assert cfg.n_swa > 0 and cfg.swa_layers
 
 
 def test_export_help_lists_every_preset_and_architecture(capsys):
