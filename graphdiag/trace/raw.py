@@ -17,11 +17,11 @@ Times are CLOCK_MONOTONIC ns in every writer. `read_raw` turns any defect into o
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import Any
 
 from ..errors import EventFileError
+from ..rawstream import read_lines, require_fields
 
 RAW_NAME = "graphdiag-trace"
 RAW_VERSION = 1
@@ -37,32 +37,8 @@ _API_REQUIRED = {"cudaStreamEndCapture": ("stream",), "cudaGraphExecUpdate": ("e
 
 def read_raw(path: str | Path) -> tuple[dict[str, Any], list[dict[str, Any]]]:
     """(header, lines) of a trace stream (EventFileError, one line, on anything malformed)."""
-    path = Path(path)
-    try:
-        text = path.read_text(encoding="utf-8")
-    except FileNotFoundError:
-        raise EventFileError(f"{path}: no such file") from None
-    except UnicodeDecodeError:
-        raise EventFileError(f"{path}: not a graphdiag-trace raw stream (not UTF-8 text)") from None
-    except OSError as e:
-        raise EventFileError(f"{path}: cannot read: {e.strerror}") from None
-    rows = [(n, line) for n, line in enumerate(text.split("\n"), start=1) if line.strip()]
-    if not rows:
-        raise EventFileError(f"{path}: empty file (no header line)")
-    header = _parse(path, *rows[0])
-    if not isinstance(header, dict) or header.get("raw") != RAW_NAME:
-        raise EventFileError(f"{path}: not a graphdiag-trace raw stream (no \"raw\": \"{RAW_NAME}\" header)")
-    if header.get("version") != RAW_VERSION:
-        raise EventFileError(f"{path}: unsupported trace stream version {header.get('version')!r} "
-                             f"(this graphdiag reads version {RAW_VERSION})")
-    return header, [_checked(path, n, _parse(path, n, line)) for n, line in rows[1:]]
-
-
-def _parse(path: Path, n: int, line: str):
-    try:
-        return json.loads(line)
-    except json.JSONDecodeError:
-        raise EventFileError(f"{path}:{n}: not JSON (a line cut short?)") from None
+    header, rows = read_lines(path, RAW_NAME, RAW_VERSION)
+    return header, [_checked(Path(path), n, obj) for n, obj in rows]
 
 
 def _checked(path: Path, n: int, obj) -> dict[str, Any]:
@@ -74,9 +50,4 @@ def _checked(path: Path, n: int, obj) -> dict[str, Any]:
         if obj.get("fn") not in API_FUNCTIONS:
             raise EventFileError(f"{path}:{n}: api line for {obj.get('fn')!r}, not a traced call")
         need = need + _API_REQUIRED.get(obj["fn"], ())
-    for name in need:
-        v = obj.get(name)
-        ok = isinstance(v, str) if name in ("text", "status", "fn") else isinstance(v, int) and not isinstance(v, bool)
-        if not ok:
-            raise EventFileError(f"{path}:{n}: {ev} line without a valid {name} ({json.dumps(v)[:40]})")
-    return obj
+    return require_fields(path, n, obj, need)

@@ -137,7 +137,7 @@ def test_malformed_raw_lines(tmp_path, lines, message):
 
 @pytest.mark.parametrize("text, message", [
     ("", "empty file"), ('{"schema": "graphdiag-events"}\n', "not a llama-watch raw stream"),
-    ('{"raw": "llama-watch", "version": 9}\n', "unsupported raw stream version 9"),
+    ('{"raw": "llama-watch", "version": 9}\n', "unsupported llama-watch stream version 9"),
 ])
 def test_not_a_raw_stream(tmp_path, text, message):
     p = tmp_path / "x.jsonl"
