@@ -9,7 +9,7 @@ from collections import OrderedDict
 from ..ir.arena import TENSOR_DTYPE, TENSOR_SIZE
 from ..ir.graph import Graph
 from ..ir.tensor import Tensor
-from .build import builder_for
+from .arch import get_arch
 from .graph_context import BuiltGraph, GraphContext, GraphInputs, GraphParams
 from .weights import Model
 
@@ -61,7 +61,7 @@ class GraphTemplates:
         tpl = self._kept.get(key)
         if tpl is None:
             self.misses += 1
-            b = builder_for(model)(model, params)
+            b = get_arch(model.cfg.arch).Builder(model, params)   # build.builder_for (build imports this module)
             res = b.build()
             self._kept[key] = _Template(b, key[-1], res)
             if len(self._kept) > self.limit:

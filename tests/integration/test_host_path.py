@@ -198,7 +198,8 @@ def test_a_q8_0_gpu_run_is_checked_within_the_q8_1_noise():
     from support.simrun import of, run_sim
     r = run_sim(wtype="q8_0", steps=2, prompt_tokens=8, oracle=True)
     checks = of(r, E.OracleCheck)
-    assert {c.bound for c in checks} == {3e-2} and all(c.ok for c in checks) and not r.failures
+    assert all(c.ok for c in checks) and not r.failures
+    assert all(c.noise and c.bound == max(2 * c.noise, 1e-3) for c in checks)   # the bound follows the noise
     assert max(c.rel_err for c in checks) > 1e-3
 
 

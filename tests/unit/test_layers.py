@@ -20,14 +20,14 @@ ROOT = Path(__file__).resolve().parents[2] / "graphdiag"
 FLOORS = (
     ("base", ("", "errors", "events", "counters", "release", "resources", "plan", "_toml_lines", "interrupts",
               "parallel")),
-    ("engine", ("ir", "quants", "memory", "backends", "model", "sched", "sim_mode")),
+    ("engine", ("ir", "quants", "memory", "backends", "model", "sched", "sim_mode", "oracle_check", "rawstream")),
     ("settings", ("config", "scenario")),
     ("record", ("report", "report.record")),         # report/__init__ is a docstring
     ("sources", ("report.sources",)),
     ("analysis", ("report.analysis",)),
     ("views", ("report.views",)),
     ("sinks", ("report.sinks",)),
-    ("run", ("runner", "bench", "llama", "cli", "__main__")),   # llama: drives real llama.cpp, as runner ours
+    ("run", ("runner", "bench", "llama", "trace", "cli", "__main__")),   # llama: drives real llama.cpp, as runner ours
 )
 
 # What a room never imports, said outright (the floors forbid the rooms above it already; a device source,
