@@ -28,7 +28,7 @@ from .capture import (
 from .checks import VerifyResult, OracleCheck
 from .device import DeviceTime
 from .observers import SinkFailed, SpanBegin, SpanEnd
-from .trace import TracedCall
+from .trace import DecodeBatch, TracedCall
 
 from .bus import EventBus, Recorder, sink_name
 

@@ -25,7 +25,7 @@ from ..errors import TraceError
 SOURCE = Path(__file__).with_name("gdtrace.c")
 COMPILE_TIMEOUT_S = 60
 NEEDED_HEADERS = ("cupti.h", "generated_cuda_meta.h", "cuda.h", "cuda_runtime_api.h", "crt/host_defines.h")
-EXPORTED = ("InitializeInjection", "gdtrace_encode", "gdtrace_rec_init")
+EXPORTED = ("InitializeInjection", "gdtrace_encode", "gdtrace_rec_init", "gdtrace_encode_batch", "llama_decode")
 
 
 def _wheel_dirs(sub: str) -> list[Path]:

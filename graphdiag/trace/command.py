@@ -57,6 +57,12 @@ def check_device() -> None:
         raise TraceError(f"no usable GPU (cuInit returned {rc}, {n.value} devices): graphdiag trace needs one")
 
 
+def preload(library: str, existing: str | None) -> str:
+    """LD_PRELOAD for CMD: the library first (it interposes llama_decode in programs linked against libllama;
+    its CUPTI side starts only when the driver calls InitializeInjection), then what the user preloads."""
+    return " ".join([library, *(existing or "").split()]) if existing else library
+
+
 def run_traced(cmd: list[str], raw_path: Path, library: Path, cupti: Path, echo=None) -> int:
     """Run CMD under the library, its raw stream in raw_path; returns CMD's exit code (128 + signal)."""
     exe = resolve_cmd(cmd)
@@ -66,6 +72,8 @@ def run_traced(cmd: list[str], raw_path: Path, library: Path, cupti: Path, echo=
                    "cupti": str(cupti), "started": datetime.datetime.now().isoformat(timespec="seconds")})
         env = dict(os.environ, CUDA_INJECTION64_PATH=str(library), GRAPHDIAG_TRACE_OUT=str(raw_path),
                    GRAPHDIAG_CUPTI_PATH=str(cupti))
+        if Path(library).is_file():
+            env["LD_PRELOAD"] = preload(str(library), os.environ.get("LD_PRELOAD"))
         proc = subprocess.Popen([exe, *cmd[1:]], env=env, stderr=subprocess.PIPE, process_group=0)
         reader = threading.Thread(target=_pass_stderr, args=(proc.stderr, fd, echo or sys.stderr.buffer),
                                   daemon=True)

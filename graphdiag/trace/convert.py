@@ -28,10 +28,12 @@ STEP = ("one graph launch (with the capture, instantiate and update of its execu
         "numbered in time order over all processes, threads, streams and devices")
 NOT_OBSERVABLE = (
     "graph key (steps are keyed by executable lineage)", "which node property changed (the ledger)",
-    "tokens, positions, sequences (no llama_decode boundaries)", "eager kernels (only graph calls are watched)",
+    "eager kernels (only graph calls are watched)",
     "device time (host time of the calls only)", "event synchronisation (cudaEventSynchronize, stream waits)",
     "log lines' exact position (placed when graphdiag read them from CMD's stderr)",
 )
+NO_BATCHES = ("tokens, positions, sequences (no llama_decode seen: CMD does not call libllama's llama_decode "
+              "through its dynamic symbol, as a ctypes binding does)")
 DISABLED = "disabling CUDA graphs due to"
 SYNC_FNS = ("cudaStreamSynchronize", "cudaDeviceSynchronize", "cuCtxSynchronize")
 
@@ -193,6 +195,16 @@ class _Converter:
         self.events.append(E.TracedCall(step=s, key=entry, t_ns=ln["t0_ns"], device=dev, fn="cudaGraphExecDestroy",
                                         exec_id=ln["exec"], pid=pid, tid=ln.get("tid", 0)))
 
+    def batch(self, ln: dict[str, Any]) -> None:
+        seqs = ln.get("seq")
+        self.events.append(E.DecodeBatch(
+            step=self.step, t_ns=ln["t0_ns"], ctx=ln.get("ctx", 0), n_tokens=ln["n_tokens"],
+            tokens=tuple(ln.get("tokens") or ()), embd=bool(ln.get("embd")),
+            positions=None if ln["pos"] is None else tuple(ln["pos"]),
+            seqs=None if seqs is None else tuple(tuple(q) for q in seqs),
+            outputs=None if ln["out"] is None else tuple(ln["out"]), ret=ln["ret"],
+            duration_ns=max(ln["t1_ns"] - ln["t0_ns"], 0), pid=ln["pid"], tid=ln.get("tid", 0)))
+
     # -- llama.cpp's log lines -------------------------------------------------------------------------
     def log(self, ln: dict[str, Any]) -> None:
         text, t = ln["text"], ln["t_ns"]
@@ -238,10 +250,11 @@ def error_node(ln: dict[str, Any], old: list[str], new: list[str]) -> str:
 def convert(raw_header: dict[str, Any], lines: list[dict[str, Any]], source: str = "") -> tuple[RunHeader, list[E.Event]]:
     """(header, events) of the converted record."""
     c = _Converter()
-    timed = sorted((ln for ln in lines if ln["ev"] in ("api", "log")),
+    timed = sorted((ln for ln in lines if ln["ev"] in ("api", "log", "batch")),
                    key=lambda ln: ln.get("t0_ns", ln.get("t_ns", 0)))
+    handle = {"api": c.api, "log": c.log, "batch": c.batch}
     for ln in timed:
-        c.api(ln) if ln["ev"] == "api" else c.log(ln)
+        handle[ln["ev"]](ln)
     t_last = max((ln.get("t1_ns", ln.get("t_ns", 0)) for ln in timed), default=0)
     for key in list(c.pending):
         c._flush(key, t_last)
@@ -257,8 +270,10 @@ def _header(raw: dict[str, Any], lines: list[dict[str, Any]], source: str, end: 
     pids = sorted({ln["pid"] for ln in lines if ln["ev"] in ("start", "api")})
     devices = sorted({ln.get("device", 0) for ln in lines if ln["ev"] == "api"})
     cmd = raw.get("cmd") or []
-    trace = {"cmd": cmd, "raw": source, "pids": pids, "devices": devices, "step": STEP,
-             "exit": (end or {}).get("code"), "not_observable": list(NOT_OBSERVABLE),
+    batches = sum(ln["ev"] == "batch" for ln in lines)
+    not_observable = list(NOT_OBSERVABLE) + ([] if batches else [NO_BATCHES])
+    trace = {"cmd": cmd, "raw": source, "pids": pids, "devices": devices, "step": STEP, "decode_batches": batches,
+             "exit": (end or {}).get("code"), "not_observable": not_observable,
              "errors": [ln["text"] for ln in lines if ln["ev"] == "error"]}
     return RunHeader(backend="cuda", device=", ".join(f"CUDA device {d}" for d in devices) or "no device seen",
                      simulated=False, model=" ".join(cmd), settings={"cmd": " ".join(cmd)},

@@ -10,7 +10,14 @@
    CUPTI and libcuda are resolved with dlopen/dlsym (libcupti from GRAPHDIAG_CUPTI_PATH), so it compiles from
    the headers alone and links nothing but -ldl -lpthread. A driver callback nested inside a runtime call of
    the same thread is skipped (the runtime call is the one recorded). If CUPTI is missing or already has a
-   subscriber, one "error" line is written and nothing else happens. */
+   subscriber, one "error" line is written and nothing else happens.
+
+   Loaded also through LD_PRELOAD (graphdiag trace sets both), it interposes llama.cpp's `llama_decode` in a
+   program linked against libllama (llama-server, llama-cli, llama-bench): each call's batch (tokens, positions,
+   sequence ids, output rows) is written as a "batch" line and the call goes on to the real function (found with
+   dlsym(RTLD_NEXT)). llama_batch's layout is llama.h's since 2024 (n_tokens, token, embd, pos, n_seq_id, seq_id,
+   logits); a program that reaches llama_decode through dlsym on libllama's own handle (ctypes: llama-cpp-python)
+   is not interposed, and its batches are not seen. */
 #define _GNU_SOURCE
 #include <dlfcn.h>
 #include <fcntl.h>
@@ -119,6 +126,76 @@ EXPORT size_t gdtrace_encode(const gd_rec *r, char *buf, size_t cap) {
     return s.len;
 }
 
+/* ---- llama_decode's batch --------------------------------------------------------------------------- */
+typedef int32_t gd_token;
+typedef struct gd_llama_batch {        /* llama.h's struct llama_batch, field for field */
+    int32_t n_tokens;
+    gd_token *token;
+    float *embd;
+    int32_t *pos;
+    int32_t *n_seq_id;
+    int32_t **seq_id;
+    int8_t *logits;
+} gd_llama_batch;
+
+static void put_i32s(sb *s, const char *k, const int32_t *v, int32_t n) {
+    char num[16];
+    key(s, k);
+    if (!v) { put(s, "null", 4); return; }
+    put(s, "[", 1);
+    for (int32_t i = 0; i < n; i++) {
+        int len = snprintf(num, sizeof num, i ? ",%d" : "%d", v[i]);
+        put(s, num, (size_t)len);
+    }
+    put(s, "]", 1);
+}
+
+/* One llama_decode call as a "batch" line, as gdtrace_encode does (returns the length it needs). Absent
+   arrays are null: llama.cpp fills positions, sequence 0 and the last row's output itself. */
+EXPORT size_t gdtrace_encode_batch(const gd_llama_batch *b, int64_t pid, int64_t tid, int64_t ctx, int64_t t0_ns,
+                                   int64_t t1_ns, int64_t ret, char *buf, size_t cap) {
+    sb s = {buf, cap, 0};
+    char num[16];
+    int32_t n = b->n_tokens > 0 ? b->n_tokens : 0;
+    put(&s, "{\"ev\":\"batch\"", 13);
+    put_int(&s, "pid", pid); put_int(&s, "tid", tid); put_int(&s, "ctx", ctx);
+    put_int(&s, "t0_ns", t0_ns); put_int(&s, "t1_ns", t1_ns); put_int(&s, "ret", ret);
+    put_int(&s, "n_tokens", b->n_tokens);
+    if (b->embd && !b->token) { key(&s, "embd"); put(&s, "true", 4); }
+    else put_i32s(&s, "tokens", b->token, n);
+    put_i32s(&s, "pos", b->pos, n);
+    key(&s, "seq");
+    if (!b->seq_id || !b->n_seq_id) put(&s, "null", 4);
+    else {
+        put(&s, "[", 1);
+        for (int32_t i = 0; i < n; i++) {
+            if (i) put(&s, ",", 1);
+            put(&s, "[", 1);
+            for (int32_t j = 0; b->seq_id[i] && j < b->n_seq_id[i]; j++) {
+                int len = snprintf(num, sizeof num, j ? ",%d" : "%d", b->seq_id[i][j]);
+                put(&s, num, (size_t)len);
+            }
+            put(&s, "]", 1);
+        }
+        put(&s, "]", 1);
+    }
+    key(&s, "out");
+    if (!b->logits) put(&s, "null", 4);
+    else {
+        put(&s, "[", 1);
+        for (int32_t i = 0, first = 1; i < n; i++) {
+            if (!b->logits[i]) continue;
+            int len = snprintf(num, sizeof num, first ? "%d" : ",%d", i);
+            put(&s, num, (size_t)len);
+            first = 0;
+        }
+        put(&s, "]", 1);
+    }
+    put(&s, "}\n", 2);
+    if (s.len < cap) buf[s.len] = 0;
+    return s.len;
+}
+
 EXPORT void gdtrace_rec_init(gd_rec *r) { /* every number absent */
     memset(r, 0, sizeof *r);
     int64_t *n = &r->pid;
@@ -136,13 +213,7 @@ static int64_t now_ns(void) {
     return (int64_t)t.tv_sec * 1000000000 + t.tv_nsec;
 }
 
-static void emit(const gd_rec *r) {
-    char small[4096], *line = small;
-    size_t n = gdtrace_encode(r, small, sizeof small);
-    if (n >= sizeof small) {
-        if (!(line = malloc(n + 1))) return;
-        gdtrace_encode(r, line, n + 1);
-    }
+static void write_line(const char *line, size_t n) {
     pthread_mutex_lock(&out_mu);
     for (size_t off = 0; out_fd >= 0 && off < n;) {
         ssize_t w = write(out_fd, line + off, n - off);
@@ -150,6 +221,16 @@ static void emit(const gd_rec *r) {
         off += (size_t)w;
     }
     pthread_mutex_unlock(&out_mu);
+}
+
+static void emit(const gd_rec *r) {
+    char small[4096], *line = small;
+    size_t n = gdtrace_encode(r, small, sizeof small);
+    if (n >= sizeof small) {
+        if (!(line = malloc(n + 1))) return;
+        gdtrace_encode(r, line, n + 1);
+    }
+    write_line(line, n);
     if (line != small) free(line);
 }
 
@@ -410,11 +491,44 @@ static int start(void) {
 }
 
 static int started;
+static pthread_once_t out_once = PTHREAD_ONCE_INIT;
 
-static void init_once(void) {
+static void open_out(void) {
     const char *out = getenv("GRAPHDIAG_TRACE_OUT");
     if (out && *out) out_fd = open(out, O_WRONLY | O_APPEND | O_CREAT | O_CLOEXEC, 0644);
+}
+
+static void init_once(void) {
+    pthread_once(&out_once, open_out);
     started = out_fd >= 0 && start();
+}
+
+/* llama.cpp's llama_decode, interposed (LD_PRELOAD): the batch recorded, the real call made. */
+typedef int32_t (*llama_decode_fn)(void *, gd_llama_batch);
+
+EXPORT int32_t llama_decode(void *ctx, gd_llama_batch batch) {
+    static llama_decode_fn real;
+    llama_decode_fn fn = __atomic_load_n(&real, __ATOMIC_ACQUIRE);
+    if (!fn) {
+        fn = (llama_decode_fn)dlsym(RTLD_NEXT, "llama_decode");
+        if (!fn) return -1;               /* no libllama after this library: nothing to call */
+        __atomic_store_n(&real, fn, __ATOMIC_RELEASE);
+    }
+    int64_t t0 = now_ns();
+    int32_t ret = fn(ctx, batch);
+    int64_t t1 = now_ns();
+    pthread_once(&out_once, open_out);
+    if (out_fd >= 0) {
+        char small[8192], *line = small;
+        size_t n = gdtrace_encode_batch(&batch, getpid(), (int64_t)syscall(SYS_gettid), (int64_t)(uintptr_t)ctx,
+                                        t0, t1, ret, small, sizeof small);
+        if (n >= sizeof small && (line = malloc(n + 1)))
+            gdtrace_encode_batch(&batch, getpid(), (int64_t)syscall(SYS_gettid), (int64_t)(uintptr_t)ctx, t0, t1,
+                                 ret, line, n + 1);
+        if (line) write_line(line, n);
+        if (line && line != small) free(line);
+    }
+    return ret;
 }
 
 EXPORT int InitializeInjection(void) {

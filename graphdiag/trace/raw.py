@@ -9,6 +9,9 @@ JSON lines (UTF-8). The first line is graphdiag's header `{"raw": "graphdiag-tra
      cuGraphGetNodes order), update_result, error_node (bool), error_node_index (in the new graph's
      cuGraphGetNodes order), error_node_kernel_index (among its kernel nodes), error_node_kernel,
      error_from_kernel, mem_free_before / mem_free_after (cuMemGetInfo around an instantiate)}
+  {"ev": "batch", "pid", "tid", "ctx", "t0_ns", "t1_ns", "ret", "n_tokens", "tokens" | "embd": true, "pos",
+     "seq", "out"}                                           one llama_decode call (interposed; arrays null where
+                                                             the caller passed NULL; out: the rows with logits)
   {"ev": "log", "t_ns", "text"}                              a graph line of CMD's stderr (as graphdiag read it)
   {"ev": "end", "t_ns", "status", "code"}                    how CMD ended (graphdiag writes it last)
 `fn` is the runtime name for both APIs (cuGraphLaunch is "cudaGraphLaunch"), except "cuCtxSynchronize".
@@ -17,6 +20,7 @@ Times are CLOCK_MONOTONIC ns in every writer. `read_raw` turns any defect into o
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 from typing import Any
 
@@ -29,7 +33,8 @@ API_FUNCTIONS = ("cudaStreamBeginCapture", "cudaStreamEndCapture", "cudaGraphIns
                  "cudaGraphLaunch", "cudaGraphExecDestroy", "cudaStreamSynchronize", "cudaDeviceSynchronize",
                  "cuCtxSynchronize")
 _REQUIRED = {"start": ("pid",), "error": ("pid", "text"), "api": ("fn", "pid", "t0_ns", "t1_ns", "ret"),
-             "log": ("t_ns", "text"), "end": ("status",)}
+             "log": ("t_ns", "text"), "end": ("status",),
+             "batch": ("pid", "t0_ns", "t1_ns", "ret", "n_tokens")}
 _API_REQUIRED = {"cudaStreamEndCapture": ("stream",), "cudaGraphExecUpdate": ("exec",),
                  "cudaGraphLaunch": ("exec", "stream"), "cudaGraphExecDestroy": ("exec",),
                  "cudaStreamSynchronize": ("stream",)}
@@ -50,4 +55,25 @@ def _checked(path: Path, n: int, obj) -> dict[str, Any]:
         if obj.get("fn") not in API_FUNCTIONS:
             raise EventFileError(f"{path}:{n}: api line for {obj.get('fn')!r}, not a traced call")
         need = need + _API_REQUIRED.get(obj["fn"], ())
-    return require_fields(path, n, obj, need)
+    require_fields(path, n, obj, need)
+    if ev == "batch":
+        _check_batch(path, n, obj)
+    return obj
+
+
+def _ints(v) -> bool:
+    return isinstance(v, list) and all(isinstance(x, int) and not isinstance(x, bool) for x in v)
+
+
+def _check_batch(path: Path, n: int, obj: dict[str, Any]) -> None:
+    """A batch line's arrays: tokens (unless embd), pos and out as integer lists or null, seq a list of them."""
+    k = obj["n_tokens"]
+    checks = [("pos", obj.get("pos") is None or (_ints(obj["pos"]) and len(obj["pos"]) == k)),
+              ("seq", obj.get("seq") is None or (isinstance(obj["seq"], list) and len(obj["seq"]) == k
+                                                 and all(map(_ints, obj["seq"])))),
+              ("out", obj.get("out") is None or _ints(obj["out"])),
+              ("tokens", obj.get("embd") is True or (_ints(obj.get("tokens")) and len(obj["tokens"]) == k))]
+    for field, ok in checks:
+        if not ok or field not in obj and field != "tokens":
+            raise EventFileError(f"{path}:{n}: batch line without a valid {field} "
+                                 f"({json.dumps(obj.get(field))[:40]})")

@@ -267,3 +267,122 @@ def test_no_cupti_found(monkeypatch):
     monkeypatch.setattr(build, "_wheel_dirs", lambda sub: [])
     with pytest.raises(TraceError, match="no CUPTI library found"):
         build.cupti_library()
+
+
+# -- llama_decode's batches ------------------------------------------------------------------------------------
+class Batch(ctypes.Structure):
+    _fields_ = [("n_tokens", ctypes.c_int32), ("token", ctypes.POINTER(ctypes.c_int32)),
+                ("embd", ctypes.POINTER(ctypes.c_float)), ("pos", ctypes.POINTER(ctypes.c_int32)),
+                ("n_seq_id", ctypes.POINTER(ctypes.c_int32)),
+                ("seq_id", ctypes.POINTER(ctypes.POINTER(ctypes.c_int32))), ("logits", ctypes.POINTER(ctypes.c_int8))]
+
+
+def _encode_batch(so, b: Batch) -> dict:
+    so.gdtrace_encode_batch.restype = ctypes.c_size_t
+    so.gdtrace_encode_batch.argtypes = [ctypes.POINTER(Batch)] + [ctypes.c_int64] * 6 + [ctypes.c_char_p,
+                                                                                       ctypes.c_size_t]
+    n = so.gdtrace_encode_batch(ctypes.byref(b), 7, 8, 0xABC, 10, 20, 0, None, 0)
+    buf = ctypes.create_string_buffer(n + 1)
+    assert so.gdtrace_encode_batch(ctypes.byref(b), 7, 8, 0xABC, 10, 20, 0, buf, n + 1) == n
+    line = buf.raw[:n].decode()
+    assert line.endswith("}\n") and line.count("\n") == 1
+    return json.loads(line)
+
+
+def test_encodes_a_decode_batch(lib):
+    so = lib[1]
+    I32 = ctypes.c_int32
+    seqs = [(I32 * 2)(0, 3), (I32 * 1)(1), (I32 * 1)(2)]
+    b = Batch(3, (I32 * 3)(11, -1, 2 ** 31 - 1), None, (I32 * 3)(5, 0, 9), (I32 * 3)(2, 1, 1),
+              (ctypes.POINTER(I32) * 3)(*[ctypes.cast(s, ctypes.POINTER(I32)) for s in seqs]),
+              (ctypes.c_int8 * 3)(0, 1, 1))
+    obj = _encode_batch(so, b)
+    assert obj == {"ev": "batch", "pid": 7, "tid": 8, "ctx": 0xABC, "t0_ns": 10, "t1_ns": 20, "ret": 0,
+                   "n_tokens": 3, "tokens": [11, -1, 2 ** 31 - 1], "pos": [5, 0, 9], "seq": [[0, 3], [1], [2]],
+                   "out": [1, 2]}
+    empty = _encode_batch(so, Batch(2, (I32 * 2)(4, 5), None, None, None, None, None))
+    assert (empty["pos"], empty["seq"], empty["out"]) == (None, None, None)
+    embd = _encode_batch(so, Batch(1, None, (ctypes.c_float * 4)(), None, None, None, None))
+    assert embd["embd"] is True and "tokens" not in embd
+    big = _encode_batch(so, Batch(3000, (I32 * 3000)(*range(3000)), None, None, None, None, None))
+    assert big["tokens"] == list(range(3000))      # past the 8 KB line buffer: the size it needs
+
+
+FAKE_LLAMA = r"""
+#include <stdint.h>
+struct llama_batch { int32_t n_tokens; int32_t *token; float *embd; int32_t *pos; int32_t *n_seq_id;
+                     int32_t **seq_id; int8_t *logits; };
+int32_t seen_tokens;
+int32_t llama_decode(void *ctx, struct llama_batch b) { seen_tokens = b.n_tokens; return b.token[0] == 99 ? 1 : 0; }
+"""
+FAKE_PROGRAM = r"""
+#include <stdint.h>
+#include <stdio.h>
+struct llama_batch { int32_t n_tokens; int32_t *token; float *embd; int32_t *pos; int32_t *n_seq_id;
+                     int32_t **seq_id; int8_t *logits; };
+int32_t llama_decode(void *ctx, struct llama_batch b);
+extern int32_t seen_tokens;
+int main(void) {
+    int32_t tok[4] = {1, 2, 3, 4}, pos[4] = {0, 1, 2, 3}, n1[4] = {1, 1, 1, 1}, s0 = 0;
+    int32_t *seq[4] = {&s0, &s0, &s0, &s0};
+    int8_t out[4] = {0, 0, 0, 1};
+    struct llama_batch a = {4, tok, 0, pos, n1, seq, out};
+    int r1 = llama_decode((void *)0x10, a);
+    int32_t t99 = 99, p4 = 4;
+    struct llama_batch b = {1, &t99, 0, &p4, 0, 0, 0};
+    int r2 = llama_decode((void *)0x10, b);
+    printf("%d %d %d\n", r1, r2, seen_tokens);
+    return 0;
+}
+"""
+
+
+def test_llama_decode_is_interposed_in_a_program_linked_against_libllama(lib, tmp_path):
+    """A program linked against a libllama, run as graphdiag trace runs CMD (LD_PRELOAD): each llama_decode's
+    batch is written, the real function still runs and its return comes back. No CUDA: InitializeInjection
+    is never called, only the interposer writes."""
+    from graphdiag.backends.drivers.launch_loop import compiler
+    from graphdiag.trace.command import preload
+    cc = compiler(dict(__import__("os").environ))
+    if cc is None:
+        pytest.skip("no C compiler")
+    (tmp_path / "l.c").write_text(FAKE_LLAMA)
+    (tmp_path / "m.c").write_text(FAKE_PROGRAM)
+    subprocess.run([cc, "-shared", "-fPIC", "-o", tmp_path / "libllama.so", tmp_path / "l.c"], check=True)
+    subprocess.run([cc, "-o", tmp_path / "prog", tmp_path / "m.c", f"-L{tmp_path}", "-lllama",
+                    f"-Wl,-rpath,{tmp_path}"], check=True)
+    raw = tmp_path / "raw.jsonl"
+    env = {"PATH": "/usr/bin:/bin", "GRAPHDIAG_TRACE_OUT": str(raw), "LD_PRELOAD": preload(str(lib[0]), None)}
+    out = subprocess.run([tmp_path / "prog"], env=env, capture_output=True, text=True, check=True).stdout
+    assert out.split() == ["0", "1", "1"]           # the real llama_decode ran both times, its returns kept
+    a, b = [json.loads(x) for x in raw.read_text().splitlines()]
+    assert (a["tokens"], a["pos"], a["seq"], a["out"], a["ret"], a["ctx"]) == ([1, 2, 3, 4], [0, 1, 2, 3],
+                                                                              [[0]] * 4, [3], 0, 16)
+    assert (b["tokens"], b["pos"], b["seq"], b["out"], b["ret"]) == ([99], [4], None, None, 1)
+    assert a["t0_ns"] <= a["t1_ns"] <= b["t0_ns"]
+    assert preload("/x/gd.so", "/a.so /b.so") == "/x/gd.so /a.so /b.so"
+
+
+def test_batches_convert_to_decode_batch_events(tmp_path):
+    head = {"raw": "graphdiag-trace", "version": 1, "cmd": ["llama-server"]}
+    lines = [
+        {"ev": "start", "pid": 1, "t0_ns": 1},
+        {"ev": "batch", "pid": 1, "tid": 2, "ctx": 5, "t0_ns": 10, "t1_ns": 90, "ret": 0, "n_tokens": 2,
+         "tokens": [7, 8], "pos": [0, 1], "seq": [[0], [0]], "out": [1]},
+        {"ev": "api", "fn": "cudaGraphLaunch", "api": "runtime", "pid": 1, "tid": 2, "device": 0, "stream": 3,
+         "t0_ns": 50, "t1_ns": 60, "ret": 0, "exec": 4},
+        {"ev": "batch", "pid": 1, "tid": 2, "ctx": 5, "t0_ns": 100, "t1_ns": 190, "ret": 0, "n_tokens": 1,
+         "embd": True, "pos": None, "seq": None, "out": None},
+    ]
+    raw = tmp_path / "b.raw.jsonl"
+    raw.write_text("\n".join(json.dumps(x) for x in [head, *lines]) + "\n")
+    header, events = convert_raw(raw)
+    batches = [e for e in events if isinstance(e, E.DecodeBatch)]
+    assert [(b.step, b.tokens, b.positions, b.seqs, b.outputs, b.duration_ns) for b in batches] == [
+        (-1, (7, 8), (0, 1), ((0,), (0,)), (1,), 80), (0, (), None, None, None, 90)]
+    assert batches[1].embd and header.trace["decode_batches"] == 2
+    assert not any("llama_decode" in x for x in header.trace["not_observable"])
+    assert E.Event.from_dict(json.loads(json.dumps(batches[0].to_dict()))) == batches[0]
+    bare = tmp_path / "n.raw.jsonl"
+    bare.write_text("\n".join(json.dumps(x) for x in [head, lines[0], lines[2]]) + "\n")
+    assert any("no llama_decode seen" in x for x in convert_raw(bare)[0].trace["not_observable"])
