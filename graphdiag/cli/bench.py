@@ -116,3 +116,32 @@ def _no_wtype_for_files(names: tuple[str, ...], wtypes: str | None) -> None:
     if wtypes is not None and all(is_file(n) for n in names):
         raise UsageError(f"--wtype {wtypes} chooses the presets' weight types, and {', '.join(names)} "
                          f"{'has its' if len(names) == 1 else 'have their'} own types (drop --wtype)")
+
+
+@bench.command("trace", context_settings={"ignore_unknown_options": True, "allow_interspersed_args": False})
+@click.option("--rounds", type=click.IntRange(1, MAX_ROUNDS), default=3,
+              help=f"Rounds, each running CMD plain and traced in turn (1-{MAX_ROUNDS}).")
+@click.option("--json", "as_json", is_flag=True, help="One JSON row per test instead of the table.")
+@click.argument("cmd", nargs=-1, type=click.UNPROCESSED)
+def trace_overhead(rounds, as_json, cmd):
+    """What `graphdiag trace` costs CMD: CMD run plain and traced in turn, --rounds times. For llama-bench the
+    tokens per second of each of its tests (its -o jsonl output), for any other program its wall time."""
+    import sys
+
+    from ..config import kernel_cache_dir
+    from ..trace import build
+    from ..trace.command import check_device, resolve_cmd
+    from ..trace.overhead import bench_trace, render
+    from ..errors import UsageError
+    if not cmd:
+        raise UsageError("give the command to measure after --: graphdiag bench trace -- CMD [ARGS...]")
+    resolve_cmd(list(cmd))
+    library, cupti = build.library(kernel_cache_dir()), build.cupti_library()
+    check_device()
+    rows = bench_trace(list(cmd), rounds, library, cupti,
+                       progress=lambda line: print(line, file=sys.stderr, flush=True))
+    if as_json:
+        for r in rows:
+            click.echo(json.dumps(r))
+    else:
+        render(rows, list(cmd), click.echo)

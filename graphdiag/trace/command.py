@@ -63,8 +63,9 @@ def preload(library: str, existing: str | None) -> str:
     return " ".join([library, *(existing or "").split()]) if existing else library
 
 
-def run_traced(cmd: list[str], raw_path: Path, library: Path, cupti: Path, echo=None) -> int:
-    """Run CMD under the library, its raw stream in raw_path; returns CMD's exit code (128 + signal)."""
+def run_traced(cmd: list[str], raw_path: Path, library: Path, cupti: Path, echo=None, stdout=None) -> int:
+    """Run CMD under the library, its raw stream in raw_path; returns CMD's exit code (128 + signal). CMD's
+    stdout is graphdiag's unless `stdout` (a file) is given; its stderr goes to `echo` (default graphdiag's)."""
     exe = resolve_cmd(cmd)
     fd = os.open(raw_path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_APPEND, 0o644)
     try:
@@ -74,7 +75,7 @@ def run_traced(cmd: list[str], raw_path: Path, library: Path, cupti: Path, echo=
                    GRAPHDIAG_CUPTI_PATH=str(cupti))
         if Path(library).is_file():
             env["LD_PRELOAD"] = preload(str(library), os.environ.get("LD_PRELOAD"))
-        proc = subprocess.Popen([exe, *cmd[1:]], env=env, stderr=subprocess.PIPE, process_group=0)
+        proc = subprocess.Popen([exe, *cmd[1:]], env=env, stdout=stdout, stderr=subprocess.PIPE, process_group=0)
         reader = threading.Thread(target=_pass_stderr, args=(proc.stderr, fd, echo or sys.stderr.buffer),
                                   daemon=True)
         reader.start()

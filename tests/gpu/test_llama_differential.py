@@ -23,9 +23,11 @@ from tests.support.llama_parity import check, files, llama_cpp  # noqa: F401 (fi
 pytestmark = [pytest.mark.gpu, pytest.mark.usefixtures("require_gpu")]
 
 WTYPES = ("f16", "bf16", "q8_0", "q4_0", "q4_k", "q6_k")
-# (preset, arch, weight type): the dense preset as each architecture at each weight type, llama's MoE
+# (preset, arch, weight type): the dense preset as each architecture at each weight type, llama's MoE, and
+# the Gemma 3 preset exported as gemma3 (iSWA)
 FILES = ([("tiny", arch, w) for arch in ("llama", "qwen2", "qwen3") for w in WTYPES]
-         + [("moe-tiny", "llama", w) for w in ("f16", "q8_0", "q4_k")])
+         + [("moe-tiny", "llama", w) for w in ("f16", "q8_0", "q4_k")]
+         + [("gemma3-tiny", "gemma3", w) for w in ("f16", "q4_k")])
 
 
 def _seeds() -> list[int]:

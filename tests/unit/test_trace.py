@@ -386,3 +386,46 @@ def test_batches_convert_to_decode_batch_events(tmp_path):
     bare = tmp_path / "n.raw.jsonl"
     bare.write_text("\n".join(json.dumps(x) for x in [head, lines[0], lines[2]]) + "\n")
     assert any("no llama_decode seen" in x for x in convert_raw(bare)[0].trace["not_observable"])
+
+
+# -- bench trace ---------------------------------------------------------------------------------------------
+FAKE_BENCH = """#!/bin/sh
+# a llama-bench stand-in: JSON lines when asked (-o jsonl, the last -o), slower when traced
+case "$*" in *"-o jsonl"*) ;; *) echo "no jsonl asked" >&2; exit 3;; esac
+ts=100
+[ -n "$GRAPHDIAG_TRACE_OUT" ] && ts=98
+echo "| model | test | t/s |"
+echo '{"n_prompt": 512, "n_gen": 0, "avg_ts": 5000.0}'
+echo "{\\"n_prompt\\": 0, \\"n_gen\\": 128, \\"avg_ts\\": $ts.0}"
+"""
+
+
+def test_bench_trace_compares_plain_and_traced_llama_bench(tmp_path):
+    from graphdiag.trace.overhead import bench_trace, parse_llama_bench
+    exe = tmp_path / "llama-bench"
+    exe.write_text(FAKE_BENCH)
+    exe.chmod(0o755)
+    rows = bench_trace([str(exe), "-m", "x.gguf"], 3, tmp_path / "none.so", tmp_path / "none")
+    by = {r["test"]: r for r in rows}
+    assert set(by) == {"pp512", "tg128"}
+    assert by["tg128"]["plain"] == 100 and by["tg128"]["traced"] == 98 and by["tg128"]["ratio"] == 0.98
+    assert by["pp512"]["ratio"] == 1.0 and by["pp512"]["unit"] == "tokens/s"
+    assert parse_llama_bench('{"n_prompt": 512, "n_gen": 128, "avg_ts": 7}\nnot json\n') == {"pp512+tg128": 7.0}
+
+
+def test_bench_trace_times_any_other_program_and_needs_it_to_succeed(tmp_path):
+    from graphdiag.trace.overhead import bench_trace
+    rows = bench_trace(["true"], 2, tmp_path / "none.so", tmp_path / "none")
+    assert [r["test"] for r in rows] == ["wall_s"] and rows[0]["unit"] == "s" and rows[0]["rounds"] == 2
+    with pytest.raises(TraceError, match="exited with 1 in round 1"):
+        bench_trace(["false"], 1, tmp_path / "none.so", tmp_path / "none")
+    exe = tmp_path / "llama-bench-quiet"
+    exe.write_text("#!/bin/sh\necho nothing\n")
+    exe.chmod(0o755)
+    with pytest.raises(TraceError, match="printed no llama-bench results"):
+        bench_trace([str(exe)], 1, tmp_path / "none.so", tmp_path / "none")
+
+
+def test_bench_trace_without_a_command_is_one_line(capsys):
+    assert main(["bench", "trace"]) == 2
+    assert "give the command to measure after --" in capsys.readouterr().err
