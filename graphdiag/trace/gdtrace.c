@@ -511,7 +511,12 @@ EXPORT int32_t llama_decode(void *ctx, gd_llama_batch batch) {
     llama_decode_fn fn = __atomic_load_n(&real, __ATOMIC_ACQUIRE);
     if (!fn) {
         fn = (llama_decode_fn)dlsym(RTLD_NEXT, "llama_decode");
-        if (!fn) return -1;               /* no libllama after this library: nothing to call */
+        if (!fn) {                        /* libllama loaded RTLD_LOCAL (ctypes) and calling itself: find it */
+            void *h = dlopen("libllama.so", RTLD_LAZY | RTLD_NOLOAD);
+            fn = h ? (llama_decode_fn)dlsym(h, "llama_decode") : NULL;
+            if (fn == llama_decode) fn = NULL;
+        }
+        if (!fn) return -1;               /* no libllama beside this library: nothing to call */
         __atomic_store_n(&real, fn, __ATOMIC_RELEASE);
     }
     int64_t t0 = now_ns();
