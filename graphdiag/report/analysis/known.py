@@ -43,6 +43,36 @@ def model_facts(path: str | Path, label: str = "") -> ModelFacts:
     return ModelFacts(label or Path(path).stem, routers)
 
 
+def preset_facts(name: str, wtype: str) -> ModelFacts:
+    """The facts of a preset at a weight type, from the weights graphdiag builds for it (UsageError on an
+    unknown preset or type)."""
+    from ...ir.dtypes import GGMLType
+    from ...model.presets import get_preset, weight_type
+    from ...model.weights import create_model
+    m = create_model(get_preset(name), weight_type(wtype), with_data=False)
+    return ModelFacts(f"{name} {wtype}", sum(1 for lay in m.layers if lay.ffn_gate_inp is not None
+                                             and lay.ffn_gate_inp.type == GGMLType.F32))
+
+
+def record_facts(ours, theirs, model: str | None = None) -> tuple[ModelFacts, str]:
+    """The model facts for comparing graphdiag's record header `ours` with llama.cpp's `theirs`, and a note
+    ("" when found): `model` (a GGUF path) where given, else the first GGUF file either header names that
+    exists here, else graphdiag's preset and weight type. Where none can be read, no MoE router is assumed,
+    so an entry that needs one never excuses a pair (the note says so)."""
+    from ...model.source import is_file
+    if model:
+        return model_facts(model), ""
+    files = [str(m) for h in (ours, theirs) for m in (h.model_file.get("path"), h.model) if m and is_file(str(m))]
+    found = next((f for f in files if Path(f).is_file()), None)
+    if found:
+        return model_facts(found), ""
+    if ours.model and not is_file(ours.model):
+        return preset_facts(ours.model, str(ours.settings.get("wtype", "f16"))), ""
+    return (ModelFacts(Path(files[0]).stem if files else "?"),
+            f"model file {files[0] if files else '(none named)'} not found here: its MoE routers' types unknown, "
+            "so cublas-split-k excuses nothing (give --model FILE.gguf)")
+
+
 @dataclass(frozen=True)
 class Pair:
     """Two differing decisions at one place, with each side's decisions per step and the steps' tokens."""
@@ -135,11 +165,52 @@ class Excuser:
         return next((k.name for k in self.known if k.holds(p, self.facts)), None)
 
 
-def diff_known(ours: tuple, theirs: tuple, facts: ModelFacts, known: tuple[Known, ...] = KNOWN):
+class _Swapped:
+    """An Excuser for a comparison with llama.cpp's record as the control: each pair handed over as (graphdiag's,
+    llama.cpp's)."""
+
+    def __init__(self, excuser: Excuser):
+        self.excuser = excuser
+
+    def __call__(self, step: int, index: int, x: Decision, y: Decision, a: dict, b: dict) -> str | None:
+        return self.excuser(step, index, y, x, b, a)
+
+
+def diff_known(ours: tuple, theirs: tuple, facts: ModelFacts, known: tuple[Known, ...] = KNOWN,
+               names: tuple[str, str] = ("graphdiag", "llama.cpp"), ours_first: bool = True):
     """diff_observed of a graphdiag record (header, events) against a llama.cpp one, the known differences
-    excused pair by pair (the ObservedDiff's `excused` names each)."""
+    excused pair by pair (the ObservedDiff's `excused` names each, `known` gives each met entry's claim and
+    evidence). ours_first=False: llama.cpp's record is the control (`names` in that order too)."""
     from .observed_diff import diff_observed
-    return diff_observed(ours, theirs, ("graphdiag", "llama.cpp"), excuse=Excuser(facts, ours[1], known))
+    ex = Excuser(facts, ours[1], known)
+    control, test = (ours, theirs) if ours_first else (theirs, ours)
+    d = diff_observed(control, test, names, excuse=ex if ours_first else _Swapped(ex))
+    met = {x["name"] for x in d.excused}
+    d.known = {k.name: {"claim": k.claim, "evidence": k.evidence} for k in known if k.name in met}
+    return d
+
+
+def diff_records(a: tuple, b: tuple, names: tuple[str, str], apply_known: bool = True, model: str | None = None):
+    """`graphdiag diff` of two records of which one at least was observed (llama.cpp or a traced program):
+    where one is graphdiag's own and the other a `graphdiag llama` record, the known differences are excused
+    pair by pair (apply_known), else every difference is one. The ObservedDiff's known_note says which."""
+    from .observed_diff import diff_observed
+    own = [not (h.llama or h.trace) for h, _ in (a, b)]
+    llama = [bool(h.llama) for h, _ in (a, b)]
+    if own[0] + own[1] != 1 or llama[0] + llama[1] != 1:
+        d = diff_observed(a, b, names)
+        if any(own):
+            d.known_note = "known differences are held against `graphdiag llama` records only: none excused"
+        return d
+    if not apply_known:
+        d = diff_observed(a, b, names)
+        d.known_note = "known differences not applied (--no-known): each is shown as a difference"
+        return d
+    ours, theirs = (a, b) if own[0] else (b, a)
+    facts, note = record_facts(ours[0], theirs[0], model)
+    d = diff_known(ours, theirs, facts, names=names, ours_first=own[0])
+    d.known_note = note
+    return d
 
 
 def unmet(met: set[str], known: tuple[Known, ...] = KNOWN) -> list[str]:
