@@ -84,6 +84,12 @@ class Pair:
     our_steps: dict[int, list[Decision]]
     their_steps: dict[int, list[Decision]]
     tokens: dict[int, int]                  # step -> tokens in its batch (graphdiag's StepStarted)
+    embedding: dict[int, list[bool]] = field(default_factory=dict)   # step -> per graphdiag capture, in order:
+    #   whether its graph holds the token embedding's GET_ROWS (embedding_captures)
+
+    def our_capture(self) -> int:
+        """Which of graphdiag's captures in this step the pair's decision is (0: the first)."""
+        return sum(1 for d in self.our_steps.get(self.step, [])[:self.index] if d.what == "capture")
 
     def captures(self, side: str, entry: str) -> list[tuple[int, int]]:
         """(step, graph nodes) of each capture of `entry` up to this step, on one side ("ours" | "theirs")."""
@@ -105,10 +111,26 @@ class Known:
     holds: Callable[[Pair, ModelFacts], bool] = field(repr=False)
 
 
+def embedding_captures(events: list[E.Event]) -> dict[int, list[bool]]:
+    """Per step, for each graph graphdiag captured in order: whether it holds the token embedding's GET_ROWS,
+    the graph's first node: the first chunk of the first split, where that split runs on a GPU (the latest
+    GraphSplit names the splits' backends)."""
+    out: dict[int, list[bool]] = {}
+    first_on_gpu = True
+    for ev in events:
+        if isinstance(ev, E.GraphSplit) and ev.backends:
+            first_on_gpu = (ev.devices[0] >= 0) if ev.devices else ev.backends[0] != "CPU"
+        elif isinstance(ev, E.ChunkCaptured):
+            out.setdefault(ev.step, []).append(first_on_gpu and ev.split == 0 and ev.chunk == 0)
+    return out
+
+
 def _embedding_node(p: Pair, facts: ModelFacts) -> bool:
     a, b = p.ours, p.theirs
+    holds = p.embedding.get(p.step, [])
+    k = p.our_capture()
     return (a.what == b.what == "capture" and a.entry == b.entry and _nodes(b) >= 0
-            and _nodes(a) == _nodes(b) + 1)
+            and _nodes(a) == _nodes(b) + 1 and k < len(holds) and holds[k])
 
 
 def _cublas_inside(p: Pair, facts: ModelFacts) -> bool:
@@ -128,7 +150,8 @@ def _cublas_inside(p: Pair, facts: ModelFacts) -> bool:
 
 KNOWN: tuple[Known, ...] = (
     Known("graph-nodes",
-          "a capture of the same entry where graphdiag's graph has exactly 1 node more than llama.cpp's",
+          "a capture of the same entry where graphdiag's graph holds the token embedding's GET_ROWS (the first "
+          "chunk of its first split, on a GPU) and has exactly 1 node more than llama.cpp's",
           "llama.cpp keeps the token embedding on the CPU (llama-model.cpp: the input layer always stays there), "
           "so its GET_ROWS is in a CPU split, where graphdiag keeps it on the GPU. Named by the kernel names of "
           "each captured graph (cuGraphKernelNodeGetParams + cuFuncGetName on both sides, H200 2026-12-02: tiny "
@@ -159,9 +182,10 @@ class Excuser:
 
     def __init__(self, facts: ModelFacts, our_events: list[E.Event], known: tuple[Known, ...] = KNOWN):
         self.facts, self.known, self.tokens = facts, known, step_tokens(our_events)
+        self.embedding = embedding_captures(our_events)
 
     def __call__(self, step: int, index: int, ours: Decision, theirs: Decision, a: dict, b: dict) -> str | None:
-        p = Pair(step, index, ours, theirs, a, b, self.tokens)
+        p = Pair(step, index, ours, theirs, a, b, self.tokens, self.embedding)
         return next((k.name for k in self.known if k.holds(p, self.facts)), None)
 
 
