@@ -38,7 +38,8 @@ def test_the_refusal_names_the_last_changed_node_not_the_first():
     new = _chain([i not in (3, 85) for i in range(86)])
     m = match_graphs(old, new)
     assert not m.outcome.ok and m.outcome.result.name == "TOPOLOGY_CHANGED"
-    assert m.outcome.error_node == "node 85 of 86: kernel k85; its edge from node 84 became ordinary (PDL launch changed)"
+    assert m.outcome.error_node == ("node 85 of 86: kernel k85; its edge from node 84 became ordinary "
+                                    "(PDL launch changed)")
 
 
 def test_a_crosswise_pairing_gives_each_node_its_partners_parameters():
