@@ -78,7 +78,7 @@ def main() -> int:
         json.dumps({"graphdiag": ours, "llama.cpp": theirs}))
     print(f"{a.scenario}: graphdiag captured {len(ours)} graphs ({[len(c) for c in ours]}), "
           f"llama.cpp {len(theirs)} ({[len(c) for c in theirs]})")
-    from graphdiag.llama.kernel_names import first_difference
+    from graphdiag.llama.kernel_names import differences
     for i, (x, y) in enumerate(zip(ours, theirs)):
         if len(x) - 1 != len(y):     # graphdiag's first kernel is the embedding's GET_ROWS (llama.cpp's on the CPU)
             print(f"capture {i}: {len(x)} kernels in graphdiag's (1 the embedding), {len(y)} in llama.cpp's")
@@ -86,11 +86,9 @@ def main() -> int:
                                              lineterm="", n=1):
                 print("   ", line)
             break
-        d = first_difference(x, y)
-        if d is not None:       # counts agree; names (as ggml's identifiers, kernel_names.py) do not
-            print(f"capture {i}: kernel {d[0]} is {d[1]} in graphdiag's (as ggml names it), {d[2]} in llama.cpp's")
-            break
-    else:
+        for d in differences(x, y):   # counts agree; names (as ggml's identifiers, kernel_names.py) do not
+            print(f"capture {i}: kernel {d.index} is {d.kernel} ({d.ours}) in graphdiag's, {d.theirs} in llama.cpp's")
+    if all(len(x) - 1 == len(y) and not differences(x, y) for x, y in zip(ours, theirs)):
         print("every compared capture has the same kernels (as ggml names them; graphdiag's embedding aside)")
     return 0
 

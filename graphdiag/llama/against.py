@@ -34,7 +34,7 @@ def run_against_llama(settings: dict, scenario: str | None, events_path: str | N
                       out=None, **inject) -> int:
     """Exit status: 1 when either run's checks fail or the decisions differ, else 0."""
     from ..model.source import is_file
-    from ..report.analysis.observed_diff import diff_observed
+    from ..report.analysis.known import diff_records
     from ..report.record.read import read_record
     from ..report.views.observed_diff import render_observed_diff
     from ..runner import run_cli
@@ -63,7 +63,8 @@ def run_against_llama(settings: dict, scenario: str | None, events_path: str | N
     rc = run_cli(settings, scenario=scenario, events_path=str(ours), verbosity=verbosity, out=out)
     rc = max(rc, llama_cli(model, llama_settings, scenario=scenario, events_path=str(theirs), out=out,
                            raw_path=str(ours.with_suffix(".llama.raw.jsonl")), **inject))
-    d = diff_observed(read_record(ours), read_record(theirs), (f"graphdiag {ours}", f"llama.cpp {theirs}"))
+    d = diff_records(read_record(ours), read_record(theirs), (f"graphdiag {ours}", f"llama.cpp {theirs}"),
+                     model=model)          # the known differences excused pair by pair, as `graphdiag diff` does
     out.write("\n")
     render_observed_diff(d, out)
     return max(rc, 0 if d.equal else 1)

@@ -13,6 +13,7 @@ graphdiag's mul_mat_fixup_f32; `cublas_gemm` for the GEMM cuBLAS ran and graphdi
 from __future__ import annotations
 
 import re
+from dataclasses import dataclass
 
 # ggml identifier -> the coarser family both sides are compared in
 _COARSE = {"rope_norm": "rope", "rope_neox": "rope", "quantize_q8_1": "quantize", "quantize_mmq_q8_1": "quantize",
@@ -63,13 +64,35 @@ def upstream_sequence(names: list[str]) -> list[str]:
     return out
 
 
-def first_difference(ours: list[str], theirs: list[str], embedding_on_cpu: int = 1) -> tuple[int, str, str] | None:
-    """(index in llama.cpp's capture, graphdiag's family, llama.cpp's) of the first kernel whose family
-    differs, after graphdiag's first `embedding_on_cpu` kernels (the embedding's GET_ROWS llama.cpp runs on
-    the CPU); None when the two sequences are the same."""
-    a, b = upstream_sequence(ours[embedding_on_cpu:]), [identifier(k) for k in theirs]
+@dataclass(frozen=True)
+class KernelDifference:
+    """A position (in llama.cpp's capture) where the two sides' kernels differ in family: graphdiag's kernel
+    as it names it, the ggml family it stands for, llama.cpp's family ("" past either side's end)."""
+
+    index: int
+    kernel: str
+    ours: str
+    theirs: str
+
+
+def differences(ours: list[str], theirs: list[str], embedding_on_cpu: int = 1) -> list[KernelDifference]:
+    """Every kernel whose family differs, position by position, after graphdiag's first `embedding_on_cpu`
+    kernels (the embedding's GET_ROWS llama.cpp runs on the CPU): where those are not GET_ROWS the first
+    difference is at index -1, naming graphdiag's kernel there."""
+    head = ours[:embedding_on_cpu]
+    out = [KernelDifference(-1, k, upstream(k), "(the embedding's GET_ROWS)") for k in head
+           if not upstream(k).startswith("k_get_rows")]
+    rest = ours[embedding_on_cpu:]
+    a, b = upstream_sequence(rest), [identifier(k) for k in theirs]
     for i in range(max(len(a), len(b))):
         x, y = (a[i] if i < len(a) else ""), (b[i] if i < len(b) else "")
         if x != y:
-            return i, x, y
-    return None
+            out.append(KernelDifference(i, rest[i] if i < len(rest) else "", x, y))
+    return out
+
+
+def first_difference(ours: list[str], theirs: list[str], embedding_on_cpu: int = 1) -> tuple[int, str, str] | None:
+    """(index in llama.cpp's capture, graphdiag's family, llama.cpp's) of the first of `differences`; None
+    when the two sequences are the same."""
+    d = differences(ours, theirs, embedding_on_cpu)
+    return (d[0].index, d[0].ours, d[0].theirs) if d else None

@@ -5,6 +5,7 @@ offload, is run on the simulated driver and on the H200 with identical settings,
 (every decision event without times or driver wording; see tests/support/decisions.py) must be equal."""
 
 import os
+import re
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -66,3 +67,19 @@ def test_configuration_decides_identically_on_both_drivers(name):
     sc = SimpleNamespace(name=name, timeline=TIMELINES.get(name, []))
     sim, cuda = _both({"prompt_tokens": 8, **EXTRA[name]}, sc)
     assert sim == cuda, _report(name, sim, cuda)
+
+
+def test_a_refused_update_names_the_same_node_on_both_drivers():
+    """tiny F16, fusion off, 1 -> 2 sequences: the mat-muls leave mmvf (PDL) for MMF (plain), the update is
+    refused (TOPOLOGY_CHANGED) and both drivers name the same node: the last, "node 85 of 86" (H100,
+    2026-12-06), met first walking back from the exit node (backends/drivers/sim_update.py)."""
+    from graphdiag import events as E
+    named = []
+    for backend in ("sim", "cuda"):
+        cfg = resolve({"backend": backend, "model": "tiny", "wtype": "f16", "prompt_tokens": 1, "steps": 14,
+                       "batch": 1, "chunk_size": 0}, environ={"GGML_CUDA_DISABLE_FUSION": "1"})
+        r = run(cfg, SimpleNamespace(name="pdl-refusal", timeline=[{"at_step": 7, "batch": 2}]))
+        refused = [e for e in r.events if isinstance(e, E.UpdateRefused)]
+        assert [(e.step, e.reason) for e in refused] == [(8, "TOPOLOGY_CHANGED")], backend
+        named.append(re.match(r"node \d+ of \d+: kernel", refused[0].error_node)[0])
+    assert named == ["node 85 of 86: kernel"] * 2

@@ -4,7 +4,7 @@ the counts of two consecutive captures of one entry differ, cudaGraphExecUpdate 
 instantiated again, so a count that moves on one side and not the other is a decision graphdiag gets wrong.
 
 graphdiag's capture has one kernel more than llama.cpp's everywhere (the token embedding's GET_ROWS, which
-llama.cpp keeps on the CPU: tests/gpu/test_llama_parity.py KNOWN). At more than 8 tokens on quantised weights
+llama.cpp keeps on the CPU: report/analysis/known.py's graph-nodes). At more than 8 tokens on quantised weights
 upstream's stream-k MMQ launches mul_mat_q_stream_k_fixup after each mat-mul whose tiles leave SMs idle;
 graphdiag launches mul_mat_fixup_f32 after its k-split there (gpu/compat.py mmq_stream_k_parts), so those
 counts match too."""
@@ -133,33 +133,60 @@ def _kernel_names(model: str, scenario: str, monkeypatch) -> list[list[str]]:
 
 
 # Where graphdiag's kernels differ from llama.cpp's by name though the counts agree (graphdiag/llama/kernel_names.py
-# maps both to ggml's identifiers): (fixture, capture) -> (index in llama.cpp's capture, graphdiag's, llama.cpp's).
-# Each is a real difference in graphdiag's choice of kernel, to be fixed (then this test fails: remove the entry).
+# maps both to ggml's identifiers), exactly: (fixture, capture) -> {(graphdiag's kernel, llama.cpp's family): the
+# positions in llama.cpp's capture}. Every differing position of every capture must be listed and every listed one
+# must still differ: an entry excuses those positions only, never the rest of its capture. Each is a real
+# difference in graphdiag's choice of kernel, to be fixed (then this test fails: remove the entry).
+_FA_VEC = "flash_attn_vec_f16_d64_g1"
 NAME_DIFFERENCES = {
-    # 2 and 8 tokens, Q8_0 weights, F16 KV: ggml 0c1e57098 ran its tensor-core flash attention (flash_attn_ext_f16
-    # + stream-k fixup) where graphdiag runs the vec kernel + combine (same count, another kernel)
-    ("tiny-q8_0-fusion-boundary", 1): (10, "flash_attn_ext_vec", "flash_attn_ext_f16"),
-    ("tiny-q8_0-fusion-boundary", 2): (10, "flash_attn_ext_vec", "flash_attn_ext_f16"),
-    # float MUL_MAT at 2-8 columns: graphdiag's lowering runs its mat-vec kernel up to 8 columns whatever
-    # compat.mul_mat_path says, where ggml 0c1e57098 runs MMF (mul_mat_f): ggml_cuda_should_use_mmvf takes F16
-    # on Ampere+ at ne11 == 1 only (gpu/pdl.py already gives those launches MMF's plain edges)
-    ("moe-f16-fusion-boundary", 1): (1, "mul_mat_vec_f", "mul_mat_f"),
-    ("moe-f16-fusion-boundary", 2): (1, "mul_mat_vec_f", "mul_mat_f"),
-    ("moe-f16-fusion-boundary", 3): (15, "mul_mat_vec_f", "mul_mat_f"),
-    # at 1 token the experts' down projection (MUL_MAT_ID, F16): llama.cpp's MMF with ids, graphdiag's id mat-vec
-    ("moe-f16-fusion-boundary", 0): (14, "mul_mat_vec_f", "mul_mat_f"),
+    # 2 and 8 tokens, F16 KV: ggml 0c1e57098 ran its tensor-core flash attention (flash_attn_ext_f16 + its
+    # stream-k fixup) where graphdiag runs the vec kernel + its combine, in each of the 4 layers (same count,
+    # another kernel; recorded on the H200, kernels-*.json). Not at 1 token, nor at 9 (both run the same there).
+    ("tiny-q8_0-fusion-boundary", 1): {(_FA_VEC, "flash_attn_ext_f16"): (10, 34, 58, 82),
+                                       ("flash_attn_combine_f32", "fixup"): (11, 35, 59, 83)},
+    ("tiny-q8_0-fusion-boundary", 2): {(_FA_VEC, "flash_attn_ext_f16"): (10, 34, 58, 82),
+                                       ("flash_attn_combine_f32", "fixup"): (11, 35, 59, 83)},
+    # moe-tiny F16, 1 token: each layer's experts' down projection (MUL_MAT_ID, F16): llama.cpp's MMF with ids
+    # (mul_mat_f<..., ids>), graphdiag's id mat-vec
+    ("moe-f16-fusion-boundary", 0): {("mul_mat_id_vec_f16", "mul_mat_f"): (14, 31, 48, 68)},
+    # 2 tokens: float MUL_MAT at 2-8 columns (each layer's Q, K, V and output projections, the LM head): graphdiag's
+    # lowering runs its mat-vec kernel up to 8 columns whatever compat.mul_mat_path says, where ggml 0c1e57098
+    # runs MMF (ggml_cuda_should_use_mmvf takes F16 on Ampere+ at ne11 == 1 only; gpu/pdl.py already gives
+    # those launches MMF's plain edges); the experts' three MUL_MAT_IDs likewise; flash attention as above
+    ("moe-f16-fusion-boundary", 1): {
+        ("mul_mat_vec_f16", "mul_mat_f"): (1, 3, 4, 9, 21, 23, 24, 29, 41, 43, 44, 49, 61, 63, 64, 69, 83),
+        ("mul_mat_id_vec_f16", "mul_mat_f"): (14, 15, 17, 34, 35, 37, 54, 55, 57, 76, 77, 79),
+        (_FA_VEC, "flash_attn_ext_f16"): (7, 27, 47, 67),
+        ("flash_attn_combine_f32", "fixup"): (8, 28, 48, 68)},
+    # 8 tokens: as at 2 (the router's own mat-mul now on cuBLAS in both: no difference there)
+    ("moe-f16-fusion-boundary", 2): {
+        ("mul_mat_vec_f16", "mul_mat_f"): (1, 3, 4, 9, 22, 24, 25, 30, 43, 45, 46, 51, 64, 66, 67, 72, 87),
+        ("mul_mat_id_vec_f16", "mul_mat_f"): (15, 16, 18, 36, 37, 39, 57, 58, 60, 80, 81, 83),
+        (_FA_VEC, "flash_attn_ext_f16"): (7, 28, 49, 70),
+        ("flash_attn_combine_f32", "fixup"): (8, 29, 50, 71)},
+    # 9 tokens: only the experts' MUL_MAT_IDs (the plain mat-muls left graphdiag's mat-vec above 8 columns)
+    ("moe-f16-fusion-boundary", 3): {("mul_mat_id_vec_f16", "mul_mat_f"): (15, 16, 18, 36, 37, 39, 57, 58, 60, 80,
+                                                                          81, 83)},
 }
+
+
+def _by_kernel(diffs) -> dict:
+    """{(graphdiag's kernel, llama.cpp's family): positions} of kernel_names.differences()."""
+    out: dict = {}
+    for d in diffs:
+        out.setdefault((d.kernel, d.theirs), []).append(d.index)
+    return {k: tuple(v) for k, v in out.items()}
 
 
 @pytest.mark.parametrize("name, model", [("tiny-q8_0-fusion-boundary", ("tiny", "q8_0")),
                                          ("moe-f16-fusion-boundary", ("moe-tiny", "f16"))])
 def test_captured_kernel_names_follow_llama_cpp(name, model, tmp_path, monkeypatch):
     """Not only the counts: each capture's kernels in order, graphdiag's mapped to ggml's identifiers, against
-    the names llama.cpp's captures recorded (the embedding's GET_ROWS left out of graphdiag's)."""
-    from graphdiag.llama.kernel_names import first_difference
+    the names llama.cpp's captures recorded (the embedding's GET_ROWS left out of graphdiag's), every position."""
+    from graphdiag.llama.kernel_names import differences
     p = tmp_path / f"{name}.gguf"
     assert main(["export-gguf", "--model", model[0], "--wtype", model[1], str(p)]) == 0
     ours, theirs = _kernel_names(str(p), "fusion-boundary", monkeypatch), _theirs(name)
     assert len(ours) == len(theirs)
-    found = {(name, i): d for i, (a, b) in enumerate(zip(ours, theirs)) if (d := first_difference(a, b))}
+    found = {(name, i): d for i, (a, b) in enumerate(zip(ours, theirs)) if (d := _by_kernel(differences(a, b)))}
     assert found == {k: v for k, v in NAME_DIFFERENCES.items() if k[0] == name}

@@ -2,7 +2,8 @@
 shipped scenarios; tests/gpu/test_llama_differential.py, generated timelines): exported model files, graphdiag's
 run in this process on CUDA with one graph per split, llama.cpp's in a `graphdiag llama` child (ggml reads its
 environment once per process, and each run gets a fresh eviction clock), and the comparison under the known
-differences (report/analysis/known.py), whose excused pairs are gathered in MET."""
+differences (report/analysis/known.py); RESULTS keeps, per case that compared equal, the known differences it
+excused."""
 
 from __future__ import annotations
 
@@ -21,8 +22,9 @@ from graphdiag.report.record.read import read_record
 from graphdiag.runner import run
 from graphdiag.scenario import load_scenario
 
-MET: set[str] = set()          # the known differences some comparison of this session excused
-COMPARED: list[str] = []       # "label scenario" of every comparison that ran to its end
+# "label scenario" of each case of this session whose comparison ran to its end and was equal -> the names of the
+# known differences it excused (a failed or skipped case has no entry)
+RESULTS: dict[str, set[str]] = {}
 
 
 @pytest.fixture(scope="module")
@@ -81,20 +83,30 @@ def llama_run(path: Path, scenario: str, folder: Path) -> tuple:
     return read_record(rec)
 
 
-def compare(label: str, facts: ModelFacts, scenario: str, ours: tuple, theirs: tuple, replay: str = "") -> None:
-    """Equal once the known differences excuse their pairs (each pair alone); MET and COMPARED record it."""
+def compare(label: str, facts: ModelFacts, scenario: str, ours: tuple, theirs: tuple, replay: str = "",
+            case: str = "") -> None:
+    """Equal once the known differences excuse their pairs (each pair alone); RESULTS[case] records it (case:
+    "label scenario" unless given)."""
     d = diff_known(ours, theirs, facts)
     excused = ", ".join(f"{x['name']} at step {x['step']}" for x in d.excused)
     print(f"{label} {Path(scenario).stem}: {d.decisions_compared} decisions over {d.steps_compared} steps, "
           f"{'equal' if d.equal else 'first difference at step ' + str(d.first[0]) if d.first else 'steps differ'}"
           + (f" (excused: {excused})" if excused else ""))
-    MET.update(x["name"] for x in d.excused)
     assert d.equal, d.to_json() + (f"\nreplay: {replay}" if replay else "")
-    COMPARED.append(f"{label} {scenario}")
+    RESULTS[case or f"{label} {scenario}"] = {x["name"] for x in d.excused}
+
+
+def known_met(cases: set[str]) -> tuple[int, set[str] | None]:
+    """How many of `cases` compared equal in this session, and the known differences those excused (None until
+    every one of them did: only executed cases count, and no other comparison)."""
+    done = cases & RESULTS.keys()
+    return len(done), (set().union(*(RESULTS[c] for c in cases)) if done == cases else None)
 
 
 def check(label: str, path: Path, scenario: str, folder: Path, replay: str = "") -> None:
-    """Both runs of one scenario on one file, compared."""
+    """Both runs of one scenario on one file, compared; the case is "label scenario" as given (before for_llama
+    may copy the scenario file)."""
+    case = f"{label} {scenario}"
     scenario = for_llama(scenario, folder)
     compare(label, model_facts(path, label), scenario, graphdiag_run(path, scenario),
-            llama_run(path, scenario, folder), replay)
+            llama_run(path, scenario, folder), replay, case)

@@ -28,3 +28,17 @@ def test_first_difference_leaves_out_the_embedding():
     assert first_difference(ours, ["rms_norm_f32", "_Z13mul_mat_vec_fIffEv"]) is None
     assert first_difference(ours, ["rms_norm_f32", "_Z9mul_mat_fIffEv"]) == (1, "mul_mat_vec_f", "mul_mat_f")
     assert first_difference(ours, ["rms_norm_f32"]) == (1, "mul_mat_vec_f", "")
+
+
+def test_differences_name_every_position_not_only_the_first():
+    from graphdiag.llama.kernel_names import KernelDifference, differences
+    ours = ["get_rows_f16", "mul_mat_vec_f16", "rms_norm_f32", "mul_mat_id_vec_f16"]
+    theirs = ["_Z9mul_mat_fIffEv", "rms_norm_f32", "_Z9mul_mat_fIffEv"]
+    assert differences(ours, theirs) == [KernelDifference(0, "mul_mat_vec_f16", "mul_mat_vec_f", "mul_mat_f"),
+                                         KernelDifference(2, "mul_mat_id_vec_f16", "mul_mat_vec_f", "mul_mat_f")]
+
+
+def test_a_first_kernel_that_is_not_the_embedding_is_a_difference():
+    from graphdiag.llama.kernel_names import differences
+    d = differences(["rms_norm_f32", "mul_mat_vec_f16"], ["_Z13mul_mat_vec_fIffEv"])
+    assert [(x.index, x.kernel) for x in d] == [(-1, "rms_norm_f32")]

@@ -144,3 +144,26 @@ def test_a_later_refusal_after_the_excused_one_is_still_caught(tmp_path):
 def test_unmet_names_entries_no_pair_met():
     assert unmet({"graph-nodes"}) == ["cublas-split-k"]
     assert unmet({k.name for k in KNOWN}) == []
+
+
+def _graph_nodes_excused(backends: tuple, split: int, chunk: int = 0) -> bool:
+    """Whether graph-nodes excuses graphdiag's 58-node capture of `split` (chunk `chunk`) against llama.cpp's 57,
+    the splits running on `backends`."""
+    from graphdiag import events as E
+    from graphdiag.report.analysis.known import Excuser
+    from graphdiag.report.analysis.observed_diff import Decision
+    events = [E.StepStarted(step=2, n_tokens=1), E.GraphSplit(step=2, n_splits=len(backends), backends=backends),
+              E.ChunkCaptured(step=2, split=split, chunk=chunk, n_graph_nodes=58)]
+    ours, theirs = Decision("phase", "E1", "capture"), Decision("capture", "E1", "58 graph nodes")
+    llama = Decision("capture", "E1", "57 graph nodes")
+    return Excuser(DENSE, events)(2, 1, theirs, llama, {2: [ours, theirs]}, {2: [ours, llama]}) == "graph-nodes"
+
+
+def test_graph_nodes_holds_only_for_the_graph_that_holds_the_embedding():
+    """The node llama.cpp lacks is the token embedding's GET_ROWS, graphdiag's first node: a capture of a
+    later split, a later chunk, or a first split on the CPU has no such node, and +1 there is a difference."""
+    assert _graph_nodes_excused(("SIM0",), 0)
+    assert _graph_nodes_excused(("CUDA0", "CPU", "CUDA0"), 0)
+    assert not _graph_nodes_excused(("CUDA0", "CPU", "CUDA0"), 2)
+    assert not _graph_nodes_excused(("CPU", "CUDA0"), 1)
+    assert not _graph_nodes_excused(("SIM0",), 0, chunk=1)

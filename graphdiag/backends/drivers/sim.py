@@ -27,7 +27,8 @@ from ...memory import AddressSpace, UnmappedAccess
 from ...release import releasing
 from ..sim_kernels import SIM_KERNELS
 from .base import DeviceInfo, Driver, Launch, UpdateOutcome
-from .sim_graph import Capture, Node, SimExec, SimGraph, SimHandle, compare_graphs
+from .sim_graph import Capture, Node, SimExec, SimGraph, SimHandle
+from .sim_update import match_graphs
 
 DEVICE_BASE = 0x7000_0000_0000
 DEVICE_STRIDE = 0x100_0000_0000        # 1 TiB between simulated devices: addresses are unique in the process (UVA)
@@ -251,15 +252,18 @@ class SimDriver(Driver):
         return x
 
     def exec_update(self, exec_, graph) -> UpdateOutcome:
-        """cuGraphExecUpdate (CUDA 12+): same node count, types and dependencies (in order) -> params replaced."""
+        """cuGraphExecUpdate (CUDA 12+): the graphs matched as the driver matches them (sim_update.py), then each
+        executable node takes its partner's parameters, keeping its own edges and id."""
         x = SimHandle.check(exec_, SimExec, "exec_update")
         g = SimHandle.check(graph, SimGraph, "exec_update")
-        outcome = compare_graphs(x.nodes, g.nodes)
+        m = match_graphs(x.nodes, g.nodes)
+        outcome = m.outcome
         self.modelled_ns += self.UPDATE_NS + self.UPDATE_NODE_NS * len(g.nodes)
         if not outcome.ok:
             self.counters.update_refusals += 1
             return outcome
-        x.nodes = [dataclasses.replace(n.copy(), node_id=o.node_id) for n, o in zip(g.nodes, x.nodes)]
+        x.nodes = [dataclasses.replace(g.nodes[j].copy(), deps=o.deps, node_id=o.node_id)
+                   for o, j in zip(x.nodes, m.partner)]
         self.counters.updates += 1
         if self.tracer is not None:
             self.tracer.on_update(x.id, g.id)

@@ -1,4 +1,5 @@
-"""Graphs of the simulated driver: handles, captured nodes, captures in progress, executables, update rules."""
+"""Graphs of the simulated driver: handles, captured nodes, captures in progress, executables (the update
+rules: sim_update.py)."""
 
 from __future__ import annotations
 
@@ -10,7 +11,6 @@ from typing import Callable
 import numpy as np
 
 from ...errors import CudaError
-from .base import UpdateOutcome, UpdateResult
 
 _ids = itertools.count(1)
 
@@ -60,9 +60,6 @@ class Node:
 
     def copy(self) -> "Node":
         return replace(self, params=None if self.params is None else self.params.copy())
-
-    def describe(self, i: int) -> str:
-        return f"node {i} ({self.type} {self.name})"
 
 
 class Capture:
@@ -143,34 +140,3 @@ def topological_order(nodes: list[Node]) -> list[int]:
     if len(order) != len(nodes):
         raise CudaError("CUDA_ERROR_INVALID_VALUE", "instantiate", "the graph has a cycle")
     return order
-
-
-def _programmatic_edges(nodes: list[Node], i: int) -> frozenset[int]:
-    """The dependencies of node i that are programmatic edges (a PDL launch after a kernel node)."""
-    n = nodes[i]
-    return frozenset(d for d in n.deps if n.programmatic and nodes[d].type == "kernel")
-
-
-def compare_graphs(old: list[Node], new: list[Node]) -> UpdateOutcome:
-    """cuGraphExecUpdate's checks (CUDA 12+), nodes paired in order: the count must match (else
-    TOPOLOGY_CHANGED naming no node, as the driver reports it), node types too (NODE_TYPE_CHANGED), each
-    node's set of dependencies (edges have no order: a fork/join captured with its branches joined in the
-    other order updates; else TOPOLOGY_CHANGED), each edge its type (a programmatic edge, from a PDL launch,
-    made ordinary or back: TOPOLOGY_CHANGED, as llama.cpp's refused updates at mmvf -> mmf show), and a memcpy
-    keeps its direction (PARAMETERS_CHANGED).
-    Kernel function, grid, block and parameters may change."""
-    if len(old) != len(new):
-        return UpdateOutcome(False, UpdateResult.TOPOLOGY_CHANGED, None)
-    for i, (a, b) in enumerate(zip(old, new)):
-        if a.type != b.type:
-            return UpdateOutcome(False, UpdateResult.NODE_TYPE_CHANGED, f"{b.describe(i)}, was {a.type} {a.name}")
-        if set(a.deps) != set(b.deps):
-            return UpdateOutcome(False, UpdateResult.TOPOLOGY_CHANGED,
-                                 f"{b.describe(i)}: depends on {list(b.deps)}, was {list(a.deps)}")
-        if _programmatic_edges(old, i) != _programmatic_edges(new, i):
-            kind = ("programmatic" if _programmatic_edges(new, i) else "ordinary")
-            return UpdateOutcome(False, UpdateResult.TOPOLOGY_CHANGED,
-                                 f"{b.describe(i)}: its edges became {kind} (PDL launch changed)")
-        if a.type == "memcpy" and a.name != b.name:
-            return UpdateOutcome(False, UpdateResult.PARAMETERS_CHANGED, f"{b.describe(i)}, was {a.name}")
-    return UpdateOutcome(True)

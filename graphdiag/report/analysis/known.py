@@ -43,6 +43,36 @@ def model_facts(path: str | Path, label: str = "") -> ModelFacts:
     return ModelFacts(label or Path(path).stem, routers)
 
 
+def preset_facts(name: str, wtype: str) -> ModelFacts:
+    """The facts of a preset at a weight type, from the weights graphdiag builds for it (UsageError on an
+    unknown preset or type)."""
+    from ...ir.dtypes import GGMLType
+    from ...model.presets import get_preset, weight_type
+    from ...model.weights import create_model
+    m = create_model(get_preset(name), weight_type(wtype), with_data=False)
+    return ModelFacts(f"{name} {wtype}", sum(1 for lay in m.layers if lay.ffn_gate_inp is not None
+                                             and lay.ffn_gate_inp.type == GGMLType.F32))
+
+
+def record_facts(ours, theirs, model: str | None = None) -> tuple[ModelFacts, str]:
+    """The model facts for comparing graphdiag's record header `ours` with llama.cpp's `theirs`, and a note
+    ("" when found): `model` (a GGUF path) where given, else the first GGUF file either header names that
+    exists here, else graphdiag's preset and weight type. Where none can be read, no MoE router is assumed,
+    so an entry that needs one never excuses a pair (the note says so)."""
+    from ...model.source import is_file
+    if model:
+        return model_facts(model), ""
+    files = [str(m) for h in (ours, theirs) for m in (h.model_file.get("path"), h.model) if m and is_file(str(m))]
+    found = next((f for f in files if Path(f).is_file()), None)
+    if found:
+        return model_facts(found), ""
+    if ours.model and not is_file(ours.model):
+        return preset_facts(ours.model, str(ours.settings.get("wtype", "f16"))), ""
+    return (ModelFacts(Path(files[0]).stem if files else "?"),
+            f"model file {files[0] if files else '(none named)'} not found here: its MoE routers' types unknown, "
+            "so cublas-split-k excuses nothing (give --model FILE.gguf)")
+
+
 @dataclass(frozen=True)
 class Pair:
     """Two differing decisions at one place, with each side's decisions per step and the steps' tokens."""
@@ -54,6 +84,12 @@ class Pair:
     our_steps: dict[int, list[Decision]]
     their_steps: dict[int, list[Decision]]
     tokens: dict[int, int]                  # step -> tokens in its batch (graphdiag's StepStarted)
+    embedding: dict[int, list[bool]] = field(default_factory=dict)   # step -> per graphdiag capture, in order:
+    #   whether its graph holds the token embedding's GET_ROWS (embedding_captures)
+
+    def our_capture(self) -> int:
+        """Which of graphdiag's captures in this step the pair's decision is (0: the first)."""
+        return sum(1 for d in self.our_steps.get(self.step, [])[:self.index] if d.what == "capture")
 
     def captures(self, side: str, entry: str) -> list[tuple[int, int]]:
         """(step, graph nodes) of each capture of `entry` up to this step, on one side ("ours" | "theirs")."""
@@ -75,10 +111,26 @@ class Known:
     holds: Callable[[Pair, ModelFacts], bool] = field(repr=False)
 
 
+def embedding_captures(events: list[E.Event]) -> dict[int, list[bool]]:
+    """Per step, for each graph graphdiag captured in order: whether it holds the token embedding's GET_ROWS,
+    the graph's first node: the first chunk of the first split, where that split runs on a GPU (the latest
+    GraphSplit names the splits' backends)."""
+    out: dict[int, list[bool]] = {}
+    first_on_gpu = True
+    for ev in events:
+        if isinstance(ev, E.GraphSplit) and ev.backends:
+            first_on_gpu = (ev.devices[0] >= 0) if ev.devices else ev.backends[0] != "CPU"
+        elif isinstance(ev, E.ChunkCaptured):
+            out.setdefault(ev.step, []).append(first_on_gpu and ev.split == 0 and ev.chunk == 0)
+    return out
+
+
 def _embedding_node(p: Pair, facts: ModelFacts) -> bool:
     a, b = p.ours, p.theirs
+    holds = p.embedding.get(p.step, [])
+    k = p.our_capture()
     return (a.what == b.what == "capture" and a.entry == b.entry and _nodes(b) >= 0
-            and _nodes(a) == _nodes(b) + 1)
+            and _nodes(a) == _nodes(b) + 1 and k < len(holds) and holds[k])
 
 
 def _cublas_inside(p: Pair, facts: ModelFacts) -> bool:
@@ -98,7 +150,8 @@ def _cublas_inside(p: Pair, facts: ModelFacts) -> bool:
 
 KNOWN: tuple[Known, ...] = (
     Known("graph-nodes",
-          "a capture of the same entry where graphdiag's graph has exactly 1 node more than llama.cpp's",
+          "a capture of the same entry where graphdiag's graph holds the token embedding's GET_ROWS (the first "
+          "chunk of its first split, on a GPU) and has exactly 1 node more than llama.cpp's",
           "llama.cpp keeps the token embedding on the CPU (llama-model.cpp: the input layer always stays there), "
           "so its GET_ROWS is in a CPU split, where graphdiag keeps it on the GPU. Named by the kernel names of "
           "each captured graph (cuGraphKernelNodeGetParams + cuFuncGetName on both sides, H200 2026-12-02: tiny "
@@ -129,17 +182,59 @@ class Excuser:
 
     def __init__(self, facts: ModelFacts, our_events: list[E.Event], known: tuple[Known, ...] = KNOWN):
         self.facts, self.known, self.tokens = facts, known, step_tokens(our_events)
+        self.embedding = embedding_captures(our_events)
 
     def __call__(self, step: int, index: int, ours: Decision, theirs: Decision, a: dict, b: dict) -> str | None:
-        p = Pair(step, index, ours, theirs, a, b, self.tokens)
+        p = Pair(step, index, ours, theirs, a, b, self.tokens, self.embedding)
         return next((k.name for k in self.known if k.holds(p, self.facts)), None)
 
 
-def diff_known(ours: tuple, theirs: tuple, facts: ModelFacts, known: tuple[Known, ...] = KNOWN):
+class _Swapped:
+    """An Excuser for a comparison with llama.cpp's record as the control: each pair handed over as (graphdiag's,
+    llama.cpp's)."""
+
+    def __init__(self, excuser: Excuser):
+        self.excuser = excuser
+
+    def __call__(self, step: int, index: int, x: Decision, y: Decision, a: dict, b: dict) -> str | None:
+        return self.excuser(step, index, y, x, b, a)
+
+
+def diff_known(ours: tuple, theirs: tuple, facts: ModelFacts, known: tuple[Known, ...] = KNOWN,
+               names: tuple[str, str] = ("graphdiag", "llama.cpp"), ours_first: bool = True):
     """diff_observed of a graphdiag record (header, events) against a llama.cpp one, the known differences
-    excused pair by pair (the ObservedDiff's `excused` names each)."""
+    excused pair by pair (the ObservedDiff's `excused` names each, `known` gives each met entry's claim and
+    evidence). ours_first=False: llama.cpp's record is the control (`names` in that order too)."""
     from .observed_diff import diff_observed
-    return diff_observed(ours, theirs, ("graphdiag", "llama.cpp"), excuse=Excuser(facts, ours[1], known))
+    ex = Excuser(facts, ours[1], known)
+    control, test = (ours, theirs) if ours_first else (theirs, ours)
+    d = diff_observed(control, test, names, excuse=ex if ours_first else _Swapped(ex))
+    met = {x["name"] for x in d.excused}
+    d.known = {k.name: {"claim": k.claim, "evidence": k.evidence} for k in known if k.name in met}
+    return d
+
+
+def diff_records(a: tuple, b: tuple, names: tuple[str, str], apply_known: bool = True, model: str | None = None):
+    """`graphdiag diff` of two records of which one at least was observed (llama.cpp or a traced program):
+    where one is graphdiag's own and the other a `graphdiag llama` record, the known differences are excused
+    pair by pair (apply_known), else every difference is one. The ObservedDiff's known_note says which."""
+    from .observed_diff import diff_observed
+    own = [not (h.llama or h.trace) for h, _ in (a, b)]
+    llama = [bool(h.llama) for h, _ in (a, b)]
+    if own[0] + own[1] != 1 or llama[0] + llama[1] != 1:
+        d = diff_observed(a, b, names)
+        if any(own):
+            d.known_note = "known differences are held against `graphdiag llama` records only: none excused"
+        return d
+    if not apply_known:
+        d = diff_observed(a, b, names)
+        d.known_note = "known differences not applied (--no-known): each is shown as a difference"
+        return d
+    ours, theirs = (a, b) if own[0] else (b, a)
+    facts, note = record_facts(ours[0], theirs[0], model)
+    d = diff_known(ours, theirs, facts, names=names, ours_first=own[0])
+    d.known_note = note
+    return d
 
 
 def unmet(met: set[str], known: tuple[Known, ...] = KNOWN) -> list[str]:

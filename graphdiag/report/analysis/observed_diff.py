@@ -53,6 +53,8 @@ class ObservedDiff:
     first: tuple | None = None
     control_step: list[str] = field(default_factory=list)   # the whole first differing step, each side
     excused: list[dict] = field(default_factory=list)        # pairs a known difference excused, in order
+    known: dict[str, dict] = field(default_factory=dict)     # each excusing entry: its claim and evidence
+    known_note: str = ""                                     # why no or not every known difference applied
     test_step: list[str] = field(default_factory=list)
     steps_only_in: dict[str, int] = field(default_factory=dict)
     not_compared: tuple = NOT_COMPARED
