@@ -78,3 +78,27 @@ def test_a_model_file_above_the_size_decides_only_by_default_and_says_so(tmp_pat
     assert "DECISIONS ONLY (default for a model file of 0.02 G weights (above 0.0 G))" in out, out
     oracle = resolve({"backend": "sim", "model": str(f), "oracle": True}, environ={})
     assert sm.sim_mode(oracle) == "compute" and sm.mode_reason(oracle) == "--oracle needs computed results"
+
+
+def test_the_generated_line_shows_every_generated_token_the_prompts_first(tmp_path, capsys):
+    """Each prompt's last ubatch gives its sequence's first token (the one the first decode feeds); the
+    line showed the decodes' alone. Two sequences, prompts split in three ubatches."""
+    import json
+    rec = tmp_path / "r.jsonl"
+    assert main(["run", "--backend", "sim", "--batch", "2", "--prompt-tokens", "40", "--ubatch-size", "16",
+                 "--steps", "3", "--events", str(rec)]) == 0
+    out = capsys.readouterr().out
+    kinds = {}
+    finished = []
+    for line in rec.read_text().splitlines()[1:]:
+        d = json.loads(line)
+        if d["kind"] == "step_started":
+            kinds[d["step"]] = d["phase"]
+        elif d["kind"] == "step_finished":
+            finished.append((kinds[d["step"]], d["tokens"]))
+    firsts = [t[0] for k, t in finished if k == "prefill" and t]
+    decodes = [t for k, t in finished if k == "decode"]
+    assert len(firsts) == 2 and len(decodes) == 3
+    for seq in (0, 1):
+        want = " ".join(map(str, [firsts[seq], *(d[seq] for d in decodes)]))
+        assert f"generated (seq {seq}): {want}\n" in out, out
