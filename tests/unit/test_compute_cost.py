@@ -102,3 +102,21 @@ def test_the_generated_line_shows_every_generated_token_the_prompts_first(tmp_pa
     for seq in (0, 1):
         want = " ".join(map(str, [firsts[seq], *(d[seq] for d in decodes)]))
         assert f"generated (seq {seq}): {want}\n" in out, out
+
+
+def test_bench_steps_gives_no_timings_for_a_decisions_only_row():
+    """1b on the simulator decides only by default: its host times measure bookkeeping, not kernels, and were
+    shown as a 737 µs replay (replay ÷ roofline 0.01×) beside tiny's computed 75 ms."""
+    import io
+
+    from graphdiag.bench.display import render
+    from graphdiag.bench.steps import StepsOptions, bench_steps
+    rows = bench_steps(StepsOptions(backend="sim", models=("1b",), steps=8, torch=False))
+    (row,) = rows
+    assert row["decisions_only"] and row["kernels_per_step"] > 0
+    assert row["replay_ms"] is None and row["eager_ms"] is None and row["replay_over_roofline"] is None
+    assert "instr_share_pct" not in row
+    out = io.StringIO()
+    render(rows, file=out)
+    text = out.getvalue()
+    assert "1b f16 (sim: decisions only)" in text and "so no timings" in text, text
