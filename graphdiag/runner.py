@@ -584,6 +584,8 @@ def run_cli(settings: dict, scenario: str | None = None, events_path: str | None
                                  timeline_path=timeline_path, cupti=cupti, err=err,
                                  record_stream=record_stream)
     except KeyboardInterrupt as e:
+        if not header:                      # before the run started: nothing ran, no record; main says so
+            raise
         partial = RunResult(header, events.events, Counters())
         _render_result(partial, sc, as_json, out, strict)
         ended = next((e for e in reversed(events.events) if isinstance(e, E.RunEnded)), None)

@@ -38,7 +38,8 @@ WIDTH = 80            # every table fits this many columns: presets go side by s
 
 
 def _label(r: dict) -> str:
-    return f"{r['model']} {r['wtype']}" + (" (sim)" if r["simulated"] else "")
+    sim = " (sim: decisions only)" if r.get("decisions_only") else " (sim)"
+    return f"{r['model']} {r['wtype']}" + (sim if r["simulated"] else "")
 
 
 LLAMA_METRICS = [
@@ -164,6 +165,11 @@ def render(rows: list[dict], file=None, console: Console | None = None) -> None:
                       f"{'—' if bw is None else f'{bw:.0f} GB/s'} measured in this run"
                       + (" (simulated: a host memcpy)" if dec[0]["simulated"] else ""))
         _host_refs(console, dec)
+        for r in rows:
+            if r.get("decisions_only"):
+                console.print(f"{r['model']} {r['wtype']} {r['kind']}: decisions only on the simulator (its default "
+                              f"for a big model: kernels modelled, not computed), so no timings; the decisions "
+                              f"(kernels a step) are real")
         shares = [f"  {r['model']} {r['wtype']} {_pct(r.get('instr_share_pct'))}" for r in dec if "instr_share_pct" in r]
         if shares:
             live = any(r.get("instr_nvtx_live") for r in dec)

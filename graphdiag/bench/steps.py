@@ -312,6 +312,19 @@ def decode_row(opts: StepsOptions, model: str, wtype: str | None, bandwidth: flo
         row["model_types"] = on.header["model_file"].get("types")
     row["graph_speedup"] = _ratio(row["eager_ms"], row["replay_ms"])
     row["replay_over_roofline"] = _ratio(row["replay_ms"], roof)
+    return _decisions_only(row, on.header)
+
+
+def _decisions_only(row: dict, header: dict) -> dict:
+    """A row the simulator ran decisions-only (a big model's default: kernels modelled, not computed) has no
+    timings to give: its host times measure bookkeeping, not kernels, and are dropped (shown as —, the
+    instrumentation share not measured); its decisions (kernels a step) stay. `decisions_only` says so."""
+    if header.get("sim_mode") != "decisions":
+        return row
+    for key in (*ROUND_TIMES, *ROUND_RATIOS, "prefill_ms"):
+        if key in row and key != "host_ref_us":
+            row[key] = None
+    row["decisions_only"] = True
     return row
 
 
@@ -417,7 +430,7 @@ def prefill_row(opts: StepsOptions, model: str, wtype: str | None, progress: Pro
     row = {"kind": "prefill", **names, "backend": r.header.get("backend"),
            "device": r.header.get("device"), "simulated": bool(r.header.get("simulated")), "n_tokens": p,
            "prefill_ms": statistics.median(xs) if xs else None, "prefill_reps": len(xs), "host_ref_us": host_ref}
-    return row
+    return _decisions_only(row, r.header)
 
 
 def bench_steps(opts: StepsOptions, progress: Progress | None = None) -> list[dict]:

@@ -1,7 +1,7 @@
 """One watched llama.cpp run: settings and a GGUF file in, the raw stream written, the converted record out.
 
 Every check comes first, before llama.cpp loads anything: the file is a GGUF, the plan is expressible
-(expressible.py), the plan's KV demand fits the context, llama_cpp loads and has a GPU. Then the
+(expressible.py), the prompt's ids are in the file's vocabulary, the plan's KV demand fits the context, llama_cpp loads and has a GPU. Then the
 environment the settings mean is set (ggml reads it once per process), the model and context are made,
 the watcher starts, every step is decoded (driver.walk), and the stream ends with llama_perf_context and
 how the run ended — however it ended.
@@ -43,8 +43,11 @@ class LlamaResult:
 def prepare(model: str, cfg, scenario=None) -> tuple[Path, list, ContextParams]:
     """(file, plan, context params) with every check that needs no llama.cpp made."""
     path = check_gguf(model)
-    read_gguf(path)                   # truncated or corrupt (alignment 0, a tensor named twice): one line, here
+    reader = read_gguf(path)          # truncated or corrupt (alignment 0, a tensor named twice): one line, here
     check_expressible(cfg, scenario)
+    n_vocab = file_vocab_size(reader)
+    if n_vocab is not None:           # before the raw stream is opened (and again against llama.cpp's count)
+        _check_prompt(cfg, n_vocab)
     plan = list(plan_steps(cfg, scenario))
     n_ctx = context_length(path)
     demand = kv_demand(plan, n_ctx)
@@ -118,6 +121,16 @@ def _session(ll, path: Path, cp: ContextParams, cfg, plan, writer: RawWriter, ma
         writer.emit({"ev": "end", "status": status})
         if session is not None:
             session.close()
+
+
+def file_vocab_size(reader) -> int | None:
+    """The vocabulary size llama.cpp will report for the file (llama_vocab_n_tokens: its token list), else
+    the token embedding's rows; None when the file has neither."""
+    f = reader.fields.get("tokenizer.ggml.tokens")
+    if f is not None:
+        return len(f.data)
+    embd = next((t for t in reader.tensors if t.name == "token_embd.weight"), None)
+    return int(embd.shape[1]) if embd is not None and len(embd.shape) >= 2 else None
 
 
 def _check_prompt(cfg, n_vocab: int) -> None:

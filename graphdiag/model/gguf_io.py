@@ -47,6 +47,7 @@ class GgufModel:
     types: dict[str, GGMLType] = field(default_factory=dict)
     arch: str = "llama"
     n_bytes: int = 0             # tensor data bytes
+    n_elements: int = 0          # weights (elements of every tensor)
 
     @property
     def main_type(self) -> GGMLType:
@@ -106,11 +107,12 @@ def _open(path_str: str, version) -> GgufModel:
     shape_of = lambda n: tuple(int(x) for x in infos[n].shape) if n in infos else None
     mod = get_arch(arch)
     cfg = mod.config(Meta(path, arch, lambda k, d=None: _value(r, k, d), set(infos), shape_of))
-    types, n_bytes = {}, 0
+    types, n_bytes, n_elements = {}, 0, 0
     for spec in mod.tensors(cfg):
         types[spec.name] = _check_tensor(path, arch, cfg, spec, infos.get(spec.name), len(r.data))
         n_bytes += int(infos[spec.name].n_bytes)
-    return GgufModel(path, cfg, types, arch, n_bytes)
+        n_elements += int(infos[spec.name].n_elements)
+    return GgufModel(path, cfg, types, arch, n_bytes, n_elements)
 
 
 def _archs() -> dict:

@@ -159,11 +159,9 @@ def trace_cli(cmd: list[str], events_path=None, raw_path=None, timeline_path=Non
     from .convert import convert_raw
 
     resolve_cmd(cmd)
+    check_outputs(events_path, timeline_path, raw_path)
     library, cupti = build.library(kernel_cache_dir()), build.cupti_library()
     check_device()
-    for p, what in ((events_path, "the event record"), (timeline_path, "the timeline")):
-        if p:
-            _check_writable(Path(p), what)
     raw = Path(raw_path) if raw_path else Path(tempfile.mkstemp(prefix="graphdiag-trace-", suffix=".raw.jsonl")[1])
     code = run_traced(cmd, raw, library, cupti)
     header, events = convert_raw(raw)
@@ -202,10 +200,26 @@ def write_outputs(res, events_path, timeline_path) -> None:
         tw.close()
 
 
-def _check_writable(path: Path, what: str) -> None:
-    """An output file can be written (EventWriteError otherwise), leaving nothing behind."""
-    from ..report.record.write import open_output
-    existed = path.exists()
-    open_output(path, what).close()
-    if not existed:
-        path.unlink()
+def check_outputs(events_path, timeline_path, raw_path) -> None:
+    """Each output names its own file and takes bytes (UsageError, EventWriteError: one line), shown before
+    anything is built or run and without touching the file: the raw stream is opened when CMD starts, the
+    record and the timeline once the trace is converted, so a trace refused or failed before then leaves an
+    existing file as it was and creates none."""
+    from ..report.record.write import probe_output
+    named = [(p, flag) for p, flag in ((events_path, "--events"), (timeline_path, "--timeline"),
+                                       (raw_path, "--raw")) if p]
+    for i, (p, flag) in enumerate(named):
+        for q, other in named[:i]:
+            if _same_file(p, q):
+                raise UsageError(f"{other} and {flag} name the same file ({p}): give each its own")
+    for p, what in ((events_path, "the event record"), (timeline_path, "the timeline"),
+                    (raw_path, "the raw trace stream")):
+        if p:
+            probe_output(Path(p), what)
+
+
+def _same_file(a: str, b: str) -> bool:
+    """Two paths naming one file (by path, link or hard link)."""
+    if os.path.realpath(a) == os.path.realpath(b):
+        return True
+    return os.path.exists(a) and os.path.exists(b) and os.path.samefile(a, b)

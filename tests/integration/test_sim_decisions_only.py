@@ -168,13 +168,16 @@ def test_verify_on_a_big_model_says_up_front_what_it_will_cost(monkeypatch):
         raise KeyboardInterrupt
     monkeypatch.setattr(runner, "build_model", stop)
     monkeypatch.setattr("graphdiag.model.weights.available_host_bytes", lambda: 64 << 30)   # it would fit
+    from graphdiag import sim_mode
+    monkeypatch.setattr(sim_mode, "measured_rates", lambda *a: sim_mode.Rates(30.0, 5.0, 60.0, 0.5))
     cfg = resolve({"backend": "sim", "model": "7b", "verify": True}, environ={})
     with pytest.raises(KeyboardInterrupt):
         Session(cfg, E.EventBus(), warn=heard.append)
     assert len(heard) == 1
     line = heard[0]
     assert "model 7b computed on the SIMULATED driver (--verify needs computed results)" in line
-    assert "15.6 GB resident" in line and "min to the first step" in line
+    # the device's 15.6 GB, a tenth more for compute buffers and temporaries, the process itself
+    assert "about 17.3 GB of host memory at its peak" in line and "4 min to the first step and 34 s a step" in line
 
 
 def test_7b_decisions_only_reaches_its_steps_fast_and_stays_small():

@@ -35,7 +35,7 @@ def test_run_without_gpu_falls_back_to_the_announced_simulated_driver(capsys, mo
     assert "SIMULATED" in out and "replay" in out and "graphs reused" in out
     assert "gpu (numpy)" in out                     # per-step table: the GPU time is numpy's on the host
     gen = [l for l in out.splitlines() if l.startswith("generated (seq 0): ")]
-    assert gen and len(gen[0].split(": ")[1].split()) == 4
+    assert gen and len(gen[0].split(": ")[1].split()) == 5     # the prompt's token, then one a decode step
 
 
 def test_run_json_summary_and_events_file(capsys, tmp_path):

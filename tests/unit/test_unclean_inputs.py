@@ -227,3 +227,69 @@ def test_a_second_sigterm_exits_143_like_the_first(tmp_path, delay):
     assert err.decode().strip().splitlines()[-1].startswith("graphdiag: terminated (SIGTERM)"), err
     assert _last(rec)["reason"] == "SIGTERM"
     json.loads(tl.read_text())
+
+
+def test_a_signal_before_the_run_starts_prints_no_summary_and_writes_no_record(tmp_path, capsys, monkeypatch):
+    """Ctrl-C (or SIGTERM) while the model is still being built: one line, exit 130 (143), no record and no
+    empty summary claiming a record that "stops early"."""
+    import graphdiag.runner as runner
+    from graphdiag.errors import Terminated
+    rec = tmp_path / "run.jsonl"
+    for exc, code, line in ((KeyboardInterrupt, 130, "graphdiag: interrupted"),
+                            (Terminated, 143, "graphdiag: terminated (SIGTERM)")):
+        def building(*a, exc=exc, **kw):
+            raise exc()
+        monkeypatch.setattr(runner, "build_model", building)
+        assert main(["run", *QUICK, "--events", str(rec)]) == code
+        cap = capsys.readouterr()
+        assert cap.out == "" and [l for l in cap.err.splitlines() if l.strip()] == [line], cap
+        assert not rec.exists()
+
+
+# -- graphdiag llama: every check before the raw stream opens ------------------------------------------------
+def test_llama_prompt_ids_outside_the_files_vocabulary_are_refused_before_llama_cpp_and_the_raw_stream(
+        tmp_path, capsys):
+    p = _gguf(tmp_path / "m.gguf")                  # SMALL: a vocabulary of 512
+    raw = tmp_path / "kept.raw.jsonl"
+    raw.write_bytes(b"an earlier run's bytes\n")
+    line = one_line(capsys, ["llama", str(p), "--prompt-ids", "1,512", "--raw", str(raw)])
+    assert "prompt id 512" in line and "512 tokens" in line and "llama_cpp" not in line, line
+    assert raw.read_bytes() == b"an earlier run's bytes\n"
+
+
+# -- graphdiag trace: outputs shown writable first, left as they were until written ---------------------------
+@pytest.fixture
+def no_build(monkeypatch):
+    """graphdiag trace with the library's build failing the test: output checks must come first."""
+    from graphdiag.trace import build
+    monkeypatch.setattr(build, "library", lambda *a, **kw: pytest.fail("the library was built"))
+
+
+@pytest.mark.parametrize("flag", ["--events", "--timeline", "--raw"])
+def test_trace_with_an_unwritable_output_is_refused_before_the_library_is_built(tmp_path, capsys, no_build, flag):
+    bad = tmp_path / "no-such-folder" / "out"
+    line = one_line(capsys, ["trace", flag, str(bad), "--", "true"])
+    assert str(bad) in line, line
+
+
+@pytest.mark.parametrize("a,b", [("--events", "--timeline"), ("--events", "--raw"), ("--timeline", "--raw")])
+def test_trace_outputs_naming_one_file_are_refused(tmp_path, capsys, no_build, a, b):
+    out = tmp_path / "one.out"
+    line = one_line(capsys, ["trace", a, str(out), b, str(out), "--", "true"])
+    assert a in line and b in line and "same file" in line, line
+    assert not out.exists()
+
+
+def test_a_failed_trace_leaves_existing_record_and_timeline_as_they_were(tmp_path, capsys, monkeypatch):
+    """CMD ran but never initialised CUDA: nothing to convert, and the files an earlier trace wrote are kept."""
+    from graphdiag.trace import build, command
+    monkeypatch.setattr(build, "library", lambda *a, **kw: tmp_path / "no-library.so")
+    monkeypatch.setattr(build, "cupti_library", lambda *a, **kw: tmp_path / "no-libcupti.so")
+    monkeypatch.setattr(command, "check_device", lambda: None)
+    kept = {f: tmp_path / f"kept{f}" for f in ("--events", "--timeline")}
+    for p in kept.values():
+        p.write_bytes(b"an earlier trace's bytes\n")
+    argv = ["trace", *(x for f, p in kept.items() for x in (f, str(p))), "--", "true"]
+    assert "never initialised CUDA" in one_line(capsys, argv)
+    for p in kept.values():
+        assert p.read_bytes() == b"an earlier trace's bytes\n"

@@ -31,13 +31,22 @@ def step_rows(events: Iterable[E.Event]) -> list[tuple]:
 
 
 def generated(events: Iterable[E.Event]) -> dict[int, list[int]]:
-    """Greedy tokens per sequence over the decode steps (sequence = position in the step's batch)."""
+    """Every greedy token per sequence, in order: a prompt's last ubatch gives its sequence's first token
+    (the one the first decode feeds), each decode step one per sequence (sequence = position in the step's
+    batch). The plan (plan.py) prefills the prompts of sequences 0, 1, ... in turn before the first decode,
+    and a timeline's prefill later is sequence 0's."""
     out: dict[int, list[int]] = {}
+    prompts, decoded = 0, False
     for row in step_rows(events):
         if row[1] == "decode":
+            decoded = True
             for seq, tok in enumerate(row[6]):
                 out.setdefault(seq, []).append(tok)
-    return out
+        elif row[1] == "prefill" and row[6]:
+            seq = 0 if decoded else prompts
+            prompts += not decoded
+            out.setdefault(seq, []).append(row[6][-1])
+    return dict(sorted(out.items()))
 
 
 NOT_COMPUTED = "not computed"
