@@ -16,7 +16,8 @@ from ..load.config import MAX_CLIENTS, MAX_REQUESTS
 @click.option("--requests", "n_requests", type=click.IntRange(1, MAX_REQUESTS), default=32, show_default=True,
               help="Requests in all.")
 @click.option("--prompt-tokens", default="16-256", show_default=True,
-              help="Prompt length range A-B (or N), drawn per request.")
+              help="Prompt length range A-B (or N), drawn per request (exact through the server's /tokenize, "
+                   "else about one word a token).")
 @click.option("--output-tokens", default="16-128", show_default=True,
               help="Output length range A-B (or N), drawn per request (max_tokens, with ignore_eos).")
 @click.option("--prompts", "prompts_file", type=click.Path(dir_okay=False), default=None,
@@ -25,7 +26,7 @@ from ..load.config import MAX_CLIENTS, MAX_REQUESTS
 @click.option("--deadline", type=click.FloatRange(0, 86400, min_open=True), default=600, show_default=True,
               help="Seconds for the whole run: requests in flight then are cut, the rest not sent.")
 @click.option("--request-timeout", type=click.FloatRange(0, 86400, min_open=True), default=120,
-              show_default=True, help="Seconds for one request, first byte to last.")
+              show_default=True, help="Seconds for one request, from sending it to its last byte.")
 @click.option("--tokenize", type=click.Choice(["auto", "on", "off"]), default="auto", show_default=True,
               help="Size prompts exactly with the server's /tokenize (auto: when it has one).")
 @click.option("--no-ignore-eos", is_flag=True, help="Let the model stop before the drawn output length.")
@@ -52,7 +53,13 @@ def load(url, endpoint, clients, n_requests, prompt_tokens, output_tokens, promp
     prompts = C.read_prompts(prompts_file) if prompts_file else None
     from ..load.client import run                       # needs httpx: after the input is checked
     collector, progress = Collector(n_requests), progress_for()
-    run(cfg, plan_requests(n_requests, cfg.prompt_tokens, cfg.output_tokens, seed, prompts),
-        lambda e: (collector(e), progress(e)))
+    try:
+        run(cfg, plan_requests(n_requests, cfg.prompt_tokens, cfg.output_tokens, seed, prompts),
+            lambda e: (collector(e), progress(e)))
+    except KeyboardInterrupt:                   # Ctrl-C or SIGTERM: what was measured so far, then exit 130/143
+        progress.close()
+        if collector.result.rows:
+            (render_json if as_json else render)(collector.result)
+        raise
     (render_json if as_json else render)(collector.result)
     return 0 if collector.result.complete else 1

@@ -138,24 +138,36 @@ def run(cfg: LoadConfig, plan: Sequence[PlannedRequest], emit: Sink) -> None:
     asyncio.run(_load(cfg, plan, emit, clock))
 
 
+class _Cut:
+    """Why requests in flight were cancelled: the deadline (set before cancelling them), else an interrupt."""
+    deadline = False
+
+    def reason(self) -> str:
+        return "cut by the deadline" if self.deadline else "cut by an interrupt"
+
+
 async def _load(cfg: LoadConfig, plan: Sequence[PlannedRequest], emit: Sink, clock: _Clock) -> None:
     todo = iter(plan)
-    sent = 0
+    sent, cut = 0, _Cut()
 
     async def client_loop(client: "httpx.AsyncClient", c: int) -> None:
         nonlocal sent
         for r in todo:                      # one shared iterator: each request is taken by one client
             sent += 1
-            await _one(client, cfg, r, c, emit, clock)
+            await _one(client, cfg, r, c, emit, clock, cut)
 
     limits = httpx.Limits(max_connections=cfg.clients, max_keepalive_connections=cfg.clients)
     timeout = httpx.Timeout(cfg.request_timeout_s, connect=cfg.connect_timeout_s)
     async with httpx.AsyncClient(limits=limits, timeout=timeout, trust_env=False) as client:
         tasks = [asyncio.create_task(client_loop(client, c)) for c in range(cfg.clients)]
-        _, pending = await asyncio.wait(tasks, timeout=max(0.0, clock.left_s(cfg.deadline_s)))
-        for t in pending:
-            t.cancel()
-        await asyncio.gather(*tasks, return_exceptions=True)
+        pending = set(tasks)
+        try:
+            _, pending = await asyncio.wait(tasks, timeout=max(0.0, clock.left_s(cfg.deadline_s)))
+            cut.deadline = bool(pending)
+        finally:                            # the deadline, or an interrupt cancelling this task: cut the clients
+            for t in pending:
+                t.cancel()
+            await asyncio.gather(*tasks, return_exceptions=True)
         for t in tasks:
             if not t.cancelled() and t.exception() is not None:
                 raise t.exception()
@@ -163,7 +175,7 @@ async def _load(cfg: LoadConfig, plan: Sequence[PlannedRequest], emit: Sink, clo
 
 
 async def _one(client: "httpx.AsyncClient", cfg: LoadConfig, r: PlannedRequest, c: int, emit: Sink,
-               clock: Callable[[], int]) -> None:
+               clock: Callable[[], int], cut: _Cut) -> None:
     """One streamed request, start to end, as events."""
     emit(RequestSent(t_ns=clock(), index=r.index, client=c, prompt_tokens=r.prompt_tokens, max_tokens=r.max_tokens))
     chunks, finish, usage, timings, status = 0, None, {}, {}, None
@@ -192,8 +204,8 @@ async def _one(client: "httpx.AsyncClient", cfg: LoadConfig, r: PlannedRequest, 
     except (httpx.HTTPError, TimeoutError) as e:
         emit(RequestFailed(t_ns=clock(), index=r.index, error=describe(e, cfg.request_timeout_s), status=status,
                            chunks=chunks))
-    except asyncio.CancelledError:
-        emit(RequestFailed(t_ns=clock(), index=r.index, error="cut by the deadline", status=status, chunks=chunks,
+    except (asyncio.CancelledError, KeyboardInterrupt):    # the deadline, or Ctrl-C/SIGTERM raised right here
+        emit(RequestFailed(t_ns=clock(), index=r.index, error=cut.reason(), status=status, chunks=chunks,
                            cut=True))
         raise
     else:

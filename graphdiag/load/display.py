@@ -74,7 +74,13 @@ class RichProgress:
             self.bar.refresh()
             self._drawn = t
         if isinstance(e, LoadEnded):
+            self.close()
+
+    def close(self) -> None:
+        """Stop drawing (the run ended, or was interrupted before LoadEnded)."""
+        if self.task is not None:
             self.bar.stop()
+            self.task = None
 
 
 class PlainProgress:
@@ -96,6 +102,9 @@ class PlainProgress:
             self._next = c.done + max(1, c.total // 10)
         elif isinstance(e, LoadEnded) and e.deadline_reached:
             self._line(f"load: deadline reached · {c.done}/{c.total} done")
+
+    def close(self) -> None:
+        pass
 
     def _line(self, text: str) -> None:
         print(text, file=self.stream, flush=True)
