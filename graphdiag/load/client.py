@@ -26,7 +26,7 @@ except ModuleNotFoundError as e:
     raise UsageError(f"graphdiag load needs httpx (module {e.name!r} is missing): "
                      "pip install 'graphdiag[load]'") from None
 
-PROBE_READ_S = 30.0         # the probe asks for one token: a server this slow to answer one is not usable
+PROBE_READ_S = 15.0         # the probe asks for one token: a server this slow to answer one is not usable
 
 
 def request_body(cfg: LoadConfig, r: PlannedRequest) -> dict[str, Any]:
@@ -68,9 +68,10 @@ def _check_stream_response(resp: "httpx.Response", body: bytes | None = None) ->
 def probe(cfg: LoadConfig) -> None:
     """One streamed request for one token: returns when the endpoint answers 200 with server-sent events whose
     first event is a completion chunk; else EndpointError, one line (exit 2), within the connect timeout or
-    PROBE_READ_S."""
+    PROBE_READ_S (or --request-timeout where shorter) of silence."""
     body = request_body(cfg, PlannedRequest(-1, "Hello", 1, 1))
-    timeout = httpx.Timeout(PROBE_READ_S, connect=cfg.connect_timeout_s)
+    read_s = min(PROBE_READ_S, cfg.request_timeout_s)
+    timeout = httpx.Timeout(read_s, connect=cfg.connect_timeout_s)
     try:
         with httpx.Client(timeout=timeout, trust_env=False) as client:
             with client.stream("POST", cfg.url, json=body) as resp:
@@ -82,7 +83,7 @@ def probe(cfg: LoadConfig) -> None:
     except StreamError as e:
         raise EndpointError(f"{cfg.url}: {e}") from None
     except httpx.HTTPError as e:
-        t = cfg.connect_timeout_s if isinstance(e, httpx.ConnectTimeout) else PROBE_READ_S
+        t = cfg.connect_timeout_s if isinstance(e, httpx.ConnectTimeout) else read_s
         raise EndpointError(f"{cfg.url}: {describe(e, t)}") from None
 
 
@@ -134,7 +135,7 @@ def run(cfg: LoadConfig, plan: Sequence[PlannedRequest], emit: Sink) -> None:
     probe(cfg)
     plan = sized(cfg, plan)
     emit(LoadStarted(t_ns=clock(), url=cfg.url, clients=cfg.clients, requests=len(plan),
-                     exact_prompts=all(r.exact for r in plan)))
+                     exact_prompts=all(r.exact for r in plan), settings=cfg.to_dict()))
     asyncio.run(_load(cfg, plan, emit, clock))
 
 

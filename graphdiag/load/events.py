@@ -24,6 +24,7 @@ class LoadStarted(LoadEvent):
     clients: int = 0
     requests: int = 0
     exact_prompts: bool = False
+    settings: dict[str, Any] = field(default_factory=dict)      # the run's LoadConfig, as to_dict gives it
 
 
 @dataclass(frozen=True)

@@ -69,6 +69,7 @@ class LoadResult:
     clients: int = 0
     planned: int = 0
     exact_prompts: bool = False
+    settings: dict[str, Any] = field(default_factory=dict)
     rows: dict[int, RequestRow] = field(default_factory=dict)
     end_ns: int | None = None
     deadline_reached: bool = False
@@ -104,7 +105,7 @@ class LoadResult:
 
     def to_dict(self) -> dict[str, Any]:
         return {"schema": "graphdiag-load", "version": 1, "url": self.url, "clients": self.clients,
-                "exact_prompt_tokens": self.exact_prompts, "summary": self.summary(),
+                "exact_prompt_tokens": self.exact_prompts, "settings": self.settings, "summary": self.summary(),
                 "requests": [r.to_dict() for r in self.ordered]}
 
 
@@ -120,6 +121,7 @@ class Collector:
         res = self.result
         if isinstance(e, LoadStarted):
             res.url, res.clients, res.planned, res.exact_prompts = e.url, e.clients, e.requests, e.exact_prompts
+            res.settings = dict(e.settings)
         elif isinstance(e, RequestSent):
             res.rows[e.index] = RequestRow(e.index, e.client, e.prompt_tokens, e.max_tokens, e.t_ns)
         elif isinstance(e, FirstToken):

@@ -167,6 +167,8 @@ def test_normal_run_reports_every_request(stub, capsys):
     assert rc == 0
     s = res["summary"]
     assert (s["requests"], s["sent"], s["ok"], s["failed"], s["errors"]) == (9, 9, 9, 0, {})
+    st = res["settings"]
+    assert (st["seed"], st["prompt_tokens"], st["output_tokens"], st["clients"]) == (7, [5, 40], [3, 8], 3)
     plan = plan_requests(9, (5, 40), (3, 8), 7)
     assert [r["max_tokens"] for r in res["requests"]] == [p.max_tokens for p in plan]
     for r in res["requests"]:
@@ -256,6 +258,16 @@ def test_dead_endpoint_is_one_line_exit_2_within_seconds(capsys):
     assert rc == 2 and out == "" and dt < 5
     assert err.strip().splitlines() == [f"graphdiag: error: {url}/v1/completions: connection refused (nothing "
                                         "listening there)"]
+
+
+def test_hung_endpoint_is_one_line_exit_2_within_its_timeout(capsys):
+    with socket.socket() as s:                  # listening, never accepting: connects, never answers
+        s.bind(("127.0.0.1", 0))
+        s.listen(8)
+        url = f"http://127.0.0.1:{s.getsockname()[1]}"
+        rc, out, err, dt = _load(capsys, url, "--request-timeout", "0.5")
+    assert rc == 2 and out == "" and dt < 5
+    assert err.strip().splitlines() == [f"graphdiag: error: {url}/v1/completions: timed out after 0.5 s"]
 
 
 @pytest.mark.parametrize("path, status, ctype, body, says", [
