@@ -95,5 +95,10 @@ class VerifyMismatch(GraphdiagError):
     exit_code = 1
 
 
+class EndpointError(GraphdiagError):
+    """`graphdiag load`: the server is not there (refused, unreachable, timed out) or is not a streaming
+    completions endpoint (an HTTP error, not server-sent events)."""
+
+
 class TraceError(GraphdiagError):
     """`graphdiag trace` cannot trace CMD: not found or not executable, no compiler, no CUPTI, no GPU."""
