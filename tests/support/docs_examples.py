@@ -10,7 +10,10 @@ An example passes when it exits as marked and every line its page shows appears 
 after `normalise`: numbers and durations differ between runs and machines, the lines and words do not. A line
 `⋮` in a shown output marks lines the page leaves out.
 
-    python tests/support/docs_examples.py --write [PAGE.md ...]   # run every example, write what it printed
+    python tests/support/docs_examples.py --write [--all] [PAGE.md ...]
+
+runs every example of the pages (default: every page with one) and writes what each printed into its empty
+```text block (with --all, into every block: trimmed outputs come back whole).
 """
 
 from __future__ import annotations
@@ -126,8 +129,9 @@ def run(ex: Example, cwd: Path, timeout: float = 120) -> subprocess.CompletedPro
                           stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
 
 
-def write(page: Path) -> int:
-    """Run a page's examples and write what each printed into its ```text block; returns how many failed."""
+def write(page: Path, every: bool = False) -> int:
+    """Run a page's examples and write what each printed into its empty ```text block (`every`: into every
+    block); returns how many failed."""
     lines = page.read_text().splitlines()
     failed = 0
     with tempfile.TemporaryDirectory() as tmp:
@@ -137,9 +141,9 @@ def write(page: Path) -> int:
             if res.returncode != ex.exit:
                 failed += 1
                 print(f"{page.name}:{ex.line}: exit {res.returncode}, marked {ex.exit}\n{res.stdout[-2000:]}")
-            if ex.out_span is not None:
+            if ex.out_span is not None and (every or not ex.shown):
                 a, b = ex.out_span
-                lines[a:b] = res.stdout.rstrip("\n").splitlines()
+                lines[a:b] = [l.rstrip() for l in res.stdout.rstrip("\n").splitlines()]
     page.write_text("\n".join(lines) + "\n")
     return failed
 
@@ -149,8 +153,8 @@ def _run_all(page: Path, cwd: Path) -> list[tuple[subprocess.CompletedProcess, E
 
 
 if __name__ == "__main__":
-    args = [a for a in sys.argv[1:] if a != "--write"]
+    args = [a for a in sys.argv[1:] if a not in ("--write", "--all")]
     if "--write" not in sys.argv[1:]:
         sys.exit(__doc__)
     todo = [Path(a).resolve() for a in args] or [p for p in pages() if examples(p)]
-    sys.exit(1 if sum(write(p) for p in todo) else 0)
+    sys.exit(1 if sum(write(p, "--all" in sys.argv[1:]) for p in todo) else 0)
