@@ -5,7 +5,8 @@ command is meant to exit N: `--strict` finding something, `diff` finding a diffe
 after it, if there is one, is what the command printed (stdout and stderr together) when it was captured.
 
 A page's examples run in order in one fresh folder (so a later one can read the record an earlier one wrote),
-with `tests/` and `scenarios/` of the repository linked in, `graphdiag` meaning this Python's `-m graphdiag`.
+with `tests/` and `scenarios/` of the repository linked in, `graphdiag` meaning this Python's `-m graphdiag` and
+`python`/`python3` this Python (the one graphdiag is installed in).
 An example passes when it exits as marked and every line its page shows appears in the output, in order,
 after `normalise`: numbers and durations differ between runs and machines, the lines and words do not. A line
 `⋮` in a shown output marks lines the page leaves out.
@@ -122,7 +123,9 @@ def folder(tmp: Path) -> Path:
 
 def run(ex: Example, cwd: Path, timeout: float = 120) -> subprocess.CompletedProcess:
     """Run one example in `cwd` with bash (-e, pipefail), `graphdiag` being this Python's `-m graphdiag`."""
-    prelude = f'set -eo pipefail\ngraphdiag() {{ "{sys.executable}" -m graphdiag "$@"; }}\n'
+    py = sys.executable
+    prelude = (f'set -eo pipefail\ngraphdiag() {{ "{py}" -m graphdiag "$@"; }}\n'
+               f'python() {{ "{py}" "$@"; }}\npython3() {{ "{py}" "$@"; }}\n')
     env = dict(os.environ, COLUMNS="120", TERM="dumb")
     env.pop("FORCE_COLOR", None)
     return subprocess.run(["bash", "-c", prelude + ex.script], cwd=cwd, env=env, timeout=timeout,
