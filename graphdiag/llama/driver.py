@@ -28,7 +28,7 @@ from ..config import N_UBATCH
 from ..errors import NoDeviceError, UsageError
 
 NO_LLAMA = ("llama_cpp is not installed (or not loadable): pip install '.[llama]' — a CUDA build of "
-            "llama-cpp-python 0.3.36, see the README")
+            "llama-cpp-python 0.3.36, see docs/commands/llama.md")
 
 
 def preload_libstdcxx() -> str:
@@ -65,7 +65,7 @@ def check_gpu(ll) -> None:
     """A CUDA build with a GPU, else NoDeviceError (exit 2, one line)."""
     if not ll.llama_supports_gpu_offload():
         raise NoDeviceError("this llama_cpp has no GPU backend (a CPU-only build): rebuild it with "
-                            "CMAKE_ARGS=-DGGML_CUDA=on, see the README")
+                            "CMAKE_ARGS=-DGGML_CUDA=on, see docs/commands/llama.md")
 
 
 @dataclass(frozen=True)
