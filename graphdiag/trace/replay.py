@@ -1,0 +1,95 @@
+"""`graphdiag replay`: a trace's llama_decode batches run through graphdiag's runtime on the same GGUF file.
+
+The trace is read (a raw stream from `graphdiag trace --raw`, or its converted record), its batches become a
+step plan (replay_plan.py), graphdiag's runtime walks it (the simulated driver, or CUDA), and the replay's
+record is graphdiag's events with each replayed DecodeBatch put back before its first step (step: the last
+step before it, as the trace's), so the record reads as the trace does and whatif can take it. The
+comparison itself is report/analysis/replay_diff.py.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, replace
+from pathlib import Path
+
+from .. import events as E
+from ..errors import EventFileError, UsageError
+from ..report.record.header import RunHeader, as_header
+from .replay_plan import ReplayPlan, ServerSettings, replay_plan, server_settings, trace_batches
+
+
+@dataclass
+class Replay:
+    """A trace and graphdiag's run of its batches."""
+
+    trace: tuple[RunHeader, list[E.Event]]
+    ours: tuple[RunHeader, list[E.Event]]
+    plan: ReplayPlan
+    settings: ServerSettings
+    model: str
+
+
+def load_trace(path: str | Path) -> tuple[RunHeader, list[E.Event]]:
+    """A raw stream (`graphdiag trace --raw`) converted, or a converted trace record. One-line errors for
+    anything else."""
+    from ..report.record.read import read_record
+    from .convert import convert_raw
+    p = Path(path)
+    if not p.is_file():
+        raise UsageError(f"{path}: no such file")
+    with p.open("rb") as f:
+        first = f.readline()
+    try:
+        head = json.loads(first)
+    except ValueError:
+        raise EventFileError(f"{path}:1: not a graphdiag trace (no JSON header line)") from None
+    if isinstance(head, dict) and head.get("raw") == "graphdiag-trace":
+        return convert_raw(p)
+    header, events = read_record(p)
+    if not header.trace:
+        raise UsageError(f"{path} is not a trace (`graphdiag trace -- CMD` writes one): replay takes the "
+                         f"batches a traced program gave llama_decode")
+    return header, events
+
+
+def run_replay(trace_path: str | Path, model: str, backend: str = "auto", warn=None) -> Replay:
+    """Run the trace's batches through graphdiag on `model` (a GGUF file). UsageError, one line, where the
+    trace has no batches or its token ids are not the model's."""
+    from ..config import RunConfig
+    from ..llama.expressible import check_gguf
+    from ..model.source import model_config
+    from ..runner import run
+
+    check_gguf(model)
+    header, events = load_trace(trace_path)
+    batches = trace_batches(events, header.trace.get("not_observable", ()))
+    settings = server_settings(list(header.trace.get("cmd") or []))
+    mc = model_config(model)
+    plan = replay_plan(batches, mc.n_vocab, settings, Path(model).name)
+    if not plan.steps:
+        raise UsageError(f"{trace_path}: none of its {len(batches)} llama_decode batches can be replayed "
+                         f"({'; '.join(plan.skipped)})")
+    cfg = RunConfig(backend=backend, model=str(model), ubatch_size=settings.n_ubatch, steps=len(plan.steps),
+                    sim_mode=None if backend == "cuda" else "decisions")   # the decisions need no logits
+    cfg.sources = {"model": "cli", "backend": "cli", "ubatch_size": "trace", "sim_mode": "replay"}
+    cfg.validate()
+    res = run(cfg, plan=plan.steps, warn=warn)
+    ours = as_header(res.header), with_batches(res.events, plan)
+    ours[0].replay = {"trace": str(trace_path), "model": str(model), "batches": len(plan.batches),
+                         "ubatches": len(plan.steps), "skipped": plan.skipped,
+                         "inferred_removals": plan.inferred_removals, "n_ubatch": settings.n_ubatch,
+                         "kv_unified": settings.unified, "trace_cmd": header.trace.get("cmd") or []}
+    return Replay((header, events), ours, plan, settings, str(model))
+
+
+def with_batches(events: list[E.Event], plan: ReplayPlan) -> list[E.Event]:
+    """graphdiag's events with each replayed batch's DecodeBatch before its first step's events (the cells
+    it removed first included)."""
+    first = {start: b for b, (start, _) in zip(plan.batches, plan.step_range)}
+    out: list[E.Event] = []
+    for ev in events:
+        if ev.step in first and not isinstance(ev, E.RunEnded):
+            out.append(replace(first.pop(ev.step), step=ev.step - 1))
+        out.append(ev)
+    return out
