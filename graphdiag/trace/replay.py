@@ -30,6 +30,37 @@ class Replay:
     model: str
 
 
+    def notes(self) -> list[str]:
+        """What the reader must know about this replay: batches not replayed, cells removed by inference, a
+        KV cache graphdiag does not model, a synthetic trace."""
+        out = [f"{n} batch{'es' * (n != 1)} {why}" for why, n in self.plan.skipped.items()]
+        if self.plan.inferred_removals:
+            out.append(f"{self.plan.inferred_removals} KV-cell removals inferred (a sequence placed again at "
+                       f"positions it held: the caller's seq_rm, not in a trace)")
+        if not self.settings.unified:
+            out.append(f"the traced server ran -np {self.settings.n_parallel} without --kv-unified: one KV stream "
+                       f"per sequence, which graphdiag does not model (it replays one unified cache); trace with "
+                       f"-kvu (or without -np: the server's auto is unified) to compare")
+        synthetic = self.trace[0].trace.get("synthetic")
+        if synthetic:
+            out.append(f"the trace is {synthetic}")
+        return out
+
+    def header_lines(self) -> list[str]:
+        h = self.ours[0]
+        return [f"ran: {h.device or h.backend} ({h.note})" if h.note else f"ran: {h.device or h.backend}",
+                f"replayed: {len(self.plan.batches)} batches as {len(self.plan.steps)} ubatches (n_ubatch "
+                f"{self.settings.n_ubatch})"]
+
+
+def write_record(r: Replay, path: str | Path) -> None:
+    """The replay's record: its header (with `replay`) and events, as `graphdiag run --events` writes one."""
+    from ..report.record.write import JsonlWriter
+    with JsonlWriter(path, r.ours[0]) as w:
+        for ev in r.ours[1]:
+            w(ev)
+
+
 def load_trace(path: str | Path) -> tuple[RunHeader, list[E.Event]]:
     """A raw stream (`graphdiag trace --raw`) converted, or a converted trace record. One-line errors for
     anything else."""
