@@ -87,31 +87,36 @@ def load_trace(path: str | Path) -> tuple[RunHeader, list[E.Event]]:
 def run_replay(trace_path: str | Path, model: str, backend: str = "auto", warn=None) -> Replay:
     """Run the trace's batches through graphdiag on `model` (a GGUF file). UsageError, one line, where the
     trace has no batches or its token ids are not the model's."""
-    from ..config import RunConfig
     from ..llama.expressible import check_gguf
-    from ..model.source import model_config
-    from ..runner import run
-
     check_gguf(model)
     header, events = load_trace(trace_path)
     batches = trace_batches(events, header.trace.get("not_observable", ()))
     settings = server_settings(list(header.trace.get("cmd") or []))
-    mc = model_config(model)
-    plan = replay_plan(batches, mc.n_vocab, settings, Path(model).name)
+    ours, plan = replay_batches(batches, model, backend, settings, warn)
+    ours[0].replay = {"trace": str(trace_path), "model": str(model), "batches": len(plan.batches),
+                      "ubatches": len(plan.steps), "skipped": plan.skipped,
+                      "inferred_removals": plan.inferred_removals, "n_ubatch": settings.n_ubatch,
+                      "kv_unified": settings.unified, "trace_cmd": header.trace.get("cmd") or []}
+    return Replay((header, events), ours, plan, settings, str(model))
+
+
+def replay_batches(batches: list[E.DecodeBatch], model: str, backend: str = "auto",
+                   settings: ServerSettings = ServerSettings(), warn=None) -> tuple[tuple, ReplayPlan]:
+    """((header, events), plan) of graphdiag's run of `batches` on `model`: the simulated driver in
+    decisions-only mode (no logits are needed), or CUDA."""
+    from ..config import RunConfig
+    from ..model.source import model_config
+    from ..runner import run
+    plan = replay_plan(batches, model_config(model).n_vocab, settings, Path(model).name)
     if not plan.steps:
-        raise UsageError(f"{trace_path}: none of its {len(batches)} llama_decode batches can be replayed "
+        raise UsageError(f"none of the trace's {len(batches)} llama_decode batches can be replayed "
                          f"({'; '.join(plan.skipped)})")
     cfg = RunConfig(backend=backend, model=str(model), ubatch_size=settings.n_ubatch, steps=len(plan.steps),
                     sim_mode=None if backend == "cuda" else "decisions")   # the decisions need no logits
     cfg.sources = {"model": "cli", "backend": "cli", "ubatch_size": "trace", "sim_mode": "replay"}
     cfg.validate()
     res = run(cfg, plan=plan.steps, warn=warn)
-    ours = as_header(res.header), with_batches(res.events, plan)
-    ours[0].replay = {"trace": str(trace_path), "model": str(model), "batches": len(plan.batches),
-                         "ubatches": len(plan.steps), "skipped": plan.skipped,
-                         "inferred_removals": plan.inferred_removals, "n_ubatch": settings.n_ubatch,
-                         "kv_unified": settings.unified, "trace_cmd": header.trace.get("cmd") or []}
-    return Replay((header, events), ours, plan, settings, str(model))
+    return (as_header(res.header), with_batches(res.events, plan)), plan
 
 
 def with_batches(events: list[E.Event], plan: ReplayPlan) -> list[E.Event]:
