@@ -33,7 +33,7 @@ class OperatorWhatIf:
 
 
 def load_batches(path: str | Path, model: str | None) -> tuple[list[E.DecodeBatch], ServerSettings, str]:
-    """(the replayed context's accepted batches, the server's settings, the model file) of a trace or a
+    """(every batch, the server's settings, the model file) of a trace or a
     `graphdiag replay --events` record; the model is --model, else the one the replay record names."""
     from .replay import load_trace
     from ..report.record.read import read_record
@@ -49,8 +49,9 @@ def load_batches(path: str | Path, model: str | None) -> tuple[list[E.DecodeBatc
         model = model or header.replay.get("model")
     trace_batches(events, header.trace.get("not_observable", ()))
     if not model:
-        raise UsageError("--pad-batches and --slots run graphdiag's runtime on the batches: give --model FILE.gguf")
-    return replayed_batches(events), server_settings(list(cmd)), str(model)
+        raise UsageError("--pad-batches, --slots and --model-draft run graphdiag's runtime on the batches: give "
+                         "--model FILE.gguf")
+    return [e for e in events if isinstance(e, E.DecodeBatch)], server_settings(list(cmd)), str(model)
 
 
 def _run(label: str, batches, model: str, backend: str, settings: ServerSettings, padded: int = 0):
@@ -64,7 +65,8 @@ def pad_whatif(path, buckets: list[int], model: str | None, backend: str = "auto
     from .server_sim import pad_batches
     if not buckets or min(buckets) < 1:
         raise UsageError(f"--pad-batches takes batch sizes >= 1, not {buckets}")
-    batches, settings, model = load_batches(path, model)
+    every, settings, model = load_batches(path, model)
+    batches = replayed_batches(every)
     base, h = _run("as recorded", batches, model, backend, settings)
     padded, n, rows = pad_batches(batches, buckets)
     w = OperatorWhatIf(str(path), model, h.device or h.backend,
@@ -80,7 +82,8 @@ def slots_whatif(path, slots: list[int], model: str | None, backend: str = "auto
     from .server_sim import requests, reschedule
     if not slots or min(slots) < 1:
         raise UsageError(f"--slots takes slot counts >= 1, not {slots}")
-    batches, settings, model = load_batches(path, model)
+    every, settings, model = load_batches(path, model)
+    batches = replayed_batches(every)
     base, h = _run("as recorded", batches, model, backend, settings)
     w = OperatorWhatIf(str(path), model, h.device or h.backend,
                        f"the trace's requests served by {', '.join(map(str, slots))} slots")
@@ -88,3 +91,21 @@ def slots_whatif(path, slots: list[int], model: str | None, backend: str = "auto
     w.outcomes = [base] + [_run(f"-np {n}", reschedule(batches, n, settings.n_batch), model, backend, settings)[0]
                            for n in slots]
     return w
+
+
+def draft_whatif(path, model: str | None, draft_model: str, backend: str = "auto"):
+    """(the speculative warmup cycle, device) of a trace with a draft model's context: the target's batches
+    replayed on `model`, the draft's on `draft_model`."""
+    from ..llama.expressible import check_gguf
+    from ..report.analysis.speculative import draft_cycle
+    from .replay import replay_batches
+    from .replay_plan import contexts
+    check_gguf(draft_model)
+    every, settings, model = load_batches(path, model)
+    ctxs = contexts([b for b in every if b.ret == 0])
+    if len(ctxs) < 2:
+        raise UsageError(f"{path}: its batches went to one llama_context: no draft model's batches to replay "
+                         f"(trace llama-server run with --model-draft)")
+    (ht, target), _ = replay_batches(every, model, backend, settings, ctx=ctxs[0])
+    (_, draft), _ = replay_batches(every, draft_model, backend, settings, ctx=ctxs[1])
+    return draft_cycle(target, draft), ht.device or ht.backend

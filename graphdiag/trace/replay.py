@@ -101,13 +101,14 @@ def run_replay(trace_path: str | Path, model: str, backend: str = "auto", warn=N
 
 
 def replay_batches(batches: list[E.DecodeBatch], model: str, backend: str = "auto",
-                   settings: ServerSettings = ServerSettings(), warn=None) -> tuple[tuple, ReplayPlan]:
-    """((header, events), plan) of graphdiag's run of `batches` on `model`: the simulated driver in
-    decisions-only mode (no logits are needed), or CUDA."""
+                   settings: ServerSettings = ServerSettings(), warn=None, ctx: int | None = None
+                   ) -> tuple[tuple, ReplayPlan]:
+    """((header, events), plan) of graphdiag's run of the batches of context `ctx` (None: the first
+    batch's) on `model`: the simulated driver in decisions-only mode (no logits are needed), or CUDA."""
     from ..config import RunConfig
     from ..model.source import model_config
     from ..runner import run
-    plan = replay_plan(batches, model_config(model).n_vocab, settings, Path(model).name)
+    plan = replay_plan(batches, model_config(model).n_vocab, settings, Path(model).name, ctx)
     if not plan.steps:
         raise UsageError(f"none of the trace's {len(batches)} llama_decode batches can be replayed "
                          f"({'; '.join(plan.skipped)})")

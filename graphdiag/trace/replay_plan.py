@@ -11,8 +11,9 @@ placed again at a position it already holds had its cells removed first (llama-s
 takes a new request, or llama_memory_clear after its warmup decode): the replay removes them too, the
 inference named in each step's `removes`.
 
-Only one llama_context is replayed (the target: the context of the first batch); a draft model's context
-(speculative decoding) decodes on another model, so its batches are listed as not replayed.
+One llama_context is replayed at a time (the target: the first batch's; or a draft model's, on its own
+model): each context has its own graphs and CUDA-graph cache, so a draft model's batches (speculative
+decoding) replay on the draft's file apart from the target's, and are listed as not replayed in the other.
 """
 
 from __future__ import annotations
@@ -84,15 +85,22 @@ def trace_batches(events: list[E.Event], not_observable: list[str] | tuple = ())
     return batches
 
 
+def contexts(batches: list[E.DecodeBatch]) -> list[int]:
+    """The llama_contexts the batches went to, in order of their first batch: the target's first (llama-server
+    loads and warms it up before a draft model's)."""
+    return list(dict.fromkeys(b.ctx for b in batches))
+
+
 def replay_plan(batches: list[E.DecodeBatch], n_vocab: int, settings: ServerSettings = ServerSettings(),
-                model: str = "the model") -> ReplayPlan:
-    """The replay's steps. UsageError on a batch graphdiag cannot replay: embeddings instead of token ids,
-    or a token id outside the model's vocabulary (the trace was recorded with another model)."""
-    rp = ReplayPlan(ctx=batches[0].ctx)
+                model: str = "the model", ctx: int | None = None) -> ReplayPlan:
+    """The replay's steps: the batches of context `ctx` (None: the first batch's). UsageError on a batch
+    graphdiag cannot replay: embeddings instead of token ids, or a token id outside the model's vocabulary
+    (the trace was recorded with another model)."""
+    rp = ReplayPlan(ctx=batches[0].ctx if ctx is None else ctx)
     next_pos: dict[int, int] = {}
     for i, b in enumerate(batches):
         if b.ctx != rp.ctx:
-            _skip(rp, "another llama_context (a draft model's): not replayed on this model")
+            _skip(rp, "of another llama_context (a draft model's or its target's): not replayed on this model")
             continue
         if b.ret != 0:
             _skip(rp, "refused by llama_decode (ret != 0): nothing decoded")
@@ -104,7 +112,8 @@ def replay_plan(batches: list[E.DecodeBatch], n_vocab: int, settings: ServerSett
             raise UsageError(f"batch {i}: token id {bad} is not in {model}'s vocabulary (n_vocab {n_vocab}): the "
                              f"trace was recorded with another model")
         first = len(rp.steps)
-        rp.steps += _ubatches(b, next_pos, _idle_s(batches, i), settings.n_ubatch, rp)
+        rp.steps += _ubatches(b, next_pos, _idle_s(rp.batches[-1] if rp.batches else None, b),
+                              settings.n_ubatch, rp)
         rp.batches.append(b)
         rp.batch_index.append(i)
         rp.step_range.append((first, len(rp.steps) - first))
@@ -115,12 +124,10 @@ def _skip(rp: ReplayPlan, why: str) -> None:
     rp.skipped[why] = rp.skipped.get(why, 0) + 1
 
 
-def _idle_s(batches: list[E.DecodeBatch], i: int) -> float:
-    """Seconds between the end of the batch before (any context's) and this one's start."""
-    if i == 0:
-        return 0.0
-    prev = batches[i - 1]
-    return max(batches[i].t_ns - (prev.t_ns + prev.duration_ns), 0) / 1e9
+def _idle_s(prev: E.DecodeBatch | None, b: E.DecodeBatch) -> float:
+    """Seconds between the end of the context's batch before and this one's start (another context's
+    batches in between included: this context's graphs sat idle meanwhile)."""
+    return 0.0 if prev is None else max(b.t_ns - (prev.t_ns + prev.duration_ns), 0) / 1e9
 
 
 def _rows(b: E.DecodeBatch, next_pos: dict[int, int]) -> tuple[list[int], list[int], list[bool]]:

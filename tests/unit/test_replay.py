@@ -53,7 +53,7 @@ def test_batches_become_ubatch_steps():
     assert [p.removes for p in s] == [(), (), (), ((1, 0),)] and rp.inferred_removals == 1
     assert s[1].idle_s == pytest.approx(2.0) and s[2].idle_s == 0 and s[3].idle_s == pytest.approx(10e-9)
     assert rp.step_range == [(0, 1), (1, 2), (3, 1)] and rp.batch_index == [0, 1, 2]
-    assert rp.skipped == {"another llama_context (a draft model's): not replayed on this model": 1,
+    assert rp.skipped == {"of another llama_context (a draft model's or its target's): not replayed on this model": 1,
                           "refused by llama_decode (ret != 0): nothing decoded": 1}
 
 

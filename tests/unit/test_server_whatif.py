@@ -97,3 +97,48 @@ def test_bad_input_is_one_line(tiny, tmp_path, capsys):
         assert main(argv) == 2, argv
         err = capsys.readouterr().err.strip()
         assert want in err and "\n" not in err, (argv, err)
+
+
+def _speculative(tmp_path: Path) -> tuple[Path, list[int]]:
+    """A llama-server run with a draft model, as its batches: each context's warmup and prompt, then per draft
+    step k one-token draft batches and the target's verify batch of k + 1 rows (the rejected rows removed
+    again: both contexts place the next step from where the accepted tokens end)."""
+    head = {"raw": "graphdiag-trace", "version": 1, "cmd": ["llama-server", "-m", "t.gguf", "-md", "d.gguf"],
+            "synthetic": "hand-made for the test"}
+    lines, t = [], 1000
+
+    def batch(ctx, toks, pos=None, seqs=None, out=None):
+        nonlocal t
+        lines.append({"ev": "batch", "pid": 1, "tid": 1, "ctx": ctx, "t0_ns": t, "t1_ns": t + 500, "ret": 0,
+                      "n_tokens": len(toks), "tokens": toks, "pos": pos, "seq": seqs, "out": out})
+        t += 1000
+    batch(0xA, [1, 2])
+    batch(0xB, [1, 2])
+    prompt = list(range(3, 23))
+    batch(0xA, prompt, list(range(20)), [[0]] * 20, [19])
+    batch(0xB, prompt, list(range(20)), [[0]] * 20, [19])
+    n, sizes = 20, []
+    for k in (3, 3, 2, 3, 3, 1, 3):
+        for j in range(k):
+            batch(0xB, [7], [n + j], [[0]], [0])
+        batch(0xA, [7] * (k + 1), list(range(n, n + k + 1)), [[0]] * (k + 1), list(range(k + 1)))
+        sizes.append(k + 1)
+        n += 1                                   # one token accepted: the next step starts one further
+    p = tmp_path / "spec.raw.jsonl"
+    p.write_text("".join(json.dumps(x) + "\n" for x in [head, *lines]))
+    return p, sizes
+
+
+def test_draft_model_warmup_cycle(tiny, tmp_path, capsys):
+    p, sizes = _speculative(tmp_path)
+    assert main(["whatif", str(p), "--model", tiny, "--model-draft", tiny, "--backend", "sim", "--json"]) == 0
+    c = json.loads(capsys.readouterr().out)
+    assert c["draft_steps"] == len(sizes) and c["verify_sizes"] == {"4": 5, "3": 1, "2": 1}
+    assert c["target"].get("eager (warmup reset)", 0) >= 2      # the verify width changes: warmup resets
+    assert sum(c["target"].values()) == len(sizes)             # one compute per verify batch
+    assert sum(c["draft"].values()) == sum(s - 1 for s in sizes)
+    assert main(["whatif", str(p), "--model", tiny, "--model-draft", tiny, "--backend", "sim"]) == 0
+    out = capsys.readouterr().out
+    assert "draft steps: 7" in out and "target computes per draft step:" in out and "→ target verifies 4" in out
+    assert main(["whatif", str(TRACE), "--model", tiny, "--model-draft", tiny, "--backend", "sim"]) == 2
+    assert "no draft model's batches" in capsys.readouterr().err

@@ -78,10 +78,13 @@ class ReplayDiff:
         return json.dumps(self.to_dict(), indent=2)
 
 
-def replayed_batches(events: list[E.Event]) -> list[E.DecodeBatch]:
-    """The batches a replay takes: the first batch's llama_context's, those llama_decode accepted."""
+def replayed_batches(events: list[E.Event], ctx: int | None = None) -> list[E.DecodeBatch]:
+    """The batches a replay takes: context `ctx`'s (None: the first batch's), those llama_decode accepted."""
     bs = [e for e in events if isinstance(e, E.DecodeBatch)]
-    return [b for b in bs if b.ctx == bs[0].ctx and b.ret == 0] if bs else []
+    if not bs:
+        return []
+    ctx = bs[0].ctx if ctx is None else ctx
+    return [b for b in bs if b.ctx == ctx and b.ret == 0]
 
 
 def steps_by_batch(events: list[E.Event]) -> dict[int, int]:
@@ -152,12 +155,16 @@ def _by_batch(decisions: dict[int, list[Decision]], batch_of: dict[int, int], ke
 
 def diff_replay(trace: tuple, replay: tuple, facts: ModelFacts, names: tuple[str, str] = ("trace", "replay"),
                 known: bool = True) -> ReplayDiff:
-    """Compare the trace (header, events) with its replay (header, events), batch by batch."""
+    """Compare the trace (header, events) with its replay (header, events), batch by batch: the batches of
+    the context the replay ran (a draft model's replay against the draft's batches), the trace's steps of
+    any other context's batches left out."""
     (ht, et), (hr, er) = trace, replay
-    et = rehome_evictions(et)
+    ours = replayed_batches(er)
+    ctx = ours[0].ctx if ours else None
+    et = own_steps(rehome_evictions(et), ctx)
     log = _has_log(et)
     er_seen = visible(er, log)
-    tb, rb = _batches_with_index(et), _batches_with_index(er)
+    tb, rb = _batches_with_index(et, ctx), _batches_with_index(er, ctx)
     d = ReplayDiff(*names)
     d.not_compared = NOT_COMPARED + NOT_IN_A_TRACE + (() if log else NO_LOG)
     n = min(len(tb), len(rb))
@@ -190,10 +197,20 @@ def diff_replay(trace: tuple, replay: tuple, facts: ModelFacts, names: tuple[str
     return d
 
 
-def _batches_with_index(events: list[E.Event]) -> list[tuple[int, E.DecodeBatch]]:
+def own_steps(events: list[E.Event], ctx: int | None) -> list[E.Event]:
+    """The trace's events less those of the steps other contexts' batches computed (every DecodeBatch kept:
+    batches are numbered over all of them)."""
+    if ctx is None:
+        return events
+    every = [e for e in events if isinstance(e, E.DecodeBatch)]
+    other = {s for s, b in steps_by_batch(events).items() if every[b].ctx != ctx}
+    return [e for e in events if isinstance(e, E.DecodeBatch) or e.step not in other]
+
+
+def _batches_with_index(events: list[E.Event], ctx: int | None = None) -> list[tuple[int, E.DecodeBatch]]:
     """(index among the record's batches, batch) of each replayed one."""
     every = [e for e in events if isinstance(e, E.DecodeBatch)]
-    keep = {id(b) for b in replayed_batches(events)}
+    keep = {id(b) for b in replayed_batches(events, ctx)}
     return [(i, b) for i, b in enumerate(every) if id(b) in keep]
 
 
