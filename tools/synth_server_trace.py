@@ -2,12 +2,13 @@
 
     PYTHONPATH=. python tools/synth_server_trace.py tiny.gguf tests/data/trace/server-np4.raw.jsonl
 
-The batches are drawn (seed 48) as llama-server 0c1e57098 makes them with 4 slots (-np 4 -kvu, n_batch 2048,
-n_ubatch 512): its warmup decode (positions, sequences and logits left NULL), then requests arriving at
-drawn times into free slots, each iteration one sampled token per generating slot (an output) and then
-prompt tokens of slots still processing theirs, up to n_batch, the prompt's last token an output; a slot
-whose request ends is idle until the next request takes it (its sequence then placed again from position 0:
-the server's seq_rm); one pause of 12 s (ggml's idle sweep evicts). The graph calls are graphdiag's
+The requests are drawn (seed 48) and served as llama-server 0c1e57098 serves them with 4 slots (-np 4 -kvu,
+n_batch 2048, n_ubatch 512; graphdiag/trace/server_sim.serve): its warmup decode first (positions,
+sequences and logits left NULL), then requests arriving at drawn times into free slots, each iteration one
+sampled token per generating slot (an output) and then prompt tokens of slots still processing theirs, up to
+n_batch, the prompt's last token an output; a slot whose request ends is idle until the next request takes
+it (its sequence then placed again from position 0: the server's seq_rm); one pause of 12 s (ggml's idle
+sweep evicts). The graph calls are graphdiag's
 decisions for those batches on the given GGUF (its replay, simulated driver), written as llama.cpp's
 CUDA backend makes them (ggml-cuda.cu: uid and warmup log lines, BeginCapture … EndCapture, Instantiate for
 a new entry, ExecUpdate on every capture, a refusal's ExecDestroy and new Instantiate, Launch, and the idle
@@ -27,67 +28,39 @@ from pathlib import Path
 from graphdiag import events as E
 from graphdiag.backends.drivers.base import UpdateResult
 from graphdiag.report.analysis.known import embedding_captures
+from graphdiag.trace.server_sim import Request, serve
 
 CMD = ["llama-server", "-m", "tiny.gguf", "-np", "4", "-kvu", "-ngl", "99", "-v"]
-PID, TID, STREAM, SLOTS, N_BATCH = 4100, 4101, 13, 4, 2048
+PID, TID, STREAM, SLOTS, N_BATCH, CTX = 4100, 4101, 13, 4, 2048, 0x5A5A000
 LOG = "ggml_backend_cuda_graph_compute: "
 
 
-def requests(rng: random.Random) -> list[tuple[float, int, int]]:
-    """(arrival s, prompt tokens, tokens to generate), by arrival; one long prompt (two ubatches)."""
+def drawn_requests(rng: random.Random, vocab: int) -> list[Request]:
+    """The requests by arrival (ns from 0); one long prompt (two ubatches), one 12 s pause before the 8th."""
     out, t = [], 0.05
     for i in range(11):
-        t += rng.choice((0.0, 0.002, 0.004, 0.008, 0.03))
+        t += rng.choice((0.0, 0.001, 0.002, 0.004, 0.02))
         if i == 7:
             t += 12.0                                  # a pause: the idle sweep evicts
         prompt = 700 if i == 3 else rng.randint(4, 90)
-        out.append((t, prompt, rng.randint(8, 40)))
+        n_gen = rng.randint(10, 50)
+        out.append(Request(int(t * 1e9), tuple(rng.randint(3, vocab - 1) for _ in range(prompt)),
+                           tuple(rng.randint(3, vocab - 1) for _ in range(n_gen))))
     return out
 
 
 def batches(rng: random.Random, vocab: int) -> list[dict]:
-    """The batch lines (t0/t1 in ns) of the whole run, starting with llama-server's warmup decode."""
-    lines, t = [], 1_000_000_000
-
-    def decode(toks, pos, seq, out):
-        nonlocal t
-        dur = 400_000 + 2_000 * len(toks)
-        lines.append({"ev": "batch", "pid": PID, "tid": TID, "ctx": 0x5A5A000, "t0_ns": t, "t1_ns": t + dur, "ret": 0,
-                      "n_tokens": len(toks), "tokens": toks, "pos": pos, "seq": seq, "out": out})
-        t += dur + 60_000
-
-    decode([1, 2], None, None, None)                   # common_init's warmup: bos, eos; arrays left NULL
-    waiting = requests(rng)
-    t0 = t
-    slots: list[dict | None] = [None] * SLOTS
-    while waiting or any(slots):
-        now = (t - t0) / 1e9
-        for i in range(SLOTS):
-            if slots[i] is None and waiting and int(waiting[0][0] * 1e9) < t - t0 + 1:
-                _, n_prompt, n_gen = waiting.pop(0)
-                slots[i] = {"prompt": [rng.randint(3, vocab - 1) for _ in range(n_prompt)], "done": 0, "pos": 0,
-                            "gen": n_gen}
-        if not any(slots):
-            t = max(t, t0 + int(waiting[0][0] * 1e9) + 1)  # idle until the next request
-            continue
-        toks, pos, seq, out = [], [], [], []
-        for i, s in enumerate(slots):                  # sampled tokens first, as update_slots adds them
-            if s is not None and s["done"] == len(s["prompt"]):
-                toks.append(rng.randint(3, vocab - 1)), pos.append(s["pos"]), seq.append([i]), out.append(len(toks) - 1)
-                s["pos"] += 1
-                s["gen"] -= 1
-        for i, s in enumerate(slots):
-            while s is not None and s["done"] < len(s["prompt"]) and len(toks) < N_BATCH:
-                toks.append(s["prompt"][s["done"]]), pos.append(s["pos"]), seq.append([i])
-                s["done"] += 1
-                s["pos"] += 1
-                if s["done"] == len(s["prompt"]):
-                    out.append(len(toks) - 1)
-        decode(toks, pos, seq, out)
-        for i, s in enumerate(slots):
-            if s is not None and s["gen"] <= 0:
-                slots[i] = None
-    return lines
+    """The batch lines (t0/t1 in ns) of the whole run, starting with llama-server's warmup decode, the
+    requests then served by server_sim.serve (llama-server's loop) with 4 slots."""
+    t0 = 1_000_000_000
+    warm = E.DecodeBatch(step=-1, t_ns=t0, ctx=CTX, n_tokens=2, tokens=(1, 2), duration_ns=404_000)
+    reqs = [Request(r.t_ns + t0 + 500_000, r.prompt, r.generated) for r in drawn_requests(rng, vocab)]
+    served = [warm] + serve(reqs, SLOTS, (400_000, 2_000), CTX, N_BATCH)
+    return [{"ev": "batch", "pid": PID, "tid": TID, "ctx": b.ctx, "t0_ns": b.t_ns, "t1_ns": b.t_ns + b.duration_ns,
+             "ret": 0, "n_tokens": b.n_tokens, "tokens": list(b.tokens),
+             "pos": None if b.positions is None else list(b.positions),
+             "seq": None if b.seqs is None else [list(q) for q in b.seqs],
+             "out": None if b.outputs is None else list(b.outputs)} for b in served]
 
 
 class Writer:

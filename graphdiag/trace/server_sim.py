@@ -98,10 +98,17 @@ def decode_time(batches: list[E.DecodeBatch]) -> tuple[float, float]:
 def reschedule(batches: list[E.DecodeBatch], slots: int, n_batch: int = N_BATCH) -> list[E.DecodeBatch]:
     """The trace's requests served by `slots` slots, as llama_decode batches (see the module docstring)."""
     warm, waiting = requests(batches)
-    a, per_token = decode_time(batches)
-    ctx = batches[0].ctx
-    t = (waiting[0].t_ns if waiting else batches[-1].t_ns)
-    out = list(warm)
+    return warm + serve(waiting, slots, decode_time(batches), batches[0].ctx, n_batch)
+
+
+def serve(waiting: list[Request], slots: int, timing: tuple[float, float], ctx: int = 0,
+          n_batch: int = N_BATCH, t_ns: int | None = None) -> list[E.DecodeBatch]:
+    """llama-server's loop over `slots` slots for the requests (by arrival), as its llama_decode batches;
+    `timing`: (a ns, b ns per token) of a batch; the clock starts at `t_ns` (default: the first arrival)."""
+    waiting = list(waiting)
+    a, per_token = timing
+    t = t_ns if t_ns is not None else waiting[0].t_ns if waiting else 0
+    out: list[E.DecodeBatch] = []
     busy: list[dict | None] = [None] * slots
     while waiting or any(busy):
         for i in range(slots):
