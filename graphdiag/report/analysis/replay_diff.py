@@ -14,9 +14,8 @@ transition and eager compute. A trace's executable destroyed by the idle sweep i
 after the compute before it: it is moved to the compute that looked the cache up; the destroys of the
 process's exit are no decision.
 
-For every recapture and refused update in the trace, the report names what graphdiag's ledger says changed:
-the first differing node and field between the entry's previous capture and this one (node_diff.py), with
-how many fields of how many nodes differ.
+For every recapture and refused update in the trace, the report names what graphdiag's ledger says changed
+(recaptures.py).
 """
 
 from __future__ import annotations
@@ -28,22 +27,12 @@ from typing import Any
 
 from ... import events as E
 from .known import KNOWN, Excuser, ModelFacts, Pair
-from .node_diff import compare_rows
 from .observed_diff import NOT_COMPARED, Decision, observed_decisions
+from .recaptures import Recapture, recaptures
 
 NOT_IN_A_TRACE = ("eager computes llama.cpp logs nothing for (first call, warming up)",)
 NO_LOG = ("uid hits, warmup transitions and eager computes (the trace has no ggml log lines: run the traced "
           "program with -v)",)
-
-
-@dataclass
-class Recapture:
-    """A recapture or refused update the trace shows in batch `batch` (its index among the trace's batches),
-    and what graphdiag's ledger says changed for each recapture graphdiag made in that batch."""
-
-    batch: int
-    trace: str
-    graphdiag: list[str] = field(default_factory=list)
 
 
 @dataclass
@@ -193,7 +182,7 @@ def diff_replay(trace: tuple, replay: tuple, facts: ModelFacts, names: tuple[str
             break
     met = {x["name"] for x in d.excused}
     d.known = {k.name: {"claim": k.claim, "evidence": k.evidence} for k in KNOWN if k.name in met}
-    d.recaptures = recaptures(et, er, t_keep, r_keep, [b for b, _ in tb])
+    d.recaptures = recaptures(et, er, steps_by_batch(et), steps_by_batch(er), t_keep, r_keep, [b for b, _ in tb])
     return d
 
 
@@ -232,84 +221,3 @@ def _excuser(facts: ModelFacts, events: list[E.Event], batch_of: dict[int, int],
         p = Pair(j, i, x, y, a, b, ex.tokens, ex.embedding)
         return next((k.name for k in KNOWN if k.holds(p, facts)), None)
     return excuse
-
-
-def recaptures(trace_events: list[E.Event], our_events: list[E.Event], t_keep: dict[int, int],
-               r_keep: dict[int, int], trace_index: list[int]) -> list[Recapture]:
-    """Each recapture / refused update of the trace (by batch), with graphdiag's recaptures of that batch
-    and the ledger's change behind each."""
-    ours = _our_changes(our_events, steps_by_batch(our_events), r_keep)
-    out: list[Recapture] = []
-    for j, text in _trace_recaptures(trace_events, steps_by_batch(trace_events), t_keep):
-        if out and out[-1].batch == trace_index[j] and out[-1].trace.split(":")[0] == text.split(":")[0]:
-            out[-1].trace += "; " + text.split(": ", 1)[1]         # a capture and its refusal: one step
-            continue
-        out.append(Recapture(trace_index[j], text, ours.get(j, []) or ["graphdiag made no recapture in this batch"]))
-    return out
-
-
-def _trace_recaptures(events: list[E.Event], batch_of: dict[int, int], keep: dict[int, int]):
-    """(compared batch, what the trace shows) for each capture of an entry captured before, and each
-    refused update."""
-    seen: set[tuple[int, int]] = set()
-    refused: dict[int, E.UpdateRefused] = {}
-    for ev in events:
-        j = keep.get(batch_of.get(ev.step, -1))
-        if isinstance(ev, E.UpdateRefused):
-            refused[ev.step] = ev
-        elif isinstance(ev, E.ChunkCaptured):
-            again = (ev.device, ev.key) in seen
-            seen.add((ev.device, ev.key))
-            if again and j is not None:
-                yield j, f"step {ev.step}: entry {ev.key} captured again ({ev.n_graph_nodes} graph nodes)"
-        elif isinstance(ev, E.ChunkInstantiated) and ev.after_refusal and j is not None:
-            r = refused.pop(ev.step, None)
-            why = f"{r.reason}: {r.error_node}" if r is not None and r.error_node else r.reason if r else "?"
-            yield j, f"step {ev.step}: its update refused ({why}), instantiated again"
-
-
-def _our_changes(events: list[E.Event], batch_of: dict[int, int], keep: dict[int, int]) -> dict[int, list[str]]:
-    """Per compared batch, one line per graphdiag recapture: the key's previous capture against this one."""
-    rows: dict[tuple[int, int], tuple] = {}
-    reset: dict[tuple[int, int], E.PropertyDiff] = {}     # the change behind the key's last warmup reset
-    refused: set[tuple[int, int]] = set()
-    found: list[tuple[int, E.LedgerCaptured, tuple, E.PropertyDiff | None]] = []
-    for ev in events:
-        k = (ev.device, ev.key)
-        if isinstance(ev, E.UpdateRefused):
-            refused.add((ev.step, ev.key))
-        elif isinstance(ev, E.Evicted):          # a new entry from now on: its next capture is a first one
-            rows.pop(k, None)
-            reset.pop(k, None)
-        elif isinstance(ev, E.PropertyDiff):
-            reset[k] = ev
-        elif isinstance(ev, E.LedgerCaptured) and ev.key:
-            prev, rows[k] = rows.get(k), ev.nodes
-            j = keep.get(batch_of.get(ev.step, -1))
-            if prev is not None and j is not None:
-                found.append((j, ev, prev, reset.get(k)))
-    out: dict[int, list[str]] = {}
-    for j, ev, prev, pd in found:
-        line = change_line(compare_rows(prev, ev.nodes))
-        if line == SAME and pd is not None:
-            line += (f"; its warmup was reset at step {pd.step} by node {pd.node} {pd.node_name}: {pd.field} "
-                     f"{pd.old} → {pd.new}, and changed back")
-        out.setdefault(j, []).append(f"step {ev.step}: key {ev.key:#x} captured again"
-                                     f"{' (update refused)' if (ev.step, ev.key) in refused else ''}: {line}")
-    return out
-
-
-SAME = "no node changed since its previous capture"
-
-
-def change_line(changes: list) -> str:
-    """The ledger's first change between two captures, and how much more changed."""
-    if not changes:
-        return SAME
-    c = changes[0]
-    what = (f"node {c.node} {c.name}: {c.field} {c.control} → {c.test}" if c.change == "changed"
-            else f"node {c.node} {c.name} {c.change}")
-    nodes = len({x.node for x in changes})
-    more = f" (+{len(changes) - 1} more field{'s' if len(changes) != 2 else ''} over {nodes} node" \
-           f"{'s' if nodes != 1 else ''})" if len(changes) > 1 else ""
-    return what + more

@@ -1,12 +1,13 @@
 """Speculative decoding's warmup cycle (pure analysis over two replay records: the target's and the draft's).
 
 llama-server with a draft model (--model-draft) decodes each step in two contexts: the draft's batches (one
-token at a time, or its draft's prompt), then one target batch verifying them (the sampled token and the
+token at a time, after its own prompt), then one target batch verifying them (the sampled token and the
 drafted ones, every row an output). Each context has its own CUDA-graph cache, and the verify batch is as
-wide as the draft that got accepted so far: when its width changes, the target's graph properties change and
-ggml's warmup is reset (an eager compute, then a capture). A draft step is here a run of draft batches decoding one row per sequence and
-the target batch after it when every row of that batch is an output (it verifies them); for each, the phases each side's computes took (graphdiag's decisions for the
-trace's batches), counted over the run.
+wide as the draft that got accepted so far: when its width changes, the target's graph properties change
+and ggml's warmup is reset (an eager compute, then a capture). A draft step is here a run of draft batches
+decoding one row per sequence and the target batch after it, when every row of that batch is an output (it
+verifies them); for each, the phases each side's computes took (graphdiag's decisions for the trace's
+batches), counted over the run.
 """
 
 from __future__ import annotations
