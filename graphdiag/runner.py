@@ -246,13 +246,14 @@ def make_header(cfg: RunConfig, s: Session, scenario: str | None) -> dict:
 
 
 def run(cfg: RunConfig, scenario=None, sinks=(), span_sinks=(), on_header=None, device_sinks=(),
-        cupti: bool = False, warn=None, essential=(), plan=None) -> RunResult:
+        cupti: bool = False, warn=None, essential=(), plan=None, n_seq_max: int | None = None) -> RunResult:
     """Run the plan; every event reaches `sinks` live. Returns the header, the events and the counters.
     Each step's device records (modelled on the simulated driver; CUPTI's on CUDA when `cupti`) go to
     `device_sinks`; `warn(line)` hears why there are none where they were asked for, and of a sink that
     failed and was cut off (the others still get every event). The sinks in `essential` (the record) end
     the run when they fail instead. `plan`: the steps to walk (a replayed trace's, trace/replay_plan.py)
-    instead of the ones cfg and the scenario make."""
+    instead of the ones cfg and the scenario make; `n_seq_max`: the context's sequences when more than the
+    plan uses (a replayed server's slots)."""
     if cfg.prompt is not None and cfg.prompt_ids is None:    # a caller that skipped validate_run
         from .config import tokenize_prompt
         tokenize_prompt(cfg, scenario)
@@ -268,7 +269,7 @@ def run(cfg: RunConfig, scenario=None, sinks=(), span_sinks=(), on_header=None, 
         bus.on_sink_error = lambda f: warn(f"{f.sink} failed at step {f.step} ({f.error}): cut off, "
                                            f"every other output still gets every event")
     plan = plan if plan is not None else plan_steps(cfg, scenario)
-    session = Session(cfg, bus, warn=warn, n_seq_max=max_sequences(plan))
+    session = Session(cfg, bus, warn=warn, n_seq_max=max(max_sequences(plan), n_seq_max or 1))
     try:
         session.device_source, session.device_sinks = _open_device(session, cupti, warn), list(device_sinks)
         header = make_header(cfg, session, getattr(scenario, "name", None))

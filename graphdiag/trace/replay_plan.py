@@ -19,6 +19,7 @@ decoding) replay on the draft's file apart from the target's, and are listed as 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from pathlib import Path
 
 from .. import events as E
 from ..errors import UsageError
@@ -33,6 +34,13 @@ class ServerSettings:
     n_batch: int = N_BATCH
     n_parallel: int | None = None   # -np as given (None: not given; llama-server's auto is 4, unified KV)
     kv_unified: bool = False        # --kv-unified / -kvu given
+    server: bool = False            # the traced program is llama-server
+
+    @property
+    def n_seq_max(self) -> int:
+        """The context's sequences (llama.cpp's n_seq_max: the SWA cache is sized by it): -np, else 4 for
+        llama-server (its auto), else 1."""
+        return self.n_parallel if self.n_parallel else 4 if self.server else 1
 
     @property
     def unified(self) -> bool:
@@ -58,7 +66,8 @@ def server_settings(cmd: list[str]) -> ServerSettings:
     n_ubatch = min(vals.get("n_ubatch", N_UBATCH), n_batch)
     np_ = vals.get("n_parallel")
     return ServerSettings(n_ubatch, n_batch, None if np_ is not None and np_ < 0 else np_,
-                          any(a in ("-kvu", "--kv-unified") for a in cmd))
+                          any(a in ("-kvu", "--kv-unified") for a in cmd),
+                          bool(cmd) and Path(cmd[0]).name.startswith("llama-server"))
 
 
 @dataclass

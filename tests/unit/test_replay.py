@@ -78,6 +78,8 @@ def test_server_settings():
     assert server_settings(["llama-server", "-np", "4", "-kvu"]).unified
     assert server_settings(["llama-server"]).unified and server_settings(["llama-server", "-np", "-1"]).unified
     assert server_settings(["x", "-ub", "4096"]).n_ubatch == 2048
+    assert [server_settings(c).n_seq_max for c in (["/opt/llama-server"], ["llama-server", "-np", "2"],
+                                                   ["llama-cli"])] == [4, 2, 1]
 
 
 def test_evictions_stay_in_their_batch():
