@@ -172,6 +172,19 @@ def test_cli_report_record_and_json(tmp_path, tiny, capsys):
                                                                                         for x in lines)
     assert main(["replay", str(DATA / "server-np4.raw.jsonl"), "--model", tiny, "--backend", "sim", "--json"]) == 0
     assert json.loads(capsys.readouterr().out)["equal"] is True
+    assert main(["replay", str(DATA / "server-np4.raw.jsonl"), "--model", tiny, "--backend", "sim",
+                 "--no-known"]) == 1                          # graph-nodes shown as the difference it is
+    assert "capture of E1: 58 graph nodes" in capsys.readouterr().out
+    converted = tmp_path / "trace.jsonl"                      # the trace's record, as `graphdiag trace --events`
+    from graphdiag.trace.command import write_outputs
+    from graphdiag.trace.convert import convert_raw
+    from graphdiag.llama.run import LlamaResult
+    write_outputs(LlamaResult(DATA / "server-np4.raw.jsonl", *convert_raw(DATA / "server-np4.raw.jsonl")),
+                  converted, None)
+    assert main(["replay", str(converted), "--model", tiny, "--backend", "sim"]) == 0
+    capsys.readouterr()
+    assert main(["replay", str(rec), "--model", tiny, "--backend", "sim"]) == 2     # a replay is not a trace
+    assert "is not a trace" in capsys.readouterr().err
 
 
 def test_bad_input_is_one_line_exit_2(tmp_path, tiny, capsys):
