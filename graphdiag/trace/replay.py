@@ -34,6 +34,8 @@ class Replay:
         """What the reader must know about this replay: batches not replayed, cells removed by inference, a
         KV cache graphdiag does not model, a synthetic trace."""
         out = [f"{n} batch{'es' * (n != 1)} {why}" for why, n in self.plan.skipped.items()]
+        if any("another llama_context" in why for why in self.plan.skipped):
+            out[-1] += " (--model-draft FILE replays a draft model's)"
         if self.plan.inferred_removals:
             out.append(f"{self.plan.inferred_removals} KV-cell removals inferred (a sequence placed again at "
                        f"positions it held: the caller's seq_rm, not in a trace)")
@@ -84,15 +86,23 @@ def load_trace(path: str | Path) -> tuple[RunHeader, list[E.Event]]:
     return header, events
 
 
-def run_replay(trace_path: str | Path, model: str, backend: str = "auto", warn=None) -> Replay:
-    """Run the trace's batches through graphdiag on `model` (a GGUF file). UsageError, one line, where the
-    trace has no batches or its token ids are not the model's."""
+def run_replay(trace_path: str | Path, model: str, backend: str = "auto", warn=None, draft: bool = False,
+               loaded: tuple | None = None) -> Replay:
+    """Run the trace's batches through graphdiag on `model` (a GGUF file): the target's (the first
+    llama_context's), or with `draft` the second context's (a draft model's, llama-server --model-draft).
+    `loaded`: the trace's (header, events) when already read. UsageError, one line, where the trace has no
+    batches (or no second context) or its token ids are not the model's."""
     from ..llama.expressible import check_gguf
+    from .replay_plan import contexts
     check_gguf(model)
-    header, events = load_trace(trace_path)
+    header, events = loaded or load_trace(trace_path)
     batches = trace_batches(events, header.trace.get("not_observable", ()))
     settings = server_settings(list(header.trace.get("cmd") or []))
-    ours, plan = replay_batches(batches, model, backend, settings, warn)
+    ctxs = contexts([b for b in batches if b.ret == 0]) or [batches[0].ctx]
+    if draft and len(ctxs) < 2:
+        raise UsageError(f"{trace_path}: its batches went to one llama_context: no draft model's batches to "
+                         f"replay (trace llama-server run with --model-draft)")
+    ours, plan = replay_batches(batches, model, backend, settings, warn, ctx=ctxs[1] if draft else ctxs[0])
     ours[0].replay = {"trace": str(trace_path), "model": str(model), "batches": len(plan.batches),
                       "ubatches": len(plan.steps), "skipped": plan.skipped,
                       "inferred_removals": plan.inferred_removals, "n_ubatch": settings.n_ubatch,

@@ -201,3 +201,25 @@ def test_bad_input_is_one_line_exit_2(tmp_path, tiny, capsys):
     assert "token id 70000 is not in tiny.gguf's vocabulary (n_vocab 4096)" in err and "\n" not in err
     assert main(["replay", str(bad), "--model", str(tmp_path / "none.gguf")]) == 2
     assert "no such file" in capsys.readouterr().err
+
+
+def test_draft_context_replays_on_its_own_file(tiny, tmp_path, capsys):
+    """A trace with a draft model's context: the target's batches compared as usual, the draft's only with
+    --model-draft (its own replay, compared with the trace's steps of the draft's batches)."""
+    head = {"raw": "graphdiag-trace", "version": 1, "cmd": ["llama-server", "-m", "t.gguf", "-md", "d.gguf"]}
+    lines = []
+    for i, ctx in enumerate([0xA, 0xB] * 4):
+        lines.append({"ev": "batch", "pid": 1, "tid": 1, "ctx": ctx, "t0_ns": 1000 * (i + 1), "t1_ns": 1000 * i + 1500,
+                      "ret": 0, "n_tokens": 1, "tokens": [5], "pos": [i // 2], "seq": [[0]], "out": [0]})
+    p = tmp_path / "spec.raw.jsonl"
+    p.write_text("".join(json.dumps(x) + "\n" for x in [head, *lines]))
+    # no graph calls in this trace: graphdiag's captures are differences, on each side apart
+    assert main(["replay", str(p), "--model", tiny, "--backend", "sim", "--json"]) == 1
+    d = json.loads(capsys.readouterr().out)
+    assert any("--model-draft FILE replays a draft model's" in n for n in d["notes"])
+    assert d["first"]["batch"] % 2 == 0 and d["first"]["trace"] is None      # a target batch (0, 2, 4, 6)
+    assert main(["replay", str(p), "--model", tiny, "--model-draft", tiny, "--backend", "sim", "--json"]) == 1
+    both = json.loads(capsys.readouterr().out)
+    assert both["target"]["first"] == d["first"] and both["draft"]["first"]["batch"] % 2 == 1
+    assert main(["replay", str(DATA / "server-np4.raw.jsonl"), "--model", tiny, "--model-draft", tiny]) == 2
+    assert "no draft model's batches" in capsys.readouterr().err
