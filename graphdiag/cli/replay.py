@@ -26,9 +26,11 @@ from ..errors import GraphdiagError
 @click.option("--json", "as_json", is_flag=True, help="Print the comparison as JSON.")
 @click.option("--no-known", "no_known", is_flag=True, help="Show graphdiag's known differences from llama.cpp "
               "as differences.")
+@click.option("--ignore-log", "ignore_log", is_flag=True, help="Leave out what the trace knows from ggml's log "
+              "lines (uid hits, warmup, logged eager computes): for a program whose stderr came late.")
 @click.pass_context
 def replay(ctx: click.Context, trace: Path, model: str, draft: str | None, backend: str, events_path: Path | None,
-           as_json: bool, no_known: bool) -> None:
+           as_json: bool, no_known: bool, ignore_log: bool) -> None:
     """Feed TRACE's recorded llama_decode batches (tokens, positions, sequences, outputs, the idle time
     between them; a raw stream from `graphdiag trace --raw` or its record) to graphdiag's runtime on
     --model, then compare graphdiag's decisions with the trace's batch by batch, as `graphdiag diff` does
@@ -37,7 +39,7 @@ def replay(ctx: click.Context, trace: Path, model: str, draft: str | None, backe
     recapture and refused update of the trace, the node and field graphdiag's ledger says changed.
     Exit 0 when the decisions are the same, 1 when not, 2 on error."""
     try:
-        equal = _replay(trace, model, backend, events_path, as_json, not no_known, draft)
+        equal = _replay(trace, model, backend, events_path, as_json, not no_known, draft, not ignore_log)
     except GraphdiagError as e:
         click.echo(f"graphdiag replay: error: {e}", err=True)
         ctx.exit(2)
@@ -45,13 +47,14 @@ def replay(ctx: click.Context, trace: Path, model: str, draft: str | None, backe
 
 
 def _replay(trace: Path, model: str, backend: str, events_path: Path | None, as_json: bool, known: bool,
-            draft: str | None = None) -> bool:
+            draft: str | None = None, use_log: bool = True) -> bool:
     from ..report.views.replay_diff import render_replay_diff
     from ..trace.replay import load_trace
 
     loaded = load_trace(trace)
     runs = [("", model, False)] + ([("draft context", draft, True)] if draft else [])
-    done = [(title, *_one(trace, m, backend, known, d, loaded, None if d else events_path)) for title, m, d in runs]
+    done = [(title, *_one(trace, m, backend, known, d, loaded, None if d else events_path, use_log))
+            for title, m, d in runs]
     if as_json:
         both = {"target": done[0][1].to_dict(), "draft": done[1][1].to_dict()} if draft else done[0][1].to_dict()
         click.echo(json.dumps(both, indent=2))
@@ -63,7 +66,7 @@ def _replay(trace: Path, model: str, backend: str, events_path: Path | None, as_
     return all(d.equal for _, d, _ in done)
 
 
-def _one(trace: Path, model: str, backend: str, known: bool, draft: bool, loaded, events_path):
+def _one(trace: Path, model: str, backend: str, known: bool, draft: bool, loaded, events_path, use_log: bool):
     """(ReplayDiff, header lines) of one context's replay against the trace."""
     from ..report.analysis.known import model_facts
     from ..report.analysis.replay_diff import diff_replay
@@ -73,6 +76,6 @@ def _one(trace: Path, model: str, backend: str, known: bool, draft: bool, loaded
     r = run_replay(trace, model, backend, warn=warn, draft=draft, loaded=loaded)
     if events_path is not None:
         write_record(r, events_path)
-    d = diff_replay(r.trace, r.ours, model_facts(model), (str(trace), f"graphdiag on {model}"), known)
+    d = diff_replay(r.trace, r.ours, model_facts(model), (str(trace), f"graphdiag on {model}"), known, use_log)
     d.notes += r.notes()
     return d, r.header_lines()

@@ -183,6 +183,12 @@ def test_cli_report_record_and_json(tmp_path, tiny, capsys):
                   converted, None)
     assert main(["replay", str(converted), "--model", tiny, "--backend", "sim"]) == 0
     capsys.readouterr()
+    assert main(["replay", str(DATA / "server-np4.raw.jsonl"), "--model", tiny, "--backend", "sim", "--json"]) == 0
+    with_log = json.loads(capsys.readouterr().out)["decisions_compared"]
+    assert main(["replay", str(DATA / "server-np4.raw.jsonl"), "--model", tiny, "--backend", "sim", "--json",
+                 "--ignore-log"]) == 0
+    no_log = json.loads(capsys.readouterr().out)
+    assert no_log["decisions_compared"] < with_log and any("--ignore-log" in x for x in no_log["not_compared"])
     assert main(["replay", str(rec), "--model", tiny, "--backend", "sim"]) == 2     # a replay is not a trace
     assert "is not a trace" in capsys.readouterr().err
 

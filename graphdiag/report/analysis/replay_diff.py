@@ -31,6 +31,7 @@ from .observed_diff import NOT_COMPARED, Decision, observed_decisions
 from .recaptures import Recapture, recaptures
 
 NOT_IN_A_TRACE = ("eager computes llama.cpp logs nothing for (first call, warming up)",)
+LOG_LEFT_OUT = ("uid hits, warmup transitions and eager computes (ggml's log lines left out: --ignore-log)",)
 NO_LOG = ("uid hits, warmup transitions and eager computes (the trace has no ggml log lines: run the traced "
           "program with -v)",)
 
@@ -143,19 +144,23 @@ def _by_batch(decisions: dict[int, list[Decision]], batch_of: dict[int, int], ke
 
 
 def diff_replay(trace: tuple, replay: tuple, facts: ModelFacts, names: tuple[str, str] = ("trace", "replay"),
-                known: bool = True) -> ReplayDiff:
+                known: bool = True, use_log: bool = True) -> ReplayDiff:
     """Compare the trace (header, events) with its replay (header, events), batch by batch: the batches of
     the context the replay ran (a draft model's replay against the draft's batches), the trace's steps of
-    any other context's batches left out."""
+    any other context's batches left out. `use_log` False: the trace's decisions from ggml's log lines (uid
+hits, warmup, logged eager computes) are left out on both sides, for a trace whose log lines were read too
+late to sit at their compute (graphdiag reads them from the program's stderr)."""
     (ht, et), (hr, er) = trace, replay
     ours = replayed_batches(er)
     ctx = ours[0].ctx if ours else None
     et = own_steps(rehome_evictions(et), ctx)
-    log = _has_log(et)
+    log = _has_log(et) and use_log
+    if not use_log:          # where the log lines' places are doubted (read late from the program's stderr)
+        et = visible(et, False)
     er_seen = visible(er, log)
     tb, rb = _batches_with_index(et, ctx), _batches_with_index(er, ctx)
     d = ReplayDiff(*names)
-    d.not_compared = NOT_COMPARED + NOT_IN_A_TRACE + (() if log else NO_LOG)
+    d.not_compared = NOT_COMPARED + NOT_IN_A_TRACE + (() if log else NO_LOG if use_log else LOG_LEFT_OUT)
     n = min(len(tb), len(rb))
     if len(tb) != len(rb):
         d.notes.append(f"the trace has {len(tb)} replayable batches, the replay {len(rb)}: the first {n} compared")
