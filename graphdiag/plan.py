@@ -17,6 +17,11 @@ is a step of its own; only the prompt's last token is an output, so every ubatch
 (n_outputs 0). A timeline prefill that takes several ubatches takes that many step numbers: the items of
 the steps it covers apply to the step after it.
 
+A replayed trace (graphdiag/trace/replay_plan.py) gives its steps as the caller's own ubatches (kind
+"ubatch"): the token ids, positions and sequence ids as llama_decode received them, the rows with logits
+(n_outputs), and the cells the caller must have removed before it (llama-server's seq_rm when a slot takes a
+new request: a sequence placed again at a position it already holds).
+
 The plan is lazy: `plan_steps` returns a sequence whose length is known at once and whose steps are made
 as they are walked, so ten million steps cost nothing before the run starts.
 """
@@ -35,7 +40,7 @@ DRAFT_ARENA_SLOT = 1 << 14  # where a separate arena's graphs start (separate_ar
 
 @dataclass(frozen=True)
 class StepPlan:
-    kind: str            # "prefill" | "decode"
+    kind: str            # "prefill" | "decode" | "ubatch" (a caller's ubatch as given: token_ids, ...)
     n_tokens: int = 1    # prefill: prompt tokens
     seq: int = 0         # prefill: the sequence
     batch: int = 1       # decode: sequences 0..batch-1 each get one token
@@ -45,10 +50,16 @@ class StepPlan:
     n_outputs: int = 1   # prefill: logits rows (1 for a prompt's last ubatch, 0 for the ubatches before it)
     offset: int = 0      # prefill: the ubatch's first token's index in its prompt
     initial: bool = False  # prefill: part of a sequence's prompt (the plan's first steps), not a timeline one
+    token_ids: tuple = ()  # ubatch: the token ids, one per row
+    positions: tuple = ()  # ubatch: each row's position
+    seq_ids: tuple = ()    # ubatch: each row's sequence id
+    removes: tuple = ()    # ubatch: (seq, pos_min) pairs whose cells are removed before it (seq_rm(seq, p0, -1))
 
     @property
     def tokens(self) -> int:
         """Tokens this step puts in the KV cache (one cell each)."""
+        if self.kind == "ubatch":
+            return len(self.token_ids)
         return self.n_tokens if self.kind == "prefill" else self.batch
 
 
@@ -144,7 +155,8 @@ class Plan:
 def max_sequences(plan) -> int:
     """The most sequences any step of the plan holds: llama.cpp's n_seq_max for it (a decode step's batch, a
     prefill's sequence id + 1), which sizes the SWA cache (kv_sizes.swa_cache_size)."""
-    return max([1] + [p.batch if p.kind == "decode" else p.seq + 1 for p in plan])
+    return max([1] + [p.batch if p.kind == "decode" else max(p.seq_ids, default=0) + 1 if p.kind == "ubatch"
+                      else p.seq + 1 for p in plan])
 
 
 def plan_steps(cfg, scenario=None) -> Plan:

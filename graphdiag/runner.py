@@ -246,12 +246,14 @@ def make_header(cfg: RunConfig, s: Session, scenario: str | None) -> dict:
 
 
 def run(cfg: RunConfig, scenario=None, sinks=(), span_sinks=(), on_header=None, device_sinks=(),
-        cupti: bool = False, warn=None, essential=()) -> RunResult:
+        cupti: bool = False, warn=None, essential=(), plan=None, n_seq_max: int | None = None) -> RunResult:
     """Run the plan; every event reaches `sinks` live. Returns the header, the events and the counters.
     Each step's device records (modelled on the simulated driver; CUPTI's on CUDA when `cupti`) go to
     `device_sinks`; `warn(line)` hears why there are none where they were asked for, and of a sink that
     failed and was cut off (the others still get every event). The sinks in `essential` (the record) end
-    the run when they fail instead."""
+    the run when they fail instead. `plan`: the steps to walk (a replayed trace's, trace/replay_plan.py)
+    instead of the ones cfg and the scenario make; `n_seq_max`: the context's sequences when more than the
+    plan uses (a replayed server's slots)."""
     if cfg.prompt is not None and cfg.prompt_ids is None:    # a caller that skipped validate_run
         from .config import tokenize_prompt
         tokenize_prompt(cfg, scenario)
@@ -266,7 +268,8 @@ def run(cfg: RunConfig, scenario=None, sinks=(), span_sinks=(), on_header=None, 
     if warn is not None:
         bus.on_sink_error = lambda f: warn(f"{f.sink} failed at step {f.step} ({f.error}): cut off, "
                                            f"every other output still gets every event")
-    session = Session(cfg, bus, warn=warn, n_seq_max=max_sequences(plan_steps(cfg, scenario)))
+    plan = plan if plan is not None else plan_steps(cfg, scenario)
+    session = Session(cfg, bus, warn=warn, n_seq_max=max(max_sequences(plan), n_seq_max or 1))
     try:
         session.device_source, session.device_sinks = _open_device(session, cupti, warn), list(device_sinks)
         header = make_header(cfg, session, getattr(scenario, "name", None))
@@ -276,7 +279,7 @@ def run(cfg: RunConfig, scenario=None, sinks=(), span_sinks=(), on_header=None, 
             if on_header is not None:
                 on_header(header)
             session.announce()
-        walk_recorded(session, result, plan_steps(cfg, scenario), start)
+        walk_recorded(session, result, plan, start)
     except BaseException:
         with contextlib.suppress(Exception):   # the run's error is the one to report, not a release's echo
             _close_session(session)
@@ -485,6 +488,9 @@ class Stepper:
                         toks = self.rng.integers(1, s.model.cfg.n_vocab, p.n_tokens).tolist()
                     logits = s.ctx.prefill(toks, seq=p.seq, n_outputs=p.n_outputs)
                     batch = {p.seq: toks}
+                elif p.kind == "ubatch":                   # a replayed caller's ubatch, as it gave it
+                    logits = s.ctx.caller_ubatch(p.token_ids, p.positions, p.seq_ids, p.n_outputs, p.removes)
+                    batch = {}                         # its tokens are the caller's: nothing is fed back
                 else:
                     batch = {q: self.next_tok.get(q, 1 + q) for q in range(p.batch)}
                     logits = s.ctx.decode(batch)
@@ -515,7 +521,7 @@ class Stepper:
         if s.cfg.verify and mode == "replay":
             logits = logits.copy()             # in the read buffer, which the recompute's read reuses
             self._verify(step, logits)
-        if s.reference is not None:
+        if s.reference is not None and p.kind != "ubatch":   # the oracle follows graphdiag's own plans only
             self._oracle(step, p, batch, logits)
         s.own_ns += time.monotonic_ns() - checks   # llama.cpp checks nothing: off the eviction clock
 

@@ -50,7 +50,7 @@ def _register() -> None:
     cli.add_command(run)
     for mod, name in (("report", "report"), ("diff", "diff"), ("scenarios", "scenarios"), ("bench", "bench"),
                       ("whatif", "whatif"), ("export", "export_gguf"), ("llama", "llama"),
-                      ("trace", "trace"), ("load", "load")):
+                      ("trace", "trace"), ("load", "load"), ("replay", "replay")):
         try:
             module = __import__(f"graphdiag.cli.{mod}", fromlist=[name])
         except ModuleNotFoundError as e:

@@ -30,7 +30,9 @@ class FaultMissed(Event):
 @dataclass(frozen=True)
 class CellsRemoved(Event):
     """A failed ubatch's KV cells freed, as llama_decode's failure path does (memory->seq_rm(seq, pos_min,
-    -1), logged by llama.cpp as "removing memory module entries for seq_id = S, pos = [P, +inf)")."""
+    -1), logged by llama.cpp as "removing memory module entries for seq_id = S, pos = [P, +inf)"); in a replayed
+    trace also the cells its caller removed before the step (llama-server's seq_rm when a slot takes a new
+    request), inferred from a sequence placed again at positions it held."""
     kind: ClassVar[str] = "cells_removed"
     seq: int = 0
     pos_min: int = 0

@@ -138,6 +138,21 @@ class Context:
         return self.process_ubatch(np.asarray(tokens, np.int32), np.full(n, seq, np.int32), pos,
                                    n if all_logits else n_outputs, PREFILL)
 
+    def caller_ubatch(self, tokens: Sequence[int], pos: Sequence[int], seqs: Sequence[int], n_outputs: int,
+                      removes: Sequence[tuple[int, int]] = ()) -> np.ndarray:
+        """A ubatch as a caller of llama_decode gave it (token ids, positions, sequence ids, how many rows
+        want logits), after removing the cells of each (seq, pos_min) in `removes` as the caller's
+        llama_memory_seq_rm(seq, pos_min, -1) did. A graph type only names templates (llama.cpp has one
+        type): decode when every row is its own sequence's and wants logits, else prefill."""
+        for q, p0 in removes:
+            n = self.kv.seq_rm(int(q), int(p0))
+            self.bus.emit(E.CellsRemoved(step=self.step, t_ns=self.bus.clock(), seq=int(q), pos_min=int(p0),
+                                         n_cells=n))
+        seq_a = np.asarray(seqs, np.int32)
+        one_each = len(set(seq_a.tolist())) == len(seq_a) and n_outputs == len(seq_a)
+        return self.process_ubatch(np.asarray(tokens, np.int32), seq_a, np.asarray(pos, np.int32), n_outputs,
+                                   DECODE if one_each else PREFILL)
+
     def invalidate(self) -> None:
         """Drop the kept graph (as llama.cpp after a scheduler reserve): the next step rebuilds."""
         self.res = None

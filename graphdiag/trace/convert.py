@@ -275,6 +275,8 @@ def _header(raw: dict[str, Any], lines: list[dict[str, Any]], source: str, end: 
     trace = {"cmd": cmd, "raw": source, "pids": pids, "devices": devices, "step": STEP, "decode_batches": batches,
              "exit": (end or {}).get("code"), "not_observable": not_observable,
              "errors": [ln["text"] for ln in lines if ln["ev"] == "error"]}
+    if raw.get("synthetic"):                   # a fixture written by hand or by a tool, not a recording
+        trace["synthetic"] = str(raw["synthetic"])
     return RunHeader(backend="cuda", device=", ".join(f"CUDA device {d}" for d in devices) or "no device seen",
                      simulated=False, model=" ".join(cmd), settings={"cmd": " ".join(cmd)},
                      note="an unmodified process traced through CUDA injection (CUPTI callbacks) and its stderr",

@@ -75,8 +75,8 @@ class GraphRuntime:
         entry, created, evicted = self.cache.lookup(key)
         for old, idle_us in evicted:
             with self.bus.span("evict", "graph/evict", len(old.instances), self.step, split, old.key, old.uid):
-                self.destroy_instances(old, 0)
-            self.emit(E.Evicted, split, old.key, old.uid, idle_ns=idle_us * 1000, n_chunks=len(old.instances))
+                n = self.destroy_instances(old, 0)      # counted before: destroying empties the entry
+            self.emit(E.Evicted, split, old.key, old.uid, idle_ns=idle_us * 1000, n_chunks=n)
         if created:
             self.emit(E.KeyLookup, split, key, graph.uid, new_entry=True, n_nodes=graph.n_nodes)
         return entry

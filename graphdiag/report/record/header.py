@@ -45,6 +45,8 @@ class RunHeader:
     #   (graphdiag/llama/convert.py): llama_cpp version, raw stream, env, perf counters, not_observable
     trace: dict[str, Any] = field(default_factory=dict)   # a record converted from `graphdiag trace -- CMD`
     #   (graphdiag/trace/convert.py): cmd, raw stream, pids, devices, what a step is, not_observable
+    replay: dict[str, Any] = field(default_factory=dict)  # a `graphdiag replay` of a trace's batches
+    #   (graphdiag/trace/replay.py): the trace, model, batches and ubatches replayed, what was not
     graphdiag_version: str = __version__
     schema: str = SCHEMA_NAME
     version: int = E.SCHEMA_VERSION

@@ -1,0 +1,178 @@
+"""A trace's llama_decode batches -> graphdiag's step plan (plan.StepPlan, kind "ubatch"): what `graphdiag
+replay` runs.
+
+Each batch is taken as the traced program gave it: token ids, positions, sequence ids, the rows with logits.
+Where the caller left an array NULL, llama.cpp's own filling is applied (positions: each sequence's next;
+sequences: 0; outputs: the last row). A batch llama_decode refused (ret != 0) decoded nothing and is left
+out. A batch is cut into ubatches as llama.cpp's unified KV cache cuts it (split_simple: n_ubatch rows at a
+time, in order); each ubatch is one step, its n_outputs the rows with logits in it. The time the caller
+spent between two batches (one's t0 minus the end of the one before) is the step's idle time. A sequence
+placed again at a position it already holds had its cells removed first (llama-server's seq_rm when a slot
+takes a new request, or llama_memory_clear after its warmup decode): the replay removes them too, the
+inference named in each step's `removes`.
+
+One llama_context is replayed at a time (the target: the first batch's; or a draft model's, on its own
+model): each context has its own graphs and CUDA-graph cache, so a draft model's batches (speculative
+decoding) replay on the draft's file apart from the target's, and are listed as not replayed in the other.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from .. import events as E
+from ..errors import UsageError
+from ..plan import N_BATCH, N_UBATCH, StepPlan
+
+
+@dataclass(frozen=True)
+class ServerSettings:
+    """What the traced command line says about batching (llama-server's / llama.cpp common's flags)."""
+
+    n_ubatch: int = N_UBATCH
+    n_batch: int = N_BATCH
+    n_parallel: int | None = None   # -np as given (None: not given; llama-server's auto is 4, unified KV)
+    kv_unified: bool = False        # --kv-unified / -kvu given
+    server: bool = False            # the traced program is llama-server
+
+    @property
+    def n_seq_max(self) -> int:
+        """The context's sequences (llama.cpp's n_seq_max: the SWA cache is sized by it): -np, else 4 for
+        llama-server (its auto), else 1."""
+        return self.n_parallel if self.n_parallel else 4 if self.server else 1
+
+    @property
+    def unified(self) -> bool:
+        """One KV cache for every sequence, as graphdiag models it: -kvu, -np not given (the server's auto
+        sets it), or one slot."""
+        return self.kv_unified or self.n_parallel is None or self.n_parallel <= 1
+
+
+def server_settings(cmd: list[str]) -> ServerSettings:
+    """Parse the flags that shape batches from the traced command (unknown flags ignored)."""
+    vals: dict[str, int] = {}
+    names = {"-ub": "n_ubatch", "--ubatch-size": "n_ubatch", "-b": "n_batch", "--batch-size": "n_batch",
+             "-np": "n_parallel", "--parallel": "n_parallel"}
+    for i, a in enumerate(cmd):
+        flag, _, inline = a.partition("=")
+        if flag in names:
+            v = inline or (cmd[i + 1] if i + 1 < len(cmd) else "")
+            try:
+                vals[names[flag]] = int(v)
+            except ValueError:
+                pass
+    n_batch = vals.get("n_batch", N_BATCH)
+    n_ubatch = min(vals.get("n_ubatch", N_UBATCH), n_batch)
+    np_ = vals.get("n_parallel")
+    return ServerSettings(n_ubatch, n_batch, None if np_ is not None and np_ < 0 else np_,
+                          any(a in ("-kvu", "--kv-unified") for a in cmd),
+                          bool(cmd) and Path(cmd[0]).name.startswith("llama-server"))
+
+
+@dataclass
+class ReplayPlan:
+    """The steps to run, and for each replayed batch (in the trace's order) its index among all batches and
+    the range of steps its ubatches take (first, count)."""
+
+    steps: list[StepPlan] = field(default_factory=list)
+    batches: list[E.DecodeBatch] = field(default_factory=list)     # the replayed ones
+    batch_index: list[int] = field(default_factory=list)          # each one's index among the trace's batches
+    step_range: list[tuple[int, int]] = field(default_factory=list)
+    ctx: int = 0
+    skipped: dict[str, int] = field(default_factory=dict)         # why -> batches not replayed
+    inferred_removals: int = 0
+
+
+def trace_batches(events: list[E.Event], not_observable: list[str] | tuple = ()) -> list[E.DecodeBatch]:
+    """The trace's DecodeBatch events; UsageError where it has none."""
+    batches = [e for e in events if isinstance(e, E.DecodeBatch)]
+    if not batches:
+        why = next((x for x in not_observable if "llama_decode" in x), "the traced program made no llama_decode "
+                   "call graphdiag's library saw")
+        raise UsageError(f"no llama_decode batches in this trace: {why}")
+    return batches
+
+
+def contexts(batches: list[E.DecodeBatch]) -> list[int]:
+    """The llama_contexts the batches went to, in order of their first batch: the target's first (llama-server
+    loads and warms it up before a draft model's)."""
+    return list(dict.fromkeys(b.ctx for b in batches))
+
+
+def replay_plan(batches: list[E.DecodeBatch], n_vocab: int, settings: ServerSettings = ServerSettings(),
+                model: str = "the model", ctx: int | None = None) -> ReplayPlan:
+    """The replay's steps: the batches of context `ctx` (None: the first batch's). UsageError on a batch
+    graphdiag cannot replay: embeddings instead of token ids, or a token id outside the model's vocabulary
+    (the trace was recorded with another model)."""
+    rp = ReplayPlan(ctx=batches[0].ctx if ctx is None else ctx)
+    next_pos: dict[int, int] = {}
+    for i, b in enumerate(batches):
+        if b.ctx != rp.ctx:
+            _skip(rp, "of another llama_context (a draft model's or its target's): not replayed on this model")
+            continue
+        if b.ret != 0:
+            _skip(rp, "refused by llama_decode (ret != 0): nothing decoded")
+            continue
+        if b.embd or not b.tokens:
+            raise UsageError(f"batch {i} gives embeddings, not token ids: replay needs the tokens")
+        bad = next((t for t in b.tokens if not 0 <= t < n_vocab), None)
+        if bad is not None:
+            raise UsageError(f"batch {i}: token id {bad} is not in {model}'s vocabulary (n_vocab {n_vocab}): the "
+                             f"trace was recorded with another model")
+        first = len(rp.steps)
+        rp.steps += _ubatches(b, next_pos, _idle_s(rp.batches[-1] if rp.batches else None, b),
+                              settings.n_ubatch, rp)
+        rp.batches.append(b)
+        rp.batch_index.append(i)
+        rp.step_range.append((first, len(rp.steps) - first))
+    return rp
+
+
+def _skip(rp: ReplayPlan, why: str) -> None:
+    rp.skipped[why] = rp.skipped.get(why, 0) + 1
+
+
+def _idle_s(prev: E.DecodeBatch | None, b: E.DecodeBatch) -> float:
+    """Seconds between the end of the context's batch before and this one's start (another context's
+    batches in between included: this context's graphs sat idle meanwhile)."""
+    return 0.0 if prev is None else max(b.t_ns - (prev.t_ns + prev.duration_ns), 0) / 1e9
+
+
+def _rows(b: E.DecodeBatch, next_pos: dict[int, int]) -> tuple[list[int], list[int], list[bool]]:
+    """(positions, sequence ids, wants logits) per row, llama.cpp's defaults where the caller gave none. A
+    row of several sequences (a shared prompt) is placed as its first sequence's."""
+    n = len(b.tokens)
+    seqs = [s[0] if s else 0 for s in b.seqs] if b.seqs is not None else [0] * n
+    if b.positions is not None:
+        pos = list(b.positions)
+    else:
+        base, pos = dict(next_pos), []
+        for q in seqs:
+            pos.append(base.get(q, 0))
+            base[q] = pos[-1] + 1
+    out = [False] * n
+    for r in (b.outputs if b.outputs is not None else (n - 1,)):
+        if 0 <= r < n:
+            out[r] = True
+    return pos, seqs, out
+
+
+def _ubatches(b: E.DecodeBatch, next_pos: dict[int, int], idle_s: float, n_ubatch: int,
+              rp: ReplayPlan) -> list[StepPlan]:
+    pos, seqs, out = _rows(b, next_pos)
+    removes = []
+    for q in sorted(set(seqs)):
+        p0 = min(p for p, s in zip(pos, seqs) if s == q)
+        if p0 < next_pos.get(q, 0):
+            removes.append((q, p0))
+        next_pos[q] = max(p for p, s in zip(pos, seqs) if s == q) + 1
+    rp.inferred_removals += len(removes)
+    steps = []
+    for u0 in range(0, len(seqs), max(n_ubatch, 1)):
+        u1 = min(u0 + n_ubatch, len(seqs))
+        steps.append(StepPlan("ubatch", n_tokens=u1 - u0, n_outputs=sum(out[u0:u1]), offset=u0,
+                              token_ids=tuple(b.tokens[u0:u1]), positions=tuple(pos[u0:u1]),
+                              seq_ids=tuple(seqs[u0:u1]), idle_s=idle_s if u0 == 0 else 0.0,
+                              removes=tuple(removes) if u0 == 0 else ()))
+    return steps

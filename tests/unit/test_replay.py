@@ -1,0 +1,231 @@
+"""graphdiag replay on the CPU: a trace's batches become ubatch steps as llama.cpp cuts them; graphdiag's runtime
+(simulated driver) replays every server-like trace fixture (tests/data/trace/server-*.raw.jsonl) and compares
+equal with it, each recapture and refusal named by graphdiag's ledger; a trace that decided otherwise is
+found at its batch; bad input is one line, exit 2."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from graphdiag import events as E
+from graphdiag.cli.main import main
+from graphdiag.errors import UsageError
+from graphdiag.report.analysis.known import model_facts
+from graphdiag.report.analysis.replay_diff import EVICTION_STEP, diff_replay, rehome_evictions, steps_by_batch
+from graphdiag.trace.replay import run_replay
+from graphdiag.trace.replay_plan import ServerSettings, replay_plan, server_settings, trace_batches
+
+DATA = Path(__file__).resolve().parents[1] / "data" / "trace"
+SERVER = sorted(DATA.glob("server-*.raw.jsonl"))     # the synthetic one, and any recorded later
+
+
+@pytest.fixture(scope="module")
+def tiny(tmp_path_factory) -> str:
+    """The file the fixtures were made with: `graphdiag export-gguf --model tiny` (seed 0)."""
+    p = tmp_path_factory.mktemp("gguf") / "tiny.gguf"
+    assert main(["export-gguf", "--model", "tiny", str(p)]) == 0
+    return str(p)
+
+
+def _batch(tokens, pos=None, seqs=None, out=None, ctx=5, t=0, dur=10, ret=0) -> E.DecodeBatch:
+    return E.DecodeBatch(step=-1, t_ns=t, ctx=ctx, n_tokens=len(tokens), tokens=tuple(tokens), ret=ret,
+                         positions=None if pos is None else tuple(pos),
+                         seqs=None if seqs is None else tuple((q,) for q in seqs),
+                         outputs=None if out is None else tuple(out), duration_ns=dur)
+
+
+# -- the plan ------------------------------------------------------------------------------------------------
+def test_batches_become_ubatch_steps():
+    warm = _batch([1, 2])                                                   # arrays left NULL: llama.cpp's defaults
+    mixed = _batch([7, 8, 9, 10, 11], [2, 0, 1, 2, 3], [0, 1, 1, 1, 1], [0, 4], t=2_000_000_010)
+    again = _batch([5, 6], [0, 1], [1, 1], [1], t=2_000_000_030)           # seq 1 placed again from 0: seq_rm
+    draft = _batch([3], [0], [0], [0], ctx=9, t=2_000_000_050)
+    refused = _batch([4], [3], [0], [0], t=2_000_000_070, ret=1)
+    rp = replay_plan([warm, mixed, again, draft, refused], 4096, ServerSettings(n_ubatch=3))
+    s = rp.steps
+    assert [(p.kind, p.token_ids, p.positions, p.seq_ids, p.n_outputs) for p in s] == [
+        ("ubatch", (1, 2), (0, 1), (0, 0), 1),
+        ("ubatch", (7, 8, 9), (2, 0, 1), (0, 1, 1), 1), ("ubatch", (10, 11), (2, 3), (1, 1), 1),
+        ("ubatch", (5, 6), (0, 1), (1, 1), 1)]
+    assert [p.removes for p in s] == [(), (), (), ((1, 0),)] and rp.inferred_removals == 1
+    assert s[1].idle_s == pytest.approx(2.0) and s[2].idle_s == 0 and s[3].idle_s == pytest.approx(10e-9)
+    assert rp.step_range == [(0, 1), (1, 2), (3, 1)] and rp.batch_index == [0, 1, 2]
+    assert rp.skipped == {"of another llama_context (a draft model's or its target's): not replayed on this model": 1,
+                          "refused by llama_decode (ret != 0): nothing decoded": 1}
+
+
+def test_warmup_positions_then_a_prompt_again_removes_its_cells():
+    rp = replay_plan([_batch([1, 2]), _batch([7, 8, 9], [0, 1, 2], [0, 0, 0], [2])], 4096)
+    assert rp.steps[1].removes == ((0, 0),)          # llama_memory_clear after the warmup, seen as seq_rm
+
+
+def test_bad_batches_are_one_line():
+    with pytest.raises(UsageError, match="batch 1: token id 5000 is not in m.gguf's vocabulary .n_vocab 4096."):
+        replay_plan([_batch([1]), _batch([5000])], 4096, model="m.gguf")
+    embd = E.DecodeBatch(step=-1, n_tokens=1, embd=True)
+    with pytest.raises(UsageError, match="batch 0 gives embeddings"):
+        replay_plan([embd], 4096)
+    with pytest.raises(UsageError, match="^no llama_decode batches in this trace: tokens, positions"):
+        trace_batches([], ["tokens, positions, sequences (no llama_decode seen: ...)"])
+
+
+def test_server_settings():
+    s = server_settings(["llama-server", "-m", "x", "-ub", "64", "--batch-size=256", "-np", "4"])
+    assert (s.n_ubatch, s.n_batch, s.n_parallel, s.unified) == (64, 256, 4, False)
+    assert server_settings(["llama-server", "-np", "4", "-kvu"]).unified
+    assert server_settings(["llama-server"]).unified and server_settings(["llama-server", "-np", "-1"]).unified
+    assert server_settings(["x", "-ub", "4096"]).n_ubatch == 2048
+    assert [server_settings(c).n_seq_max for c in (["/opt/llama-server"], ["llama-server", "-np", "2"],
+                                                   ["llama-cli"])] == [4, 2, 1]
+
+
+def test_evictions_stay_in_their_batch():
+    b0, b1 = _batch([1]), _batch([2])
+    ev = E.Evicted(step=3, key=1)
+    out = rehome_evictions([b0, E.StepStarted(step=3), ev, b1, E.StepStarted(step=4), ev])
+    assert [(type(e).__name__, e.step) for e in out] == [
+        ("DecodeBatch", -1), ("StepStarted", 3), ("StepStarted", EVICTION_STEP), ("Evicted", EVICTION_STEP),
+        ("DecodeBatch", -1), ("StepStarted", 4)]      # the exit's destroy after the last batch: no decision
+    assert steps_by_batch(out) == {3: 0, EVICTION_STEP: 0, 4: 1}
+
+
+# -- the fixtures --------------------------------------------------------------------------------------------
+def test_a_server_fixture_exists():
+    assert SERVER, "tests/data/trace/server-np4.raw.jsonl (tools/synth_server_trace.py) is missing"
+
+
+@pytest.mark.parametrize("fixture", SERVER, ids=lambda p: p.name)
+def test_server_trace_replays_as_recorded(fixture, tiny):
+    r = run_replay(fixture, tiny, "sim")
+    d = diff_replay(r.trace, r.ours, model_facts(tiny))
+    assert d.batches_compared == len(r.plan.batches) > 0
+    assert d.equal, f"{fixture.name}: batch {d.first[0]}: replay {d.first[2]} / trace {d.first[3]}"
+    assert {x["name"] for x in d.excused} <= {"graph-nodes", "cublas-split-k"}
+    for rc in d.recaptures:                         # every recapture / refusal named by graphdiag's ledger
+        assert rc.graphdiag and not rc.graphdiag[0].startswith("graphdiag made no"), rc
+    assert len(r.plan.steps) >= len(r.plan.batches)
+
+
+def test_synthetic_fixture_covers_a_server_run(tiny):
+    r = run_replay(DATA / "server-np4.raw.jsonl", tiny, "sim")
+    assert "SYNTHETIC" in r.trace[0].trace["synthetic"]
+    widths = {len(set(p.seq_ids)) for p in r.plan.steps}
+    assert widths >= {1, 2, 3, 4}                    # slots joining and leaving
+    assert any(p.n_outputs < len(p.token_ids) for p in r.plan.steps)        # prompt chunks beside decodes
+    assert max(n for _, n in r.plan.step_range) == 2                       # a batch past n_ubatch: 2 ubatches
+    assert r.plan.inferred_removals > 0
+    d = diff_replay(r.trace, r.ours, model_facts(tiny))
+    refusals = [x for x in d.recaptures if "refused" in x.trace]
+    assert refusals and all("(update refused): node 0 embd: ne[1]" in x.graphdiag[0] for x in refusals)
+    evicted = [e for e in r.ours[1] if isinstance(e, E.Evicted)]
+    made = {e.key for e in r.ours[1] if isinstance(e, E.ChunkInstantiated)}
+    assert any(e.key in made for e in evicted)
+    assert all(e.n_chunks == (e.key in made) for e in evicted)   # counted before the executables went
+
+
+def _mutated(tmp_path: Path) -> tuple[Path, int]:
+    """The synthetic trace with its first refused update accepted instead: (path, that update's t0)."""
+    lines = [json.loads(x) for x in (DATA / "server-np4.raw.jsonl").read_text().splitlines()]
+    i = next(i for i, x in enumerate(lines) if x.get("fn") == "cudaGraphExecUpdate" and x.get("update_result"))
+    lines[i] |= {"ret": 0, "update_result": 0}
+    old = lines[i]["exec"]
+    j = next(j for j in range(i, len(lines)) if lines[j].get("fn") == "cudaGraphExecDestroy")
+    k = next(k for k in range(j, len(lines)) if lines[k].get("fn") == "cudaGraphInstantiate")
+    new = lines[k]["exec"]
+    del lines[k], lines[j]
+    for x in lines[j:]:
+        if x.get("exec") == new:
+            x["exec"] = old
+    p = tmp_path / "mutated.raw.jsonl"
+    p.write_text("".join(json.dumps(x) + "\n" for x in lines))
+    return p, lines[i]["t0_ns"]
+
+
+def test_a_trace_that_decided_otherwise_is_found_at_its_batch(tmp_path, tiny, capsys):
+    p, t0 = _mutated(tmp_path)
+    r = run_replay(p, tiny, "sim")
+    d = diff_replay(r.trace, r.ours, model_facts(tiny))
+    batch = max(i for i, b in enumerate(r.plan.batches) if b.t_ns <= t0)
+    assert not d.equal and d.first[0] == batch
+    assert d.first[2].line() == "executable of E1: refused (TOPOLOGY_CHANGED), instantiated again"
+    assert d.first[3].line() == "executable of E1: updated"
+    assert main(["replay", str(p), "--model", tiny, "--backend", "sim"]) == 1
+    out = capsys.readouterr().out
+    assert f"first difference: batch {batch}, decision" in out and "trace:  executable of E1: updated" in out
+
+
+# -- the command ---------------------------------------------------------------------------------------------
+def test_cli_report_record_and_json(tmp_path, tiny, capsys):
+    rec = tmp_path / "replay.jsonl"
+    assert main(["replay", str(DATA / "server-np4.raw.jsonl"), "--model", tiny, "--backend", "sim",
+                 "--events", str(rec)]) == 0
+    out = capsys.readouterr().out
+    assert "decisions: the same in every compared batch but for the known differences above" in out
+    assert "recaptures and refused updates in the trace" in out and "note: the trace is SYNTHETIC" in out
+    from graphdiag.report.record.read import read_record
+    h, ev = read_record(rec)
+    lines = (DATA / "server-np4.raw.jsonl").read_text().splitlines()
+    assert h.replay["batches"] == sum(isinstance(e, E.DecodeBatch) for e in ev) == sum('"ev": "batch"' in x
+                                                                                        for x in lines)
+    assert main(["replay", str(DATA / "server-np4.raw.jsonl"), "--model", tiny, "--backend", "sim", "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["equal"] is True
+    assert main(["replay", str(DATA / "server-np4.raw.jsonl"), "--model", tiny, "--backend", "sim",
+                 "--no-known"]) == 1                          # graph-nodes shown as the difference it is
+    assert "capture of E1: 58 graph nodes" in capsys.readouterr().out
+    converted = tmp_path / "trace.jsonl"                      # the trace's record, as `graphdiag trace --events`
+    from graphdiag.trace.command import write_outputs
+    from graphdiag.trace.convert import convert_raw
+    from graphdiag.llama.run import LlamaResult
+    write_outputs(LlamaResult(DATA / "server-np4.raw.jsonl", *convert_raw(DATA / "server-np4.raw.jsonl")),
+                  converted, None)
+    assert main(["replay", str(converted), "--model", tiny, "--backend", "sim"]) == 0
+    capsys.readouterr()
+    assert main(["replay", str(DATA / "server-np4.raw.jsonl"), "--model", tiny, "--backend", "sim", "--json"]) == 0
+    with_log = json.loads(capsys.readouterr().out)["decisions_compared"]
+    assert main(["replay", str(DATA / "server-np4.raw.jsonl"), "--model", tiny, "--backend", "sim", "--json",
+                 "--ignore-log"]) == 0
+    no_log = json.loads(capsys.readouterr().out)
+    assert no_log["decisions_compared"] < with_log and any("--ignore-log" in x for x in no_log["not_compared"])
+    assert main(["replay", str(rec), "--model", tiny, "--backend", "sim"]) == 2     # a replay is not a trace
+    assert "is not a trace" in capsys.readouterr().err
+
+
+def test_bad_input_is_one_line_exit_2(tmp_path, tiny, capsys):
+    assert main(["replay", str(DATA / "llama-batch.raw.jsonl"), "--model", tiny, "--backend", "sim"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("graphdiag replay: error: no llama_decode batches in this trace: tokens, positions")
+    assert "\n" not in err
+    bad = tmp_path / "vocab.raw.jsonl"
+    bad.write_text(json.dumps({"raw": "graphdiag-trace", "version": 1, "cmd": ["x"]}) + "\n" + json.dumps(
+        {"ev": "batch", "pid": 1, "tid": 1, "ctx": 1, "t0_ns": 1, "t1_ns": 2, "ret": 0, "n_tokens": 1,
+         "tokens": [70000], "pos": [0], "seq": [[0]], "out": [0]}) + "\n")
+    assert main(["replay", str(bad), "--model", tiny, "--backend", "sim"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert "token id 70000 is not in tiny.gguf's vocabulary (n_vocab 4096)" in err and "\n" not in err
+    assert main(["replay", str(bad), "--model", str(tmp_path / "none.gguf")]) == 2
+    assert "no such file" in capsys.readouterr().err
+
+
+def test_draft_context_replays_on_its_own_file(tiny, tmp_path, capsys):
+    """A trace with a draft model's context: the target's batches compared as usual, the draft's only with
+    --model-draft (its own replay, compared with the trace's steps of the draft's batches)."""
+    head = {"raw": "graphdiag-trace", "version": 1, "cmd": ["llama-server", "-m", "t.gguf", "-md", "d.gguf"]}
+    lines = []
+    for i, ctx in enumerate([0xA, 0xB] * 4):
+        lines.append({"ev": "batch", "pid": 1, "tid": 1, "ctx": ctx, "t0_ns": 1000 * (i + 1), "t1_ns": 1000 * i + 1500,
+                      "ret": 0, "n_tokens": 1, "tokens": [5], "pos": [i // 2], "seq": [[0]], "out": [0]})
+    p = tmp_path / "spec.raw.jsonl"
+    p.write_text("".join(json.dumps(x) + "\n" for x in [head, *lines]))
+    # no graph calls in this trace: graphdiag's captures are differences, on each side apart
+    assert main(["replay", str(p), "--model", tiny, "--backend", "sim", "--json"]) == 1
+    d = json.loads(capsys.readouterr().out)
+    assert any("--model-draft FILE replays a draft model's" in n for n in d["notes"])
+    assert d["first"]["batch"] % 2 == 0 and d["first"]["trace"] is None      # a target batch (0, 2, 4, 6)
+    assert main(["replay", str(p), "--model", tiny, "--model-draft", tiny, "--backend", "sim", "--json"]) == 1
+    both = json.loads(capsys.readouterr().out)
+    assert both["target"]["first"] == d["first"] and both["draft"]["first"]["batch"] % 2 == 1
+    assert main(["replay", str(DATA / "server-np4.raw.jsonl"), "--model", tiny, "--model-draft", tiny]) == 2
+    assert "no draft model's batches" in capsys.readouterr().err

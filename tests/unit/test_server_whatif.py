@@ -1,0 +1,144 @@
+"""whatif --pad-batches and --slots on a server trace (the CPU, simulated driver): padding makes the decode batches
+of a bucket one shape at the cost of padded tokens; the same requests under N slots make narrower or wider
+batches; each run's captures, refusals and graph memory per 1000 tokens; bad input is one line, exit 2."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from graphdiag import events as E
+from graphdiag.cli.main import main
+from graphdiag.trace.replay_plan import replay_plan
+from graphdiag.trace.server_sim import pad_batches, requests, reschedule
+
+DATA = Path(__file__).resolve().parents[1] / "data" / "trace"
+TRACE = DATA / "server-np4.raw.jsonl"
+
+
+@pytest.fixture(scope="module")
+def tiny(tmp_path_factory) -> str:
+    p = tmp_path_factory.mktemp("gguf") / "tiny.gguf"
+    assert main(["export-gguf", "--model", "tiny", str(p)]) == 0
+    return str(p)
+
+
+def _b(tokens, pos, seqs, out, t=0, dur=100) -> E.DecodeBatch:
+    return E.DecodeBatch(step=-1, t_ns=t, ctx=1, n_tokens=len(tokens), tokens=tuple(tokens), positions=tuple(pos),
+                         seqs=tuple((q,) for q in seqs), outputs=tuple(out), duration_ns=dur)
+
+
+def test_decode_batches_pad_to_their_bucket():
+    dec = _b([5, 6, 7], [9, 4, 2], [0, 1, 2], [0, 1, 2])
+    mixed = _b([5, 6, 7], [10, 0, 1], [0, 3, 3], [0, 2])                 # a prompt beside a decode: as it is
+    wide = _b([1] * 9, list(range(9)), list(range(9)), list(range(9)))  # past the largest bucket: as it is
+    out, n, rows = pad_batches([dec, mixed, wide], [1, 2, 4, 8])
+    assert (n, rows) == (1, 1) and out[1:] == [mixed, wide]
+    p = out[0]
+    assert p.tokens == (5, 6, 7, 0) and p.positions == (9, 4, 2, 0) and p.outputs == (0, 1, 2, 3)
+    assert p.seqs == ((0,), (1,), (2,), (9,))                            # a padding sequence of its own
+    again = replay_plan([p, p], 4096).steps[1]
+    assert (9, 0) in again.removes                                       # its cell taken again, not a new one
+
+
+def test_requests_under_one_slot_are_served_one_at_a_time():
+    bs = [_b([1, 2, 3, 4], [0, 1, 0, 1], [0, 0, 1, 1], [1, 3], t=0),
+          _b([7, 8], [2, 2], [0, 1], [0, 1], t=1000), _b([9], [3], [0], [0], t=2000),
+          _b([5, 6], [0, 1], [1, 1], [1], t=3000)]                      # seq 1 again from 0: a new request
+    _, reqs = requests(bs)
+    assert [(r.prompt, r.generated) for r in reqs] == [((1, 2), (7, 9)), ((3, 4), (8,)), ((5, 6), ())]
+    one = reschedule(bs, 1)
+    assert all(len({s for (s,) in b.seqs}) == 1 for b in one)
+    assert sum(b.n_tokens for b in one) == sum(b.n_tokens for b in bs)
+    assert [b.tokens for b in one][:3] == [(1, 2), (7,), (9,)]
+    two = reschedule(bs, 2)
+    assert two[0].tokens == (1, 2, 3, 4) and two[0].outputs == (1, 3)
+
+
+def test_pad_batches_cli(tiny, capsys):
+    assert main(["whatif", str(TRACE), "--pad-batches", "1,2,4,8", "--model", tiny, "--backend", "sim",
+                 "--json"]) == 0
+    w = json.loads(capsys.readouterr().out)
+    base, pad = w["outcomes"]
+    assert w["padded_batches"] > 0 and pad["padded_tokens"] > 0
+    assert pad["tokens"] == base["tokens"] + pad["padded_tokens"] and base["batches"] == pad["batches"]
+    assert base["captures"] >= 1 and "captures_per_1000_tokens" in pad
+    assert main(["whatif", str(TRACE), "--pad-batches", "1,2,4,8", "--model", tiny, "--backend", "sim"]) == 0
+    out = capsys.readouterr().out
+    assert "padded 1,2,4,8" in out and "padded tokens computed" in out and "saved:" in out
+
+
+def test_slots_cli_on_a_replay_record(tiny, tmp_path, capsys):
+    rec = tmp_path / "r.jsonl"
+    assert main(["replay", str(TRACE), "--model", tiny, "--backend", "sim", "--events", str(rec)]) == 0
+    capsys.readouterr()
+    assert main(["whatif", str(rec), "--slots", "1,2,4,8", "--backend", "sim", "--json"]) == 0   # its model
+    w = json.loads(capsys.readouterr().out)
+    labels = [o["label"] for o in w["outcomes"]]
+    assert labels == ["as recorded", "-np 1", "-np 2", "-np 4", "-np 8"] and w["requests"] == 11
+    assert len({o["tokens"] for o in w["outcomes"]}) == 1                # the same requests, the same tokens
+    batches = [o["batches"] for o in w["outcomes"][1:]]
+    assert batches[0] > batches[1] >= batches[2] >= batches[3]           # more slots, fewer wider batches
+    assert all("refusals_per_1000_tokens" in o and "graph_bytes_per_1000_tokens" in o for o in w["outcomes"])
+
+
+def test_bad_input_is_one_line(tiny, tmp_path, capsys):
+    cases = [
+        (["whatif", str(TRACE), "--slots", "1,2"], "give --model FILE.gguf"),
+        (["whatif", str(TRACE), "--slots", "1", "--key", "first-node"], "give one of --key"),
+        (["whatif", str(TRACE)], "give one of --key"),
+        (["whatif", str(DATA / "llama-batch.raw.jsonl"), "--pad-batches", "1,2", "--model", tiny],
+         "no llama_decode batches in this trace"),
+        (["whatif", str(TRACE), "--pad-batches", "0,2", "--model", tiny], "batch sizes >= 1"),
+    ]
+    for argv, want in cases:
+        assert main(argv) == 2, argv
+        err = capsys.readouterr().err.strip()
+        assert want in err and "\n" not in err, (argv, err)
+
+
+def _speculative(tmp_path: Path) -> tuple[Path, list[int]]:
+    """A llama-server run with a draft model, as its batches: each context's warmup and prompt, then per draft
+    step k one-token draft batches and the target's verify batch of k + 1 rows (the rejected rows removed
+    again: both contexts place the next step from where the accepted tokens end)."""
+    head = {"raw": "graphdiag-trace", "version": 1, "cmd": ["llama-server", "-m", "t.gguf", "-md", "d.gguf"],
+            "synthetic": "hand-made for the test"}
+    lines, t = [], 1000
+
+    def batch(ctx, toks, pos=None, seqs=None, out=None):
+        nonlocal t
+        lines.append({"ev": "batch", "pid": 1, "tid": 1, "ctx": ctx, "t0_ns": t, "t1_ns": t + 500, "ret": 0,
+                      "n_tokens": len(toks), "tokens": toks, "pos": pos, "seq": seqs, "out": out})
+        t += 1000
+    batch(0xA, [1, 2])
+    batch(0xB, [1, 2])
+    prompt = list(range(3, 23))
+    batch(0xA, prompt, list(range(20)), [[0]] * 20, [19])
+    batch(0xB, prompt, list(range(20)), [[0]] * 20, [19])
+    n, sizes = 20, []
+    for k in (3, 3, 2, 3, 3, 1, 3):
+        for j in range(k):
+            batch(0xB, [7], [n + j], [[0]], [0])
+        batch(0xA, [7] * (k + 1), list(range(n, n + k + 1)), [[0]] * (k + 1), list(range(k + 1)))
+        sizes.append(k + 1)
+        n += 1                                   # one token accepted: the next step starts one further
+    p = tmp_path / "spec.raw.jsonl"
+    p.write_text("".join(json.dumps(x) + "\n" for x in [head, *lines]))
+    return p, sizes
+
+
+def test_draft_model_warmup_cycle(tiny, tmp_path, capsys):
+    p, sizes = _speculative(tmp_path)
+    assert main(["whatif", str(p), "--model", tiny, "--model-draft", tiny, "--backend", "sim", "--json"]) == 0
+    c = json.loads(capsys.readouterr().out)
+    assert c["draft_steps"] == len(sizes) and c["verify_sizes"] == {"4": 5, "3": 1, "2": 1}
+    assert c["target"].get("eager (warmup reset)", 0) >= 2      # the verify width changes: warmup resets
+    assert sum(c["target"].values()) == len(sizes)             # one compute per verify batch
+    assert sum(c["draft"].values()) == sum(s - 1 for s in sizes)
+    assert main(["whatif", str(p), "--model", tiny, "--model-draft", tiny, "--backend", "sim"]) == 0
+    out = capsys.readouterr().out
+    assert "draft steps: 7" in out and "target computes per draft step:" in out and "→ target verifies 4" in out
+    assert main(["whatif", str(TRACE), "--model", tiny, "--model-draft", tiny, "--backend", "sim"]) == 2
+    assert "no draft model's batches" in capsys.readouterr().err
