@@ -13,6 +13,9 @@ if _TESTS not in sys.path:
 
 import pytest
 
+# the suite's memory: cycles collected as RSS grows, GRAPHDIAG_TEST_PEAK_MB, GRAPHDIAG_TEST_RSS_LOG
+pytest_plugins = ["support.memory_budget"]
+
 
 @pytest.fixture(scope="session")
 def gemma3_file() -> Path:
@@ -26,29 +29,3 @@ def gemma3_file() -> Path:
         pytest.skip(why)
     return path
 
-
-# --- memory and CPU per test (opt-in) -------------------------------------------------------------------------
-# GRAPHDIAG_TEST_RSS_LOG=path writes one line per test: name, CPU seconds (self + children), current RSS after,
-# and the jumps of ru_maxrss (self, children) during the test. ru_maxrss only grows, so the test where it jumps
-# is the one that set the peak.
-_RSS_LOG = os.environ.get("GRAPHDIAG_TEST_RSS_LOG")
-
-
-def _rss_now_kb() -> int:
-    with open("/proc/self/statm") as f:
-        return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE") // 1024
-
-
-if _RSS_LOG:
-    import resource
-
-    @pytest.hookimpl(hookwrapper=True)
-    def pytest_runtest_protocol(item, nextitem):
-        s0, c0 = resource.getrusage(resource.RUSAGE_SELF), resource.getrusage(resource.RUSAGE_CHILDREN)
-        yield
-        s1, c1 = resource.getrusage(resource.RUSAGE_SELF), resource.getrusage(resource.RUSAGE_CHILDREN)
-        cpu = (s1.ru_utime + s1.ru_stime - s0.ru_utime - s0.ru_stime
-               + c1.ru_utime + c1.ru_stime - c0.ru_utime - c0.ru_stime)
-        with open(_RSS_LOG, "a") as f:
-            f.write(f"{item.nodeid}\t{cpu:.2f}\t{_rss_now_kb()}\t{s1.ru_maxrss}\t{s1.ru_maxrss - s0.ru_maxrss}"
-                    f"\t{c1.ru_maxrss}\t{c1.ru_maxrss - c0.ru_maxrss}\n")
