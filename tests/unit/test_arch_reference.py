@@ -65,8 +65,8 @@ def test_a_tied_oracle_projects_with_the_embedding():
 
 @pytest.mark.parametrize("q8_1", [False, True])
 def test_a_weight_past_wide_max_is_kept_float32_and_gives_the_same_logits(monkeypatch, q8_1):
-    """The oracle keeps a weight of more than WIDE_MAX elements as float32 (Gemma 3 270M's tied embedding:
-    0.67 GB instead of 1.3 GB) and widens it a block of rows at a time: the same float64 products."""
+    """The oracle keeps a weight of more than WIDE_MAX elements as float32 (Gemma 3 270M's weights: 1.1 GB
+    instead of 2.2 GB) and widens it a block of rows at a time: the same float64 products."""
     import graphdiag.model.reference_base as rb
     from graphdiag.ir.dtypes import GGMLType
     model = create_model(arch_config("qwen2", tied=True), GGMLType.Q8_0, seed=4)
