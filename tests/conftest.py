@@ -13,6 +13,9 @@ if _TESTS not in sys.path:
 
 import pytest
 
+# the suite's memory: cycles collected as RSS grows, GRAPHDIAG_TEST_PEAK_MB, GRAPHDIAG_TEST_RSS_LOG
+pytest_plugins = ["support.memory_budget"]
+
 
 @pytest.fixture(scope="session")
 def gemma3_file() -> Path:
@@ -25,3 +28,4 @@ def gemma3_file() -> Path:
     if path is None:
         pytest.skip(why)
     return path
+

@@ -35,6 +35,10 @@ F32 = np.float32
 
 # Q8_1 (abi.Q8_1): the activations the Q8_0 kernels read, written by quantize_q8_1 into pool scratch.
 _DOT_CHUNK = 1 << 23   # elements of the (blocks, columns, rows) integer-dot temporary per pass
+# elements of W's quants widened to float32 per pass (32 MB): a matrix up to this size in one pass, a larger
+# one (Gemma 3 270M's 262 144-row embedding, 0.67 GB widened) a block of rows at a time. The sums are the same
+# formula; numpy may add a row's blocks in another order for another number of rows (float32's last bits)
+_WIDEN_MAX = 1 << 23
 
 
 def quantize_q8_1(x: np.ndarray) -> np.ndarray:
@@ -60,17 +64,21 @@ def q8_dot(w: np.ndarray, xq: np.ndarray) -> np.ndarray:
     b3n, b2n, n, nb = xq.shape
     m = w.shape[2]
     out = np.zeros((b3n, b2n, n, m), F32)
-    step = max(1, _DOT_CHUNK // max(nb * m, 1))
+    m_step = max(1, _WIDEN_MAX // max(nb * 32, 1))   # rows of W widened to float32 per pass
     for b3 in range(b3n):
         for b2 in range(b2n):
             wb = w[b3 // (b3n // w.shape[0]), b2 // (b2n // w.shape[1])]
-            qw, dw = wb["qs"].astype(F32).transpose(1, 2, 0), wb["d"].astype(F32).T   # (nb, 32, M), (nb, M)
             xb = xq[b3, b2]
-            for n0 in range(0, n, step):
-                qx = xb["qs"][n0:n0 + step].astype(F32).transpose(1, 0, 2)             # (nb, Nc, 32)
-                dx = xb["d"][n0:n0 + step].astype(F32).T                              # (nb, Nc)
-                sums = np.matmul(qx, qw)                                              # (nb, Nc, M), exact
-                out[b3, b2, n0:n0 + step] = ((dx[:, :, None] * dw[:, None, :]) * sums).sum(axis=0, dtype=F32)
+            for m0 in range(0, m, m_step):
+                wc = wb[m0:m0 + m_step]
+                qw, dw = wc["qs"].astype(F32).transpose(1, 2, 0), wc["d"].astype(F32).T   # (nb, 32, Mc), (nb, Mc)
+                step = max(1, _DOT_CHUNK // max(nb * len(wc), 1))
+                for n0 in range(0, n, step):
+                    qx = xb["qs"][n0:n0 + step].astype(F32).transpose(1, 0, 2)         # (nb, Nc, 32)
+                    dx = xb["d"][n0:n0 + step].astype(F32).T                          # (nb, Nc)
+                    sums = np.matmul(qx, qw)                                          # (nb, Nc, Mc), exact
+                    out[b3, b2, n0:n0 + step, m0:m0 + len(wc)] = \
+                        ((dx[:, :, None] * dw[:, None, :]) * sums).sum(axis=0, dtype=F32)
     return out
 
 

@@ -4,7 +4,8 @@ past n_ubatch, idle gaps, fusion / reuse / PDL off) run on graphdiag (CUDA in th
 split) and on llama.cpp (`graphdiag llama` in a child), compared decision by decision under the known
 differences (report/analysis/known.py), with the parity test's machinery (tests/support/llama_parity.py).
 
-GRAPHDIAG_DIFF_SEEDS=N: seeds per file (default 2), drawn anew each session and printed;
+GRAPHDIAG_DIFF_SEEDS=N: seeds per file (default 2), drawn anew each session (the same in every pytest -n
+worker) and printed;
 GRAPHDIAG_DIFF_SEED=7,19: these seeds instead; GRAPHDIAG_DIFF_MODELS=tiny-qwen3-q4_k,...: only these files.
 A failure prints the seed, the file and the command that replays exactly that case.
 """
@@ -35,7 +36,10 @@ def _seeds() -> list[int]:
     if given:
         return [int(s) for s in given.replace(",", " ").split()]
     n = int(os.environ.get("GRAPHDIAG_DIFF_SEEDS", "2"))
-    return [random.SystemRandom().randrange(2**31) for _ in range(n)]
+    # under pytest -n every worker collects: each must draw the same seeds (xdist gives them one run id)
+    run = os.environ.get("PYTEST_XDIST_TESTRUNUID")
+    rng = random.Random(run) if run else random.SystemRandom()
+    return [rng.randrange(2**31) for _ in range(n)]
 
 
 def _files() -> list:

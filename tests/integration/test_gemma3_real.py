@@ -24,9 +24,10 @@ def real_file(request):
 
 
 def _config(path):
-    """gemma3.config over the file's metadata (the tensors' types are not checked: structure only)."""
-    from gguf import GGUFReader
-    r = GGUFReader(str(path))
+    """gemma3.config over the file's metadata (the tensors' types are not checked: structure only), read by
+    graphdiag's reader (test_prompt_text: it reads what the gguf package reads, the vocabulary in one piece)."""
+    from graphdiag.model.gguf_io import read_gguf
+    r = read_gguf(path)
     infos = {t.name: t for t in r.tensors}
 
     def value(key, default=None):
@@ -36,7 +37,6 @@ def _config(path):
     return gemma3.config(Meta(path, "gemma3", value, set(infos), shape_of))
 
 
-@pytest.mark.slow                # reading the 262 144-token vocabulary takes most of a minute on 2 cores
 def test_the_real_metadata_gives_llama_cpps_decode_graph(real_file):
     cfg = _config(real_file)
     assert (cfg.n_layer, cfg.n_embd, cfg.head_dim, cfg.n_head_kv, cfg.n_swa, cfg.tied_output) == \
@@ -53,6 +53,7 @@ def test_the_real_metadata_gives_llama_cpps_decode_graph(real_file):
 
 
 @pytest.mark.slow
+@pytest.mark.xdist_group("gemma3_oracle")     # 2.5 GB at its peak: one such test at a time under pytest -n
 def test_the_real_file_runs_on_the_cpu_backend_against_the_oracle(real_file, capsys):
     """A few steps on the CPU backend with the oracle (0 over the bound); needs every tensor type of the file
     (Q5_0, Q4_K, Q6_K, Q8_0) computed by graphdiag."""

@@ -61,3 +61,21 @@ def test_a_tied_oracle_projects_with_the_embedding():
     untied = Reference(create_model(arch_config("qwen2"), seed=4))
     untied._w = {**tied._w, "output.weight": tied._w["token_embd.weight"]}
     np.testing.assert_array_equal(untied.prefill([5, 9, 11]), logits)
+
+
+@pytest.mark.parametrize("q8_1", [False, True])
+def test_a_weight_past_wide_max_is_kept_float32_and_gives_the_same_logits(monkeypatch, q8_1):
+    """The oracle keeps a weight of more than WIDE_MAX elements as float32 (Gemma 3 270M's weights: 1.1 GB
+    instead of 2.2 GB) and widens it a block of rows at a time: the same float64 products."""
+    import graphdiag.model.reference_base as rb
+    from graphdiag.ir.dtypes import GGMLType
+    model = create_model(arch_config("qwen2", tied=True), GGMLType.Q8_0, seed=4)
+    wide = Reference(model, q8_1_activations=q8_1)
+    want = wide.prefill([5, 9, 11], all_logits=True)
+    monkeypatch.setattr(rb, "WIDE_MAX", 1000)           # every matrix past it (norms and biases stay float64)
+    monkeypatch.setattr(rb, "WIDE_BLOCK", 3 * MINI.n_embd + 7)   # blocks of 3 rows, the last one short
+    narrow = Reference(model, q8_1_activations=q8_1)
+    got = narrow.prefill([5, 9, 11], all_logits=True)
+    assert narrow._w["token_embd.weight"].dtype == np.float32 and narrow._w["blk.0.attn_q.weight"].dtype == np.float32
+    assert wide._w["token_embd.weight"].dtype == np.float64
+    np.testing.assert_allclose(got, want, rtol=1e-12, atol=1e-12)

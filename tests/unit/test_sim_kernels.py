@@ -300,3 +300,25 @@ def test_batch_attention_on_tensor_cores_rounds_q_and_p_to_f16_and_combines_the_
     np.testing.assert_array_equal(p[..., D], m.view(exact)[..., D])   # the same maxima: scores are unrounded
     with pytest.raises(CudaError, match="CUDA_ERROR_INVALID_VALUE"):
         run_kernel(m.space, "flash_attn_mma_f16_d64", params(part, dq, dk, dv, dm, ip=(chunk, 64), fp=(0.4,)))
+
+
+def test_the_q8_0_dot_widens_a_block_of_rows_at_a_time_past_widen_max(monkeypatch):
+    """sim_kernels.q8_dot widens W's quants to float32 at most _WIDEN_MAX elements at a time (a 262 144-row
+    embedding was 0.67 GB at once): the same sums (numpy may add a row's blocks in another order: float32's
+    last bits), a fraction of the memory."""
+    import tracemalloc
+    import graphdiag.backends.sim_kernels as sk
+    wq = quantize_q8_0(rand(1, 1, 4096, 256))                 # 4096 rows of 8 blocks: 4 MB once widened
+    xq = quantize_q8_1(rand(1, 1, 3, 256))
+
+    def dot(widen_max):
+        monkeypatch.setattr(sk, "_WIDEN_MAX", widen_max)
+        tracemalloc.start()
+        try:
+            return sk.q8_dot(wq, xq), tracemalloc.get_traced_memory()[1]
+        finally:
+            tracemalloc.stop()
+    whole, whole_peak = dot(1 << 23)
+    rows, rows_peak = dot(8 * 32 * 100 + 5)                    # 100 rows a pass, the last pass short
+    np.testing.assert_allclose(rows, whole, rtol=1e-5, atol=1e-6 * np.abs(whole).max())
+    assert rows_peak < whole_peak / 4
