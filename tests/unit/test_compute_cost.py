@@ -20,12 +20,19 @@ FIXED = sm.Rates(load=30.0, step=5.0, oracle_first=60.0, oracle_step=0.5)    # n
 
 
 def _peak_rss(*args: str) -> int:
-    """Peak RSS (bytes) of `graphdiag run ARGS` in a child process."""
-    p = subprocess.Popen([sys.executable, "-m", "graphdiag", "run", *args], stdout=subprocess.DEVNULL,
-                         stderr=subprocess.PIPE, cwd=ROOT, env=dict(os.environ, PYTHONPATH=str(ROOT)))
-    _, status, usage = os.wait4(p.pid, 0)
-    assert os.waitstatus_to_exitcode(status) == 0, p.stderr.read()
-    return usage.ru_maxrss * 1024
+    """Peak RSS (bytes) of `graphdiag run ARGS`, as the run's own process reports it. Started through sh (which
+    forks it): a process forked straight from this one starts its peak at this process's resident size (Linux
+    keeps the forked copy's high-water mark across exec), which under pytest -n is a worker's gigabytes."""
+    code = ("import atexit, resource, runpy, sys\n"
+            "atexit.register(lambda: print('PEAK', resource.getrusage(resource.RUSAGE_SELF).ru_maxrss, "
+            "file=sys.stderr))\n"
+            "sys.argv = ['graphdiag', 'run', *sys.argv[1:]]\n"
+            "runpy.run_module('graphdiag', run_name='__main__')\n")
+    done = subprocess.run(["sh", "-c", '"$0" "$@"; exit $?', sys.executable, "-c", code, *args],
+                          stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, cwd=ROOT,
+                          env=dict(os.environ, PYTHONPATH=str(ROOT)))
+    assert done.returncode == 0, done.stderr
+    return int(done.stderr.strip().splitlines()[-1].split()[1]) * 1024
 
 
 @pytest.mark.parametrize("settings", [{"model": "tiny", "oracle": True}])

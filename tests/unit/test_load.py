@@ -328,7 +328,9 @@ def test_prompts_file_used_in_turn(stub, capsys, tmp_path):
 
 def test_interrupt_prints_what_was_measured_and_exits_130(stub):
     stub.token_delay = 0.1
-    code = ("import sys; from graphdiag.cli.main import main\n"
+    # SIGINT as a terminal user's shell leaves it: an xdist worker starts its children with SIGINT ignored
+    code = ("import signal, sys; signal.signal(signal.SIGINT, signal.default_int_handler)\n"
+            "from graphdiag.cli.main import main\n"
             f"sys.exit(main(['load', '{stub.url}', '--requests', '4', '--clients', '2', '--output-tokens', '50', "
             "'--json']))")
     p = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
