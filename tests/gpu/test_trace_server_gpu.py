@@ -61,7 +61,7 @@ def test_trace_llama_server_under_concurrent_completions(server_bin, tmp_path):
     events, raw, log = tmp_path / "server.jsonl", tmp_path / "server.raw.jsonl", tmp_path / "server.log"
     with open(log, "wb") as logf:
         proc = subprocess.Popen([sys.executable, "-m", "graphdiag", "trace", "--events", str(events), "--raw", str(raw),
-                                 "-v", "--", server_bin, "-m", str(model), "-np", "4", "-c", "4096", "-ngl", "99",
+                                 "-v", "--", server_bin, "-m", str(model), "-np", "4", "-kvu", "-c", "4096", "-ngl", "99",
                                  "--port", str(PORT), "--host", "127.0.0.1", "-v"],
                                 stdout=logf, stderr=subprocess.STDOUT)
         try:
