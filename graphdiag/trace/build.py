@@ -25,7 +25,10 @@ from ..errors import TraceError
 SOURCE = Path(__file__).with_name("gdtrace.c")
 COMPILE_TIMEOUT_S = 60
 NEEDED_HEADERS = ("cupti.h", "generated_cuda_meta.h", "cuda.h", "cuda_runtime_api.h", "crt/host_defines.h")
-EXPORTED = ("InitializeInjection", "gdtrace_encode", "gdtrace_rec_init", "gdtrace_encode_batch", "llama_decode")
+EXPORTED = ("InitializeInjection", "gdtrace_encode", "gdtrace_rec_init", "gdtrace_encode_batch", "llama_decode",
+            "llama_process", "llama_batch_ext_clear", "llama_batch_ext_free", "llama_batch_ext_add",
+            "llama_batch_ext_add_token", "llama_batch_ext_add_embd", "llama_batch_ext_add_seq",
+            "llama_batch_ext_set_pos", "llama_batch_ext_set_output_logits", "llama_batch_ext_set_output_embd")
 
 
 def _wheel_dirs(sub: str) -> list[Path]:

@@ -33,7 +33,7 @@ NOT_OBSERVABLE = (
     "log lines' exact position (placed when graphdiag read them from CMD's stderr)",
 )
 NO_BATCHES = ("tokens, positions, sequences (no llama_decode seen: CMD does not call libllama's llama_decode "
-              "through its dynamic symbol, as a ctypes binding does)")
+              "or llama_process through their dynamic symbols, as a ctypes binding does)")
 DISABLED = "disabling CUDA graphs due to"
 SYNC_FNS = ("cudaStreamSynchronize", "cudaDeviceSynchronize", "cuCtxSynchronize")
 
@@ -271,7 +271,10 @@ def _header(raw: dict[str, Any], lines: list[dict[str, Any]], source: str, end: 
     devices = sorted({ln.get("device", 0) for ln in lines if ln["ev"] == "api"})
     cmd = raw.get("cmd") or []
     batches = sum(ln["ev"] == "batch" for ln in lines)
-    not_observable = list(NOT_OBSERVABLE) + ([] if batches else [NO_BATCHES])
+    unread = sum(ln["ev"] == "batch" and ln["n_tokens"] < 0 for ln in lines)
+    not_observable = list(NOT_OBSERVABLE) + ([] if batches else [NO_BATCHES]) + (
+        [f"the contents of {unread} decode batches (llama_batch_ext built through calls the library did not see)"]
+        if unread else [])
     trace = {"cmd": cmd, "raw": source, "pids": pids, "devices": devices, "step": STEP, "decode_batches": batches,
              "exit": (end or {}).get("code"), "not_observable": not_observable,
              "errors": [ln["text"] for ln in lines if ln["ev"] == "error"]}

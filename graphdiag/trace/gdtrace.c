@@ -16,8 +16,12 @@
    program linked against libllama (llama-server, llama-cli, llama-bench): each call's batch (tokens, positions,
    sequence ids, output rows) is written as a "batch" line and the call goes on to the real function (found with
    dlsym(RTLD_NEXT)). llama_batch's layout is llama.h's since 2024 (n_tokens, token, embd, pos, n_seq_id, seq_id,
-   logits); a program that reaches llama_decode through dlsym on libllama's own handle (ctypes: llama-cpp-python)
-   is not interposed, and its batches are not seen. */
+   logits). llama.cpp's extended batch (llama_batch_ext, decoded by llama_process: llama-server and llama-bench
+   since 2026) is opaque, so its builder calls are interposed and mirrored (see llama_process below). A program
+   that reaches these functions through dlsym on libllama's own handle (ctypes: llama-cpp-python) is not
+   interposed, and its batches are not seen.
+
+   Synchronisations are written only where graphdiag's in-flight check reads them (see sync_clears). */
 #define _GNU_SOURCE
 #include <dlfcn.h>
 #include <fcntl.h>
@@ -359,6 +363,42 @@ static void describe_error_node(CUgraph g, CUgraphNode err, CUgraphNode from, gd
     free(nodes);
 }
 
+/* Synchronisations are written only where they can matter: the first of a stream after a graph launch on it,
+   the first of a device (cudaDeviceSynchronize, cuCtxSynchronize) after a launch on any of its streams. That is
+   all graphdiag's in-flight check reads, and it keeps a decode loop's dozen syncs per token from costing a
+   line each (llama.cpp synchronises its streams many times per token). Streams launched on since their last
+   written sync: a small set, scanned; past GD_DIRTY of them every sync is written. */
+#define GD_DIRTY 64
+static struct { CUstream stream; int64_t device; } dirty[GD_DIRTY];
+static int n_dirty, dirty_overflow;
+static pthread_mutex_t dirty_mu = PTHREAD_MUTEX_INITIALIZER;
+
+static void launched_on(CUstream stream, int64_t device) {
+    pthread_mutex_lock(&dirty_mu);
+    int i = 0;
+    while (i < n_dirty && dirty[i].stream != stream) i++;
+    if (i == n_dirty) {
+        if (n_dirty < GD_DIRTY) { dirty[n_dirty].stream = stream; dirty[n_dirty++].device = device; }
+        else dirty_overflow = 1;
+    }
+    pthread_mutex_unlock(&dirty_mu);
+}
+
+/* Whether this sync is written: it clears the stream's (or the device's streams') launches if any. */
+static int sync_clears(enum op op, CUstream stream, int64_t device) {
+    int any = 0;
+    pthread_mutex_lock(&dirty_mu);
+    for (int i = 0; i < n_dirty;) {
+        if (op == SYNC_STREAM ? dirty[i].stream == stream : dirty[i].device == device) {
+            dirty[i] = dirty[--n_dirty];
+            any = 1;
+        } else i++;
+    }
+    any |= dirty_overflow;
+    pthread_mutex_unlock(&dirty_mu);
+    return any;
+}
+
 /* Reads one call's parameters (by the layout generated_cuda*_meta.h gives them) and its result, at API_EXIT. */
 static void record(enum op op, int runtime, const CUpti_CallbackData *cb) {
     const void *prm = cb->functionParams;
@@ -373,6 +413,9 @@ static void record(enum op op, int runtime, const CUpti_CallbackData *cb) {
     r.ret = runtime ? (int64_t)*(const cudaError_t *)cb->functionReturnValue
                     : (int64_t)*(const CUresult *)cb->functionReturnValue;
     if (cb->context && !p_cuptiGetDeviceId(cb->context, &u)) r.device = u;
+    if ((op == SYNC_STREAM || op == SYNC_DEVICE || op == SYNC_CONTEXT)
+        && !sync_clears(op, op == SYNC_STREAM ? *(CUstream const *)prm : NULL, r.device))
+        return;
     tl_self++;
     switch (op) {
     case BEGIN: /* both layouts start with the stream */
@@ -420,6 +463,7 @@ static void record(enum op op, int runtime, const CUpti_CallbackData *cb) {
     default:
         break;
     }
+    if (op == LAUNCH) launched_on(stream, r.device);
     if (op == BEGIN || op == END || op == LAUNCH || op == SYNC_STREAM)
         r.stream = cb->context && !p_cuptiGetStreamId(cb->context, stream, &u) ? (int64_t)u : (stream ? -1 : 0);
     tl_self--;
@@ -503,36 +547,228 @@ static void init_once(void) {
     started = out_fd >= 0 && start();
 }
 
+/* llama.cpp's own function `name`, behind this library's interposer `self` (RTLD_NEXT; else, libllama loaded
+   RTLD_LOCAL and calling itself, as ctypes loads it, libllama's own handle). NULL: no libllama here. */
+static void *real_fn(const char *name, void *self) {
+    void *fn = dlsym(RTLD_NEXT, name);
+    if (!fn) {
+        void *h = dlopen("libllama.so", RTLD_LAZY | RTLD_NOLOAD);
+        fn = h ? dlsym(h, name) : NULL;
+        if (fn == self) fn = NULL;
+    }
+    return fn;
+}
+
+#define REAL(type, name) \
+    static type real_##name; \
+    type fn_##name = __atomic_load_n(&real_##name, __ATOMIC_ACQUIRE); \
+    if (!fn_##name) { \
+        fn_##name = (type)real_fn(#name, (void *)name); \
+        if (fn_##name) __atomic_store_n(&real_##name, fn_##name, __ATOMIC_RELEASE); \
+    }
+
+static void write_batch(const gd_llama_batch *b, const void *ctx, int64_t t0, int64_t t1, int32_t ret) {
+    pthread_once(&out_once, open_out);
+    if (out_fd < 0) return;
+    char small[8192], *line = small;
+    int64_t pid = getpid(), tid = (int64_t)syscall(SYS_gettid);
+    size_t n = gdtrace_encode_batch(b, pid, tid, (int64_t)(uintptr_t)ctx, t0, t1, ret, small, sizeof small);
+    if (n >= sizeof small && (line = malloc(n + 1)))
+        gdtrace_encode_batch(b, pid, tid, (int64_t)(uintptr_t)ctx, t0, t1, ret, line, n + 1);
+    if (line) write_line(line, n);
+    if (line && line != small) free(line);
+}
+
 /* llama.cpp's llama_decode, interposed (LD_PRELOAD): the batch recorded, the real call made. */
 typedef int32_t (*llama_decode_fn)(void *, gd_llama_batch);
 
 EXPORT int32_t llama_decode(void *ctx, gd_llama_batch batch) {
-    static llama_decode_fn real;
-    llama_decode_fn fn = __atomic_load_n(&real, __ATOMIC_ACQUIRE);
-    if (!fn) {
-        fn = (llama_decode_fn)dlsym(RTLD_NEXT, "llama_decode");
-        if (!fn) {                        /* libllama loaded RTLD_LOCAL (ctypes) and calling itself: find it */
-            void *h = dlopen("libllama.so", RTLD_LAZY | RTLD_NOLOAD);
-            fn = h ? (llama_decode_fn)dlsym(h, "llama_decode") : NULL;
-            if (fn == llama_decode) fn = NULL;
-        }
-        if (!fn) return -1;               /* no libllama beside this library: nothing to call */
-        __atomic_store_n(&real, fn, __ATOMIC_RELEASE);
-    }
+    REAL(llama_decode_fn, llama_decode)
+    if (!fn_llama_decode) return -1;      /* no libllama beside this library: nothing to call */
     int64_t t0 = now_ns();
-    int32_t ret = fn(ctx, batch);
-    int64_t t1 = now_ns();
-    pthread_once(&out_once, open_out);
-    if (out_fd >= 0) {
-        char small[8192], *line = small;
-        size_t n = gdtrace_encode_batch(&batch, getpid(), (int64_t)syscall(SYS_gettid), (int64_t)(uintptr_t)ctx,
-                                        t0, t1, ret, small, sizeof small);
-        if (n >= sizeof small && (line = malloc(n + 1)))
-            gdtrace_encode_batch(&batch, getpid(), (int64_t)syscall(SYS_gettid), (int64_t)(uintptr_t)ctx, t0, t1,
-                                 ret, line, n + 1);
-        if (line) write_line(line, n);
-        if (line && line != small) free(line);
+    int32_t ret = fn_llama_decode(ctx, batch);
+    write_batch(&batch, ctx, t0, now_ns(), ret);
+    return ret;
+}
+
+/* ---- llama_process's llama_batch_ext ---------------------------------------------------------------------
+   llama.cpp's extended batch (llama_batch_ext, llama.h since 2026; llama-server, llama-bench and common's
+   batches use it) is opaque: its layout is llama.cpp's C++ internals. So its builder calls are interposed too
+   and mirrored into a shadow per batch (tokens, positions, sequences, outputs), written as a "batch" line when
+   llama_process decodes that batch. A batch whose shadow missed a call (it outgrew the shadow table, an add
+   the real function refused) is written with n_tokens -1 and nothing else. */
+#define GD_SHADOWS 32
+#define GD_SEQ 4                          /* sequences a shadow keeps per token: more are cut, marked lost */
+typedef struct gd_shadow {
+    const void *batch;                    /* the llama_batch_ext it mirrors; NULL: a free slot */
+    int32_t n, cap, lost, embd_only;
+    int32_t *token, *pos, *n_seq, *seq;   /* seq: GD_SEQ per token */
+    int32_t **seq_row;
+    int8_t *out;
+} gd_shadow;
+static gd_shadow shadows[GD_SHADOWS];
+static pthread_mutex_t shadow_mu = PTHREAD_MUTEX_INITIALIZER;
+
+static gd_shadow *shadow_of(const void *batch, int make) {   /* under shadow_mu */
+    gd_shadow *free_slot = NULL;
+    for (int i = 0; i < GD_SHADOWS; i++) {
+        if (shadows[i].batch == batch) return &shadows[i];
+        if (!shadows[i].batch && !free_slot) free_slot = &shadows[i];
     }
+    if (!make || !free_slot) return NULL;
+    free_slot->batch = batch;
+    free_slot->n = free_slot->lost = 0;
+    free_slot->embd_only = 1;
+    return free_slot;
+}
+
+static int shadow_grow(gd_shadow *sh, int32_t need) {
+    if (need <= sh->cap) return 1;
+    int32_t cap = sh->cap ? sh->cap : 512;
+    while (cap < need) cap *= 2;
+    int32_t *token = realloc(sh->token, cap * sizeof *token);  if (token) sh->token = token;
+    int32_t *pos = realloc(sh->pos, cap * sizeof *pos);        if (pos) sh->pos = pos;
+    int32_t *n_seq = realloc(sh->n_seq, cap * sizeof *n_seq);  if (n_seq) sh->n_seq = n_seq;
+    int32_t *seq = realloc(sh->seq, (size_t)cap * GD_SEQ * sizeof *seq); if (seq) sh->seq = seq;
+    int32_t **rows = realloc(sh->seq_row, cap * sizeof *rows); if (rows) sh->seq_row = rows;
+    int8_t *out = realloc(sh->out, cap * sizeof *out);         if (out) sh->out = out;
+    if (!token || !pos || !n_seq || !seq || !rows || !out) return 0;
+    sh->cap = cap;
+    return 1;
+}
+
+/* A token the real add accepted at idx (its return): appended to the shadow. */
+static void shadow_add(const void *batch, int32_t idx, int32_t seq_id, int32_t token, int embd) {
+    pthread_mutex_lock(&shadow_mu);
+    gd_shadow *sh = shadow_of(batch, 1);
+    if (sh && idx >= 0) {
+        if (idx != sh->n || !shadow_grow(sh, idx + 1)) sh->lost = 1;
+        else {
+            sh->token[idx] = token; sh->pos[idx] = 0; sh->out[idx] = 0;   /* llama_batch_ext's defaults */
+            sh->n_seq[idx] = 1; sh->seq[(size_t)idx * GD_SEQ] = seq_id;
+            sh->embd_only &= embd;
+            sh->n = idx + 1;
+        }
+    }
+    pthread_mutex_unlock(&shadow_mu);
+}
+
+enum { SET_POS, SET_OUT, ADD_SEQ };
+static void shadow_set(const void *batch, int what, int32_t idx, int32_t value) {
+    pthread_mutex_lock(&shadow_mu);
+    gd_shadow *sh = shadow_of(batch, 0);
+    if (sh && idx >= 0 && idx < sh->n) {
+        if (what == SET_POS) sh->pos[idx] = value;
+        else if (what == SET_OUT) sh->out[idx] = (int8_t)(value != 0);
+        else if (sh->n_seq[idx] < GD_SEQ) sh->seq[(size_t)idx * GD_SEQ + sh->n_seq[idx]++] = value;
+        else sh->lost = 1;
+    }
+    pthread_mutex_unlock(&shadow_mu);
+}
+
+static void shadow_clear(const void *batch, int release) {
+    pthread_mutex_lock(&shadow_mu);
+    gd_shadow *sh = shadow_of(batch, !release);
+    if (sh) {
+        sh->n = sh->lost = 0;
+        sh->embd_only = 1;
+        if (release) sh->batch = NULL;
+    }
+    pthread_mutex_unlock(&shadow_mu);
+}
+
+typedef struct gd_llama_embd { const float *data; size_t n_rows, n_embd; } gd_llama_embd;
+typedef int32_t (*add_fn)(void *, int32_t);
+typedef int32_t (*add_token_fn)(void *, int32_t, int32_t);
+typedef int32_t (*add_embd_fn)(void *, int32_t, gd_llama_embd);
+typedef _Bool (*idx_seq_fn)(void *, int32_t, int32_t);
+typedef _Bool (*set_pos_fn)(void *, int32_t, const int32_t *);
+typedef _Bool (*set_bool_fn)(void *, int32_t, _Bool);
+typedef void (*batch_fn)(void *);
+typedef int32_t (*process_fn)(void *, int32_t, void *);
+
+EXPORT void llama_batch_ext_clear(void *batch) {
+    REAL(batch_fn, llama_batch_ext_clear)
+    if (fn_llama_batch_ext_clear) fn_llama_batch_ext_clear(batch);
+    shadow_clear(batch, 0);
+}
+
+EXPORT void llama_batch_ext_free(void *batch) {
+    REAL(batch_fn, llama_batch_ext_free)
+    shadow_clear(batch, 1);
+    if (fn_llama_batch_ext_free) fn_llama_batch_ext_free(batch);
+}
+
+EXPORT int32_t llama_batch_ext_add(void *batch, int32_t seq_id) {
+    REAL(add_fn, llama_batch_ext_add)
+    int32_t idx = fn_llama_batch_ext_add ? fn_llama_batch_ext_add(batch, seq_id) : -1;
+    shadow_add(batch, idx, seq_id, -1, 0);
+    return idx;
+}
+
+EXPORT int32_t llama_batch_ext_add_token(void *batch, int32_t seq_id, int32_t id) {
+    REAL(add_token_fn, llama_batch_ext_add_token)
+    int32_t idx = fn_llama_batch_ext_add_token ? fn_llama_batch_ext_add_token(batch, seq_id, id) : -1;
+    shadow_add(batch, idx, seq_id, id, 0);
+    return idx;
+}
+
+EXPORT int32_t llama_batch_ext_add_embd(void *batch, int32_t seq_id, gd_llama_embd embd) {
+    REAL(add_embd_fn, llama_batch_ext_add_embd)
+    int32_t idx = fn_llama_batch_ext_add_embd ? fn_llama_batch_ext_add_embd(batch, seq_id, embd) : -1;
+    shadow_add(batch, idx, seq_id, -1, 1);
+    return idx;
+}
+
+EXPORT _Bool llama_batch_ext_add_seq(void *batch, int32_t idx, int32_t seq_id) {
+    REAL(idx_seq_fn, llama_batch_ext_add_seq)
+    _Bool ok = fn_llama_batch_ext_add_seq && fn_llama_batch_ext_add_seq(batch, idx, seq_id);
+    if (ok) shadow_set(batch, ADD_SEQ, idx, seq_id);
+    return ok;
+}
+
+EXPORT _Bool llama_batch_ext_set_pos(void *batch, int32_t idx, const int32_t *pos) {
+    REAL(set_pos_fn, llama_batch_ext_set_pos)
+    _Bool ok = fn_llama_batch_ext_set_pos && fn_llama_batch_ext_set_pos(batch, idx, pos);
+    if (ok && pos) shadow_set(batch, SET_POS, idx, pos[0]);    /* M-RoPE: the first section's position */
+    return ok;
+}
+
+EXPORT _Bool llama_batch_ext_set_output_logits(void *batch, int32_t idx, _Bool value) {
+    REAL(set_bool_fn, llama_batch_ext_set_output_logits)
+    _Bool ok = fn_llama_batch_ext_set_output_logits && fn_llama_batch_ext_set_output_logits(batch, idx, value);
+    if (ok) shadow_set(batch, SET_OUT, idx, value);
+    return ok;
+}
+
+EXPORT _Bool llama_batch_ext_set_output_embd(void *batch, int32_t idx, _Bool value) {
+    REAL(set_bool_fn, llama_batch_ext_set_output_embd)
+    _Bool ok = fn_llama_batch_ext_set_output_embd && fn_llama_batch_ext_set_output_embd(batch, idx, value);
+    if (ok) shadow_set(batch, SET_OUT, idx, value);
+    return ok;
+}
+
+#define GD_PROCESS_DECODE 1               /* llama.h's LLAMA_PROCESS_TYPE_DECODE */
+EXPORT int32_t llama_process(void *ctx, int32_t type, void *batch) {
+    REAL(process_fn, llama_process)
+    if (!fn_llama_process) return -1;
+    int64_t t0 = now_ns();
+    int32_t ret = fn_llama_process(ctx, type, batch);
+    int64_t t1 = now_ns();
+    if (type != GD_PROCESS_DECODE) return ret;
+    gd_llama_batch b = {-1, NULL, NULL, NULL, NULL, NULL, NULL};
+    static const float no_embd;
+    pthread_mutex_lock(&shadow_mu);
+    gd_shadow *sh = shadow_of(batch, 0);
+    if (sh && !sh->lost) {
+        for (int32_t i = 0; i < sh->n; i++) sh->seq_row[i] = sh->seq + (size_t)i * GD_SEQ;
+        b.n_tokens = sh->n;
+        if (sh->n && sh->embd_only) b.embd = (float *)&no_embd;
+        else b.token = sh->token;
+        b.pos = sh->pos; b.n_seq_id = sh->n_seq; b.seq_id = sh->seq_row; b.logits = sh->out;
+    }
+    write_batch(&b, ctx, t0, t1, ret);     /* under shadow_mu: the shadow is read while it is written */
+    pthread_mutex_unlock(&shadow_mu);
     return ret;
 }
 

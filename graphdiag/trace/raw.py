@@ -66,8 +66,11 @@ def _ints(v) -> bool:
 
 
 def _check_batch(path: Path, n: int, obj: dict[str, Any]) -> None:
-    """A batch line's arrays: tokens (unless embd), pos and out as integer lists or null, seq a list of them."""
+    """A batch line's arrays: tokens (unless embd), pos and out as integer lists or null, seq a list of them;
+    n_tokens -1 (a batch the library could not mirror) with every array null."""
     k = obj["n_tokens"]
+    if k == -1 and all(obj.get(f) is None for f in ("tokens", "pos", "seq", "out")):
+        return
     checks = [("pos", obj.get("pos") is None or (_ints(obj["pos"]) and len(obj["pos"]) == k)),
               ("seq", obj.get("seq") is None or (isinstance(obj["seq"], list) and len(obj["seq"]) == k
                                                  and all(map(_ints, obj["seq"])))),

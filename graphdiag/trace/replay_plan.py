@@ -91,6 +91,11 @@ def trace_batches(events: list[E.Event], not_observable: list[str] | tuple = ())
         why = next((x for x in not_observable if "llama_decode" in x), "the traced program made no llama_decode "
                    "call graphdiag's library saw")
         raise UsageError(f"no llama_decode batches in this trace: {why}")
+    unread = [i for i, b in enumerate(batches) if b.n_tokens < 0]
+    if unread:
+        raise UsageError(f"{len(unread)} of the trace's {len(batches)} decode batches were not mirrored (the first: "
+                         f"batch {unread[0]}; a llama_batch_ext built through a call graphdiag's library did not "
+                         f"see): it cannot be replayed")
     return batches
 
 

@@ -75,8 +75,14 @@ TORCH = textwrap.dedent("""
     err, e1 = rt.cudaGraphInstantiate(g1, 0)
     assert err == 0
     rt.cudaGraphLaunch(e1, h); rt.cudaStreamSynchronize(h)
+    for _ in range(3):
+        rt.cudaStreamSynchronize(h)                     # nothing launched since: not written
     err, info = rt.cudaGraphExecUpdate(e1, g2)       # the bindings give no result info on a refusal (None)
     print("update", err, None if info is None else info.result)
+    err, e2 = rt.cudaGraphInstantiate(g2, 0)
+    rt.cudaGraphLaunch(e2, h)
+    rt.cudaGraphExecDestroy(e2)                         # its launch may still run: llama.cpp #26558's pattern
+    rt.cudaStreamSynchronize(h)
     rt.cudaGraphExecDestroy(e1)
 """)
 
@@ -97,6 +103,25 @@ def test_trace_a_pytorch_program(tmp_path):
     upd = next(r for r in raw if r.get("fn") == "cudaGraphExecUpdate")
     assert "update_result" in upd and "error_node" in upd
     print("refused:", refused[0].reason, refused[0].error_node)
+    dirty, written = set(), 0            # a sync is written only where it clears a launch (gdtrace.c)
+    for r in raw:
+        if r["ev"] != "api":
+            continue
+        if r["fn"] == "cudaGraphLaunch":
+            dirty.add((r["pid"], r["device"], r["stream"]))
+        elif r["fn"] == "cudaStreamSynchronize":
+            hit = {d for d in dirty if d[0] == r["pid"] and d[2] == r["stream"]}
+            assert hit, f"a sync with nothing launched on its stream since was written: {r}"
+            dirty -= hit
+            written += 1
+        elif r["fn"] in ("cudaDeviceSynchronize", "cuCtxSynchronize"):
+            hit = {d for d in dirty if d[0] == r["pid"] and d[1] == r["device"]}
+            assert hit, f"a device sync with nothing launched since was written: {r}"
+            dirty -= hit
+    assert written >= 2
+    from graphdiag.report.analysis.trace_checks import destroyed_in_flight
+    flagged = destroyed_in_flight(evs)
+    assert len(flagged) == 1 and "may still run" in flagged[0], flagged
 
 
 def test_trace_graphdiags_own_cuda_run(tmp_path):

@@ -363,6 +363,113 @@ def test_llama_decode_is_interposed_in_a_program_linked_against_libllama(lib, tm
     assert preload("/x/gd.so", "/a.so /b.so") == "/x/gd.so /a.so /b.so"
 
 
+FAKE_LLAMA_EXT = r"""
+#include <stdint.h>
+#include <stdlib.h>
+#include <stdbool.h>
+/* a stand-in for llama.cpp's llama_batch_ext: up to 8 tokens, refuses a 9th and tokens >= 1000 */
+struct llama_batch_ext { int n; int32_t tok[8]; };
+struct llama_embd { const float *data; size_t n_rows, n_embd; };
+int32_t decoded;
+struct llama_batch_ext *llama_batch_ext_init(void *ctx) { return calloc(1, sizeof(struct llama_batch_ext)); }
+void llama_batch_ext_free(struct llama_batch_ext *b) { free(b); }
+void llama_batch_ext_clear(struct llama_batch_ext *b) { b->n = 0; }
+int32_t llama_batch_ext_add_token(struct llama_batch_ext *b, int32_t seq, int32_t id) {
+    if (b->n == 8) return -1;
+    if (id >= 1000) return -2;
+    b->tok[b->n] = id; return b->n++;
+}
+int32_t llama_batch_ext_add_embd(struct llama_batch_ext *b, int32_t seq, struct llama_embd e) {
+    if (b->n == 8 || !e.data) return -1;
+    b->tok[b->n] = -1; return b->n++;
+}
+bool llama_batch_ext_add_seq(struct llama_batch_ext *b, int32_t idx, int32_t seq) { return idx < b->n; }
+bool llama_batch_ext_set_pos(struct llama_batch_ext *b, int32_t idx, const int32_t *pos) { return idx < b->n; }
+bool llama_batch_ext_set_output_logits(struct llama_batch_ext *b, int32_t idx, bool v) { return idx < b->n; }
+int32_t llama_process(void *ctx, int32_t type, struct llama_batch_ext *b) { decoded += b->n; return b->tok[0] == 99; }
+"""
+FAKE_SERVER = r"""
+#include <stdint.h>
+#include <stdio.h>
+#include <stdbool.h>
+struct llama_batch_ext;
+struct llama_embd { const float *data; size_t n_rows, n_embd; };
+struct llama_batch_ext *llama_batch_ext_init(void *ctx);
+void llama_batch_ext_free(struct llama_batch_ext *b);
+void llama_batch_ext_clear(struct llama_batch_ext *b);
+int32_t llama_batch_ext_add_token(struct llama_batch_ext *b, int32_t seq, int32_t id);
+int32_t llama_batch_ext_add_embd(struct llama_batch_ext *b, int32_t seq, struct llama_embd e);
+bool llama_batch_ext_add_seq(struct llama_batch_ext *b, int32_t idx, int32_t seq);
+bool llama_batch_ext_set_pos(struct llama_batch_ext *b, int32_t idx, const int32_t *pos);
+bool llama_batch_ext_set_output_logits(struct llama_batch_ext *b, int32_t idx, bool v);
+int32_t llama_process(void *ctx, int32_t type, struct llama_batch_ext *b);
+extern int32_t decoded;
+/* as llama.cpp's common_batch::get_sub_batch builds a server's batch: clear, add, set_pos, add_seq, output */
+static void add(struct llama_batch_ext *b, int32_t tok, int32_t pos, int32_t seq, int out) {
+    int32_t p[4] = {pos, 0, 0, 0};
+    int32_t i = llama_batch_ext_add_token(b, seq, tok);
+    if (i < 0) return;
+    llama_batch_ext_set_pos(b, i, p);
+    if (out) llama_batch_ext_set_output_logits(b, i, true);
+}
+int main(void) {
+    struct llama_batch_ext *b = llama_batch_ext_init((void *)0x20);
+    llama_batch_ext_clear(b);
+    add(b, 5, 0, 0, 0); add(b, 6, 1, 0, 1); add(b, 7, 40, 2, 1);
+    llama_batch_ext_add_seq(b, 0, 3);
+    int r1 = llama_process((void *)0x20, 1, b);                 /* decode: written */
+    int r0 = llama_process((void *)0x20, 0, b);                 /* encode: not written */
+    llama_batch_ext_clear(b);
+    add(b, 99, 2, 0, 1);
+    int r2 = llama_process((void *)0x20, 1, b);
+    llama_batch_ext_clear(b);
+    add(b, 5, 3, 0, 0); add(b, 5000, 4, 0, 1);                  /* the real add refuses 5000: not mirrored */
+    int r3 = llama_process((void *)0x20, 1, b);
+    llama_batch_ext_clear(b);
+    float e[4] = {0};
+    struct llama_embd em = {e, 1, 4};
+    int32_t p[4] = {7, 0, 0, 0};
+    llama_batch_ext_set_pos(b, llama_batch_ext_add_embd(b, 1, em), p);
+    int r4 = llama_process((void *)0x20, 1, b);
+    llama_batch_ext_free(b);
+    printf("%d %d %d %d %d %d\n", r1, r0, r2, r3, r4, decoded);
+    return 0;
+}
+"""
+
+
+def test_llama_process_batches_are_mirrored_from_their_builder_calls(lib, tmp_path):
+    """llama.cpp's extended batch is opaque: a program building it through llama_batch_ext_* and decoding it with
+    llama_process (as llama-server and llama-bench do since 2026) has each decode written from the builder calls
+    the library mirrored; every real call still runs and returns as it would; an encode is not written."""
+    from graphdiag.backends.drivers.launch_loop import compiler
+    from graphdiag.trace.command import preload
+    cc = compiler(dict(__import__("os").environ))
+    if cc is None:
+        pytest.skip("no C compiler")
+    (tmp_path / "l.c").write_text(FAKE_LLAMA_EXT)
+    (tmp_path / "m.c").write_text(FAKE_SERVER)
+    subprocess.run([cc, "-shared", "-fPIC", "-o", tmp_path / "libllama.so", tmp_path / "l.c"], check=True)
+    subprocess.run([cc, "-o", tmp_path / "prog", tmp_path / "m.c", f"-L{tmp_path}", "-lllama",
+                    f"-Wl,-rpath,{tmp_path}"], check=True)
+    raw = tmp_path / "raw.jsonl"
+    env = {"PATH": "/usr/bin:/bin", "GRAPHDIAG_TRACE_OUT": str(raw), "LD_PRELOAD": preload(str(lib[0]), None)}
+    out = subprocess.run([tmp_path / "prog"], env=env, capture_output=True, text=True, check=True).stdout
+    assert out.split() == ["0", "0", "1", "0", "0", "9"]     # the real functions ran: 3+3+1+1+1 tokens decoded
+    a, b, c, d = [json.loads(x) for x in raw.read_text().splitlines()]
+    assert (a["n_tokens"], a["tokens"], a["pos"], a["seq"], a["out"], a["ctx"], a["ret"]) == (
+        3, [5, 6, 7], [0, 1, 40], [[0, 3], [0], [2]], [1, 2], 0x20, 0)
+    assert (b["tokens"], b["pos"], b["out"], b["ret"]) == ([99], [2], [0], 1)
+    assert (c["tokens"], c["pos"], c["out"]) == ([5], [3], [])   # the refused token is not there, nor its output
+    assert (d["n_tokens"], d.get("embd"), d["pos"], d["seq"]) == (1, True, [7], [[1]])
+    converted = tmp_path / "c.raw.jsonl"
+    head = {"raw": "graphdiag-trace", "version": 1, "cmd": ["llama-server"]}
+    converted.write_text(json.dumps(head) + "\n" + raw.read_text())
+    header, events = convert_raw(converted)
+    batches = [e for e in events if isinstance(e, E.DecodeBatch)]
+    assert header.trace["decode_batches"] == 4 and batches[0].seqs == ((0, 3), (0,), (2,))
+
+
 def test_batches_convert_to_decode_batch_events(tmp_path):
     head = {"raw": "graphdiag-trace", "version": 1, "cmd": ["llama-server"]}
     lines = [
@@ -429,3 +536,20 @@ def test_bench_trace_times_any_other_program_and_needs_it_to_succeed(tmp_path):
 def test_bench_trace_without_a_command_is_one_line(capsys):
     assert main(["bench", "trace"]) == 2
     assert "give the command to measure after --" in capsys.readouterr().err
+
+
+def test_an_unmirrored_batch_is_named_and_not_replayed(tmp_path):
+    """A llama_process batch whose builder calls the library missed is written with n_tokens -1: the record says
+    so, and replay refuses it rather than guessing its tokens."""
+    from graphdiag.errors import UsageError
+    from graphdiag.trace.replay_plan import trace_batches
+    head = {"raw": "graphdiag-trace", "version": 1, "cmd": ["llama-server"]}
+    lines = [{"ev": "start", "pid": 1, "t0_ns": 1},
+             {"ev": "batch", "pid": 1, "tid": 2, "ctx": 5, "t0_ns": 10, "t1_ns": 90, "ret": 0, "n_tokens": -1,
+              "tokens": None, "pos": None, "seq": None, "out": None}]
+    raw = tmp_path / "u.raw.jsonl"
+    raw.write_text("\n".join(json.dumps(x) for x in [head, *lines]) + "\n")
+    header, events = convert_raw(raw)
+    assert any("contents of 1 decode batches" in x for x in header.trace["not_observable"])
+    with pytest.raises(UsageError, match="1 of the trace's 1 decode batches were not mirrored"):
+        trace_batches(events)
