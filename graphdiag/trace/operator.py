@@ -60,19 +60,25 @@ def _run(label: str, batches, model: str, backend: str, settings: ServerSettings
     return server_outcome(label, ev, h.simulated, padded), h
 
 
+def _as_recorded(path, model: str | None, backend: str, what: str):
+    """The trace's replayed batches, its server settings and model, and the what-if with its as-recorded run."""
+    every, settings, model = load_batches(path, model)
+    batches = replayed_batches(every)
+    base, h = _run("as recorded", batches, model, backend, settings)
+    w = OperatorWhatIf(str(path), model, h.device or h.backend, what)
+    w.outcomes = [base]
+    return batches, settings, model, w
+
+
 def pad_whatif(path, buckets: list[int], model: str | None, backend: str = "auto") -> OperatorWhatIf:
     """The batches as recorded against each decode batch padded to the next of `buckets`."""
     from .server_sim import pad_batches
     if not buckets or min(buckets) < 1:
         raise UsageError(f"--pad-batches takes batch sizes >= 1, not {buckets}")
-    every, settings, model = load_batches(path, model)
-    batches = replayed_batches(every)
-    base, h = _run("as recorded", batches, model, backend, settings)
+    sizes = ",".join(map(str, sorted(buckets)))
+    batches, settings, model, w = _as_recorded(path, model, backend, f"decode batches padded to {sizes}")
     padded, n, rows = pad_batches(batches, buckets)
-    w = OperatorWhatIf(str(path), model, h.device or h.backend,
-                       f"decode batches padded to {','.join(map(str, sorted(buckets)))}")
-    w.outcomes = [base, _run(f"padded {','.join(map(str, sorted(buckets)))}", padded, model, backend, settings,
-                             rows)[0]]
+    w.outcomes.append(_run(f"padded {sizes}", padded, model, backend, settings, rows)[0])
     w.padded_batches = n
     return w
 
@@ -82,14 +88,11 @@ def slots_whatif(path, slots: list[int], model: str | None, backend: str = "auto
     from .server_sim import requests, reschedule
     if not slots or min(slots) < 1:
         raise UsageError(f"--slots takes slot counts >= 1, not {slots}")
-    every, settings, model = load_batches(path, model)
-    batches = replayed_batches(every)
-    base, h = _run("as recorded", batches, model, backend, settings)
-    w = OperatorWhatIf(str(path), model, h.device or h.backend,
-                       f"the trace's requests served by {', '.join(map(str, slots))} slots")
+    batches, settings, model, w = _as_recorded(path, model, backend,
+                                               f"the trace's requests served by {', '.join(map(str, slots))} slots")
     w.requests = len(requests(batches)[1])
-    w.outcomes = [base] + [_run(f"-np {n}", reschedule(batches, n, settings.n_batch), model, backend, settings)[0]
-                           for n in slots]
+    w.outcomes += [_run(f"-np {n}", reschedule(batches, n, settings.n_batch), model, backend, settings)[0]
+                   for n in slots]
     return w
 
 
