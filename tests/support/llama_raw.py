@@ -122,3 +122,17 @@ def steady(steps: int = 6, uid: int = 4, nodes: int = 58) -> RawStream:
     for _ in range(steps - 3):
         r.decode(lambda s: s.replay(box["x"], uid=uid))
     return r.end(n_reused=steps - 2)
+
+
+def moe_capture_stream(nodes: list[int], results: list[int], tokens=(2, 8, 9)) -> RawStream:
+    """One entry captured at each token count (new at the first), llama.cpp's update results after the first:
+    the shape of the MoE cuBLAS cases (an eager first compute, then a warmup reset before each recapture)."""
+    r, box = RawStream(), {}
+    r.decode(RawStream.eager, n_tokens=tokens[0], n_seqs=tokens[0])
+    r.decode(lambda s: box.__setitem__("x", s.capture(new_entry=True, nodes=nodes[0], kernel_nodes=nodes[0])),
+             n_tokens=tokens[0], n_seqs=tokens[0])
+    for n, res, t in zip(nodes[1:], results, tokens[1:]):
+        r.decode(RawStream.warmup_reset, n_tokens=t, n_seqs=t)
+        r.decode(lambda s, n=n, res=res: box.__setitem__("x", s.capture(result=res, exec_id=box["x"], nodes=n,
+                                                                           kernel_nodes=n)), n_tokens=t, n_seqs=t)
+    return r.end()

@@ -15,7 +15,7 @@ from graphdiag.llama.convert import convert_raw
 from graphdiag.report.record.header import RunHeader
 from graphdiag.report.record.write import write_record
 from tests.support.cli import one_line
-from tests.support.llama_raw import RawStream
+from tests.support.llama_raw import moe_capture_stream
 
 DATA = Path(__file__).parents[1] / "data" / "llama"
 EVIDENCE = "evidence: llama.cpp keeps the token embedding on the CPU"
@@ -89,19 +89,6 @@ def test_two_nodes_more_is_not_excused(rec, capsys):
     assert "control: capture of E1: 59 graph nodes" in out
 
 
-def _moe_stream(nodes, results, tokens=(2, 8, 9)) -> RawStream:
-    """Captures of one entry at each token count (first new), llama.cpp's update results after the first."""
-    r, box = RawStream(), {}
-    r.decode(RawStream.eager, n_tokens=tokens[0], n_seqs=tokens[0])
-    r.decode(lambda s: box.__setitem__("x", s.capture(new_entry=True, nodes=nodes[0], kernel_nodes=nodes[0])),
-             n_tokens=tokens[0], n_seqs=tokens[0])
-    for n, res, t in zip(nodes[1:], results, tokens[1:]):
-        r.decode(RawStream.warmup_reset, n_tokens=t, n_seqs=t)
-        r.decode(lambda s, n=n, res=res: box.__setitem__("x", s.capture(result=res, exec_id=box["x"], nodes=n,
-                                                                           kernel_nodes=n)), n_tokens=t, n_seqs=t)
-    return r.end()
-
-
 @pytest.fixture(scope="module")
 def moe(tmp_path_factory):
     """graphdiag's side of the 8 -> 9 token cuBLAS case as a graphdiag record naming an exported moe-tiny
@@ -109,13 +96,13 @@ def moe(tmp_path_factory):
     d = tmp_path_factory.mktemp("moe")
     g = d / "moe-f16.gguf"
     assert main(["export-gguf", "--model", "moe-tiny", "--wtype", "f16", str(g)]) == 0
-    _, events = convert_raw(_moe_stream([85, 89, 89], [2, 0]).write(d / "ours.raw.jsonl"))
+    _, events = convert_raw(moe_capture_stream([85, 89, 89], [2, 0]).write(d / "ours.raw.jsonl"))
 
     def ours(model: str) -> str:
         p = d / f"ours-{Path(model).stem}.jsonl"
         write_record(p, RunHeader(backend="cuda", model=model, settings={"model": model, "wtype": "f16"}), events)
         return str(p)
-    theirs = _llama(d / "theirs.jsonl", _moe_stream([84, 88, 88], [2, 2]).write(d / "theirs.raw.jsonl"))
+    theirs = _llama(d / "theirs.jsonl", moe_capture_stream([84, 88, 88], [2, 2]).write(d / "theirs.raw.jsonl"))
     return {"ours": ours, "theirs": theirs, "file": str(g), "dir": d}
 
 

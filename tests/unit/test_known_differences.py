@@ -14,7 +14,7 @@ from graphdiag.cli.main import main
 from graphdiag.llama.convert import convert_raw
 from graphdiag.report.analysis.known import KNOWN, ModelFacts, diff_known, model_facts, unmet
 from graphdiag.report.record.read import read_record
-from tests.support.llama_raw import RawStream
+from tests.support.llama_raw import RawStream, moe_capture_stream
 
 DATA = Path(__file__).parents[1] / "data" / "llama"
 DENSE, MOE = ModelFacts("tiny f16"), ModelFacts("moe-tiny f16", f32_routers=4)
@@ -88,19 +88,6 @@ def test_two_nodes_more_is_not_the_embedding(runs):
     assert (d.first[2].outcome, d.first[3].outcome) == ("59 graph nodes", "57 graph nodes")
 
 
-def _moe_stream(nodes: list[int], results: list[int], tokens=(2, 8, 9)) -> RawStream:
-    """Captures of one entry at each token count (first new), llama.cpp's update results after the first."""
-    r, box = RawStream(), {}
-    r.decode(RawStream.eager, n_tokens=tokens[0], n_seqs=tokens[0])
-    r.decode(lambda s: box.__setitem__("x", s.capture(new_entry=True, nodes=nodes[0], kernel_nodes=nodes[0])),
-             n_tokens=tokens[0], n_seqs=tokens[0])
-    for n, res, t in zip(nodes[1:], results, tokens[1:]):
-        r.decode(RawStream.warmup_reset, n_tokens=t, n_seqs=t)
-        r.decode(lambda s, n=n, res=res: box.__setitem__("x", s.capture(result=res, exec_id=box["x"], nodes=n,
-                                                                           kernel_nodes=n)), n_tokens=t, n_seqs=t)
-    return r.end()
-
-
 def _moe(tmp_path, ours: RawStream, theirs: RawStream, facts=MOE):
     return diff_known(convert_raw(ours.write(tmp_path / "ours.jsonl")),
                       convert_raw(theirs.write(tmp_path / "theirs.jsonl")), facts)
@@ -108,8 +95,8 @@ def _moe(tmp_path, ours: RawStream, theirs: RawStream, facts=MOE):
 
 def test_cublas_split_k_excuses_the_update_inside_cublas_only(tmp_path):
     """8 -> 9 tokens on the F32 router's cuBLAS path (recorded: 88 kernels at both, refused): excused."""
-    ours = _moe_stream([85, 89, 89], [2, 0])
-    d = _moe(tmp_path, ours, _moe_stream([84, 88, 88], [2, 2]))
+    ours = moe_capture_stream([85, 89, 89], [2, 0])
+    d = _moe(tmp_path, ours, moe_capture_stream([84, 88, 88], [2, 2]))
     assert d.equal, d.to_json()
     assert [x["name"] for x in d.excused] == ["graph-nodes"] * 3 + ["cublas-split-k"]
     assert d.excused[-1]["step"] == 5 and d.excused[-1]["test"].endswith("refused (TOPOLOGY_CHANGED), "
@@ -128,15 +115,15 @@ def test_cublas_split_k_holds_for_that_case_alone(tmp_path, case):
         ours = [85, 89, 88]
     else:
         ours = [85, 89, 90]
-    d = _moe(tmp_path, _moe_stream(ours, [2, 0], tokens), _moe_stream(theirs, [2, 2], tokens), facts)
+    d = _moe(tmp_path, moe_capture_stream(ours, [2, 0], tokens), moe_capture_stream(theirs, [2, 2], tokens), facts)
     assert not d.equal and "cublas-split-k" not in [x["name"] for x in d.excused]
 
 
 def test_a_later_refusal_after_the_excused_one_is_still_caught(tmp_path):
     """Excused at 8 -> 9, then at 9 -> 10 llama.cpp refuses again where graphdiag updates with the counts
     moving (not the cuBLAS case): reported."""
-    d = _moe(tmp_path, _moe_stream([85, 89, 89, 91], [2, 0, 0], (2, 8, 9, 10)),
-             _moe_stream([84, 88, 88, 90], [2, 2, 2], (2, 8, 9, 10)))
+    d = _moe(tmp_path, moe_capture_stream([85, 89, 89, 91], [2, 0, 0], (2, 8, 9, 10)),
+             moe_capture_stream([84, 88, 88, 90], [2, 2, 2], (2, 8, 9, 10)))
     assert "cublas-split-k" in [x["name"] for x in d.excused]
     assert d.first[0] == 7 and d.first[2].outcome == "updated"
 
