@@ -146,17 +146,34 @@ class LlamaSession:
 
 
 class LeadWatcher:
-    """watch.py's Watch as the driver uses it: made with the raw stream's emit; start() subscribes CUPTI and
-    routes llama.cpp's log lines (attach_log), close() unsubscribes."""
+    """The watcher as the driver uses it: made with the raw stream's emit; start() subscribes CUPTI and routes
+    llama.cpp's log lines, drain() hands over what the library wrote, close() lets go. The watch is graphdiag's
+    injection library in this process (inject.py: C callbacks, as `graphdiag trace`), or, where it cannot be
+    built (no C compiler or CUDA headers) or GRAPHDIAG_WATCHER=python asks, cupti-python's callbacks
+    (watch.py); `kind` says which."""
 
     def __init__(self, emit, llama_cpp_module):
-        from .watch import Watch
         names = os.environ.get("GRAPHDIAG_WATCH_KERNEL_NAMES", "") not in ("", "0")
-        self.watch, self.ll = Watch(emit, kernel_names=names), llama_cpp_module
+        self.ll, self.watch, self.kind = llama_cpp_module, None, "cupti-python"
+        if os.environ.get("GRAPHDIAG_WATCHER", "") != "python":
+            from ..config import kernel_cache_dir
+            from ..errors import TraceError
+            from ..trace import build
+            with contextlib.suppress(TraceError):
+                from .inject import InjectedWatch
+                self.watch = InjectedWatch(emit, build.library(kernel_cache_dir()), kernel_names=names)
+                self.kind = "injection library"
+        if self.watch is None:
+            from .watch import Watch
+            self.watch = Watch(emit, kernel_names=names)
 
     def start(self) -> None:
         self.watch.attach_log(self.ll)
         self.watch.start()
+
+    def drain(self) -> None:
+        if hasattr(self.watch, "drain"):
+            self.watch.drain()
 
     def own_ns(self) -> int:
         """ns the watcher has spent in its own callbacks so far."""
@@ -178,10 +195,12 @@ def nvtx_sink():
     return None
 
 
-def walk(session: LlamaSession, plan, batcher, emit, nvtx=None, gpu_ns=None, own_ns=None) -> int:
+def walk(session: LlamaSession, plan, batcher, emit, nvtx=None, gpu_ns=None, own_ns=None, drain=None) -> int:
     """Decode every step of `plan` (StepPlans) with `batcher`'s batches: decode_begin, llama_decode in an
     NVTX range, decode_end. Idle time is slept before its step (real time: llama.cpp's eviction clock is
-    the wall clock). `gpu_ns()`, when the watcher has one, gives the GPU time of the decode just made
+    the wall clock). `drain()`, when the watcher has one, hands over the calls it wrote since its last drain:
+    made before each decode_begin and decode_end. `gpu_ns()`, when the watcher has one, gives the GPU time of
+    the decode just made
     (None: not measured); `own_ns()`, the ns the watcher has spent in its own callbacks so far: what a
     decode spent there is taken out of its host_ns (llama.cpp's step time) and recorded as watch_ns.
     Returns the steps decoded successfully."""
@@ -190,6 +209,8 @@ def walk(session: LlamaSession, plan, batcher, emit, nvtx=None, gpu_ns=None, own
         b = batcher.batch(p)
         if b.idle_s:
             time.sleep(b.idle_s)
+        if drain is not None:
+            drain()
         emit({"ev": "decode_begin", "step": step, "n_tokens": b.n_tokens, "n_seqs": b.n_seqs,
               "n_outputs": len(b.outputs), "phase": b.kind, "t_ns": time.perf_counter_ns()})
         if nvtx is not None:
@@ -201,6 +222,8 @@ def walk(session: LlamaSession, plan, batcher, emit, nvtx=None, gpu_ns=None, own
             if nvtx is not None:
                 nvtx(E.SpanEnd(step=step, name="llama_decode", category="llama/decode"))
         watched = own_ns() - own0 if own_ns is not None else 0
+        if drain is not None:
+            drain()
         emit({"ev": "decode_end", "step": step, "ret": ret, "host_ns": max(host - watched, 0), "watch_ns": watched,
               "gpu_ns": gpu_ns() if gpu_ns is not None else None, "tokens": toks, "t_ns": time.perf_counter_ns()})
         batcher.took(b, toks)

@@ -104,7 +104,7 @@ def _session(ll, path: Path, cp: ContextParams, cfg, plan, writer: RawWriter, ma
             w.start()                      # a watcher that fails to start is closed too (its log callback kept)
             status = "failed: stopped inside a decode"
             walk(session, plan, Batcher(cfg, session.n_vocab), writer.emit, nvtx_sink(), getattr(w, "gpu_ns", None),
-                 getattr(w, "own_ns", None))
+                 getattr(w, "own_ns", None), getattr(w, "drain", None))
             status = "complete"
         except KeyboardInterrupt as e:
             status = f"interrupted: {'SIGTERM' if isinstance(e, Terminated) else 'Ctrl-C'}"

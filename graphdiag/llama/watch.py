@@ -83,8 +83,7 @@ class Watch:
         self._sub = None
         self._open: dict[int, dict] = {}          # correlation id -> the api event begun at API_ENTER
         self._nodes: dict[int, list[int]] = {}    # graph id -> [nodes, kernel nodes] created in it
-        self._log_cb = None
-        self._log_buf = ""
+        self._log_tap = None
         # ns spent in this watcher's own callbacks (CUPTI's and the log's): they run inside llama_decode, on its
         # thread, so the driver takes them out of llama.cpp's step time (llama.cpp pays none of it alone)
         self.own_ns = 0
@@ -189,18 +188,30 @@ class Watch:
     # -- llama.cpp's logger ----------------------------------------------------------------------------
     def attach_log(self, llama_cpp_module, echo: bool = False) -> None:
         """Route llama.cpp's (and ggml's) log lines to the sink, one event per complete line."""
-        lib = llama_cpp_module
+        self._log_tap = LogTap(llama_cpp_module, self.sink, self._spent, echo)
+
+    def _spent(self, ns: int) -> None:
+        self.own_ns += ns
+
+
+class LogTap:
+    """llama.cpp's (and ggml's) log callback: each complete line to `sink` as {"ev": "log", "level", "text",
+    "t_ns"} (perf_counter_ns when its end arrived), the ns spent in the callback to `spent`. The ctypes
+    callback is kept alive with the tap: llama.cpp holds its raw pointer."""
+
+    def __init__(self, lib, sink: Callable[[dict], None], spent: Callable[[int], None], echo: bool = False):
+        self._buf = ""
 
         def on_log(level, text, _user):
             t = time.perf_counter_ns()
-            self._log_buf += (text or b"").decode("utf-8", "replace")
-            while "\n" in self._log_buf:
-                line, self._log_buf = self._log_buf.split("\n", 1)
+            self._buf += (text or b"").decode("utf-8", "replace")
+            while "\n" in self._buf:
+                line, self._buf = self._buf.split("\n", 1)
                 if line.strip():
-                    self.sink({"ev": "log", "level": int(level), "text": line})
+                    sink({"ev": "log", "level": int(level), "text": line, "t_ns": t})
                     if echo:
                         print(line, flush=True)
-            self.own_ns += time.perf_counter_ns() - t
+            spent(time.perf_counter_ns() - t)
 
-        self._log_cb = lib.llama_log_callback(on_log)   # kept alive: llama.cpp holds the raw pointer
-        lib.llama_log_set(self._log_cb, ctypes.c_void_p())
+        self._cb = lib.llama_log_callback(on_log)
+        lib.llama_log_set(self._cb, ctypes.c_void_p())

@@ -28,7 +28,8 @@ NEEDED_HEADERS = ("cupti.h", "generated_cuda_meta.h", "cuda.h", "cuda_runtime_ap
 EXPORTED = ("InitializeInjection", "gdtrace_encode", "gdtrace_rec_init", "gdtrace_encode_batch", "llama_decode",
             "llama_process", "llama_batch_ext_clear", "llama_batch_ext_free", "llama_batch_ext_add",
             "llama_batch_ext_add_token", "llama_batch_ext_add_embd", "llama_batch_ext_add_seq",
-            "llama_batch_ext_set_pos", "llama_batch_ext_set_output_logits", "llama_batch_ext_set_output_embd")
+            "llama_batch_ext_set_pos", "llama_batch_ext_set_output_logits", "llama_batch_ext_set_output_embd",
+            "gdtrace_attach", "gdtrace_detach", "gdtrace_own_ns")
 
 
 def _wheel_dirs(sub: str) -> list[Path]:

@@ -471,11 +471,14 @@ static void record(enum op op, int runtime, const CUpti_CallbackData *cb) {
     free(names);
 }
 
+static int64_t own_ns;                 /* ns spent in this library's callbacks: gdtrace_own_ns */
+
 static void CUPTIAPI on_callback(void *user, CUpti_CallbackDomain dom, CUpti_CallbackId cbid, const void *data) {
     const CUpti_CallbackData *cb = data;
     int runtime = dom == CUPTI_CB_DOMAIN_RUNTIME_API, op;
     (void)user;
     if (tl_self || (!runtime && tl_runtime_depth > 0) || (op = op_of(dom, cbid)) < 0) return;
+    int64_t t_in = now_ns();
     if (cb->callbackSite == CUPTI_API_ENTER) {
         tl_runtime_depth += runtime;
         *cb->correlationData = (uint64_t)now_ns();
@@ -485,10 +488,12 @@ static void CUPTIAPI on_callback(void *user, CUpti_CallbackDomain dom, CUpti_Cal
             tl_exec_entered = exec_id(*(CUgraphExec const *)cb->functionParams);
             tl_self--;
         }
+        __atomic_add_fetch(&own_ns, now_ns() - t_in, __ATOMIC_RELAXED);
         return;
     }
     tl_runtime_depth -= runtime;
-    record((enum op)op, runtime, cb);
+    if (out_fd >= 0) record((enum op)op, runtime, cb);
+    __atomic_add_fetch(&own_ns, now_ns() - t_in, __ATOMIC_RELAXED);
 }
 
 /* ---- the entry point the CUDA driver calls ------------------------------------------------------------ */
@@ -534,12 +539,13 @@ static int start(void) {
     return 1;
 }
 
-static int started;
+static int started, out_from_env;
 static pthread_once_t out_once = PTHREAD_ONCE_INIT;
 
 static void open_out(void) {
     const char *out = getenv("GRAPHDIAG_TRACE_OUT");
     if (out && *out) out_fd = open(out, O_WRONLY | O_APPEND | O_CREAT | O_CLOEXEC, 0644);
+    out_from_env = out_fd >= 0;
 }
 
 static void init_once(void) {
@@ -777,3 +783,32 @@ EXPORT int InitializeInjection(void) {
     pthread_once(&once, init_once);
     return started;
 }
+
+/* ---- graphdiag llama: the library loaded into graphdiag's own process (ctypes) ------------------------------
+   No CUDA injection there: graphdiag calls gdtrace_attach itself, before llama.cpp's first CUDA call, with the
+   file to write. Each attach starts a new file; CUPTI is subscribed once per process (CUPTI allows one
+   subscriber), at the first. gdtrace_detach stops writing (the callbacks stay, returning at once). */
+EXPORT int gdtrace_attach(const char *path) {
+    /* 1: CUPTI subscribed; 0: not (the file's "error" line says why); -1: the file could not be opened;
+       -2: this process is already traced (graphdiag trace: the injection's file is kept) */
+    pthread_once(&out_once, open_out);
+    if (out_from_env) return -2;
+    int fd = open(path, O_WRONLY | O_APPEND | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+    if (fd < 0) return -1;
+    pthread_mutex_lock(&out_mu);
+    int old = out_fd;
+    out_fd = fd;
+    pthread_mutex_unlock(&out_mu);
+    if (old >= 0) close(old);
+    return InitializeInjection();
+}
+
+EXPORT void gdtrace_detach(void) {
+    pthread_mutex_lock(&out_mu);
+    int old = out_fd;
+    out_fd = -1;
+    pthread_mutex_unlock(&out_mu);
+    if (old >= 0) close(old);
+}
+
+EXPORT int64_t gdtrace_own_ns(void) { return __atomic_load_n(&own_ns, __ATOMIC_RELAXED); }

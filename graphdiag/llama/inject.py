@@ -1,0 +1,107 @@
+"""Watch real llama.cpp's CUDA graph calls through graphdiag's injection library (trace/gdtrace.c) loaded into
+this process: the same C callbacks `graphdiag trace` uses, instead of cupti-python's Python callbacks (watch.py).
+
+The library is loaded with ctypes and told where to write (gdtrace_attach, before llama.cpp's first CUDA call;
+CUPTI allows one subscriber per process, taken at the first attach); its callbacks run in C on llama.cpp's
+thread and append one JSON line per graph call to that file. `drain()` reads what was written since the last
+drain and hands the graph calls to the sink in the watch format (raw.py), merged in time order with llama.cpp's
+log lines (held until then): the driver drains before each decode_begin and decode_end, so every call lands
+inside the decode that made it, as the Python watcher's live events did. Synchronisations, which the library
+also records, are not part of a `graphdiag llama` stream and are dropped. Both clocks are CLOCK_MONOTONIC
+(gdtrace's now_ns, Python's perf_counter_ns).
+"""
+
+from __future__ import annotations
+
+import ctypes
+import json
+import os
+import tempfile
+from pathlib import Path
+from typing import Callable
+
+from ..errors import WatchError
+from .raw import API_FUNCTIONS
+from .watch import LogTap
+
+# what a graphdiag llama api line keeps of a gdtrace line (the rest: pid, tid, device, stream, memory, ...)
+_KEEP = ("fn", "t0_ns", "t1_ns", "ret", "graph", "exec", "update_result", "nodes", "kernel_nodes",
+         "error_node_index", "error_node_kernel", "error_from_kernel")
+
+
+def api_line(ln: dict, kernel_names: bool) -> dict | None:
+    """A gdtrace api line as a graphdiag llama api line; None for a call the llama stream does not carry."""
+    if ln.get("ev") != "api" or ln.get("fn") not in API_FUNCTIONS:
+        return None
+    out = {"ev": "api", **{k: ln[k] for k in _KEEP if k in ln}}
+    if "error_node" in ln:
+        out["error_node"] = bool(ln["error_node"])
+    if kernel_names and "kernel_names" in ln:
+        out["kernel_names"] = ln["kernel_names"]
+    return out
+
+
+class InjectedWatch:
+    """watch.py's Watch over the injection library: attach_log, start, drain, stop, own_ns."""
+
+    def __init__(self, sink: Callable[[dict], None], library: Path, kernel_names: bool = False):
+        self.sink, self.kernel_names = sink, kernel_names
+        self._so = ctypes.CDLL(str(library))
+        self._so.gdtrace_attach.argtypes, self._so.gdtrace_attach.restype = [ctypes.c_char_p], ctypes.c_int
+        self._so.gdtrace_own_ns.restype = ctypes.c_int64
+        self._so.gdtrace_detach.restype = None
+        self._path, self._f, self._rest = None, None, b""
+        self._logs: list[dict] = []
+        self._log_ns, self._base_ns = 0, 0
+        self._log_tap = None
+
+    def attach_log(self, llama_cpp_module, echo: bool = False) -> None:
+        self._log_tap = LogTap(llama_cpp_module, self._logs.append, self._spent, echo)
+
+    def _spent(self, ns: int) -> None:
+        self._log_ns += ns
+
+    @property
+    def own_ns(self) -> int:
+        """ns spent in the library's callbacks (since start) and in the log callback."""
+        return self._so.gdtrace_own_ns() - self._base_ns + self._log_ns
+
+    def start(self) -> None:
+        fd, path = tempfile.mkstemp(prefix="graphdiag-watch-", suffix=".raw.jsonl")
+        os.close(fd)
+        self._path = Path(path)
+        self._base_ns = self._so.gdtrace_own_ns()
+        rc = self._so.gdtrace_attach(str(self._path).encode())
+        if rc == -2:
+            raise WatchError("this process is already traced (graphdiag trace set CUDA_INJECTION64_PATH): "
+                             "graphdiag llama's watcher cannot subscribe beside it")
+        if rc == -1:
+            raise WatchError(f"graphdiag llama's watch file {self._path} could not be opened")
+        self._f = open(self._path, "rb")
+        if rc != 1:
+            errors = [ln.get("text", "") for ln in self._read() if ln.get("ev") == "error"]
+            self.stop()
+            raise WatchError(f"graphdiag's injection library did not start: {'; '.join(errors) or 'no reason'}")
+
+    def _read(self) -> list[dict]:
+        data = self._rest + (self._f.read() if self._f else b"")
+        *lines, self._rest = data.split(b"\n")
+        return [json.loads(x) for x in lines if x.strip()]
+
+    def drain(self) -> None:
+        """Hand what was written since the last drain to the sink: graph calls and log lines, in time order."""
+        calls = [a for a in (api_line(ln, self.kernel_names) for ln in self._read()) if a is not None]
+        n = len(self._logs)                   # lines the log callback appends meanwhile wait for the next drain
+        logs = self._logs[:n]
+        del self._logs[:n]
+        for ev in sorted(calls + logs, key=lambda e: e.get("t0_ns", e.get("t_ns", 0))):
+            self.sink(ev)
+
+    def stop(self) -> None:
+        if self._f is None:
+            return
+        self.drain()
+        self._so.gdtrace_detach()
+        self._f.close()
+        self._f = None
+        self._path.unlink(missing_ok=True)

@@ -1,0 +1,109 @@
+"""graphdiag llama's watcher on the injection library (llama/inject.py): gdtrace lines become the llama stream's
+api lines (graph calls only, kernel names when asked), merged in time order with llama.cpp's log lines at each
+drain, which the driver makes before each decode_begin and decode_end; without a GPU the library's start fails
+with its reason in one line; the cupti-python watcher stays where the library cannot be built or is declined."""
+
+from __future__ import annotations
+
+import json
+from types import SimpleNamespace
+
+import pytest
+
+from graphdiag.errors import TraceError, WatchError
+from graphdiag.llama.inject import InjectedWatch, api_line
+
+
+@pytest.fixture(scope="module")
+def library(tmp_path_factory):
+    from graphdiag.trace import build
+    try:
+        return build.library(tmp_path_factory.mktemp("cache"))
+    except TraceError as e:
+        pytest.skip(str(e))
+
+
+UPDATE = {"ev": "api", "fn": "cudaGraphExecUpdate", "api": "runtime", "pid": 1, "tid": 1, "device": 0,
+          "t0_ns": 50, "t1_ns": 60, "ret": 910, "exec": 2, "graph": 5, "update_result": 2, "error_node": 1,
+          "error_node_index": 41, "error_node_kernel": "mul_mat_q_stream_k_fixup"}
+
+
+def test_a_gdtrace_line_as_a_llama_api_line():
+    assert api_line(UPDATE, False) == {"ev": "api", "fn": "cudaGraphExecUpdate", "t0_ns": 50, "t1_ns": 60,
+                                       "ret": 910, "graph": 5, "exec": 2, "update_result": 2, "error_node": True,
+                                       "error_node_index": 41, "error_node_kernel": "mul_mat_q_stream_k_fixup"}
+    end = {"ev": "api", "fn": "cudaStreamEndCapture", "t0_ns": 1, "t1_ns": 2, "ret": 0, "graph": 5, "nodes": 3,
+           "kernel_nodes": 2, "kernel_names": ["a", "b"], "stream": 7}
+    assert "kernel_names" not in api_line(end, False) and api_line(end, True)["kernel_names"] == ["a", "b"]
+    assert "stream" not in api_line(end, True)
+    assert api_line({"ev": "api", "fn": "cudaStreamSynchronize", "t0_ns": 1}, True) is None
+    assert api_line({"ev": "batch", "n_tokens": 1}, True) is None
+
+
+def test_drain_merges_calls_and_log_lines_in_time_order(library, tmp_path):
+    out: list[dict] = []
+    w = InjectedWatch(out.append, library)
+    f = tmp_path / "w.raw.jsonl"
+    launch = {"ev": "api", "fn": "cudaGraphLaunch", "t0_ns": 30, "t1_ns": 31, "ret": 0, "exec": 2}
+    sync = {"ev": "api", "fn": "cudaStreamSynchronize", "t0_ns": 40, "t1_ns": 41, "ret": 0}
+    f.write_bytes((json.dumps(launch) + "\n" + json.dumps(sync) + "\n" + json.dumps(UPDATE)[:20]).encode())
+    w._f = open(f, "rb")
+    w._logs.extend([{"ev": "log", "level": 2, "text": "CUDA Graph id 3 reused", "t_ns": 35},
+                    {"ev": "log", "level": 2, "text": "load", "t_ns": 10}])
+    w.drain()
+    assert [e.get("fn", e.get("text")) for e in out] == ["load", "cudaGraphLaunch", "CUDA Graph id 3 reused"]
+    with open(f, "ab") as g:                       # the rest of a line half-written at the last drain
+        g.write((json.dumps(UPDATE)[20:] + "\n").encode())
+    out.clear()
+    w.drain()
+    assert [e["fn"] for e in out] == ["cudaGraphExecUpdate"] and out[0]["error_node"] is True
+    w._f.close()
+
+
+def test_without_a_gpu_the_library_says_why_it_did_not_start(library, monkeypatch, tmp_path):
+    """No libcuda here: gdtrace_attach returns 0 and its error line becomes the WatchError; the watch file is
+    removed. (On the GPU tests/gpu/test_llama_gpu.py runs graphdiag llama on the library.)"""
+    import ctypes.util
+    if ctypes.util.find_library("cuda"):
+        pytest.skip("a CUDA driver is installed here")
+    monkeypatch.setenv("GRAPHDIAG_CUPTI_PATH", str(tmp_path / "no-libcupti.so"))
+    w = InjectedWatch(lambda ev: None, library)
+    with pytest.raises(WatchError, match="injection library did not start: no CUPTI"):
+        w.start()
+    assert w._path is not None and not w._path.exists()
+
+
+def test_lead_watcher_takes_the_library_unless_declined(library, monkeypatch):
+    from graphdiag.llama import driver
+    from graphdiag.trace import build
+    monkeypatch.setattr(build, "library", lambda cache: library)
+    monkeypatch.delenv("GRAPHDIAG_WATCHER", raising=False)
+    assert driver.LeadWatcher(lambda ev: None, None).kind == "injection library"
+    monkeypatch.setenv("GRAPHDIAG_WATCHER", "python")
+    assert driver.LeadWatcher(lambda ev: None, None).kind == "cupti-python"
+    monkeypatch.delenv("GRAPHDIAG_WATCHER")
+
+    def no_compiler(cache):
+        raise TraceError("no C compiler")
+    monkeypatch.setattr(build, "library", no_compiler)
+    assert driver.LeadWatcher(lambda ev: None, None).kind == "cupti-python"
+
+
+def test_walk_drains_before_each_decode_begin_and_end():
+    from graphdiag.llama.driver import walk
+    out: list = []
+
+    class Session:
+        def decode(self, b):
+            out.append("decode")
+            return 0, 1000, [1]
+
+    class Batcher:
+        def batch(self, p):
+            return SimpleNamespace(idle_s=0, n_tokens=1, n_seqs=1, outputs=[0], kind="decode")
+
+        def took(self, b, toks):
+            pass
+
+    walk(Session(), [None, None], Batcher(), lambda ev: out.append(ev["ev"]), drain=lambda: out.append("drain"))
+    assert out == ["drain", "decode_begin", "decode", "drain", "decode_end"] * 2
