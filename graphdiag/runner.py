@@ -235,6 +235,10 @@ def make_header(cfg: RunConfig, s: Session, scenario: str | None) -> dict:
     settings = cfg.settings()
     if s.sim_mode:
         settings["sim_mode"] = s.sim_mode
+    mf = _model_file(s.model)
+    if mf:                                      # a file's weights have their own types: --wtype did not apply
+        quant = sorted(((n, c) for n, c in mf["types"].items() if n != "F32"), key=lambda x: (-x[1], x[0]))
+        settings["wtype"] = "file: " + (", ".join(f"{n} ×{c}" for n, c in quant) or "F32")
     return {
         "schema": "graphdiag-events", "version": E.SCHEMA_VERSION, "graphdiag_version": __version__,
         "backend": s.backend_name, "device": s.device, "simulated": s.driver is not None and s.driver.simulated,
@@ -242,7 +246,7 @@ def make_header(cfg: RunConfig, s: Session, scenario: str | None) -> dict:
         "article": cfg.article_rules(s.driver is not None),
         "settings": settings, "sources": dict(cfg.sources),
         "sim_mode": s.sim_mode, "sim_mode_reason": mode_reason(cfg) if s.sim_mode else "",
-        "blas": blas_threads().to_dict(), "model_file": _model_file(s.model),
+        "blas": blas_threads().to_dict(), "model_file": mf,
         "launcher": s.driver.launcher if s.driver is not None and not s.driver.simulated else "",
         "started": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
         "scenario": scenario, "note": "; ".join(n for n in (s.note, fallback_note(s.model)) if n),

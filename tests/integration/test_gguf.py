@@ -45,6 +45,8 @@ def test_the_exported_file_runs_decides_and_generates_as_the_preset(exported, wt
     preset = run(resolve({**base, "model": "tiny", "wtype": wtype}, environ={}))
     filed = run(resolve({**base, "model": str(exported[wtype])}, environ={}))
     assert filed.header["model_file"]["types"] == {"F32": 9, wtype.upper(): 30}
+    assert filed.header["settings"]["wtype"] == f"file: {wtype.upper()} ×30"   # not --wtype's default
+    assert preset.header["settings"]["wtype"] == wtype
     assert decision_stream(filed.events) == decision_stream(preset.events)
     assert filed.tokens == preset.tokens and not filed.failures and not preset.failures
 
