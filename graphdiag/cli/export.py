@@ -26,10 +26,11 @@ class _ExportCommand(click.Command):
                    "q4_k, q5_k, q6_k; a K-quant falls back where rows are no multiple of 256, as llama.cpp's).")
 @click.option("--seed", default=0, show_default=True, type=click.IntRange(0, 2**31 - 1),
               help="The seed of the preset's weights (as `run --seed`).")
-@click.option("--arch", default="llama", show_default=True,
-              help="Architecture to write the preset's shapes as (listed below; a MoE preset: llama).")
+@click.option("--arch", default=None,
+              help="Architecture to write the preset's shapes as (listed below; a MoE preset: llama).  [default: "
+                   "the preset's own: gemma3 for gemma3-tiny, else llama]")
 @click.argument("out", type=click.Path(dir_okay=False, writable=True))
-def export_gguf(model: str, wtype: str, seed: int, arch: str, out: str) -> None:
+def export_gguf(model: str, wtype: str, seed: int, arch: str | None, out: str) -> None:
     """Write preset MODEL (graphdiag's seeded weights, a vocabulary of placeholder pieces: SPM for llama,
     byte-level BPE for qwen2/qwen3) as a GGUF of architecture ARCH at OUT, so `graphdiag run --model OUT` and
     llama.cpp run the identical model."""
@@ -42,6 +43,9 @@ def export_gguf(model: str, wtype: str, seed: int, arch: str, out: str) -> None:
 
     if not out.endswith(".gguf"):
         raise UsageError(f"{out}: the output's name must end in .gguf (that is how --model tells a file)")
+    if arch is None:
+        from ..model.presets import get_preset
+        arch = get_preset(model).arch
     cfg = export_config(model, arch)
     m = create_model(cfg, weight_type(wtype), seed=seed)
     n = write(m, out, model)

@@ -170,3 +170,12 @@ def test_a_head_size_without_flash_attention_kernels_is_refused_on_graph_backend
     assert "head_dim 48 has no flash-attention kernel on the graph backends" in _refusal(capsys, p)
     assert main(["run", "--backend", "cpu", "--model", str(p), "--steps", "2", "--prompt-tokens", "3", "--oracle"]) == 0
     assert "0 over the bound" in capsys.readouterr().out
+
+
+def test_export_writes_a_preset_as_its_own_architecture_unless_told(tmp_path, capsys):
+    """gemma3-tiny is a Gemma 3 preset: without --arch it is written as gemma3 (it was written as llama)."""
+    assert main(["export-gguf", "--model", "gemma3-tiny", str(tmp_path / "g.gguf")]) == 0
+    assert "gemma3-tiny as gemma3" in capsys.readouterr().out
+    assert open_gguf(tmp_path / "g.gguf").arch == "gemma3"
+    assert main(["export-gguf", "--model", "tiny", str(tmp_path / "t.gguf")]) == 0
+    assert "tiny as llama" in capsys.readouterr().out
