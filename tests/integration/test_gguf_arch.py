@@ -179,3 +179,10 @@ def test_export_writes_a_preset_as_its_own_architecture_unless_told(tmp_path, ca
     assert open_gguf(tmp_path / "g.gguf").arch == "gemma3"
     assert main(["export-gguf", "--model", "tiny", str(tmp_path / "t.gguf")]) == 0
     assert "tiny as llama" in capsys.readouterr().out
+
+
+def test_run_help_names_every_preset():
+    from click.testing import CliRunner
+    from graphdiag.cli.run import run as run_cmd
+    text = " ".join(CliRunner().invoke(run_cmd, ["--help"]).output.split())
+    assert all(p in text for p in PRESETS), [p for p in PRESETS if p not in text]
