@@ -114,6 +114,34 @@ def test_moe_captures_as_llama_cpp_with_cublas_split_k(tmp_path):
 
 
 
+# The experts' MUL_MAT_IDs of moe-tiny Q8_0 (exported as llama's MoE), as llama.cpp 0c1e57098 launches them on
+# the H200 (ggml-cuda.cu ggml_cuda_mul_mat_id; tests/unit/test_mul_mat_id_paths.py): up to 8 tokens mmvq, the gate
+# and up fused with their GLU (quantize_q8_1 + mul_mat_vec_q(_moe) each, 4 kernels a layer); above, MMQ with ids
+# (mm_ids_helper, quantize_mmq_q8_1, mul_mat_q, mul_mat_q_stream_k_fixup: 4 a MUL_MAT_ID, 13 a layer with the GLU).
+# llama.cpp's counts were measured by the differential test (tests/gpu/test_llama_differential.py, H200): 101 at 3
+# tokens, 105 at 6, 158 at 10 and 11; graphdiag captured 102, 106, 123 and 123 there before its experts launched
+# upstream's kernels. 1 token (98 + 1) is read off the source, not measured.
+MOE_Q8_0_SCENARIO = """name = "moe-batches"
+description = "moe-tiny decoding 1, 3, 6, 10 and 11 sequences"
+timeline = [{ at_step = 6, batch = 6 }, { at_step = 9, batch = 10 }, { at_step = 12, batch = 11 }]
+
+[run]
+model = "tiny"
+prompt_tokens = 1
+steps = 12
+batch = 3
+"""
+
+
+def test_moe_q8_0_captures_as_llama_cpp_measured(tmp_path):
+    p = tmp_path / "moe-q8_0.gguf"
+    assert main(["export-gguf", "--model", "moe-tiny", "--wtype", "q8_0", str(p)]) == 0
+    scenario = tmp_path / "moe-batches.toml"
+    scenario.write_text(MOE_Q8_0_SCENARIO, encoding="utf-8")
+    theirs = [98, 101, 105, 158, 158]       # at 1, 3, 6, 10 and 11 tokens
+    assert _captures(str(p), str(scenario)) == [n + EMBEDDING_ON_CPU for n in theirs]
+
+
 def _kernel_names(model: str, scenario: str, monkeypatch) -> list[list[str]]:
     """The kernel names of each graph graphdiag captures on the simulated driver (its nodes carry the names
     the CUDA driver's kernels have), one graph per split."""
