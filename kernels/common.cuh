@@ -194,6 +194,27 @@ __device__ __forceinline__ float glu(int op, float g, float u, float limit = 0.0
     return silu(g) * u;
 }
 
+// MUL_MAT_ID over mm_ids_helper's expert-sorted map (mul_mat_id_q_* / mul_mat_id_f_*): pair j of the map
+// t[4] is (slot, token); expert e's pairs are [bounds[e], bounds[e + 1]) of t[5].
+__device__ __forceinline__ void mmid_pair(const tdesc &R, i64 j, int &s, int &t) {
+    s = load_i32(R, 0, j, 0, 0);
+    t = load_i32(R, 1, j, 0, 0);
+}
+
+// The k range [k0, k1) of part blockIdx.z of ip[0] parts (0 or 1: one), as mul_mat.cu's k-split: part p sums
+// k in [64 * (p * U / S), 64 * ((p + 1) * U / S)) clipped to K, U = ceil(K / 64).
+__device__ __forceinline__ void mmid_k_range(const kparams &p, i64 K, i64 &k0, i64 &k1) {
+    const i64 S = p.ip[0] > 1 ? p.ip[0] : 1, U = (K + 63) / 64, q = blockIdx.z;
+    k0 = min(K, 64 * (q * U / S));
+    k1 = min(K, 64 * ((q + 1) * U / S));
+}
+
+// Where part blockIdx.z writes element (m, s, t): dst for part 0, else the partials t[3] at i3 = part - 1.
+__device__ __forceinline__ void mmid_store(const kparams &p, i64 m, int s, int t, float v) {
+    const int q = blockIdx.z;
+    store_f(q == 0 ? p.t[0] : p.t[3], m, s, t, q == 0 ? 0 : q - 1, v);
+}
+
 // Programmatic dependent launch (GGML_CUDA_PDL, Hopper+): a kernel launched with the programmatic stream
 // serialisation attribute may start before the kernel ahead of it on the stream has finished. Every kernel
 // therefore first waits for its predecessors to complete and their writes to be visible (griddepcontrol.wait:

@@ -1,6 +1,7 @@
 // Mat-vec kernels for the file's weight types (ggml's MMVQ for Q4_0, Q5_0, Q5_1, Q4_K, Q5_K, Q6_K on Q8_1
 // x from quantize_q8_1; ggml's MMVF for BF16 on F32 x), their fused variants (+ADD, gate/up+GLU), the
-// MoE kernels (F32 x, as mul_mat_vec.cu's), GET_ROWS and the prefill's dequantisation to F16.
+// MoE kernels (Q8_1 x for the quantized types as upstream's mmvq / mmq, F32 x for BF16 and for the sorted
+// fallback), GET_ROWS and the prefill's dequantisation to F16.
 //
 // Geometry as mul_mat_vec.cu (geometry.py _mmv): one warp per weight row, 4 warps per block, up to 8 x
 // columns per pass; one column may share a row between ip[1] warps. A lane takes whole units (32 weights:
@@ -129,7 +130,7 @@ template <int T> __device__ void qmmv_glu(const kparams &p) {
     else qmmv_glu_cols<T, MMVQ_NC>(p);
 }
 
-// The MoE kernels read F32 x (as mul_mat_vec.cu's): W row . x with the weights dequantised per unit.
+// The sorted fallback's MoE kernels (and BF16's) read F32 x: W row . x with the weights dequantised per unit.
 template <int T> __device__ __forceinline__ float frow_dot(const char *w, i64 K, const char *x, i64 xnb0) {
     const int lane = threadIdx.x & 31;
     float a = 0.0f;
@@ -142,28 +143,74 @@ template <int T> __device__ __forceinline__ float frow_dot(const char *w, i64 K,
     return warp_sum(a);
 }
 
-// dst[t, s, m] = experts[ids[t, s]][m] . x[t, s or 0]. Grid (ceil(M/4), n_used, T).
+// An expert's row against one x row over units [u0, u1): the quantized types on Q8_1 x (quantize_q8_1: the
+// unit's integer dot, as the mat-vec's qdots), BF16 on F32 x (as frow_dot). Every lane returns the sum.
+template <int T>
+__device__ __forceinline__ float id_row_dot(const char *w, const char *x, i64 xnb0, i64 u0, i64 u1) {
+    const int lane = threadIdx.x & 31;
+    float a = 0.0f;
+    for (i64 u = u0 + lane; u < u1; u += 32) {
+        if (T == GGML_BF16) {
+            float y[32];
+            unit_f32<T>((const unsigned char *)w, u, y);
+#pragma unroll
+            for (int i = 0; i < 32; ++i) a += y[i] * *(const float *)(x + (u * 32 + i) * xnb0);
+        } else {
+            qunit q;
+            decode<T>((const unsigned char *)w, u, q);
+            a += unit_q8<T>(q, x + u * 36);
+        }
+    }
+    return warp_sum(a);
+}
+
+// dst[t, s, m] = experts[ids[t, s]][m] . x[t, s or 0]: Q8_1 x for the quantized types (upstream's mmvq, up to
+// 8 tokens), F32 x for BF16 (its MMF). Grid (ceil(M/4), n_used, T).
 template <int T> __device__ void qmmv_id(const kparams &p) {
     const tdesc &D = p.t[0], &W = p.t[1], &X = p.t[2], &I = p.t[3];
     const i64 m = (i64)blockIdx.x * MMVQ_WARPS + (threadIdx.x >> 5);
     if (m >= D.ne[0]) return;
     const i64 s = blockIdx.y, t = blockIdx.z;
     const int e = load_i32(I, s, t, 0, 0);
-    const float v = frow_dot<T>(row_ptr(W, m, e, 0), W.ne[0], row_ptr(X, X.ne[1] > 1 ? s : 0, t, 0), X.nb[0]);
+    const char *w = row_ptr(W, m, e, 0), *x = row_ptr(X, X.ne[1] > 1 ? s : 0, t, 0);
+    const float v = T == GGML_BF16 ? frow_dot<T>(w, W.ne[0], x, X.nb[0]) : id_row_dot<T>(w, x, X.nb[0], 0, W.ne[0] / 32);
     if ((threadIdx.x & 31) == 0) store_f(D, m, s, t, 0, v);
 }
 
-// dst[t, s, m] = glu(G[ids[t, s]][m] . x, U[ids[t, s]][m] . x) of one token.
+// dst[t, s, m] = glu(G[ids[t, s]][m] . x, U[ids[t, s]][m] . x): the quantized types on Q8_1 x up to 8 tokens
+// (upstream's mmvq with its fusion), BF16 on F32 x at one token (its mmvf).
 template <int T> __device__ void qmmv_id_glu(const kparams &p) {
     const tdesc &D = p.t[0], &G = p.t[1], &U = p.t[2], &X = p.t[3], &I = p.t[4];
     const i64 m = (i64)blockIdx.x * MMVQ_WARPS + (threadIdx.x >> 5);
     if (m >= D.ne[0]) return;
     const i64 s = blockIdx.y, t = blockIdx.z;
     const int e = load_i32(I, s, t, 0, 0);
-    const char *x = row_ptr(X, X.ne[1] > 1 ? s : 0, t, 0);
-    const float g = frow_dot<T>(row_ptr(G, m, e, 0), G.ne[0], x, X.nb[0]);
-    const float u = frow_dot<T>(row_ptr(U, m, e, 0), U.ne[0], x, X.nb[0]);
+    const char *x = row_ptr(X, X.ne[1] > 1 ? s : 0, t, 0), *gw = row_ptr(G, m, e, 0), *uw = row_ptr(U, m, e, 0);
+    const i64 nu = G.ne[0] / 32;
+    const float g = T == GGML_BF16 ? frow_dot<T>(gw, G.ne[0], x, X.nb[0]) : id_row_dot<T>(gw, x, X.nb[0], 0, nu);
+    const float u = T == GGML_BF16 ? frow_dot<T>(uw, U.ne[0], x, X.nb[0]) : id_row_dot<T>(uw, x, X.nb[0], 0, nu);
     if ((threadIdx.x & 31) == 0) store_f(D, m, s, t, 0, glu(p.ip[0], g, u, p.fp[0]));
+}
+
+// MUL_MAT_ID over mm_ids_helper's expert-sorted map (common.cuh mmid_pair): expert blockIdx.y, a warp per
+// row m, each of the expert's pairs (s, t) in turn, k part blockIdx.z: the quantized types on Q8_1 x in
+// ip[0] parts (upstream's mul_mat_q), BF16 on F32 x in one (upstream's mul_mat_f_ids). Grid (ceil(M/4), E,
+// parts).
+template <int T> __device__ void qmmid_sorted(const kparams &p) {
+    const tdesc &D = p.t[0], &W = p.t[1], &X = p.t[2], &R = p.t[4], &B = p.t[5];
+    const i64 m = (i64)blockIdx.x * MMVQ_WARPS + (threadIdx.x >> 5);
+    if (m >= D.ne[0]) return;
+    const int e = blockIdx.y;
+    i64 k0, k1;
+    mmid_k_range(p, W.ne[0], k0, k1);
+    const char *w = row_ptr(W, m, e, 0);
+    const int j1 = load_i32(B, e + 1, 0, 0, 0);
+    for (int j = load_i32(B, e, 0, 0, 0); j < j1; ++j) {
+        int s, t;
+        mmid_pair(R, j, s, t);
+        const float v = id_row_dot<T>(w, row_ptr(X, X.ne[1] > 1 ? s : 0, t, 0), X.nb[0], k0 / 32, k1 / 32);
+        if ((threadIdx.x & 31) == 0) mmid_store(p, m, s, t, v);
+    }
 }
 
 // One expert (ip[0]) over rows [ip[2], ip[2] + ip[1]) of the (slot, token) map. Grid (ceil(M/4), rows).
@@ -251,6 +298,13 @@ KERNEL_LB(mul_mat_id_vec_glu_q4_k, 128) { qmmv_id_glu<GGML_Q4_K>(p); }
 KERNEL_LB(mul_mat_id_vec_glu_q5_k, 128) { qmmv_id_glu<GGML_Q5_K>(p); }
 KERNEL_LB(mul_mat_id_vec_glu_q6_k, 128) { qmmv_id_glu<GGML_Q6_K>(p); }
 KERNEL_LB(mul_mat_id_vec_glu_bf16, 128) { qmmv_id_glu<GGML_BF16>(p); }
+KERNEL_LB(mul_mat_id_q_q4_0, 128) { qmmid_sorted<GGML_Q4_0>(p); }
+KERNEL_LB(mul_mat_id_q_q5_0, 128) { qmmid_sorted<GGML_Q5_0>(p); }
+KERNEL_LB(mul_mat_id_q_q5_1, 128) { qmmid_sorted<GGML_Q5_1>(p); }
+KERNEL_LB(mul_mat_id_q_q4_k, 128) { qmmid_sorted<GGML_Q4_K>(p); }
+KERNEL_LB(mul_mat_id_q_q5_k, 128) { qmmid_sorted<GGML_Q5_K>(p); }
+KERNEL_LB(mul_mat_id_q_q6_k, 128) { qmmid_sorted<GGML_Q6_K>(p); }
+KERNEL_LB(mul_mat_id_f_bf16, 128) { qmmid_sorted<GGML_BF16>(p); }
 KERNEL_LB(mul_mat_id_gathered_q4_0, 128) { qmmv_gathered<GGML_Q4_0>(p); }
 KERNEL_LB(mul_mat_id_gathered_q5_0, 128) { qmmv_gathered<GGML_Q5_0>(p); }
 KERNEL_LB(mul_mat_id_gathered_q5_1, 128) { qmmv_gathered<GGML_Q5_1>(p); }

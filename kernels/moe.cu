@@ -112,3 +112,37 @@ KERNEL_LB(topk_moe_f32, 32 * TOPK_MOE_ROWS) {
         if (r < k) w[r] = kept[j] * norm * scale;    // (p * (1 / sum)) * scale, as upstream; norm 1: exact
     }
 }
+
+// mm_ids_helper: MUL_MAT_ID's (slot, token) pairs sorted by expert, as ggml-cuda's mm_ids_helper (mmid.cu)
+// prepares them for its MMQ and MMF paths. Block e (one warp) counts the pairs of lower experts (its start,
+// bounds[e]), then writes its own pairs token by token, slots in order within a token (a ballot per 32
+// pairs keeps that order); the last block writes bounds[E], the end of the map.
+//   t[0] map I32 (2, n_used * T): pair j = (slot, token)
+//   t[1] ids I32 (n_used, T)
+//   t[2] bounds I32 (E + 1)
+// Grid (E), block 32.
+KERNEL_LB(mm_ids_helper, 32) {
+    const tdesc &R = p.t[0], &I = p.t[1], &B = p.t[2];
+    const int e = blockIdx.x, lane = threadIdx.x & 31, n_used = (int)I.ne[0];
+    const i64 n = I.ne[0] * I.ne[1];
+    int before = 0;
+    for (i64 k = lane; k < n; k += 32) before += load_i32(I, k % n_used, k / n_used, 0, 0) < e;
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) before += __shfl_xor_sync(0xffffffffu, before, o);
+    int at = before;
+    for (i64 k0 = 0; k0 < n; k0 += 32) {
+        const i64 k = k0 + lane;
+        const bool hit = k < n && load_i32(I, k % n_used, k / n_used, 0, 0) == e;
+        const unsigned mask = __ballot_sync(0xffffffffu, hit);
+        if (hit) {
+            const i64 j = at + __popc(mask & ((1u << lane) - 1u));
+            *(int *)addr4(R, 0, j, 0, 0) = (int)(k % n_used);
+            *(int *)addr4(R, 1, j, 0, 0) = (int)(k / n_used);
+        }
+        at += __popc(mask);
+    }
+    if (lane == 0) {
+        *(int *)addr4(B, e, 0, 0, 0) = before;
+        if (e == (int)B.ne[0] - 2) *(int *)addr4(B, e + 1, 0, 0, 0) = at;
+    }
+}

@@ -1,5 +1,6 @@
-// mul_mat_id_vec_glu_*: the fused expert gate/up mat-vec + GLU of one token (ggml fuses
-// MUL_MAT_ID, MUL_MAT_ID, GLU when the experts' mat-vec writes one column):
+// mul_mat_id_vec_glu_{f32,f16}: the float experts' fused gate/up mat-vec + GLU of one token (ggml fuses
+// MUL_MAT_ID, MUL_MAT_ID, GLU when the experts' float mat-vec writes one column; Q8_0's, on Q8_1 x up to 8
+// tokens, is in mul_mat_vec.cu):
 //   dst[t, s, m] = glu(G[ids[t, s]][m] . x[t, s or 0], U[ids[t, s]][m] . x[t, s or 0])   (ip[0]: the GLU op,
 //   fp[0]: SWIGLU_CLAMP's limit)
 // One warp per output row m, 4 rows per block; grid (ceil(M / 4), n_used, T) as mul_mat_id_vec.
@@ -29,4 +30,3 @@ template <int T> __device__ void mmid_glu(const kparams &p) {
 
 KERNEL_LB(mul_mat_id_vec_glu_f32, 128) { mmid_glu<GGML_F32>(p); }
 KERNEL_LB(mul_mat_id_vec_glu_f16, 128) { mmid_glu<GGML_F16>(p); }
-KERNEL_LB(mul_mat_id_vec_glu_q8_0, 128) { mmid_glu<GGML_Q8_0>(p); }

@@ -6,7 +6,8 @@
 // run near HBM bandwidth. Q8_0 weights take x already quantised to Q8_1 blocks (quantize.cu, pool scratch):
 // integer dot products (dp4a) per 32-block, scaled by both blocks' f16 scales, as ggml's mmvq:
 //   dst = sum_b d_w[b] * d_x[b] * sum_i q_w[b, i] * q_x[b, i]
-// The MoE kernels (mul_mat_id_*) keep F32 x for every weight type.
+// The MoE kernels (mul_mat_id_*) read F32 x for float experts and, as upstream's mmvq / mmq, Q8_1 x for Q8_0
+// experts (the sorted fallback's mul_mat_id_gathered_* keeps F32 x for every type).
 //
 // A row can be shared by several warps of the block (mul_mat_vec / _add at one column, ip[1] = warps per row:
 // 1, 2 or 4, chosen by the lowering from M and K): warp `part` of a row takes every nparts-th step of the
@@ -433,6 +434,15 @@ template <int T> __device__ void mmv_glu(const kparams &p) {
     else mmv_glu_cols<T, MMV_NC>(p);
 }
 
+// One expert row against one x row: Q8_1 x (quantize_q8_1) for Q8_0, F32 x for F16 / F32; k in [k0, k1)
+// (whole 32-blocks for Q8_0). The sum is in acc[0] on every lane; acc holds MMV_NC floats (row_dots' columns).
+template <int T>
+__device__ __forceinline__ void mmid_row(const char *w, const tdesc &W, const char *x, i64 xnb0, i64 k0, i64 k1,
+                                         float *acc) {
+    if (T == GGML_Q8_0) row_dots_q8_1<1>(w + (k0 / QK8_0) * W.nb[0], W.nb[0], k1 - k0, x + (k0 / QK8_0) * 36, 0, 1, acc);
+    else row_dots<T>(w + k0 * W.nb[0], W.nb[0], k1 - k0, x + k0 * xnb0, xnb0, 0, 1, acc);
+}
+
 // dst[t, s, m] = experts[ids[t, s]][m] . x[t, s or 0]. Grid (ceil(M/4), n_used, T).
 template <int T> __device__ void mmv_id(const kparams &p) {
     const tdesc &D = p.t[0], &W = p.t[1], &X = p.t[2], &I = p.t[3];
@@ -441,8 +451,46 @@ template <int T> __device__ void mmv_id(const kparams &p) {
     const i64 s = blockIdx.y, t = blockIdx.z;
     const int e = load_i32(I, s, t, 0, 0);
     float acc[MMV_NC] = {0, 0, 0, 0, 0, 0, 0, 0};
-    row_dots<T>(row_ptr(W, m, e, 0), W.nb[0], W.ne[0], row_ptr(X, X.ne[1] > 1 ? s : 0, t, 0), X.nb[0], 0, 1, acc);
+    mmid_row<T>(row_ptr(W, m, e, 0), W, row_ptr(X, X.ne[1] > 1 ? s : 0, t, 0), X.nb[0], 0, W.ne[0], acc);
     if ((threadIdx.x & 31) == 0) store_f(D, m, s, t, 0, acc[0]);
+}
+
+// The fused expert gate/up + GLU on Q8_1 x (Q8_0 experts, up to 8 tokens: upstream's mmvq takes the fusion at
+// every batch it serves): dst[t, s, m] = glu(G[ids[t, s]][m] . xq, U[ids[t, s]][m] . xq). Grid (ceil(M/4),
+// n_used, T). The float experts' form (one token, F32 x) is mul_mat_id_glu.cu's.
+__device__ void mmv_id_glu_q8_0(const kparams &p) {
+    const tdesc &D = p.t[0], &G = p.t[1], &U = p.t[2], &X = p.t[3], &I = p.t[4];
+    const i64 m = (i64)blockIdx.x * MMV_WARPS + (threadIdx.x >> 5);
+    if (m >= D.ne[0]) return;
+    const i64 s = blockIdx.y, t = blockIdx.z;
+    const int e = load_i32(I, s, t, 0, 0);
+    const char *x = row_ptr(X, X.ne[1] > 1 ? s : 0, t, 0);
+    float ag[MMV_NC] = {0, 0, 0, 0, 0, 0, 0, 0}, au[MMV_NC] = {0, 0, 0, 0, 0, 0, 0, 0};
+    mmid_row<GGML_Q8_0>(row_ptr(G, m, e, 0), G, x, X.nb[0], 0, G.ne[0], ag);
+    mmid_row<GGML_Q8_0>(row_ptr(U, m, e, 0), U, x, X.nb[0], 0, U.ne[0], au);
+    if ((threadIdx.x & 31) == 0) store_f(D, m, s, t, 0, glu(p.ip[0], ag[0], au[0], p.fp[0]));
+}
+
+// MUL_MAT_ID over mm_ids_helper's expert-sorted map (common.cuh mmid_pair): expert blockIdx.y, one warp per
+// row m, each of the expert's pairs (s, t) in turn: dst[t, s, m] = experts[e][m] . x[t, s or 0] over the k
+// part blockIdx.z (Q8_0: Q8_1 x, ip[0] parts, upstream's mul_mat_q; F16 / F32: F32 x, one part, upstream's
+// mul_mat_f_ids). Grid (ceil(M/4), E, parts).
+template <int T> __device__ void mmid_sorted(const kparams &p) {
+    const tdesc &D = p.t[0], &W = p.t[1], &X = p.t[2], &R = p.t[4], &B = p.t[5];
+    const i64 m = (i64)blockIdx.x * MMV_WARPS + (threadIdx.x >> 5);
+    if (m >= D.ne[0]) return;
+    const int e = blockIdx.y;
+    i64 k0, k1;
+    mmid_k_range(p, W.ne[0], k0, k1);
+    const char *w = row_ptr(W, m, e, 0);
+    const int j1 = load_i32(B, e + 1, 0, 0, 0);
+    for (int j = load_i32(B, e, 0, 0, 0); j < j1; ++j) {
+        int s, t;
+        mmid_pair(R, j, s, t);
+        float acc[MMV_NC] = {0, 0, 0, 0, 0, 0, 0, 0};
+        mmid_row<T>(w, W, row_ptr(X, X.ne[1] > 1 ? s : 0, t, 0), X.nb[0], k0, k1, acc);
+        if ((threadIdx.x & 31) == 0) mmid_store(p, m, s, t, acc[0]);
+    }
 }
 
 // One expert (ip[0]) over rows [ip[2], ip[2] + ip[1]) of the (slot, token) map. Grid (ceil(M/4), rows).
@@ -474,6 +522,10 @@ KERNEL_LB(mul_mat_vec_glu_q8_0, 128, 8) { mmv_glu<GGML_Q8_0>(p); }
 KERNEL_LB(mul_mat_id_vec_f32, 128) { mmv_id<GGML_F32>(p); }
 KERNEL_LB(mul_mat_id_vec_f16, 128) { mmv_id<GGML_F16>(p); }
 KERNEL_LB(mul_mat_id_vec_q8_0, 128) { mmv_id<GGML_Q8_0>(p); }
+KERNEL_LB(mul_mat_id_vec_glu_q8_0, 128) { mmv_id_glu_q8_0(p); }
+KERNEL_LB(mul_mat_id_q_q8_0, 128) { mmid_sorted<GGML_Q8_0>(p); }
+KERNEL_LB(mul_mat_id_f_f32, 128) { mmid_sorted<GGML_F32>(p); }
+KERNEL_LB(mul_mat_id_f_f16, 128) { mmid_sorted<GGML_F16>(p); }
 KERNEL_LB(mul_mat_id_gathered_f32, 128) { mmv_gathered<GGML_F32>(p); }
 KERNEL_LB(mul_mat_id_gathered_f16, 128) { mmv_gathered<GGML_F16>(p); }
 KERNEL_LB(mul_mat_id_gathered_q8_0, 128) { mmv_gathered<GGML_Q8_0>(p); }

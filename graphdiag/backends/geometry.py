@@ -15,8 +15,8 @@ import numpy as np
 
 from .abi import KPARAMS, TDESC
 from ..ir.dtypes import GGMLType
-from .kernels import (FA_HEAD_DIMS, FAV_GROUPS, KERNELS, X_TYPES, fa_direct_kernel, fa_mma_kernel, fa_vec_kernel,
-                      fav_groups)
+from .kernels import (FA_HEAD_DIMS, FAV_GROUPS, KERNELS, MMID_F_TYPES, MMID_Q_TYPES, X_TYPES, fa_direct_kernel,
+                      fa_mma_kernel, fa_vec_kernel, fav_groups)
 
 Dim3 = tuple[int, int, int]
 Geometry = tuple[Dim3, Dim3, int]
@@ -110,6 +110,18 @@ def _mmv(p) -> Geometry:
 def _mmv_id(p) -> Geometry:
     d = _ne(p, 0)   # (M, n_used, T)
     return (_cdiv(d[0], MMV_WARPS), max(d[1], 1), max(d[2], 1)), (MMV_BLOCK, 1, 1), 0
+
+
+def _mmid_sorted(p) -> Geometry:
+    """mul_mat_id_q_* / mul_mat_id_f_*: a warp per row m, 4 rows a block; a block row per expert of t[1]
+    (E = its ne[2]); grid z the k parts of ip[0]."""
+    d, w = _ne(p, 0), _ne(p, 1)
+    return (_cdiv(d[0], MMV_WARPS), max(w[2], 1), max(_ip(p, 0), 1)), (MMV_BLOCK, 1, 1), 0
+
+
+def _mm_ids_helper(p) -> Geometry:
+    """moe.cu mm_ids_helper: one warp per expert (the bounds t[2] hold E + 1)."""
+    return (max(_ne(p, 2)[0] - 1, 1), 1, 1), (32, 1, 1), 0
 
 
 def _mmv_gathered(p) -> Geometry:
@@ -387,6 +399,9 @@ def _table() -> dict[str, Callable[[np.ndarray], Geometry]]:
     _x_types(t)
     t.update(_gemma_qwen_geometry())
     t.update({"sum_rows_f32": _per_row(1), "clamp_f32": _elementwise(0), "div_f32": _binary})
+    t["mm_ids_helper"] = _mm_ids_helper
+    t.update({f"mul_mat_id_q_{w}": _mmid_sorted for w in MMID_Q_TYPES})
+    t.update({f"mul_mat_id_f_{w}": _mmid_sorted for w in MMID_F_TYPES})
     return t
 
 

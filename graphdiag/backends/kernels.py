@@ -101,16 +101,18 @@ def _specs() -> dict[str, KernelSpec]:
         s.append(KernelSpec(f"mul_mat_vec_add_{w}",
                             ("dst (M, N)", f"W {w} (K, M)", x, "r F32 (M, N), same shape as dst"),
                             doc="fused mat-vec + ADD (the residual): dst = W x + r; N <= 8 (1 in the graphs)"))
+        xid = ("xq Q8_1 (K, n_b, T) from quantize_q8_1" if w == "q8_0" else "x F32 (K, n_b, T)") + ", n_b in {1, n_used}"
         s.append(KernelSpec(f"mul_mat_id_vec_{w}",
-                            ("dst (M, n_used, T)", f"experts {w} (K, M, E)", "x F32 (K, n_b, T), n_b in {1, n_used}",
-                             "ids I32 (n_used, T)"),
-                            doc="dst[t, s, :] = experts[ids[t, s]] . x[t, s if n_b > 1 else 0]; fast path, no sync"))
+                            ("dst (M, n_used, T)", f"experts {w} (K, M, E)", xid, "ids I32 (n_used, T)"),
+                            doc=f"dst[t, s, :] = experts[ids[t, s]] . x[t, s if n_b > 1 else 0] ({dot}); fast path, "
+                                "no sync: upstream's mmvq (q8_0, T <= 8) or MMF reading the ids (float, T <= 16)"))
         s.append(KernelSpec(f"mul_mat_id_vec_glu_{w}",
-                            ("dst (M, n_used, 1)", f"gate experts {w} (K, M, E)", f"up experts {w} (K, M, E)",
-                             "x F32 (K, n_b, 1), n_b in {1, n_used}", "ids I32 (n_used, 1)"),
+                            ("dst (M, n_used, T)", f"gate experts {w} (K, M, E)", f"up experts {w} (K, M, E)",
+                             xid, "ids I32 (n_used, T)"),
                             ip=("glu op (1 = GEGLU, 2 = SWIGLU, 6 = SWIGLU_CLAMP)",), fp=("SWIGLU_CLAMP's limit",),
-                            doc="fused expert gate/up mat-vec + GLU of one token: dst[s] = glu(G[ids[s]] x, "
-                                "U[ids[s]] x), e.g. silu(G[ids[s]] x) * (U[ids[s]] x) (kernels/mul_mat_id_glu.cu)"))
+                            doc="fused expert gate/up mat-vec + GLU: dst[t, s] = glu(G[ids[t, s]] x, U[ids[t, s]] "
+                                "x), e.g. silu(G x) * (U x); float experts at one token (mul_mat_id_glu.cu), "
+                                "q8_0 up to 8 tokens (mul_mat_vec.cu)"))
         s.append(KernelSpec(f"mul_mat_id_gathered_{w}",
                             ("dst (M, n_used, T)", f"experts {w} (K, M, E)", "x F32 (K, n_b, T)",
                              "row map I32 pairs (slot, token), device memory written by the host"),
@@ -208,7 +210,41 @@ def _specs() -> dict[str, KernelSpec]:
     ]
     s += _gemma_qwen_specs()
     s += _moe_norm_specs()
+    s += _mmid_specs()
     return {k.name: k for k in s}
+
+
+MMID_Q_TYPES = ("q8_0",) + Q_TYPES          # mul_mat_id_q_*: upstream's MMQ path of the experts
+MMID_F_TYPES = ("f32", "f16", "bf16")       # mul_mat_id_f_*: upstream's MMF path above 16 tokens
+_MAP = "map I32 (2, P): mm_ids_helper's (slot, token) pairs, expert by expert"
+_BOUNDS = "bounds I32 (E + 1): expert e's pairs are [bounds[e], bounds[e + 1]) of the map"
+
+
+def _mmid_specs() -> list[KernelSpec]:
+    """MUL_MAT_ID over an expert-sorted map of its pairs (gpu/lowering_mmid.py): the map's builder and the
+    mat-muls that read it, where upstream runs mm_ids_helper before mul_mat_q (MMQ) or mul_mat_f_ids (MMF)."""
+    s = [KernelSpec("mm_ids_helper", (_MAP + ", P = n_used * T", "ids I32 (n_used, T)", _BOUNDS),
+                    doc="block e (one warp) writes, token by token (slots in order within a token), the pairs "
+                        "(s, t) with ids[t, s] = e from bounds[e] = the count of pairs of lower experts; the last "
+                        "block writes bounds[E] (ggml-cuda mmid.cu's mm_ids_helper, as a map of pairs)")]
+    split = ("S: k parts (0 or 1: none); part p sums k in [64 * (p * U // S), 64 * ((p + 1) * U // S)) clipped "
+             "to K, U = ceil(K / 64), part 0 into dst, part p > 0 into partials at i3 = p - 1",)
+    for w in MMID_Q_TYPES:
+        s.append(KernelSpec(f"mul_mat_id_q_{w}",
+                            ("dst (M, n_used, T)", f"experts {w} (K, M, E)", "xq Q8_1 (K, n_b, T) from quantize_q8_1",
+                             "partials F32 (M, n_used, T, S - 1), pool scratch; only when S > 1", _MAP, _BOUNDS),
+                            ip=split,
+                            doc="for each expert e and pair (s, t) of its range: dst[t, s, :] = experts[e] . "
+                                "xq[t, s if n_b > 1 else 0], the mat-vec's integer dots on Q8_1 x; upstream's "
+                                "mul_mat_q with ids (mul_mat_q_stream_k_fixup where S > 1: mul_mat_fixup_f32)"))
+    for w in MMID_F_TYPES:
+        s.append(KernelSpec(f"mul_mat_id_f_{w}",
+                            ("dst (M, n_used, T)", f"experts {w} (K, M, E)", "x F32 (K, n_b, T)", "unused", _MAP,
+                             _BOUNDS),
+                            ip=("0 (one part)",),
+                            doc="for each expert e and pair (s, t) of its range: dst[t, s, :] = experts[e] . "
+                                "x[t, s if n_b > 1 else 0] in float32; upstream's mul_mat_f_ids (MMF, T > 16)"))
+    return s
 
 
 QUANT_DOC = ("per unit b (32 weights of the row, one Q8_1 block of x) with integer dot_b = sum_i q_w[i] * "
@@ -241,12 +277,14 @@ def _x_specs() -> list[KernelSpec]:
             KernelSpec(f"mul_mat_vec_add_{w}", ("dst (M, N)", f"W {w} (K, M)", x, "r F32 (M, N)"),
                        ip=("unused", "warps per row"), doc="W x + r; N <= 8"),
             KernelSpec(f"mul_mat_id_vec_{w}", ("dst (M, n_used, T)", f"experts {w} (K, M, E)",
-                                               "x F32 (K, n_b, T)", "ids I32 (n_used, T)"),
-                       doc=f"dst[t, s, :] = ({deq} of experts[ids[t, s]]) . x[t, s or 0] (F32 x)"),
-            KernelSpec(f"mul_mat_id_vec_glu_{w}", ("dst (M, n_used, 1)", f"gate experts {w} (K, M, E)",
-                                                   f"up experts {w} (K, M, E)", "x F32 (K, n_b, 1)", "ids I32 (n_used, 1)"),
+                                               x.replace("(K, N)", "(K, n_b, T)"), "ids I32 (n_used, T)"),
+                       doc=(f"dst[t, s, :] = experts[ids[t, s]] . x[t, s or 0]: {dot}" if q else
+                            f"dst[t, s, :] = ({deq} of experts[ids[t, s]]) . x[t, s or 0] (F32 x)")),
+            KernelSpec(f"mul_mat_id_vec_glu_{w}", ("dst (M, n_used, T)", f"gate experts {w} (K, M, E)",
+                                                   f"up experts {w} (K, M, E)", x.replace("(K, N)", "(K, n_b, T)"),
+                                                   "ids I32 (n_used, T)"),
                        ip=("glu op",), fp=("SWIGLU_CLAMP's limit",),
-                       doc="glu(G[ids[s]] x, U[ids[s]] x) of one token (F32 x)"),
+                       doc="glu(G[ids[t, s]] x, U[ids[t, s]] x)" + (", T <= 8 (Q8_1 x)" if q else " of one token (F32 x)")),
             KernelSpec(f"mul_mat_id_gathered_{w}", ("dst (M, n_used, T)", f"experts {w} (K, M, E)", "x F32 (K, n_b, T)",
                                                     "row map I32 pairs (slot, token)"),
                        ip=("expert id", "number of rows", "first pair in the row map"),

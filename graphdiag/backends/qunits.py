@@ -154,9 +154,15 @@ def _combine(t: int, u: Units, xq: np.ndarray) -> np.ndarray:
     return per.sum(axis=0, dtype=F32)
 
 
-def q8_dot(raw: np.ndarray, t: int, xq: np.ndarray) -> np.ndarray:
+def _unit_range(u: Units, units: slice) -> Units:
+    return Units(u.v[..., units, :], u.d[..., units], u.m[..., units], u.sc0[..., units], u.sc1[..., units])
+
+
+def q8_dot(raw: np.ndarray, t: int, xq: np.ndarray, units: slice = slice(None)) -> np.ndarray:
     """dst[b3, b2, n, m] = W[m] . x[n] as the MMVQ kernels compute it. raw: (W3, W2, M, row bytes) rows of
-    quantized type t, broadcast over x's batch dims by division; xq: (B3, B2, N, nu) Q8_1 records."""
+    quantized type t, broadcast over x's batch dims by division; xq: (B3, B2, N, nu) Q8_1 records; `units`:
+    the units of the row summed (a k part of a split mat-mul; all by default)."""
+    xq = xq[..., units]
     b3n, b2n, n, nu = xq.shape
     m = raw.shape[2]
     out = np.zeros((b3n, b2n, n, m), F32)
@@ -165,5 +171,6 @@ def q8_dot(raw: np.ndarray, t: int, xq: np.ndarray) -> np.ndarray:
         for b2 in range(b2n):
             wb = raw[b3 // (b3n // raw.shape[0]), b2 // (b2n // raw.shape[1])]
             for m0 in range(0, m, step):
-                out[b3, b2, :, m0:m0 + step] = _combine(t, decode(wb[m0:m0 + step], t), xq[b3, b2])
+                u = _unit_range(decode(wb[m0:m0 + step], t), units)
+                out[b3, b2, :, m0:m0 + step] = _combine(t, u, xq[b3, b2])
     return out

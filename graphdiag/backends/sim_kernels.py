@@ -20,7 +20,7 @@ from ..ir.dtypes import GGMLType
 from ..ir.ops import GluOp
 from ..memory import AddressSpace
 from . import cpu_ops as ops
-from . import sim_kernels_ops
+from . import sim_kernels_ops, sim_moe
 from .abi import Q8_1
 from .geometry import FAM_KV
 from .sim_quants import quant_kernels
@@ -509,8 +509,9 @@ def _build() -> dict[str, Kernel]:
         k[f"mul_mat_{w}"] = _mul_mat(f"mul_mat_{w}", wt, None)
         k[f"mul_mat_vec_glu_{w}"] = _mul_mat_vec_glu(f"mul_mat_vec_glu_{w}", wt)
         k[f"mul_mat_vec_add_{w}"] = _mul_mat_vec_add(f"mul_mat_vec_add_{w}", wt)
-        k[f"mul_mat_id_vec_{w}"] = _mul_mat_id_vec(f"mul_mat_id_vec_{w}", wt)
-        k[f"mul_mat_id_vec_glu_{w}"] = _mul_mat_id_vec_glu(f"mul_mat_id_vec_glu_{w}", wt)
+        if wt != GGMLType.Q8_0:    # Q8_0's read Q8_1 x (sim_moe.py)
+            k[f"mul_mat_id_vec_{w}"] = _mul_mat_id_vec(f"mul_mat_id_vec_{w}", wt)
+            k[f"mul_mat_id_vec_glu_{w}"] = _mul_mat_id_vec_glu(f"mul_mat_id_vec_glu_{w}", wt)
         k[f"mul_mat_id_gathered_{w}"] = _mul_mat_id_gathered(f"mul_mat_id_gathered_{w}", wt)
         k[f"rng_fill_{w}"] = _rng_fill(f"rng_fill_{w}", wt)
     k.update({
@@ -528,6 +529,7 @@ def _build() -> dict[str, Kernel]:
         "cpy_f32_f16": _cpy("cpy_f32_f16", GGMLType.F16),
     })
     k.update(quant_kernels())   # the file's weight types (sim_quants.py)
+    k.update(sim_moe.build(q8_dot, k_parts))   # the quantized experts on Q8_1 x, the expert-sorted map
     k.update(sim_kernels_ops.build(view))
     return k
 

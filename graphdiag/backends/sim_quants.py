@@ -1,8 +1,9 @@
 """The simulated driver's kernels for the X_TYPES weights (kernels/mmvq.cu, mul_mat_bf16 of mul_mat.cu):
 numpy twins over graphdiag.backends.qunits. Weights are viewed as raw row bytes; the MMVQ kernels' integer
 dots are exact and their float combination is quants.cuh's (float32 rounding apart); GET_ROWS and the
-prefill's dequantisation to F16 are bit for bit; the MoE kernels and BF16 compute float32 products of the
-dequantised weights. Preconditions are checked as sim_kernels checks them (CUDA_ERROR_INVALID_VALUE).
+prefill's dequantisation to F16 are bit for bit; BF16 (its MoE kernels too) and the sorted fallback's
+gathered kernels compute float32 products of the dequantised weights; the quantized experts' other kernels
+read Q8_1 x (sim_moe.py). Preconditions are checked as sim_kernels checks them (CUDA_ERROR_INVALID_VALUE).
 """
 
 from __future__ import annotations
@@ -157,7 +158,10 @@ def quant_kernels() -> dict:
         t = XTYPE[w]
         for stem, make in (("get_rows", _get_rows), ("dequantize_f16", _dequantize_f16),
                            ("mul_mat_vec", _mul_mat_vec), ("mul_mat_vec_add", _mul_mat_vec_add),
-                           ("mul_mat_vec_glu", _mul_mat_vec_glu), ("mul_mat_id_vec", _mul_mat_id_vec),
-                           ("mul_mat_id_vec_glu", _mul_mat_id_vec_glu), ("mul_mat_id_gathered", _mul_mat_id_gathered)):
+                           ("mul_mat_vec_glu", _mul_mat_vec_glu), ("mul_mat_id_gathered", _mul_mat_id_gathered)):
             k[f"{stem}_{w}"] = make(f"{stem}_{w}", t)
+    # BF16's experts read F32 x (MMF / MMVF upstream); the quantized types' MUL_MAT_ID kernels read Q8_1 x
+    # (sim_moe.py)
+    k["mul_mat_id_vec_bf16"] = _mul_mat_id_vec("mul_mat_id_vec_bf16", G.BF16)
+    k["mul_mat_id_vec_glu_bf16"] = _mul_mat_id_vec_glu("mul_mat_id_vec_glu_bf16", G.BF16)
     return k

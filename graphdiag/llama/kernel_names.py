@@ -5,9 +5,12 @@ llama.cpp's kernel nodes are named by their CUDA function (`cuFuncGetName`: mang
 (`mul_mat_vec_add_q8_0`). `upstream(name)` gives the ggml identifier a graphdiag kernel stands for (a fused
 mat-vec+add is still ggml's `mul_mat_vec_q`, a fused rms_norm+mul its `rms_norm_f32`), `identifier(name)`
 cuts ggml's function name to its identifier; a few families stay coarser where the kernels differ in kind
-but not in place (`rope` for rope_norm/rope_neox, `quantize` for ggml's two Q8_1 quantisers, `fixup` for a
+but not in place (`rope` for rope_norm/rope_neox, `quantize` for ggml's two Q8_1 quantisers,
+`mul_mat_vec_q` for its MoE form mul_mat_vec_q_moe (more than one token), `fixup` for a
 second launch that adds split parts: MMQ stream-k, flash attention stream-k, cuBLAS's split-K reduce,
 graphdiag's mul_mat_fixup_f32; `cublas_gemm` for the GEMM cuBLAS ran and graphdiag's F32 stand-in).
+A float MUL_MAT_ID outside the fused gate/up is ggml's MMF with ids (`mul_mat_f`) on NVIDIA, whatever
+graphdiag's kernel is called (mul_mat_id_vec_f16: upstream never runs a float MUL_MAT_ID as a mat-vec there).
 """
 
 from __future__ import annotations
@@ -17,6 +20,7 @@ from dataclasses import dataclass
 
 # ggml identifier -> the coarser family both sides are compared in
 _COARSE = {"rope_norm": "rope", "rope_neox": "rope", "quantize_q8_1": "quantize", "quantize_mmq_q8_1": "quantize",
+           "mul_mat_vec_q_moe": "mul_mat_vec_q",
            "mul_mat_q_stream_k_fixup": "fixup", "flash_attn_stream_k_fixup_uniform": "fixup",
            "flash_attn_stream_k_fixup_general": "fixup"}
 # graphdiag kernel name pattern -> ggml identifier (first match wins)
@@ -28,6 +32,8 @@ _GRAPHDIAG = (
     (r"flash_attn_mma", "flash_attn_ext_f16"), (r"flash_attn_vec", "flash_attn_ext_vec"),
     (r"^glu_", "unary_gated_op_kernel"), (r"topk_moe", "topk_moe_cuda"),
     (r"moe_weighted_reduction", "moe_weighted_reduction_f32"),
+    (r"^mm_ids_helper$", "mm_ids_helper"), (r"mul_mat_id_f_", "mul_mat_f_ids"),
+    (r"mul_mat_id_vec_(f16|bf16|f32)$", "mul_mat_f"),
     (r"mul_mat_(id_)?vec_.*(f16|bf16|f32)$", "mul_mat_vec_f"), (r"mul_mat_(id_)?vec_", "mul_mat_vec_q"),
     (r"mul_mat_(id_)?f32$", "cublas_gemm"), (r"mul_mat_(id_)?(f16|bf16)$", "mul_mat_f"),
     (r"mul_mat_(id_)?q", "mul_mat_q"),

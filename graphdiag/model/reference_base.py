@@ -238,11 +238,16 @@ class ReferenceBase:
         Q5_K, Q6_K), x is first rounded to Q8_1 as ggml's quantized mat-vec and mat-mul paths do (per 32 values: d = max|x| / 127 stored as f16, q = rint(x/d))
         — the arithmetic llama.cpp defines, so the oracle bound stays tight for quantised runs (GPU backend)."""
         w = self.w(name)
+        return _times_t(self._x_for(x, name), w)
+
+    def _x_for(self, x: np.ndarray, name: str) -> np.ndarray:
+        """x as a product with weight `name` reads it: rounded to Q8_1 (jittered first in a noise twin) where
+        the GPU backend rounds it (a block-quantised weight), else x itself. `name` must have been loaded."""
         if not (self.q8_1 and name in self._q8):
-            return _times_t(x, w)
+            return x
         if self.jitter:
             x = x * (1.0 + self.jitter * self._rng.standard_normal(x.shape))
-        return _times_t(_q8_1_rounded(x), w)
+        return _q8_1_rounded(x)
 
     def _attention(self, il: int, h: np.ndarray, seqs: np.ndarray, pos: np.ndarray) -> np.ndarray:
         cfg, p, t = self.cfg, f"blk.{il}.", h.shape[0]
@@ -289,13 +294,14 @@ class ReferenceBase:
         if cfg.moe_norm_w:
             total = np.take_along_axis(probs, top, axis=-1).sum(axis=-1, keepdims=True)
             weight = probs / np.maximum(total, MOE_NORM_MIN)
-        gate, up, down = (self.w(p + f"ffn_{n}_exps.weight") for n in ("gate", "up", "down"))
+        names = [p + f"ffn_{n}_exps.weight" for n in ("gate", "up", "down")]
+        gate, up, down = (self.w(n) for n in names)
         out = np.zeros_like(h)
         for e in np.unique(top):
             rows, _ = np.nonzero(top == e)
-            x = h[rows]
+            x = self._x_for(h[rows], names[0])     # quantised experts read Q8_1 x, as upstream's mmvq / mmq
             a = _silu(x @ gate[e].T) * (x @ up[e].T)
-            out[rows] += weight[rows, e][:, None] * (a @ down[e].T)
+            out[rows] += weight[rows, e][:, None] * (self._x_for(a, names[2]) @ down[e].T)
         return out
 
 

@@ -11,7 +11,7 @@ from graphdiag.backends.kernels import KERNELS, W_TYPES, fa_mma_kernel, fa_vec_k
 from graphdiag.ir.dtypes import GGMLType as G
 from quant_cases import quant_cases
 from cases_ops import op_cases
-from kernel_cases import F16_OUT, F32_DOT, F32_ELEM, FA_MMA, ROPE, ROPE_SINCOS, TC_DOT, Case
+from kernel_cases import F16_OUT, F32_DOT, F32_ELEM, FA_MMA, ROPE, ROPE_SINCOS, TC_DOT, Case, expert_map
 
 WT = {"f32": G.F32, "f16": G.F16, "q8_0": G.Q8_0}
 
@@ -184,24 +184,57 @@ def quantize_cases() -> list[Case]:
     return out
 
 
+def _ids(c: Case, e: int, n_used: int, t: int) -> np.ndarray:
+    """(T, n_used) expert ids, distinct per token (a top-k router's)."""
+    return np.stack([c.rng.permutation(e)[:n_used] for _ in range(t)]).astype(np.int32)
+
+
 def moe_cases() -> list[Case]:
     out = []
     for w in W_TYPES:
         e, k, m, n_used, t = 4, 256, 100, 2, 3
+        tg = t if w == "q8_0" else 1          # the fused gate/up: q8_0 up to 8 tokens (mmvq), float at one
         for n_b in (1, n_used):
             c = Case(f"mul_mat_id_vec_{w}", f"E{e}-nb{n_b}", F32_DOT)
             ids = c.ints(c.rng.permutation(e * t)[: n_used * t] % e, (n_used, t))
-            out.append(c.set(c.output(G.F32, m, n_used, t), c.randn(WT[w], k, m, e),
-                             c.randn(G.F32, k, n_b, t), ids))
+            out.append(c.set(c.output(G.F32, m, n_used, t), c.randn(WT[w], k, m, e), _x(c, w, k, n_b, t), ids))
         for n_b in (1, n_used):
-            c = Case(f"mul_mat_id_vec_glu_{w}", f"E{e}-nb{n_b}", F32_DOT)
-            ids = c.ints(c.rng.permutation(e)[:n_used], (n_used, 1))
-            out.append(c.set(c.output(G.F32, m, n_used, 1), c.randn(WT[w], k, m, e), c.randn(WT[w], k, m, e),
-                             c.randn(G.F32, k, n_b, 1), ids, ip=(2,)))
+            c = Case(f"mul_mat_id_vec_glu_{w}", f"E{e}-nb{n_b}-T{tg}", F32_DOT)
+            ids = c.ints(_ids(c, e, n_used, tg), (n_used, tg))
+            out.append(c.set(c.output(G.F32, m, n_used, tg), c.randn(WT[w], k, m, e), c.randn(WT[w], k, m, e),
+                             _x(c, w, k, n_b, tg), ids, ip=(2,)))
         c = Case(f"mul_mat_id_gathered_{w}", "rows-1..4", F32_DOT)
         pairs = c.ints([[0, 0], [1, 0], [0, 1], [1, 2], [0, 2], [1, 1]], (2, 6))   # (slot, token) pairs
         out.append(c.set(c.output(G.F32, m, n_used, t), c.randn(WT[w], k, m, e), c.randn(G.F32, k, n_used, t),
                          pairs, ip=(2, 3, 1)))
+    return out + sorted_moe_cases()
+
+
+def sorted_moe_cases() -> list[Case]:
+    """mm_ids_helper (the map and the bounds) and the mat-muls over its map: mul_mat_id_q_q8_0 on Q8_1 x whole
+    and in 3 k parts (dst holds part 0, the partials the others), mul_mat_id_f_f32 / _f16 on F32 x. 20 tokens
+    of 2 of 8 experts (one expert left without a pair), x broadcast (gate/up) or per slot (down)."""
+    out = []
+    e, k, m, n_used, t = 8, 512, 70, 2, 20
+    for ne_ids in ((2, 5), (n_used, t)):
+        for slot, what in ((0, "map"), (2, "bounds")):
+            c = Case("mm_ids_helper", f"ids{ne_ids[0]}x{ne_ids[1]}-E{e}-{what}", 0.0)
+            ids = c.ints(_ids(c, e - 1, ne_ids[0], ne_ids[1]), ne_ids)
+            out.append(c.set(c.output(G.I32, 2, ne_ids[0] * ne_ids[1]), ids, c.output(G.I32, e + 1)))
+            out[-1].out = slot
+    for n_b in (1, n_used):
+        for parts, slot in ((0, 0), (3, 0), (3, 3)):
+            c = Case("mul_mat_id_q_q8_0", f"E{e}-nb{n_b}-T{t}-parts{parts}-{'partials' if slot else 'dst'}", F32_DOT)
+            pairs, bounds = expert_map(c, _ids(c, e - 1, n_used, t), e)
+            partials = c.output(G.F32, m, n_used, t, 2) if parts else None
+            out.append(c.set(c.output(G.F32, m, n_used, t), c.randn(G.Q8_0, k, m, e), c.q8_1(k, n_b, t), partials,
+                             pairs, bounds, ip=(parts,)))
+            out[-1].out = slot
+        for w in ("f32", "f16"):
+            c = Case(f"mul_mat_id_f_{w}", f"E{e}-nb{n_b}-T{t}", F32_DOT)
+            pairs, bounds = expert_map(c, _ids(c, e - 1, n_used, t), e)
+            out.append(c.set(c.output(G.F32, m, n_used, t), c.randn(WT[w], k, m, e), c.randn(G.F32, k, n_b, t), None,
+                             pairs, bounds))
     return out
 
 

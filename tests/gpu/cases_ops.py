@@ -187,8 +187,9 @@ def norm_scale_swiglu_clamp_cases() -> list[Case]:
                              fp=(7.0,)))
         c = Case(f"mul_mat_id_vec_glu_{w}", "swiglu-clamp-E4-nb2", F32_DOT)
         ids = c.ints(c.rng.permutation(4)[:2], (2, 1))
+        x = c.q8_1(256, 2, 1) if w == "q8_0" else c.randn(G.F32, 256, 2, 1)   # Q8_0 experts read Q8_1 x (mmvq)
         out.append(c.set(c.output(G.F32, 100, 2, 1), c.randn(WT[w], 256, 100, 4), c.randn(WT[w], 256, 100, 4),
-                         c.randn(G.F32, 256, 2, 1), ids, ip=(6,), fp=(7.0,)))
+                         x, ids, ip=(6,), fp=(7.0,)))
     return out
 
 

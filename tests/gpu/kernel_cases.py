@@ -138,6 +138,17 @@ class Case:
                 dev.free(a)
 
 
+def expert_map(c: Case, ids: np.ndarray, n_expert: int) -> tuple[Desc, Desc]:
+    """mm_ids_helper's output for ids (T, n_used), as inputs of mul_mat_id_q_* / mul_mat_id_f_*: the map
+    I32 (2, P) of (slot, token) pairs expert by expert (tokens in order) and the bounds I32 (E + 1)."""
+    flat = np.asarray(ids, np.int32).reshape(-1)
+    n_used = np.asarray(ids).shape[-1]
+    order = np.argsort(flat, kind="stable")
+    pairs = np.stack([order % n_used, order // n_used], axis=1)
+    bounds = np.searchsorted(flat[order], np.arange(n_expert + 1))
+    return c.ints(pairs, (2, len(pairs))), c.ints(bounds, (n_expert + 1,))
+
+
 class SimDevice:
     """Simulated device memory running graphdiag.backends.sim_kernels (the reference)."""
 

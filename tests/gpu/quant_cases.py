@@ -1,7 +1,8 @@
 """Kernel cases for the file's weight types (kernels/mmvq.cu, mul_mat_bf16): random ggml blocks with sane
 scales (random quant bytes, f16 scales in a small range), MMVQ shapes with K a multiple of 256 (the
 K-quants' super-block) plus Gemma 3's 640-wide rows for the 32-blocks, rows shared by warps, 1..8 columns,
-batch broadcast, the fused GLU (REGLU/GEGLU/SWIGLU) and ADD, GET_ROWS, the prefill's dequantisation, MoE."""
+batch broadcast, the fused GLU (REGLU/GEGLU/SWIGLU) and ADD, GET_ROWS, the prefill's dequantisation, MoE (Q8_1 x
+for the quantized experts, the expert-sorted map's mat-muls)."""
 
 from __future__ import annotations
 
@@ -12,7 +13,7 @@ from graphdiag.backends.qunits import LAYOUT
 from support.quant_data import random_rows
 from graphdiag.ir.build import contiguous_nb
 from graphdiag.ir.dtypes import GGMLType as G
-from kernel_cases import F32_DOT, Case, Desc
+from kernel_cases import F32_DOT, Case, Desc, expert_map
 
 XT = {"q4_0": G.Q4_0, "q5_0": G.Q5_0, "q5_1": G.Q5_1, "q4_k": G.Q4_K, "q5_k": G.Q5_K, "q6_k": G.Q6_K,
       "bf16": G.BF16}
@@ -73,18 +74,38 @@ def _rows(w: str) -> list[Case]:
 def _moe(w: str) -> list[Case]:
     out = []
     e, k, m, n_used, t = 4, 256, 100, 2, 3
+    tg = 1 if w == "bf16" else t              # the fused gate/up: quantized up to 8 tokens (mmvq), BF16 at one
     for n_b in (1, n_used):
-        c = Case(f"mul_mat_id_vec_{w}", f"E{e}-nb{n_b}", F32_DOT)
+        c = Case(f"mul_mat_id_vec_{w}", f"E{e}-nb{n_b}", _bound(w))
         ids = c.ints(c.rng.permutation(e * t)[: n_used * t] % e, (n_used, t))
-        out.append(c.set(c.output(G.F32, m, n_used, t), qweights(c, w, k, m, e), c.randn(G.F32, k, n_b, t), ids))
-        c = Case(f"mul_mat_id_vec_glu_{w}", f"E{e}-nb{n_b}", F32_DOT)
-        ids = c.ints(c.rng.permutation(e)[:n_used], (n_used, 1))
-        out.append(c.set(c.output(G.F32, m, n_used, 1), qweights(c, w, k, m, e), qweights(c, w, k, m, e),
-                         c.randn(G.F32, k, n_b, 1), ids, ip=(1,)))
+        out.append(c.set(c.output(G.F32, m, n_used, t), qweights(c, w, k, m, e), _x(c, w, k, n_b, t), ids))
+        c = Case(f"mul_mat_id_vec_glu_{w}", f"E{e}-nb{n_b}-T{tg}", _bound(w))
+        ids = c.ints(np.stack([c.rng.permutation(e)[:n_used] for _ in range(tg)]), (n_used, tg))
+        out.append(c.set(c.output(G.F32, m, n_used, tg), qweights(c, w, k, m, e), qweights(c, w, k, m, e),
+                         _x(c, w, k, n_b, tg), ids, ip=(1,)))
+    out += _sorted_moe(w)
     c = Case(f"mul_mat_id_gathered_{w}", "rows-1..4", F32_DOT)
     pairs = c.ints([[0, 0], [1, 0], [0, 1], [1, 2], [0, 2], [1, 1]], (2, 6))
     out.append(c.set(c.output(G.F32, m, n_used, t), qweights(c, w, k, m, e), c.randn(G.F32, k, n_used, t),
                      pairs, ip=(2, 3, 1)))
+    return out
+
+
+def _sorted_moe(w: str) -> list[Case]:
+    """The mat-mul over mm_ids_helper's map: mul_mat_id_q_{w} on Q8_1 x, whole and in 3 k parts (dst: part 0,
+    the partials: the rest), mul_mat_id_f_bf16 on F32 x; 12 tokens of 2 of 6 experts (one without a pair)."""
+    e, k, m, n_used, t = 6, 768, 40, 2, 12
+    name, splits = (f"mul_mat_id_f_{w}", ((0, 0),)) if w == "bf16" else (f"mul_mat_id_q_{w}", ((0, 0), (3, 0), (3, 3)))
+    out = []
+    for n_b in (1, n_used):
+        for parts, slot in splits:
+            c = Case(name, f"E{e}-nb{n_b}-T{t}-parts{parts}-{'partials' if slot else 'dst'}", _bound(w))
+            ids = np.stack([c.rng.permutation(e - 1)[:n_used] for _ in range(t)])
+            pairs, bounds = expert_map(c, ids, e)
+            partials = c.output(G.F32, m, n_used, t, 2) if parts else None
+            out.append(c.set(c.output(G.F32, m, n_used, t), qweights(c, w, k, m, e), _x(c, w, k, n_b, t), partials,
+                             pairs, bounds, ip=(parts,)))
+            out[-1].out = slot
     return out
 
 

@@ -114,6 +114,34 @@ def test_moe_captures_as_llama_cpp_with_cublas_split_k(tmp_path):
 
 
 
+# The experts' MUL_MAT_IDs of moe-tiny Q8_0 (exported as llama's MoE), as llama.cpp 0c1e57098 launches them on
+# the H200 (ggml-cuda.cu ggml_cuda_mul_mat_id; tests/unit/test_mul_mat_id_paths.py): up to 8 tokens mmvq, the gate
+# and up fused with their GLU (quantize_q8_1 + mul_mat_vec_q(_moe) each, 4 kernels a layer); above, MMQ with ids
+# (mm_ids_helper, quantize_mmq_q8_1, mul_mat_q, mul_mat_q_stream_k_fixup: 4 a MUL_MAT_ID, 13 a layer with the GLU).
+# llama.cpp's counts were measured by the differential test (tests/gpu/test_llama_differential.py, H200): 101 at 3
+# tokens, 105 at 6, 158 at 10 and 11; graphdiag captured 102, 106, 123 and 123 there before its experts launched
+# upstream's kernels. 1 token (98 + 1) is read off the source, not measured.
+MOE_Q8_0_SCENARIO = """name = "moe-batches"
+description = "moe-tiny decoding 1, 3, 6, 10 and 11 sequences"
+timeline = [{ at_step = 6, batch = 6 }, { at_step = 9, batch = 10 }, { at_step = 12, batch = 11 }]
+
+[run]
+model = "tiny"
+prompt_tokens = 1
+steps = 12
+batch = 3
+"""
+
+
+def test_moe_q8_0_captures_as_llama_cpp_measured(tmp_path):
+    p = tmp_path / "moe-q8_0.gguf"
+    assert main(["export-gguf", "--model", "moe-tiny", "--wtype", "q8_0", str(p)]) == 0
+    scenario = tmp_path / "moe-batches.toml"
+    scenario.write_text(MOE_Q8_0_SCENARIO, encoding="utf-8")
+    theirs = [98, 101, 105, 158, 158]       # at 1, 3, 6, 10 and 11 tokens
+    assert _captures(str(p), str(scenario)) == [n + EMBEDDING_ON_CPU for n in theirs]
+
+
 def _kernel_names(model: str, scenario: str, monkeypatch) -> list[list[str]]:
     """The kernel names of each graph graphdiag captures on the simulated driver (its nodes carry the names
     the CUDA driver's kernels have), one graph per split."""
@@ -146,27 +174,21 @@ NAME_DIFFERENCES = {
                                        ("flash_attn_combine_f32", "fixup"): (11, 35, 59, 83)},
     ("tiny-q8_0-fusion-boundary", 2): {(_FA_VEC, "flash_attn_ext_f16"): (10, 34, 58, 82),
                                        ("flash_attn_combine_f32", "fixup"): (11, 35, 59, 83)},
-    # moe-tiny F16, 1 token: each layer's experts' down projection (MUL_MAT_ID, F16): llama.cpp's MMF with ids
-    # (mul_mat_f<..., ids>), graphdiag's id mat-vec
-    ("moe-f16-fusion-boundary", 0): {("mul_mat_id_vec_f16", "mul_mat_f"): (14, 31, 48, 68)},
+    # moe-tiny F16: the experts' unfused MUL_MAT_IDs are llama.cpp's MMF with ids (mul_mat_f<..., ids>) at 1..16
+    # tokens, and graphdiag's mul_mat_id_vec_f16 stands for it (kernel_names.py): no difference at 1 or 9 tokens.
     # 2 tokens: float MUL_MAT at 2-8 columns (each layer's Q, K, V and output projections, the LM head): graphdiag's
     # lowering runs its mat-vec kernel up to 8 columns whatever compat.mul_mat_path says, where ggml 0c1e57098
     # runs MMF (ggml_cuda_should_use_mmvf takes F16 on Ampere+ at ne11 == 1 only; gpu/pdl.py already gives
-    # those launches MMF's plain edges); the experts' three MUL_MAT_IDs likewise; flash attention as above
+    # those launches MMF's plain edges); flash attention as above
     ("moe-f16-fusion-boundary", 1): {
         ("mul_mat_vec_f16", "mul_mat_f"): (1, 3, 4, 9, 21, 23, 24, 29, 41, 43, 44, 49, 61, 63, 64, 69, 83),
-        ("mul_mat_id_vec_f16", "mul_mat_f"): (14, 15, 17, 34, 35, 37, 54, 55, 57, 76, 77, 79),
         (_FA_VEC, "flash_attn_ext_f16"): (7, 27, 47, 67),
         ("flash_attn_combine_f32", "fixup"): (8, 28, 48, 68)},
     # 8 tokens: as at 2 (the router's own mat-mul now on cuBLAS in both: no difference there)
     ("moe-f16-fusion-boundary", 2): {
         ("mul_mat_vec_f16", "mul_mat_f"): (1, 3, 4, 9, 22, 24, 25, 30, 43, 45, 46, 51, 64, 66, 67, 72, 87),
-        ("mul_mat_id_vec_f16", "mul_mat_f"): (15, 16, 18, 36, 37, 39, 57, 58, 60, 80, 81, 83),
         (_FA_VEC, "flash_attn_ext_f16"): (7, 28, 49, 70),
         ("flash_attn_combine_f32", "fixup"): (8, 29, 50, 71)},
-    # 9 tokens: only the experts' MUL_MAT_IDs (the plain mat-muls left graphdiag's mat-vec above 8 columns)
-    ("moe-f16-fusion-boundary", 3): {("mul_mat_id_vec_f16", "mul_mat_f"): (15, 16, 18, 36, 37, 39, 57, 58, 60, 80,
-                                                                          81, 83)},
 }
 
 

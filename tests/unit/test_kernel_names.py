@@ -32,10 +32,26 @@ def test_first_difference_leaves_out_the_embedding():
 
 def test_differences_name_every_position_not_only_the_first():
     from graphdiag.llama.kernel_names import KernelDifference, differences
-    ours = ["get_rows_f16", "mul_mat_vec_f16", "rms_norm_f32", "mul_mat_id_vec_f16"]
+    ours = ["get_rows_f16", "mul_mat_vec_f16", "rms_norm_f32", "mul_mat_vec_add_f16"]
     theirs = ["_Z9mul_mat_fIffEv", "rms_norm_f32", "_Z9mul_mat_fIffEv"]
     assert differences(ours, theirs) == [KernelDifference(0, "mul_mat_vec_f16", "mul_mat_vec_f", "mul_mat_f"),
-                                         KernelDifference(2, "mul_mat_id_vec_f16", "mul_mat_vec_f", "mul_mat_f")]
+                                         KernelDifference(2, "mul_mat_vec_add_f16", "mul_mat_vec_f", "mul_mat_f")]
+
+
+def test_moe_kernels_name_the_upstream_path_they_stand_for():
+    """ggml-cuda.cu ggml_cuda_mul_mat_id on NVIDIA: a float MUL_MAT_ID outside the fused gate/up runs MMF
+    (mul_mat_f with ids; above 16 tokens mm_ids_helper + mul_mat_f_ids, mmf.cu ggml_cuda_mul_mat_f), quantized
+    experts mmvq (mul_mat_vec_q, mul_mat_vec_q_moe above one token: mmvq.cu) or MMQ (mm_ids_helper,
+    quantize_mmq_q8_1, mul_mat_q [+ its stream-k fixup]: mmq.cu ggml_cuda_mul_mat_q)."""
+    assert [upstream(k) for k in ("mul_mat_id_vec_f16", "mul_mat_id_vec_bf16", "mul_mat_id_vec_glu_f16",
+                                  "mul_mat_id_vec_q8_0", "mul_mat_id_vec_glu_q4_k", "mm_ids_helper",
+                                  "mul_mat_id_q_q6_k", "mul_mat_id_f_bf16", "quantize_q8_1")] == [
+        "mul_mat_f", "mul_mat_f", "mul_mat_vec_f", "mul_mat_vec_q", "mul_mat_vec_q", "mm_ids_helper", "mul_mat_q",
+        "mul_mat_f_ids", "quantize"]
+    assert [identifier(k) for k in ("_Z17mul_mat_vec_q_moeIL9ggml_type8ELi1ELb0EEvPKv", "_Z13mm_ids_helperILi2EEv",
+                                    "_Z17quantize_mmq_q8_1IL22mmq_q8_1_ds_layout0ELb1EEv",
+                                    "_Z13mul_mat_f_idsI7__half2Li32ELi16ELi4EEv")] == [
+        "mul_mat_vec_q", "mm_ids_helper", "quantize", "mul_mat_f_ids"]
 
 
 def test_a_first_kernel_that_is_not_the_embedding_is_a_difference():

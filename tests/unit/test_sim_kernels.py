@@ -54,8 +54,9 @@ def test_every_catalogue_kernel_has_a_sim_implementation():
     # 66 for F32/F16/Q8_0, the Gemma/Qwen ops, the router argsort, the k-split fixup and the MoE weighted reduction (16 decode + 4 batch attention entries among them), the rest per new weight type
     # (+ 2: 0c1e57098's rms_norm_scale_f32 and glu_swiglu_clamp_f32; + 1: the top-k MoE router, topk_moe_f32;
     # + 4: the direct decode attention, flash_attn_vec_direct_f16_d{32,64,128,256}; + 3: llama's MoE weight norm
-    # unfused, sum_rows_f32, clamp_f32, div_f32)
-    assert len([k for k in SIM_KERNELS if not k.startswith("rng_fill_")]) - n_quant == 77
+    # unfused, sum_rows_f32, clamp_f32, div_f32; + 4: the experts' expert-sorted map, mm_ids_helper, and the
+    # mat-muls over it, mul_mat_id_q_q8_0, mul_mat_id_f_f32, mul_mat_id_f_f16)
+    assert len([k for k in SIM_KERNELS if not k.startswith("rng_fill_")]) - n_quant == 81
     assert n_quant > 0
 
 
@@ -184,18 +185,18 @@ def test_rope_set_rows_equals_rope_then_set_rows():
 def test_mul_mat_id_gathered_over_every_expert_equals_the_vec_path():
     m = Mem()
     E, K, M, T, n_used = 4, 32, 5, 3, 2
-    dex = m.put(G.Q8_0, (K, M, E, 1), quantize_q8_0(rand(1, E, M, K)))
+    dex = m.put(G.F16, (K, M, E, 1), rand(1, E, M, K))
     dx = m.put(G.F32, (K, n_used, T, 1), rand(1, T, n_used, K))
     ids = np.array([[[[1, 3], [3, 0], [1, 2]]]], np.int32)
     dids = m.put(G.I32, (n_used, T, 1, 1), ids)
     vec, gathered = m.put(G.F32, (M, n_used, T, 1)), m.put(G.F32, (M, n_used, T, 1))
-    run_kernel(m.space, "mul_mat_id_vec_q8_0", params(vec, dex, dx, dids))
+    run_kernel(m.space, "mul_mat_id_vec_f16", params(vec, dex, dx, dids))
     pairs = [(s, t) for e in range(E) for t in range(T) for s in range(n_used) if ids[0, 0, t, s] == e]
     dmap = m.put(G.I32, (2, len(pairs), 1, 1), np.array(pairs, np.int32).reshape(1, 1, -1, 2))
     first = 0
     for e in range(E):
         n = int((ids == e).sum())
-        run_kernel(m.space, "mul_mat_id_gathered_q8_0", params(gathered, dex, dx, dmap, ip=(e, n, first)))
+        run_kernel(m.space, "mul_mat_id_gathered_f16", params(gathered, dex, dx, dmap, ip=(e, n, first)))
         first += n
     np.testing.assert_array_equal(m.view(gathered), m.view(vec))
     np.testing.assert_array_equal(m.view(vec), ops.mul_mat_id(m.view(dex), m.view(dx), ids))

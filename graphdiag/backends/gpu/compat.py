@@ -41,13 +41,16 @@ def mmvq_mmid_max_batch(t: int, cc: int) -> int:
     return _MMVQ_MMID_PASCAL_OLDER.get(t, MMVQ_MAX_BATCH_SIZE)
 
 
-def mmq_refusal(t: int, cc: int, ncols: int) -> str:
-    """'' when ggml_cuda_should_use_mmq(t, cc, ncols, n_experts) holds on NVIDIA, else why not."""
+def mmq_refusal(t: int, cc: int, ncols: int, n_experts: int = 0) -> str:
+    """'' when ggml_cuda_should_use_mmq(t, cc, ncols, n_experts) holds on NVIDIA, else why not (n_experts:
+    src0's ne[2] for a MUL_MAT_ID, 0 for a MUL_MAT)."""
     if not is_quantized(t):
         return "MMQ: not quantized"
     if cc >= CC_TURING:
         return ""                                      # turing_mma_available
-    if cc < CC_DP4A:
+    if cc < CC_DP4A:                                   # "for MoE, mmq is faster even without native dp4a"
+        if cc >= CC_PASCAL and n_experts > 0:
+            return ""
         return f"MMQ: cc {cc // 100}.{cc % 100 // 10} < 6.1 (no dp4a)"
     if cc >= CC_VOLTA and ncols >= MMQ_DP4A_MAX_BATCH_SIZE:   # FP16 tensor cores: dp4a MMQ only for few columns
         return f"MMQ: {ncols} columns >= {MMQ_DP4A_MAX_BATCH_SIZE} with FP16 tensor cores (Volta)"
@@ -202,7 +205,7 @@ def mul_mat_id_sync_reason(node: Tensor, cc: int) -> str:
             mmv = "MMVQ: not quantized"
     else:
         mmv = f"MMVQ: {rows} tokens > {MMVQ_MAX_BATCH_SIZE}"
-    mmq = mmq_refusal(t, cc, ncols)
+    mmq = mmq_refusal(t, cc, ncols, src0.ne[2])
     if not mmq:
         return ""
     mmf = mmf_refusal(t, cc, src0, ncols)
@@ -214,6 +217,28 @@ def mul_mat_id_sync_reason(node: Tensor, cc: int) -> str:
 
 def mul_mat_id_needs_sync(node: Tensor, cc: int) -> bool:
     return bool(mul_mat_id_sync_reason(node, cc))
+
+
+MMF_IDS_DIRECT_MAX = 16   # tokens up to which MMF reads a MUL_MAT_ID's ids itself (mmf.cu: ncols_dst > 16 first
+                          # launches mm_ids_helper and runs mul_mat_f_ids over its expert-sorted map)
+
+
+def mul_mat_id_path(node: Tensor, cc: int) -> str:
+    """The path ggml_cuda_mul_mat_id (ggml-cuda.cu) takes for a MUL_MAT_ID on NVIDIA, in its order: 'mmvq'
+    (quantized experts up to get_mmvq_mmid_max_batch tokens), 'mmq' (ggml_cuda_should_use_mmq with
+    n_experts), 'mmf' (ggml_cuda_should_use_mmf with mul_mat_id), else 'sorted' (the fallback that copies
+    the ids to the host and synchronises: exactly where mul_mat_id_needs_sync holds)."""
+    src0, src1 = node.src[0], node.src[1]
+    if src1.type != GGMLType.F32 or node.type != GGMLType.F32:
+        return "sorted"
+    t, rows, ncols = src0.type, node.ne[2], src1.ne[2]
+    if rows <= MMVQ_MAX_BATCH_SIZE and is_quantized(t) and rows <= mmvq_mmid_max_batch(t, cc):
+        return "mmvq"
+    if not mmq_refusal(t, cc, ncols, src0.ne[2]):
+        return "mmq"
+    if not mmf_refusal(t, cc, src0, ncols):
+        return "mmf"
+    return "sorted"
 
 
 @dataclass(frozen=True)

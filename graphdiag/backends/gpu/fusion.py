@@ -7,7 +7,9 @@ their conditions are upstream ggml's, in try_fuse's order, for the ops graphdiag
   rope+view+set_rows     any batch (the K cache write)
   mul_mat_vec+glu        gate/up mat-vec + GLU, only when the mat-vec writes ONE column (1 token)
   mul_mat_vec+add        a mat-vec and the ADD of a same-shaped operand (the residual), only at 1 token
-  mul_mat_id_vec+glu     the experts' gate/up mat-vec + GLU (MoE), only at 1 token
+  mul_mat_id_vec+glu     the experts' gate/up mat-vec + GLU (MoE): float experts at 1 token; quantized
+                         ones at every batch their MMVQ path takes (up to get_mmvq_mmid_max_batch: 8 on
+                         Volta, Ada and newer), fused into mul_mat_vec_q_moe upstream
   rms_norm+mul(+...)     any batch: with rope(+view+set_rows), with add, or alone (fusion_norm.py)
   rms_norm+scale         any batch (0c1e57098): a SCALE of the norm with bias 0, tried after the MUL forms
   moe_weighted_reduction any batch (llama.cpp #25952, 0c1e57098): the experts' outputs times the router
@@ -29,8 +31,9 @@ Snake, the NVFP4 scale fusions and softcap match no graph here. Under
 SWIGLU_CLAMP (an op d99724f2's ggml does not have) is refused (lowering.refuse_ops_after).
 
 So a decode step at 1 token fuses more (and launches fewer kernels) than at 2: a 1 <-> 2 token change
-changes the captured CUDA graph's topology (the update is refused); 8 <-> 9 fuses alike (on quantised
-weights the mat-muls' stream-k fixups change it there: lowering.py).
+changes the captured CUDA graph's topology (the update is refused); 8 <-> 9 fuses alike but for quantised
+experts, whose gate/up+GLU fuses up to 8 tokens (and on quantised weights the mat-muls' stream-k fixups and
+the experts' MMQ launches change it there: lowering.py, lowering_mmid.py).
 llama.cpp's set_rows indices are I64 (its fusion requires it); graphdiag's index tensors are I32 and stand
 in for them, so that condition always holds here as it always does in llama.cpp.
 """
@@ -44,7 +47,7 @@ from ...ir.graph import Graph
 from ...ir.ops import GluOp, Op
 from ...ir.tensor import Tensor
 from ..geometry import TOPK_MOE_ROWS
-from .compat import CC_PASCAL, MMVQ_MAX_BATCH_SIZE, mmvf_ok
+from .compat import CC_PASCAL, MMVQ_MAX_BATCH_SIZE, mmvf_ok, mmvq_mmid_max_batch
 from .fusion_graph import (_COMPUTE, Fusion, _can_fuse, _memory_ranges_ok, _single_use, consumer_counts,
                            launching_nodes, subgraph_ok)
 from .fusion_norm import (RMS_NORM_MUL, RMS_NORM_MUL_ADD, RMS_NORM_MUL_ROPE, RMS_NORM_MUL_ROPE_SET_ROWS,
@@ -78,16 +81,17 @@ def _mmvf_ok(mm: Tensor, cc: int) -> bool:
 
 
 def _mmvq_ok(mm: Tensor, cc: int) -> bool:
-    """ggml_cuda_should_fuse_mul_mat_vec_q: a quantized mat-vec writing 1 column, not on Pascal or older."""
+    """ggml_cuda_should_fuse_mul_mat_vec_q: a quantized mat-vec (src1's ne[1] <= 8), not on Pascal or older,
+    writing 1 column (MUL_MAT), or (MUL_MAT_ID) up to get_mmvq_mmid_max_batch tokens: the experts' MMVQ
+    kernel takes the fusion at every batch it serves (mul_mat_vec_q_moe above one token)."""
     w, x = mm.src[0], mm.src[1]
-    one = mm.ne[2] == 1 if mm.op == Op.MUL_MAT_ID else mm.ne[1] == 1
+    cols = mm.ne[2] <= mmvq_mmid_max_batch(w.type, cc) if mm.op == Op.MUL_MAT_ID else mm.ne[1] == 1
     return (is_quantized(w.type) and x.type == GGMLType.F32 and mm.type == GGMLType.F32
-            and x.ne[1] <= MMVQ_MAX_BATCH_SIZE and cc > CC_PASCAL and one)
+            and x.ne[1] <= MMVQ_MAX_BATCH_SIZE and cc > CC_PASCAL and cols)
 
 
 def _mat_vec_fusable(mm: Tensor, cc: int) -> bool:
-    ne = mm.ne
-    if ne[2 if mm.op == Op.MUL_MAT_ID else 1] != 1:
+    if mm.op == Op.MUL_MAT and mm.ne[1] != 1:
         return False            # both paths need one column: a batch is refused before any other test
     return _mmvf_ok(mm, cc) or _mmvq_ok(mm, cc)
 
@@ -397,8 +401,8 @@ def _may_fuse(ops: list[int], ne1: list[int], ne2: list[int], i: int) -> bool:
         return nxt == _VIEW and nxt2 == _SET_ROWS
     if op == _MUL_MAT:      # mul_mat_vec+glu: the up mat-vec (node i+1) writes one column; +add: node i does
         return (nxt == _MUL_MAT and nxt2 == _GLU and ne1[i + 1] == 1) or ne1[i] == 1
-    if op == _MUL_MAT_ID:
-        return nxt == _MUL_MAT_ID and nxt2 == _GLU and ne2[i + 1] == 1
+    if op == _MUL_MAT_ID:   # the up mat-vec's tokens within the mat-vec paths (float: 1, quantized: <= 8)
+        return nxt == _MUL_MAT_ID and nxt2 == _GLU and ne2[i + 1] <= MMVQ_MAX_BATCH_SIZE
     if op == _MUL:          # the weighted reduction: its views follow (or the second MUL of the scaled form)
         return nxt == _VIEW or nxt == _MUL
     if op == _SOFT_MAX:     # the top-k MoE router: the probabilities reshaped, then their argsort

@@ -4,8 +4,8 @@ Each lowered op is prepared once (parameters packed once) and reused while the g
 `run(stream)` issues it. `ready` says whether it has been prepared: an eager evaluation prepares each op
 right before its first run (capture.CaptureLoop.evaluate), so the GPU starts on the first nodes while the
 host still packs the rest. Kernel choice follows ggml's dispatch: mat-vec while the batch fits the mat-vec
-path, mat-mul (tensor cores for F16 / Q8_0) otherwise; MUL_MAT_ID takes the fast path unless the needs-sync
-rule sends it to the sorted fallback, which copies the ids to the host and synchronises the stream.
+path, mat-mul (tensor cores for F16 / Q8_0) otherwise; MUL_MAT_ID follows ggml_cuda_mul_mat_id's paths
+(lowering_mmid.py), the sorted fallback among them, which copies the ids to the host and synchronises.
 
 A node's launch count depends on its op and weight type, for flash attention on whether upstream's vec
 kernel runs alone, and for a quantised mat-mul on whether upstream's stream-k MMQ needs its fixup (below);
@@ -30,6 +30,7 @@ otherwise never on n_kv or on which path its batch takes, so those changes keep 
                                                       writing the node) where upstream's vec kernel runs
                                                       alone: D 256 at n_kv 256 (geometry.fa_direct), so
                                                       n_kv 256 -> 512 changes the topology there, as upstream
+  MUL_MAT_ID (and its fused gate/up + GLU)         1 to 4 by upstream's path and batch: lowering_mmid.py
   everything else                                  1
 """
 
@@ -38,179 +39,25 @@ from __future__ import annotations
 import numpy as np
 
 from ...errors import GraphdiagError
-from ...ir.arena import TENSOR_SIZE
 from ...ir.attention import fa_operands
-from ...ir.dtypes import QK8_0, GGMLType, is_quantized
+from ...ir.dtypes import GGMLType, is_quantized
 from ...ir.graph import Graph
 from ...ir.ops import GluOp, Op
 from ...ir.tensor import Tensor
-from .. import abi
-from ..drivers.base import H200_MULTIPROCESSORS, Driver, Launch
-from .compat import (MMVQ_MAX_BATCH_SIZE, cublas_split_k_parts, mmq_stream_k_parts, mul_mat_id_needs_sync,
-                     mul_mat_path)
+from ..drivers.base import H200_MULTIPROCESSORS, Launch
+from .compat import MMVQ_MAX_BATCH_SIZE, cublas_split_k_parts, mmq_stream_k_parts, mul_mat_path
 from .descriptors import DescriptorTable
+from .launch_ops import KernelOp, ScratchLaunchesOp, q8_1_scratch, quantized_x_op
+from .launch_ops import W_SUFFIX as _W, X_SUFFIX as _X, pack_launch as _launch
+from .lowering_mmid import SortedMulMatIdOp, lower_mmid_glu, lower_mul_mat_id
 from .fusion import (MMID_GLU, MMV_ADD, MMV_GLU, MOE_WR, RMS_NORM_MUL, ROPE_SET_ROWS, TOPK_MOE, Fusion,
                      moe_reduction_operands, topk_moe_operands)
 from .fusion_graph import other_src
 from .fusion_norm import RMS_NORM_MUL_ADD, RMS_NORM_MUL_ROPE, RMS_NORM_MUL_ROPE_SET_ROWS, RMS_NORM_SCALE
-from ..abi import Q8_1, Q8_1_BYTES
-from ..geometry import (FA_HEAD_DIMS, FA_MAX_ROWS, fa_direct, fa_plan, fa_vec, geometry_of_bytes, launch_geometry,
-                        mmv_warps_per_row)
+from ..abi import Q8_1
+from ..geometry import FA_HEAD_DIMS, FA_MAX_ROWS, fa_direct, fa_plan, fa_vec, mmv_warps_per_row
 from ..kernels import fa_direct_kernel, fa_mma_kernel, fa_vec_kernel
 from .pdl import upstream_pdl
-from .pool import TempPool
-
-_W = {GGMLType.F32: "f32", GGMLType.F16: "f16", GGMLType.Q8_0: "q8_0"}
-# the file's weight types (kernels/mmvq.cu): their MUL_MAT follows ggml's dispatch (_lower_x_mul_mat)
-_X = {GGMLType.Q4_0: "q4_0", GGMLType.Q5_0: "q5_0", GGMLType.Q5_1: "q5_1", GGMLType.Q4_K: "q4_k",
-      GGMLType.Q5_K: "q5_k", GGMLType.Q6_K: "q6_k", GGMLType.BF16: "bf16"}
-_W.update(_X)
-
-
-def _launch(d: "DescriptorTable | None", name: str, tensors: list[Tensor | None], ip=(), fp=(),
-            scratch=()) -> Launch:
-    """One launch; `scratch`: (slot, type, ne, nb) of each descriptor that describes pool scratch (address 0
-    until the op runs and takes a buffer)."""
-    buf = bytearray(abi.KPARAMS.itemsize)
-    slot = 0
-    if d is None:
-        for t in tensors:
-            if t is not None:
-                abi.set_desc_from_struct(buf, slot, t.arena.mem, t.idx * TENSOR_SIZE)
-            slot += 1
-    else:
-        refs = []
-        for t in tensors:
-            if t is not None:
-                d.write(buf, slot, t.idx)
-                refs.append((slot, t.idx))
-            slot += 1
-        # the descriptors this launch takes from structs (scratch, written next, takes its slot's place)
-        taken = {sc[0] for sc in scratch}
-        d.described.append(tuple(r for r in refs if r[0] not in taken))
-    for slot_, type_, ne, nb in scratch:
-        abi.set_desc_bytes(buf, slot_, 0, type_, ne, nb)
-    abi.set_scalars_bytes(buf, ip, fp)
-    grid, block, shmem = geometry_of_bytes(name, buf)     # geometry read from the bytes, before the record
-    return Launch(name, grid, block, abi.params_from_bytes(buf), shmem)
-
-
-class KernelOp:
-    """One prepared launch."""
-
-    __slots__ = ("launch", "n_launches", "ready")
-
-    def __init__(self, launch: Launch):
-        self.launch = launch
-        self.n_launches = 1
-        self.ready = False
-
-    def prepare(self, driver: Driver) -> None:
-        driver.prepare(self.launch)
-        self.ready = True
-
-    def run(self, driver: Driver, stream, pool: TempPool) -> None:
-        driver.launch(stream, self.launch)
-
-
-class ScratchLaunchesOp:
-    """Launches sharing one scratch buffer taken from the pool around them: `slots[i]` lists the (descriptor,
-    byte offset) pairs of launches[i] that point into the buffer (re-packed only when the pool hands out
-    another buffer)."""
-
-    __slots__ = ("launches", "slots", "nbytes", "addr", "n_launches", "ready")
-
-    def __init__(self, launches: list[Launch], slots: list[int], nbytes: int):
-        self.launches, self.slots, self.nbytes, self.addr = launches, slots, nbytes, 0
-        self.n_launches = len(launches)
-        self.ready = False
-
-    def prepare(self, driver: Driver) -> None:
-        for launch in self.launches:
-            driver.prepare(launch)
-        self.ready = True
-
-    def _take(self, driver: Driver, pool: TempPool) -> tuple[int, int]:
-        """A buffer from the pool, the launches re-packed if it is not the one they point into."""
-        addr, size = pool.alloc(self.nbytes)
-        if addr != self.addr:
-            self._repack(driver, addr)
-        return addr, size
-
-    def _repack(self, driver: Driver, addr: int) -> None:
-        for launch, places in zip(self.launches, self.slots):
-            for slot, off in places:
-                launch.params["t"][slot]["data"] = addr + off
-            driver.prepare(launch)
-        self.addr = addr
-
-    def run(self, driver: Driver, stream, pool: TempPool) -> None:
-        addr, size = self._take(driver, pool)
-        for launch in self.launches:
-            driver.launch(stream, launch)
-        pool.free(addr, size)
-
-    def stage(self, driver: Driver, pool: TempPool, run: list) -> None:
-        """run() for an eager run of launches (CaptureLoop.run_eager): the buffer taken and handed back
-        around appending the launches to `run`, which the backend launches before the pool frees or
-        flushes anything on the device (TempPool.before_flush), so no launch is made after its buffer went.
-        A cached buffer that fits is taken and handed back in one call (TempPool.reuse)."""
-        addr = pool.reuse(self.nbytes)
-        if addr is not None:
-            if addr != self.addr:
-                self._repack(driver, addr)
-            run.extend(self.launches)
-            return
-        addr, size = self._take(driver, pool)
-        run.extend(self.launches)
-        pool.free(addr, size)
-
-
-class SortedMulMatIdOp:
-    """The MUL_MAT_ID sorted fallback: ids to the host (synchronising), one launch per used expert."""
-
-    n_launches = 1
-    ready = True   # nothing to prepare: every run makes its launches
-
-    def __init__(self, node: Tensor, d: "DescriptorTable | None" = None):
-        self.node = node
-        w = _W[node.src[0].type]
-        self.kernel = f"mul_mat_id_gathered_{w}"
-        self.template = _launch(d, self.kernel, [node, node.src[0], node.src[1], None])
-
-    def prepare(self, driver: Driver) -> None:
-        pass
-
-    def run(self, driver: Driver, stream, pool: TempPool) -> None:
-        ids_t = self.node.src[2]
-        n_used, n_tok = ids_t.ne[0], ids_t.ne[1]
-        driver.stream_synchronize(stream)             # the sync that makes graphs impossible here
-        ids = np.empty((n_tok, n_used), np.int32)
-        row = ids_t.nb[1]
-        raw = np.empty(row * (n_tok - 1) + 4 * n_used, np.uint8)
-        driver.memcpy_dtoh(raw, ids_t.data)
-        for t in range(n_tok):
-            ids[t] = raw[t * row : t * row + 4 * n_used].view(np.int32)
-        order = np.argsort(ids.reshape(-1), kind="stable")
-        experts = ids.reshape(-1)[order]
-        pairs = np.stack([order % n_used, order // n_used], axis=1).astype(np.int32)  # (slot, token)
-        addr, size = pool.alloc(pairs.nbytes)
-        driver.memcpy_htod(addr, pairs, stream)
-        driver.stream_synchronize(stream)             # `pairs` must outlive the async copy
-        bounds = np.flatnonzero(np.diff(experts)) + 1
-        for lo, hi in zip(np.r_[0, bounds], np.r_[bounds, len(experts)]):
-            p = self.template.params.copy()
-            p["t"][3]["data"] = addr
-            p["t"][3]["type"] = int(GGMLType.I32)
-            p["t"][3]["ne"] = (2, len(pairs), 1, 1)
-            p["t"][3]["nb"] = (4, 8, 8 * len(pairs), 8 * len(pairs))
-            p["ip"][:3] = (int(experts[lo]), int(hi - lo), int(lo))
-            grid, block, shmem = launch_geometry(self.kernel, p)
-            launch = driver.prepare(Launch(self.kernel, grid, block, p, shmem, label=self.template.label,
-                                           pdl=self.template.pdl))
-            driver.launch(stream, launch)
-        pool.free(addr, size)
-
 
 def op_launches(op) -> list[Launch]:
     """The prepared launches of a lowered op (the sorted MUL_MAT_ID fallback: its template)."""
@@ -256,9 +103,7 @@ def _lower_node(graph: Graph, i: int, fusion: Fusion | None, cc: int, d: "Descri
             return _mat_product(d, f"mul_mat_{_W[s[0].type]}", [node, s[0], s[1]], x_slot=2, parts=parts)
         return _mat_product(d, f"mul_mat_vec_{_W[s[0].type]}", [node, s[0], s[1]], x_slot=2, ip=_mmv_ip(node, s[0]))
     if op == Op.MUL_MAT_ID:
-        if mul_mat_id_needs_sync(node, cc):
-            return SortedMulMatIdOp(node, d)
-        return KernelOp(_launch(d, f"mul_mat_id_vec_{_W[s[0].type]}", [node, s[0], s[1], s[2]]))
+        return lower_mul_mat_id(d, node, cc, nsm)
     if op == Op.ROPE:
         return KernelOp(_launch(d, "rope_f32", [node, s[0], s[1]], ip=(node.param_i32(1), node.param_i32(2)),
                                 fp=(node.param_f32(5), node.param_f32(6))))
@@ -323,16 +168,11 @@ def _mat_product(d, name: str, tensors: list[Tensor | None], x_slot: int, ip=(),
     w, x = tensors[1], tensors[x_slot]
     if not is_quantized(w.type):
         return KernelOp(_launch(d, name, tensors, ip=ip, fp=fp))
-    if x.type != GGMLType.F32 or x.ne[0] % QK8_0:
-        raise NotImplementedError(f"{name}: x must be F32 with rows of whole 32-blocks")
-    nbk = x.ne[0] // QK8_0
-    nb = (Q8_1_BYTES, Q8_1_BYTES * nbk, Q8_1_BYTES * nbk * x.ne[1], Q8_1_BYTES * nbk * x.ne[1] * x.ne[2])
-    nbytes = nb[3] * x.ne[3]
-    quant = _launch(d, "quantize_q8_1", [None, x], scratch=[(0, Q8_1, x.ne, nb)])
-    if parts:
-        return _k_split(d, name, tensors, quant, (x_slot, Q8_1, x.ne, nb), nbytes, parts)
-    kernel = _launch(d, name, tensors, ip=ip, fp=fp, scratch=[(x_slot, Q8_1, x.ne, nb)])
-    return ScratchLaunchesOp([quant, kernel], [((0, 0),), ((x_slot, 0),)], nbytes)
+    if not parts:
+        return quantized_x_op(d, name, tensors, x_slot, ip=ip, fp=fp)
+    ne, nb, nbytes = q8_1_scratch(x, name)
+    quant = _launch(d, "quantize_q8_1", [None, x], scratch=[(0, Q8_1, ne, nb)])
+    return _k_split(d, name, tensors, quant, (x_slot, Q8_1, ne, nb), nbytes, parts)
 
 
 def _split_k(d, node: Tensor, parts: int):
@@ -430,12 +270,8 @@ def _lower_fused(d, graph: Graph, i: int, f: Fusion):
         gate, up = glu.src[0], glu.src[1]
         return _mat_product(d, f"mul_mat_vec_glu_{_W[node.src[0].type]}", [glu, gate.src[0], up.src[0], node.src[1]],
                             x_slot=3, ip=(glu.param_i32(0),), fp=(glu.param_f32(3),))
-    if f.pattern == MMID_GLU:      # experts read float x, as the unfused MUL_MAT_ID here
-        glu = graph.node(i + 2)
-        gate, up = glu.src[0], glu.src[1]
-        return KernelOp(_launch(d, f"mul_mat_id_vec_glu_{_W[node.src[0].type]}",
-                                [glu, gate.src[0], up.src[0], node.src[1], node.src[2]], ip=(glu.param_i32(0),),
-                                fp=(glu.param_f32(3),)))
+    if f.pattern == MMID_GLU:
+        return lower_mmid_glu(d, graph, i)
     if f.pattern == MMV_ADD:
         add = graph.node(i + 1)
         resid = add.src[1] if add.src[0] == node else add.src[0]

@@ -16,7 +16,8 @@ The upstream launch of each kernel family (grep of ggml-cuda at 0c1e57098):
   PDL:   mmvf, mmvq (+ their GLU / bias fusions and the MoE forms), quantize_q8_1, rms_norm (+ mul/add/rope
          fusions), rope_neox, set_rows (float), get_rows (float), cpy (float), binbcast (add, mul, div),
          scale, sum_rows, unary and gated unary (swiglu, geglu), topk_moe, flash attention (all kernels).
-  plain: mmf (mul_mat_f, ids too), mmq (mul_mat_q, stream-k fixup, quantize_mmq_q8_1), cuBLAS and its
+  plain: mmf (mul_mat_f, ids too, mul_mat_f_ids), mmq (mul_mat_q, stream-k fixup, quantize_mmq_q8_1),
+         mm_ids_helper (mmid.cu), cuBLAS and its
          conversions (convert.cu), rope_norm (llama's mode 0, fused with set_rows too), soft_max, argsort,
          top_k, clamp, moe_weighted_reduction, swiglu_clamp (swiglu_oai), quantized get_rows / set_rows /
          cpy.
@@ -27,21 +28,20 @@ from __future__ import annotations
 from ...ir.dtypes import GGMLType, is_quantized
 from ...ir.ops import Op
 from ...ir.tensor import Tensor
-from .compat import MMVQ_MAX_BATCH_SIZE, mmvq_mmid_max_batch, mul_mat_path
+from .compat import mul_mat_id_path, mul_mat_path
 
 ROPE_NEOX = 2     # ggml's rope mode bit (op param 2)
 
 # graphdiag kernels whose upstream counterpart is always launched plainly
 _PLAIN_PREFIXES = ("soft_max", "argsort", "top_k_", "clamp", "moe_weighted_reduction", "dequantize_f16",
-                   "mul_mat_fixup", "glu_swiglu_clamp", "mul_mat_id_gathered")
+                   "mul_mat_fixup", "glu_swiglu_clamp", "mul_mat_id_gathered", "mm_ids_helper")
 
 
 def _mat_mul_pdl(node: Tensor, cc: int) -> bool:
     """A MUL_MAT / MUL_MAT_ID and the quantisation before it: PDL on upstream's mat-vec paths only."""
     if node.op == Op.MUL_MAT:
         return mul_mat_path(node, cc) in ("mmvf", "mmvq")
-    w, rows = node.src[0], node.ne[2]          # MUL_MAT_ID: mmvq up to its per-type batch, else mmq / mmf
-    return is_quantized(w.type) and rows <= MMVQ_MAX_BATCH_SIZE and rows <= mmvq_mmid_max_batch(w.type, cc)
+    return mul_mat_id_path(node, cc) == "mmvq"   # MUL_MAT_ID: mmvq up to its per-type batch, else mmq / mmf
 
 
 def upstream_pdl(kernel: str, node: Tensor, cc: int) -> bool:
