@@ -13,7 +13,8 @@ if _TESTS not in sys.path:
 
 import pytest
 
-# the suite's memory: cycles collected as RSS grows, GRAPHDIAG_TEST_PEAK_MB, GRAPHDIAG_TEST_RSS_LOG
+# the suite's memory: cycles collected as RSS grows, GRAPHDIAG_TEST_PEAK_MB, GRAPHDIAG_TEST_TREE_MB,
+# GRAPHDIAG_TEST_RSS_LOG, one test of an xdist_group at a time across workers
 pytest_plugins = ["support.memory_budget"]
 
 

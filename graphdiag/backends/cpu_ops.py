@@ -205,15 +205,47 @@ def copy(dst: np.ndarray, src: np.ndarray) -> None:
 
 
 # -- matrix products -------------------------------------------------------------------------------------
+# A block-type weight (Q8_0, Q4_K, ...) of more than MUL_MAT_SLICE_BYTES as float32 is dequantised a slice of rows
+# at a time, each slice's product giving its columns of dst: dequantised whole, Gemma 3 270M's tied LM head
+# (262144 x 640 Q8_0) took 671 MB at every step. Smaller weights, and F16/BF16/F32 ones (the simulated kernels'
+# float twins), take the one product as before. The sums stay float32 BLAS sums of the same values: with up to 4
+# columns of x (a decode step, the last token's logits) OpenBLAS 0.3.31 gives the whole product's bits; with more
+# it may block M differently and move a last bit, float32 accumulation order that the CPU backend never fixed
+# (it differs by BLAS build and thread count) and that its oracle bound covers (ORACLE_FLOOR, 8x that noise).
+MUL_MAT_SLICE_BYTES = 16 << 20
+
+
+def weight_rows_step(m: int, k: int) -> int:
+    """Rows of an (m, k) block-type weight that mul_mat dequantises at a time: MUL_MAT_SLICE_BYTES of float32
+    in a multiple of 64 rows (at least 64), or all m."""
+    return min(m, max(64, MUL_MAT_SLICE_BYTES // (4 * max(k, 1)) // 64 * 64))
+
+
 def mul_mat(w: np.ndarray, x: np.ndarray) -> np.ndarray:
     """dst[b3, b2, n, m] = sum_k W[b3 // r3, b2 // r2, m, k] * x[b3, b2, n, k] (float32).
 
-    w: (W3, W2, M, K) any type (a block type: blocks); x: (B3, B2, N, K); r2 = B2 / W2, r3 = B3 / W3 -> (B3, B2, N, M)."""
-    wf = to_f32(w)
+    w: (W3, W2, M, K) any type (a block type: blocks); x: (B3, B2, N, K); r2 = B2 / W2, r3 = B3 / W3 -> (B3, B2, N, M).
+    A big block-type weight is dequantised a slice of rows at a time (weight_rows_step)."""
+    xf = to_f32(x)
+    m = w.shape[2]
+    step = weight_rows_step(m, xf.shape[-1]) if w.dtype.names else m
+    if step >= m:
+        return _mul_mat_f32(to_f32(w), xf)
+    out = None
+    for m0 in range(0, m, step):
+        part = _mul_mat_f32(to_f32(w[:, :, m0:m0 + step]), xf)
+        if out is None:
+            out = np.empty((*part.shape[:-1], m), F32)
+        out[..., m0:m0 + step] = part
+    return out
+
+
+def _mul_mat_f32(wf: np.ndarray, xf: np.ndarray) -> np.ndarray:
+    """mul_mat of float32 operands (the weight's batch dims repeated by blocks to x's)."""
     for axis in (0, 1):
-        if wf.shape[axis] != x.shape[axis] and wf.shape[axis] != 1:
-            wf = np.repeat(wf, x.shape[axis] // wf.shape[axis], axis=axis)
-    return np.matmul(to_f32(x), np.swapaxes(wf, -1, -2))
+        if wf.shape[axis] != xf.shape[axis] and wf.shape[axis] != 1:
+            wf = np.repeat(wf, xf.shape[axis] // wf.shape[axis], axis=axis)
+    return np.matmul(xf, np.swapaxes(wf, -1, -2))
 
 
 def mul_mat_id(experts: np.ndarray, x: np.ndarray, ids: np.ndarray) -> np.ndarray:

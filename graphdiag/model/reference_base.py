@@ -4,7 +4,8 @@ architectures' oracles (model/arch/: each subclasses ReferenceBase, overriding t
 differently). This module imports no architecture; model/reference.py picks a model's oracle from the registry.
 
 It shares nothing with the graph path but the stored weights (dequantised, then widened to float64: a weight
-of more than WIDE_MAX elements is kept as float32 and widened a block of rows at a time in its product). It
+of more than WIDE_MAX elements is kept as float32 and widened a block of rows at a time in its product, and a
+block-quantised one of more than STORED_MAX stays in its blocks, dequantised where read). It
 computes in float64, keeps its own KV cache per sequence indexed by position, and rounds K (after rope) and V to
 float16 on the way in, as the F16 cache does. Arrays here are numpy-natural: tokens along axis 0.
 """
@@ -16,6 +17,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
+from ..ir.dtypes import block_size
 from ..quants import dequantize, q8_1_activations, type_of
 from .presets import MOE_NORM_MIN, ROPE_NEOX
 
@@ -32,6 +34,27 @@ F64 = np.float64
 WIDE_MAX = 1 << 20
 WIDE_BLOCK = 1 << 18
 
+# A block-quantised weight of more than STORED_MAX elements is not kept dequantised at all: it stays in its stored
+# blocks (the file's mapped bytes, or the draw's) and is dequantised where it is read, a block of rows at a time in
+# _times_t and the rows an index picks (StoredWeight). Gemma 3 270M's tied embedding (262144 x 640, Q8_0) took
+# 671 MB as float32 in each oracle. Dequantisation works block by block, so the values, and the float64 products
+# over them, are those of the whole array's.
+STORED_MAX = 1 << 24
+
+
+class StoredWeight:
+    """A block-quantised (..., rows, blocks) weight read as the float32 (..., rows, K) it dequantises to:
+    `w[i]` (i indexing the leading axes: rows, or experts) dequantises only what i selects."""
+
+    dtype = np.dtype(np.float32)
+
+    def __init__(self, stored: np.ndarray):
+        self.stored = stored
+        self.shape = (*stored.shape[:-1], stored.shape[-1] * block_size(type_of(stored)))
+
+    def __getitem__(self, i) -> np.ndarray:
+        return dequantize(self.stored[i])
+
 
 def greedy(logits: np.ndarray) -> np.ndarray:
     """Greedy sampling: the argmax token of each row of (n_outputs, n_vocab) logits (ties: lowest id)."""
@@ -39,7 +62,8 @@ def greedy(logits: np.ndarray) -> np.ndarray:
 
 
 def _times_t(x: np.ndarray, w: np.ndarray) -> np.ndarray:
-    """x @ w.T in float64 for a stored (out, in) weight; a float32 one widened WIDE_BLOCK elements at a time."""
+    """x @ w.T in float64 for a stored (out, in) weight; a float32 one (or a StoredWeight) widened WIDE_BLOCK
+    elements at a time."""
     if w.dtype == F64:
         return x @ w.T
     n_out, k = w.shape
@@ -177,13 +201,17 @@ class ReferenceBase:
     def seq_len(self, seq: int) -> int:
         return self.seqs[seq].n_pos if seq in self.seqs else 0
 
-    def w(self, name: str) -> np.ndarray:
+    def w(self, name: str) -> np.ndarray | StoredWeight:
         """The stored weight dequantised (numpy axes outermost first); cached. Float64, or float32 past WIDE_MAX
-        elements: any product with a float64 operand is still computed in float64 (_times_t in _mm)."""
+        elements, or a block type's past STORED_MAX dequantised where read (StoredWeight): any product with a
+        float64 operand is still computed in float64 (_times_t in _mm)."""
         if name not in self._w:
             a = self.m.host[name]
             if a.dtype.names and q8_1_activations(type_of(a)):
                 self._q8.add(name)
+            if a.dtype.names and a.size * block_size(type_of(a)) > STORED_MAX:
+                self._w[name] = StoredWeight(a)
+                return self._w[name]
             v = dequantize(a) if a.dtype.names else a
             self._w[name] = v.astype(F64) if v.size <= WIDE_MAX else v.astype(np.float32, copy=False)
         return self._w[name]

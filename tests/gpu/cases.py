@@ -3,6 +3,9 @@ views and strided layouts, fast paths and the generic strided paths of the mat-v
 
 from __future__ import annotations
 
+import functools
+from dataclasses import dataclass
+
 import numpy as np
 
 from graphdiag.backends.abi import Q8_1
@@ -475,10 +478,40 @@ def rng_fill_cases() -> list[Case]:
     return out
 
 
-def all_cases() -> list[Case]:
-    cases = (mat_vec_cases() + mat_mat_cases() + glu_cases() + mmv_add_cases() + quantize_cases() + moe_cases() + get_rows_cases() + norm_cases()
-             + elementwise_cases() + rope_cases() + set_rows_cases() + flash_attn_cases() + top_k_cases() + rng_fill_cases()
-             + quant_cases() + op_cases())
-    missing = set(KERNELS) - {c.kernel for c in cases}
+# The catalogue, one builder a group. A case's buffers are built when its test runs (CaseRef.build), one group
+# held at a time: built all at once at collection, the catalogue's 230 MB of inputs stayed resident in every
+# pytest-xdist worker for the whole suite (twice: test_kernels.py and test_kernel_cases_sim.py each built it).
+GROUPS = (mat_vec_cases, mat_mat_cases, glu_cases, mmv_add_cases, quantize_cases, moe_cases, get_rows_cases,
+          norm_cases, elementwise_cases, rope_cases, set_rows_cases, flash_attn_cases, top_k_cases, rng_fill_cases,
+          quant_cases, op_cases)
+
+
+@dataclass(frozen=True)
+class CaseRef:
+    """A case of the catalogue by position (GROUPS[group]()[index]), named as its test id: kernel[id]."""
+
+    group: int
+    index: int
+    kernel: str
+    id: str
+
+    def __str__(self) -> str:
+        return f"{self.kernel}[{self.id}]"
+
+    def build(self) -> Case:
+        """The case with its buffers (its group is built once and kept until another group is asked for)."""
+        return _group(self.group)[self.index]
+
+
+@functools.lru_cache(maxsize=1)
+def _group(g: int) -> list[Case]:
+    return GROUPS[g]()
+
+
+@functools.cache
+def all_cases() -> tuple[CaseRef, ...]:
+    """Every case of the catalogue, by reference (each group built once here for the names, then let go)."""
+    refs = tuple(CaseRef(g, i, c.kernel, c.id) for g, build in enumerate(GROUPS) for i, c in enumerate(build()))
+    missing = set(KERNELS) - {r.kernel for r in refs}
     assert not missing, f"kernels without a test case: {sorted(missing)}"
-    return cases
+    return refs

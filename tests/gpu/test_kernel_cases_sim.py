@@ -12,8 +12,9 @@ from graphdiag.ir.dtypes import GGMLType as G
 CASES = all_cases()
 
 
-@pytest.mark.parametrize("case", CASES, ids=[f"{c.kernel}[{c.id}]" for c in CASES])
-def test_case_runs_on_the_simulator_and_matches_itself(case):
+@pytest.mark.parametrize("case_ref", CASES, ids=[str(r) for r in CASES])
+def test_case_runs_on_the_simulator_and_matches_itself(case_ref):
+    case = case_ref.build()
     ref = case.run(SimDevice())
     got = case.run(SimDevice())
     assert compare(case, ref, got) == 0.0

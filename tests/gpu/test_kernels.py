@@ -43,8 +43,9 @@ class GpuDevice:
         self.drv.stream_synchronize(self.stream)
 
 
-@pytest.mark.parametrize("case", CASES, ids=[f"{c.kernel}[{c.id}]" for c in CASES])
-def test_kernel_matches_the_simulator(case, driver, stream, error_log):
+@pytest.mark.parametrize("case_ref", CASES, ids=[str(r) for r in CASES])
+def test_kernel_matches_the_simulator(case_ref, driver, stream, error_log):
+    case = case_ref.build()
     ref = case.run(SimDevice())
     got = case.run(GpuDevice(driver, stream))
     err = compare(case, ref, got, check_bound=False)

@@ -79,3 +79,25 @@ def test_a_weight_past_wide_max_is_kept_float32_and_gives_the_same_logits(monkey
     assert narrow._w["token_embd.weight"].dtype == np.float32 and narrow._w["blk.0.attn_q.weight"].dtype == np.float32
     assert wide._w["token_embd.weight"].dtype == np.float64
     np.testing.assert_allclose(got, want, rtol=1e-12, atol=1e-12)
+
+
+@pytest.mark.parametrize("q8_1", [False, True])
+def test_a_quantised_weight_past_stored_max_stays_in_its_blocks_and_gives_the_same_logits(monkeypatch, q8_1):
+    """A block-quantised weight of more than STORED_MAX elements is dequantised where it is read (the embedding's
+    rows, each product's blocks of rows), never kept as float32 (Gemma 3 270M's tied embedding: 671 MB): the
+    logits are the same to the bit."""
+    import graphdiag.model.reference_base as rb
+    from graphdiag.ir.dtypes import GGMLType
+    model = create_model(arch_config("qwen2", tied=True), GGMLType.Q8_0, seed=4)
+    monkeypatch.setattr(rb, "WIDE_MAX", 1000)
+    monkeypatch.setattr(rb, "WIDE_BLOCK", 3 * MINI.n_embd + 7)
+    kept = Reference(model, q8_1_activations=q8_1)
+    want = kept.prefill([5, 9, 11], all_logits=True)
+    monkeypatch.setattr(rb, "STORED_MAX", 1000)        # every block-quantised matrix past it
+    stored = Reference(model, q8_1_activations=q8_1)
+    got = stored.prefill([5, 9, 11], all_logits=True)
+    assert isinstance(stored._w["token_embd.weight"], rb.StoredWeight)
+    assert isinstance(stored._w["blk.0.attn_q.weight"], rb.StoredWeight)
+    assert stored._w["token_embd.weight"].shape == kept._w["token_embd.weight"].shape
+    assert stored._w["blk.0.attn_norm.weight"].dtype == np.float64             # F32 norms: kept as before
+    np.testing.assert_array_equal(got, want)

@@ -79,6 +79,29 @@ def test_mul_mat_any_weight_type_strided_x_and_blocked_batch_broadcast(t):
         assert got[0, b2, n, m] == pytest.approx(ref, rel=1e-4, abs=1e-4)
 
 
+@pytest.mark.parametrize("n", [1, 3, 9])
+def test_mul_mat_dequantises_a_big_block_weight_a_slice_of_rows_at_a_time(monkeypatch, n):
+    """A block-type weight past MUL_MAT_SLICE_BYTES is dequantised a slice of rows at a time (never whole: the LM
+    head of a real vocabulary took 671 MB), each slice giving its columns of dst, x's batch broadcast over the
+    weight's by blocks as before. Values exact in float32 (small integers, power-of-two scales), so every sum is
+    exact whatever BLAS's order: the same bits as the whole product's; an F16 weight takes the one product."""
+    w = quantize_q8_0(np.zeros((1, 2, 300, 64), np.float32))
+    w["d"], w["qs"] = 0.25, RNG.integers(-8, 9, w["qs"].shape)
+    q = dequantize_q8_0(w)
+    x = RNG.integers(-8, 9, (1, 4, n, 64)).astype(np.float32)
+    whole = np.matmul(x, np.swapaxes(np.repeat(q, 2, axis=1), -1, -2))
+    widened = []
+    to_f32 = ops.to_f32
+    monkeypatch.setattr(ops, "to_f32", lambda a: widened.append(a.shape) or to_f32(a))
+    monkeypatch.setattr(ops, "MUL_MAT_SLICE_BYTES", 64 * 64 * 4)        # 64 rows of 64 floats a slice
+    got = ops.mul_mat(w, x)
+    assert [s[2] for s in widened[1:]] == [64, 64, 64, 64, 44]         # x first, then W's five slices
+    assert got.dtype == np.float32 and np.array_equal(got, whole)
+    widened.clear()
+    ops.mul_mat(q.astype(np.float16), x)
+    assert [s[2] for s in widened[1:]] == [300]
+
+
 @pytest.mark.parametrize("n_b", [1, 2])
 def test_mul_mat_id_routes_each_token_slot_to_its_expert(n_b):
     ex, exact = weights(GGMLType.Q8_0, 32, 6, batch=4)  # (1, E=4, M=6, K=32)
