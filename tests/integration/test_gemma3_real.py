@@ -53,7 +53,7 @@ def test_the_real_metadata_gives_llama_cpps_decode_graph(real_file):
 
 
 @pytest.mark.slow
-@pytest.mark.xdist_group("gemma3_oracle")     # 1.3 GB at its peak: one such test at a time under pytest -n
+@pytest.mark.xdist_group("gemma3_oracle")     # 1.2 GB above its worker's own at its peak: one such test at a time
 def test_the_real_file_runs_on_the_cpu_backend_against_the_oracle(real_file, capsys):
     """A few steps on the CPU backend with the oracle (0 over the bound); needs every tensor type of the file
     (Q5_0, Q4_K, Q6_K, Q8_0) computed by graphdiag."""

@@ -44,7 +44,7 @@ def _gemma_checks(path):
 
 
 @pytest.mark.slow
-@pytest.mark.xdist_group("gemma3_oracle")     # 1.3 GB at its peak: one such test at a time under pytest -n
+@pytest.mark.xdist_group("gemma3_oracle")     # 1.2 GB above its worker's own at its peak: one such test at a time
 def test_the_gemma_file_on_the_sim_passes_at_its_own_noise(gemma3_file):
     checks, r = _gemma_checks(gemma3_file)
     assert len(checks) == 5 and not r.failures
@@ -53,7 +53,7 @@ def test_the_gemma_file_on_the_sim_passes_at_its_own_noise(gemma3_file):
 
 
 @pytest.mark.slow
-@pytest.mark.xdist_group("gemma3_oracle")     # 1.3 GB at its peak: one such test at a time under pytest -n
+@pytest.mark.xdist_group("gemma3_oracle")     # 1.2 GB above its worker's own at its peak: one such test at a time
 def test_a_wrong_weight_on_the_device_still_fails_the_gemma_oracle(gemma3_file, monkeypatch):
     """The device gets layer 0's Q-norm halved (the oracle reads the file's bytes): the attention's
     temperature is wrong from the first layer on, as a wrong Q scale would make it."""

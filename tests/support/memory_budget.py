@@ -25,7 +25,7 @@ not counted there (its ru_maxrss starts at its parent's RSS when it is spawned f
 it), only in the tree's.
 
 The tests of one xdist_group run one at a time across workers (a lock file per group beside the workers' temp
-dirs): the group here holds the real Gemma file's oracle runs, 1.3 GB each at their peak, and pytest-xdist's
+dirs): the group here holds the real Gemma file's oracle runs, 1.2 GB each over their worker's, and pytest-xdist's
 loadgroup scheduling stopped keeping a group on one worker with pytest 9.2 (pytest-xdist issue 1386: the group
 rides on a node id that pytest no longer lets it change), which ran two of them at once (then 2.9 + 2.7 GB).
 """
@@ -43,7 +43,7 @@ import time
 import pytest
 
 GC_STEP_MB = 256
-TREE_EVERY_S = 0.25
+TREE_EVERY_S = 0.5             # a scan of /proc costs 3-8 ms: about 1 % of a core at this rate
 
 
 def _rss_kb() -> int:
