@@ -126,8 +126,10 @@ class Session:
             t0 = time.perf_counter_ns()
             self.ctx = make_context(self.model, [*gpus, self.cpu], bus, cfg.n_cpu_moe, cfg.reuse_disabled,
                                     self.split, self.devices.copy if self.devices is not None else None,
-                                    arenas_by_output=cfg.upstream != "d99724f2", upstream=cfg.upstream)
-            self.load_ns = time.perf_counter_ns() - t0       # the weights' upload, nearly all of it
+                                    arenas_by_output=cfg.upstream != "d99724f2", upstream=cfg.upstream,
+                                    n_ubatch=cfg.ubatch_size, n_seq_max=n_seq_max or cfg.batch)
+            # the weights' upload, nearly all of it (the worst-case graphs' reserve is a few ms)
+            self.load_ns = time.perf_counter_ns() - t0
             self.reference = Reference(self.model, q8_1_activations=self.gpu is not None) if cfg.oracle else None
             # the Q8_1 noise twins: the same reference with its activations jittered before each Q8_1 rounding
             # (ORACLE_JITTERS); how far they land from the reference calibrates the bound of a Q8_1 run
@@ -543,7 +545,7 @@ class Stepper:
     def _verify(self, step: int, logits: np.ndarray) -> None:
         ctx = self.s.ctx
         with self.s.gpu.verifying():
-            ctx.sched.graph_compute(ctx.res.graph)
+            ctx.recompute()
         eager = ctx._logits()
         diff = float(np.max(np.abs(eager - logits))) if eager.size else 0.0
         ok = diff == 0.0

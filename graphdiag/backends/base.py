@@ -69,11 +69,13 @@ class Backend(abc.ABC):
     def graph_compute(self, graph: Graph, split: int) -> None:
         """Compute every node of `graph` (a split: nodes without the COMPUTE flag are skipped)."""
 
-    def graph_optimize(self, graph: Graph, split: int, alloc_deps: dict[int, list[int]] | None = None) -> None:
+    def graph_optimize(self, graph: Graph, split: int, alloc_deps: dict[int, list[int]] | None = None,
+                       reserve: bool = False) -> None:
         """Called once per split each time the scheduler splits the graph (ggml_backend_graph_optimize).
         `alloc_deps` (0c1e57098's add_alloc_dep, #27301): the backend may add tensors (arena slots) the
         allocator must keep alive until a node (its slot: the key) has run. The GPU backend may also reorder
-        `graph.nodes` (the concurrent regions' branch interleave), which the allocator then walks."""
+        `graph.nodes` (the concurrent regions' branch interleave), which the allocator then walks. `reserve`:
+        a graph the context only reserves (Scheduler.reserve), never computed."""
 
     def synchronize(self) -> None:
         """Wait for queued work."""

@@ -1,12 +1,15 @@
 """The graph allocator, modelled on ggml-alloc (ggml_gallocr): tensor placement in per-backend compute buffers.
 
 Planning ("reserve") walks the nodes in order with one best-fit free list per backend: a tensor is placed before
-its node runs and its memory is returned after its last consumer (views keep their view_src alive). INPUT and
-OUTPUT tensors are never freed; views take view_src.data + view_offs; persistent tensors (the arena's persistent
-region: weights, KV cache) already have data and are left alone. The plan is kept per node position and reused
-while the graph still fits it (same node/leaf counts, same backends, every tensor within its planned size), so
-addresses are stable for the same graph and move when shapes change. A backend's buffer is reallocated only when
-the planned size grows. Sizes and offsets are bytes.
+its node runs and its memory is returned after its last consumer (views keep their view_src alive). Only OUTPUT
+tensors are never freed (ggml_gallocr_free_node); a split's inputs are placed at its start, as llama.cpp's
+scheduler hands them to ggml-alloc, and freed after their last reader like any tensor (alloc_order.py); views
+take view_src.data + view_offs; persistent tensors (the arena's persistent region: weights, KV cache) already
+have data and are left alone. The plan is kept per node position and reused while the graph still fits it
+(same node/leaf counts, same backends, every tensor within its planned size), so addresses are stable for the
+same graph and move when shapes change: after llama.cpp's worst-case reserve (Context.sched_reserve) every
+graph fits the 512-token prompt's plan. A backend's buffer is reallocated only when the planned size grows.
+Sizes and offsets are bytes.
 """
 
 from __future__ import annotations
@@ -22,8 +25,9 @@ from ..ir.columns import Columns
 from ..ir.graph import Graph
 from ..ir.ops import Op, TensorFlag
 from ..release import releasing
+from .alloc_order import alloc_sizes, embedding_node, held_inputs, split_inputs
 
-_KEEP = int(TensorFlag.INPUT | TensorFlag.OUTPUT)
+_OUTPUT = int(TensorFlag.OUTPUT)
 _INPUT = int(TensorFlag.INPUT)
 # ggml_op_can_inplace, for the ops graphdiag's graphs have: such a node takes over its parent's memory
 # when it is that parent's last reader (ggml_gallocr_allocate_node). CLAMP joined the list after d99724f2
@@ -97,13 +101,16 @@ class _Planner:
     consumers left per tensor and the live views per view_src; tensors are slots."""
 
     def __init__(self, col: Columns, alignments: list[int], nodes: np.ndarray,
-                 inplace_ops: frozenset = INPLACE_OPS):
+                 inplace_ops: frozenset = INPLACE_OPS, sizes: list[int | None] | None = None):
         self.col = col
+        self.sizes = sizes if sizes is not None else col.nbytes     # bytes each tensor takes (alloc_sizes)
         self.inplace_ops = inplace_ops
         self.plan: dict[int, Placement] = {}
         self.lists = [FreeList(a) for a in alignments]
         self.backend_of: dict[int, int] = {}
-        self.moved: set[int] = set()        # parents whose memory a node took over in place
+        # memory never given back here: parents a node took over in place, and the held inputs (in llama.cpp's
+        # CPU buffer: alloc_order.held_inputs)
+        self.moved: set[int] = set()
         # per slot: consumers among the nodes, and views among the nodes (of each view_src); counted down
         self.children: list[int] = col.count_sources(nodes)
         self.views: list[int] = col.count_views(nodes)
@@ -122,7 +129,7 @@ class _Planner:
         if i in plan or not self.col.owned[i]:
             return
         b = self.backend_of[i]
-        size = self.lists[b].aligned(self.col.nbytes[i])
+        size = self.lists[b].aligned(self.sizes[i])
         parent = self.inplace_parent(i)
         if parent >= 0 and plan[parent].backend == b and plan[parent].size >= size:
             plan[i] = plan[parent]
@@ -132,17 +139,17 @@ class _Planner:
 
     def inplace_parent(self, node: int) -> int:
         """The parent whose memory `node` reuses (ggml_gallocr_allocate_node's in-place rule), or -1: the first
-        src that is ours, not an output, of the same layout, read by this node alone and viewed by nothing.
-        A view is never ours (ggml_gallocr_is_own: only a tensor the allocator placed is, and it never places
-        a view), so a node over a view parent gets memory of its own."""
+        src that is ours, not an output, of the same layout, read by this node alone and viewed by nothing
+        (the node's own flags are not asked). A view is never ours (ggml_gallocr_is_own: only a tensor the
+        allocator placed is, and it never places a view), so a node over a view parent gets memory of its own."""
         col, plan, children, views = self.col, self.plan, self.children, self.views
         flags, view_src, owned, layout = col.flags, col.view_src, col.owned, col.layout
-        if col.op[node] not in self.inplace_ops or flags[node] & _KEEP:
+        if col.op[node] not in self.inplace_ops:
             return -1
         for parent in col.src[node]:
             if parent < 0 or parent in self.moved or view_src[parent] >= 0:
                 continue
-            if parent not in plan or flags[parent] & _KEEP or not owned[parent]:
+            if parent not in plan or flags[parent] & _OUTPUT or not owned[parent]:
                 continue
             if layout[parent] != layout[node]:
                 continue
@@ -186,14 +193,24 @@ class _Planner:
                     s = vs
                 # its memory back, the checks first: none of them changes once the last reader ran
                 p = plan.get(s)
-                if p is None or flags[s] & _KEEP or s in moved:
+                if p is None or flags[s] & _OUTPUT or s in moved:
                     continue
                 lists[p.backend].free(p.offset, p.size)
 
 
+def _runs(node_backend: list[int]) -> list[tuple[int, int, int]]:
+    """(backend, i0, i1) of each split: a maximal run of nodes on one backend."""
+    runs, i0 = [], 0
+    for i in range(1, len(node_backend) + 1):
+        if i == len(node_backend) or node_backend[i] != node_backend[i0]:
+            runs.append((node_backend[i0], i0, i))
+            i0 = i
+    return runs
+
+
 def _late_sources(col: Columns, nodes: np.ndarray, leafs: np.ndarray) -> bool:
     """Whether a node reads an owned tensor that is placed only at that node's turn: neither a graph input
-    (inputs are placed first) nor a node earlier in the order."""
+    (inputs are placed before their split's nodes) nor a node earlier in the order."""
     n = len(nodes)
     first = np.full(col.top, n, np.int64)             # each slot's first position as a node (n: none)
     np.minimum.at(first, nodes, np.arange(n))
@@ -250,26 +267,36 @@ class GraphAllocator:
 
     # -- planning -------------------------------------------------------------------------------------------
     def reserve(self, g: Graph, node_backend: list[int], leaf_backend: list[int],
-                col: Columns | None = None) -> None:
-        """Plan offsets for every owned tensor, then grow the buffers that are too small."""
+                col: Columns | None = None, report: bool = True) -> None:
+        """Plan offsets for every owned tensor, then grow the buffers that are too small: the held inputs
+        first, then split by split its inputs at its start and its nodes (alloc_order.py). `report`: emit
+        the re-plan's SchedRealloc (a step's graph that did not fit; not the context's own reserve)."""
         nodes, leafs = g.nodes.tolist(), g.leafs.tolist()
-        pl = _Planner(col if col is not None else Columns(g.arena), [be.alignment for be in self.backends], g.nodes,
-                      self.inplace_ops)
+        col = col if col is not None else Columns(g.arena)
+        pl = _Planner(col, [be.alignment for be in self.backends], g.nodes, self.inplace_ops,
+                      alloc_sizes(col, nodes))
         pl.backend_of = dict(zip(nodes, node_backend))
         pl.backend_of.update(zip(leafs, leaf_backend))
-        flags = pl.col.flags
-        # graph inputs first, so nothing is ever placed over them (as ggml-alloc)
-        for i in leafs + nodes:
-            if flags[i] & _INPUT:
-                pl.place(i)
+        embd = embedding_node(col, nodes)
+        for i in held_inputs(col, nodes, leafs, embd):
+            pl.place(i)
+            pl.moved.add(i)
         pl.keep(self.deps)
-        pl.walk(nodes, _late_sources(pl.col, g.nodes, g.leafs))
+        late = _late_sources(col, g.nodes, g.leafs)
+        started: set[int] = set()
+        for b, i0, i1 in _runs(node_backend):
+            split = nodes[i0:i1]
+            reads = split if b in started else [i for i, nb in zip(nodes, node_backend) if nb == b]
+            started.add(b)
+            for i in split_inputs(col, reads, split, b, pl.backend_of, pl.plan, embd):
+                pl.place(i)
+            pl.walk(split, late)
         self.nodes = [pl.plan.get(i) for i in nodes]
         self.leafs = [pl.plan.get(i) for i in leafs]
-        self._grow([fl.high for fl in pl.lists])
+        self._grow([fl.high for fl in pl.lists], report)
 
-    def _grow(self, need: list[int]) -> None:
-        """Reallocate each buffer whose planned size grew; one SchedRealloc per re-plan."""
+    def _grow(self, need: list[int], report: bool = True) -> None:
+        """Reallocate each buffer whose planned size grew; one SchedRealloc per re-plan (if `report`)."""
         same = need == self.need
         grown = []
         for b, (be, n) in enumerate(zip(self.backends, need)):
@@ -287,7 +314,7 @@ class GraphAllocator:
                     raise
                 grown.append(be.name)
         self.need = list(need)
-        if self.bus is not None:
+        if report and self.bus is not None:
             self.bus.emit(E.SchedRealloc(step=self.step, same_size=same, buffer_bytes=int(sum(need)),
                                          backend=",".join(grown)))
 

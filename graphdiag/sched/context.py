@@ -24,6 +24,7 @@ from ..errors import InternalError, UsageError
 from ..model.build import DECODE, PREFILL, BuiltGraph, GraphParams, build_graph
 from ..model.templates import GraphTemplates
 from ..model.weights import Model, load_model
+from ..plan import N_UBATCH
 from .devices import LayerSplit
 from .graph_inputs import KeptInputs
 from .iswa import IswaCells
@@ -157,6 +158,28 @@ class Context:
         """Drop the kept graph (as llama.cpp after a scheduler reserve): the next step rebuilds."""
         self.res = None
 
+    def sched_reserve(self, n_ubatch: int = N_UBATCH, n_seq_max: int = 1, n_outputs_max: int | None = None) -> None:
+        """llama_context::sched_reserve, as the context is made: the worst-case graphs over the whole KV cache
+        (memory->init_full: n_kv is every cell of each cache, the SWA one's too) reserved in turn on the
+        scheduler: a prompt ubatch of min(n_ctx, n_ubatch) tokens with min(that, n_outputs_max) outputs
+        (None: llama.cpp's default, n_batch, never below n_ubatch: every token), a decode ubatch of one token per
+        sequence, the prompt ubatch again. ggml-alloc keeps the last plan; every later graph that fits it
+        (the same node and leaf counts, no tensor larger: ggml_gallocr_needs_realloc) is placed by it, so a
+        decode graph's tensors sit where the prompt's did, and which of its fusions pass the memory-range check
+        depends on that plan (its masks' sizes included: n_kv of each cache). The kept graph is dropped, as
+        graph_reserve resets gf_res_prev."""
+        cfg = self.model.cfg
+        n_tokens = min(cfg.n_ctx, n_ubatch)
+        n_outputs = min(n_tokens, n_outputs_max or n_tokens)
+        n_kv, n_kv_swa = self.kv.size, getattr(self.kv, "size_swa", 0)
+        for t, outs, gtype in ((n_tokens, n_outputs, PREFILL), (n_seq_max, n_seq_max, DECODE),
+                               (n_tokens, n_outputs, PREFILL)):
+            self.model.arena.reset(0)
+            self.sched.reset()
+            params = GraphParams(t, min(n_seq_max, t), outs, gtype, n_kv, n_kv_swa)
+            self.sched.reserve(build_graph(self.model, params, self.templates).graph)
+        self.res = None
+
     def process_ubatch(self, tokens: np.ndarray, seqs: np.ndarray, pos: np.ndarray, n_outputs: int,
                        gtype: str) -> np.ndarray:
         """One step: place in the cache, reuse or rebuild, set inputs, compute; logits (n_outputs, n_vocab)."""
@@ -214,6 +237,14 @@ class Context:
         return self.read_logits()
 
     before_read = None                 # a callable run between the launch and the read-back of every step
+
+    def recompute(self) -> None:
+        """Compute the kept graph again on the last step's inputs (--verify's recompute), sent again first:
+        the graph's own nodes may have taken their memory after their last reader, as ggml-alloc lets them."""
+        stages, _ = self._kept_inputs().slots[self._slot ^ 1]     # _set_inputs flipped the slot after sending
+        for st in stages:
+            st.send()
+        self.sched.graph_compute(self.res.graph)
 
     def _decode_params(self, seqs: np.ndarray) -> GraphParams:
         return self._params(len(seqs), _n_seqs(seqs), len(seqs), DECODE, self.kv.n_kv(), _n_kv_swa(self.kv))
@@ -303,12 +334,14 @@ class _Prepared:
 
 def make_context(model: Model, backends: list[Backend], bus: E.EventBus | None = None, n_cpu_moe: int = 0,
                  reuse_disabled: bool = False, split: LayerSplit | None = None, copier=None,
-                 arenas_by_output: bool = True, upstream: str = "0c1e57098") -> Context:
-    """Load the model (backends[0] default, backends[-1] the CPU for --n-cpu-moe), wire scheduler and context.
-    With a layer `split` the GPU backends come first, one per device in device order (backend index =
-    device), and `copier` moves split inputs between them. `arenas_by_output`: one graph result for
-    ubatches with outputs and one for those without (llama.cpp 0c1e57098), else one (ggml d99724f2); `upstream`:
-    whose ggml-alloc rules place the tensors (its in-place ops)."""
+                 arenas_by_output: bool = True, upstream: str = "0c1e57098", n_ubatch: int = N_UBATCH,
+                 n_seq_max: int = 1, n_outputs_max: int | None = None) -> Context:
+    """Load the model (backends[0] default, backends[-1] the CPU for --n-cpu-moe), wire scheduler and context,
+    and reserve the worst-case graphs (Context.sched_reserve: `n_ubatch`, `n_seq_max`, `n_outputs_max`, None
+    for llama.cpp's default n_batch). With a layer `split` the GPU backends come first, one per device in
+    device order (backend index = device), and `copier` moves split inputs between them. `arenas_by_output`:
+    one graph result for ubatches with outputs and one for those without (llama.cpp 0c1e57098), else one
+    (ggml d99724f2); `upstream`: whose ggml-alloc rules place the tensors (its in-place ops)."""
     bus = bus if bus is not None else E.EventBus()
     cpu = backends[-1] if len(backends) > 1 else None
     gpus = [b for b in backends if b.is_gpu]
@@ -320,4 +353,6 @@ def make_context(model: Model, backends: list[Backend], bus: E.EventBus | None =
     sched = Scheduler(backends, model.arena, bus, pin=pin, copier=copier, upstream=upstream)
     for wb in buffers:
         sched.register_buffer(wb.addr, wb.nbytes, wb.backend)
-    return Context(model, sched, bus, reuse_disabled, arenas_by_output)
+    ctx = Context(model, sched, bus, reuse_disabled, arenas_by_output)
+    ctx.sched_reserve(n_ubatch, n_seq_max, n_outputs_max)
+    return ctx

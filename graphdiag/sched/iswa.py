@@ -20,6 +20,16 @@ class IswaCells:
         self.base = KvCells(n_ctx)
         self.swa = SwaKvCells(swa_size, n_swa)
 
+    @property
+    def size(self) -> int:
+        """The global cache's cells (init_full's n_kv)."""
+        return self.base.size
+
+    @property
+    def size_swa(self) -> int:
+        """The SWA cache's cells (init_full's n_kv of it)."""
+        return len(self.swa.seq)
+
     def next_pos(self, seq: int) -> int:
         """The sequence's next position: the global cache holds every position, so it says."""
         return self.base.next_pos(seq)

@@ -24,6 +24,11 @@ class KvCells:
         self._placed: list[int] = []         # cells placed since the last removal, in order
         self._row: _MaskRow | None = None    # the last one-token mask row, for the next to start from
 
+    @property
+    def size(self) -> int:
+        """The cache's cells: n_kv of a context over the whole cache (init_full)."""
+        return len(self.seq)
+
     def next_pos(self, seq: int) -> int:
         """The position the sequence's next token takes (0 for a new sequence)."""
         return self._next.get(seq, 0)

@@ -99,12 +99,25 @@ class Scheduler:
         self.is_reset = True
         self.is_alloc = False
 
-    def alloc_graph(self, graph: Graph) -> None:
-        """Assign, split (new uids), let each backend optimise its split, then place buffers."""
-        self._split_graph(graph)
+    def reserve(self, graph: Graph) -> None:
+        """ggml_backend_sched_reserve: split `graph` (new uids) and plan every tensor's place in it, the
+        buffers grown to fit (never shrunk), then reset: the next graph computed is split again and placed
+        by this plan while it fits (GraphAllocator.needs_realloc). Nothing is computed or reported: no step's
+        graph was re-planned (SchedRealloc)."""
+        self._split_graph(graph, reserve=True)
+        self.galloc.reserve(self.graph, self._node_backends(), self._leaf_backends, report=False)
+        self.reset()
+
+    def _node_backends(self) -> list[int]:
         nb = [0] * self.graph.n_nodes
         for sp in self.splits:
             nb[sp.i_start:sp.i_end] = [sp.backend] * (sp.i_end - sp.i_start)
+        return nb
+
+    def alloc_graph(self, graph: Graph) -> None:
+        """Assign, split (new uids), let each backend optimise its split, then place buffers."""
+        self._split_graph(graph)
+        nb = self._node_backends()
         self.galloc.step = self.step
         # splitting that made no input copies wrote nothing to the arena: the allocator reads the same snapshot
         col = self._col
@@ -148,7 +161,7 @@ class Scheduler:
         self.galloc.close()
 
     # -- splitting ------------------------------------------------------------------------------------------
-    def _split_graph(self, graph: Graph) -> None:
+    def _split_graph(self, graph: Graph, reserve: bool = False) -> None:
         self.is_reset = False
         graph.uid = next_uid()                      # the whole graph first, as ggml_backend_sched_split_graph
         self._unwire(graph)
@@ -171,7 +184,7 @@ class Scheduler:
         self.galloc.deps = {}
         for i, sp in enumerate(self.splits):
             sp.graph = graph_view(self.graph, sp.i_start, sp.i_end)
-            self.backends[sp.backend].graph_optimize(sp.graph, i, self.galloc.deps)
+            self.backends[sp.backend].graph_optimize(sp.graph, i, self.galloc.deps, reserve)
             # a backend may reorder its split (concurrent streams): placement follows the order it left
             self.graph.nodes[sp.i_start:sp.i_end] = sp.graph.nodes
         for sp in self.splits:

@@ -71,24 +71,32 @@ def test_interleave_skips_an_emptied_branch():
 
 
 @pytest.mark.parametrize("upstream,first", [("0c1e57098", 0), ("d99724f2", 1)])
-def test_gqa_small_forms_a_region_per_layer_but_layer_0_under_d99724f2_and_keeps_every_region(upstream, first):
+def test_gqa_small_forms_a_region_per_layer_but_layer_0_under_d99724f2(upstream, first):
     """small: 16 query heads over 4 KV heads. At 0c1e57098 the KQ mask is an F16 input, no node: every
     layer's fork-join range holds only its branches, so all 8 form. Under d99724f2 layer 0's range also
     holds the mask's cast (a CPY in no branch): graph_optimize skips that fork ("the number of nodes in the
     middle is not equal to the total number of branch nodes"). Upstream's check (is_valid) clears every
-    region when one fails; on this graph none fails: K and V (1 KiB each) and Q (4 KiB) are live together
+    region when one fails. At 0c1e57098 none fails: K and V (1 KiB each) and Q (4 KiB) are live together
     from the interleaved mat-muls to the join, ropes run in place, the cache writes are views of distinct
-    caches, and the only buffer freed inside a region (attn_norm) is never handed to a region node."""
+    caches, and the only buffer freed inside a region (attn_norm) is never handed to a region node. Under
+    d99724f2 layer 1's fails: K's rope reads a view (the reshape), so it takes memory of its own (ggml-alloc
+    never owns a view), and the best fit is V's 1 KiB, freed by V's cache write just before in the
+    interleaved order, while V's mat-mul ran on another stream: the seven regions are cleared."""
     s, seen = _session("small", upstream=upstream)
     try:
         Stepper(s, RunResult({}, [], Counters())).step(StepPlan("decode", batch=1))
         formed = [e.fork_name for e in seen if isinstance(e, E.ConcurrentRegion)]
         refused = [e for e in seen if isinstance(e, E.ConcurrentRefused)]
         assert formed == [f"attn_norm-{il}" for il in range(first, 8)]
-        assert [(e.fork_name, e.reason, e.cleared) for e in refused] == [("attn_norm-0", MIDDLE, 0)] * first
         assert all(e.branch_sizes == (5, 6, 7) for e in seen if isinstance(e, E.ConcurrentRegion))
         got = s.gpu.concurrent
-        assert got is not None and got.checked and len(got.regions) == 8 - first
+        if upstream == "d99724f2":
+            assert [(e.fork_name, e.reason, e.cleared) for e in refused] == [
+                ("attn_norm-0", MIDDLE, 0), ("attn_norm-1", "writes of Vcur-1 (stream 2) overlap Kcur-1 (stream 3)", 7)]
+            assert got is None
+            return
+        assert refused == []
+        assert got is not None and got.checked and len(got.regions) == 8
         g = s.ctx.sched.splits[0].graph
         assert np.array_equal(g.nodes, got.original)           # all valid: the original order is back
         assert all(invalid_reason(g, r) == "" for r in got.regions)
@@ -169,8 +177,7 @@ def test_one_used_device_of_two_visible_follows_the_upstream_rule(upstream, form
         s.close()
 
 
-@pytest.mark.parametrize("preset", ["tiny", "small"])
-@pytest.mark.parametrize("upstream", ["0c1e57098", "d99724f2"])
+@pytest.mark.parametrize("upstream,preset", [("0c1e57098", "tiny"), ("0c1e57098", "small"), ("d99724f2", "tiny")])
 def test_every_byte_two_streams_of_a_valid_region_share_is_named(preset, upstream):
     """The branches of a region run at once, with no event between them until the join. ggml-alloc walks the
     interleaved order and hands a buffer to one branch while another still reads it: Q's rope goes over the

@@ -90,9 +90,8 @@ def test_the_verify_recompute_reports_a_pool_invalidation():
             pool.invalidate("alloc failure", 0)
             return real(size)
         pool.alloc = flushing
-        g = s.ctx.res.graph
         with s.gpu.verifying():
-            s.ctx.sched.graph_compute(g)
+            s.ctx.recompute()
         assert any(isinstance(e, E.PoolInvalidated) for e in seen)
     finally:
         s.close()

@@ -30,6 +30,15 @@ def _device_inputs(s):
             "out_ids": get(inp.out_ids, np.int32)}
 
 
+def _watch_inputs(s) -> list[dict]:
+    """_device_inputs of each compute from now on, taken as it starts: after the step's copies, before its
+    nodes run (a node may take an input's memory after the input's last reader, as ggml-alloc lets it)."""
+    seen = []
+    real = s.ctx.sched.graph_compute
+    s.ctx.sched.graph_compute = lambda graph: seen.append(_device_inputs(s)) or real(graph)
+    return seen
+
+
 def test_a_runs_logits_are_read_in_place_and_a_bare_contexts_are_copies():
     """The stepper's steps take their logits from the backend's pinned read buffer, read-only, with no copy
     (as llama.cpp's, valid until the next decode); a context used on its own hands out fresh arrays."""
@@ -74,7 +83,9 @@ def test_the_in_place_logits_view_is_kept_while_the_read_buffer_and_size_stay():
         s.close()
 
 
-def test_a_replayed_step_writes_its_inputs_in_one_copy_from_pinned_memory():
+def test_a_replayed_step_writes_its_inputs_in_one_batch_from_pinned_memory():
+    """One batch of asynchronous copies on stream 0, one copy per input: the decode graph sits in the plan of
+    the context's 512-token reserve, so its small inputs are blocks apart (llama.cpp copies each too)."""
     s, st = _session()
     allocs = []
     real_alloc = s.driver.host_alloc
@@ -83,13 +94,15 @@ def test_a_replayed_step_writes_its_inputs_in_one_copy_from_pinned_memory():
         for _ in range(3):
             st.step(StepPlan("decode", batch=1))
         assert len(allocs) == 3                         # page-locked: two input slots, one read buffer
-        copies = []
-        real = s.driver.memcpy_htod
-        s.driver.memcpy_htod = lambda dst, src, stream=None: copies.append((src.nbytes, stream)) or real(dst, src, stream)
+        batches = []
+        real = s.driver.copies_issue
+        s.driver.copies_issue = lambda prepared, stream: batches.append((len(prepared), stream)) or real(prepared,
+                                                                                                         stream)
+        landed = _watch_inputs(s)
         token = st.next_tok[0]
         st.step(StepPlan("decode", batch=1))
-        assert len(copies) == 1 and copies[0][1] is s.gpu.stream0   # one asynchronous copy on stream 0
-        got = _device_inputs(s)                          # and each input landed where it belongs
+        assert batches == [(6, s.gpu.stream0)]          # tokens, pos, k_idxs, v_idxs, mask, out_ids
+        got = landed[-1]                                 # and each input landed where it belongs
         cell = int(np.flatnonzero(s.ctx.kv.seq >= 0)[-1])
         assert got["tokens"].tolist() == [token] and got["pos"].tolist() == [3]
         assert got["k_idxs"].tolist() == got["v_idxs"].tolist() == [cell] and got["out_ids"].tolist() == [0]
@@ -102,7 +115,7 @@ def test_a_replayed_step_writes_its_inputs_in_one_copy_from_pinned_memory():
         inputs = [s.gpu._pinned[f"inputs{i}"] for i in (0, 1)]
         st.step(StepPlan("decode", batch=2))            # a rebuilt graph: its stages take the same memory
         assert all(s.gpu._pinned[f"inputs{i}"] is inputs[i] for i in (0, 1))
-        got = _device_inputs(s)
+        got = landed[-1]
         assert got["pos"].tolist() == [7, 0] and got["out_ids"].tolist() == [0, 1]
     finally:
         s.close()
@@ -125,7 +138,9 @@ def test_prefills_at_growing_n_kv_pin_their_inputs_once(upstream):
             st.step(StepPlan("prefill", n_tokens=200))
             seen.add(s.ctx.res.inputs.kq_mask.ne[0])
         assert len(seen) >= 4 and allocs[first:] == []
-        got = _device_inputs(s)                          # the last prefill's mask landed whole
+        landed = _watch_inputs(s)                        # (reading the device grows the read buffer)
+        st.step(StepPlan("prefill", n_tokens=200))
+        got = landed[-1]                                 # the last prefill's mask landed whole
         pos = got["pos"]
         want = np.where(np.arange(got["mask"].shape[1])[None, :] <= pos[:, None], 0.0, -np.inf)
         assert np.array_equal(got["mask"][:len(pos)], want.astype(np.float32))
@@ -230,7 +245,7 @@ def test_the_step_timers_are_read_without_a_second_synchronisation():
         s.gpu.synchronize = lambda: syncs.append(1) or real()
         st.step(StepPlan("decode", batch=1))
         assert syncs == [1]                              # the read-back's; the GPU time needs no other
-        s.ctx.sched.graph_compute(s.ctx.res.graph)       # computed, nothing read back yet
+        s.ctx.recompute()                                # computed, nothing read back yet
         assert s.gpu.collect_gpu_ns() > 0 and syncs == [1, 1]
     finally:
         s.close()
@@ -336,9 +351,10 @@ def test_scattered_inputs_go_to_the_driver_as_one_batch_of_copies():
         batches = []
         real = s.driver.copies_issue
         s.driver.copies_issue = lambda prepared, stream: batches.append(len(prepared)) or real(prepared, stream)
+        landed = _watch_inputs(s)
         st.step(StepPlan("decode", batch=1))
         assert len(batches) == 1 and batches[0] > 1
-        got = _device_inputs(s)
+        got = landed[-1]
         assert got["pos"].tolist() == [203] and got["out_ids"].tolist() == [0]
         assert (got["mask"][0, :204] == 0).all() and np.isneginf(got["mask"][0, 204:]).all()
     finally:

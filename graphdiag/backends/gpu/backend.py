@@ -154,7 +154,8 @@ class GpuBackend(Backend):
         self.sync_epoch += 1
 
     # -- concurrency (graph_optimize) -------------------------------------------------------------------
-    def graph_optimize(self, graph: Graph, split: int, alloc_deps: dict[int, list[int]] | None = None) -> None:
+    def graph_optimize(self, graph: Graph, split: int, alloc_deps: dict[int, list[int]] | None = None,
+                       reserve: bool = False) -> None:
         """ggml_backend_cuda_graph_optimize, called by the scheduler for each GPU split at every alloc:
         the allocation dependencies of the fusions that ask for them (0c1e57098, fusion on), the key's lookup
         (its last use stamped), then the concurrent regions.
@@ -166,10 +167,16 @@ class GpuBackend(Backend):
         With GGML_CUDA_GRAPH_OPT=1 the backend's one map of concurrent events is reset at every call (so,
         as upstream, only the split optimised last keeps its regions), then filled when graphs are enabled
         (and, at d99724f2, the process sees one CUDA device). Each region's nodes are interleaved in
-        `graph` (the scheduler allocates in that order, as ggml-alloc walks upstream's)."""
+        `graph` (the scheduler allocates in that order, as ggml-alloc walks upstream's).
+
+        A `reserve` graph (the context's worst-case reserve) gets its allocation dependencies only: llama.cpp
+        builds those graphs in a metadata buffer of their own, so its lookup there makes an entry under a key
+        no step uses, and the regions it forms are reset by the next optimize (a 512-token prompt forms none)."""
         opt = self.runtime.opt
         if alloc_deps is not None and opt.fusion and opt.upstream != "d99724f2":
             moe_alloc_deps(graph, alloc_deps)
+        if reserve:
+            return
         if graph.n_nodes:
             # ggml_cuda_graph_set_enabled's lookup, made whatever GGML_CUDA_GRAPH_OPT says: at every alloc the
             # split's key is stamped as used now (it may run the 5 s sweep and create the entry)
