@@ -82,7 +82,7 @@ class Session:
     """Everything one run holds; `close()` releases it in reverse order."""
 
     def __init__(self, cfg: RunConfig, bus: E.EventBus, clock: Clock | None = None, warn=None,
-                 n_seq_max: int | None = None):
+                 n_seq_max: int | None = None, n_outputs_max: int | None = None):
         """`warn(line)` hears, before the model is built, what computing a big model on the simulated
         driver will cost."""
         self.cfg, self.bus = cfg, bus
@@ -127,7 +127,8 @@ class Session:
             self.ctx = make_context(self.model, [*gpus, self.cpu], bus, cfg.n_cpu_moe, cfg.reuse_disabled,
                                     self.split, self.devices.copy if self.devices is not None else None,
                                     arenas_by_output=cfg.upstream != "d99724f2", upstream=cfg.upstream,
-                                    n_ubatch=cfg.ubatch_size, n_seq_max=n_seq_max or cfg.batch)
+                                    n_ubatch=cfg.ubatch_size, n_seq_max=n_seq_max or cfg.batch,
+                                    n_outputs_max=n_outputs_max)
             # the weights' upload, nearly all of it (the worst-case graphs' reserve is a few ms)
             self.load_ns = time.perf_counter_ns() - t0
             self.reference = Reference(self.model, q8_1_activations=self.gpu is not None) if cfg.oracle else None
@@ -256,14 +257,16 @@ def make_header(cfg: RunConfig, s: Session, scenario: str | None) -> dict:
 
 
 def run(cfg: RunConfig, scenario=None, sinks=(), span_sinks=(), on_header=None, device_sinks=(),
-        cupti: bool = False, warn=None, essential=(), plan=None, n_seq_max: int | None = None) -> RunResult:
+        cupti: bool = False, warn=None, essential=(), plan=None, n_seq_max: int | None = None,
+        n_outputs_max: int | None = None) -> RunResult:
     """Run the plan; every event reaches `sinks` live. Returns the header, the events and the counters.
     Each step's device records (modelled on the simulated driver; CUPTI's on CUDA when `cupti`) go to
     `device_sinks`; `warn(line)` hears why there are none where they were asked for, and of a sink that
     failed and was cut off (the others still get every event). The sinks in `essential` (the record) end
     the run when they fail instead. `plan`: the steps to walk (a replayed trace's, trace/replay_plan.py)
     instead of the ones cfg and the scenario make; `n_seq_max`: the context's sequences when more than the
-    plan uses (a replayed server's slots)."""
+    plan uses (a replayed server's slots); `n_outputs_max`: the context's output rows, which size its
+    worst-case reserve (a replayed llama-server's; None: llama.cpp's default, n_batch)."""
     if cfg.prompt is not None and cfg.prompt_ids is None:    # a caller that skipped validate_run
         from .config import tokenize_prompt
         tokenize_prompt(cfg, scenario)
@@ -279,7 +282,8 @@ def run(cfg: RunConfig, scenario=None, sinks=(), span_sinks=(), on_header=None, 
         bus.on_sink_error = lambda f: warn(f"{f.sink} failed at step {f.step} ({f.error}): cut off, "
                                            f"every other output still gets every event")
     plan = plan if plan is not None else plan_steps(cfg, scenario)
-    session = Session(cfg, bus, warn=warn, n_seq_max=max(max_sequences(plan), n_seq_max or 1))
+    session = Session(cfg, bus, warn=warn, n_seq_max=max(max_sequences(plan), n_seq_max or 1),
+                      n_outputs_max=n_outputs_max)
     try:
         session.device_source, session.device_sinks = _open_device(session, cupti, warn), list(device_sinks)
         header = make_header(cfg, session, getattr(scenario, "name", None))

@@ -126,7 +126,7 @@ def replay_batches(batches: list[E.DecodeBatch], model: str, backend: str = "aut
                     sim_mode=None if backend == "cuda" else "decisions")   # the decisions need no logits
     cfg.sources = {"model": "cli", "backend": "cli", "ubatch_size": "trace", "sim_mode": "replay"}
     cfg.validate()
-    res = run(cfg, plan=plan.steps, warn=warn, n_seq_max=settings.n_seq_max)
+    res = run(cfg, plan=plan.steps, warn=warn, n_seq_max=settings.n_seq_max, n_outputs_max=settings.n_outputs_max)
     return (as_header(res.header), with_batches(res.events, plan)), plan
 
 

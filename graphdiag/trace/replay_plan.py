@@ -35,12 +35,21 @@ class ServerSettings:
     n_parallel: int | None = None   # -np as given (None: not given; llama-server's auto is 4, unified KV)
     kv_unified: bool = False        # --kv-unified / -kvu given
     server: bool = False            # the traced program is llama-server
+    draft: bool = False             # --model-draft / -md given (speculative decoding)
 
     @property
     def n_seq_max(self) -> int:
         """The context's sequences (llama.cpp's n_seq_max: the SWA cache is sized by it): -np, else 4 for
         llama-server (its auto), else 1."""
         return self.n_parallel if self.n_parallel else 4 if self.server else 1
+
+    @property
+    def n_outputs_max(self) -> int | None:
+        """The context's n_outputs_max, which sizes its worst-case reserve: llama-server's
+        min(n_batch, n_parallel) without a draft model (server-context.cpp server_output_limits, its log's
+        "n_outputs_max = 4" at -np 4); None (llama.cpp's default, n_batch) for any other program, or a server
+        with a draft model (its limit counts the draft's tokens, not in the command line)."""
+        return min(self.n_batch, self.n_seq_max) if self.server and not self.draft else None
 
     @property
     def unified(self) -> bool:
@@ -67,7 +76,8 @@ def server_settings(cmd: list[str]) -> ServerSettings:
     np_ = vals.get("n_parallel")
     return ServerSettings(n_ubatch, n_batch, None if np_ is not None and np_ < 0 else np_,
                           any(a in ("-kvu", "--kv-unified") for a in cmd),
-                          bool(cmd) and Path(cmd[0]).name.startswith("llama-server"))
+                          bool(cmd) and Path(cmd[0]).name.startswith("llama-server"),
+                          any(a.partition("=")[0] in ("-md", "--model-draft") for a in cmd))
 
 
 @dataclass

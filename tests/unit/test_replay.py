@@ -229,3 +229,28 @@ def test_draft_context_replays_on_its_own_file(tiny, tmp_path, capsys):
     assert both["target"]["first"] == d["first"] and both["draft"]["first"]["batch"] % 2 == 1
     assert main(["replay", str(DATA / "server-np4.raw.jsonl"), "--model", tiny, "--model-draft", tiny]) == 2
     assert "no draft model's batches" in capsys.readouterr().err
+
+
+def test_a_replayed_server_reserves_with_the_servers_output_limit(monkeypatch, tiny):
+    """llama-server sets n_outputs_max to min(n_batch, n_parallel) (server-context.cpp server_output_limits;
+    its log: "n_outputs_max = 4" at -np 4), which sizes the context's worst-case reserve: the replay builds its
+    context with it, and with llama.cpp's default (None: n_batch) for another program or a server with a draft."""
+    from graphdiag.trace import replay as replay_mod
+    from graphdiag.trace.replay_plan import server_settings
+    assert server_settings(["llama-server", "-np", "4", "-kvu"]).n_outputs_max == 4
+    assert server_settings(["/x/llama-server", "-m", "m.gguf"]).n_outputs_max == 4      # auto: 4 slots
+    assert server_settings(["llama-server", "-np", "8", "-b", "6"]).n_outputs_max == 6
+    assert server_settings(["llama-server", "-np", "4", "-md", "d.gguf"]).n_outputs_max is None
+    assert server_settings(["llama-cli", "-m", "m.gguf"]).n_outputs_max is None
+    seen = {}
+    import graphdiag.runner as runner
+
+    def fake_run(cfg, plan=None, warn=None, n_seq_max=None, n_outputs_max=None):
+        seen.update(n_seq_max=n_seq_max, n_outputs_max=n_outputs_max)
+        raise RuntimeError("stop")
+    monkeypatch.setattr(runner, "run", fake_run)
+    from graphdiag.trace.convert import convert_raw
+    batches = trace_batches(convert_raw(SERVER[0])[1])
+    with pytest.raises(RuntimeError, match="stop"):
+        replay_mod.replay_batches(batches, tiny, "sim", server_settings(["llama-server", "-np", "4", "-kvu"]))
+    assert seen == {"n_seq_max": 4, "n_outputs_max": 4}
