@@ -202,7 +202,7 @@ def _last(rec: Path) -> dict:
 @pytest.mark.parametrize("sig,code,reason", [(signal.SIGINT, 130, "Ctrl-C"), (signal.SIGTERM, 143, "SIGTERM")])
 def test_a_signal_as_soon_as_the_record_exists_ends_it_with_run_ended(tmp_path, sig, code, reason):
     rec = tmp_path / "run.jsonl"
-    p = _graphdiag("run", *QUICK, "--steps", "400", "--events", str(rec))
+    p = _graphdiag("run", *QUICK, "--steps", "4000", "--events", str(rec))   # not over before the signal
     # the earliest moment there is a record to end: its header is there (a new file's writability probe
     # creates and removes it before the run starts)
     _until(lambda: rec.exists() and rec.read_bytes().startswith(b"{"), p)
