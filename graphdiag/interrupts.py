@@ -13,6 +13,7 @@ handlers they replaced, and do nothing off the main thread (only it may set sign
 from __future__ import annotations
 
 import contextlib
+import os
 import signal
 import sys
 import threading
@@ -93,3 +94,33 @@ def shielded() -> Iterator[None]:
             _restore(sig, handler)
     if came and not ending:
         raise Terminated() if came[0] == signal.SIGTERM else KeyboardInterrupt()
+
+
+# -- while the modules load (graphdiag.entry) ------------------------------------------------------------------
+_EARLY = {signal.SIGINT: (b"graphdiag: interrupted\n", 130), signal.SIGTERM: (b"graphdiag: terminated (SIGTERM)\n", 143)}
+_early_replaced: dict = {}
+
+
+def _while_loading(signum, _frame) -> None:
+    line, code = _EARLY[signum]
+    os.write(2, line)
+    os._exit(code)
+
+
+def install_early() -> None:
+    """graphdiag.entry's handlers, on the signals still at their defaults: a signal before the command handles
+    its own ends the process with the one line and status a later one gets (no import's traceback)."""
+    for sig in _EARLY:
+        h = signal.getsignal(sig)
+        if h in (signal.SIG_DFL, signal.default_int_handler):
+            _early_replaced[sig] = h
+            signal.signal(sig, _while_loading)
+
+
+def release_early() -> None:
+    """Give back the defaults install_early replaced, where its handlers are still installed (the command's own
+    SIGTERM handler, set meanwhile, stays): cli/main.py calls it once it handles interrupts itself."""
+    for sig, h in list(_early_replaced.items()):
+        if signal.getsignal(sig) is _while_loading:
+            signal.signal(sig, h)
+        del _early_replaced[sig]

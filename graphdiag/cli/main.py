@@ -15,8 +15,7 @@ import traceback
 import click
 
 from .. import __version__
-from ..entry import release as release_early_handlers
-from ..interrupts import interrupt_came, terminate_as_interrupt
+from ..interrupts import interrupt_came, release_early, terminate_as_interrupt
 from ..errors import (INTERNAL_EXIT, INTERRUPTED_EXIT, TERMINATED_EXIT, GraphdiagError, InternalError,
                       RunInterrupted, Terminated)
 
@@ -79,7 +78,7 @@ def main(argv: list[str] | None = None) -> int:
     _debug = debug_requested(os.environ)
     with terminate_as_interrupt():
         try:
-            release_early_handlers()             # graphdiag.entry's, while the modules loaded: ours from here
+            release_early()                      # graphdiag.entry's, while the modules loaded: ours from here
             return _main(argv)
         except KeyboardInterrupt as e:          # a second Ctrl-C while the first was being reported
             return TERMINATED_EXIT if isinstance(e, Terminated) else INTERRUPTED_EXIT

@@ -27,7 +27,7 @@ FLOORS = (
     ("analysis", ("report.analysis",)),
     ("views", ("report.views",)),
     ("sinks", ("report.sinks",)),
-    ("run", ("runner", "bench", "llama", "trace", "load", "cli", "__main__")),   # llama: drives real llama.cpp, as runner ours
+    ("run", ("runner", "bench", "llama", "trace", "load", "cli", "__main__", "entry")),   # llama: drives real llama.cpp, as runner ours
 )
 
 # What a room never imports, said outright (the floors forbid the rooms above it already; a device source,

@@ -298,15 +298,15 @@ def test_a_failed_trace_leaves_existing_record_and_timeline_as_they_were(tmp_pat
 @pytest.mark.parametrize("sig,code,line", [(signal.SIGINT, 130, "graphdiag: interrupted"),
                                            (signal.SIGTERM, 143, "graphdiag: terminated (SIGTERM)")])
 def test_a_signal_while_the_modules_load_is_one_line(sig, code, line):
-    """graphdiag.entry's handlers hold from the entry's first line until cli/main.py handles signals itself: a
-    Ctrl-C (SIGTERM) then ends it with the line and status of a later one, not an import's traceback; release()
-    gives the defaults back."""
+    """graphdiag.entry's handlers (interrupts.install_early) hold from the entry's first line until cli/main.py
+    handles signals itself: a Ctrl-C (SIGTERM) then ends it with the line and status of a later one, not an
+    import's traceback; release_early gives the defaults back."""
     import subprocess
     import sys
-    prog = ("import os, signal, time\nfrom graphdiag import entry\nentry.install()\n"
-            "entry.release()\nassert signal.getsignal(signal.SIGINT) is signal.default_int_handler\n"
+    prog = ("import os, signal, time\nfrom graphdiag import interrupts as i\ni.install_early()\n"
+            "i.release_early()\nassert signal.getsignal(signal.SIGINT) is signal.default_int_handler\n"
             "assert signal.getsignal(signal.SIGTERM) == signal.SIG_DFL\n"
-            f"entry.install()\nos.kill(os.getpid(), {int(sig)})\ntime.sleep(10)\n")
+            f"i.install_early()\nos.kill(os.getpid(), {int(sig)})\ntime.sleep(10)\n")
     p = subprocess.run([sys.executable, "-c", prog], capture_output=True, text=True, timeout=60,
                        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
     assert (p.returncode, p.stderr) == (code, line + "\n")
