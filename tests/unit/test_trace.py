@@ -337,23 +337,30 @@ int main(void) {
 """
 
 
-def test_llama_decode_is_interposed_in_a_program_linked_against_libllama(lib, tmp_path):
-    """A program linked against a libllama, run as graphdiag trace runs CMD (LD_PRELOAD): each llama_decode's
-    batch is written, the real function still runs and its return comes back. No CUDA: InitializeInjection
-    is never called, only the interposer writes."""
+def _run_preloaded(lib, tmp_path, libllama_c: str, program_c: str):
+    """Build a fake libllama and a program linked against it, and run the program as graphdiag trace runs CMD
+    (the library in LD_PRELOAD, no CUDA): (its stdout, the raw stream path)."""
     from graphdiag.backends.drivers.launch_loop import compiler
     from graphdiag.trace.command import preload
     cc = compiler(dict(__import__("os").environ))
     if cc is None:
         pytest.skip("no C compiler")
-    (tmp_path / "l.c").write_text(FAKE_LLAMA)
-    (tmp_path / "m.c").write_text(FAKE_PROGRAM)
+    (tmp_path / "l.c").write_text(libllama_c)
+    (tmp_path / "m.c").write_text(program_c)
     subprocess.run([cc, "-shared", "-fPIC", "-o", tmp_path / "libllama.so", tmp_path / "l.c"], check=True)
     subprocess.run([cc, "-o", tmp_path / "prog", tmp_path / "m.c", f"-L{tmp_path}", "-lllama",
                     f"-Wl,-rpath,{tmp_path}"], check=True)
     raw = tmp_path / "raw.jsonl"
     env = {"PATH": "/usr/bin:/bin", "GRAPHDIAG_TRACE_OUT": str(raw), "LD_PRELOAD": preload(str(lib[0]), None)}
-    out = subprocess.run([tmp_path / "prog"], env=env, capture_output=True, text=True, check=True).stdout
+    return subprocess.run([tmp_path / "prog"], env=env, capture_output=True, text=True, check=True).stdout, raw
+
+
+def test_llama_decode_is_interposed_in_a_program_linked_against_libllama(lib, tmp_path):
+    """A program linked against a libllama, run as graphdiag trace runs CMD (LD_PRELOAD): each llama_decode's
+    batch is written, the real function still runs and its return comes back. No CUDA: InitializeInjection
+    is never called, only the interposer writes."""
+    from graphdiag.trace.command import preload
+    out, raw = _run_preloaded(lib, tmp_path, FAKE_LLAMA, FAKE_PROGRAM)
     assert out.split() == ["0", "1", "1"]           # the real llama_decode ran both times, its returns kept
     a, b = [json.loads(x) for x in raw.read_text().splitlines()]
     assert (a["tokens"], a["pos"], a["seq"], a["out"], a["ret"], a["ctx"]) == ([1, 2, 3, 4], [0, 1, 2, 3],
@@ -442,19 +449,7 @@ def test_llama_process_batches_are_mirrored_from_their_builder_calls(lib, tmp_pa
     """llama.cpp's extended batch is opaque: a program building it through llama_batch_ext_* and decoding it with
     llama_process (as llama-server and llama-bench do since 2026) has each decode written from the builder calls
     the library mirrored; every real call still runs and returns as it would; an encode is not written."""
-    from graphdiag.backends.drivers.launch_loop import compiler
-    from graphdiag.trace.command import preload
-    cc = compiler(dict(__import__("os").environ))
-    if cc is None:
-        pytest.skip("no C compiler")
-    (tmp_path / "l.c").write_text(FAKE_LLAMA_EXT)
-    (tmp_path / "m.c").write_text(FAKE_SERVER)
-    subprocess.run([cc, "-shared", "-fPIC", "-o", tmp_path / "libllama.so", tmp_path / "l.c"], check=True)
-    subprocess.run([cc, "-o", tmp_path / "prog", tmp_path / "m.c", f"-L{tmp_path}", "-lllama",
-                    f"-Wl,-rpath,{tmp_path}"], check=True)
-    raw = tmp_path / "raw.jsonl"
-    env = {"PATH": "/usr/bin:/bin", "GRAPHDIAG_TRACE_OUT": str(raw), "LD_PRELOAD": preload(str(lib[0]), None)}
-    out = subprocess.run([tmp_path / "prog"], env=env, capture_output=True, text=True, check=True).stdout
+    out, raw = _run_preloaded(lib, tmp_path, FAKE_LLAMA_EXT, FAKE_SERVER)
     assert out.split() == ["0", "0", "1", "0", "0", "9"]     # the real functions ran: 3+3+1+1+1 tokens decoded
     a, b, c, d = [json.loads(x) for x in raw.read_text().splitlines()]
     assert (a["n_tokens"], a["tokens"], a["pos"], a["seq"], a["out"], a["ctx"], a["ret"]) == (
