@@ -19,6 +19,7 @@ import sys
 import threading
 from typing import Iterator
 
+from .early_signals import early_default, release_early, underlying  # noqa: F401 (release_early: cli.main's)
 from .errors import Terminated
 
 
@@ -44,6 +45,16 @@ def interrupt_came() -> BaseException | None:
     return Terminated() if _CAME[0] == signal.SIGTERM else KeyboardInterrupt()
 
 
+def raise_if_swallowed() -> None:
+    """Raise the interrupt that came inside terminate_as_interrupt's block, if one came: called where the
+    command goes on only when none did (a run's step boundary). A signal handled while Python runs a weakref
+    callback or a __del__ (importlib's module-lock callback, mid-import) has its exception printed as
+    "Exception ignored" and dropped; a SIGTERM, once come, is ignored from then on, so without this the run
+    would go on to its last step."""
+    if _CAME:
+        raise Terminated() if _CAME[0] == signal.SIGTERM else KeyboardInterrupt()
+
+
 @contextlib.contextmanager
 def terminate_as_interrupt() -> Iterator[None]:
     """The first SIGTERM raises Terminated inside the block, later ones are ignored; Ctrl-C raises
@@ -63,12 +74,22 @@ def terminate_as_interrupt() -> Iterator[None]:
     def interrupted(signum, frame) -> None:
         _CAME.append(signum)
         raise KeyboardInterrupt()
-    old = {signal.SIGTERM: signal.signal(signal.SIGTERM, terminated)}
-    if signal.getsignal(signal.SIGINT) is signal.default_int_handler:
-        old[signal.SIGINT] = signal.signal(signal.SIGINT, interrupted)
+    # graphdiag.entry's handlers (while the modules loaded) are taken over in one step, no gap between them and
+    # ours: what they replaced is what comes back at the end
+    old = {signal.SIGTERM: early_default(signal.SIGTERM, signal.signal(signal.SIGTERM, terminated))}
+    if underlying(signal.SIGINT) is signal.default_int_handler:
+        old[signal.SIGINT] = early_default(signal.SIGINT, signal.signal(signal.SIGINT, interrupted))
+    hook = sys.unraisablehook
+
+    def unraisable(u) -> None:          # our interrupt, dropped where Python cannot raise: no traceback printed,
+        if u.exc_type is not None and issubclass(u.exc_type, KeyboardInterrupt) and _CAME:
+            return                      # raise_if_swallowed raises it at the run's next step
+        hook(u)
+    sys.unraisablehook = unraisable
     try:
         yield
     finally:
+        sys.unraisablehook = hook
         # after a SIGTERM the process is ending as terminated: a later one must not kill it on its way out
         # (its last output unflushed, its status a signal's instead of 143)
         for sig, handler in old.items():
@@ -94,33 +115,3 @@ def shielded() -> Iterator[None]:
             _restore(sig, handler)
     if came and not ending:
         raise Terminated() if came[0] == signal.SIGTERM else KeyboardInterrupt()
-
-
-# -- while the modules load (graphdiag.entry) ------------------------------------------------------------------
-_EARLY = {signal.SIGINT: (b"graphdiag: interrupted\n", 130), signal.SIGTERM: (b"graphdiag: terminated (SIGTERM)\n", 143)}
-_early_replaced: dict = {}
-
-
-def _while_loading(signum, _frame) -> None:
-    line, code = _EARLY[signum]
-    os.write(2, line)
-    os._exit(code)
-
-
-def install_early() -> None:
-    """graphdiag.entry's handlers, on the signals still at their defaults: a signal before the command handles
-    its own ends the process with the one line and status a later one gets (no import's traceback)."""
-    for sig in _EARLY:
-        h = signal.getsignal(sig)
-        if h in (signal.SIG_DFL, signal.default_int_handler):
-            _early_replaced[sig] = h
-            signal.signal(sig, _while_loading)
-
-
-def release_early() -> None:
-    """Give back the defaults install_early replaced, where its handlers are still installed (the command's own
-    SIGTERM handler, set meanwhile, stays): cli/main.py calls it once it handles interrupts itself."""
-    for sig, h in list(_early_replaced.items()):
-        if signal.getsignal(sig) is _while_loading:
-            signal.signal(sig, h)
-        del _early_replaced[sig]

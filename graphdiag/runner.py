@@ -25,7 +25,7 @@ from .config import RunConfig, kernel_cache_dir
 from .counters import Counters
 from .backends.drivers.faults import FaultInjector, calls_of, recoverable
 from .errors import CudaError, GraphdiagError, NoDeviceError, OutOfDeviceMemory, RunInterrupted, Terminated
-from .interrupts import interrupt_came, shielded
+from .interrupts import interrupt_came, raise_if_swallowed, shielded
 from .ir.dtypes import GGMLType
 from .quants import q8_1_activations
 from .model.source import build_model, model_config
@@ -290,8 +290,9 @@ def run(cfg: RunConfig, scenario=None, sinks=(), span_sinks=(), on_header=None, 
         result = RunResult(header, rec.events, counters)
 
         def start() -> None:                # the run starts: the outputs open (on_header), then it is announced
-            if on_header is not None:
-                on_header(header)
+            if on_header is not None:       # a signal meanwhile comes once every output has its header
+                with shielded():            # (a writer cut between its header and its start loses the rest)
+                    on_header(header)
             session.announce()
         walk_recorded(session, result, plan, start)
     except BaseException:
@@ -406,6 +407,7 @@ class Stepper:
             steps = iter(plan)
             p = next(steps, None)
             while p is not None:
+                raise_if_swallowed()       # a signal whose exception a weakref callback dropped ends it here
                 nxt = next(steps, None)
                 if p.idle_s:
                     self.s.clock.advance(p.idle_s)
@@ -603,17 +605,26 @@ def run_cli(settings: dict, scenario: str | None = None, events_path: str | None
         result = _run_with_sinks(cfg, sc, events_path, as_json, verbosity, out, header, events,
                                  timeline_path=timeline_path, cupti=cupti, err=err,
                                  record_stream=record_stream)
+    except Exception:                       # a signal inside a C extension's import comes out as its ImportError
+        came = interrupt_came()
+        if came is None or not header:
+            raise
+        _interrupted_summary(header, events, sc, as_json, out, strict, came)
     except KeyboardInterrupt as e:
         if not header:                      # before the run started: nothing ran, no record; main says so
             raise
-        partial = RunResult(header, events.events, Counters())
-        _render_result(partial, sc, as_json, out, strict)
-        ended = next((e for e in reversed(events.events) if isinstance(e, E.RunEnded)), None)
-        step = ended.step if ended is not None else 0
-        if not as_json:
-            out.write(f"interrupted at step {step} (summary of the steps so far)\n")
-        raise RunInterrupted(step, terminated=isinstance(e, Terminated)) from None
+        _interrupted_summary(header, events, sc, as_json, out, strict, e)
     return _render_result(result, sc, as_json, out, strict)
+
+
+def _interrupted_summary(header: dict, events, sc, as_json: bool, out, strict: bool, came: BaseException):
+    """The summary of the steps an interrupted run did, then RunInterrupted (main's one line and status)."""
+    _render_result(RunResult(header, events.events, Counters()), sc, as_json, out, strict)
+    ended = next((ev for ev in reversed(events.events) if isinstance(ev, E.RunEnded)), None)
+    step = ended.step if ended is not None else 0
+    if not as_json:
+        out.write(f"interrupted at step {step} (summary of the steps so far)\n")
+    raise RunInterrupted(step, terminated=isinstance(came, Terminated)) from None
 
 
 def _distinct_outputs(events_path: str | None, timeline_path: str | None) -> None:

@@ -76,12 +76,15 @@ def main(argv: list[str] | None = None) -> int:
 
     global _debug
     _debug = debug_requested(os.environ)
-    with terminate_as_interrupt():
-        try:
-            release_early()                      # graphdiag.entry's, while the modules loaded: ours from here
-            return _main(argv)
-        except KeyboardInterrupt as e:          # a second Ctrl-C while the first was being reported
-            return TERMINATED_EXIT if isinstance(e, Terminated) else INTERRUPTED_EXIT
+    try:
+        with terminate_as_interrupt():
+            try:
+                release_early()                  # graphdiag.entry's, while the modules loaded: ours from here
+                return _main(argv)
+            except KeyboardInterrupt as e:      # a second Ctrl-C while the first was being reported
+                return TERMINATED_EXIT if isinstance(e, Terminated) else INTERRUPTED_EXIT
+    except KeyboardInterrupt as e:              # one that came while the handlers were being set
+        return _interrupted(e)
 
 
 def _interrupted(e: BaseException | None) -> int:

@@ -18,7 +18,7 @@ ROOT = Path(__file__).resolve().parents[2] / "graphdiag"
 # Bottom to top. A module may import its own floor and the floors below it, never one above. Names are
 # module paths under graphdiag ("" is the package itself); a name covers its sub-modules.
 FLOORS = (
-    ("base", ("", "errors", "events", "counters", "release", "resources", "plan", "_toml_lines", "interrupts",
+    ("base", ("", "errors", "events", "counters", "release", "resources", "plan", "_toml_lines", "interrupts", "early_signals",
               "parallel")),
     ("engine", ("ir", "quants", "memory", "backends", "model", "sched", "sim_mode", "oracle_check", "rawstream")),
     ("settings", ("config", "scenario")),
