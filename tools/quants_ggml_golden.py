@@ -3,7 +3,8 @@
 Compiles ggml-quants.c of the vendored llama.cpp 0c1e57098 (path as the first argument, default
 /work/up/llama_cpp_python-0.3.36/vendor/llama.cpp/ggml) with gcc -O2 for plain x86-64 (no FMA, as a release
 build of ggml-base), calls quantize_row_*_ref and dequantize_row_* through ctypes and stores, per type, the
-bytes and the values. The inputs are drawn by graphdiag's counter-based generator (quants_inputs() in the
+bytes and the values. IQ4_NL's bytes are quantize_iq4_nl's without an importance matrix, what llama-quantize
+writes (its _ref tries no scales; graphdiag.quants.iquants says why). The inputs are drawn by graphdiag's counter-based generator (quants_inputs() in the
 test), so the file holds outputs only. Run: python tools/quants_ggml_golden.py [GGML_DIR]
 """
 
@@ -56,8 +57,12 @@ def main() -> None:
             raw = np.zeros(n // block_size(t) * type_size(t), np.uint8)
             vals = np.zeros(n, np.float32)
             fp = ctypes.POINTER(ctypes.c_float)
-            getattr(lib, f"quantize_row_{name}_ref")(x.ctypes.data_as(fp), raw.ctypes.data_as(ctypes.c_void_p),
-                                                      ctypes.c_int64(n))
+            if t == GGMLType.IQ4_NL:     # quantize_iq4_nl(src, dst, nrow, n_per_row, imatrix NULL)
+                lib.quantize_iq4_nl(x.ctypes.data_as(fp), raw.ctypes.data_as(ctypes.c_void_p), ctypes.c_int64(1),
+                                    ctypes.c_int64(n), None)
+            else:
+                getattr(lib, f"quantize_row_{name}_ref")(x.ctypes.data_as(fp), raw.ctypes.data_as(ctypes.c_void_p),
+                                                          ctypes.c_int64(n))
             if t != GGMLType.Q8_1:           # ggml has no dequantize_row_q8_1
                 getattr(lib, f"dequantize_row_{name}")(raw.ctypes.data_as(ctypes.c_void_p), vals.ctypes.data_as(fp),
                                                        ctypes.c_int64(n))

@@ -11,6 +11,7 @@ class GGMLType(enum.IntEnum):
     F32 = 0
     F16 = 1
     Q4_0 = 2
+    Q4_1 = 3
     Q5_0 = 6
     Q5_1 = 7
     Q8_0 = 8
@@ -19,6 +20,8 @@ class GGMLType(enum.IntEnum):
     Q5_K = 13
     Q6_K = 14
     Q8_K = 15
+    IQ4_NL = 20
+    IQ4_XS = 23
     I32 = 26
     BF16 = 30
 
@@ -32,12 +35,16 @@ QK_K = 256   # super-block of the K-quants
 # f16 d + 4 bytes of high bits + 16 nibble bytes; Q5_1 = Q5_0 with an f16 min m after d; Q8_1 = f16 d, f16 d*sum + 32 int8; Q4_K = f16 d, f16 dmin,
 # 12 bytes of 6-bit scales/mins + 128 nibble bytes; Q5_K = Q4_K + 32 bytes of high bits; Q6_K = 128 low-nibble
 # bytes + 64 high-bit bytes + 16 int8 scales + f16 d; Q8_K = f32 d + 256 int8 + 16 int16 block sums.
+# Q4_1 = f16 d, f16 min m + 16 nibble bytes; IQ4_NL = f16 d + 16 nibble bytes (indices into kvalues_iq4nl);
+# IQ4_XS = f16 d, u16 scales_h, 4 bytes scales_l (8 6-bit sub-block scales) + 128 nibble bytes.
 _BLOCK = {GGMLType.F32: 1, GGMLType.F16: 1, GGMLType.BF16: 1, GGMLType.I32: 1,
           GGMLType.Q4_0: 32, GGMLType.Q5_0: 32, GGMLType.Q5_1: 32, GGMLType.Q8_0: QK8_0, GGMLType.Q8_1: 32,
           GGMLType.Q4_K: QK_K, GGMLType.Q5_K: QK_K, GGMLType.Q6_K: QK_K, GGMLType.Q8_K: QK_K}
+_BLOCK.update({GGMLType.Q4_1: 32, GGMLType.IQ4_NL: 32, GGMLType.IQ4_XS: QK_K})
 _SIZE = {GGMLType.F32: 4, GGMLType.F16: 2, GGMLType.BF16: 2, GGMLType.I32: 4,
          GGMLType.Q4_0: 18, GGMLType.Q5_0: 22, GGMLType.Q5_1: 24, GGMLType.Q8_0: Q8_0_BLOCK.itemsize, GGMLType.Q8_1: 36,
          GGMLType.Q4_K: 144, GGMLType.Q5_K: 176, GGMLType.Q6_K: 210, GGMLType.Q8_K: 292}
+_SIZE.update({GGMLType.Q4_1: 20, GGMLType.IQ4_NL: 18, GGMLType.IQ4_XS: 136})
 NUMPY = {GGMLType.F32: np.float32, GGMLType.F16: np.float16, GGMLType.I32: np.int32}
 
 
