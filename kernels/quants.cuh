@@ -1,19 +1,23 @@
-// quants.cuh: ggml's weight blocks for Q4_0, Q5_0, Q5_1, Q4_K, Q5_K, Q6_K (and BF16 rows), decoded one
+// quants.cuh: ggml's weight blocks for Q4_0, Q4_1, Q5_0, Q5_1, Q4_K, Q5_K, Q6_K, IQ4_NL, IQ4_XS (and BF16 rows), decoded one
 // "unit" at a time: the 32 consecutive weights of a row that meet one Q8_1 block of x. Layouts are ggml's
 // (ggml-common.h); the arithmetic is graphdiag's contract (graphdiag/backends/kernels.py, QUANT_DOC):
 //
 //   integer part  v[0..7]: the unit's 32 quants as unsigned bytes, 4 per int (element 4k + i in byte i of
 //                 v[k]), before ggml's offsets (Q4_0 0..15, Q5_0/Q5_1 0..31, Q4_K 0..15, Q5_K 0..31,
-//                 Q6_K 0..63); dot products with Q8_1 quants are exact (dp4a).
+//                 Q6_K 0..63; Q4_1 0..15); the IQ4 types hold their levels (kvalues_iq4nl) as signed bytes
+//                 instead. Dot products with Q8_1 quants are exact (dp4a).
 //   float part    d, m (the block's or super-block's f16 scales as float) and the integer sub-block scales
-//                 sc0, sc1 (K-quants: 6-bit scale and min; Q6_K: the int8 scales of the two 16-halves).
+//                 sc0, sc1 (K-quants: 6-bit scale and min; Q6_K: the int8 scales of the two 16-halves;
+//                 IQ4_XS: sc0 = its 6-bit sub-block scale - 32).
 //
 // Dequantised value of quant q (unit_f32, explicit _rn operations: no FMA contraction, so the numpy twin
 // gives the same bits):
 //   Q4_0 d*(q-8)   Q5_0 d*(q-16)   Q5_1 d*q + m   Q4_K/Q5_K (d*sc)*q - dmin*mn   Q6_K (d*sc)*(q-32)
+//   Q4_1 d*q + m   IQ4_NL d*level   IQ4_XS (d*sc0)*level
 // Unit . Q8_1 block (unit_q8; d8, s8 = the block's f16 d and d*sum; sx = integer sum of its quants):
 //   Q4_0 d*(dot*d8 - 8*s8)   Q5_0 d*(dot*d8 - 16*s8)   Q5_1 d*d8*dot + m*s8
 //   Q4_K/Q5_K d8*(d*(dot*sc) - dmin*(sx*mn))   Q6_K d*d8*(sc0*(dot_lo - 32 sx_lo) + sc1*(dot_hi - 32 sx_hi))
+//   Q4_1 d*d8*dot + m*s8   IQ4_NL d*d8*dot   IQ4_XS d*d8*(dot*sc0)
 // as ggml's vec_dot_*_q8_1 (vecdotq.cuh) combine them; the float order of the combination is ours.
 #pragma once
 #include "common.cuh"
@@ -25,6 +29,9 @@
 #define GGML_Q5_K 13
 #define GGML_Q6_K 14
 #define GGML_BF16 30
+#define GGML_Q4_1 3
+#define GGML_IQ4_NL 20
+#define GGML_IQ4_XS 23
 
 // Bytes per block (units of 32 weights per block: 1, or 8 for the 256-weight K-quant super-blocks).
 template <int T> struct qblock;
@@ -35,6 +42,12 @@ template <> struct qblock<GGML_Q4_K> { static constexpr int bytes = 144, units =
 template <> struct qblock<GGML_Q5_K> { static constexpr int bytes = 176, units = 8; };
 template <> struct qblock<GGML_Q6_K> { static constexpr int bytes = 210, units = 8; };
 template <> struct qblock<GGML_BF16> { static constexpr int bytes = 64, units = 1; };   // 32 bf16 = one unit
+template <> struct qblock<GGML_Q4_1> { static constexpr int bytes = 20, units = 1; };
+template <> struct qblock<GGML_IQ4_NL> { static constexpr int bytes = 18, units = 1; };
+template <> struct qblock<GGML_IQ4_XS> { static constexpr int bytes = 136, units = 8; };
+
+// The IQ4 types' quants are signed levels, not offsets from an unsigned range.
+template <int T> struct qlevels { static constexpr bool value = T == GGML_IQ4_NL || T == GGML_IQ4_XS; };
 
 struct qunit {
     int v[8];
@@ -84,6 +97,36 @@ __device__ __forceinline__ void decode_q5(const unsigned char *qs, unsigned qh, 
     }
 }
 
+// kvalues_iq4nl (ggml-common.h) as little-endian words, four levels a word: -127 -104 -83 -65 | -49 -35 -22 -10
+// | 1 13 25 38 | 53 69 89 113.
+#define IQ4_LEVELS_0 0xBFAD9881u
+#define IQ4_LEVELS_1 0xF6EADDCFu
+#define IQ4_LEVELS_2 0x26190D01u
+#define IQ4_LEVELS_3 0x71594535u
+
+// Four 4-bit indices (one in the low nibble of each byte of q) -> their four levels as signed bytes.
+// __byte_perm picks bytes by 3-bit selectors: the low and the high eight levels are looked up apart, then
+// each byte's index bit 3 chooses between them.
+__device__ __forceinline__ int iq4_levels(int q) {
+    const unsigned u = (unsigned)q;
+    const unsigned sel = (u & 0xFu) | ((u >> 4) & 0xF0u) | ((u >> 8) & 0xF00u) | ((u >> 12) & 0xF000u);
+    const unsigned lo = __byte_perm(IQ4_LEVELS_0, IQ4_LEVELS_1, sel & 0x7777u);
+    const unsigned hi = __byte_perm(IQ4_LEVELS_2, IQ4_LEVELS_3, sel & 0x7777u);
+    return (int)__byte_perm(lo, hi, 0x3210u | ((sel & 0x8888u) >> 1));
+}
+
+// 16 nibble bytes at qs -> the unit's 32 quants: low nibbles elements 0..15, high nibbles 16..31 (ggml's
+// order in every 4-bit 32-block), as levels when `levels`.
+__device__ __forceinline__ void decode_nibbles(const unsigned char *qs, bool aligned4, bool levels, qunit &w) {
+#pragma unroll
+    for (int k = 0; k < 4; ++k) {
+        const int q = aligned4 ? ld32(qs + 4 * k) : ld32h(qs + 4 * k);
+        const int lo = q & 0x0F0F0F0F, hi = (q >> 4) & 0x0F0F0F0F;
+        w.v[k] = levels ? iq4_levels(lo) : lo;
+        w.v[k + 4] = levels ? iq4_levels(hi) : hi;
+    }
+}
+
 // Unit u of a row (u = block * units + sub-block).
 template <int T> __device__ __forceinline__ void decode(const unsigned char *row, i64 u, qunit &w) {
     const int j = (int)(u % qblock<T>::units);
@@ -110,6 +153,19 @@ template <int T> __device__ __forceinline__ void decode(const unsigned char *row
             if (T == GGML_Q5_K) q |= ((ld32(b + 16 + 4 * k) >> j) & 0x01010101) << 4;
             w.v[k] = q;
         }
+    } else if (T == GGML_Q4_1) {
+        w.d = h2f((unsigned short)ld16(b));
+        w.m = h2f((unsigned short)ld16(b + 2));
+        decode_nibbles(b + 4, false, false, w);
+    } else if (T == GGML_IQ4_NL) {
+        w.d = h2f((unsigned short)ld16(b));
+        decode_nibbles(b + 2, false, true, w);
+    } else if (T == GGML_IQ4_XS) {   // 136-byte blocks: the quants at 8 + 16 j are 4-byte aligned
+        w.d = h2f((unsigned short)ld16(b));
+        const unsigned sh = ld16(b + 2);
+        const int ls = ((b[4 + (j >> 1)] >> (4 * (j & 1))) & 0xF) | (((sh >> (2 * j)) & 3u) << 4);
+        w.sc0 = ls - 32;
+        decode_nibbles(b + 8 + 16 * j, true, true, w);
     } else if (T == GGML_Q6_K) {
         const int n = j >> 2, g = j & 3;
         const unsigned char *ql = b + 64 * n + 32 * (g & 1), *qh = b + 128 + 32 * n;
@@ -142,7 +198,9 @@ template <int T> __device__ __forceinline__ float unit_q8(const qunit &w, const 
     }
     if (T == GGML_Q4_0) return w.d * ((float)(lo + hi) * d8 - 8.0f * s8);
     if (T == GGML_Q5_0) return w.d * ((float)(lo + hi) * d8 - 16.0f * s8);
-    if (T == GGML_Q5_1) return w.d * d8 * (float)(lo + hi) + w.m * s8;
+    if (T == GGML_Q5_1 || T == GGML_Q4_1) return w.d * d8 * (float)(lo + hi) + w.m * s8;
+    if (T == GGML_IQ4_NL) return w.d * d8 * (float)(lo + hi);
+    if (T == GGML_IQ4_XS) return w.d * d8 * (float)((lo + hi) * w.sc0);
     int slo = 0, shi = 0;   // integer sums of x's quants (ggml: dp4a with 0x01010101)
 #pragma unroll
     for (int k = 0; k < 4; ++k) {
@@ -167,6 +225,8 @@ template <int T> __device__ __forceinline__ void unit_f32(const unsigned char *r
     if (T == GGML_Q4_K || T == GGML_Q5_K) {
         a = __fmul_rn(w.d, (float)w.sc0);
         c = __fmul_rn(w.m, (float)w.sc1);
+    } else if (T == GGML_IQ4_XS) {
+        a = __fmul_rn(w.d, (float)w.sc0);
     } else if (T == GGML_Q6_K) {
         a = __fmul_rn(w.d, (float)w.sc0);
         a2 = __fmul_rn(w.d, (float)w.sc1);
@@ -174,8 +234,9 @@ template <int T> __device__ __forceinline__ void unit_f32(const unsigned char *r
     const int off = T == GGML_Q4_0 ? 8 : T == GGML_Q5_0 ? 16 : T == GGML_Q6_K ? 32 : 0;
 #pragma unroll
     for (int i = 0; i < 32; ++i) {
-        const float q = (float)(((w.v[i >> 2] >> (8 * (i & 3))) & 0xFF) - off);
-        if (T == GGML_Q5_1) y[i] = __fadd_rn(__fmul_rn(w.d, q), w.m);
+        const int byte = w.v[i >> 2] >> (8 * (i & 3));
+        const float q = qlevels<T>::value ? (float)(signed char)byte : (float)((byte & 0xFF) - off);
+        if (T == GGML_Q5_1 || T == GGML_Q4_1) y[i] = __fadd_rn(__fmul_rn(w.d, q), w.m);
         else if (T == GGML_Q4_K || T == GGML_Q5_K) y[i] = __fsub_rn(__fmul_rn(a, q), c);
         else if (T == GGML_Q6_K) y[i] = __fmul_rn(i < 16 ? a : a2, q);
         else y[i] = __fmul_rn(a, q);

@@ -1,5 +1,6 @@
-"""numpy twin of kernels/quants.cuh: ggml's Q4_0/Q5_0/Q5_1/Q4_K/Q5_K/Q6_K blocks (and BF16 rows) decoded
-into units of 32 weights, the kernels' dequantisation (bit for bit) and their integer dots with Q8_1 x.
+"""numpy twin of kernels/quants.cuh: ggml's Q4_0/Q4_1/Q5_0/Q5_1/Q4_K/Q5_K/Q6_K/IQ4_NL/IQ4_XS blocks (and BF16
+rows) decoded into units of 32 weights, the kernels' dequantisation (bit for bit) and their integer dots with
+Q8_1 x. The IQ4 types' quants are their levels (kvalues_iq4nl, signed), not the 4-bit indices.
 
 A unit is the 32 consecutive weights of a row that meet one Q8_1 block of x. `decode` gives each unit's
 quants as integers (before ggml's offsets) and its float / integer scales; `dequantize` applies the
@@ -17,12 +18,14 @@ from typing import NamedTuple
 import numpy as np
 
 from ..ir.dtypes import GGMLType as G
+from ..quants.iquants import KVALUES
 
 F32 = np.float32
 # bytes per block, units (of 32 weights) per block
 LAYOUT = {G.Q4_0: (18, 1), G.Q5_0: (22, 1), G.Q5_1: (24, 1), G.Q4_K: (144, 8), G.Q5_K: (176, 8),
-          G.Q6_K: (210, 8), G.BF16: (64, 1)}
-QUANT_TYPES = (G.Q4_0, G.Q5_0, G.Q5_1, G.Q4_K, G.Q5_K, G.Q6_K)
+          G.Q6_K: (210, 8), G.BF16: (64, 1), G.Q4_1: (20, 1), G.IQ4_NL: (18, 1), G.IQ4_XS: (136, 8)}
+QUANT_TYPES = (G.Q4_0, G.Q5_0, G.Q5_1, G.Q4_K, G.Q5_K, G.Q6_K, G.Q4_1, G.IQ4_NL, G.IQ4_XS)
+_LEVELS = KVALUES.astype(np.int32)   # IQ4_NL / IQ4_XS: index -> level
 _OFFSET = {G.Q4_0: 8, G.Q5_0: 16, G.Q6_K: 32}
 _CHUNK = 1 << 24   # float64 elements of one integer-dot temporary
 
@@ -30,8 +33,8 @@ _CHUNK = 1 << 24   # float64 elements of one integer-dot temporary
 class Units(NamedTuple):
     v: np.ndarray     # int32 (..., nu, 32): quants before the offset
     d: np.ndarray     # float32 (..., nu)
-    m: np.ndarray     # float32 (..., nu): Q5_1's m, the K-quants' dmin (0 otherwise)
-    sc0: np.ndarray   # int32 (..., nu): K-quants' 6-bit scale, Q6_K's first-half scale
+    m: np.ndarray     # float32 (..., nu): Q4_1's and Q5_1's m, the K-quants' dmin (0 otherwise)
+    sc0: np.ndarray   # int32 (..., nu): K-quants' 6-bit scale, Q6_K's first-half scale, IQ4_XS's ls - 32
     sc1: np.ndarray   # int32 (..., nu): K-quants' 6-bit min, Q6_K's second-half scale
 
 
@@ -81,6 +84,16 @@ def _q6k(b: np.ndarray):
     return np.stack(units, -2), _f16(b, 208), np.stack(s0, -1), np.stack(s1, -1)
 
 
+def _iq4xs(b: np.ndarray):
+    """IQ4_XS super-blocks -> (levels (..., 8, 32), 6-bit scales ls (..., 8))."""
+    qs = b[..., 8:136].reshape(*b.shape[:-1], 8, 16)
+    sh = np.ascontiguousarray(b[..., 2:4]).view("<u2")[..., 0].astype(np.int32)
+    sl = b[..., 4:8].astype(np.int32)
+    j = np.arange(8)
+    ls = ((sl[..., j // 2] >> (4 * (j % 2))) & 0xF) | (((sh[..., None] >> (2 * j)) & 3) << 4)
+    return _LEVELS[_nibbles(qs)], ls
+
+
 def decode(raw: np.ndarray, t: int) -> Units:
     """raw (..., row bytes) uint8 rows of type t (quantized) -> their units."""
     size, upb = LAYOUT[G(t)]
@@ -92,12 +105,20 @@ def decode(raw: np.ndarray, t: int) -> Units:
         return Units(_nibbles(b[..., 6:22]) | (_high_bits(b, 2) << 4), _f16(b, 0), zero.astype(F32), zero, zero)
     if t == G.Q5_1:
         return Units(_nibbles(b[..., 8:24]) | (_high_bits(b, 4) << 4), _f16(b, 0), _f16(b, 2), zero, zero)
+    if t == G.Q4_1:
+        return Units(_nibbles(b[..., 4:20]), _f16(b, 0), _f16(b, 2), zero, zero)
+    if t == G.IQ4_NL:
+        return Units(_LEVELS[_nibbles(b[..., 2:18])], _f16(b, 0), zero.astype(F32), zero, zero)
     lead = b.shape[:-2]
     nu = b.shape[-2] * upb
     if t in (G.Q4_K, G.Q5_K):
         v, d, dmin, sc, mn = _kquant(b, t)
         rep = lambda a: np.repeat(a[..., None], 8, -1).reshape(*lead, nu)
         return Units(v.reshape(*lead, nu, 32), rep(d), rep(dmin), sc.reshape(*lead, nu), mn.reshape(*lead, nu))
+    if t == G.IQ4_XS:
+        v, ls = _iq4xs(b)
+        return Units(v.reshape(*lead, nu, 32), np.repeat(_f16(b, 0)[..., None], 8, -1).reshape(*lead, nu),
+                     np.zeros((*lead, nu), F32), ls.reshape(*lead, nu) - 32, np.zeros((*lead, nu), np.int32))
     if t == G.Q6_K:
         v, d, s0, s1 = _q6k(b)
         return Units(v.reshape(*lead, nu, 32), np.repeat(d[..., None], 8, -1).reshape(*lead, nu),
@@ -112,8 +133,10 @@ def dequantize(raw: np.ndarray, t: int) -> np.ndarray:
     u = decode(raw, t)
     q = (u.v - _OFFSET.get(G(t), 0)).astype(F32)
     d = u.d[..., None]
-    if t == G.Q5_1:
+    if t in (G.Q5_1, G.Q4_1):
         y = d * q + u.m[..., None]
+    elif t == G.IQ4_XS:
+        y = (u.d * u.sc0.astype(F32))[..., None] * q
     elif t in (G.Q4_K, G.Q5_K):
         y = (d * u.sc0.astype(F32)[..., None]) * q - (u.m * u.sc1.astype(F32))[..., None]
     elif t == G.Q6_K:
@@ -141,13 +164,18 @@ def _combine(t: int, u: Units, xq: np.ndarray) -> np.ndarray:
         isum = u.sc0.T[:, None, :] * (dots[0] - 32 * sx[0]) + u.sc1.T[:, None, :] * (dots[1] - 32 * sx[1])
         per = d * d8 * isum.astype(F32)
     else:
-        dot = _int_dots(u.v, qx).astype(F32)
+        idot = _int_dots(u.v, qx)
+        dot = idot.astype(F32)
         if t == G.Q4_0:
             per = d * (dot * d8 - F32(8) * s8)
         elif t == G.Q5_0:
             per = d * (dot * d8 - F32(16) * s8)
-        elif t == G.Q5_1:
+        elif t in (G.Q5_1, G.Q4_1):
             per = d * d8 * dot + m * s8
+        elif t == G.IQ4_NL:
+            per = d * d8 * dot
+        elif t == G.IQ4_XS:
+            per = d * d8 * (idot * u.sc0.T[:, None, :]).astype(F32)   # the integer sum times ls - 32, exact
         else:
             sx = qx.sum(-1).T[:, :, None]
             per = d8 * (d * (dot * u.sc0.T[:, None, :]) - m * (sx * u.sc1.T[:, None, :]).astype(F32))

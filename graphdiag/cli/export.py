@@ -22,8 +22,9 @@ class _ExportCommand(click.Command):
               help="Preset (listed below; moe-tiny is written as llama's MoE, whose router normalises its "
                    "weights).")
 @click.option("--wtype", default="f16", show_default=True,
-              help="Weight type of the mat-mul weights and the embedding (f16, bf16, f32, q8_0, q4_0, q5_0, q5_1, "
-                   "q4_k, q5_k, q6_k; a K-quant falls back where rows are no multiple of 256, as llama.cpp's).")
+              help="Weight type of the mat-mul weights and the embedding (f16, bf16, f32, q8_0, q4_0, q4_1, q5_0, "
+                   "q5_1, q4_k, q5_k, q6_k, iq4_nl, iq4_xs; a K-quant or IQ4_XS falls back where rows are no "
+                   "multiple of 256, as llama.cpp's).")
 @click.option("--seed", default=0, show_default=True, type=click.IntRange(0, 2**31 - 1),
               help="The seed of the preset's weights (as `run --seed`).")
 @click.option("--arch", default=None,

@@ -11,7 +11,7 @@ with the metadata and an SPM vocabulary (`<unk>`, `<s>`, `</s>`, the 256 byte to
 pieces) that llama.cpp's loader accepts, so graphdiag and llama.cpp can run the identical model.
 
 Supported here: the architectures of model/arch/ (llama incl. Mistral-style files, qwen2, qwen3), tensor
-types F32, F16, BF16, Q8_0, Q4_0, Q5_0, Q5_1, Q4_K, Q5_K and Q6_K (TYPES).
+types F32, F16, BF16, Q8_0, Q4_0, Q4_1, Q5_0, Q5_1, Q4_K, Q5_K, Q6_K, IQ4_NL and IQ4_XS (TYPES).
 """
 
 from __future__ import annotations
@@ -31,10 +31,12 @@ from .presets import ModelConfig, swa_pattern
 
 # GGUF tensor type -> graphdiag's (the same numbers: ggml's enum)
 TYPES = {int(t): t for t in (GGMLType.F32, GGMLType.F16, GGMLType.BF16, GGMLType.Q8_0, GGMLType.Q4_0, GGMLType.Q5_0,
-                             GGMLType.Q5_1, GGMLType.Q4_K, GGMLType.Q5_K, GGMLType.Q6_K)}
+                             GGMLType.Q5_1, GGMLType.Q4_K, GGMLType.Q5_K, GGMLType.Q6_K,
+                             GGMLType.Q4_1, GGMLType.IQ4_NL, GGMLType.IQ4_XS)}
 # llama_ftype of a file whose mat-mul weights are all of one type (general.file_type; K-quants as their _M mix)
 FILE_TYPE = {GGMLType.F32: 0, GGMLType.F16: 1, GGMLType.Q4_0: 2, GGMLType.Q8_0: 7, GGMLType.Q5_0: 8,
-             GGMLType.Q5_1: 9, GGMLType.Q4_K: 15, GGMLType.Q5_K: 17, GGMLType.Q6_K: 18, GGMLType.BF16: 32}
+             GGMLType.Q5_1: 9, GGMLType.Q4_K: 15, GGMLType.Q5_K: 17, GGMLType.Q6_K: 18, GGMLType.BF16: 32,
+             GGMLType.Q4_1: 3, GGMLType.IQ4_NL: 25, GGMLType.IQ4_XS: 30}
 N_SPECIAL = 3 + 256              # <unk> <s> </s> and the byte tokens of the exported vocabulary
 
 

@@ -15,12 +15,16 @@ MOE_NORM_MIN = 6.103515625e-5   # build_moe_ffn's norm_w clamps the top-k weight
 
 # Weight storage types a run may choose for every mat-mul weight and the token embedding (norm weights are
 # always F32, the KV cache always F16). Q5_1 is here because Q5_K falls back to it (preset_type).
+# As `llama-quantize --pure`: every mat-mul weight, the output and the embedding in the one type (no
+# llama_tensor_get_type mixture, which would store output.weight as Q6_K, for one), bar the row fallback.
 # (config.WTYPES holds the same names, for checking a setting without numpy: a test keeps them equal)
 WEIGHT_TYPES = {name: GGMLType[name.upper()] for name in
-                ("f16", "q8_0", "f32", "bf16", "q4_0", "q5_0", "q5_1", "q4_k", "q5_k", "q6_k")}
-# llama-quant.cpp's tensor_type_fallback: a K-quant whose rows (ne0) are no multiple of 256 becomes this type;
-# a type whose block still does not divide the row (or a 32-block type that does not) becomes F16.
+                ("f16", "q8_0", "f32", "bf16", "q4_0", "q5_0", "q5_1", "q4_k", "q5_k", "q6_k",
+                 "q4_1", "iq4_nl", "iq4_xs")}
+# llama-quant.cpp's tensor_type_fallback: a 256-block type whose rows (ne0) are no multiple of 256 becomes this
+# type; a type whose block still does not divide the row (or a 32-block type that does not) becomes F16.
 K_FALLBACK = {GGMLType.Q4_K: GGMLType.Q5_0, GGMLType.Q5_K: GGMLType.Q5_1, GGMLType.Q6_K: GGMLType.Q8_0}
+K_FALLBACK[GGMLType.IQ4_XS] = GGMLType.IQ4_NL
 
 
 @dataclass(frozen=True)
