@@ -27,13 +27,21 @@ _KV = KVALUES.astype(F)
 NTRY = 7          # quantize_iq4_nl / quantize_iq4_xs: scales tried either side of -max / 127
 
 
+# best_index_int8(16, kvalues_iq4nl, x) picks the upper level when x - lo >= hi - x in float32. Both
+# differences are exact wherever x is near a midpoint (|x| >= 4.5 there and each difference under 2^(e+1), e
+# x's binade), so the choice is x >= (lo + hi) / 2 exactly; elsewhere rounding cannot flip it. The midpoints
+# are multiples of 1/2, so floor(2x) selects the answer from a table: index k holds the count of midpoints
+# <= (k - 256) / 2.
+_MIDS = (_KV[:-1] + _KV[1:]) / 2
+_BY_HALF = np.searchsorted(_MIDS, (np.arange(512) - 256) / 2, side="right").astype(np.uint8)
+
+
 def best_index(x: np.ndarray) -> np.ndarray:
-    """best_index_int8(16, kvalues_iq4nl, x) elementwise: the nearest level's index, a tie (as float32
-    distances) going up; x at or beyond either end -> that end."""
-    mu = np.clip(np.searchsorted(_KV, x, side="right"), 1, 15)     # _KV[mu - 1] <= x < _KV[mu] inside
-    lo, hi = _KV[mu - 1], _KV[mu]
-    idx = np.where(x - lo < hi - x, mu - 1, mu)
-    return np.where(x <= _KV[0], 0, np.where(x >= _KV[15], 15, idx)).astype(np.uint8)
+    """best_index_int8(16, kvalues_iq4nl, x) elementwise: the nearest level's index, a tie going up; x at or
+    beyond either end -> that end, NaN -> 15 as ggml's search ends (uint8)."""
+    k = np.fmin(np.floor(x * F(2)), F(255))          # fmin: NaN -> 255
+    np.maximum(k, F(-256), out=k)
+    return _BY_HALF[k.astype(np.int32) + 256]
 
 
 def _sums(x: np.ndarray, w: np.ndarray, inv: np.ndarray) -> tuple[np.ndarray, np.ndarray]:

@@ -74,7 +74,7 @@ def _best_index_ggml(x: float) -> int:
     """best_index_int8 as ggml writes it, scalar, in float32."""
     v = [np.float32(k) for k in KVALUES]
     x = np.float32(x)
-    if x <= v[0]:
+    if x <= v[0]:   # (NaN compares false everywhere: the search ends at the top)
         return 0
     if x >= v[15]:
         return 15
@@ -91,7 +91,10 @@ def _best_index_ggml(x: float) -> int:
 def test_the_level_search_is_ggml_binary_search_ties_included():
     lv = KVALUES.astype(np.float32)
     mids = (lv[:-1] + lv[1:]) / 2                                 # exact ties: x - lo == hi - x
-    x = np.concatenate([RNG.uniform(-140, 140, 2000), lv, mids, [-0.0, 0.0, -1e30, 1e30]]).astype(np.float32)
+    near = np.concatenate([mids, lv])[:, None] + np.array([-3, -2, -1, 1, 2, 3])[None, :] * np.spacing(127, dtype=np.float32) / 64
+    x = np.concatenate([RNG.uniform(-140, 140, 4000), RNG.uniform(-1, 1, 500), lv, mids, near.reshape(-1),
+                        np.nextafter(mids, np.float32(-200)), np.nextafter(mids, np.float32(200)),
+                        [-0.0, 0.0, -1e30, 1e30, -np.inf, np.inf, np.nan]]).astype(np.float32)
     assert best_index(x).tolist() == [_best_index_ggml(v) for v in x]
 
 
