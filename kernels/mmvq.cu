@@ -1,6 +1,6 @@
-// Mat-vec kernels for the file's weight types (ggml's MMVQ for Q4_0, Q5_0, Q5_1, Q4_K, Q5_K, Q6_K, Q4_1,
-// IQ4_NL, IQ4_XS on Q8_1 x from quantize_q8_1; ggml's MMVF for BF16 on F32 x), their fused variants (+ADD, gate/up+GLU), the
-// MoE kernels (Q8_1 x for the quantized types as upstream's mmvq / mmq, F32 x for BF16 and for the sorted
+// Mat-vec kernels for the file's weight types (ggml's MMVQ for Q4_0, Q4_1, Q5_0, Q5_1, Q4_K, Q5_K, Q6_K,
+// IQ4_NL, IQ4_XS on Q8_1 x from quantize_q8_1; ggml's MMVF for BF16 on F32 x), their fused variants (+ADD,
+// gate/up+GLU), the MoE kernels (Q8_1 x for the quantized types as upstream's mmvq / mmq, F32 x for BF16 and for the sorted
 // fallback), GET_ROWS and the prefill's dequantisation to F16.
 //
 // Geometry as mul_mat_vec.cu (geometry.py _mmv): one warp per weight row, 4 warps per block, up to 8 x

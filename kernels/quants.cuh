@@ -1,6 +1,6 @@
-// quants.cuh: ggml's weight blocks for Q4_0, Q4_1, Q5_0, Q5_1, Q4_K, Q5_K, Q6_K, IQ4_NL, IQ4_XS (and BF16 rows), decoded one
-// "unit" at a time: the 32 consecutive weights of a row that meet one Q8_1 block of x. Layouts are ggml's
-// (ggml-common.h); the arithmetic is graphdiag's contract (graphdiag/backends/kernels.py, QUANT_DOC):
+// quants.cuh: ggml's weight blocks for Q4_0, Q4_1, Q5_0, Q5_1, Q4_K, Q5_K, Q6_K, IQ4_NL, IQ4_XS (and BF16
+// rows), decoded one "unit" at a time: the 32 consecutive weights of a row that meet one Q8_1 block of x.
+// Layouts are ggml's (ggml-common.h); the arithmetic is graphdiag's contract (graphdiag/backends/kernels.py, QUANT_DOC):
 //
 //   integer part  v[0..7]: the unit's 32 quants as unsigned bytes, 4 per int (element 4k + i in byte i of
 //                 v[k]), before ggml's offsets (Q4_0 0..15, Q5_0/Q5_1 0..31, Q4_K 0..15, Q5_K 0..31,

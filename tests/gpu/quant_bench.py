@@ -15,7 +15,7 @@ from support.quant_data import random_rows  # noqa: E402
 
 from graphdiag.ir.build import contiguous_nb  # noqa: E402
 from graphdiag.ir.dtypes import GGMLType as G  # noqa: E402
-from graphdiag.ir.dtypes import row_size  # noqa: E402
+from graphdiag.ir.dtypes import block_size, row_size  # noqa: E402
 
 TYPES = {"q4_0": G.Q4_0, "q5_0": G.Q5_0, "q5_1": G.Q5_1, "q4_k": G.Q4_K, "q5_k": G.Q5_K, "q6_k": G.Q6_K,
          "bf16": G.BF16, "q4_1": G.Q4_1, "iq4_nl": G.IQ4_NL, "iq4_xs": G.IQ4_XS}
@@ -43,7 +43,7 @@ def quant_rows(b, only: str):
     for preset, ks in SHAPES.items():
         for w, t in TYPES.items():
             for k, m in ks:
-                if k % 256 and t in (G.Q4_K, G.Q5_K, G.Q6_K):
+                if k % block_size(t):          # the 256-blocks (K-quants, IQ4_XS) on Gemma's 640
                     continue
                 wbytes = row_size(t, k) * m
                 name = f"mmvq {w} {preset} K{k} M{m}"

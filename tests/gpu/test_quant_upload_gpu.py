@@ -1,5 +1,5 @@
-"""Weights rng_fill cannot draw (BF16, Q4_0 ... Q6_K, IQ4_NL, IQ4_XS): drawn and quantised on the host, uploaded to the GPU
-byte for byte — the bytes the simulated driver holds for the same model (tests/integration/test_quant_weights)."""
+"""Weights rng_fill cannot draw (BF16, Q4_0 ... Q6_K, IQ4_NL, IQ4_XS): drawn and quantised on the host,
+uploaded to the GPU byte for byte — the bytes the simulated driver holds for the same model (tests/integration/test_quant_weights)."""
 
 import numpy as np
 import pytest
@@ -33,8 +33,8 @@ def test_a_host_quantised_model_uploads_its_bytes(driver, wt):
 
 @pytest.mark.parametrize("wtype", ["q4_k", "q4_0", "bf16", "q4_1", "iq4_nl", "iq4_xs"])
 def test_a_host_quantised_preset_runs_on_the_gpu_as_on_the_simulator(driver, tmp_path, wtype):
-    """tiny in wtype (Q4_K: its ffn_down falls back to Q5_0, IQ4_XS's to IQ4_NL) on CUDA: oracle within its bound, replays equal
-    to eager, the decisions of the simulated run; an exported file of it decides as the preset."""
+    """tiny in wtype (Q4_K: its ffn_down falls back to Q5_0, IQ4_XS's to IQ4_NL) on CUDA: oracle within its
+    bound, replays equal to eager, the decisions of the simulated run; an exported file of it decides as the preset."""
     from graphdiag.cli.main import main
     from graphdiag.config import resolve
     from graphdiag.runner import run

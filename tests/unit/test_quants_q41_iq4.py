@@ -49,7 +49,8 @@ def test_ggml_type_numbers_block_sizes_and_bytes():
     for t in NEW:
         assert gguf.GGML_QUANT_SIZES[gguf.GGMLQuantizationType(int(t))] == (block_size(t), type_size(t))
     # IQ4_NL's bytes are laid out as Q4_0's; its dtype still names it alone
-    assert type_of(np.zeros(1, BLOCK_DTYPE[G.IQ4_NL])) == G.IQ4_NL and type_of(np.zeros(1, BLOCK_DTYPE[G.Q4_0])) == G.Q4_0
+    assert type_of(np.zeros(1, BLOCK_DTYPE[G.IQ4_NL])) == G.IQ4_NL
+    assert type_of(np.zeros(1, BLOCK_DTYPE[G.Q4_0])) == G.Q4_0
     assert all(q8_1_activations(t) for t in NEW)
 
 
@@ -91,7 +92,8 @@ def _best_index_ggml(x: float) -> int:
 def test_the_level_search_is_ggml_binary_search_ties_included():
     lv = KVALUES.astype(np.float32)
     mids = (lv[:-1] + lv[1:]) / 2                                 # exact ties: x - lo == hi - x
-    near = np.concatenate([mids, lv])[:, None] + np.array([-3, -2, -1, 1, 2, 3])[None, :] * np.spacing(127, dtype=np.float32) / 64
+    at = np.concatenate([mids, lv])
+    near = at[:, None] + np.spacing(at)[:, None] * np.array([-3, -2, -1, 1, 2, 3], np.float32)   # a few ulps off
     x = np.concatenate([RNG.uniform(-140, 140, 4000), RNG.uniform(-1, 1, 500), lv, mids, near.reshape(-1),
                         np.nextafter(mids, np.float32(-200)), np.nextafter(mids, np.float32(200)),
                         [-0.0, 0.0, -1e30, 1e30, -np.inf, np.inf, np.nan]]).astype(np.float32)
