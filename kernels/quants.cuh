@@ -33,7 +33,7 @@
 #define GGML_IQ4_NL 20
 #define GGML_IQ4_XS 23
 
-// Bytes per block (units of 32 weights per block: 1, or 8 for the 256-weight K-quant super-blocks).
+// Bytes per block (units of 32 weights per block: 1, or 8 for the 256-weight super-blocks).
 template <int T> struct qblock;
 template <> struct qblock<GGML_Q4_0> { static constexpr int bytes = 18, units = 1; };
 template <> struct qblock<GGML_Q5_0> { static constexpr int bytes = 22, units = 1; };
