@@ -23,7 +23,8 @@ class _ExportCommand(click.Command):
                    "weights).")
 @click.option("--wtype", default="f16", show_default=True,
               help="Weight type of the mat-mul weights and the embedding (f16, bf16, f32, q8_0, q4_0, q5_0, q5_1, "
-                   "q4_k, q5_k, q6_k; a K-quant falls back where rows are no multiple of 256, as llama.cpp's).")
+                   "q3_k, q4_k, q5_k, q6_k; a K-quant falls back where rows are no multiple of 256, as llama.cpp's), "
+                   "or llama.cpp's mix of one: q2_k (its Q2_K), q3_k_m (Q3_K_M).")
 @click.option("--seed", default=0, show_default=True, type=click.IntRange(0, 2**31 - 1),
               help="The seed of the preset's weights (as `run --seed`).")
 @click.option("--arch", default=None,
@@ -38,7 +39,7 @@ def export_gguf(model: str, wtype: str, seed: int, arch: str | None, out: str) -
     from ..model.gguf_io import export_config
     from ..model.gguf_io import export_gguf as write
     from ..model.presets import weight_type
-    from ..model.fallbacks import fallback_note
+    from ..model.fallbacks import fallback_note, mix_summary
     from ..model.weights import create_model
 
     if not out.endswith(".gguf"):
@@ -49,7 +50,8 @@ def export_gguf(model: str, wtype: str, seed: int, arch: str | None, out: str) -
     cfg = export_config(model, arch)
     m = create_model(cfg, weight_type(wtype), seed=seed)
     n = write(m, out, model)
+    what = f"{m.mix.label} ({mix_summary(m).partition(': ')[2]})" if m.mix else m.wtype.name
     click.echo(f"wrote {out}: {model} as {arch} ({cfg.n_layer} layers, n_embd {cfg.n_embd}, vocab {cfg.n_vocab}), "
-               f"{m.wtype.name} weights from seed {seed}, {n:,} bytes")
+               f"{what} weights from seed {seed}, {n:,} bytes")
     if m.fallbacks:
         click.echo(fallback_note(m))

@@ -11,7 +11,7 @@ with the metadata and an SPM vocabulary (`<unk>`, `<s>`, `</s>`, the 256 byte to
 pieces) that llama.cpp's loader accepts, so graphdiag and llama.cpp can run the identical model.
 
 Supported here: the architectures of model/arch/ (llama incl. Mistral-style files, qwen2, qwen3), tensor
-types F32, F16, BF16, Q8_0, Q4_0, Q5_0, Q5_1, Q4_K, Q5_K and Q6_K (TYPES).
+types F32, F16, BF16, Q8_0, Q4_0, Q5_0, Q5_1, Q2_K, Q3_K, Q4_K, Q5_K and Q6_K (TYPES).
 """
 
 from __future__ import annotations
@@ -31,10 +31,13 @@ from .presets import ModelConfig, swa_pattern
 
 # GGUF tensor type -> graphdiag's (the same numbers: ggml's enum)
 TYPES = {int(t): t for t in (GGMLType.F32, GGMLType.F16, GGMLType.BF16, GGMLType.Q8_0, GGMLType.Q4_0, GGMLType.Q5_0,
-                             GGMLType.Q5_1, GGMLType.Q4_K, GGMLType.Q5_K, GGMLType.Q6_K)}
-# llama_ftype of a file whose mat-mul weights are all of one type (general.file_type; K-quants as their _M mix)
+                             GGMLType.Q5_1, GGMLType.Q4_K, GGMLType.Q5_K, GGMLType.Q6_K, GGMLType.Q2_K,
+                             GGMLType.Q3_K)}
+# llama_ftype of a file whose mat-mul weights are all of one type (general.file_type; K-quants as their _M mix,
+# Q2_K as MOSTLY_Q2_K and Q3_K as MOSTLY_Q3_K_S, the mostly-Q3_K one); a preset in a mix writes its own ftype
 FILE_TYPE = {GGMLType.F32: 0, GGMLType.F16: 1, GGMLType.Q4_0: 2, GGMLType.Q8_0: 7, GGMLType.Q5_0: 8,
-             GGMLType.Q5_1: 9, GGMLType.Q4_K: 15, GGMLType.Q5_K: 17, GGMLType.Q6_K: 18, GGMLType.BF16: 32}
+             GGMLType.Q5_1: 9, GGMLType.Q4_K: 15, GGMLType.Q5_K: 17, GGMLType.Q6_K: 18, GGMLType.BF16: 32,
+             GGMLType.Q2_K: 10, GGMLType.Q3_K: 11}
 N_SPECIAL = 3 + 256              # <unk> <s> </s> and the byte tokens of the exported vocabulary
 
 
@@ -217,9 +220,10 @@ def export_gguf(model, out: str | Path, name: str) -> int:
         raise UsageError(f"export-gguf writes MoE model {name} as llama only: llama.cpp's {cfg.arch} has no experts")
     out = Path(out)
     w = GGUFWriter(str(out), cfg.arch)
-    w.add_name(f"graphdiag {name} ({model.wtype.name}, seed {model.seed})")
+    mix = getattr(model, "mix", None)
+    w.add_name(f"graphdiag {name} ({mix.label if mix else model.wtype.name}, seed {model.seed})")
     write_shape(w, cfg)
-    w.add_file_type(FILE_TYPE[model.wtype])
+    w.add_file_type(mix.ftype if mix else FILE_TYPE[model.wtype])
     if cfg.arch == "llama":
         _write_spm_vocab(w, cfg.n_vocab, TokenType)
     else:

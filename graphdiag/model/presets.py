@@ -8,19 +8,23 @@ from dataclasses import dataclass
 from ..errors import UsageError
 from ..ir.dtypes import GGMLType, block_size
 from .kv_sizes import N_UBATCH, swa_cache_size
+from .mixes import MIXES, Mix
 
 ROPE_NORM, ROPE_NEOX = 0, 2     # GGML_ROPE_TYPE_NORM / GGML_ROPE_TYPE_NEOX
 MOE_NORM_MIN = 6.103515625e-5   # build_moe_ffn's norm_w clamps the top-k weights' sum to at least F16's
                                 # smallest normal ("avoid division by zero")
 
 # Weight storage types a run may choose for every mat-mul weight and the token embedding (norm weights are
-# always F32, the KV cache always F16). Q5_1 is here because Q5_K falls back to it (preset_type).
+# always F32, the KV cache always F16). Q5_1 is here because Q5_K falls back to it (preset_type). A name of
+# MIXES (q2_k, q3_k_m) is a llama.cpp ftype's mix of types (model/mixes.py), every other name one type.
 # (config.WTYPES holds the same names, for checking a setting without numpy: a test keeps them equal)
-WEIGHT_TYPES = {name: GGMLType[name.upper()] for name in
-                ("f16", "q8_0", "f32", "bf16", "q4_0", "q5_0", "q5_1", "q4_k", "q5_k", "q6_k")}
+WEIGHT_TYPES: dict[str, GGMLType | Mix] = {
+    **{name: GGMLType[name.upper()] for name in
+       ("f16", "q8_0", "f32", "bf16", "q4_0", "q5_0", "q5_1", "q4_k", "q5_k", "q6_k", "q3_k")}, **MIXES}
 # llama-quant.cpp's tensor_type_fallback: a K-quant whose rows (ne0) are no multiple of 256 becomes this type;
 # a type whose block still does not divide the row (or a 32-block type that does not) becomes F16.
-K_FALLBACK = {GGMLType.Q4_K: GGMLType.Q5_0, GGMLType.Q5_K: GGMLType.Q5_1, GGMLType.Q6_K: GGMLType.Q8_0}
+K_FALLBACK = {GGMLType.Q4_K: GGMLType.Q5_0, GGMLType.Q5_K: GGMLType.Q5_1, GGMLType.Q6_K: GGMLType.Q8_0,
+              GGMLType.Q2_K: GGMLType.Q4_0, GGMLType.Q3_K: GGMLType.Q4_0}
 
 
 @dataclass(frozen=True)
@@ -138,12 +142,17 @@ def get_preset(name: str) -> ModelConfig:
         raise UsageError(f"unknown model preset {name!r} (known: {', '.join(PRESETS)})") from None
 
 
-def weight_type(name: str) -> GGMLType:
-    """A --wtype name ('f16', 'q8_0', 'q4_k', ...; case-insensitive) -> GGMLType."""
+def weight_type(name: str) -> GGMLType | Mix:
+    """A --wtype name ('f16', 'q8_0', 'q4_k', ...; case-insensitive) -> its GGMLType, or its Mix (q2_k, q3_k_m)."""
     try:
         return WEIGHT_TYPES[name.lower()]
     except KeyError:
         raise UsageError(f"unknown weight type {name!r} (known: {', '.join(WEIGHT_TYPES)})") from None
+
+
+def base_type(w: GGMLType | Mix) -> GGMLType:
+    """The one type of a --wtype, or its mix's default type."""
+    return w.base if isinstance(w, Mix) else GGMLType(w)
 
 
 def preset_type(t: GGMLType, ne0: int) -> GGMLType:

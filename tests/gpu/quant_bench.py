@@ -18,7 +18,7 @@ from graphdiag.ir.dtypes import GGMLType as G  # noqa: E402
 from graphdiag.ir.dtypes import row_size  # noqa: E402
 
 TYPES = {"q4_0": G.Q4_0, "q5_0": G.Q5_0, "q5_1": G.Q5_1, "q4_k": G.Q4_K, "q5_k": G.Q5_K, "q6_k": G.Q6_K,
-         "bf16": G.BF16}
+         "q2_k": G.Q2_K, "q3_k": G.Q3_K, "bf16": G.BF16}
 SHAPES = {"gemma270m": [(640, 1024), (640, 2048), (1024, 640), (2048, 640)],
           "1b": [(2048, 2048), (2048, 512), (2048, 8192), (8192, 2048)]}
 RNG = np.random.default_rng(0)
@@ -43,7 +43,7 @@ def quant_rows(b, only: str):
     for preset, ks in SHAPES.items():
         for w, t in TYPES.items():
             for k, m in ks:
-                if k % 256 and t in (G.Q4_K, G.Q5_K, G.Q6_K):
+                if k % 256 and t in (G.Q2_K, G.Q3_K, G.Q4_K, G.Q5_K, G.Q6_K):
                     continue
                 wbytes = row_size(t, k) * m
                 name = f"mmvq {w} {preset} K{k} M{m}"
