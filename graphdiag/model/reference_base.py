@@ -262,7 +262,7 @@ class ReferenceBase:
         return _rope(q, pos, self.cfg.rope_base, neox), _rope(k, pos, self.cfg.rope_base, neox)
 
     def _mm(self, x: np.ndarray, name: str) -> np.ndarray:
-        """x @ W^T for a stored (out, in) weight. Against a block-quantised weight (Q4_0, Q5_0, Q5_1, Q8_0, Q4_K,
+        """x @ W^T for a stored (out, in) weight. Against a block-quantised weight (Q4_0, Q5_0, Q5_1, Q8_0, Q2_K..Q4_K,
         Q5_K, Q6_K), x is first rounded to Q8_1 as ggml's quantized mat-vec and mat-mul paths do (per 32 values: d = max|x| / 127 stored as f16, q = rint(x/d))
         — the arithmetic llama.cpp defines, so the oracle bound stays tight for quantised runs (GPU backend)."""
         w = self.w(name)
