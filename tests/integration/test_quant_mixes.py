@@ -17,7 +17,7 @@ from graphdiag.model.weights import create_file_model, create_model
 gguf = pytest.importorskip("gguf")
 
 
-def _types(preset, wtype: str, **cfg) -> dict[str, G]:
+def _types(preset, wtype: str) -> dict[str, G]:
     c = PRESETS[preset] if isinstance(preset, str) else preset
     m = create_model(c, weight_type(wtype), with_data=False)
     return {t.name: t.type for t in m.tensors() if not t.name.startswith("cache_")}
