@@ -19,12 +19,13 @@ import dataclasses
 
 from ...errors import UsageError
 from ..presets import ROPE_NEOX, ModelConfig
-from . import qwen3
 from .common import Meta, TensorSpec, base_config, expert_counts, model_specs, refuse_present
+from .qwen3 import UNSUPPORTED, layer_specs
+from .qwen3 import Builder as Qwen3Builder
+from .qwen3 import Reference as Qwen3Reference
 
 NAME = "qwen3moe"
 ROPE_TYPE = ROPE_NEOX
-UNSUPPORTED = qwen3.UNSUPPORTED
 EXPERTS = (True,)                            # its graph always has experts (is_moe values it can express)
 EXPERT_FF_KEY = "expert_feed_forward_length"  # the key a file gives the experts' width under
 
@@ -46,7 +47,7 @@ def config(meta: Meta) -> ModelConfig:
 
 def tensors(cfg: ModelConfig) -> list[TensorSpec]:
     """qwen3's layer (attention, q/k norms, ffn_norm) with the router and the expert stacks as its FFN."""
-    return model_specs(cfg, qwen3.layer_specs)
+    return model_specs(cfg, layer_specs)
 
 
 def preset(cfg: ModelConfig) -> ModelConfig:
@@ -58,9 +59,9 @@ def preset(cfg: ModelConfig) -> ModelConfig:
     return dataclasses.replace(cfg, arch=NAME, rope_type=ROPE_TYPE, moe_norm_w=True)
 
 
-class Builder(qwen3.Builder):
+class Builder(Qwen3Builder):
     """qwen3's QK-norm attention; the base builder's build_moe_ffn (norm_w from cfg.moe_norm_w) as the FFN."""
 
 
-class Reference(qwen3.Reference):
+class Reference(Qwen3Reference):
     """qwen3's QK-norm; the base oracle's MoE (softmax, top-k, norm_w) as the FFN."""
