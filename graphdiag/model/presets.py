@@ -126,6 +126,12 @@ PRESETS: dict[str, ModelConfig] = {
         # softmax router, top 2 of 8 experts, weights not normalised (build_moe_ffn with norm_w false, no shared
         # experts: OLMoE's form); written as a llama file (export-gguf) it is llama's MoE, which normalises them
         ModelConfig("moe-tiny", 4, 512, 8, 8, 0, 4096, n_expert=8, n_expert_used=2, n_ff_exp=512),
+        # Qwen3-30B-A3B's pieces at tiny shapes (qwen3moe): 16 experts of width 256, the top 4 per token, their
+        # weights normalised (norm_w); GQA (8 heads over 2 KV heads) of head_dim 128, so Q is 1024 wide over
+        # n_embd 512 (the 30B: 32 x 128 over 2048); QK-norm and NEOX rope (base 1e6), untied output
+        ModelConfig("qwen3moe-tiny", 4, 512, 8, 2, 0, 4096, n_expert=16, n_expert_used=4, n_ff_exp=256,
+                    rope_base=1e6, norm_eps=1e-6, arch="qwen3moe", n_embd_head=128, rope_type=ROPE_NEOX,
+                    moe_norm_w=True),
         # Gemma 3's pieces at tiny shapes: one KV head, head_dim 128 (n_head * head_dim != n_embd), tied
         # output, layer 5 global and the others sliding over a 128-position window (SWA cache: 768 cells, n_ubatch 512)
         Gemma3Config("gemma3-tiny", 6, 256, 4, 1, 512, 4096, rope_base=1e6, norm_eps=1e-6, arch="gemma3",
