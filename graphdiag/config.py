@@ -29,7 +29,8 @@ CC_MAJOR = (1, 15)          # compute capabilities a CUDA device could report (s
 UPSTREAMS = ("0c1e57098", "d99724f2")
 UPSTREAM_DATES = {"0c1e57098": "llama.cpp 0c1e57098 (2026-10-01, b11312)", "d99724f2": "ggml d99724f2 (2026-08-21)"}
 from .plan import N_BATCH, N_UBATCH   # llama.cpp's default n_batch and n_ubatch (plan.py)
-WTYPES = ("f16", "q8_0", "f32", "bf16", "q4_0", "q5_0", "q5_1", "q4_k", "q5_k", "q6_k", "q4_1", "iq4_nl", "iq4_xs")
+WTYPES = ("f16", "q8_0", "f32", "bf16", "q4_0", "q5_0", "q5_1", "q4_k", "q5_k", "q6_k", "q3_k",
+          "q4_1", "iq4_nl", "iq4_xs", "q2_k", "q3_k_m")
 
 # name -> (RunConfig field, parser). Semantics follow llama.cpp exactly.
 ENV_KNOBS = {
@@ -488,7 +489,7 @@ def min_pool_cap(demand, model, wtype: str = "f16") -> tuple[int, int]:
     from .backends.geometry import fa_plan
     from .backends.gpu.pool import LOOK_AHEAD
     from .model.build import padded_n_kv
-    from .model.presets import weight_type
+    from .model.presets import base_type, weight_type
     from .quants import q8_1_activations
 
     best, at = 0, -1
@@ -496,7 +497,7 @@ def min_pool_cap(demand, model, wtype: str = "f16") -> tuple[int, int]:
     for step, p, cells in demand.steps:
         n_kv = padded_n_kv(cells, model.n_ctx)
         size = fa_plan(model.head_dim, model.n_head, model.n_head_kv, n_kv, p.tokens)[3]
-        if q8_1_activations(weight_type(wtype)):      # Q8_0 and every other block type (MMVQ/MMQ)
+        if q8_1_activations(base_type(weight_type(wtype))):      # Q8_0 and every other block type (MMVQ/MMQ)
             size = max(size, 36 * (widest // 32) * p.tokens)
         want = max(int(size * LOOK_AHEAD + 255) // 256 * 256, 256)
         if want > best:

@@ -30,7 +30,7 @@ from .ir.dtypes import GGMLType
 from .quants import q8_1_activations
 from .model.source import build_model, model_config
 from .model.reference import Reference
-from .model.fallbacks import fallback_note
+from .model.fallbacks import fallback_note, mix_summary
 from .plan import StepPlan, max_sequences, plan_steps
 from .release import releasing
 from .sched.context import make_context
@@ -242,6 +242,8 @@ def make_header(cfg: RunConfig, s: Session, scenario: str | None) -> dict:
     if mf:                                      # a file's weights have their own types: --wtype did not apply
         quant = sorted(((n, c) for n, c in mf["types"].items() if n != "F32"), key=lambda x: (-x[1], x[0]))
         settings["wtype"] = "file: " + (", ".join(f"{n} ×{c}" for n, c in quant) or "F32")
+    elif mix_summary(s.model):                  # a llama.cpp mix: the types its weights took, counted
+        settings["wtype"] = mix_summary(s.model)
     return {
         "schema": "graphdiag-events", "version": E.SCHEMA_VERSION, "graphdiag_version": __version__,
         "backend": s.backend_name, "device": s.device, "simulated": s.driver is not None and s.driver.simulated,

@@ -1,5 +1,5 @@
-// Mat-vec kernels for the file's weight types (ggml's MMVQ for Q4_0, Q4_1, Q5_0, Q5_1, Q4_K, Q5_K, Q6_K,
-// IQ4_NL, IQ4_XS on Q8_1 x from quantize_q8_1; ggml's MMVF for BF16 on F32 x), their fused variants (+ADD,
+// Mat-vec kernels for the file's weight types (ggml's MMVQ for Q4_0, Q4_1, Q5_0, Q5_1, Q2_K, Q3_K, Q4_K, Q5_K,
+// Q6_K, IQ4_NL, IQ4_XS on Q8_1 x from quantize_q8_1; ggml's MMVF for BF16 on F32 x), their fused variants (+ADD,
 // gate/up+GLU), the MoE kernels (Q8_1 x for the quantized types as upstream's mmvq / mmq, F32 x for BF16 and for the sorted
 // fallback), GET_ROWS and the prefill's dequantisation to F16.
 //
@@ -272,6 +272,8 @@ KERNEL_LB(mul_mat_vec_iq4_xs, 128, 8) { qmmv<GGML_IQ4_XS, false>(p); }
 KERNEL_LB(mul_mat_vec_q4_k, 128, 8) { qmmv<GGML_Q4_K, false>(p); }
 KERNEL_LB(mul_mat_vec_q5_k, 128, 8) { qmmv<GGML_Q5_K, false>(p); }
 KERNEL_LB(mul_mat_vec_q6_k, 128, 8) { qmmv<GGML_Q6_K, false>(p); }
+KERNEL_LB(mul_mat_vec_q2_k, 128, 8) { qmmv<GGML_Q2_K, false>(p); }
+KERNEL_LB(mul_mat_vec_q3_k, 128, 8) { qmmv<GGML_Q3_K, false>(p); }
 KERNEL_LB(mul_mat_vec_bf16, 128, 8) { qmmv<GGML_BF16, false>(p); }
 KERNEL_LB(mul_mat_vec_add_q4_0, 128, 8) { qmmv<GGML_Q4_0, true>(p); }
 KERNEL_LB(mul_mat_vec_add_q5_0, 128, 8) { qmmv<GGML_Q5_0, true>(p); }
@@ -282,6 +284,8 @@ KERNEL_LB(mul_mat_vec_add_iq4_xs, 128, 8) { qmmv<GGML_IQ4_XS, true>(p); }
 KERNEL_LB(mul_mat_vec_add_q4_k, 128, 8) { qmmv<GGML_Q4_K, true>(p); }
 KERNEL_LB(mul_mat_vec_add_q5_k, 128, 8) { qmmv<GGML_Q5_K, true>(p); }
 KERNEL_LB(mul_mat_vec_add_q6_k, 128, 8) { qmmv<GGML_Q6_K, true>(p); }
+KERNEL_LB(mul_mat_vec_add_q2_k, 128, 8) { qmmv<GGML_Q2_K, true>(p); }
+KERNEL_LB(mul_mat_vec_add_q3_k, 128, 8) { qmmv<GGML_Q3_K, true>(p); }
 KERNEL_LB(mul_mat_vec_add_bf16, 128, 8) { qmmv<GGML_BF16, true>(p); }
 KERNEL_LB(mul_mat_vec_glu_q4_0, 128, 8) { qmmv_glu<GGML_Q4_0>(p); }
 KERNEL_LB(mul_mat_vec_glu_q5_0, 128, 8) { qmmv_glu<GGML_Q5_0>(p); }
@@ -292,6 +296,8 @@ KERNEL_LB(mul_mat_vec_glu_iq4_xs, 128, 8) { qmmv_glu<GGML_IQ4_XS>(p); }
 KERNEL_LB(mul_mat_vec_glu_q4_k, 128, 8) { qmmv_glu<GGML_Q4_K>(p); }
 KERNEL_LB(mul_mat_vec_glu_q5_k, 128, 8) { qmmv_glu<GGML_Q5_K>(p); }
 KERNEL_LB(mul_mat_vec_glu_q6_k, 128, 8) { qmmv_glu<GGML_Q6_K>(p); }
+KERNEL_LB(mul_mat_vec_glu_q2_k, 128, 8) { qmmv_glu<GGML_Q2_K>(p); }
+KERNEL_LB(mul_mat_vec_glu_q3_k, 128, 8) { qmmv_glu<GGML_Q3_K>(p); }
 KERNEL_LB(mul_mat_vec_glu_bf16, 128, 8) { qmmv_glu<GGML_BF16>(p); }
 KERNEL_LB(mul_mat_id_vec_q4_0, 128) { qmmv_id<GGML_Q4_0>(p); }
 KERNEL_LB(mul_mat_id_vec_q5_0, 128) { qmmv_id<GGML_Q5_0>(p); }
@@ -302,6 +308,8 @@ KERNEL_LB(mul_mat_id_vec_iq4_xs, 128) { qmmv_id<GGML_IQ4_XS>(p); }
 KERNEL_LB(mul_mat_id_vec_q4_k, 128) { qmmv_id<GGML_Q4_K>(p); }
 KERNEL_LB(mul_mat_id_vec_q5_k, 128) { qmmv_id<GGML_Q5_K>(p); }
 KERNEL_LB(mul_mat_id_vec_q6_k, 128) { qmmv_id<GGML_Q6_K>(p); }
+KERNEL_LB(mul_mat_id_vec_q2_k, 128) { qmmv_id<GGML_Q2_K>(p); }
+KERNEL_LB(mul_mat_id_vec_q3_k, 128) { qmmv_id<GGML_Q3_K>(p); }
 KERNEL_LB(mul_mat_id_vec_bf16, 128) { qmmv_id<GGML_BF16>(p); }
 KERNEL_LB(mul_mat_id_vec_glu_q4_0, 128) { qmmv_id_glu<GGML_Q4_0>(p); }
 KERNEL_LB(mul_mat_id_vec_glu_q5_0, 128) { qmmv_id_glu<GGML_Q5_0>(p); }
@@ -312,6 +320,8 @@ KERNEL_LB(mul_mat_id_vec_glu_iq4_xs, 128) { qmmv_id_glu<GGML_IQ4_XS>(p); }
 KERNEL_LB(mul_mat_id_vec_glu_q4_k, 128) { qmmv_id_glu<GGML_Q4_K>(p); }
 KERNEL_LB(mul_mat_id_vec_glu_q5_k, 128) { qmmv_id_glu<GGML_Q5_K>(p); }
 KERNEL_LB(mul_mat_id_vec_glu_q6_k, 128) { qmmv_id_glu<GGML_Q6_K>(p); }
+KERNEL_LB(mul_mat_id_vec_glu_q2_k, 128) { qmmv_id_glu<GGML_Q2_K>(p); }
+KERNEL_LB(mul_mat_id_vec_glu_q3_k, 128) { qmmv_id_glu<GGML_Q3_K>(p); }
 KERNEL_LB(mul_mat_id_vec_glu_bf16, 128) { qmmv_id_glu<GGML_BF16>(p); }
 KERNEL_LB(mul_mat_id_q_q4_0, 128) { qmmid_sorted<GGML_Q4_0>(p); }
 KERNEL_LB(mul_mat_id_q_q5_0, 128) { qmmid_sorted<GGML_Q5_0>(p); }
@@ -322,6 +332,8 @@ KERNEL_LB(mul_mat_id_q_iq4_xs, 128) { qmmid_sorted<GGML_IQ4_XS>(p); }
 KERNEL_LB(mul_mat_id_q_q4_k, 128) { qmmid_sorted<GGML_Q4_K>(p); }
 KERNEL_LB(mul_mat_id_q_q5_k, 128) { qmmid_sorted<GGML_Q5_K>(p); }
 KERNEL_LB(mul_mat_id_q_q6_k, 128) { qmmid_sorted<GGML_Q6_K>(p); }
+KERNEL_LB(mul_mat_id_q_q2_k, 128) { qmmid_sorted<GGML_Q2_K>(p); }
+KERNEL_LB(mul_mat_id_q_q3_k, 128) { qmmid_sorted<GGML_Q3_K>(p); }
 KERNEL_LB(mul_mat_id_f_bf16, 128) { qmmid_sorted<GGML_BF16>(p); }
 KERNEL_LB(mul_mat_id_gathered_q4_0, 128) { qmmv_gathered<GGML_Q4_0>(p); }
 KERNEL_LB(mul_mat_id_gathered_q5_0, 128) { qmmv_gathered<GGML_Q5_0>(p); }
@@ -332,6 +344,8 @@ KERNEL_LB(mul_mat_id_gathered_iq4_xs, 128) { qmmv_gathered<GGML_IQ4_XS>(p); }
 KERNEL_LB(mul_mat_id_gathered_q4_k, 128) { qmmv_gathered<GGML_Q4_K>(p); }
 KERNEL_LB(mul_mat_id_gathered_q5_k, 128) { qmmv_gathered<GGML_Q5_K>(p); }
 KERNEL_LB(mul_mat_id_gathered_q6_k, 128) { qmmv_gathered<GGML_Q6_K>(p); }
+KERNEL_LB(mul_mat_id_gathered_q2_k, 128) { qmmv_gathered<GGML_Q2_K>(p); }
+KERNEL_LB(mul_mat_id_gathered_q3_k, 128) { qmmv_gathered<GGML_Q3_K>(p); }
 KERNEL_LB(mul_mat_id_gathered_bf16, 128) { qmmv_gathered<GGML_BF16>(p); }
 KERNEL_LB(get_rows_q4_0, 256) { qget_rows<GGML_Q4_0>(p); }
 KERNEL_LB(get_rows_q5_0, 256) { qget_rows<GGML_Q5_0>(p); }
@@ -342,6 +356,8 @@ KERNEL_LB(get_rows_iq4_xs, 256) { qget_rows<GGML_IQ4_XS>(p); }
 KERNEL_LB(get_rows_q4_k, 256) { qget_rows<GGML_Q4_K>(p); }
 KERNEL_LB(get_rows_q5_k, 256) { qget_rows<GGML_Q5_K>(p); }
 KERNEL_LB(get_rows_q6_k, 256) { qget_rows<GGML_Q6_K>(p); }
+KERNEL_LB(get_rows_q2_k, 256) { qget_rows<GGML_Q2_K>(p); }
+KERNEL_LB(get_rows_q3_k, 256) { qget_rows<GGML_Q3_K>(p); }
 KERNEL_LB(get_rows_bf16, 256) { qget_rows<GGML_BF16>(p); }
 KERNEL_LB(dequantize_f16_q4_0, 256) { qdequant_f16<GGML_Q4_0>(p); }
 KERNEL_LB(dequantize_f16_q5_0, 256) { qdequant_f16<GGML_Q5_0>(p); }
@@ -352,4 +368,6 @@ KERNEL_LB(dequantize_f16_iq4_xs, 256) { qdequant_f16<GGML_IQ4_XS>(p); }
 KERNEL_LB(dequantize_f16_q4_k, 256) { qdequant_f16<GGML_Q4_K>(p); }
 KERNEL_LB(dequantize_f16_q5_k, 256) { qdequant_f16<GGML_Q5_K>(p); }
 KERNEL_LB(dequantize_f16_q6_k, 256) { qdequant_f16<GGML_Q6_K>(p); }
+KERNEL_LB(dequantize_f16_q2_k, 256) { qdequant_f16<GGML_Q2_K>(p); }
+KERNEL_LB(dequantize_f16_q3_k, 256) { qdequant_f16<GGML_Q3_K>(p); }
 KERNEL_LB(dequantize_f16_bf16, 256) { qdequant_f16<GGML_BF16>(p); }

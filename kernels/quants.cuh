@@ -1,23 +1,27 @@
-// quants.cuh: ggml's weight blocks for Q4_0, Q4_1, Q5_0, Q5_1, Q4_K, Q5_K, Q6_K, IQ4_NL, IQ4_XS (and BF16
-// rows), decoded one "unit" at a time: the 32 consecutive weights of a row that meet one Q8_1 block of x.
-// Layouts are ggml's (ggml-common.h); the arithmetic is graphdiag's contract (graphdiag/backends/kernels.py, QUANT_DOC):
+// quants.cuh: ggml's weight blocks for Q4_0, Q4_1, Q5_0, Q5_1, Q2_K, Q3_K, Q4_K, Q5_K, Q6_K, IQ4_NL, IQ4_XS
+// (and BF16 rows), decoded one "unit" at a time: the 32 consecutive weights of a row that meet one Q8_1 block
+// of x. Layouts are ggml's (ggml-common.h); the arithmetic is graphdiag's contract (graphdiag/backends/kernels.py, QUANT_DOC):
 //
 //   integer part  v[0..7]: the unit's 32 quants as unsigned bytes, 4 per int (element 4k + i in byte i of
-//                 v[k]), before ggml's offsets (Q4_0 0..15, Q5_0/Q5_1 0..31, Q4_K 0..15, Q5_K 0..31,
-//                 Q6_K 0..63; Q4_1 0..15); the IQ4 types hold their levels (kvalues_iq4nl) as signed bytes
-//                 instead. Dot products with Q8_1 quants are exact (dp4a).
+//                 v[k]), before ggml's offsets (Q4_0 0..15, Q5_0/Q5_1 0..31, Q2_K 0..3, Q3_K 0..7, Q4_K
+//                 0..15, Q5_K 0..31, Q6_K 0..63; Q4_1 0..15); the IQ4 types hold their levels (kvalues_iq4nl)
+//                 as signed bytes instead. Dot products with Q8_1 quants are exact (dp4a).
 //   float part    d, m (the block's or super-block's f16 scales as float) and the integer sub-block scales
-//                 sc0, sc1 (K-quants: 6-bit scale and min; Q6_K: the int8 scales of the two 16-halves;
+//                 sc0, sc1 (Q4_K/Q5_K: 6-bit scale and min; Q6_K: the int8 scales of the two 16-halves;
+//                 Q3_K: the 6-bit scales of the halves less 32; Q2_K: the halves' bytes, scale | min << 4;
 //                 IQ4_XS: sc0 = its 6-bit sub-block scale - 32).
 //
 // Dequantised value of quant q (unit_f32, explicit _rn operations: no FMA contraction, so the numpy twin
 // gives the same bits):
 //   Q4_0 d*(q-8)   Q5_0 d*(q-16)   Q5_1 d*q + m   Q4_K/Q5_K (d*sc)*q - dmin*mn   Q6_K (d*sc)*(q-32)
 //   Q4_1 d*q + m   IQ4_NL d*level   IQ4_XS (d*sc0)*level
+//   Q3_K (d*sc)*(q-4)   Q2_K (d*(sc&15))*q - dmin*(sc>>4)    (Q2_K, Q3_K, Q6_K: sc of the element's half)
 // Unit . Q8_1 block (unit_q8; d8, s8 = the block's f16 d and d*sum; sx = integer sum of its quants):
 //   Q4_0 d*(dot*d8 - 8*s8)   Q5_0 d*(dot*d8 - 16*s8)   Q5_1 d*d8*dot + m*s8
 //   Q4_K/Q5_K d8*(d*(dot*sc) - dmin*(sx*mn))   Q6_K d*d8*(sc0*(dot_lo - 32 sx_lo) + sc1*(dot_hi - 32 sx_hi))
 //   Q4_1 d*d8*dot + m*s8   IQ4_NL d*d8*dot   IQ4_XS d*d8*(dot*sc0)
+//   Q3_K d*d8*(sc0*(dot_lo - 4 sx_lo) + sc1*(dot_hi - 4 sx_hi))
+//   Q2_K d8*(d*(sc0&15 dot_lo + sc1&15 dot_hi) - dmin*(sc0>>4 sx_lo + sc1>>4 sx_hi))
 // as ggml's vec_dot_*_q8_1 (vecdotq.cuh) combine them; the float order of the combination is ours.
 #pragma once
 #include "common.cuh"
@@ -25,6 +29,8 @@
 #define GGML_Q4_0 2
 #define GGML_Q5_0 6
 #define GGML_Q5_1 7
+#define GGML_Q2_K 10
+#define GGML_Q3_K 11
 #define GGML_Q4_K 12
 #define GGML_Q5_K 13
 #define GGML_Q6_K 14
@@ -38,6 +44,8 @@ template <int T> struct qblock;
 template <> struct qblock<GGML_Q4_0> { static constexpr int bytes = 18, units = 1; };
 template <> struct qblock<GGML_Q5_0> { static constexpr int bytes = 22, units = 1; };
 template <> struct qblock<GGML_Q5_1> { static constexpr int bytes = 24, units = 1; };
+template <> struct qblock<GGML_Q2_K> { static constexpr int bytes = 84, units = 8; };
+template <> struct qblock<GGML_Q3_K> { static constexpr int bytes = 110, units = 8; };
 template <> struct qblock<GGML_Q4_K> { static constexpr int bytes = 144, units = 8; };
 template <> struct qblock<GGML_Q5_K> { static constexpr int bytes = 176, units = 8; };
 template <> struct qblock<GGML_Q6_K> { static constexpr int bytes = 210, units = 8; };
@@ -56,7 +64,8 @@ struct qunit {
 };
 
 // Blocks are 2-byte aligned at best (Q4_0: 18 bytes): 32-bit words are read as two 16-bit halves, except
-// where the layout guarantees 4 (Q4_K / Q5_K: 144- / 176-byte blocks, quants at offsets 16 / 48).
+// where the layout guarantees 4 (Q2_K / Q4_K / Q5_K / IQ4_XS: 84- / 144- / 176- / 136-byte blocks, quants at
+// offsets 16 / 16 / 48 / 8; Q3_K's 110-byte blocks are read in halves).
 __device__ __forceinline__ unsigned ld16(const unsigned char *p) { return *(const unsigned short *)p; }
 __device__ __forceinline__ int ld32h(const unsigned char *p) { return (int)(ld16(p) | (ld16(p + 2) << 16)); }
 __device__ __forceinline__ int ld32(const unsigned char *p) { return *(const int *)p; }
@@ -127,6 +136,36 @@ __device__ __forceinline__ void decode_nibbles(const unsigned char *qs, bool ali
     }
 }
 
+// Q3_K's 6-bit scale i (0..15) from its 12 packed bytes: the low nibble in byte i (i < 8) or the high one of
+// byte i - 8, the top 2 bits in byte 8 + i % 4 at bit 2 (i / 4); less ggml's 32.
+__device__ __forceinline__ int scale_q3k(int i, const unsigned char *s) {
+    const int lo = i < 8 ? s[i] & 0xF : s[i - 8] >> 4;
+    return (lo | (((s[8 + (i & 3)] >> (2 * (i >> 2))) & 3) << 4)) - 32;
+}
+
+// Q2_K / Q3_K unit j: 2 bits of the 32 bytes qs[32 (j / 4) ...] at shift 2 (j % 4); Q3_K adds bit j of the 32
+// hmask bytes as bit 2 (set: the quant is not lowered by 4).
+template <int T> __device__ __forceinline__ void decode_q23k(const unsigned char *b, int j, qunit &w) {
+    const int shift = 2 * (j & 3);
+    if (T == GGML_Q2_K) {
+        const unsigned char *qs = b + 16 + 32 * (j >> 2);
+        w.d = h2f((unsigned short)ld16(b + 80));
+        w.m = h2f((unsigned short)ld16(b + 82));
+        w.sc0 = b[2 * j];
+        w.sc1 = b[2 * j + 1];
+#pragma unroll
+        for (int k = 0; k < 8; ++k) w.v[k] = (ld32(qs + 4 * k) >> shift) & 0x03030303;
+    } else {
+        const unsigned char *qs = b + 32 + 32 * (j >> 2);
+        w.d = h2f((unsigned short)ld16(b + 108));
+        w.sc0 = scale_q3k(2 * j, b + 96);
+        w.sc1 = scale_q3k(2 * j + 1, b + 96);
+#pragma unroll
+        for (int k = 0; k < 8; ++k)
+            w.v[k] = ((ld32h(qs + 4 * k) >> shift) & 0x03030303) | (((ld32h(b + 4 * k) >> j) & 0x01010101) << 2);
+    }
+}
+
 // Unit u of a row (u = block * units + sub-block).
 template <int T> __device__ __forceinline__ void decode(const unsigned char *row, i64 u, qunit &w) {
     const int j = (int)(u % qblock<T>::units);
@@ -166,6 +205,8 @@ template <int T> __device__ __forceinline__ void decode(const unsigned char *row
         const int ls = ((b[4 + (j >> 1)] >> (4 * (j & 1))) & 0xF) | (((sh >> (2 * j)) & 3u) << 4);
         w.sc0 = ls - 32;
         decode_nibbles(b + 8 + 16 * j, true, true, w);
+    } else if (T == GGML_Q2_K || T == GGML_Q3_K) {
+        decode_q23k<T>(b, j, w);
     } else if (T == GGML_Q6_K) {
         const int n = j >> 2, g = j & 3;
         const unsigned char *ql = b + 64 * n + 32 * (g & 1), *qh = b + 128 + 32 * n;
@@ -208,6 +249,10 @@ template <int T> __device__ __forceinline__ float unit_q8(const qunit &w, const 
         shi = dp4a_s(0x01010101, x[k + 4], shi);
     }
     if (T == GGML_Q6_K) return w.d * d8 * (float)(w.sc0 * (lo - 32 * slo) + w.sc1 * (hi - 32 * shi));
+    if (T == GGML_Q3_K) return w.d * d8 * (float)(w.sc0 * (lo - 4 * slo) + w.sc1 * (hi - 4 * shi));
+    if (T == GGML_Q2_K)
+        return d8 * (w.d * (float)((w.sc0 & 15) * lo + (w.sc1 & 15) * hi) -
+                     w.m * (float)((w.sc0 >> 4) * slo + (w.sc1 >> 4) * shi));
     return d8 * (w.d * (float)((lo + hi) * w.sc0) - w.m * (float)((slo + shi) * w.sc1));
 }
 
@@ -221,24 +266,30 @@ template <int T> __device__ __forceinline__ void unit_f32(const unsigned char *r
     }
     qunit w;
     decode<T>(row, u, w);
-    float a = w.d, c = 0.0f, a2 = w.d;
+    float a = w.d, c = 0.0f, a2 = w.d, c2 = 0.0f;
     if (T == GGML_Q4_K || T == GGML_Q5_K) {
         a = __fmul_rn(w.d, (float)w.sc0);
         c = __fmul_rn(w.m, (float)w.sc1);
     } else if (T == GGML_IQ4_XS) {
         a = __fmul_rn(w.d, (float)w.sc0);
-    } else if (T == GGML_Q6_K) {
+    } else if (T == GGML_Q6_K || T == GGML_Q3_K) {
         a = __fmul_rn(w.d, (float)w.sc0);
         a2 = __fmul_rn(w.d, (float)w.sc1);
+    } else if (T == GGML_Q2_K) {
+        a = __fmul_rn(w.d, (float)(w.sc0 & 15));
+        a2 = __fmul_rn(w.d, (float)(w.sc1 & 15));
+        c = __fmul_rn(w.m, (float)(w.sc0 >> 4));
+        c2 = __fmul_rn(w.m, (float)(w.sc1 >> 4));
     }
-    const int off = T == GGML_Q4_0 ? 8 : T == GGML_Q5_0 ? 16 : T == GGML_Q6_K ? 32 : 0;
+    const int off = T == GGML_Q4_0 ? 8 : T == GGML_Q5_0 ? 16 : T == GGML_Q6_K ? 32 : T == GGML_Q3_K ? 4 : 0;
 #pragma unroll
     for (int i = 0; i < 32; ++i) {
         const int byte = w.v[i >> 2] >> (8 * (i & 3));
         const float q = qlevels<T>::value ? (float)(signed char)byte : (float)((byte & 0xFF) - off);
         if (T == GGML_Q5_1 || T == GGML_Q4_1) y[i] = __fadd_rn(__fmul_rn(w.d, q), w.m);
         else if (T == GGML_Q4_K || T == GGML_Q5_K) y[i] = __fsub_rn(__fmul_rn(a, q), c);
-        else if (T == GGML_Q6_K) y[i] = __fmul_rn(i < 16 ? a : a2, q);
+        else if (T == GGML_Q6_K || T == GGML_Q3_K) y[i] = __fmul_rn(i < 16 ? a : a2, q);
+        else if (T == GGML_Q2_K) y[i] = __fsub_rn(__fmul_rn(i < 16 ? a : a2, q), i < 16 ? c : c2);
         else y[i] = __fmul_rn(a, q);
     }
 }

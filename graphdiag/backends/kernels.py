@@ -20,7 +20,7 @@ from dataclasses import dataclass
 W_TYPES = ("f32", "f16", "q8_0")
 # The file's weight types beyond W_TYPES (kernels/mmvq.cu, quants.cuh): MMVQ on Q8_1 x for the quantized
 # ones, MMVF on F32 x for BF16 (X_TYPES = Q_TYPES + bf16).
-Q_TYPES = ("q4_0", "q5_0", "q5_1", "q4_k", "q5_k", "q6_k", "q4_1", "iq4_nl", "iq4_xs")
+Q_TYPES = ("q4_0", "q5_0", "q5_1", "q4_k", "q5_k", "q6_k", "q2_k", "q3_k", "q4_1", "iq4_nl", "iq4_xs")
 X_TYPES = Q_TYPES + ("bf16",)
 FA_HEAD_DIMS = (32, 64, 128, 256)   # 256: Gemma 3
 FAV_GROUPS = (1, 2, 4, 8)   # query heads per kv head of the decode attention kernels (G rounded up to these)
@@ -250,8 +250,9 @@ def _mmid_specs() -> list[KernelSpec]:
 QUANT_DOC = ("per unit b (32 weights of the row, one Q8_1 block of x) with integer dot_b = sum_i q_w[i] * "
              "q_x[i] (quants before ggml's offsets; d8, s8 the x block's d, d*sum; sx its quants' sum): Q4_0 "
              "d(dot d8 - 8 s8); Q5_0 d(dot d8 - 16 s8); Q5_1 d d8 dot + m s8; Q4_K/Q5_K d8(d sc dot - dmin mn "
-             "sx); Q6_K d d8 (sc0 (dot_lo - 32 sx_lo) + sc1 (dot_hi - 32 sx_hi)); Q4_1 d d8 dot + m s8; IQ4_NL "
-             "d d8 dot and IQ4_XS d d8 (dot (ls - 32)) over the levels kvalues_iq4nl[q]; summed over units "
+             "sx); Q6_K d d8 (sc0 (dot_lo - 32 sx_lo) + sc1 (dot_hi - 32 sx_hi)); Q3_K as Q6_K with 4 for 32; Q2_K "
+             "d8(d (sc0&15 dot_lo + sc1&15 dot_hi) - dmin (sc0>>4 sx_lo + sc1>>4 sx_hi)); Q4_1 d d8 dot + m s8; "
+             "IQ4_NL d d8 dot and IQ4_XS d d8 (dot (ls - 32)) over the levels kvalues_iq4nl[q]; summed over units "
              "(kernels/quants.cuh, graphdiag.backends.qunits)")
 
 

@@ -1,6 +1,6 @@
-"""numpy twin of kernels/quants.cuh: ggml's Q4_0/Q4_1/Q5_0/Q5_1/Q4_K/Q5_K/Q6_K/IQ4_NL/IQ4_XS blocks (and BF16
-rows) decoded into units of 32 weights, the kernels' dequantisation (bit for bit) and their integer dots with
-Q8_1 x. The IQ4 types' quants are their levels (kvalues_iq4nl, signed), not the 4-bit indices.
+"""numpy twin of kernels/quants.cuh: ggml's Q4_0/Q4_1/Q5_0/Q5_1/Q2_K/Q3_K/Q4_K/Q5_K/Q6_K/IQ4_NL/IQ4_XS blocks
+(and BF16 rows) decoded into units of 32 weights, the kernels' dequantisation (bit for bit) and their integer
+dots with Q8_1 x. The IQ4 types' quants are their levels (kvalues_iq4nl, signed), not the 4-bit indices.
 
 A unit is the 32 consecutive weights of a row that meet one Q8_1 block of x. `decode` gives each unit's
 quants as integers (before ggml's offsets) and its float / integer scales; `dequantize` applies the
@@ -19,14 +19,17 @@ import numpy as np
 
 from ..ir.dtypes import GGMLType as G
 from ..quants.iquants import KVALUES
+from ..quants.kquants_low import scales_6bit
 
 F32 = np.float32
 # bytes per block, units (of 32 weights) per block
 LAYOUT = {G.Q4_0: (18, 1), G.Q5_0: (22, 1), G.Q5_1: (24, 1), G.Q4_K: (144, 8), G.Q5_K: (176, 8),
-          G.Q6_K: (210, 8), G.BF16: (64, 1), G.Q4_1: (20, 1), G.IQ4_NL: (18, 1), G.IQ4_XS: (136, 8)}
-QUANT_TYPES = (G.Q4_0, G.Q5_0, G.Q5_1, G.Q4_K, G.Q5_K, G.Q6_K, G.Q4_1, G.IQ4_NL, G.IQ4_XS)
+          G.Q6_K: (210, 8), G.BF16: (64, 1), G.Q2_K: (84, 8), G.Q3_K: (110, 8), G.Q4_1: (20, 1),
+          G.IQ4_NL: (18, 1), G.IQ4_XS: (136, 8)}
+QUANT_TYPES = (G.Q4_0, G.Q5_0, G.Q5_1, G.Q4_K, G.Q5_K, G.Q6_K, G.Q2_K, G.Q3_K, G.Q4_1, G.IQ4_NL, G.IQ4_XS)
 _LEVELS = KVALUES.astype(np.int32)   # IQ4_NL / IQ4_XS: index -> level
-_OFFSET = {G.Q4_0: 8, G.Q5_0: 16, G.Q6_K: 32}
+_OFFSET = {G.Q4_0: 8, G.Q5_0: 16, G.Q6_K: 32, G.Q3_K: 4}
+_HALVES = (G.Q6_K, G.Q3_K)     # a scale per 16-half of the unit, quants offset: x = d * sc * (q - offset)
 _CHUNK = 1 << 24   # float64 elements of one integer-dot temporary
 
 
@@ -34,8 +37,9 @@ class Units(NamedTuple):
     v: np.ndarray     # int32 (..., nu, 32): quants before the offset
     d: np.ndarray     # float32 (..., nu)
     m: np.ndarray     # float32 (..., nu): Q4_1's and Q5_1's m, the K-quants' dmin (0 otherwise)
-    sc0: np.ndarray   # int32 (..., nu): K-quants' 6-bit scale, Q6_K's first-half scale, IQ4_XS's ls - 32
-    sc1: np.ndarray   # int32 (..., nu): K-quants' 6-bit min, Q6_K's second-half scale
+    sc0: np.ndarray   # int32 (..., nu): Q4_K/Q5_K's 6-bit scale; Q6_K's / Q3_K's first-half scale (Q3_K's
+                      # less 32); Q2_K's first-half byte (scale | min << 4); IQ4_XS's ls - 32
+    sc1: np.ndarray   # int32 (..., nu): Q4_K/Q5_K's 6-bit min; the second half's as sc0 for Q6_K, Q3_K, Q2_K
 
 
 def _f16(b: np.ndarray, at: int) -> np.ndarray:
@@ -81,7 +85,22 @@ def _q6k(b: np.ndarray):
         units.append(lo | (((qh[..., 32 * n: 32 * n + 32] >> (2 * g)) & 3) << 4))
         s0.append(sc[..., 8 * n + 2 * g])
         s1.append(sc[..., 8 * n + 2 * g + 1])
-    return np.stack(units, -2), _f16(b, 208), np.stack(s0, -1), np.stack(s1, -1)
+    return np.stack(units, -2), _f16(b, 208), np.zeros(b.shape[:-1], F32), np.stack(s0, -1), np.stack(s1, -1)
+
+
+def _q23k(b: np.ndarray, t: int):
+    """Q2_K / Q3_K: unit u = 32 k + ... of the 128-half h = u >> 2 reads 2 bits of qs[32 h: 32 h + 32] at
+    shift 2 (u & 3) and, for Q3_K, bit u of hmask[0:32] (set: no -4); its halves take scales 2 u and 2 u + 1."""
+    at = 16 if t == G.Q2_K else 32
+    qs = b[..., at:at + 64].reshape(*b.shape[:-1], 2, 1, 32).astype(np.int32)
+    v = ((qs >> (2 * np.arange(4))[:, None]) & 3).reshape(*b.shape[:-1], 8, 32)
+    if t == G.Q2_K:
+        sc = b[..., 0:16].astype(np.int32)
+        return v, _f16(b, 80), _f16(b, 82), sc[..., 0::2], sc[..., 1::2]
+    hm = b[..., 0:32].astype(np.int32)
+    v = v | (((hm[..., None, :] >> np.arange(8)[:, None]) & 1) << 2)
+    sc = scales_6bit(b[..., 96:108]).astype(np.int32) - 32
+    return v, _f16(b, 108), np.zeros(b.shape[:-1], F32), sc[..., 0::2], sc[..., 1::2]
 
 
 def _iq4xs(b: np.ndarray):
@@ -119,10 +138,10 @@ def decode(raw: np.ndarray, t: int) -> Units:
         v, ls = _iq4xs(b)
         return Units(v.reshape(*lead, nu, 32), np.repeat(_f16(b, 0)[..., None], 8, -1).reshape(*lead, nu),
                      np.zeros((*lead, nu), F32), ls.reshape(*lead, nu) - 32, np.zeros((*lead, nu), np.int32))
-    if t == G.Q6_K:
-        v, d, s0, s1 = _q6k(b)
-        return Units(v.reshape(*lead, nu, 32), np.repeat(d[..., None], 8, -1).reshape(*lead, nu),
-                     np.zeros((*lead, nu), F32), s0.reshape(*lead, nu), s1.reshape(*lead, nu))
+    if t in (G.Q6_K, G.Q2_K, G.Q3_K):
+        v, d, m, s0, s1 = _q6k(b) if t == G.Q6_K else _q23k(b, t)
+        rep = lambda a: np.repeat(a[..., None], 8, -1).reshape(*lead, nu)
+        return Units(v.reshape(*lead, nu, 32), rep(d), rep(m), s0.reshape(*lead, nu), s1.reshape(*lead, nu))
     raise ValueError(f"no unit decoding for {G(t).name}")
 
 
@@ -139,9 +158,14 @@ def dequantize(raw: np.ndarray, t: int) -> np.ndarray:
         y = (u.d * u.sc0.astype(F32))[..., None] * q
     elif t in (G.Q4_K, G.Q5_K):
         y = (d * u.sc0.astype(F32)[..., None]) * q - (u.m * u.sc1.astype(F32))[..., None]
-    elif t == G.Q6_K:
+    elif t in _HALVES:
         a = np.stack([u.d * u.sc0.astype(F32), u.d * u.sc1.astype(F32)], -1)   # (..., nu, 2)
         y = np.repeat(a, 16, -1) * q
+    elif t == G.Q2_K:
+        sc = np.stack([u.sc0, u.sc1], -1)                                       # (..., nu, 2)
+        a = u.d[..., None] * (sc & 0xF).astype(F32)
+        c = u.m[..., None] * (sc >> 4).astype(F32)
+        y = np.repeat(a, 16, -1) * q - np.repeat(c, 16, -1)
     else:
         y = d * q
     return y.reshape(*y.shape[:-2], -1)
@@ -158,11 +182,18 @@ def _combine(t: int, u: Units, xq: np.ndarray) -> np.ndarray:
     d8 = xq["d"].astype(F32).T[:, :, None]                      # (nu, N, 1)
     s8 = xq["s"].astype(F32).T[:, :, None]
     d, m = u.d.T[:, None, :], u.m.T[:, None, :]                 # (nu, 1, M)
-    if t == G.Q6_K:
+    if t in _HALVES or t == G.Q2_K:
         sx = [qx[..., h * 16:(h + 1) * 16].sum(-1).T[:, :, None] for h in (0, 1)]
         dots = [_int_dots(u.v[..., h * 16:(h + 1) * 16], qx[..., h * 16:(h + 1) * 16]) for h in (0, 1)]
-        isum = u.sc0.T[:, None, :] * (dots[0] - 32 * sx[0]) + u.sc1.T[:, None, :] * (dots[1] - 32 * sx[1])
-        per = d * d8 * isum.astype(F32)
+        s0, s1 = u.sc0.T[:, None, :], u.sc1.T[:, None, :]
+        if t == G.Q2_K:
+            isum = (s0 & 0xF) * dots[0] + (s1 & 0xF) * dots[1]
+            msum = (s0 >> 4) * sx[0] + (s1 >> 4) * sx[1]
+            per = d8 * (d * isum.astype(F32) - m * msum.astype(F32))
+        else:
+            off = _OFFSET[G(t)]
+            isum = s0 * (dots[0] - off * sx[0]) + s1 * (dots[1] - off * sx[1])
+            per = d * d8 * isum.astype(F32)
     else:
         idot = _int_dots(u.v, qx)
         dot = idot.astype(F32)

@@ -1,5 +1,5 @@
-"""`graphdiag export-gguf`: a preset written as a GGUF file (llama, qwen2 or qwen3; a MoE preset as llama) that
-llama.cpp loads."""
+"""`graphdiag export-gguf`: a preset written as a GGUF file (llama, qwen2, qwen3, gemma3; a MoE preset as llama
+or qwen3moe) that llama.cpp loads."""
 
 from __future__ import annotations
 
@@ -20,26 +20,27 @@ class _ExportCommand(click.Command):
 @click.command("export-gguf", cls=_ExportCommand)
 @click.option("--model", default="tiny", show_default=True,
               help="Preset (listed below; moe-tiny is written as llama's MoE, whose router normalises its "
-                   "weights).")
+                   "weights; qwen3moe-tiny as qwen3moe).")
 @click.option("--wtype", default="f16", show_default=True,
               help="Weight type of the mat-mul weights and the embedding (f16, bf16, f32, q8_0, q4_0, q4_1, q5_0, "
-                   "q5_1, q4_k, q5_k, q6_k, iq4_nl, iq4_xs; a K-quant or IQ4_XS falls back where rows are no "
-                   "multiple of 256, as llama.cpp's).")
+                   "q5_1, iq4_nl, iq4_xs, q3_k, q4_k, q5_k, q6_k; a K-quant or IQ4_XS falls back where rows are no "
+                   "multiple of 256, as llama.cpp's), or llama.cpp's mix of one: q2_k (its Q2_K), q3_k_m (Q3_K_M).")
 @click.option("--seed", default=0, show_default=True, type=click.IntRange(0, 2**31 - 1),
               help="The seed of the preset's weights (as `run --seed`).")
 @click.option("--arch", default=None,
-              help="Architecture to write the preset's shapes as (listed below; a MoE preset: llama).  [default: "
-                   "the preset's own: gemma3 for gemma3-tiny, else llama]")
+              help="Architecture to write the preset's shapes as (listed below; a MoE preset: llama or qwen3moe, "
+                   "a dense one: not qwen3moe).  [default: the preset's own: gemma3 for gemma3-tiny, qwen3moe for "
+                   "qwen3moe-tiny, else llama]")
 @click.argument("out", type=click.Path(dir_okay=False, writable=True))
 def export_gguf(model: str, wtype: str, seed: int, arch: str | None, out: str) -> None:
     """Write preset MODEL (graphdiag's seeded weights, a vocabulary of placeholder pieces: SPM for llama,
-    byte-level BPE for qwen2/qwen3) as a GGUF of architecture ARCH at OUT, so `graphdiag run --model OUT` and
+    byte-level BPE for the others) as a GGUF of architecture ARCH at OUT, so `graphdiag run --model OUT` and
     llama.cpp run the identical model."""
     from ..errors import UsageError
     from ..model.gguf_io import export_config
     from ..model.gguf_io import export_gguf as write
     from ..model.presets import weight_type
-    from ..model.fallbacks import fallback_note
+    from ..model.fallbacks import fallback_note, mix_summary
     from ..model.weights import create_model
 
     if not out.endswith(".gguf"):
@@ -50,7 +51,8 @@ def export_gguf(model: str, wtype: str, seed: int, arch: str | None, out: str) -
     cfg = export_config(model, arch)
     m = create_model(cfg, weight_type(wtype), seed=seed)
     n = write(m, out, model)
+    what = f"{m.mix.label} ({mix_summary(m).partition(': ')[2]})" if m.mix else m.wtype.name
     click.echo(f"wrote {out}: {model} as {arch} ({cfg.n_layer} layers, n_embd {cfg.n_embd}, vocab {cfg.n_vocab}), "
-               f"{m.wtype.name} weights from seed {seed}, {n:,} bytes")
+               f"{what} weights from seed {seed}, {n:,} bytes")
     if m.fallbacks:
         click.echo(fallback_note(m))

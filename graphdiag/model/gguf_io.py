@@ -1,17 +1,19 @@
 """GGUF model files: a file read into graphdiag's model, and a preset written as one.
 
 Reading (`open_gguf`) dispatches on `general.architecture` to the architecture's module (model/arch/: llama,
-qwen2, qwen3), which takes the hyper-parameters from the metadata with llama.cpp's defaults for absent keys
-(`rope.freq_base` 10 000, `head_count_kv` = head_count, `key_length` = n_embd / n_head, ...) and lists the
-tensors its graph reads; each is checked — present, of the shape the metadata implies and of a type graphdiag
-computes — before anything is built; the tensor data stays memory-mapped (the `gguf`
+qwen2, qwen3, qwen3moe, gemma3), which takes the hyper-parameters from the metadata with llama.cpp's defaults
+for absent keys (`rope.freq_base` 10 000, `head_count_kv` = head_count, `key_length` = n_embd / n_head, ...)
+and lists the tensors its graph reads; each is checked — present, of the shape the metadata implies and of a
+type graphdiag computes — before anything is built; the tensor data stays memory-mapped (the `gguf`
 package's reader) and is viewed, not copied, in the host layout the rest of graphdiag uses (numpy axes
-outermost first; a block type as records of ggml's block, graphdiag.quants.BLOCK_DTYPE). Writing (`export_gguf`) stores a preset's seeded weights
-with the metadata and an SPM vocabulary (`<unk>`, `<s>`, `</s>`, the 256 byte tokens, then placeholder
-pieces) that llama.cpp's loader accepts, so graphdiag and llama.cpp can run the identical model.
+outermost first; a block type as records of ggml's block, graphdiag.quants.BLOCK_DTYPE). Writing
+(`export_gguf`) stores a preset's seeded weights with the metadata and a vocabulary (SPM for llama: `<unk>`,
+`<s>`, `</s>`, the 256 byte tokens, then placeholder pieces; byte-level BPE for the others) that llama.cpp's
+loader accepts, so graphdiag and llama.cpp can run the identical model.
 
-Supported here: the architectures of model/arch/ (llama incl. Mistral-style files, qwen2, qwen3), tensor
-types F32, F16, BF16, Q8_0, Q4_0, Q4_1, Q5_0, Q5_1, Q4_K, Q5_K, Q6_K, IQ4_NL and IQ4_XS (TYPES).
+Supported here: the architectures of model/arch/ (llama incl. Mistral-style files, qwen2, qwen3, qwen3moe,
+gemma3), tensor types F32, F16, BF16, Q8_0, Q4_0, Q4_1, Q5_0, Q5_1, IQ4_NL, IQ4_XS, Q2_K, Q3_K, Q4_K, Q5_K and
+Q6_K (TYPES).
 """
 
 from __future__ import annotations
@@ -31,12 +33,13 @@ from .presets import ModelConfig, swa_pattern
 
 # GGUF tensor type -> graphdiag's (the same numbers: ggml's enum)
 TYPES = {int(t): t for t in (GGMLType.F32, GGMLType.F16, GGMLType.BF16, GGMLType.Q8_0, GGMLType.Q4_0, GGMLType.Q5_0,
-                             GGMLType.Q5_1, GGMLType.Q4_K, GGMLType.Q5_K, GGMLType.Q6_K,
-                             GGMLType.Q4_1, GGMLType.IQ4_NL, GGMLType.IQ4_XS)}
-# llama_ftype of a file whose mat-mul weights are all of one type (general.file_type; K-quants as their _M mix)
+                             GGMLType.Q5_1, GGMLType.Q4_K, GGMLType.Q5_K, GGMLType.Q6_K, GGMLType.Q2_K,
+                             GGMLType.Q3_K, GGMLType.Q4_1, GGMLType.IQ4_NL, GGMLType.IQ4_XS)}
+# llama_ftype of a file whose mat-mul weights are all of one type (general.file_type; K-quants as their _M mix,
+# Q2_K as MOSTLY_Q2_K and Q3_K as MOSTLY_Q3_K_S, the mostly-Q3_K one); a preset in a mix writes its own ftype
 FILE_TYPE = {GGMLType.F32: 0, GGMLType.F16: 1, GGMLType.Q4_0: 2, GGMLType.Q8_0: 7, GGMLType.Q5_0: 8,
              GGMLType.Q5_1: 9, GGMLType.Q4_K: 15, GGMLType.Q5_K: 17, GGMLType.Q6_K: 18, GGMLType.BF16: 32,
-             GGMLType.Q4_1: 3, GGMLType.IQ4_NL: 25, GGMLType.IQ4_XS: 30}
+             GGMLType.Q2_K: 10, GGMLType.Q3_K: 11, GGMLType.Q4_1: 3, GGMLType.IQ4_NL: 25, GGMLType.IQ4_XS: 30}
 N_SPECIAL = 3 + 256              # <unk> <s> </s> and the byte tokens of the exported vocabulary
 
 
@@ -122,6 +125,11 @@ def _archs() -> dict:
     return ARCHS
 
 
+def _arch(name: str):
+    from .arch import get_arch
+    return get_arch(name)
+
+
 def _check_tensor(path: Path, arch: str, cfg: ModelConfig, spec, t, n_data: int) -> GGMLType:
     """The type of the file's tensor `spec` describes; UsageError naming it if it is missing, of another shape,
     of a type graphdiag does not compute, or past the end of the file."""
@@ -196,32 +204,43 @@ class FileWeights(Mapping):
 
 
 def export_config(preset: str, arch: str) -> ModelConfig:
-    """Preset `preset`'s shapes as architecture `arch` (what export-gguf writes); UsageError for a MoE preset as
-    anything but llama (llama.cpp's qwen2, qwen3 and gemma3 have no experts)."""
+    """Preset `preset`'s shapes as architecture `arch` (what export-gguf writes); UsageError where the
+    architecture cannot express the preset: a MoE preset as qwen2, qwen3 or gemma3 (llama.cpp's have no experts),
+    a dense one as qwen3moe (which has only experts)."""
     from .arch import get_arch
     from .presets import get_preset
     cfg, mod = get_preset(preset), get_arch(arch)
-    if cfg.is_moe and arch != "llama":
-        raise UsageError(f"export-gguf writes MoE preset {preset} as llama only: llama.cpp's {arch} has no experts "
-                         f"(use --arch llama)")
+    _check_experts(cfg, arch, preset)
     return mod.preset(cfg)
+
+
+def _check_experts(cfg: ModelConfig, arch: str, name: str) -> None:
+    """UsageError unless architecture `arch` (its EXPERTS) can express `cfg`'s experts or their absence."""
+    from .arch import ARCHS, get_arch
+    if cfg.is_moe in get_arch(arch).EXPERTS:
+        return
+    able = ", ".join(n for n, m in ARCHS.items() if cfg.is_moe in m.EXPERTS)
+    what = "has no experts" if cfg.is_moe else "has experts only"
+    raise UsageError(f"export-gguf cannot write {'MoE' if cfg.is_moe else 'dense'} preset {name} as {arch}: "
+                     f"llama.cpp's {arch} {what} (use --arch {able})")
 
 
 def export_gguf(model, out: str | Path, name: str) -> int:
     """Write `model` (a preset with values: Model.host) as a GGUF of its architecture (cfg.arch) at `out`;
-    returns the file's bytes. llama gets an SPM vocabulary, qwen2/qwen3 a byte-level BPE one (model/bpe_vocab.py).
+    returns the file's bytes. llama gets an SPM vocabulary, the others a byte-level BPE one (model/bpe_vocab.py).
     A MoE preset is written as llama's MoE (Mixtral-style: expert_count, expert_used_count, the expert stacks
     blk.N.ffn_gate_inp / ffn_gate_exps / ffn_up_exps / ffn_down_exps), which llama.cpp builds with its router
-    weights normalised (model/arch/llama.py)."""
+    weights normalised (model/arch/llama.py), or as qwen3moe (the same stacks, the experts' width as
+    expert_feed_forward_length: model/arch/qwen3moe.py)."""
     from gguf import GGMLQuantizationType, GGUFWriter, TokenType
     cfg = model.cfg
-    if cfg.is_moe and cfg.arch != "llama":
-        raise UsageError(f"export-gguf writes MoE model {name} as llama only: llama.cpp's {cfg.arch} has no experts")
+    _check_experts(cfg, cfg.arch, name)
     out = Path(out)
     w = GGUFWriter(str(out), cfg.arch)
-    w.add_name(f"graphdiag {name} ({model.wtype.name}, seed {model.seed})")
+    mix = getattr(model, "mix", None)
+    w.add_name(f"graphdiag {name} ({mix.label if mix else model.wtype.name}, seed {model.seed})")
     write_shape(w, cfg)
-    w.add_file_type(FILE_TYPE[model.wtype])
+    w.add_file_type(mix.ftype if mix else FILE_TYPE[model.wtype])
     if cfg.arch == "llama":
         _write_spm_vocab(w, cfg.n_vocab, TokenType)
     else:
@@ -248,12 +267,18 @@ def export_gguf(model, out: str | Path, name: str) -> int:
 def write_shape(w, cfg: ModelConfig) -> None:
     """The hyper-parameters llama.cpp's loader needs, under the writer's architecture (key_length and
     value_length only where head_dim is not n_embd / n_head, as the converters write them). A MoE config's
-    experts: their count, the count used per token, and their FFN width as feed_forward_length (what llama's
-    loader sizes the expert stacks by; the Mixtral converter writes it so)."""
+    experts: their count, the count used per token, and their FFN width under the architecture's
+    EXPERT_FF_KEY: feed_forward_length for llama (what its loader sizes the expert stacks by; the Mixtral
+    converter writes it so), expert_feed_forward_length for qwen3moe (which then needs no
+    feed_forward_length: written only where the config has a dense width)."""
     w.add_context_length(cfg.n_ctx)
     w.add_embedding_length(cfg.n_embd)
     w.add_block_count(cfg.n_layer)
-    w.add_feed_forward_length(cfg.n_ff_exp if cfg.is_moe else cfg.n_ff)
+    widths = {"feed_forward_length": cfg.n_ff} if cfg.n_ff else {}
+    if cfg.is_moe:                    # llama's key is feed_forward_length itself: the experts' width wins
+        widths[_arch(cfg.arch).EXPERT_FF_KEY] = cfg.n_ff_exp
+    for key, n in widths.items():
+        w.add_uint32(f"{cfg.arch}.{key}", n)
     if cfg.is_moe:
         w.add_expert_count(cfg.n_expert)
         w.add_expert_used_count(cfg.n_expert_used)

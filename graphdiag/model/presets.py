@@ -8,23 +8,26 @@ from dataclasses import dataclass
 from ..errors import UsageError
 from ..ir.dtypes import GGMLType, block_size
 from .kv_sizes import N_UBATCH, swa_cache_size
+from .mixes import MIXES, Mix
 
 ROPE_NORM, ROPE_NEOX = 0, 2     # GGML_ROPE_TYPE_NORM / GGML_ROPE_TYPE_NEOX
 MOE_NORM_MIN = 6.103515625e-5   # build_moe_ffn's norm_w clamps the top-k weights' sum to at least F16's
                                 # smallest normal ("avoid division by zero")
 
 # Weight storage types a run may choose for every mat-mul weight and the token embedding (norm weights are
-# always F32, the KV cache always F16). Q5_1 is here because Q5_K falls back to it (preset_type).
-# As `llama-quantize --pure`: every mat-mul weight, the output and the embedding in the one type (no
+# always F32, the KV cache always F16). Q5_1 is here because Q5_K falls back to it (preset_type). A name of
+# MIXES (q2_k, q3_k_m) is a llama.cpp ftype's mix of types (model/mixes.py), every other name one type: as
+# `llama-quantize --pure`, every mat-mul weight, the output and the embedding in the one type (no
 # llama_tensor_get_type mixture, which would store output.weight as Q6_K, for one), bar the row fallback.
 # (config.WTYPES holds the same names, for checking a setting without numpy: a test keeps them equal)
-WEIGHT_TYPES = {name: GGMLType[name.upper()] for name in
-                ("f16", "q8_0", "f32", "bf16", "q4_0", "q5_0", "q5_1", "q4_k", "q5_k", "q6_k",
-                 "q4_1", "iq4_nl", "iq4_xs")}
+WEIGHT_TYPES: dict[str, GGMLType | Mix] = {
+    **{name: GGMLType[name.upper()] for name in
+       ("f16", "q8_0", "f32", "bf16", "q4_0", "q5_0", "q5_1", "q4_k", "q5_k", "q6_k", "q3_k",
+        "q4_1", "iq4_nl", "iq4_xs")}, **MIXES}
 # llama-quant.cpp's tensor_type_fallback: a 256-block type whose rows (ne0) are no multiple of 256 becomes this
 # type; a type whose block still does not divide the row (or a 32-block type that does not) becomes F16.
-K_FALLBACK = {GGMLType.Q4_K: GGMLType.Q5_0, GGMLType.Q5_K: GGMLType.Q5_1, GGMLType.Q6_K: GGMLType.Q8_0}
-K_FALLBACK[GGMLType.IQ4_XS] = GGMLType.IQ4_NL
+K_FALLBACK = {GGMLType.Q4_K: GGMLType.Q5_0, GGMLType.Q5_K: GGMLType.Q5_1, GGMLType.Q6_K: GGMLType.Q8_0,
+              GGMLType.Q2_K: GGMLType.Q4_0, GGMLType.Q3_K: GGMLType.Q4_0, GGMLType.IQ4_XS: GGMLType.IQ4_NL}
 
 
 @dataclass(frozen=True)
@@ -126,6 +129,12 @@ PRESETS: dict[str, ModelConfig] = {
         # softmax router, top 2 of 8 experts, weights not normalised (build_moe_ffn with norm_w false, no shared
         # experts: OLMoE's form); written as a llama file (export-gguf) it is llama's MoE, which normalises them
         ModelConfig("moe-tiny", 4, 512, 8, 8, 0, 4096, n_expert=8, n_expert_used=2, n_ff_exp=512),
+        # Qwen3-30B-A3B's pieces at tiny shapes (qwen3moe): 16 experts of width 256, the top 4 per token, their
+        # weights normalised (norm_w); GQA (8 heads over 2 KV heads) of head_dim 128, so Q is 1024 wide over
+        # n_embd 512 (the 30B: 32 x 128 over 2048); QK-norm and NEOX rope (base 1e6), untied output
+        ModelConfig("qwen3moe-tiny", 4, 512, 8, 2, 0, 4096, n_expert=16, n_expert_used=4, n_ff_exp=256,
+                    rope_base=1e6, norm_eps=1e-6, arch="qwen3moe", n_embd_head=128, rope_type=ROPE_NEOX,
+                    moe_norm_w=True),
         # Gemma 3's pieces at tiny shapes: one KV head, head_dim 128 (n_head * head_dim != n_embd), tied
         # output, layer 5 global and the others sliding over a 128-position window (SWA cache: 768 cells, n_ubatch 512)
         Gemma3Config("gemma3-tiny", 6, 256, 4, 1, 512, 4096, rope_base=1e6, norm_eps=1e-6, arch="gemma3",
@@ -142,12 +151,17 @@ def get_preset(name: str) -> ModelConfig:
         raise UsageError(f"unknown model preset {name!r} (known: {', '.join(PRESETS)})") from None
 
 
-def weight_type(name: str) -> GGMLType:
-    """A --wtype name ('f16', 'q8_0', 'q4_k', ...; case-insensitive) -> GGMLType."""
+def weight_type(name: str) -> GGMLType | Mix:
+    """A --wtype name ('f16', 'q8_0', 'q4_k', ...; case-insensitive) -> its GGMLType, or its Mix (q2_k, q3_k_m)."""
     try:
         return WEIGHT_TYPES[name.lower()]
     except KeyError:
         raise UsageError(f"unknown weight type {name!r} (known: {', '.join(WEIGHT_TYPES)})") from None
+
+
+def base_type(w: GGMLType | Mix) -> GGMLType:
+    """The one type of a --wtype, or its mix's default type."""
+    return w.base if isinstance(w, Mix) else GGMLType(w)
 
 
 def preset_type(t: GGMLType, ne0: int) -> GGMLType:

@@ -263,7 +263,7 @@ class ReferenceBase:
 
     def _mm(self, x: np.ndarray, name: str) -> np.ndarray:
         """x @ W^T for a stored (out, in) weight. Against a block-quantised weight (Q4_0, Q4_1, Q5_0, Q5_1, Q8_0,
-        Q4_K, Q5_K, Q6_K, IQ4_NL, IQ4_XS), x is first rounded to Q8_1 as ggml's quantized mat-vec and mat-mul paths do (per 32 values: d = max|x| / 127 stored as f16, q = rint(x/d))
+        Q2_K..Q4_K, Q5_K, Q6_K, IQ4_NL, IQ4_XS), x is first rounded to Q8_1 as ggml's quantized mat-vec and mat-mul paths do (per 32 values: d = max|x| / 127 stored as f16, q = rint(x/d))
         — the arithmetic llama.cpp defines, so the oracle bound stays tight for quantised runs (GPU backend)."""
         w = self.w(name)
         return _times_t(self._x_for(x, name), w)

@@ -41,7 +41,8 @@ from ..ir.dtypes import GGMLType
 from ..ir.tensor import Tensor
 from ..memory import aligned, quantize_q8_0
 from ..quants import dequantize, quantize
-from .presets import ModelConfig, preset_type
+from .mixes import Mix
+from .presets import ModelConfig, base_type, preset_type
 
 # Types the rng_fill kernel draws on a device (kernels/rng.cu); the others are drawn and quantised on the host.
 DEVICE_FILL = (GGMLType.F32, GGMLType.F16, GGMLType.Q8_0)
@@ -93,6 +94,7 @@ class Model:
     seed: int | None = None   # None: a structure-only model (weights load as zeros), or a file's
     file: object = None       # the GgufModel the weights come from (model/gguf_io.py), else None
     fallbacks: dict[str, GGMLType] = field(default_factory=dict)   # preset weights not in wtype: name -> type
+    mix: Mix | None = None    # the llama.cpp ftype mix a preset's weights follow (model/mixes.py), else None
     upstream: str = "0c1e57098"   # the upstream commit whose rules its graphs are built by (config.UPSTREAMS)
     _dense: dict[str, np.ndarray] = field(default_factory=dict, repr=False)
 
@@ -134,24 +136,27 @@ def _kv_layers(cfg: ModelConfig) -> list[tuple[int, int]]:
     return own(cfg) if own is not None else [(il, cfg.n_ctx) for il in range(cfg.n_layer)]
 
 
-def create_model(cfg: ModelConfig, wtype: GGMLType = GGMLType.F16, seed: int = 0, arena: Arena | None = None,
+def create_model(cfg: ModelConfig, wtype: GGMLType | Mix = GGMLType.F16, seed: int = 0, arena: Arena | None = None,
                  with_data: bool = True, types: Mapping[str, GGMLType] | None = None,
                  upstream: str = "0c1e57098") -> Model:
     """Build the persistent structs in `arena` (then freeze it): the architecture's weights in its order
     (model/arch/), then the KV caches. `with_data`: the weights have values (drawn from `seed` where they
     are loaded, and on the host on first read); else they load as zeros. `types`: each weight's own type
-    where it has one (a file's), else `wtype` (norms, biases and the router: F32). `upstream`: the commit
+    where it has one (a file's), else `wtype` (norms, biases and the router: F32) — or, for a Mix, the type
+    its ftype gives the weight (model/mixes.py; Model.wtype is then its default type). `upstream`: the commit
     whose rules the model's graphs follow (model/build.py: the KQ mask differs)."""
     arena = arena if arena is not None else Arena()
     if arena.top != 0:
         raise ValueError("create_model needs an empty arena: the model is its persistent region")
     ctx = Ctx(arena)
-    wt = GGMLType(wtype)
+    mix = wtype if isinstance(wtype, Mix) else None
+    wt = base_type(wtype)
     fb: dict[str, GGMLType] = {}
     layers = [Layer() for _ in range(cfg.n_layer)]
     top: dict[str, Tensor] = {}
     for spec in _specs(cfg):
-        t = _weight(ctx, GGMLType.F32 if spec.f32_only else wt, spec.ne, spec.name, types, fb)
+        want = wt if mix is None or types else mix.tensor_type(cfg, spec.name, spec.ne[0])
+        t = _weight(ctx, GGMLType.F32 if spec.f32_only else want, spec.ne, spec.name, types, fb)
         if spec.layer is None:
             top[spec.field] = t
         else:
@@ -164,7 +169,7 @@ def create_model(cfg: ModelConfig, wtype: GGMLType = GGMLType.F16, seed: int = 0
     # a tied output is the embedding itself (llama.cpp's TENSOR_DUPLICATED: one tensor, read twice)
     output = top["tok_embd"] if cfg.tied_output else top["output"]
     model = Model(cfg, wt, arena, top["tok_embd"], top["output_norm"], output, layers, fallbacks=fb,
-                  upstream=upstream)
+                  mix=None if types else mix, upstream=upstream)
     if with_data:
         model.seed = seed
         model.host = HostWeights(model, seed)   # nothing drawn until the host reads a weight

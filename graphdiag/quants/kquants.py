@@ -32,10 +32,12 @@ def _nearest(v: np.ndarray, lo: int, hi: int) -> np.ndarray:
     return np.clip(v, lo, hi, out=v)
 
 
-def make_qkx2(x: np.ndarray, w: np.ndarray, nmax: int, rmin: float, rdelta: float, nstep: int):
-    """make_qkx2_quants over rows of x (m, n) with weights w: (scale (m,), the_min (m,), L (m, n) float32).
+def make_qkx2(x: np.ndarray, w: np.ndarray, nmax: int, rmin: float, rdelta: float, nstep: int, mad: bool = False):
+    """make_qkx2_quants over rows of x (m, n) with weights w: (scale (m,), the_min (m,), L (m, n) float32);
+    `mad`: its use_mad (errors weighted by |diff|, as Q2_K asks; squared otherwise).
     Works on the transposed (n, m) arrays: element i of every row is one contiguous vector."""
     x, w = np.ascontiguousarray(x.T), np.ascontiguousarray(w.T)
+    err = np.abs if mad else np.square
     with np.errstate(divide="ignore", invalid="ignore", over="ignore"):
         mn, mx = np.minimum(x.min(axis=0), F(0)), x.max(axis=0)
         sum_w, sum_x = _seqsum(w), _seqsum(w * x)
@@ -45,7 +47,7 @@ def make_qkx2(x: np.ndarray, w: np.ndarray, nmax: int, rmin: float, rdelta: floa
         scale = F(1) / iscale
         L = _nearest(iscale * (x - mn), 0, nmax)
         diff = scale * L + mn - x
-        best = _seqsum(w * (diff * diff))
+        best = _seqsum(w * err(diff))
         for step in range(nstep + 1):
             span = np.where(flat, F(1), mx - mn)          # min moves as better fits are found: C reuses it
             iscale = (F(rmin) + F(rdelta) * F(step) + F(nmax)) / span
@@ -59,7 +61,7 @@ def make_qkx2(x: np.ndarray, w: np.ndarray, nmax: int, rmin: float, rdelta: floa
             this_min = np.where(pos, F(0), this_min)
             this_scale = np.where(pos, sum_xl / sum_l2, this_scale)
             d2 = this_scale * lx + this_min - x
-            cur = _seqsum(w * (d2 * d2))
+            cur = _seqsum(w * err(d2))
             better = (D > 0) & (cur < best) & ~flat
             L = np.where(better, lx, L)
             best = np.where(better, cur, best)

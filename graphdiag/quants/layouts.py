@@ -33,12 +33,16 @@ Q8_K = np.dtype([("d", "<f4"), ("qs", "i1", (256,)), ("bsums", "<i2", (16,))])
 # IQ4_XS: 8 sub-blocks of 32, x = d * (ls - 32) * kvalues_iq4nl[q], ls 6 bits: low 4 in scales_l (two a
 # byte), high 2 in scales_h (bits 2j, 2j + 1 for sub-block j).
 IQ4_XS = np.dtype([("d", "<f2"), ("scales_h", "<u2"), ("scales_l", "u1", (4,)), ("qs", "u1", (128,))])
+# Q2_K: 16 sub-blocks of 16, x = d * (sc & 15) * q - dmin * (sc >> 4), q 2-bit; Q3_K: 16 sub-blocks of 16,
+# x = d * (sc - 32) * (q - 4), q's low 2 bits in qs and its third in hmask, sc 6-bit packed in 12 bytes.
+Q2_K = np.dtype([("scales", "u1", (16,)), ("qs", "u1", (64,)), ("d", "<f2"), ("dmin", "<f2")])
+Q3_K = np.dtype([("hmask", "u1", (32,)), ("qs", "u1", (64,)), ("scales", "u1", (12,)), ("d", "<f2")])
 
 # GGMLType -> numpy dtype of one stored element (plain types) or one block (block types).
 BLOCK_DTYPE: dict[GGMLType, np.dtype] = {
     G.F32: np.dtype(np.float32), G.F16: np.dtype(np.float16), G.BF16: BF16,
     G.Q4_0: Q4_0, G.Q5_0: Q5_0, G.Q5_1: Q5_1, G.Q8_0: Q8_0_BLOCK, G.Q8_1: Q8_1,
-    G.Q4_K: Q4_K, G.Q5_K: Q5_K, G.Q6_K: Q6_K, G.Q8_K: Q8_K,
+    G.Q4_K: Q4_K, G.Q5_K: Q5_K, G.Q6_K: Q6_K, G.Q8_K: Q8_K, G.Q2_K: Q2_K, G.Q3_K: Q3_K,
     G.Q4_1: Q4_1, G.IQ4_NL: IQ4_NL, G.IQ4_XS: IQ4_XS,
 }
 

@@ -18,7 +18,7 @@ from graphdiag.ir.dtypes import GGMLType as G  # noqa: E402
 from graphdiag.ir.dtypes import block_size, row_size  # noqa: E402
 
 TYPES = {"q4_0": G.Q4_0, "q5_0": G.Q5_0, "q5_1": G.Q5_1, "q4_k": G.Q4_K, "q5_k": G.Q5_K, "q6_k": G.Q6_K,
-         "bf16": G.BF16, "q4_1": G.Q4_1, "iq4_nl": G.IQ4_NL, "iq4_xs": G.IQ4_XS}
+         "q2_k": G.Q2_K, "q3_k": G.Q3_K, "bf16": G.BF16, "q4_1": G.Q4_1, "iq4_nl": G.IQ4_NL, "iq4_xs": G.IQ4_XS}
 SHAPES = {"gemma270m": [(640, 1024), (640, 2048), (1024, 640), (2048, 640)],
           "1b": [(2048, 2048), (2048, 512), (2048, 8192), (8192, 2048)]}
 RNG = np.random.default_rng(0)

@@ -24,10 +24,11 @@ from tests.support.llama_parity import check, files, llama_cpp  # noqa: F401 (fi
 pytestmark = [pytest.mark.gpu, pytest.mark.usefixtures("require_gpu")]
 
 WTYPES = ("f16", "bf16", "q8_0", "q4_0", "q4_k", "q6_k")
-# (preset, arch, weight type): the dense preset as each architecture at each weight type, llama's MoE, and
-# the Gemma 3 preset exported as gemma3 (iSWA)
+# (preset, arch, weight type): the dense preset as each architecture at each weight type, llama's MoE, qwen3moe
+# (Qwen3-30B-A3B's: top 4 of 16 experts, GQA, head_dim 128) and the Gemma 3 preset exported as gemma3 (iSWA)
 FILES = ([("tiny", arch, w) for arch in ("llama", "qwen2", "qwen3") for w in WTYPES]
          + [("moe-tiny", "llama", w) for w in ("f16", "q8_0", "q4_k")]
+         + [("qwen3moe-tiny", "qwen3moe", w) for w in ("f16", "q8_0", "q4_k")]
          + [("gemma3-tiny", "gemma3", w) for w in ("f16", "q4_k")])
 
 

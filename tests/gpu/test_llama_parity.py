@@ -26,9 +26,11 @@ from tests.support.llama_parity import check, files, for_llama, known_met, llama
 pytestmark = [pytest.mark.gpu, pytest.mark.usefixtures("require_gpu")]
 
 # the presets exported as GGUF files; moe-tiny as llama's MoE (Mixtral-style: its router weights normalised,
-# the top-k router fused with the norm), which also runs the MoE scenarios (MOE_SCENARIOS); gemma3-tiny as
-# Gemma 3 (iSWA) for the sliding-window scenarios (ISWA_SCENARIOS)
+# the top-k router fused with the norm), which also runs the MoE scenarios (MOE_SCENARIOS), as does
+# qwen3moe-tiny exported as qwen3moe (MOE_FILES); gemma3-tiny as Gemma 3 (iSWA) for the sliding-window
+# scenarios (ISWA_SCENARIOS)
 MODELS = [("tiny", "f16"), ("tiny", "q8_0"), ("1b", "f16"), ("1b", "q8_0"), ("moe-tiny", "f16")]
+MOE_FILES = [("moe-tiny", "llama"), ("qwen3moe-tiny", "qwen3moe")]      # (preset, arch), F16
 
 
 def _expressible(family: str) -> list[str]:
@@ -62,8 +64,9 @@ def test_llama_cpp_decides_as_graphdiag(model, wtype, scenario, llama_cpp, files
 
 
 @pytest.mark.parametrize("scenario", MOE_SCENARIOS)
-def test_llama_cpp_decides_as_graphdiag_on_the_moe_scenarios(scenario, llama_cpp, files, tmp_path):
-    check("moe-tiny f16", files("moe-tiny", "f16"), scenario, tmp_path)
+@pytest.mark.parametrize("model,arch", MOE_FILES)
+def test_llama_cpp_decides_as_graphdiag_on_the_moe_scenarios(model, arch, scenario, llama_cpp, files, tmp_path):
+    check(f"{model} f16", files(model, "f16", arch), scenario, tmp_path)
 
 
 @pytest.mark.parametrize("scenario", ISWA_SCENARIOS)
@@ -85,7 +88,8 @@ def test_gemma3_decides_as_graphdiag(scenario, request, llama_cpp, tmp_path):
 def parity_cases() -> set[str]:
     """The cases of the fixed models, as check() names them ("label scenario"); the real Gemma 3 file's aside
     (it may be absent)."""
-    return ({f"{m} {w} {s}" for m, w in MODELS for s in SCENARIOS} | {f"moe-tiny f16 {s}" for s in MOE_SCENARIOS}
+    return ({f"{m} {w} {s}" for m, w in MODELS for s in SCENARIOS}
+            | {f"{m} f16 {s}" for m, _ in MOE_FILES for s in MOE_SCENARIOS}
             | {f"gemma3-tiny f16 {s}" for s in ISWA_SCENARIOS})
 
 

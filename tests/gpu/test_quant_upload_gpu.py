@@ -14,7 +14,7 @@ from graphdiag.model.weights import create_model, load_model
 pytestmark = pytest.mark.gpu
 
 
-@pytest.mark.parametrize("wt", [GGMLType.Q4_K, GGMLType.BF16])
+@pytest.mark.parametrize("wt", [GGMLType.Q4_K, GGMLType.BF16, GGMLType.Q2_K, GGMLType.Q3_K])
 def test_a_host_quantised_model_uploads_its_bytes(driver, wt):
     m = create_model(PRESETS["tiny"], wt, seed=4)
     gpu = GpuBackend(driver, E.EventBus(), RuntimeOptions())
@@ -31,7 +31,7 @@ def test_a_host_quantised_model_uploads_its_bytes(driver, wt):
         gpu.close()
 
 
-@pytest.mark.parametrize("wtype", ["q4_k", "q4_0", "bf16", "q4_1", "iq4_nl", "iq4_xs"])
+@pytest.mark.parametrize("wtype", ["q4_k", "q4_0", "bf16", "q2_k", "q3_k_m", "q4_1", "iq4_nl", "iq4_xs"])
 def test_a_host_quantised_preset_runs_on_the_gpu_as_on_the_simulator(driver, tmp_path, wtype):
     """tiny in wtype (Q4_K: its ffn_down falls back to Q5_0, IQ4_XS's to IQ4_NL) on CUDA: oracle within its
     bound, replays equal to eager, the decisions of the simulated run; an exported file of it decides as the preset."""

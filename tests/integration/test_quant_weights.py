@@ -25,7 +25,7 @@ from support.cli import one_line
 
 gguf = pytest.importorskip("gguf")
 MINI = ModelConfig("mini", 2, 256, 4, 2, 640, 512, n_ctx=256)       # n_ff 640: no multiple of 256
-NEW = ("bf16", "q4_0", "q5_0", "q5_1", "q4_k", "q5_k", "q6_k")
+NEW = ("bf16", "q4_0", "q5_0", "q5_1", "q4_k", "q5_k", "q6_k", "q3_k")
 
 
 def test_the_settings_know_the_same_weight_types_as_the_presets():
@@ -39,6 +39,8 @@ def test_k_quants_fall_back_as_llama_cpps_quantizer_does():
     assert preset_type(G.Q6_K, 1408) == G.Q8_0 and preset_type(G.Q4_K, 2048) == G.Q4_K
     assert preset_type(G.Q4_K, 48) == G.F16 and preset_type(G.Q4_0, 48) == G.F16   # nor its fallback fits
     assert preset_type(G.F16, 48) == G.F16 and preset_type(G.Q5_0, 1408) == G.Q5_0
+    assert preset_type(G.Q2_K, 1408) == G.Q4_0 and preset_type(G.Q3_K, 1408) == G.Q4_0
+    assert preset_type(G.Q3_K, 48) == G.F16 and preset_type(G.Q2_K, 2816) == G.Q2_K
 
 
 def test_a_preset_names_the_tensors_that_fell_back():
@@ -105,7 +107,7 @@ def test_the_simulated_gpu_runs_a_host_quantised_preset_against_the_oracle(capsy
 
 def test_an_unknown_weight_type_is_refused_before_building_anything(capsys, monkeypatch):
     monkeypatch.setattr(runner, "build_model", lambda *a, **kw: pytest.fail("a model was built"))
-    assert "unknown weight type 'q3_k'" in one_line(capsys, ["run", "--backend", "cpu", "--wtype", "q3_k"])
+    assert "unknown weight type 'q1_k'" in one_line(capsys, ["run", "--backend", "cpu", "--wtype", "q1_k"])
 
 
 @pytest.mark.parametrize("wtype", ["q4_k", "q6_k", "bf16", "q4_0"])

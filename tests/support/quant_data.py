@@ -11,7 +11,7 @@ from graphdiag.ir.dtypes import GGMLType as G
 # f16 scale ranges (offset in the block, low, high) per type: magnitudes like real weights, no inf/NaN
 _SCALES = {G.Q4_0: [(0, -0.05, 0.05)], G.Q5_0: [(0, -0.05, 0.05)], G.Q5_1: [(0, 0.001, 0.05), (2, -0.1, 0.1)],
            G.Q4_K: [(0, 0.001, 0.01), (2, 0.0, 0.01)], G.Q5_K: [(0, 0.001, 0.01), (2, 0.0, 0.01)],
-           G.Q6_K: [(208, 0.001, 0.01)]}
+           G.Q6_K: [(208, 0.001, 0.01)], G.Q2_K: [(80, 0.001, 0.01), (82, 0.0, 0.01)], G.Q3_K: [(108, 0.001, 0.01)]}
 # IQ4 levels reach 127 (IQ4_XS times a sub-block scale up to 32): smaller d for weights of the same size
 _SCALES.update({G.Q4_1: [(0, 0.001, 0.05), (2, -0.1, 0.1)], G.IQ4_NL: [(0, -0.005, 0.005)],
                 G.IQ4_XS: [(0, -0.0005, 0.0005)]})

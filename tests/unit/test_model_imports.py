@@ -118,7 +118,7 @@ def test_cycle_finder_sees_a_circle():
 
 
 @pytest.mark.parametrize("module", ["graph_context", "reference_base", "arch.llama", "arch.qwen2", "arch.qwen3",
-                                    "arch.gemma3", "arch"])
+                                    "arch.qwen3moe", "arch.gemma3", "arch"])
 def test_module_imports_alone(module):
     """Each imports first in a fresh interpreter (a circle shows as an ImportError of a partial module)."""
     r = subprocess.run([sys.executable, "-c", f"import {MODEL}.{module}"], capture_output=True, text=True)

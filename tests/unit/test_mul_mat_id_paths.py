@@ -35,11 +35,11 @@ from graphdiag.backends.cpu import CpuBackend
 from graphdiag.backends.drivers.sim import SimDriver
 from graphdiag.backends.gpu.backend import GpuBackend
 from graphdiag.backends.gpu.capture import lower_graph
-from graphdiag.backends.gpu.compat import mul_mat_id_needs_sync, mul_mat_id_path
+from graphdiag.backends.gpu.compat import check_compatibility, mul_mat_id_needs_sync, mul_mat_id_path
 from graphdiag.backends.gpu.fusion import MMID_GLU, fusion_plan
 from graphdiag.backends.gpu.lowering import op_launches
 from graphdiag.backends.gpu.runtime import RuntimeOptions
-from graphdiag.ir import Arena, GGMLType as G, GluOp, Graph
+from graphdiag.ir import Arena, GGMLType as G, GluOp, Graph, Op
 from graphdiag.ir.build import Ctx
 from graphdiag.llama.kernel_names import upstream
 from graphdiag.model.build import DECODE, GraphParams, build_graph
@@ -205,3 +205,73 @@ def test_each_path_computed_on_the_simulated_gpu_is_the_cpu_backends_product(wt,
     want, got = outs
     tol = 3e-2 if wt in QUANTIZED else 1e-4
     assert np.max(np.abs(got - want)) <= tol * np.max(np.abs(want))
+
+
+# -- qwen3moe-tiny (model/arch/qwen3moe.py): 16 experts of 256 rows over n_embd 512, the top 4 per token --------
+SEQS = (1, 2, 4, 8, 16, 32)
+
+
+def _qwen3moe_decode(wt: G, n_seq: int) -> Graph:
+    """qwen3moe-tiny's decode graph at n_seq sequences (one token each: the experts' T is n_seq)."""
+    from graphdiag.model.weights import create_model
+    m = create_model(PRESETS["qwen3moe-tiny"], wt, with_data=False)
+    return build_graph(m, GraphParams(n_seq, n_seq, n_seq, DECODE, 256)).graph
+
+
+def _expert_launches(g: Graph, il: int, cc: int = H200_CC) -> list[tuple[str, str, bool]]:
+    """The launches of layer il's expert nodes, gate MUL_MAT_ID to down MUL_MAT_ID (the GLU between)."""
+    names = [g.node(i).name for i in range(g.n_nodes)]
+    a, b = names.index(f"ffn_moe_gate-{il}"), names.index(f"ffn_moe_down-{il}")
+    ops = lower_graph(g, fusion_plan(g, cc), cc, nsm=H200_SMS)
+    return [(la.kernel, upstream(la.kernel), la.pdl) for op in ops[a:b + 1] if op is not None
+            for la in op_launches(op)]
+
+
+@pytest.mark.parametrize("wt", WTYPES, ids=lambda t: t.name)
+def test_qwen3moe_tiny_takes_upstreams_path_and_launches_at_each_sequence_count(wt):
+    """Each MUL_MAT_ID of qwen3moe-tiny's real decode graph at 1-32 sequences: the path ggml_cuda_mul_mat_id
+    takes on the H200 (the module docstring's reading: mmvq up to 8 tokens for quantized experts, then MMQ;
+    MMF for float experts, which have <= 1024 rows: up to 512 columns), never the sorted fallback (no sync:
+    the graph stays capturable), and each layer's expert launches those of upstream_moe_launches. The
+    stream-k fixup holds as for moe-tiny: gate/up 2 x 1 x 16 = 32 tiles, down 4 x 1 x 16 = 64, both under
+    90 % of 132 SMs."""
+    for t in SEQS:
+        g = _qwen3moe_decode(wt, t)
+        mmid = [g.node(i) for i in range(g.n_nodes) if g.node(i).op == Op.MUL_MAT_ID]
+        assert len(mmid) == 3 * 4 and {n.src[0].ne[2] for n in mmid} == {16} and {n.ne[2] for n in mmid} == {t}
+        want = "mmvq" if wt in QUANTIZED and t <= 8 else "mmq" if wt in QUANTIZED else "mmf"
+        assert {mul_mat_id_path(n, H200_CC) for n in mmid} == {want}, t
+        assert not any(mul_mat_id_needs_sync(n, H200_CC) for n in mmid), t
+        assert check_compatibility(g, H200_CC) is None
+        for il in range(4):
+            assert _expert_launches(g, il) == upstream_moe_launches(wt, t), (wt.name, t, il)
+
+
+# graphdiag's CUDA-graph node count (kernels; the embedding's GET_ROWS included, which llama.cpp runs on the CPU)
+# of qwen3moe-tiny's decode step at 1, 2, 4, 8, 16, 32 sequences on the H200: predictions to hold against
+# llama.cpp's captured counts (tests/gpu/test_llama_differential.py and test_llama_parity.py run the exported
+# file on the GPU; none was recorded here). Where they step: 1 -> 2 the one-token fusions end (float experts'
+# gate/up + GLU, mat-vec + ADD); 2 -> 4 the F32 router mat-mul (16 experts x K 512) becomes cuBLAS's split-k
+# pair (cublas_split_k_parts, one more launch a layer); 8 -> 16 quantized experts leave mmvq for MMQ (mm_ids_helper,
+# quantize, mul_mat_q, fixup per projection); 16 -> 32 float experts' MMF runs mm_ids_helper first.
+QWEN3MOE_TINY_NODES = {
+    G.F16: (74, 85, 89, 89, 89, 101), G.BF16: (74, 85, 89, 89, 89, 101),
+    G.Q8_0: (99, 102, 106, 106, 159, 159), G.Q4_0: (99, 102, 106, 106, 159, 159),
+    G.Q4_K: (99, 102, 106, 106, 159, 159), G.Q6_K: (99, 102, 106, 106, 159, 159),
+}
+
+
+@pytest.mark.parametrize("wt", WTYPES, ids=lambda t: t.name)
+def test_qwen3moe_tiny_node_counts_per_sequence_count(wt):
+    """The whole decode graph's launches, and the experts' share of each step: from 4 to 8 sequences and from
+    16 to 32 the rest of the graph launches the same (its dense mat-muls keep their paths within each pair), so
+    the four layers' expert launches (upstream_moe_launches) account for every change there."""
+    got = []
+    for t in SEQS:
+        g = _qwen3moe_decode(wt, t)
+        got.append(sum(len(op_launches(op)) for op in lower_graph(g, fusion_plan(g, H200_CC), H200_CC, nsm=H200_SMS)
+                       if op is not None))
+    assert tuple(got) == QWEN3MOE_TINY_NODES[wt]
+    experts = {t: 4 * len(upstream_moe_launches(wt, t)) for t in SEQS}
+    rest = {t: n - experts[t] for t, n in zip(SEQS, got)}
+    assert rest[4] == rest[8] and rest[16] == rest[32]

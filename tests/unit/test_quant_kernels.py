@@ -91,8 +91,30 @@ def test_mmvq_batch_limits_of_other_devices():
     assert mul_mat_path(out, 1200) == "mmq" and mul_mat_path(out, 900) == "mmvq"   # tuned on an RTX 5090
 
 
+# ggml_cuda_should_use_mmvq's largest column count per (cc, type): 8 wherever upstream lists none
+MMVQ_COLS = {(890, G.Q2_K): 4, (890, G.Q3_K): 6, (890, G.Q4_K): 8, (1200, G.Q2_K): 5, (1200, G.Q3_K): 5,
+             (1210, G.Q2_K): 6, (1210, G.Q3_K): 8, (870, G.Q2_K): 1, (870, G.Q3_K): 1, (700, G.Q2_K): 4,
+             (700, G.Q3_K): 6, (900, G.Q2_K): 8, (900, G.Q3_K): 8, (800, G.Q2_K): 8}
+
+
+@pytest.mark.parametrize("cc, t", sorted(MMVQ_COLS), ids=lambda v: str(getattr(v, "name", v)))
+def test_2_and_3_bit_k_quants_leave_mmvq_at_upstreams_column_count(cc, t):
+    from graphdiag.backends.gpu.compat import mmvq_ok
+    n = MMVQ_COLS[(cc, t)]
+    assert mmvq_ok(t, cc, n) and not mmvq_ok(t, cc, n + 1)
+    _, out = _mm(t, 512, 64, n + 1)
+    assert mul_mat_path(out, cc) == "mmq"      # quantized, few columns: MMQ on every cc here
+
+
+@pytest.mark.parametrize("cc, t, most", [(610, G.Q2_K, 4), (610, G.Q3_K, 4), (750, G.Q2_K, 7), (750, G.Q3_K, 5),
+                                         (800, G.Q3_K, 5), (700, G.Q2_K, 8), (890, G.Q3_K, 8), (900, G.Q2_K, 8)])
+def test_2_and_3_bit_k_quant_experts_take_mmvq_up_to_upstreams_token_count(cc, t, most):
+    from graphdiag.backends.gpu.compat import mmvq_mmid_max_batch
+    assert mmvq_mmid_max_batch(t, cc) == most
+
+
 @pytest.mark.parametrize("t, name", [(G.Q4_0, "q4_0"), (G.Q5_0, "q5_0"), (G.Q5_1, "q5_1"), (G.Q4_K, "q4_k"),
-                                     (G.Q5_K, "q5_k"), (G.Q6_K, "q6_k")])
+                                     (G.Q5_K, "q5_k"), (G.Q6_K, "q6_k"), (G.Q2_K, "q2_k"), (G.Q3_K, "q3_k")])
 def test_quantized_mul_mat_lowers_to_two_launches_on_both_paths(t, name):
     """Two launches on each path; on the MMQ path a third, the fixup of the k-split, where upstream's stream-k
     needs its fixup (one 64-row tile on the H200's 132 SMs), none where every tile has an SM (one SM)."""

@@ -62,6 +62,35 @@ def test_hand_made_k_quant_blocks_decode_to_known_values():
     assert np.array_equal(got, np.repeat(0.125 * s6.astype(np.float32), 16))
 
 
+def test_hand_made_2_and_3_bit_k_quant_blocks_decode_to_known_values():
+    # element 32 k + l (k = 0..7) sits in qs[32 (k // 4) + l] at bits 2 (k % 4); sub-block j = element // 16
+    L = (np.arange(256) * 7 % 4).astype(np.uint8).reshape(2, 4, 32)
+    qs = (L[:, 0] | (L[:, 1] << 2) | (L[:, 2] << 4) | (L[:, 3] << 6)).reshape(64)
+    q = L.reshape(256).astype(np.float32)
+    j = np.arange(16)
+    sc2 = ((j % 16) | ((15 - j) << 4)).astype(np.uint8)                  # Q2_K: scale j, min 15 - j
+    got = dequantize(_raw(BLOCK_DTYPE[G.Q2_K], scales=sc2, qs=qs, d=0.5, dmin=0.25))
+    assert np.array_equal(got, (np.repeat(0.5 * j, 16) * q - np.repeat(0.25 * (15 - j), 16)).astype(np.float32))
+    # Q3_K: 6-bit scale j + 40 (value j + 8), low nibbles in bytes 0..7 (high nibble: j >= 8), top 2 bits in
+    # byte 8 + j % 4 at bit 2 (j // 4); hmask bit k of byte l set for even l: those quants are not lowered by 4
+    s6 = j + 40
+    sc3 = np.zeros(12, np.uint8)
+    sc3[:8] = (s6[:8] & 0xF) | ((s6[8:] & 0xF) << 4)
+    for i in range(16):
+        sc3[8 + i % 4] |= (s6[i] >> 4) << (2 * (i // 4))
+    hm = np.where(np.arange(32) % 2 == 0, 0xFF, 0).astype(np.uint8)
+    got = dequantize(_raw(BLOCK_DTYPE[G.Q3_K], hmask=hm, qs=qs, scales=sc3, d=0.125))
+    high = (np.arange(256) % 32 % 2 == 0)
+    assert np.array_equal(got, (np.repeat(0.125 * (j + 8), 16) * (q - 4 * ~high)).astype(np.float32))
+
+
+def test_nearest_int_is_ggmls_trick_inside_and_outside_its_range():
+    from graphdiag.quants.kquants_low import nearest_int
+    v = np.array([0.5, 1.5, -2.5, 2.49, -3.7, 4194303.0, 3e7, -1e9], np.float32)
+    want = [(((np.float32(x) + np.float32(12582912.0)).view(np.int32) & 0x7FFFFF) - 0x400000) for x in v]
+    assert nearest_int(v).tolist() == want and want[:6] == [0, 2, -2, 2, -4, 4194303]
+
+
 def test_bf16_rounds_to_nearest_even_and_keeps_nans_quiet():
     x = np.array([1.0, 1 + 2**-8, 1 + 3 * 2**-8, -2.5, np.inf, np.nan], np.float32)
     b = quantize(x, G.BF16)
@@ -72,7 +101,7 @@ def test_bf16_rounds_to_nearest_even_and_keeps_nans_quiet():
 
 # rms error of unit-normal values, just above what ggml's reference quantisers give (measured)
 RMS_BOUND = {G.BF16: 0.0025, G.Q4_0: 0.095, G.Q5_0: 0.048, G.Q5_1: 0.042, G.Q8_0: 0.006, G.Q8_1: 0.006,
-             G.Q4_K: 0.078, G.Q5_K: 0.04, G.Q6_K: 0.02}
+             G.Q4_K: 0.078, G.Q5_K: 0.04, G.Q6_K: 0.02, G.Q2_K: 0.31, G.Q3_K: 0.16}
 
 
 @pytest.mark.parametrize("t", sorted(RMS_BOUND), ids=lambda t: t.name)
@@ -108,7 +137,8 @@ def test_any_leading_shape_quantises_row_by_row(t, lead, nblk, seed):
 
 
 def test_which_types_take_q8_1_activations_on_a_gpu():
-    assert all(q8_1_activations(t) for t in (G.Q4_0, G.Q5_0, G.Q5_1, G.Q8_0, G.Q4_K, G.Q5_K, G.Q6_K))
+    assert all(q8_1_activations(t) for t in (G.Q4_0, G.Q5_0, G.Q5_1, G.Q8_0, G.Q2_K, G.Q3_K, G.Q4_K, G.Q5_K,
+                                             G.Q6_K))
     assert not any(q8_1_activations(t) for t in (G.F32, G.F16, G.BF16))
 
 

@@ -17,7 +17,7 @@ from graphdiag.ir.dtypes import GGMLType as G
 from graphdiag.quants import dequantize, quantize
 
 GOLDEN = Path(__file__).resolve().parents[1] / "data" / "quants_ggml.npz"
-TYPES = (G.Q4_0, G.Q5_0, G.Q5_1, G.Q8_0, G.Q8_1, G.Q4_K, G.Q5_K, G.Q6_K, G.Q4_1, G.IQ4_NL, G.IQ4_XS)
+TYPES = (G.Q4_0, G.Q5_0, G.Q5_1, G.Q8_0, G.Q8_1, G.Q4_K, G.Q5_K, G.Q6_K, G.Q2_K, G.Q3_K, G.Q4_1, G.IQ4_NL, G.IQ4_XS)
 
 
 def quants_inputs() -> np.ndarray:

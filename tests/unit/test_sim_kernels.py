@@ -62,7 +62,7 @@ def test_every_catalogue_kernel_has_a_sim_implementation():
 
 def test_unknown_kernel_is_not_found():
     with pytest.raises(CudaError, match="CUDA_ERROR_NOT_FOUND"):
-        run_kernel(AddressSpace(0x1000), "mul_mat_vec_q2_k", new_params())   # a type graphdiag has no kernel for
+        run_kernel(AddressSpace(0x1000), "mul_mat_vec_iq2_xxs", new_params())   # a type graphdiag has no kernel for
 
 
 def test_rms_norm_and_add_follow_cpu_ops():

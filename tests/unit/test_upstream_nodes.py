@@ -1,14 +1,17 @@
-"""graphdiag's llama, qwen2, qwen3 and llama-MoE graphs node for node against llama.cpp's own.
+"""graphdiag's llama, qwen2, qwen3, llama-MoE and qwen3moe graphs node for node against llama.cpp's own.
 
 Each fixture in tests/data/nodes/ is the node list llama.cpp 0c1e57098's scheduler ran for one llama_decode
 (tools/record_llama_nodes.py: cb_eval, flash attention on, unified KV cache, the last token's logits only) on
-a file written by `graphdiag export-gguf --model PRESET --arch ARCH` (seed 0, F16). The test writes the same
+a file written by `graphdiag export-gguf --model PRESET --arch ARCH` (seed 0, F16). The qwen3moe-tiny
+fixtures were recorded on a CPU build of llama-cpp-python 0.3.36 (buffers "CPU", one split); the others on
+CUDA (tiny-qwen3 recorded on the CPU build too lists the same nodes). The test writes the same
 file, builds graphdiag's graph for the same batch and compares op, type, ne and name of every node, in order.
 
 Allowed differences, each an exact predicate:
 - unnamed_upstream: a node upstream's graph code never names is called `node_<its index>` by ggml
   (ggml_visit_parents); graphdiag gives it a label instead (UNNAMED_LABELS: flash attention's result, qwen2's
-  and qwen3's attention output mat-mul, the last layer's two output-row GET_ROWS). Op, type and ne still match.
+  and qwen3's attention output mat-mul, the last layer's two output-row GET_ROWS, the ADDs summing the experts
+  before the last one, `ffn_moe_out`, where more than two are used). Op, type and ne still match.
 - The recorded `buffer` and `split` are not compared: a CUDA build puts the embedding's GET_ROWS in a CPU split
   of its own (token_embd stays in host memory), which moves no node (the list is the same on either build).
 """
@@ -30,11 +33,11 @@ from graphdiag.model.weights import create_model
 
 NODES = Path(__file__).resolve().parent.parent / "data" / "nodes"
 FILES = {"tiny-llama": ("tiny", "llama"), "tiny-qwen2": ("tiny", "qwen2"), "tiny-qwen3": ("tiny", "qwen3"),
-         "moe-tiny": ("moe-tiny", "llama")}
+         "moe-tiny": ("moe-tiny", "llama"), "qwen3moe-tiny": ("qwen3moe-tiny", "qwen3moe")}
 N_KV = 256          # an empty cache's n_kv (llama.cpp pads the cells in use to 256)
 # graphdiag's labels for the nodes upstream leaves unnamed, by op (the layer number after the dash)
 UNNAMED_LABELS = {"FLASH_ATTN_EXT": re.compile(r"__fattn__-\d+"), "MUL_MAT": re.compile(r"attn_out-\d+"),
-                  "GET_ROWS": re.compile(r"(attn_out_rows|inp_rows)-\d+")}
+                  "GET_ROWS": re.compile(r"(attn_out_rows|inp_rows)-\d+"), "ADD": re.compile(r"ffn_moe_sum\d+-\d+")}
 
 
 def unnamed_upstream(i: int, up: dict, ours: dict) -> bool:
@@ -45,7 +48,7 @@ def unnamed_upstream(i: int, up: dict, ours: dict) -> bool:
 
 @pytest.fixture(scope="module")
 def gguf_files(tmp_path_factory):
-    """The four files the fixtures were recorded on, written again (export-gguf, seed 0, F16)."""
+    """The files the fixtures were recorded on, written again (export-gguf, seed 0, F16)."""
     out = {}
     root = tmp_path_factory.mktemp("nodes")
     for name, (preset, arch) in FILES.items():
@@ -83,3 +86,7 @@ def test_unnamed_upstream_is_exact():
     assert not unnamed_upstream(26, mm, {"name": "ffn_out-0"})                # not the label of the op
     assert not unnamed_upstream(26, {"op": "ADD", "name": "node_26"}, {"name": "attn_out-0"})
     assert not unnamed_upstream(3, {"op": "MUL_MAT", "name": "Qcur-0"}, {"name": "attn_out-0"})
+    add = {"op": "ADD", "name": "node_52"}
+    assert unnamed_upstream(52, add, {"name": "ffn_moe_sum1-0"})
+    assert not unnamed_upstream(52, add, {"name": "ffn_moe_out-0"})           # upstream names the last sum
+    assert not unnamed_upstream(52, add, {"name": "l_out-0"})

@@ -28,9 +28,10 @@ CC_PASCAL, CC_DP4A, CC_VOLTA, CC_TURING, CC_AMPERE, CC_ADA = 600, 610, 700, 750,
 # Per-type MMVQ MUL_MAT_ID batch limits below MMVQ_MAX_BATCH_SIZE, for the types graphdiag has
 # (ggml's get_mmvq_mmid_max_batch_* tables; every other type of these tables uses the default).
 _MMVQ_MMID_PASCAL_OLDER = {GGMLType.Q8_0: 4, GGMLType.Q4_0: 6, GGMLType.Q5_0: 6, GGMLType.Q5_1: 6,
-                           GGMLType.Q4_K: 5, GGMLType.Q5_K: 5, GGMLType.Q6_K: 4}
-_MMVQ_MMID_PASCAL_OLDER.update({GGMLType.Q4_1: 6, GGMLType.IQ4_NL: 6, GGMLType.IQ4_XS: 5})
-_MMVQ_MMID_TURING_PLUS: dict[int, int] = {}
+                           GGMLType.Q4_K: 5, GGMLType.Q5_K: 5, GGMLType.Q6_K: 4,
+                           GGMLType.Q2_K: 4, GGMLType.Q3_K: 4,
+                           GGMLType.Q4_1: 6, GGMLType.IQ4_NL: 6, GGMLType.IQ4_XS: 5}
+_MMVQ_MMID_TURING_PLUS = {GGMLType.Q2_K: 7, GGMLType.Q3_K: 5}
 
 
 def mmvq_mmid_max_batch(t: int, cc: int) -> int:
@@ -91,11 +92,13 @@ def mmf_refusal(t: int, cc: int, src0: Tensor, ncols: int, mul_mat_id: bool = Tr
 
 # ggml_cuda_should_use_mmvq's per-device batch limits for the types graphdiag has (mmvq.cu; K-quants cost
 # more to decode per column, so MMQ wins sooner there); every other NVIDIA device: MMVQ_MAX_BATCH_SIZE.
-CC_ORIN, CC_BLACKWELL = 870, 1200
+CC_ORIN, CC_BLACKWELL, CC_DGX_SPARK = 870, 1200, 1210
 _MMVQ_LIMITS = {
-    CC_BLACKWELL: {GGMLType.Q4_K: 5, GGMLType.Q5_K: 6, GGMLType.Q6_K: 7},
-    CC_ORIN: {GGMLType.Q4_K: 1, GGMLType.Q5_K: 1, GGMLType.Q6_K: 1},
-    CC_VOLTA: {GGMLType.Q4_K: 5, GGMLType.Q5_K: 6, GGMLType.Q6_K: 7},
+    CC_ADA: {GGMLType.Q2_K: 4, GGMLType.Q3_K: 6},                                       # tuned on an RTX 4090
+    CC_BLACKWELL: {GGMLType.Q2_K: 5, GGMLType.Q3_K: 5, GGMLType.Q4_K: 5, GGMLType.Q5_K: 6, GGMLType.Q6_K: 7},
+    CC_DGX_SPARK: {GGMLType.Q2_K: 6},
+    CC_ORIN: {GGMLType.Q2_K: 1, GGMLType.Q3_K: 1, GGMLType.Q4_K: 1, GGMLType.Q5_K: 1, GGMLType.Q6_K: 1},
+    CC_VOLTA: {GGMLType.Q2_K: 4, GGMLType.Q3_K: 6, GGMLType.Q4_K: 5, GGMLType.Q5_K: 6, GGMLType.Q6_K: 7},
 }
 
 

@@ -17,7 +17,7 @@ otherwise never on n_kv or on which path its batch takes, so those changes keep 
                                                       tile efficiency on the device's SMs): mul_mat_q8_0 split
                                                       over k, then mul_mat_fixup_f32, as upstream's
                                                       mul_mat_q + mul_mat_q_stream_k_fixup
-  Q4_0/1 Q5_0/1 Q4-6_K IQ4_NL/XS MUL_MAT            2: on ggml's MMVQ path (compat.mul_mat_path) quantize_q8_1
+  Q4_0/1 Q5_0/1 Q2-6_K IQ4_NL/XS MUL_MAT            2: on ggml's MMVQ path (compat.mul_mat_path) quantize_q8_1
                                                       then mul_mat_vec(_glu/_add)_{w}; above it (MMQ in
                                                       ggml) dequantize_f16_{w} of W into pool scratch then
                                                       mul_mat_f16 (graphdiag has no MMQ tiles for these); 3

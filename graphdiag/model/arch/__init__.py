@@ -2,7 +2,10 @@
 
 Each module gives, for its architecture as llama.cpp 0c1e57098 builds it:
   NAME                 the GGUF `general.architecture` value
-  ROPE_TYPE            ggml's rope mode for it (llama_model_rope_type: NORM for llama, NEOX for qwen2/qwen3)
+  ROPE_TYPE            ggml's rope mode for it (llama_model_rope_type: NORM for llama, NEOX for qwen2/qwen3/qwen3moe)
+  EXPERTS              the cfg.is_moe values its graph can express: (False,) dense only, (True,) experts only
+                       (qwen3moe), (False, True) either (llama); EXPERT_FF_KEY, where experts are possible, is
+                       the key a file gives their width under (llama: feed_forward_length)
   config(meta)         the ModelConfig from a file's metadata (common.Meta), llama.cpp's defaults for absent keys,
                        refusing (UsageError, one line) what graphdiag's graph of it does not compute
   tensors(cfg)         the persistent weights (common.TensorSpec: name, ne, kind, field) in creation order: what
@@ -21,13 +24,13 @@ from __future__ import annotations
 from types import ModuleType
 
 from ...errors import UsageError
-from . import gemma3, llama, qwen2, qwen3
+from . import gemma3, llama, qwen2, qwen3, qwen3moe
 
-ARCHS: dict[str, ModuleType] = {m.NAME: m for m in (llama, qwen2, qwen3, gemma3)}
+ARCHS: dict[str, ModuleType] = {m.NAME: m for m in (llama, qwen2, qwen3, qwen3moe, gemma3)}
 
 
 def supported() -> str:
-    """'llama, qwen2, qwen3': the architectures graphdiag builds, for messages."""
+    """'llama, qwen2, qwen3, ...': the architectures graphdiag builds, for messages."""
     return ", ".join(ARCHS)
 
 

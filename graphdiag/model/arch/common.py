@@ -22,6 +22,7 @@ from ..presets import ModelConfig
 WEIGHT, NORM, BIAS, ROUTER = "weight", "norm", "bias", "router"   # kinds: a mat-mul weight in the run's (or
 # the file's) type; a norm weight, a bias, the MoE router: always F32 in a preset, F32 only in a file
 N_CTX_MAX = 4096                 # KV cells graphdiag gives a file's model (its context length if smaller)
+MAX_EXPERTS = 1024               # llama-hparams.h LLAMA_MAX_EXPERTS
 
 
 @dataclass(frozen=True)
@@ -95,9 +96,11 @@ class Meta:
         return UsageError(f"{self.path}: {what}")
 
 
-def base_config(meta: Meta, **arch_fields) -> ModelConfig:
+def base_config(meta: Meta, ff_required: bool = True, **arch_fields) -> ModelConfig:
     """The hyper-parameters every llama-family file gives, with llama.cpp's defaults for absent keys and its
-    checks; `arch_fields` are the architecture's own ModelConfig fields (rope_type, ...)."""
+    checks; `arch_fields` are the architecture's own ModelConfig fields (rope_type, ...). feed_forward_length
+    is optional to llama.cpp's loader (0 when absent); `ff_required` refuses a file without it, for the graphs
+    whose FFN it sizes (llama's, qwen2's, qwen3's), not for qwen3moe's, whose experts have their own key."""
     n_embd, n_head = meta.need("embedding_length"), meta.need("attention.head_count")
     n_head_kv = meta.count("attention.head_count_kv", n_head)
     n_vocab = _n_vocab(meta)
@@ -119,9 +122,30 @@ def base_config(meta: Meta, **arch_fields) -> ModelConfig:
     fields = dict(arch=meta.arch, n_embd_head=k_len if k_len * n_head != n_embd else 0,
                   tied_output="output.weight" not in names, qkv_bias="blk.0.attn_q.bias" in names)
     fields.update(arch_fields)
-    return ModelConfig(meta.path.stem, meta.need("block_count"), n_embd, n_head, n_head_kv,
-                       meta.need("feed_forward_length"), n_vocab,
+    n_ff = meta.need("feed_forward_length") if ff_required else meta.count("feed_forward_length", 0)
+    return ModelConfig(meta.path.stem, meta.need("block_count"), n_embd, n_head, n_head_kv, n_ff, n_vocab,
                        rope_base=meta.finite("rope.freq_base", 10000.0, positive=True), norm_eps=eps, n_ctx=n_ctx, **fields)
+
+
+def expert_counts(meta: Meta) -> tuple[int, int]:
+    """(expert_count, expert_used_count) with llama_model_base::load_hparams' checks (it asserts them), and
+    refusing the grouped selection build_moe_ffn would add (expert_group_count > 1), which graphdiag does not
+    build. (0, 0) for a dense file."""
+    n_expert = meta.count("expert_count", 0)
+    n_used = meta.count("expert_used_count", 0)
+    groups = meta.count("expert_group_count", 0)
+    if n_expert <= 0:
+        if n_used or groups:
+            raise meta.fail(f"{meta.arch}.expert_used_count {n_used} / expert_group_count {groups} without "
+                            f"experts (expert_count {n_expert}): llama.cpp asserts they are 0")
+        return 0, 0
+    if n_expert > MAX_EXPERTS or not 0 < n_used <= n_expert:
+        raise meta.fail(f"{meta.arch}.expert_count {n_expert}, expert_used_count {n_used}: llama.cpp needs "
+                        f"0 < expert_used_count <= expert_count <= {MAX_EXPERTS}")
+    if groups > 1:
+        raise meta.fail(f"{meta.arch}.expert_group_count {groups}: build_moe_ffn's grouped expert selection is "
+                        f"not built by graphdiag")
+    return n_expert, n_used
 
 
 def _n_vocab(meta: Meta) -> int:

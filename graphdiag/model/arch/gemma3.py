@@ -22,6 +22,7 @@ from .gemma3_reference import Reference  # noqa: F401
 
 NAME = "gemma3"
 ROPE_TYPE = ROPE_NEOX
+EXPERTS = (False,)               # no experts in its graph (is_moe values it can express)
 # what llama.cpp's gemma3 reads when present and graphdiag's graph does not compute: refused, not ignored
 UNSUPPORTED = ("attn_q.bias", "attn_k.bias", "attn_v.bias", "attn_qkv.weight", "dense_2.weight", "dense_3.weight")
 

@@ -18,46 +18,27 @@ import dataclasses
 from ..graph_context import GraphContext
 from ..presets import ROPE_NORM, ModelConfig
 from ..reference_base import ReferenceBase
-from .common import Meta, TensorSpec, attention_specs, base_config, ffn_specs, model_specs, refuse_present
+from .common import (Meta, TensorSpec, attention_specs, base_config, expert_counts, ffn_specs, model_specs,
+                     refuse_present)
 
 NAME = "llama"
 ROPE_TYPE = ROPE_NORM
+EXPERTS = (False, True)          # dense or Mixtral-style MoE (is_moe values it can express)
+EXPERT_FF_KEY = "feed_forward_length"   # a MoE file gives the experts' width under this key
 # tensors llama.cpp's llama graph uses when present and graphdiag's does not: refused, not ignored
 UNSUPPORTED = ("rope_freqs.weight", "attn_output.bias", "ffn_gate.bias", "ffn_up.bias", "ffn_down.bias",
                "attn_qkv.weight")   # and every weight's .scale / .input_scale (common.WEIGHT_SCALES)
-MAX_EXPERTS = 1024       # llama-hparams.h LLAMA_MAX_EXPERTS
 
 
 def config(meta: Meta) -> ModelConfig:
     refuse_present(meta, UNSUPPORTED)
     cfg = base_config(meta, rope_type=ROPE_TYPE)
-    n_expert, n_used = _experts(meta)
+    n_expert, n_used = expert_counts(meta)
     if not n_expert:
         return cfg
     # llama's MoE layers read feed_forward_length as the experts' width and have no dense FFN
     return dataclasses.replace(cfg, n_ff=0, n_ff_exp=cfg.n_ff, n_expert=n_expert, n_expert_used=n_used,
                                moe_norm_w=True)
-
-
-def _experts(meta: Meta) -> tuple[int, int]:
-    """(expert_count, expert_used_count) with llama_model_base::load_hparams' checks (it asserts them), and
-    refusing the grouped selection build_moe_ffn would add (expert_group_count > 1), which graphdiag does not
-    build. (0, 0) for a dense file."""
-    n_expert = meta.count("expert_count", 0)
-    n_used = meta.count("expert_used_count", 0)
-    groups = meta.count("expert_group_count", 0)
-    if n_expert <= 0:
-        if n_used or groups:
-            raise meta.fail(f"{NAME}.expert_used_count {n_used} / expert_group_count {groups} without experts "
-                            f"(expert_count {n_expert}): llama.cpp asserts they are 0")
-        return 0, 0
-    if n_expert > MAX_EXPERTS or not 0 < n_used <= n_expert:
-        raise meta.fail(f"{NAME}.expert_count {n_expert}, expert_used_count {n_used}: llama.cpp needs "
-                        f"0 < expert_used_count <= expert_count <= {MAX_EXPERTS}")
-    if groups > 1:
-        raise meta.fail(f"{NAME}.expert_group_count {groups}: build_moe_ffn's grouped expert selection is not "
-                        f"built by graphdiag")
-    return n_expert, n_used
 
 
 def layer_specs(cfg: ModelConfig, il: int):

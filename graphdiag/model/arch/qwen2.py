@@ -17,6 +17,7 @@ from .common import Meta, TensorSpec, attention_specs, base_config, ffn_specs, m
 
 NAME = "qwen2"
 ROPE_TYPE = ROPE_NEOX
+EXPERTS = (False,)               # no experts in its graph (is_moe values it can express)
 UNSUPPORTED = ("output.bias", "attn_qkv.weight")
 
 

@@ -20,6 +20,7 @@ from .common import NORM, Meta, TensorSpec, attention_specs, base_config, ffn_sp
 
 NAME = "qwen3"
 ROPE_TYPE = ROPE_NEOX
+EXPERTS = (False,)               # no experts in its graph (is_moe values it can express)
 UNSUPPORTED = ("attn_qkv.weight",)
 
 

@@ -1,0 +1,93 @@
+"""llama.cpp's quantization mixes for the --wtype names that are llama_ftypes: the type llama-quantize gives
+each of a preset's weights in a Q2_K or a Q3_K_M file (llama-quant.cpp llama_tensor_get_type_impl).
+
+A mix starts every quantizable weight at the ftype's default type and moves a few by their role, read from
+the tensor's name as upstream's tensor_get_category reads it: the output projection (and a tied embedding)
+to Q6_K (Q8_0 where its rows are no multiple of 256), attn_v / ffn_down / attn_output to more bits, and the
+8-expert rules (attn_v and attn_k to Q8_0, attn_output to Q5_K). The counters upstream keeps (i_attention_wv,
+i_ffn_down over n_layer) count the layers of these presets in order, so they are the layer index here.
+What upstream decides from arch or size alone is left out, as none of graphdiag's presets has it: FALCON's
+rules, and the 70B bump of attn_v. The row-length fallback (presets.preset_type) applies afterwards.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from ..ir.dtypes import QK_K, GGMLType
+
+G = GGMLType
+
+
+@dataclass(frozen=True)
+class Mix:
+    """An ftype's mix: its --wtype name, llama.cpp's name for it, its default type and its llama_ftype."""
+
+    name: str
+    label: str
+    base: GGMLType
+    ftype: int
+
+    def tensor_type(self, cfg, name: str, ne0: int) -> GGMLType:
+        """The type upstream picks for weight `name` (row length ne0) of a model of config `cfg`, before the
+        row-length fallback."""
+        return _RULES[self.label](cfg, _category(name, cfg), _layer(name), ne0)
+
+
+def _category(name: str, cfg) -> str:
+    """tensor_get_category, with a tied embedding counted as the output (has_tied_embeddings)."""
+    if name == "output.weight" or (name == "token_embd.weight" and cfg.tied_output):
+        return "output"
+    if name == "token_embd.weight":
+        return "token_embd"
+    for key in ("attn_v.weight", "attn_k.weight", "attn_q.weight", "attn_output.weight", "ffn_up", "ffn_gate",
+                "ffn_down"):
+        if key in name:
+            return key.removesuffix(".weight")
+    return "other"
+
+
+def _layer(name: str) -> int:
+    return int(name.split(".")[1]) if name.startswith("blk.") else -1
+
+
+def _output(ne0: int) -> GGMLType:
+    """The output projection of any K-quant mix: Q6_K, or Q8_0 where its rows do not fit 256-blocks."""
+    return G.Q8_0 if ne0 % QK_K else G.Q6_K
+
+
+def _q2_k(cfg, cat: str, il: int, ne0: int) -> GGMLType:
+    """LLAMA_FTYPE_MOSTLY_Q2_K."""
+    experts8 = cfg.n_expert == 8
+    if cat == "output":
+        return _output(ne0)
+    if cat == "attn_v":
+        return G.Q8_0 if experts8 else G.Q4_K if cfg.n_head // cfg.n_head_kv >= 4 else G.Q3_K
+    if cat == "attn_k" and experts8:
+        return G.Q8_0
+    if cat == "ffn_down":
+        return G.Q3_K
+    if cat == "attn_output":
+        return G.Q5_K if experts8 else G.Q3_K
+    return G.Q2_K
+
+
+def _q3_k_m(cfg, cat: str, il: int, ne0: int) -> GGMLType:
+    """LLAMA_FTYPE_MOSTLY_Q3_K_M (not FALCON: its ffn_down keeps Q3_K on layers use_more_bits skips)."""
+    experts8 = cfg.n_expert == 8
+    if cat == "output":
+        return _output(ne0)
+    if cat == "attn_v":
+        return G.Q8_0 if experts8 else G.Q5_K if il < 2 else G.Q4_K
+    if cat == "attn_k" and experts8:
+        return G.Q8_0
+    if cat == "ffn_down":
+        return G.Q5_K if il < cfg.n_layer // 16 else G.Q4_K
+    if cat == "attn_output":
+        return G.Q5_K if experts8 else G.Q4_K
+    return G.Q3_K
+
+
+_RULES = {"Q2_K": _q2_k, "Q3_K_M": _q3_k_m}
+# --wtype name -> its mix (llama_ftype: LLAMA_FTYPE_MOSTLY_Q2_K = 10, LLAMA_FTYPE_MOSTLY_Q3_K_M = 12)
+MIXES = {"q2_k": Mix("q2_k", "Q2_K", G.Q2_K, 10), "q3_k_m": Mix("q3_k_m", "Q3_K_M", G.Q3_K, 12)}
