@@ -34,8 +34,8 @@ def _one_scenario(given: tuple[str, ...]) -> str | None:
 @click.option("--prompt", default=None,
               help="The prompt as text, tokenized through the model file's vocabulary as llama.cpp's "
                    "llama_tokenize (add_special, parse_special) does: SPM (bigram merges by score, byte "
-                   "fallback) and byte-level BPE (pre-tokenizers default, gpt2, qwen2); exact for those rules, "
-                   "character classes from Python's Unicode data. Needs --model FILE.gguf; not with --prompt-ids.")
+                   "fallback) and byte-level BPE (pre-tokenizers llama3/llama-bpe, qwen2, smollm, gpt-4o, tekken, "
+                   "deepseek-llm, gpt2, default and their aliases). Needs --model FILE.gguf; not with --prompt-ids.")
 @click.option("--steps", type=int, default=None, help="Decode steps.")
 @click.option("--batch", type=int, default=None, help="Sequences decoded together (tokens per decode step).")
 @click.option("--chunk-size", type=int, default=None,

@@ -8,15 +8,17 @@ defaults: SPM adds BOS, BPE neither), and each stretch of text between them toke
   true; Gemma 3's files say false), spaces written as "▁", then llama.cpp's bigram merges — the adjacent pair
   whose joined text is a piece with the highest score first (ties: the leftmost), over UTF-8 characters —
   and pieces that are no token written as their bytes' <0xNN> tokens.
-- byte-level BPE ("gpt2": Qwen2, Qwen3): words split by the pre-tokenizer tokenizer.ggml.pre names
-  (model/pretokenize.py: "default", "gpt2", "qwen2" and their aliases), each word merged by merge rank
-  (lowest first, ties: leftmost), a piece that is no token written as its single-byte tokens.
+- byte-level BPE ("gpt2": Llama 3, Qwen2/3, SmolLM2, DeepSeek, Mistral's tekken, ...): words split by the
+  pre-tokenizer tokenizer.ggml.pre names (model/pretokenize.py), each word merged by merge rank (lowest first,
+  ties: leftmost) — or, where the pre-tokenizer ignores merges (llama3, tekken), taken whole when it is a
+  token — and a piece that is no token written as its single-byte tokens.
 
 Hand-written, not sentencepiece or tokenizers: neither reproduces these rules exactly (sentencepiece
 normalises text and treats user-defined pieces and byte fallback its own way; llama.cpp's SPM is a bigram
 merge by score of its own, and its BPE splits words with its own code, not a regex engine). Exact for these
 rules; what is not reproduced: per-model strip attributes (Phi-3's rstrip, jina's <mask> lstrip), other
-tokenizer models (WPM, UGM, RWKV) and pre-tokenizers (llama3's, deepseek's, ...: refused by name).
+tokenizer models (WPM, UGM, RWKV) and the pre-tokenizers pretokenize.PRE_TOKENIZERS does not name (refused by
+name).
 """
 
 from __future__ import annotations
@@ -27,11 +29,19 @@ from functools import lru_cache
 from pathlib import Path
 
 from ..errors import UsageError
-from .pretokenize import PRE_NAMES, split_words
+from .pretokenize import PRE_TOKENIZERS, split_words
 
 # GGUF token types (gguf.TokenType), llama.cpp's LLAMA_TOKEN_TYPE_*
 NORMAL, UNKNOWN, CONTROL, USER_DEFINED, UNUSED, BYTE = 1, 2, 3, 4, 5, 6
 SPACE = "\u2581"
+# pieces that are special tokens whatever their type: llama.cpp's loader makes its end-of-generation pieces
+# CONTROL and gpt-oss's four USER_DEFINED (its FIM detection, which makes one piece of each kind CONTROL where
+# the metadata names none, picks in hash order: not reproduced)
+SPECIAL_BY_TEXT = frozenset([
+    "<|eot_id|>", "<|im_end|>", "<|end|>", "<|return|>", "<|call|>", "<|flush|>", "<|calls|>", "<end_of_turn>",
+    "<|endoftext|>", "</s>", "<|eom_id|>", "<EOT>", "_<EOT>", "[EOT]", "[EOS]", "<|end_of_text|>",
+    "<end_of_utterance>", "<eos>", "<turn|>", "<|tool_response>", "<\uff5cend\u2581of\u2581sentence\uff5c>", "[e~[",
+    "<|channel|>", "<|message|>", "<|start|>", "<|constrain|>"])
 
 
 @dataclass
@@ -49,13 +59,15 @@ class Vocab:
     add_eos: bool
     add_space_prefix: bool
     ranks: dict[tuple[bytes, bytes], int] = field(default_factory=dict)
+    ignore_merges: bool = False              # a BPE word that is a token is taken whole (llama3, tekken)
     ids: dict[bytes, int] = field(default_factory=dict)
     special: list[int] = field(default_factory=list)     # control/user-defined/unknown ids, longest text first
 
     def __post_init__(self):
         self.ids = {p: i for i, p in enumerate(self.pieces)}
         keep = (CONTROL, USER_DEFINED, UNKNOWN)
-        self.special = sorted((i for i, t in enumerate(self.types) if t in keep),
+        by_text = {p.encode("utf-8") for p in SPECIAL_BY_TEXT}
+        self.special = sorted((i for i, t in enumerate(self.types) if t in keep or self.pieces[i] in by_text),
                               key=lambda i: -len(self.pieces[i]))      # stable: ids in order within a length
 
 
@@ -76,10 +88,13 @@ def vocab_from_fields(get, path: str = "model") -> Vocab:
     spm = model == "llama"
     pre = get("tokenizer.ggml.pre", None) or "default"
     ranks = {}
+    add_bos_default, ignore_merges = spm, False
     if not spm:
-        if pre not in PRE_NAMES:
-            raise UsageError(f"{path}: pre-tokenizer {pre!r} is not supported for --prompt (supported: "
-                             f"{', '.join(sorted(PRE_NAMES))}): give --prompt-ids")
+        if pre not in PRE_TOKENIZERS:
+            kinds = ", ".join(sorted({p.split for p in PRE_TOKENIZERS.values()}))
+            raise UsageError(f"{path}: pre-tokenizer {pre!r} is not supported for --prompt (supported: {kinds} "
+                             f"and the names llama.cpp maps onto them): give --prompt-ids")
+        add_bos_default, ignore_merges = PRE_TOKENIZERS[pre].add_bos, PRE_TOKENIZERS[pre].ignore_merges
         merges = get("tokenizer.ggml.merges", None)
         if merges is None:                      # llama.cpp refuses the file; an empty list loads
             raise UsageError(f"{path}: a BPE vocabulary without tokenizer.ggml.merges")
@@ -93,9 +108,9 @@ def vocab_from_fields(get, path: str = "model") -> Vocab:
     add_bos = get("tokenizer.ggml.add_bos_token", None)
     add_eos = get("tokenizer.ggml.add_eos_token", None)
     prefix = get("tokenizer.ggml.add_space_prefix", None)
-    return Vocab(model, pre, pieces, scores, types, bos, eos, spm if add_bos is None else bool(add_bos),
+    return Vocab(model, pre, pieces, scores, types, bos, eos, add_bos_default if add_bos is None else bool(add_bos),
                  False if add_eos is None else bool(add_eos), spm and (True if prefix is None else bool(prefix)),
-                 ranks)
+                 ranks, ignore_merges=ignore_merges)
 
 
 def _id(value, default: int, n: int) -> int | None:
@@ -249,7 +264,8 @@ def bpe(v: Vocab, text: str) -> list[int]:
     """llama.cpp's BPE session: pre-tokenized words, each merged by rank; unknown pieces as byte tokens."""
     out: list[int] = []
     for word in split_words(text, v.pre):
-        for piece in _merge(v, word.encode("utf-8")):
+        raw = word.encode("utf-8")
+        for piece in [raw] if v.ignore_merges and raw in v.ids else _merge(v, raw):
             tid = v.ids.get(piece)
             if tid is not None:
                 out.append(tid)

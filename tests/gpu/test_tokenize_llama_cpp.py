@@ -4,7 +4,10 @@ machine: shared/notes/real-models.md; import it with the system libstdc++ preloa
 Checks: the Gemma 3 ids in tests/data/tokenize/gemma3-270m.json; a seeded sweep of mixed strings (words,
 digits, punctuation, runs of spaces/tabs/newlines, accents, CJK, emoji, special-token texts) on the Gemma 3
 file and on an exported preset; and, where $GRAPHDIAG_BPE_GGUF names a Qwen2/Qwen3 GGUF, the same sweep
-through byte-level BPE."""
+through byte-level BPE. Per pre-tokenizer (llama-bpe, smollm, deepseek-llm, qwen2, gpt-4o, tekken, ...): the
+recorded ids of tests/data/tokenize/<name>.json are this llama.cpp's too, and a fresh sweep on each stored
+vocabulary agrees; where $GRAPHDIAG_VOCAB_DIR names a folder of vocab GGUFs (llama.cpp's models/ggml-vocab-*.gguf
+or whole model files), the fresh sweep runs on each BPE one graphdiag supports."""
 
 from __future__ import annotations
 
@@ -16,14 +19,20 @@ from pathlib import Path
 import pytest
 
 from graphdiag.cli.main import main
+from graphdiag.errors import UsageError
 from graphdiag.model.tokenize import file_vocab, tokenize
 
 pytestmark = pytest.mark.gpu
 llama_cpp = pytest.importorskip("llama_cpp")
 DATA = Path(__file__).resolve().parents[1] / "data" / "tokenize" / "gemma3-270m.json"
+SWEEPS = sorted(p.stem for p in DATA.parent.glob("*.json") if p.with_suffix(".gguf").exists())
 ATOMS = ["Hello", " world", "the", " The", "CUDA", "graph", "'s", "'T", "don't", "123", "4567", " 89", "!", "...",
          "?!", " (x)", "**", "$5", "+", "=", " ", "  ", "   ", "\t", "\n", "\n\n", "\r\n", " \n ", "é", "ß", "Ü",
-         "日本語", "中文", "🙂", "👍🏽", "<start_of_turn>", "<end_of_turn>", "<bos>", "<|im_start|>", "</s>", "a", "z"]
+         "日本語", "中文", "🙂", "👍🏽", "<start_of_turn>", "<end_of_turn>", "<bos>", "<|im_start|>", "</s>", "a", "z",
+         "HELLOworld", "camelCase", "'RE", "we’re", "1234567", "٣٤٥", "²", "１２３", "<=>", "`", "~", "—", "。", "！",
+         "\u00a0", "\u3000", "\x0b", "\x85", "\u2028", "\x1c", "\u200b", "e\u0301", "ǅ", "ʰ", "Привет", "العربية",
+         "हिन्दी", "한국어", "カタカナ", "👨\u200d👩\u200d👧", "🇫🇷", "\U0001fae8", "<|endoftext|>", "<|eot_id|>",
+         "<|begin_of_text|>", "[INST]", "<s>", "/", "\r"]
 
 
 def _strings(n: int, seed: int = 7) -> list[str]:
@@ -91,3 +100,36 @@ def test_bpe_file_sweep_matches_llama_cpp():
     if not path:
         pytest.skip("GRAPHDIAG_BPE_GGUF names no Qwen2/Qwen3 GGUF")
     _compare(Path(path), _strings(300))
+
+
+@pytest.mark.parametrize("name", SWEEPS)
+def test_recorded_sweep_is_this_llama_cpps(name):
+    cases = json.loads((DATA.parent / f"{name}.json").read_text())["cases"]
+    real = LlamaVocab(DATA.parent / f"{name}.gguf")
+    try:
+        wrong = [(c["text"], c["ids"], real.tokenize(c["text"])) for c in cases]
+    finally:
+        real.close()
+    wrong = [w for w in wrong if w[1] != w[2]]
+    assert not wrong, f"{len(wrong)} of {len(cases)} differ (text, recorded, llama.cpp): {wrong[:3]}"
+
+
+@pytest.mark.parametrize("name", SWEEPS)
+def test_fresh_sweep_matches_llama_cpp_on_stored_vocabulary(name):
+    _compare(DATA.parent / f"{name}.gguf", _strings(300, seed=11))
+
+
+def test_vocab_dir_sweep_matches_llama_cpp():
+    folder = os.environ.get("GRAPHDIAG_VOCAB_DIR")
+    if not folder:
+        pytest.skip("GRAPHDIAG_VOCAB_DIR names no folder of vocab GGUFs")
+    ran = []
+    for path in sorted(Path(folder).glob("*.gguf")):
+        try:
+            v = file_vocab(str(path))
+        except UsageError:          # SPM-only, WPM, or a pre-tokenizer graphdiag refuses
+            continue
+        if v.model == "gpt2":
+            _compare(path, _strings(300))
+            ran.append(path.name)
+    assert ran, f"no byte-level BPE vocabulary graphdiag supports in {folder}"
