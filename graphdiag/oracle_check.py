@@ -22,12 +22,15 @@ def rel_err(a: np.ndarray, b: np.ndarray) -> float:
     return float(np.max(np.abs(a - b)) / max(np.max(np.abs(b)), 1e-30))
 
 
-def judge(step: int, logits: np.ndarray, want: np.ndarray, noisy: list[np.ndarray], bound: float) -> OracleCheck:
+def judge(step: int, logits: np.ndarray, want: np.ndarray, noisy: list[np.ndarray], bound: float,
+          followed: int = 0, refused: int = 0) -> OracleCheck:
     """The check of one step: `logits` the run's, `want` the oracle's, `noisy` its jittered twins' (runs on
     Q8_1 activations; none otherwise) and `bound` the fixed one of a run without twins (ORACLE_BOUND).
     With twins the noise is the farthest apart any two of the oracle and its twins land (each pair one more
     sample of how far two correct runs part: Gemma 3 270M's spread 0.13-0.19 on one step), the bound
-    ORACLE_NOISE_FACTOR times that, at least ORACLE_FLOOR."""
+    ORACLE_NOISE_FACTOR times that, at least ORACLE_FLOOR. followed / refused: the MoE tokens whose expert
+    choice the oracle took from the run at a near-tie, and those whose choice lay beyond the noise (any fails:
+    oracle_router)."""
     noise = None
     if noisy:
         sides = [want, *noisy]
@@ -36,8 +39,9 @@ def judge(step: int, logits: np.ndarray, want: np.ndarray, noisy: list[np.ndarra
     err = rel_err(logits, want)
     counts = {"nan": int(np.isnan(logits).sum()), "inf": int(np.isinf(logits).sum()),
               "ref_nan": int(np.isnan(want).sum()), "ref_inf": int(np.isinf(want).sum())}
-    ok = err <= bound and not any(counts.values())
-    return OracleCheck(step=step, ok=ok, rel_err=err, bound=bound, noise=noise, values=int(logits.size), **counts)
+    ok = err <= bound and not any(counts.values()) and not refused
+    return OracleCheck(step=step, ok=ok, rel_err=err, bound=bound, noise=noise, values=int(logits.size),
+                       followed=followed, refused=refused, **counts)
 
 
 def _held(nan: int, inf: int, n: int) -> str:
@@ -53,4 +57,6 @@ def failure_line(ev: OracleCheck) -> str | None:
             (("logits", ev.nan, ev.inf), ("the oracle's logits", ev.ref_nan, ev.ref_inf)) if nan or inf]
     if held:
         return f"step {ev.step}: " + "; ".join(held)
+    if ev.rel_err <= ev.bound:         # only expert choices beyond the noise failed (oracle_router.refusal_line)
+        return f"step {ev.step}: {ev.refused} expert choice(s) beyond the router's noise"
     return f"step {ev.step}: logits differ from the oracle (rel err {ev.rel_err:.3g} > {ev.bound:.3g})"

@@ -37,6 +37,8 @@ from .sched.context import make_context
 
 from .events.checks import ORACLE_BOUND, ORACLE_JITTERS
 from .oracle_check import failure_line, judge
+from .oracle_router import RouterFollow, refusal_line
+from .backends.sim_router_tap import RouterTap
 
 
 @dataclass
@@ -106,6 +108,7 @@ class Session:
         self.own_ns = 0                # host ns of graphdiag's own checks (verify, oracle): off the eviction clock
         self.clock = clock or (Clock(self.driver.now_us) if sim else Clock(_wall_less_own_work(self)))
         self.cpu, self.gpu, self.ctx, self.devices, self.split = None, None, None, None, None
+        self.reference, self.reference_noise, self.router_tap = None, [], None
         self.faults = FaultInjector([self.driver, *self.extra_drivers], self._fault_fired)
         self.fault_fired = ""          # the kind of the fault that fired in the current step ("" none)
         try:
@@ -138,12 +141,25 @@ class Session:
                 q8_1_activations(t.type) for t in self.model.tensors())
             self.reference_noise = [Reference(self.model, True, jitter=j, weights_of=self.reference)
                                     for j in ORACLE_JITTERS] if q8_1 else []
+            self.router_tap = self._tap_router()
         except BaseException:
             # a half-built session (bad preset, weights that do not fit) releases the device; its own error
             # is the one to report, not a release's after it
             with contextlib.suppress(Exception):
                 self.close()
             raise
+
+    def _tap_router(self) -> RouterTap | None:
+        """Where the oracle has twins and the model experts, the simulated drivers' record of the run's expert
+        choices (oracle_router: a near-tie's choice is taken from the run); None elsewhere."""
+        drivers = [d for d in (self.driver, *self.extra_drivers) if d is not None]
+        if not (self.reference_noise and self.model.cfg.is_moe and drivers
+                and all(d.simulated and d.computes for d in drivers)):
+            return None
+        tap = RouterTap(self.model.cfg.n_expert_used)
+        for d in drivers:
+            d.kernel_observer = tap
+        return tap
 
     def _fault_fired(self, kind: str, call: str, error: str) -> None:
         self.fault_fired = kind
@@ -203,7 +219,7 @@ class Session:
         The oracle's float64 weights (8 bytes a parameter: 2 GB for Gemma 3 270M) are let go here too: the
         session sits in reference cycles (bound methods its parts hold), which only a full garbage collection
         frees, and a process that runs again (a test suite, bench) would hold every past run's copy till then."""
-        self.reference, self.reference_noise = None, []
+        self.reference, self.reference_noise, self.router_tap = None, [], None
         with releasing() as release:
             if self.ctx is not None:
                 release(self.ctx.sched.close)
@@ -497,6 +513,8 @@ class Stepper:
         t0 = time.perf_counter_ns()
         if p.fault:
             s.faults.arm(p.fault)
+        if s.router_tap is not None:
+            s.router_tap.clear()                   # this step's choices only
         try:
             with bus.span("step", "run/step", step, step):
                 if p.kind == "prefill":
@@ -562,19 +580,34 @@ class Stepper:
             self.r.failures.append(f"step {step}: replay differs from eager (max |diff| {diff:.3g})")
 
     def _oracle(self, step: int, p: StepPlan, batch: dict, logits: np.ndarray) -> None:
-        def forward(ref: Reference) -> np.ndarray:
-            return ref.prefill(batch[p.seq], seq=p.seq) if p.kind == "prefill" else ref.decode(batch)
+        def forward(ref: Reference, hook=None) -> np.ndarray:
+            ref.router = hook
+            try:
+                return ref.prefill(batch[p.seq], seq=p.seq) if p.kind == "prefill" else ref.decode(batch)
+            finally:
+                ref.router = None
 
-        want = forward(self.s.reference)
-        noisy = [forward(twin) for twin in self.s.reference_noise]     # their caches kept up, outputs or not
+        s, follow = self.s, None
+        if s.router_tap is not None:           # twins first: their router logits are the near-tie rule's noise
+            follow = RouterFollow()
+            follow.start(s.router_tap.take(len(batch[p.seq]) if p.kind == "prefill" else len(batch)))
+            saved = [twin.snapshot() for twin in s.reference_noise]
+        noisy = [forward(twin, follow and follow.record) for twin in s.reference_noise]
+        want = forward(s.reference, follow and follow.decide)
+        if follow is not None and follow.followed:     # the twins again, taking the experts the oracle took
+            for twin, state in zip(s.reference_noise, saved):
+                twin.restore(state)
+            noisy = [forward(twin, follow.force) for twin in s.reference_noise]
         if not logits.size:                    # a ubatch with no outputs: the reference's cache kept up only
             return
-        bound = ORACLE_BOUND.get(self.s.cfg.wtype, ORACLE_BOUND["f16"])   # the CPU backend: f32 vs f64
-        ev = judge(step, logits, want, noisy, bound)    # noisy: a GPU backend (or the sim) on Q8_1 activations
-        self.s.bus.emit(ev)
+        bound = ORACLE_BOUND.get(s.cfg.wtype, ORACLE_BOUND["f16"])   # the CPU backend: f32 vs f64
+        ev = judge(step, logits, want, noisy, bound,    # noisy: a GPU backend (or the sim) on Q8_1 activations
+                   *((len(follow.followed), len(follow.refused)) if follow is not None else ()))
+        s.bus.emit(ev)
         line = failure_line(ev)
         if line is not None:
             self.r.failures.append(line)
+        self.r.failures.extend(refusal_line(step, d) for d in (follow.refused if follow is not None else ()))
 
 
 def run_cli(settings: dict, scenario: str | None = None, events_path: str | None = None, as_json: bool = False,

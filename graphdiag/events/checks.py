@@ -57,3 +57,5 @@ class OracleCheck(Event):
     inf: int = 0                      # of the run's logits, +-inf (any fails the check)
     ref_nan: int = 0                  # of the oracle's logits, NaN (any fails the check)
     ref_inf: int = 0                  # of the oracle's logits, +-inf (any fails the check)
+    followed: int = 0                 # MoE: tokens whose near-tie expert choice the oracle took from the run
+    refused: int = 0                  # MoE: tokens whose run chose experts beyond the noise (any fails)

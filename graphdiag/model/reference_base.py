@@ -195,8 +195,23 @@ class ReferenceBase:
         self.seqs: dict[int, _SeqCache] = {}
         self._w: dict[str, np.ndarray] = {}   # float64 weights (float32 past WIDE_MAX elements)
         self._q8: set[str] = set()            # weights whose products take Q8_1-rounded activations on a GPU
+        # a MoE layer's choice, (il, router logits (T, E), top (T, k)) -> the ids used: the oracle's hook
+        # (oracle_router.RouterFollow) that may take the run's at a near-tie; None: its own top k
+        self.router = None
         if weights_of is not None:
             self._w, self._q8 = weights_of._w, weights_of._q8
+
+    def snapshot(self) -> tuple:
+        """The caches and the jitter's generator state, for restore (a step computed twice)."""
+        caches = {s: (c.k.copy(), c.v.copy()) for s, c in self.seqs.items()}
+        return caches, self._rng.bit_generator.state
+
+    def restore(self, state: tuple) -> None:
+        caches, self._rng.bit_generator.state = state
+        self.seqs = {}
+        for s, (k, v) in caches.items():
+            c = self.seqs[s] = _SeqCache(self.cfg.n_layer, self.cfg.n_embd_kv)
+            c.k, c.v = k.copy(), v.copy()
 
     def seq_len(self, seq: int) -> int:
         return self.seqs[seq].n_pos if seq in self.seqs else 0
@@ -316,8 +331,11 @@ class ReferenceBase:
         """Softmax router, top-k experts (ties: lower id), outputs weighted by the router probabilities — with
         cfg.moe_norm_w divided by their sum over the k chosen (at least F16's smallest normal, as llama.cpp)."""
         cfg, p = self.cfg, f"blk.{il}."
-        probs = _softmax(self._mm(h, p + "ffn_gate_inp.weight"))          # (T, E)
+        z = self._mm(h, p + "ffn_gate_inp.weight")                        # (T, E)
+        probs = _softmax(z)
         top = np.argsort(-probs, axis=-1, kind="stable")[:, : cfg.n_expert_used]
+        if self.router is not None:
+            top = self.router(il, z, top)
         weight = probs
         if cfg.moe_norm_w:
             total = np.take_along_axis(probs, top, axis=-1).sum(axis=-1, keepdims=True)

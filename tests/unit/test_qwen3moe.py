@@ -229,12 +229,21 @@ def test_the_simulated_run_meets_the_oracle(wtype):
                     "batch": batch, "verify": True})
 
 
+def test_the_simulated_run_meets_the_oracle_at_four_sequences():
+    """4 sequences of Q8_0, 8 steps: the simulated GPU's Q8_1 activations flip a near-tie of the top 4 (the
+    oracle's 4th and 5th router logits 1e-3 apart), which the oracle follows (oracle_router) instead of
+    failing the step (0.147 against a bound of 0.057 without it: docs/commands/run.md)."""
+    checks = _oracle_ok({"backend": "sim", "model": "qwen3moe-tiny", "wtype": "q8_0", "steps": 8,
+                         "prompt_tokens": 16, "batch": 4})
+    assert sum(e.followed for e in checks) >= 1
+
+
 def test_the_cpu_backend_meets_the_oracle_at_four_sequences():
-    """The graph's arithmetic, node by node in float: within 1e-3 at 4 sequences of Q8_0 (where the simulated
-    GPU's Q8_1 activations can flip a near-tie of the top 4 and leave the oracle's bound: docs/commands/run.md)."""
+    """The graph's arithmetic, node by node in float: within 1e-3 at 4 sequences of Q8_0 (no Q8_1 rounding, so
+    no twin and no expert choice to follow)."""
     checks = _oracle_ok({"backend": "cpu", "model": "qwen3moe-tiny", "wtype": "q8_0", "steps": 3, "prompt_tokens": 6,
                          "batch": 4})
-    assert max(e.rel_err for e in checks) < 1e-3
+    assert max(e.rel_err for e in checks) < 1e-3 and not any(e.followed for e in checks)
 
 
 def test_the_exported_file_runs_on_the_simulator_with_the_fused_router(exported):

@@ -104,6 +104,9 @@ class SimDriver(Driver):
         self._allocs: set[int] = set()
         self.modelled_ns = 0                # simulated time spent so far (see LAUNCH_NS ...)
         self.activity = None                # a SimActivity: the modelled device timeline (report/sources/simulated.py)
+        # called as (kernel, label, space, params) after each kernel computed, eager or replayed: the oracle's
+        # read of the run's expert choices (backends/sim_router_tap.py); None: nothing watches
+        self.kernel_observer = None
         self.exec_bytes = 0                 # modelled device memory held by live executables
 
     def now_us(self) -> int:
@@ -296,6 +299,8 @@ class SimDriver(Driver):
         if n.type == "kernel":
             if self.computes:
                 n.fn(self.space, n.params)
+                if self.kernel_observer is not None:
+                    self.kernel_observer(n.name, n.label, self.space, n.params)
             self.counters.kernels_run += 1
         else:
             self._copy(n.dst, n.src, n.nbytes)
@@ -324,6 +329,8 @@ class SimDriver(Driver):
             return
         if self.computes:
             launch.handle(self.space, launch.params)
+            if self.kernel_observer is not None:
+                self.kernel_observer(launch.kernel, launch.label, self.space, launch.params)
         self.counters.kernels_run += 1
         if self.activity is not None:
             self.activity.kernel(launch.kernel, launch.grid, s.id, self.modelled_ns)

@@ -90,6 +90,8 @@ class Summary:
     verify_checks: int = 0
     verify_mismatches: int = 0
     oracle_checks: int = 0                                # --oracle: steps checked against the numpy forward
+    oracle_followed: int = 0                              # MoE tokens whose near-tie expert choice it took
+    oracle_refused: int = 0                               # MoE tokens whose expert choice lay beyond the noise
     oracle_failures: int = 0
     oracle_max_rel_err: float = 0.0                       # max over the checks of max|a-b| / max|b|
     oracle_bound: float = 0.0                             # the largest bound of a check
@@ -176,6 +178,8 @@ def summarize(header: RunHeader | dict[str, Any], events: Iterable[E.Event]) -> 
     s.oracle_max_noise = max(noises) if noises else None
     s.oracle_worst_share = max((e.rel_err / e.bound for e in oracle if e.bound), default=0.0)
     s.oracle_nonfinite = sum(bool(e.nan or e.inf or e.ref_nan or e.ref_inf) for e in oracle)
+    s.oracle_followed = sum(getattr(e, "followed", 0) for e in oracle)
+    s.oracle_refused = sum(getattr(e, "refused", 0) for e in oracle)
     s.ended = next((e for e in reversed(events) if isinstance(e, E.RunEnded)), None)
     s.disabled_reasons = sorted({disabled_cause(header, r) for r in s.disabled_reasons})
     s.accounting = account(events)

@@ -241,8 +241,11 @@ def _oracle_note(s: Summary) -> str:
     else:
         bound = f"bound {s.oracle_bound:g}"
     nonfinite = f" ({s.oracle_nonfinite} on NaN or inf logits)" if s.oracle_nonfinite else ""
+    routed = [f"{n} {what}" for n, what in ((getattr(s, "oracle_followed", 0), "near-tie expert choice(s) followed"),
+                                             (getattr(s, "oracle_refused", 0), "expert choice(s) beyond the noise"))
+              if n]
     return (f"oracle: {s.oracle_checks} checks, max relative error {s.oracle_max_rel_err:.3g} ({bound}), "
-            f"{s.oracle_failures} over the bound{nonfinite}")
+            f"{s.oracle_failures} over the bound{nonfinite}" + "".join(f", {r}" for r in routed))
 
 
 def _notes(s: Summary) -> list[str]:
