@@ -20,7 +20,7 @@ ROOT = Path(__file__).resolve().parents[2] / "graphdiag"
 FLOORS = (
     ("base", ("", "errors", "events", "counters", "release", "resources", "plan", "_toml_lines", "interrupts", "early_signals",
               "parallel")),
-    ("engine", ("ir", "quants", "memory", "backends", "model", "sched", "sim_mode", "oracle_check", "rawstream")),
+    ("engine", ("ir", "quants", "memory", "backends", "model", "sched", "sim_mode", "oracle_check", "oracle_router", "rawstream")),
     ("settings", ("config", "scenario")),
     ("record", ("report", "report.record")),         # report/__init__ is a docstring
     ("sources", ("report.sources",)),
