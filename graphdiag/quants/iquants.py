@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from .kquants import GROUP_MAX_EPS, _nearest, _seqsum
+from .kquants import GROUP_MAX_EPS, _nearest, _seqsum, signed_absmax
 from .layouts import IQ4_NL, IQ4_XS
 
 F = np.float32
@@ -99,8 +99,7 @@ def quantize_iq4_xs(x: np.ndarray) -> np.ndarray:
     n = len(x)
     sub = x.reshape(n * 8, 32)
     scales = block_scales(sub).reshape(n, 8)
-    first = np.abs(scales).argmax(axis=1)
-    max_scale = scales[np.arange(n), first]
+    max_scale = signed_absmax(scales)
     d = -max_scale / F(32)
     lv = _nearest(_inverse(d)[:, None] * scales, -32, 31)           # (n, 8) float32 integers
     dl = (d[:, None] * lv).reshape(-1)

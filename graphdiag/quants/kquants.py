@@ -74,10 +74,8 @@ def make_qkx2(x: np.ndarray, w: np.ndarray, nmax: int, rmin: float, rdelta: floa
 def make_qx(x: np.ndarray, nmax: int):
     """make_qx_quants(rmse_type 1, no importance weights) over rows of x (m, n): (scale (m,), L (m, n)),
     L = l + nmax as float32. Transposed inside as make_qkx2."""
-    ax = np.abs(x)
-    imax = ax.argmax(axis=-1)                            # the first of equal maxima, as C's strict `>`
-    amax = np.take_along_axis(ax, imax[:, None], -1)[:, 0]
-    vmax = np.take_along_axis(x, imax[:, None], -1)[:, 0]
+    vmax = signed_absmax(x)
+    amax = np.abs(vmax)
     x = np.ascontiguousarray(x.T)
     with np.errstate(divide="ignore", invalid="ignore", over="ignore"):
         zero = amax < GROUP_MAX_EPS
@@ -100,6 +98,12 @@ def make_qx(x: np.ndarray, nmax: int):
             best = np.where(upd, scale * sumlx, best)
     L[:, zero] = 0
     return np.where(zero, F(0), scale).astype(F), np.ascontiguousarray(L.T)
+
+
+def signed_absmax(scales: np.ndarray) -> np.ndarray:
+    """Per row of (n, m), the entry of largest magnitude with its sign (the first of equal magnitudes, as C's
+    strict `>`): a row's max for make_qx / make_q3, the super-block scale the K- and IQ-quantisers divide by."""
+    return np.take_along_axis(scales, np.abs(scales).argmax(axis=-1)[:, None], -1)[:, 0]
 
 
 def _pack_scales(ls: np.ndarray, lm: np.ndarray) -> np.ndarray:
@@ -161,8 +165,7 @@ def quantize_q6_k(x: np.ndarray) -> np.ndarray:
     n = len(x)
     scales, L = make_qx(x.reshape(n * 16, 16), 32)
     scales, L = scales.reshape(n, 16), L.reshape(n, 16, 16)
-    imax = np.abs(scales).argmax(axis=1)
-    max_scale = np.take_along_axis(scales, imax[:, None], 1)[:, 0]
+    max_scale = signed_absmax(scales)
     zero = np.abs(max_scale) < GROUP_MAX_EPS
     with np.errstate(divide="ignore", invalid="ignore"):
         iscale = F(-128) / np.where(zero, F(1), max_scale)

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from .kquants import GROUP_MAX_EPS, _seqsum, make_qkx2
+from .kquants import GROUP_MAX_EPS, _seqsum, make_qkx2, signed_absmax
 from .layouts import Q2_K, Q3_K
 
 F = np.float32
@@ -67,10 +67,8 @@ def make_q3(x: np.ndarray, nmax: int) -> tuple[np.ndarray, np.ndarray]:
     The refinement visits the elements of a row in order (each step sees the sums the last one left), so it
     runs element by element over all rows at once; a row whose pass changed nothing would change nothing
     again, so every row takes the C's 5 passes."""
-    ax = np.abs(x)
-    imax = ax.argmax(axis=-1)                                     # the first of equal maxima (strict `>`)
-    amax = np.take_along_axis(ax, imax[:, None], -1)[:, 0]
-    vmax = np.take_along_axis(x, imax[:, None], -1)[:, 0]
+    vmax = signed_absmax(x)
+    amax = np.abs(vmax)
     zero = amax < GROUP_MAX_EPS
     xt = np.ascontiguousarray(x.T)
     with np.errstate(divide="ignore", invalid="ignore", over="ignore"):
@@ -121,8 +119,7 @@ def quantize_q3_k(x: np.ndarray) -> np.ndarray:
     n = len(x)
     scales, L = make_q3(x.reshape(n * 16, 16), 4)
     scales, L = scales.reshape(n, 16), L.reshape(n, 16, 16)
-    imax = np.abs(scales).argmax(axis=1)
-    max_scale = np.take_along_axis(scales, imax[:, None], 1)[:, 0]
+    max_scale = signed_absmax(scales)
     some = max_scale != 0
     with np.errstate(divide="ignore", invalid="ignore"):
         iscale = F(-32) / np.where(some, max_scale, F(1))

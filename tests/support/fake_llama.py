@@ -159,3 +159,13 @@ class FakeLlama:
 
     def llama_model_free(self, m):
         self.freed.append("model")
+
+
+class OneTokenBatcher:
+    """A batcher for graphdiag.llama.driver.walk: every step one decode token of one sequence, no idle time."""
+
+    def batch(self, p):
+        return SimpleNamespace(idle_s=0, n_tokens=1, n_seqs=1, outputs=[0], kind="decode")
+
+    def took(self, b, toks):
+        pass

@@ -17,7 +17,7 @@ from graphdiag.llama.command import llama_cli, resolve_llama
 from graphdiag.llama.run import run_llama
 from graphdiag.report.record.read import read_record
 from tests.support.cli import one_line
-from tests.support.fake_llama import FakeLlama, FakeWatcher
+from tests.support.fake_llama import FakeLlama, FakeWatcher, OneTokenBatcher
 
 
 @pytest.fixture(scope="module")
@@ -225,7 +225,6 @@ def test_raw_stream_keeps_kernel_names(tmp_path):
 def test_the_watchers_own_callback_time_is_taken_out_of_llama_cpps_step():
     """CUPTI's and the log's callbacks run inside llama_decode (graphdiag's Python, not llama.cpp's work): what
     a decode spent in them leaves its host_ns and is recorded as watch_ns."""
-    from types import SimpleNamespace
     from graphdiag.llama.driver import walk
 
     spent = [0]
@@ -235,19 +234,12 @@ def test_the_watchers_own_callback_time_is_taken_out_of_llama_cpps_step():
             spent[0] += 300                     # the watcher's callbacks during this decode
             return 0, 1000, [1]
 
-    class Batcher:
-        def batch(self, p):
-            return SimpleNamespace(idle_s=0, n_tokens=1, n_seqs=1, outputs=[0], kind="decode")
-
-        def took(self, b, toks):
-            pass
-
     out = []
-    assert walk(Session(), [None, None], Batcher(), out.append, own_ns=lambda: spent[0]) == 2
+    assert walk(Session(), [None, None], OneTokenBatcher(), out.append, own_ns=lambda: spent[0]) == 2
     ends = [e for e in out if e["ev"] == "decode_end"]
     assert [(e["host_ns"], e["watch_ns"]) for e in ends] == [(700, 300), (700, 300)]
     out.clear()
-    walk(Session(), [None], Batcher(), out.append)           # a watcher without the counter: nothing taken out
+    walk(Session(), [None], OneTokenBatcher(), out.append)           # a watcher without the counter: nothing taken out
     assert [(e["host_ns"], e["watch_ns"]) for e in out if e["ev"] == "decode_end"] == [(1000, 0)]
 
 

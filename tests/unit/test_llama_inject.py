@@ -6,12 +6,12 @@ with its reason in one line; the cupti-python watcher stays where the library ca
 from __future__ import annotations
 
 import json
-from types import SimpleNamespace
 
 import pytest
 
 from graphdiag.errors import TraceError, WatchError
 from graphdiag.llama.inject import InjectedWatch, api_line
+from tests.support.fake_llama import OneTokenBatcher
 
 
 @pytest.fixture(scope="module")
@@ -98,12 +98,5 @@ def test_walk_drains_before_each_decode_begin_and_end():
             out.append("decode")
             return 0, 1000, [1]
 
-    class Batcher:
-        def batch(self, p):
-            return SimpleNamespace(idle_s=0, n_tokens=1, n_seqs=1, outputs=[0], kind="decode")
-
-        def took(self, b, toks):
-            pass
-
-    walk(Session(), [None, None], Batcher(), lambda ev: out.append(ev["ev"]), drain=lambda: out.append("drain"))
+    walk(Session(), [None, None], OneTokenBatcher(), lambda ev: out.append(ev["ev"]), drain=lambda: out.append("drain"))
     assert out == ["drain", "decode_begin", "decode", "drain", "decode_end"] * 2
