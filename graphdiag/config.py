@@ -102,6 +102,7 @@ class RunConfig:
     nvtx: bool = True
     upstream: str = UPSTREAMS[0]     # the upstream commit whose rules the run follows (UPSTREAMS)
     ubatch_size: int = N_UBATCH      # llama.cpp's n_ubatch: a longer prompt is decoded in ubatches of this many tokens
+    n_ctx: int | None = None         # KV cells (llama.cpp's n_ctx; a replay's: the traced context's); None: the model's
     sources: dict[str, str] = field(default_factory=dict)  # field -> "default" | "env NAME" | "cli" | "scenario"
 
     def validate(self) -> "RunConfig":
@@ -120,6 +121,9 @@ class RunConfig:
         if not isinstance(self.ubatch_size, int) or isinstance(self.ubatch_size, bool) \
                 or not 1 <= self.ubatch_size <= N_BATCH:
             self._fail("ubatch_size", f"ubatch-size must be between 1 and n_batch ({N_BATCH}), not {self.ubatch_size!r}")
+        if self.n_ctx is not None and (not isinstance(self.n_ctx, int) or isinstance(self.n_ctx, bool)
+                                       or self.n_ctx < 1):
+            self._fail("n_ctx", f"n_ctx must be a positive number of KV cells, not {self.n_ctx!r}")
         if self.wtype.lower() not in WTYPES:
             self._fail("wtype", f"unknown weight type {self.wtype!r} (choose {', '.join(WTYPES)})")
         self._check_prompt_ids()
@@ -234,6 +238,8 @@ class RunConfig:
             d.pop("prompt_ids")                 # the seeded random prompt (records before it had no such key)
         if self.prompt is None:
             d.pop("prompt")                     # records before --prompt had no such key
+        if self.n_ctx is None:
+            d.pop("n_ctx")                      # the model's (records before n_ctx had no such key)
         return d
 
 
@@ -380,14 +386,14 @@ def validate_run(cfg: RunConfig, scenario=None, as_json: bool = False, verbosity
     """Every check a run needs before anything is built: the model preset, options that cannot act on the
     chosen backend, the scenario's timeline against the resolved steps, the KV cells the plan needs, the
     smallest pool cap that can work. Raises UsageError; returns warnings (one line each)."""
-    from .model.source import check_backend, check_wtype, model_config
+    from .model.source import check_backend, check_wtype, model_config, with_n_ctx
     from .plan import kv_demand, plan_steps
 
     warnings: list[str] = []
     if verbosity and as_json:
         raise UsageError("-v prints the event log, which --json does not print: drop one "
                          "(--events FILE keeps every event)")
-    model = model_config(cfg.model)
+    model = with_n_ctx(model_config(cfg.model), cfg.n_ctx)
     check_wtype(cfg.model, cfg.wtype, cfg.sources.get("wtype", "default"))
     check_backend(cfg.model, model, cfg.backend)
     if cfg.prompt is not None:

@@ -124,7 +124,7 @@ class Session:
                 self._open_gpus(make)
             self.model = build_model(cfg.model, cfg.wtype, seed=cfg.seed, swa_full=cfg.swa_full,
                                      n_seq_max=n_seq_max or cfg.batch, upstream=cfg.upstream,
-                                     n_ubatch=cfg.ubatch_size)
+                                     n_ubatch=cfg.ubatch_size, n_ctx=cfg.n_ctx)
             gpus = self.devices.gpus if self.devices is not None else [self.gpu] if self.gpu is not None else []
             t0 = time.perf_counter_ns()
             self.ctx = make_context(self.model, [*gpus, self.cpu], bus, cfg.n_cpu_moe, cfg.reuse_disabled,

@@ -68,6 +68,8 @@ class ChunkCaptured(Event):
     chunk: int = 0
     n_graph_nodes: int = 0         # CUDA graph nodes captured
     capture_ns: int = 0
+    cublas_extra: int = 0          # kernel nodes upstream's capture holds beyond these: the conversions its
+    #   cuBLAS path launches around each F16 / BF16 / quantized mat-mul's GEMM (gpu/compat.cublas_launches)
 
 
 @dataclass(frozen=True)

@@ -53,6 +53,7 @@ class GgufModel:
     arch: str = "llama"
     n_bytes: int = 0             # tensor data bytes
     n_elements: int = 0          # weights (elements of every tensor)
+    n_ctx_train: int = 0         # {arch}.context_length as the file has it (cfg.n_ctx: at most N_CTX_MAX)
 
     @property
     def main_type(self) -> GGMLType:
@@ -117,7 +118,8 @@ def _open(path_str: str, version) -> GgufModel:
         types[spec.name] = _check_tensor(path, arch, cfg, spec, infos.get(spec.name), len(r.data))
         n_bytes += int(infos[spec.name].n_bytes)
         n_elements += int(infos[spec.name].n_elements)
-    return GgufModel(path, cfg, types, arch, n_bytes, n_elements)
+    n_ctx_train = _value(r, f"{arch}.context_length", cfg.n_ctx)
+    return GgufModel(path, cfg, types, arch, n_bytes, n_elements, int(n_ctx_train))
 
 
 def _archs() -> dict:

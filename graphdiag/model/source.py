@@ -48,18 +48,24 @@ def check_backend(name: str, cfg: ModelConfig, backend: str) -> None:
                          f"backends (head sizes {', '.join(map(str, FA_HEAD_DIMS))}); --backend cpu runs it")
 
 
+def with_n_ctx(cfg: ModelConfig, n_ctx: int | None) -> ModelConfig:
+    """`cfg` with a run's own KV cells (llama.cpp's n_ctx, as a replay takes it from the trace); None: as it is."""
+    return cfg if n_ctx is None else dataclasses.replace(cfg, n_ctx=n_ctx)
+
+
 def build_model(name: str, wtype: str, seed: int = 0, with_data: bool = True, swa_full: bool = False,
-                n_seq_max: int = 1, upstream: str = "0c1e57098", n_ubatch: int = N_UBATCH):
+                n_seq_max: int = 1, upstream: str = "0c1e57098", n_ubatch: int = N_UBATCH, n_ctx: int | None = None):
     """The Model of a preset (seeded weights) or of a GGUF file (its weights, memory-mapped). A model with a
     sliding window sizes its SWA cache for `n_seq_max` sequences and ubatches of `n_ubatch` tokens, or as
-    the global one with `swa_full`. Its graphs are built by `upstream`'s rules (a run's cfg.upstream; the
-    newest by default)."""
+    the global one with `swa_full`; `n_ctx` replaces its KV cells. Its graphs are built by `upstream`'s rules
+    (a run's cfg.upstream; the newest by default)."""
     from .weights import create_file_model, create_model
     if is_file(name):
         g = _file(name)
-        g = dataclasses.replace(g, cfg=sized(g.cfg, swa_full, n_seq_max, n_ubatch))
+        g = dataclasses.replace(g, cfg=sized(with_n_ctx(g.cfg, n_ctx), swa_full, n_seq_max, n_ubatch))
         return create_file_model(g, with_data, upstream=upstream)
-    return create_model(sized(get_preset(name), swa_full, n_seq_max, n_ubatch), weight_type(wtype), seed=seed,
+    return create_model(sized(with_n_ctx(get_preset(name), n_ctx), swa_full, n_seq_max, n_ubatch),
+                        weight_type(wtype), seed=seed,
                         with_data=with_data, upstream=upstream)
 
 

@@ -25,7 +25,8 @@ from pathlib import Path
 from ..errors import TraceError, UsageError
 from .raw import RAW_NAME, RAW_VERSION
 
-GRAPH_LINES = ("CUDA Graph id", "CUDA graph", "disabling CUDA graphs")
+# llama.cpp's graph lines, and each context's size (a replay's KV cells)
+GRAPH_LINES = ("CUDA Graph id", "CUDA graph", "disabling CUDA graphs", "llama_context: n_ctx ")
 
 
 def resolve_cmd(cmd: list[str]) -> str:

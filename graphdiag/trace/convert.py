@@ -12,7 +12,9 @@ update result names and how a run ended. What a trace cannot show is named in th
 
 from __future__ import annotations
 
+import bisect
 import datetime
+import re
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -30,12 +32,23 @@ NOT_OBSERVABLE = (
     "graph key (steps are keyed by executable lineage)", "which node property changed (the ledger)",
     "eager kernels (only graph calls are watched)",
     "device time (host time of the calls only)", "event synchronisation (cudaEventSynchronize, stream waits)",
-    "log lines' exact position (placed when graphdiag read them from CMD's stderr)",
+    "log lines' exact time (placed by llama.cpp's own timestamps where it prints them, else when graphdiag "
+    "read them from CMD's stderr)",
 )
 NO_BATCHES = ("tokens, positions, sequences (no llama_decode seen: CMD does not call libllama's llama_decode "
               "or llama_process through their dynamic symbols, as a ctypes binding does)")
 DISABLED = "disabling CUDA graphs due to"
 SYNC_FNS = ("cudaStreamSynchronize", "cudaDeviceSynchronize", "cuCtxSynchronize")
+# common_log's timestamp prefix (llama-server, llama-cli): minutes.seconds.milliseconds.microseconds since the
+# log began, on the wall clock (common/log.cpp)
+LOG_STAMP = re.compile(r"^(\d+)\.(\d{2})\.(\d{3})\.(\d{3}) ")
+# How late a line's place from its timestamp may fall after the graph call its compute makes next: the stderr
+# path's smallest latency (common_log's worker thread, the pipe, graphdiag's reader), which the estimate keeps.
+# Measured on llama-server traces (H100, 2026-12-07): 0-20 us after the call; a line of an earlier compute of
+# the same llama_decode comes after a graph build at least (far more)
+LOG_LATE_NS = 50_000
+GRAPH_STARTS = ("cudaStreamBeginCapture", "cudaGraphLaunch")
+N_CTX_LINE = re.compile(r"llama_context: n_ctx\s+=\s+(\d+)")
 
 
 def convert_raw(path: str | Path) -> tuple[RunHeader, list[E.Event]]:
@@ -226,6 +239,37 @@ class _Converter:
             self.events.append(E.GraphsDisabled(step=max(self.step, 0), t_ns=t, reason=f"llama.cpp's log: {reason}"))
 
 
+def log_places(lines: list[dict[str, Any]]) -> dict[int, int]:
+    """Where each log line of `lines` (index -> ns on the trace's clock) belongs in time. graphdiag reads
+    CMD's stderr late (common_log prints from a worker thread): by read time a compute's "CUDA Graph id N
+    reused" lands after that compute's graph launch, on the next compute. Where llama.cpp stamps its lines,
+    a line's time is its stamp plus the smallest (read time - stamp) of the run: its creation time plus the
+    stderr path's fastest latency. llama.cpp prints a compute's graph lines before its first graph call
+    (cudaStreamBeginCapture or cudaGraphLaunch), so a line placed less than LOG_LATE_NS after such a call of
+    the same llama_decode (no batch started in between) belongs before it. Lines without stamps keep their
+    read time."""
+    stamps = {}
+    for i, ln in enumerate(lines):
+        m = LOG_STAMP.match(ln["text"]) if ln["ev"] == "log" else None
+        if m:
+            mi, se, ms, us = map(int, m.groups())
+            stamps[i] = (((mi * 60 + se) * 1000 + ms) * 1000 + us) * 1000
+    if not stamps:
+        return {}
+    offset = min(lines[i]["t_ns"] - s for i, s in stamps.items())
+    starts = sorted(ln["t0_ns"] for ln in lines if ln["ev"] == "api" and ln["fn"] in GRAPH_STARTS)
+    batches = sorted(ln["t0_ns"] for ln in lines if ln["ev"] == "batch")
+    at = {}
+    for i, s in stamps.items():
+        t = s + offset
+        k, b = bisect.bisect_right(starts, t) - 1, bisect.bisect_right(batches, t) - 1
+        call = starts[k] if k >= 0 else None
+        if call is not None and t - call < LOG_LATE_NS and (b < 0 or call >= batches[b]):
+            t = call - 1
+        at[i] = t
+    return at
+
+
 def error_node(ln: dict[str, Any], old: list[str], new: list[str]) -> str:
     """The node an update was refused at, named from the kernel names of both graphs (the executable's and the
     new one's, in cuGraphGetNodes order): "node 41: mul_mat_q_stream_k_fixup added" ("" where CUDA named no
@@ -250,8 +294,10 @@ def error_node(ln: dict[str, Any], old: list[str], new: list[str]) -> str:
 def convert(raw_header: dict[str, Any], lines: list[dict[str, Any]], source: str = "") -> tuple[RunHeader, list[E.Event]]:
     """(header, events) of the converted record."""
     c = _Converter()
-    timed = sorted((ln for ln in lines if ln["ev"] in ("api", "log", "batch")),
-                   key=lambda ln: ln.get("t0_ns", ln.get("t_ns", 0)))
+    timed = [ln for ln in lines if ln["ev"] in ("api", "log", "batch")]
+    at = log_places(timed)
+    order = sorted(range(len(timed)), key=lambda i: at.get(i, timed[i].get("t0_ns", timed[i].get("t_ns", 0))))
+    timed = [timed[i] | ({"t_ns": at[i]} if i in at else {}) for i in order]
     handle = {"api": c.api, "log": c.log, "batch": c.batch}
     for ln in timed:
         handle[ln["ev"]](ln)
@@ -275,9 +321,12 @@ def _header(raw: dict[str, Any], lines: list[dict[str, Any]], source: str, end: 
     not_observable = list(NOT_OBSERVABLE) + ([] if batches else [NO_BATCHES]) + (
         [f"the contents of {unread} decode batches (llama_batch_ext built through calls the library did not see)"]
         if unread else [])
+    n_ctx = [int(m.group(1)) for ln in lines if ln["ev"] == "log" for m in [N_CTX_LINE.search(ln["text"])] if m]
     trace = {"cmd": cmd, "raw": source, "pids": pids, "devices": devices, "step": STEP, "decode_batches": batches,
              "exit": (end or {}).get("code"), "not_observable": not_observable,
              "errors": [ln["text"] for ln in lines if ln["ev"] == "error"]}
+    if n_ctx:
+        trace["n_ctx"] = n_ctx                 # llama.cpp's "llama_context: n_ctx = N", each context's
     if raw.get("synthetic"):                   # a fixture written by hand or by a tool, not a recording
         trace["synthetic"] = str(raw["synthetic"])
     return RunHeader(backend="cuda", device=", ".join(f"CUDA device {d}" for d in devices) or "no device seen",

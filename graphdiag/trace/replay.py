@@ -97,7 +97,7 @@ def run_replay(trace_path: str | Path, model: str, backend: str = "auto", warn=N
     check_gguf(model)
     header, events = loaded or load_trace(trace_path)
     batches = trace_batches(events, header.trace.get("not_observable", ()))
-    settings = server_settings(list(header.trace.get("cmd") or []))
+    settings = server_settings(list(header.trace.get("cmd") or []), tuple(header.trace.get("n_ctx") or ()))
     ctxs = contexts([b for b in batches if b.ret == 0]) or [batches[0].ctx]
     if draft and len(ctxs) < 2:
         raise UsageError(f"{trace_path}: its batches went to one llama_context: no draft model's batches to "
@@ -118,16 +118,25 @@ def replay_batches(batches: list[E.DecodeBatch], model: str, backend: str = "aut
     from ..config import RunConfig
     from ..model.source import model_config
     from ..runner import run
-    plan = replay_plan(batches, model_config(model).n_vocab, settings, Path(model).name, ctx)
+    mcfg = model_config(model)
+    plan = replay_plan(batches, mcfg.n_vocab, settings, Path(model).name, ctx)
     if not plan.steps:
         raise UsageError(f"none of the trace's {len(batches)} llama_decode batches can be replayed "
                          f"({'; '.join(plan.skipped)})")
     cfg = RunConfig(backend=backend, model=str(model), ubatch_size=settings.n_ubatch, steps=len(plan.steps),
+                    n_ctx=settings.n_ctx(n_ctx_train(model, mcfg)),
                     sim_mode=None if backend == "cuda" else "decisions")   # the decisions need no logits
-    cfg.sources = {"model": "cli", "backend": "cli", "ubatch_size": "trace", "sim_mode": "replay"}
+    cfg.sources = {"model": "cli", "backend": "cli", "ubatch_size": "trace", "n_ctx": "trace", "sim_mode": "replay"}
     cfg.validate()
     res = run(cfg, plan=plan.steps, warn=warn, n_seq_max=settings.n_seq_max, n_outputs_max=settings.n_outputs_max)
     return (as_header(res.header), with_batches(res.events, plan)), plan
+
+
+def n_ctx_train(model: str, cfg) -> int:
+    """The file's own context length (llama.cpp's n_ctx_train, which a context of -c 0 takes), not graphdiag's
+    cap of its cells."""
+    from ..model.source import _file, is_file
+    return _file(model).n_ctx_train if is_file(model) else cfg.n_ctx
 
 
 def with_batches(events: list[E.Event], plan: ReplayPlan) -> list[E.Event]:

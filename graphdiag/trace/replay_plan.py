@@ -36,6 +36,17 @@ class ServerSettings:
     kv_unified: bool = False        # --kv-unified / -kvu given
     server: bool = False            # the traced program is llama-server
     draft: bool = False             # --model-draft / -md given (speculative decoding)
+    ctx_size: int | None = None     # -c / --ctx-size as given (None: not given; 0: the model's n_ctx_train)
+    logged_n_ctx: tuple = ()        # llama.cpp's "llama_context: n_ctx = N" lines in the trace, in order
+
+    def n_ctx(self, n_ctx_train: int) -> int:
+        """The traced context's KV cells: what llama.cpp logged (where every context logged one value), else
+        -c padded to 256 cells as llama_context pads it, else (no -c, or -c 0) the model's n_ctx_train."""
+        if self.logged_n_ctx and len(set(self.logged_n_ctx)) == 1:
+            return self.logged_n_ctx[0]
+        if self.ctx_size:
+            return -(-self.ctx_size // 256) * 256
+        return n_ctx_train
 
     @property
     def n_seq_max(self) -> int:
@@ -58,11 +69,12 @@ class ServerSettings:
         return self.kv_unified or self.n_parallel is None or self.n_parallel <= 1
 
 
-def server_settings(cmd: list[str]) -> ServerSettings:
-    """Parse the flags that shape batches from the traced command (unknown flags ignored)."""
+def server_settings(cmd: list[str], logged_n_ctx: tuple = ()) -> ServerSettings:
+    """Parse the flags that shape batches and the KV cache from the traced command (unknown flags ignored);
+    `logged_n_ctx`: the n_ctx values llama.cpp logged (the trace header's)."""
     vals: dict[str, int] = {}
     names = {"-ub": "n_ubatch", "--ubatch-size": "n_ubatch", "-b": "n_batch", "--batch-size": "n_batch",
-             "-np": "n_parallel", "--parallel": "n_parallel"}
+             "-np": "n_parallel", "--parallel": "n_parallel", "-c": "ctx_size", "--ctx-size": "ctx_size"}
     for i, a in enumerate(cmd):
         flag, _, inline = a.partition("=")
         if flag in names:
@@ -77,7 +89,8 @@ def server_settings(cmd: list[str]) -> ServerSettings:
     return ServerSettings(n_ubatch, n_batch, None if np_ is not None and np_ < 0 else np_,
                           any(a in ("-kvu", "--kv-unified") for a in cmd),
                           bool(cmd) and Path(cmd[0]).name.startswith("llama-server"),
-                          any(a.partition("=")[0] in ("-md", "--model-draft") for a in cmd))
+                          any(a.partition("=")[0] in ("-md", "--model-draft") for a in cmd),
+                          vals.get("ctx_size"), tuple(logged_n_ctx))
 
 
 @dataclass

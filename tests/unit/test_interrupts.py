@@ -4,7 +4,6 @@ drops (the end-to-end cases, with real signals at spread moments, are in test_un
 from __future__ import annotations
 
 import gc
-import os
 import signal
 import weakref
 
@@ -21,9 +20,11 @@ class _Thing:
 
 def _signal_inside_a_weakref_callback(sig: int) -> None:
     """Deliver `sig` while Python runs a weakref callback (where importlib's module-lock callback got one):
-    the handler's exception is "ignored", not raised here."""
+    the handler's exception is "ignored", not raised here. raise_signal, not kill: the signal goes to this
+    thread, so its C handler has run when raise returns (kill may hand it to another thread of the process,
+    an xdist worker's, which may run it only after the callback: a flaky test under load)."""
     thing = _Thing()
-    ref = weakref.ref(thing, lambda _r: (os.kill(os.getpid(), sig), [None for _ in range(100)]))
+    ref = weakref.ref(thing, lambda _r: (signal.raise_signal(sig), [None for _ in range(100)]))
     del thing
     gc.collect()
     assert ref() is None

@@ -129,7 +129,7 @@ def test_a_later_refusal_after_the_excused_one_is_still_caught(tmp_path):
 
 
 def test_unmet_names_entries_no_pair_met():
-    assert unmet({"graph-nodes"}) == ["cublas-split-k"]
+    assert unmet({"graph-nodes"}) == ["cublas-split-k", "cublas-conversions"]
     assert unmet({k.name for k in KNOWN}) == []
 
 

@@ -10,13 +10,41 @@ from __future__ import annotations
 
 import time
 
+import numpy as np
+
 from ... import events as E
 from ...ir.graph import Graph
 from ..drivers.base import H200_MULTIPROCESSORS
+from ...ir.ops import Op
+from .compat import cublas_launches
 from .concurrency import Region
 from .entry import GraphEntry
 from .fusion import Fusion, launching_nodes
 from .lowering import KernelOp, ScratchLaunchesOp
+
+
+def _cublas_nodes(graph: Graph, cc: int) -> list[tuple[int, int]]:
+    """(node, kernels upstream's cuBLAS path launches for it) of each MUL_MAT of `graph` that upstream hands
+    to cuBLAS with F16 / BF16 / quantized weights (compat.cublas_launches), in node order."""
+    mm = np.flatnonzero(graph.arena.rec["op"][graph.nodes] == int(Op.MUL_MAT))
+    out = []
+    for i in mm.tolist():
+        n = cublas_launches(graph.node(i), cc)
+        if n:
+            out.append((i, n))
+    return out
+
+
+def _cublas_extra(cublas: list[tuple[int, int]], lowered, lo: int, hi: int) -> int:
+    """The kernel nodes upstream's capture of nodes [lo, hi) holds beyond graphdiag's: per mat-mul on
+    upstream's cuBLAS path, its conversions around the GEMM, which graphdiag's own kernel does without."""
+    extra = 0
+    for i, n in cublas:
+        if lo <= i < hi:
+            op = lowered[i]
+            if op is not None:
+                extra += n - op.n_launches
+    return extra
 
 
 class CaptureLoop:
@@ -26,11 +54,12 @@ class CaptureLoop:
         self.b = backend          # the GpuBackend: driver, pool, streams, runtime, bus
 
     # -- gate 6 -------------------------------------------------------------------------------------------
-    def launch_chunk(self, entry: GraphEntry, idx: int, split: int, uid: int, began_ns: int) -> None:
+    def launch_chunk(self, entry: GraphEntry, idx: int, split: int, uid: int, began_ns: int,
+                     cublas_extra: int = 0) -> None:
         b, drv, rt = self.b, self.b.driver, self.b.runtime
         cuda_graph = drv.end_capture(b.stream0)
         rt.emit(E.ChunkCaptured, split, entry.key, uid, chunk=idx, n_graph_nodes=drv.graph_num_nodes(cuda_graph),
-                capture_ns=time.perf_counter_ns() - began_ns)
+                capture_ns=time.perf_counter_ns() - began_ns, cublas_extra=cublas_extra)
         try:
             if idx < len(entry.instances):
                 t0 = time.perf_counter_ns()
@@ -87,6 +116,7 @@ class CaptureLoop:
         moved_by = ""
         began = time.perf_counter_ns()
         span = b.bus.span("capture chunk", "graph/capture", 0, rt.step, split, key, uid) if capturing else None
+        cublas = _cublas_nodes(graph, drv.cc) if capturing else ()
         if capturing:   # every op prepared before the capture begins (a scratch op still re-packs when
             # the pool hands it another buffer, as it does at any run)
             for op in lowered:
@@ -102,7 +132,7 @@ class CaptureLoop:
         while i < n:
             # (1) the chunk boundary, before the fork/join handling of node i (the article's order)
             if capturing and chunk_size > 0 and i >= chunk_end and active is None:
-                self.launch_chunk(entry, n_chunks, split, uid, began)
+                self.launch_chunk(entry, n_chunks, split, uid, began, _cublas_extra(cublas, lowered, chunk_start, i))
                 span.__exit__(None, None, None)
                 rt.emit(E.ChunkBoundary, split, key, uid, chunk=n_chunks, start_node=chunk_start, end_node=i,
                         moved_by=moved_by if i > chunk_end else "")
@@ -157,7 +187,7 @@ class CaptureLoop:
         if b.capture_aborted:
             return n_chunks, n_launches
         if capturing:
-            self.launch_chunk(entry, n_chunks, split, uid, began)
+            self.launch_chunk(entry, n_chunks, split, uid, began, _cublas_extra(cublas, lowered, chunk_start, n))
             span.__exit__(None, None, None)
             rt.emit(E.ChunkBoundary, split, key, uid, chunk=n_chunks, start_node=chunk_start, end_node=n,
                     moved_by="")

@@ -194,6 +194,39 @@ def cublas_split_k_parts(node: Tensor, nsm: int) -> int:
     return max(2, min(-(-nsm // tiles), MMQ_MAX_K_PARTS, -(-k // MMQ_K_UNIT)))
 
 
+GGML_PREC_F32 = 10          # ggml_prec: a MUL_MAT's op_params[0] asking for F32 precision
+
+
+def cublas_launches(node: Tensor, cc: int) -> int:
+    """The kernels upstream's ggml_cuda_mul_mat_cublas launches for a MUL_MAT on its cuBLAS path with F16,
+    BF16 or quantized weights (0: another path, or F32 weights, whose stand-in is cublas_split_k_parts): the
+    GEMM, and around it the conversions to and from its compute type, which graphdiag's own mat-mul kernels
+    do without. Compute type: the weights' (F16 on fast-FP16 hardware for quantized weights; F32 for F16
+    without it, for BF16 before Ampere past 8 columns, or where the node asks GGML_PREC_F32); src0 and src1
+    are each converted unless already of it, and an F16 / BF16 result is converted to F32 unless cuBLAS
+    writes F32 itself (F16 on Volta, BF16 on NVIDIA). One GEMM kernel: cuBLAS's own choice of a split-K
+    reduce is not modelled here (none recorded for these types). GGML_CUDA_CUBLAS_COMPUTE_TYPE, upstream's
+    override, is not read. Recorded on the H100 (2026-12-07, llama-server on tiny F16, a 512-token ubatch):
+    25 mat-muls as 25 convert_unary<float, half>, 25 cutlass / sm90 h-GEMMs and 25 convert_unary<half,
+    float>."""
+    w, x = node.src[0], node.src[1]
+    t = w.type
+    if node.op != Op.MUL_MAT or t == GGMLType.F32 or mul_mat_path(node, cc) != "cublas":
+        return 0
+    fp16 = cc >= CC_PASCAL and cc != CC_DP4A
+    compute = t
+    if is_quantized(t):
+        compute = GGMLType.F16 if fp16 else GGMLType.F32
+    elif t == GGMLType.F16 and not fp16:
+        compute = GGMLType.F32
+    elif t == GGMLType.BF16 and cc < CC_AMPERE and x.ne[1] > (8 if cc >= CC_VOLTA else 128):
+        compute = GGMLType.F32
+    if node.param_i32(0) == GGML_PREC_F32:
+        compute = GGMLType.F32
+    f32_out = compute == GGMLType.F32 or compute == GGMLType.BF16 or cc == CC_VOLTA
+    return 1 + (t != compute) + (x.type != compute) + (not f32_out)
+
+
 def mul_mat_id_sync_reason(node: Tensor, cc: int) -> str:
     """'' when a fast path applies (no sync), else every path's refusal (the sorted fallback synchronises)."""
     src0, src1 = node.src[0], node.src[1]

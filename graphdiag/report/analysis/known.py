@@ -86,6 +86,8 @@ class Pair:
     tokens: dict[int, int]                  # step -> tokens in its batch (graphdiag's StepStarted)
     embedding: dict[int, list[bool]] = field(default_factory=dict)   # step -> per graphdiag capture, in order:
     #   whether its graph holds the token embedding's GET_ROWS (embedding_captures)
+    cublas: dict[int, list[int]] = field(default_factory=dict)   # step -> per graphdiag capture, in order: the
+    #   kernel nodes upstream's cuBLAS path adds to it (ChunkCaptured.cublas_extra)
 
     def our_capture(self) -> int:
         """Which of graphdiag's captures in this step the pair's decision is (0: the first)."""
@@ -123,6 +125,27 @@ def embedding_captures(events: list[E.Event]) -> dict[int, list[bool]]:
         elif isinstance(ev, E.ChunkCaptured):
             out.setdefault(ev.step, []).append(first_on_gpu and ev.split == 0 and ev.chunk == 0)
     return out
+
+
+def cublas_captures(events: list[E.Event]) -> dict[int, list[int]]:
+    """Per step, for each graph graphdiag captured in order: the kernel nodes upstream's cuBLAS path would add
+    to it (ChunkCaptured.cublas_extra)."""
+    out: dict[int, list[int]] = {}
+    for ev in events:
+        if isinstance(ev, E.ChunkCaptured):
+            out.setdefault(ev.step, []).append(ev.cublas_extra)
+    return out
+
+
+def _cublas_conversions(p: Pair, facts: ModelFacts) -> bool:
+    a, b = p.ours, p.theirs
+    if not (a.what == b.what == "capture" and a.entry == b.entry and _nodes(a) >= 0 and _nodes(b) >= 0):
+        return False
+    k = p.our_capture()
+    extra, holds = p.cublas.get(p.step, []), p.embedding.get(p.step, [])
+    if k >= len(extra) or extra[k] <= 0:
+        return False
+    return _nodes(a) - (1 if k < len(holds) and holds[k] else 0) + extra[k] == _nodes(b)
 
 
 def _embedding_node(p: Pair, facts: ModelFacts) -> bool:
@@ -170,6 +193,18 @@ KNOWN: tuple[Known, ...] = (
           "stand-in (compat.cublas_split_k_parts: mul_mat_f32 split over k + mul_mat_fixup_f32) has the same "
           "kernel count and updates in place",
           _cublas_inside),
+    Known("cublas-conversions",
+          "a capture of the same entry holding mat-muls upstream hands to cuBLAS with F16, BF16 or quantized "
+          "weights, where llama.cpp's graph has exactly graphdiag's kernel nodes (less the token embedding's "
+          "GET_ROWS where graphdiag's graph holds it) plus the conversions cuBLAS's path launches around each "
+          "GEMM (ChunkCaptured.cublas_extra, gpu/compat.cublas_launches)",
+          "ggml_cuda_mul_mat_cublas converts src1 to the GEMM's compute type and an F16 result back to F32 in "
+          "kernels of their own (convert_unary), where graphdiag's mat-mul kernel reads F32 x and writes F32. "
+          "Named by the kernel names of llama-server's captured graph (graphdiag trace, H100 2026-12-07, tiny "
+          "F16, a prefill ubatch past 16 tokens): 111 kernels = 25 convert_unary<float, half> + 25 cutlass "
+          "h16816gemm / sm90 xmma GEMMs + 25 convert_unary<half, float> + 36 others, where graphdiag's capture "
+          "of the same ubatch held 62 (61 + GET_ROWS)",
+          _cublas_conversions),
 )
 
 
@@ -182,10 +217,10 @@ class Excuser:
 
     def __init__(self, facts: ModelFacts, our_events: list[E.Event], known: tuple[Known, ...] = KNOWN):
         self.facts, self.known, self.tokens = facts, known, step_tokens(our_events)
-        self.embedding = embedding_captures(our_events)
+        self.embedding, self.cublas = embedding_captures(our_events), cublas_captures(our_events)
 
     def __call__(self, step: int, index: int, ours: Decision, theirs: Decision, a: dict, b: dict) -> str | None:
-        p = Pair(step, index, ours, theirs, a, b, self.tokens, self.embedding)
+        p = Pair(step, index, ours, theirs, a, b, self.tokens, self.embedding, self.cublas)
         return next((k.name for k in self.known if k.holds(p, self.facts)), None)
 
 

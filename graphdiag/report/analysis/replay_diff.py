@@ -210,19 +210,21 @@ def _batches_with_index(events: list[E.Event], ctx: int | None = None) -> list[t
 
 def _excuser(facts: ModelFacts, events: list[E.Event], batch_of: dict[int, int], keep: dict[int, int]):
     """known.Excuser over batches instead of steps: a batch's tokens are its first ubatch's, its captures'
-    embedding flags its steps' in order."""
+    embedding flags and cuBLAS conversions its steps' in order."""
     ex = Excuser(facts, events)
     tokens: dict[int, int] = {}
     emb: dict[int, list[bool]] = {}
+    cub: dict[int, list[int]] = {}
     for step in batch_of:
         j = keep.get(batch_of[step])
         if j is None:
             continue
         tokens.setdefault(j, ex.tokens.get(step, 0))
         emb.setdefault(j, []).extend(ex.embedding.get(step, []))
-    ex.tokens, ex.embedding = tokens, emb
+        cub.setdefault(j, []).extend(ex.cublas.get(step, []))
+    ex.tokens, ex.embedding, ex.cublas = tokens, emb, cub
 
     def excuse(j: int, i: int, x: Decision, y: Decision, a: dict, b: dict) -> str | None:
-        p = Pair(j, i, x, y, a, b, ex.tokens, ex.embedding)
+        p = Pair(j, i, x, y, a, b, ex.tokens, ex.embedding, ex.cublas)
         return next((k.name for k in KNOWN if k.holds(p, facts)), None)
     return excuse

@@ -147,8 +147,8 @@ _INT_ITEMS = {("step_finished", "tokens"), ("graph_split", "uids"), ("graph_spli
 # their defaults), or written only when set (device, on several devices only)
 OPTIONAL = {"device", "graph_split.devices", "property_diff.changed", "uid_miss.n_nodes",
             "uid_miss.props_digest", "uid_miss.shape_digest", "uid_miss.first_ne", "phase_decided.clock_us",
-            "chunk_instantiated.mem_bytes", "oracle.noise", "oracle.values", "oracle.nan", "oracle.inf",
-            "oracle.ref_nan", "oracle.ref_inf"}
+            "chunk_instantiated.mem_bytes", "chunk_captured.cublas_extra", "oracle.noise", "oracle.values",
+            "oracle.nan", "oracle.inf", "oracle.ref_nan", "oracle.ref_inf"}
 
 
 def _missing(cls, obj: dict[str, Any]) -> str:
