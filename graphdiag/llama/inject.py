@@ -50,6 +50,7 @@ class InjectedWatch:
         self._so.gdtrace_attach.argtypes, self._so.gdtrace_attach.restype = [ctypes.c_char_p], ctypes.c_int
         self._so.gdtrace_own_ns.restype = ctypes.c_int64
         self._so.gdtrace_detach.restype = None
+        self._so.gdtrace_flush.restype = None
         self._path, self._f, self._rest = None, None, b""
         self._logs: list[dict] = []
         self._log_ns, self._base_ns = 0, 0
@@ -84,6 +85,7 @@ class InjectedWatch:
             raise WatchError(f"graphdiag's injection library did not start: {'; '.join(errors) or 'no reason'}")
 
     def _read(self) -> list[dict]:
+        self._so.gdtrace_flush()              # the library buffers its per-token lines
         data = self._rest + (self._f.read() if self._f else b"")
         *lines, self._rest = data.split(b"\n")
         return [json.loads(x) for x in lines if x.strip()]

@@ -29,7 +29,7 @@ EXPORTED = ("InitializeInjection", "gdtrace_encode", "gdtrace_rec_init", "gdtrac
             "llama_process", "llama_batch_ext_clear", "llama_batch_ext_free", "llama_batch_ext_add",
             "llama_batch_ext_add_token", "llama_batch_ext_add_embd", "llama_batch_ext_add_seq",
             "llama_batch_ext_set_pos", "llama_batch_ext_set_output_logits", "llama_batch_ext_set_output_embd",
-            "gdtrace_attach", "gdtrace_detach", "gdtrace_own_ns")
+            "gdtrace_attach", "gdtrace_detach", "gdtrace_flush", "gdtrace_own_ns")
 
 
 def _wheel_dirs(sub: str) -> list[Path]:

@@ -370,6 +370,58 @@ def test_llama_decode_is_interposed_in_a_program_linked_against_libllama(lib, tm
     assert preload("/x/gd.so", "/a.so /b.so") == "/x/gd.so /a.so /b.so"
 
 
+FAKE_LONG_PROGRAM = r"""
+#include <stdint.h>
+#include <stdio.h>
+#include <unistd.h>
+struct llama_batch { int32_t n_tokens; int32_t *token; float *embd; int32_t *pos; int32_t *n_seq_id;
+                     int32_t **seq_id; int8_t *logits; };
+int32_t llama_decode(void *ctx, struct llama_batch b);
+int main(void) {
+    int32_t t = 7, p = 0;
+    struct llama_batch b = {1, &t, 0, &p, 0, 0, 0};
+    llama_decode((void *)0x10, b);
+    printf("decoded\n");
+    fflush(stdout);
+    sleep(30);                              /* a server between requests: the test reads, then kills it */
+    return 0;
+}
+"""
+
+
+def test_a_buffered_line_is_written_while_the_process_runs(lib, tmp_path):
+    """The per-token lines (batches, launches, syncs) wait in the library's buffer, but no longer than its
+    flusher's period (GD_FLUSH_NS, 20 ms): a long-running process's last batch is in the file while it still
+    runs, and a process killed outright (SIGKILL: no destructor) has lost nothing older than that."""
+    import signal
+    import time
+    from graphdiag.backends.drivers.launch_loop import compiler
+    from graphdiag.trace.command import preload
+    cc = compiler(dict(__import__("os").environ))
+    if cc is None:
+        pytest.skip("no C compiler")
+    (tmp_path / "l.c").write_text(FAKE_LLAMA)
+    (tmp_path / "m.c").write_text(FAKE_LONG_PROGRAM)
+    subprocess.run([cc, "-shared", "-fPIC", "-o", tmp_path / "libllama.so", tmp_path / "l.c"], check=True)
+    subprocess.run([cc, "-o", tmp_path / "prog", tmp_path / "m.c", f"-L{tmp_path}", "-lllama",
+                    f"-Wl,-rpath,{tmp_path}"], check=True)
+    raw = tmp_path / "raw.jsonl"
+    env = {"PATH": "/usr/bin:/bin", "GRAPHDIAG_TRACE_OUT": str(raw), "LD_PRELOAD": preload(str(lib[0]), None)}
+    proc = subprocess.Popen([tmp_path / "prog"], env=env, stdout=subprocess.PIPE, text=True)
+    try:
+        assert proc.stdout.readline().strip() == "decoded"
+        deadline = time.monotonic() + 5
+        while not raw.exists() or not raw.read_text():
+            assert time.monotonic() < deadline, "the batch line was not written while the process ran"
+            time.sleep(0.01)
+        assert proc.poll() is None
+    finally:
+        proc.send_signal(signal.SIGKILL)
+        proc.wait()
+    (line,) = raw.read_text().splitlines()
+    assert json.loads(line)["tokens"] == [7]
+
+
 FAKE_LLAMA_EXT = r"""
 #include <stdint.h>
 #include <stdlib.h>
