@@ -189,6 +189,19 @@ class Ctx:
         x.set_param_f32(3, limit)
         return x
 
+    def swiglu_oai(self, gate: Tensor, up: Tensor, alpha: float, limit: float, name: str) -> Tensor:
+        """ggml_swiglu_oai: the split GLU SWIGLU_OAI, alpha and limit f32 in op params 2 and 3."""
+        x = self.glu_split(gate, up, GluOp.SWIGLU_OAI, name)
+        x.set_param_f32(2, alpha)
+        x.set_param_f32(3, limit)
+        return x
+
+    def add_id(self, a: Tensor, b: Tensor, ids: Tensor, name: str) -> Tensor:
+        """ggml_add_id: a (n, n_used, T) plus row ids[i, t] of b (n, n_expert) at each (i, t); a's shape."""
+        if a.ne[0] != b.ne[0] or a.ne[1] != ids.ne[0] or a.ne[2] != ids.ne[1]:
+            raise ValueError(f"add_id {name}: a {a.ne}, b {b.ne}, ids {ids.ne} do not fit")
+        return self.new_tensor(GGMLType.F32, a.ne, name, Op.ADD_ID, (a, b, ids))
+
     def cast(self, a: Tensor, t: int, name: str) -> Tensor:
         """a converted to type t (ggml_cast: a CPY node into a new tensor of a's shape). ggml also points the
         result's src[1] at itself; graphdiag leaves src[1] empty (a pointer that never changes decides

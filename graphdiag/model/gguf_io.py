@@ -294,15 +294,17 @@ def write_shape(w, cfg: ModelConfig) -> None:
 
 
 def _write_window(w, cfg: ModelConfig) -> None:
-    """Gemma 3's sliding window, as its converter writes it: attention.sliding_window, rope.freq_base_swa,
-    and the pattern only where it is not llama.cpp's default of 6 (an absent window means none, on both
-    sides: models/gemma3.cpp, arch/gemma3.py)."""
+    """The sliding window (Gemma 3, gpt-oss), as their converters write it: attention.sliding_window,
+    rope.freq_base_swa, and the pattern only where it is not the architecture's default (its SWA_PATTERN:
+    gpt-oss 2, else llama.cpp's 6; an absent window means none, on both sides: models/gemma3.cpp,
+    arch/gemma3.py)."""
     n_swa = getattr(cfg, "n_swa", 0)
     if n_swa <= 0:
         return
     w.add_sliding_window(n_swa)
     w.add_rope_freq_base_swa(cfg.rope_base_swa)
-    if tuple(cfg.swa_layers) != tuple(swa_pattern(cfg.n_layer)):
+    default = getattr(_arch(cfg.arch), "SWA_PATTERN", None)
+    if tuple(cfg.swa_layers) != tuple(swa_pattern(cfg.n_layer, *(() if default is None else (default,)))):
         w.add_sliding_window_pattern([bool(x) for x in cfg.swa_layers])
 
 

@@ -24,9 +24,9 @@ from __future__ import annotations
 from types import ModuleType
 
 from ...errors import UsageError
-from . import gemma3, llama, qwen2, qwen3, qwen3moe
+from . import gemma3, gpt_oss, llama, qwen2, qwen3, qwen3moe
 
-ARCHS: dict[str, ModuleType] = {m.NAME: m for m in (llama, qwen2, qwen3, qwen3moe, gemma3)}
+ARCHS: dict[str, ModuleType] = {m.NAME: m for m in (llama, qwen2, qwen3, qwen3moe, gemma3, gpt_oss)}
 
 
 def supported() -> str:
