@@ -19,7 +19,7 @@ from . import cpu_ops as ops
 from .base import Backend
 
 HOST_BASE = 0x1000_0000_0000
-_GLU_OPS = (GluOp.SWIGLU, GluOp.GEGLU, GluOp.SWIGLU_CLAMP)
+_GLU_OPS = (GluOp.SWIGLU, GluOp.GEGLU, GluOp.SWIGLU_CLAMP, GluOp.SWIGLU_OAI)
 
 
 def _f32(rec, i: int) -> float:
@@ -46,6 +46,7 @@ class CpuBackend(Backend):
             Op.ARGSORT: self._argsort,
             Op.FLASH_ATTN_EXT: self._flash_attn, Op.GLU: self._glu, Op.CPY: self._cpy, Op.SCALE: self._scale,
             Op.DIV: self._div, Op.SUM_ROWS: self._sum_rows, Op.CLAMP: self._clamp, Op.CONT: self._cont,
+            Op.ADD_ID: self._add_id,
         }
 
     # -- memory ----------------------------------------------------------------------------------------
@@ -119,6 +120,9 @@ class CpuBackend(Backend):
     def _add(self, a, r):
         self._view(a, r)[...] = ops.add(self._src(a, r, 0), self._src(a, r, 1))
 
+    def _add_id(self, a, r):
+        self._view(a, r)[...] = ops.add_id(self._src(a, r, 0), self._src(a, r, 1), self._src(a, r, 2))
+
     def _div(self, a, r):
         self._view(a, r)[...] = ops.div(self._src(a, r, 0), self._src(a, r, 1))
 
@@ -161,16 +165,18 @@ class CpuBackend(Backend):
         """q, k, v read in the unpermuted layout (ir/attention.py: llama.cpp's permuted views read through)."""
         q, k, v = (self._view(a, unpermuted(Tensor(a, a.index(int(r["src"][j])))).r) for j in range(3))
         mask = self._src(a, r, 3)
-        self._view(a, r)[...] = ops.flash_attn_ext(q, k, v, mask, _f32(r, 0))
+        sinks = self._src(a, r, 4)
+        self._view(a, r)[...] = ops.flash_attn_ext(q, k, v, mask, _f32(r, 0),
+                                                   None if sinks is None else sinks.reshape(-1))
 
     def _glu(self, a, r):
-        """Split GLU (gate = src0, up = src1): SWIGLU, GEGLU or SWIGLU_CLAMP (its limit: op param 3, f32);
-        swapped (op_params[1]) is never built."""
+        """Split GLU (gate = src0, up = src1): SWIGLU, GEGLU, SWIGLU_CLAMP (its limit: op param 3, f32) or
+        SWIGLU_OAI (alpha and limit: op params 2 and 3); swapped (op_params[1]) is never built."""
         glu, swapped = int(r["op_params"][0]), int(r["op_params"][1])
         if glu not in _GLU_OPS or swapped or not int(r["src"][1]):
             raise GraphdiagError(f"{self.name}: GLU op {glu} (swapped {swapped}) with src1={int(r['src'][1]):#x} "
-                                 "is not implemented (only split SWIGLU, GEGLU and SWIGLU_CLAMP)")
-        self._view(a, r)[...] = ops.glu(glu, self._src(a, r, 0), self._src(a, r, 1), _f32(r, 3))
+                                 "is not implemented (only split SWIGLU, GEGLU, SWIGLU_CLAMP and SWIGLU_OAI)")
+        self._view(a, r)[...] = ops.glu(glu, self._src(a, r, 0), self._src(a, r, 1), _f32(r, 3), _f32(r, 2))
 
     def _scale(self, a, r):
         """op_params f32 [s, bias]: dst = src0 * s + bias."""

@@ -138,16 +138,34 @@ def swiglu_clamp(gate: np.ndarray, up: np.ndarray, limit: float) -> np.ndarray:
     return silu(np.minimum(to_f32(gate), lim)) * np.clip(to_f32(up), -lim, lim)
 
 
-def glu(op: int, gate: np.ndarray, up: np.ndarray, limit: float = 0.0) -> np.ndarray:
-    """The split GLU `op` (GluOp value: 1 GEGLU, 2 SWIGLU, 6 SWIGLU_CLAMP with `limit`) of gate and up; other
-    ops raise GraphdiagError."""
+def swiglu_oai(gate: np.ndarray, up: np.ndarray, alpha: float, limit: float) -> np.ndarray:
+    """x / (1 + exp(-alpha x)) * (y + 1) with x = min(gate, limit), y = clamp(up, -limit, limit), float32
+    (GGML_GLU_OP_SWIGLU_OAI, gpt-oss's experts; ggml-cpu's swiglu_oai_f32)."""
+    lim = F32(limit)
+    x = np.minimum(to_f32(gate), lim)
+    with np.errstate(over="ignore"):
+        return x / (F32(1) + np.exp(F32(alpha) * -x)) * (np.clip(to_f32(up), -lim, lim) + F32(1))
+
+
+def glu(op: int, gate: np.ndarray, up: np.ndarray, limit: float = 0.0, alpha: float = 0.0) -> np.ndarray:
+    """The split GLU `op` (GluOp value: 1 GEGLU, 2 SWIGLU, 3 SWIGLU_OAI with `alpha` and `limit`, 6 SWIGLU_CLAMP
+    with `limit`) of gate and up; other ops raise GraphdiagError."""
     if op == 2:
         return swiglu(gate, up)
     if op == 1:
         return geglu(gate, up)
     if op == 6:
         return swiglu_clamp(gate, up, limit)
-    raise GraphdiagError(f"glu: op {op} is not implemented (1 = GEGLU, 2 = SWIGLU, 6 = SWIGLU_CLAMP)")
+    if op == 3:
+        return swiglu_oai(gate, up, alpha, limit)
+    raise GraphdiagError(f"glu: op {op} is not implemented (1 = GEGLU, 2 = SWIGLU, 3 = SWIGLU_OAI, "
+                         f"6 = SWIGLU_CLAMP)")
+
+
+def add_id(a: np.ndarray, b: np.ndarray, ids: np.ndarray) -> np.ndarray:
+    """dst[0, t, i, :] = a[0, t, i, :] + b[0, 0, ids[t, i], :] in float32 (GGML_OP_ADD_ID: a (1, T, n_used, n),
+    b (1, 1, E, n), ids I32 (1, 1, T, n_used); gpt-oss's per-expert biases)."""
+    return to_f32(a) + to_f32(b)[0, 0][ids[0, 0]][None]
 
 
 def scale(x: np.ndarray, s: float, bias: float = 0.0) -> np.ndarray:
@@ -309,12 +327,14 @@ def rope_neox(x: np.ndarray, pos: np.ndarray, n_dims: int, freq_base: float, fre
 
 
 def flash_attn_ext(q: np.ndarray, k: np.ndarray, v: np.ndarray, mask: np.ndarray | None,
-                   scale: float) -> np.ndarray:
+                   scale: float, sinks: np.ndarray | None = None) -> np.ndarray:
     """Attention with grouped KV heads, float32 (K/V upcast from F16; Q stays float32).
 
     q: (B, T, H, D); k: (B, n_kv, Hkv, D); v: (B, n_kv, Hkv, Dv); mask: (M3, M2, T_pad >= T, n_kv) added
     to the scaled scores (rows beyond T ignored; -inf masks) or None -> (B, T, H, Dv).
-    Head h reads kv head h // (H // Hkv); p = softmax(scale * q.k + mask[t]); a fully masked row gives 0."""
+    Head h reads kv head h // (H // Hkv); p = softmax(scale * q.k + mask[t]); a fully masked row gives 0.
+    sinks: F32 (H,) or None: head h's logit S_h joins each row's softmax denominator and adds no value
+    (ggml_flash_attn_ext_add_sinks): p = exp(s - m) / (sum exp(s - m) + exp(S_h - m)), m = max(max s, S_h)."""
     h, hkv = q.shape[2], k.shape[2]
     if h % hkv:
         raise GraphdiagError(f"flash_attn_ext: {h} heads are not a multiple of {hkv} kv heads")
@@ -324,4 +344,10 @@ def flash_attn_ext(q: np.ndarray, k: np.ndarray, v: np.ndarray, mask: np.ndarray
     s = np.matmul(qh, kh) * F32(scale)                                     # (B, H, T, n_kv)
     if mask is not None:
         s = s + to_f32(mask[:, :, : q.shape[1], :])
-    return np.matmul(_softmax_rows(s), vh).transpose(0, 2, 1, 3)
+    if sinks is None:
+        return np.matmul(_softmax_rows(s), vh).transpose(0, 2, 1, 3)
+    sink = to_f32(sinks).reshape(1, h, 1, 1)
+    m = np.maximum(s.max(axis=-1, keepdims=True), sink)
+    e = np.exp(s - m)
+    p = e / (e.sum(axis=-1, keepdims=True, dtype=F32) + np.exp(sink - m))
+    return np.matmul(p, vh).transpose(0, 2, 1, 3)
