@@ -185,6 +185,14 @@ __device__ __forceinline__ float swiglu_clamp(float g, float u, float limit) {
     return silu(fminf(g, limit)) * fmaxf(fminf(u, limit), -limit);
 }
 
+// ggml-cuda's ggml_cuda_op_swiglu_oai_single (gpt-oss's experts): the gate clamped from above, up from both sides,
+// then x * sigmoid(alpha x) * (1 + y), term for term.
+__device__ __forceinline__ float swiglu_oai(float x, float g, float limit, float alpha) {
+    x = fminf(x, limit);
+    g = fmaxf(fminf(g, limit), -limit);
+    return x / (1.0f + expf(-x * alpha)) * (1.0f + g);
+}
+
 // ggml's GLU variants: 0 = REGLU, 1 = GEGLU (tanh approximation), 2 = SWIGLU, 6 = SWIGLU_CLAMP (with `limit`,
 // the GLU's op param 3, which the fused kernels take in fp[0] as upstream's fusion_data.glu_limit).
 __device__ __forceinline__ float glu(int op, float g, float u, float limit = 0.0f) {

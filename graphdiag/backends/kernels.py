@@ -20,7 +20,7 @@ from dataclasses import dataclass
 W_TYPES = ("f32", "f16", "q8_0")
 # The file's weight types beyond W_TYPES (kernels/mmvq.cu, quants.cuh): MMVQ on Q8_1 x for the quantized
 # ones, MMVF on F32 x for BF16 (X_TYPES = Q_TYPES + bf16).
-Q_TYPES = ("q4_0", "q5_0", "q5_1", "q4_k", "q5_k", "q6_k", "q2_k", "q3_k", "q4_1", "iq4_nl", "iq4_xs")
+Q_TYPES = ("q4_0", "q5_0", "q5_1", "q4_k", "q5_k", "q6_k", "q2_k", "q3_k", "q4_1", "iq4_nl", "iq4_xs", "mxfp4")
 X_TYPES = Q_TYPES + ("bf16",)
 FA_HEAD_DIMS = (32, 64, 128, 256)   # 256: Gemma 3
 FAV_GROUPS = (1, 2, 4, 8)   # query heads per kv head of the decode attention kernels (G rounded up to these)
@@ -165,9 +165,12 @@ def _specs() -> dict[str, KernelSpec]:
                          "split's start, online: m = running max of x_j, p_j = f16(exp(x_j - m)) against the "
                          "running max of its tile, O and l rescaled by exp(m_old - m_new); l sums the unrounded p")
           for d in FA_HEAD_DIMS),
-        KernelSpec("flash_attn_combine_f32", ("dst (Dv, H, T, B)", "partials of a flash_attn_vec/mma kernel"),
-                   doc="M = max_s m_s, w_s = exp(m_s - M): dst = sum_s w_s O_s / sum_s w_s l_s (splits in order); "
-                       "all splits -inf (a fully masked row) gives zeros"),
+        KernelSpec("flash_attn_combine_f32", ("dst (Dv, H, T, B)", "partials of a flash_attn_vec/mma kernel",
+                                              "sinks F32 (H), optional (gpt-oss's attn_sinks: FLASH_ATTN_EXT's src[4])"),
+                   doc="M = max_s m_s, w_s = exp(m_s - M), O = sum_s w_s O_s, L = sum_s w_s l_s (splits in order); "
+                       "with sinks, then M' = max(M, S_h), r = exp(M - M'): O *= r, L = L r + exp(S_h - M') (the "
+                       "sink joins the denominator only, as upstream's vec and mma kernels fold it into split 0); "
+                       "dst = O / L, zeros where L is 0 (all splits -inf and no sink: a fully masked row)"),
         KernelSpec("moe_weighted_reduction_f32",
                    ("dst F32 (n_embd, T), contiguous", "experts F32 (n_embd, k, T), contiguous",
                     "router weights F32 (1, k, T), contiguous", "per-expert scale F32 (1, k, T), optional"),
@@ -209,6 +212,7 @@ def _specs() -> dict[str, KernelSpec]:
           for w in W_TYPES),
     ]
     s += _gemma_qwen_specs()
+    s += _oai_specs()
     s += _moe_norm_specs()
     s += _mmid_specs()
     return {k.name: k for k in s}
@@ -252,7 +256,8 @@ QUANT_DOC = ("per unit b (32 weights of the row, one Q8_1 block of x) with integ
              "d(dot d8 - 8 s8); Q5_0 d(dot d8 - 16 s8); Q5_1 d d8 dot + m s8; Q4_K/Q5_K d8(d sc dot - dmin mn "
              "sx); Q6_K d d8 (sc0 (dot_lo - 32 sx_lo) + sc1 (dot_hi - 32 sx_hi)); Q3_K as Q6_K with 4 for 32; Q2_K "
              "d8(d (sc0&15 dot_lo + sc1&15 dot_hi) - dmin (sc0>>4 sx_lo + sc1>>4 sx_hi)); Q4_1 d d8 dot + m s8; "
-             "IQ4_NL d d8 dot and IQ4_XS d d8 (dot (ls - 32)) over the levels kvalues_iq4nl[q]; summed over units "
+             "IQ4_NL d d8 dot and IQ4_XS d d8 (dot (ls - 32)) over the levels kvalues_iq4nl[q]; MXFP4 d d8 dot over "
+             "kvalues_mxfp4[q], d = 2^(e - 128); summed over units "
              "(kernels/quants.cuh, graphdiag.backends.qunits)")
 
 
@@ -293,6 +298,18 @@ def _x_specs() -> list[KernelSpec]:
                        doc="the sorted fallback's per-expert launch (F32 x)"),
         ]
     return s
+def _oai_specs() -> list[KernelSpec]:
+    """gpt-oss's element-wise ops (kernels/elementwise.cu): its experts' biases and clamped SwiGLU."""
+    return [
+        KernelSpec("add_id_f32", ("dst F32 (n, n_used, T)", "a F32 (n, n_used, T)", "b F32 (n, n_expert)",
+                                  "ids I32 (n_used, T)"),
+                   doc="dst[t, i, :] = a[t, i, :] + b[ids[t, i], :] (GGML_OP_ADD_ID, ggml-cuda's add_id_kernel)"),
+        KernelSpec("glu_swiglu_oai_f32", ("dst", "gate", "up"), fp=("limit", "alpha"),
+                   doc="x = min(gate, limit), y = max(min(up, limit), -limit): dst = x / (1 + exp(-x * alpha)) * "
+                       "(1 + y) (GGML_GLU_OP_SWIGLU_OAI, ggml-cuda's ggml_cuda_op_swiglu_oai_single)"),
+    ]
+
+
 def _moe_norm_specs() -> list[KernelSpec]:
     """llama's MoE weight norm unfused (SUM_ROWS, CLAMP, DIV), where the top-k router's fusion is off or refused."""
     return [

@@ -459,6 +459,13 @@ def _flash_attn_combine(space, p):
         w = np.where(np.isfinite(m), np.exp(m - np.where(np.isfinite(mx), mx, F32(0))[..., None]), F32(0))
     den = (l * w).sum(axis=2, dtype=F32)
     acc = (o * w[..., None]).sum(axis=2, dtype=F32)
+    if int(p["t"][2]["data"]):                    # the heads' sinks: in the denominator only
+        sk = view(space, p, 2).reshape(-1)[None, :]                  # (1, H) against (T * B, H)
+        mn = np.maximum(mx, sk)
+        with np.errstate(invalid="ignore"):
+            rs = np.where(np.isneginf(mx), F32(0), np.exp(mx - mn))
+        acc = acc * rs[..., None]
+        den = den * rs + np.exp(sk - mn)
     res = np.divide(acc, den[..., None], out=np.zeros_like(acc), where=den[..., None] > 0)
     dst[...] = res.reshape(dst.shape)
 

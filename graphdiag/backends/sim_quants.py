@@ -24,7 +24,7 @@ F32 = np.float32
 MMV_MAX_N = 8
 XTYPE = {"q4_0": G.Q4_0, "q5_0": G.Q5_0, "q5_1": G.Q5_1, "q4_k": G.Q4_K, "q5_k": G.Q5_K, "q6_k": G.Q6_K,
          "q2_k": G.Q2_K, "q3_k": G.Q3_K,
-         "bf16": G.BF16, "q4_1": G.Q4_1, "iq4_nl": G.IQ4_NL, "iq4_xs": G.IQ4_XS}
+         "bf16": G.BF16, "q4_1": G.Q4_1, "iq4_nl": G.IQ4_NL, "iq4_xs": G.IQ4_XS, "mxfp4": G.MXFP4}
 
 
 def _check(cond: bool, kernel: str, detail: str) -> None:

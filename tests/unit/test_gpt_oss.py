@@ -200,3 +200,17 @@ def test_a_sink_joins_the_denominator_only():
     want = v[0, 2][np.arange(4) // 2][None, None] / (1 + np.exp(sinks))[None, None, :, None]
     np.testing.assert_allclose(got, np.broadcast_to(want, got.shape), rtol=1e-5, atol=1e-12)
 
+
+@pytest.mark.parametrize("wtype", ["f16", "mxfp4_moe"])
+def test_the_simulated_gpu_meets_the_oracle(wtype):
+    """The preset on the simulated GPU at 2 sequences: ADD_ID, the clamped SwiGLU and the sinks (folded in by the
+    attention's combine) on their kernels' twins, the experts' weighted sum fused as upstream's; F16 within 1e-4
+    of the oracle, MXFP4_MOE (MXFP4 experts and Q8_0 on upstream's MMVQ paths, Q8_1 activations) within the
+    oracle's measured bound; replays verified."""
+    r = run(resolve({"nvtx": False, "oracle": True, "backend": "sim", "model": "gpt-oss-tiny", "wtype": wtype,
+                     "steps": 3, "prompt_tokens": 6, "batch": 2, "verify": True}, environ={}))
+    checks = [e for e in r.events if type(e).__name__ == "OracleCheck"]
+    assert checks and not r.failures and all(e.ok for e in checks)
+    assert wtype != "f16" or max(e.rel_err for e in checks) < 1e-4
+    assert "moe_weighted_reduction" in {e.pattern for e in r.events if type(e).__name__ == "FusionApplied"}
+    assert all(e.ok for e in r.events if type(e).__name__ == "VerifyResult")

@@ -42,3 +42,19 @@ def test_exact_levels_survive_a_round_trip():
     assert np.array_equal(back["e"].reshape(-1), e)
     assert np.array_equal(dequantize(back), x)
 
+
+def test_the_kernels_unit_twin_dequantises_and_dots_as_the_codec():
+    """qunits (the numpy twin of quants.cuh's MXFP4 units): its dequantisation equals the codec's to the bit,
+    and its MMVQ dot with Q8_1 x equals the float64 product of the dequantised rows within float32 rounding."""
+    from graphdiag.backends import qunits
+    from graphdiag.backends.sim_kernels import quantize_q8_1
+    rng = np.random.default_rng(5)
+    x = rng.standard_normal((6, 256)).astype(np.float32) * np.float32(0.05)
+    w = quantize(x, GGMLType.MXFP4)
+    raw = np.ascontiguousarray(w).view(np.uint8).reshape(6, -1)
+    assert np.array_equal(qunits.dequantize(raw, GGMLType.MXFP4).view(np.uint32), dequantize(w).view(np.uint32))
+    xq = quantize_q8_1(rng.standard_normal((1, 1, 3, 256)).astype(np.float32))
+    got = qunits.q8_dot(raw[None, None], GGMLType.MXFP4, xq)[0, 0]                     # (3, 6)
+    xf = (xq["qs"].astype(np.float64) * xq["d"].astype(np.float64)[..., None]).reshape(3, 256)
+    want = xf @ dequantize(w).astype(np.float64).T
+    np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6 * np.abs(want).max())

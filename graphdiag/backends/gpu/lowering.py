@@ -89,6 +89,8 @@ def _lower_node(graph: Graph, i: int, fusion: Fusion | None, cc: int, d: "Descri
         return KernelOp(_launch(d, f"get_rows_{_W[s[0].type]}", [node, s[0], s[1]]))
     if op == Op.RMS_NORM:
         return KernelOp(_launch(d, "rms_norm_f32", [node, s[0]], fp=(node.param_f32(0),)))
+    if op == Op.ADD_ID:
+        return KernelOp(_launch(d, "add_id_f32", [node, s[0], s[1], s[2]]))
     if op in (Op.MUL, Op.ADD):
         return KernelOp(_launch(d, "mul_f32" if op == Op.MUL else "add_f32", [node, s[0], s[1]]))
     if op == Op.MUL_MAT and s[0].type in _X:
@@ -123,7 +125,8 @@ def _lower_node(graph: Graph, i: int, fusion: Fusion | None, cc: int, d: "Descri
         glu = _GLU_KERNELS.get(node.param_i32(0))
         if glu is None or s[1] is None or node.param_i32(1):
             raise NotImplementedError(f"the GPU backend has no kernel for GLU op {node.param_i32(0)} (node {i} {node.name})")
-        return KernelOp(_launch(d, glu, [node, s[0], s[1]], fp=(node.param_f32(3),)))   # SWIGLU_CLAMP's limit
+        # SWIGLU_CLAMP's and SWIGLU_OAI's limit (op param 3), SWIGLU_OAI's alpha (op param 2)
+        return KernelOp(_launch(d, glu, [node, s[0], s[1]], fp=(node.param_f32(3), node.param_f32(2))))
     if op == Op.SCALE:
         return KernelOp(_launch(d, "scale_f32", [node, s[0]], fp=(node.param_f32(0), node.param_f32(1))))
     if op in (Op.CPY, Op.CONT):
@@ -138,9 +141,10 @@ def _lower_node(graph: Graph, i: int, fusion: Fusion | None, cc: int, d: "Descri
 
 
 _GLU_KERNELS = {GluOp.SWIGLU: "glu_swiglu_f32", GluOp.GEGLU: "glu_geglu_f32",
-                GluOp.SWIGLU_CLAMP: "glu_swiglu_clamp_f32"}
+                GluOp.SWIGLU_CLAMP: "glu_swiglu_clamp_f32", GluOp.SWIGLU_OAI: "glu_swiglu_oai_f32"}
 # the GLU ops an upstream's ggml has, of those graphdiag builds: d99724f2's enum ends at GEGLU_QUICK (5)
-_GLU_AT = {"0c1e57098": frozenset(_GLU_KERNELS), "d99724f2": frozenset({GluOp.SWIGLU, GluOp.GEGLU})}
+_GLU_AT = {"0c1e57098": frozenset(_GLU_KERNELS),
+           "d99724f2": frozenset({GluOp.SWIGLU, GluOp.GEGLU, GluOp.SWIGLU_OAI})}
 
 
 def refuse_ops_after(graph: Graph, upstream: str) -> None:
@@ -245,7 +249,11 @@ def _lower_attention(d, node: Tensor, cc: int):
     n_head_kv, n_kv, dv = k.ne[1], k.ne[2], v.ne[0]
     if hd not in FA_HEAD_DIMS or dv != hd or n_head % n_head_kv or n_head // n_head_kv > FA_MAX_ROWS:
         raise NotImplementedError(f"flash attention: head dims {hd}/{dv}, {n_head}/{n_head_kv} heads")
+    sinks = node.src[4]                         # gpt-oss's attn_sinks: folded in by the combine
     if fa_direct(hd, n_head, n_head_kv, n_kv, n_tok, nb3, cc):
+        if sinks is not None:
+            raise NotImplementedError(f"flash attention with sinks at head size {hd} on upstream's lone vec kernel "
+                                      "(graphdiag folds sinks into the combine)")
         chunk = -(-n_kv // 32) * 32
         # one block per query head (ip[3]), as ggml's vec kernel: the G heads sharing a kv head in one block
         # left Gemma 3's 4 heads on one SM (94 µs a layer on the H200, 18 layers a step)
@@ -257,7 +265,7 @@ def _lower_attention(d, node: Tensor, cc: int):
     kernel = fa_vec_kernel(hd, n_head // n_head_kv) if fa_vec(n_head, n_head_kv, n_tok) else fa_mma_kernel(hd)
     part = _launch(d, kernel, [None, q, k, v, mask], ip=(chunk, tq), fp=(node.param_f32(0),),
                    scratch=[(0, int(GGMLType.F32), ne, nb)])
-    comb = _launch(d, "flash_attn_combine_f32", [node, None], scratch=[(1, int(GGMLType.F32), ne, nb)])
+    comb = _launch(d, "flash_attn_combine_f32", [node, None, sinks], scratch=[(1, int(GGMLType.F32), ne, nb)])
     return ScratchLaunchesOp([part, comb], [((0, 0),), ((1, 0),)], nbytes)
 
 
