@@ -11,6 +11,7 @@ import numpy as np
 from ..errors import GraphdiagError
 from ..ir.arena import Arena
 from ..ir.attention import unpermuted
+from ..ir.build import Yarn
 from ..ir.graph import Graph
 from ..ir.ops import GluOp, Op, TensorFlag, is_view_or_noop
 from ..ir.tensor import Tensor
@@ -25,6 +26,16 @@ _GLU_OPS = (GluOp.SWIGLU, GluOp.GEGLU, GluOp.SWIGLU_CLAMP, GluOp.SWIGLU_OAI)
 def _f32(rec, i: int) -> float:
     """op_params[i] read as float32 bits."""
     return float(rec["op_params"][i : i + 1].view(np.float32)[0])
+
+
+def yarn_of(rec) -> tuple[float, float, float, float] | None:
+    """A ROPE node's YaRN as cpu_ops.rope takes it, (ext_factor, attn_factor, corr_dim0, corr_dim1), or None
+    for a plain rope (attn_factor, op param 8, unset)."""
+    if _f32(rec, 8) == 0.0:
+        return None
+    p = rec["op_params"]
+    y = Yarn(_f32(rec, 6), int(p[4]), _f32(rec, 7), _f32(rec, 8), _f32(rec, 9), _f32(rec, 10))
+    return (y.ext_factor, y.attn_factor, *y.corr_dims(int(p[1]), _f32(rec, 5)))
 
 
 class CpuBackend(Backend):
@@ -144,9 +155,12 @@ class CpuBackend(Backend):
         self._view(a, r)[...] = ops.mul_mat_id(self._src(a, r, 0), self._src(a, r, 1), self._src(a, r, 2))
 
     def _rope(self, a, r):
+        """op params as ggml_rope_ext: n_dims 1, mode 2, n_ctx_orig 4, freq_base 5, freq_scale 6, ext_factor
+        7, attn_factor 8, beta_fast 9, beta_slow 10; YaRN where attn_factor is set (graphdiag's other ropes
+        leave 7..10 zero)."""
         p = r["op_params"]
         self._view(a, r)[...] = ops.rope(self._src(a, r, 0), self._src(a, r, 1), int(p[1]), _f32(r, 5),
-                                         _f32(r, 6), int(p[2]))
+                                         _f32(r, 6), int(p[2]), yarn_of(r))
 
     def _set_rows(self, a, r):
         """src0 is the cache; the node is a view of it, so the rows land in the cache."""

@@ -299,26 +299,43 @@ ROPE_NORMAL, ROPE_NEOX = 0, 2
 
 
 def rope(x: np.ndarray, pos: np.ndarray, n_dims: int, freq_base: float, freq_scale: float = 1.0,
-         mode: int = 0) -> np.ndarray:
+         mode: int = 0, yarn: tuple[float, float, float, float] | None = None) -> np.ndarray:
     """x: (B3, T, H, D); pos: I32, T entries -> (B3, T, H, D) float32.
 
     For i < n_dims/2: th = pos[t] * freq_scale * freq_base^(-2i/n_dims) (float32); the pair (a, b) is
     (2i, 2i+1) in mode 0 (normal) and (i, i + n_dims/2) in mode 2 (NEOX);
-    (y[a], y[b]) = (x_a cos th - x_b sin th, x_a sin th + x_b cos th); dims >= n_dims are copied."""
+    (y[a], y[b]) = (x_a cos th - x_b sin th, x_a sin th + x_b cos th); dims >= n_dims are copied.
+    yarn = (ext_factor, attn_factor, corr_dim0, corr_dim1) (ggml's rope_yarn): th_e = pos * freq_base^(-2i/
+    n_dims), th_i = freq_scale * th_e, r = (1 - clamp((i - c0) / max(0.001, c1 - c0), 0, 1)) * ext_factor,
+    th = th_i (1 - r) + th_e r, and cos, sin times attn_factor * (1 + 0.1 ln(1 / freq_scale)) (ext_factor != 0)."""
     if mode not in (ROPE_NORMAL, ROPE_NEOX):
         raise GraphdiagError(f"rope: mode {mode} is not supported (0 normal, 2 NEOX)")
     x = to_f32(x)
     half = n_dims // 2
     i = np.arange(half, dtype=F32)
     inv = np.power(F32(freq_base), F32(-2) * i / F32(n_dims))
-    th = (pos.reshape(-1).astype(F32) * F32(freq_scale))[:, None, None] * inv  # (T, 1, n_dims/2)
-    c, s = np.cos(th), np.sin(th)
+    if yarn is None:
+        th = (pos.reshape(-1).astype(F32) * F32(freq_scale))[:, None, None] * inv  # (T, 1, n_dims/2)
+        c, s = np.cos(th), np.sin(th)
+    else:
+        c, s = _yarn_cos_sin(pos.reshape(-1).astype(F32)[:, None, None] * inv, i, F32(freq_scale), *map(F32, yarn))
     a, b = (slice(0, n_dims, 2), slice(1, n_dims, 2)) if mode == ROPE_NORMAL else (slice(0, half), slice(half, n_dims))
     x0, x1 = x[..., a], x[..., b]
     out = x.copy()
     out[..., a] = x0 * c - x1 * s
     out[..., b] = x0 * s + x1 * c
     return out
+
+
+def _yarn_cos_sin(th_e: np.ndarray, i: np.ndarray, fs, ext, attn, c0, c1) -> tuple[np.ndarray, np.ndarray]:
+    """rope_yarn's cos and sin of pair i at the unscaled angles th_e (float32)."""
+    th_i = fs * th_e
+    mscale = attn
+    if ext != 0:
+        ramp = (F32(1) - np.minimum(F32(1), np.maximum(F32(0), (i - c0) / max(F32(0.001), c1 - c0)))) * ext
+        th_i = th_i * (F32(1) - ramp) + th_e * ramp
+        mscale = attn * (F32(1) + F32(0.1) * np.log(F32(1) / fs, dtype=F32))
+    return np.cos(th_i) * mscale, np.sin(th_i) * mscale
 
 
 def rope_neox(x: np.ndarray, pos: np.ndarray, n_dims: int, freq_base: float, freq_scale: float = 1.0) -> np.ndarray:

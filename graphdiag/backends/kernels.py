@@ -130,16 +130,20 @@ def _specs() -> dict[str, KernelSpec]:
         KernelSpec("mul_f32", ("dst", "a", "b (broadcast)"), doc="a * b"),
         KernelSpec("add_f32", ("dst", "a", "b (broadcast)"), doc="a + b"),
         KernelSpec("rope_f32", ("dst (D, H, T)", "x (D, H, T)", "pos I32 (T)"),
-                   ip=("n_dims", "mode (0 = normal: adjacent pairs)"), fp=("freq_base", "freq_scale"),
+                   ip=("n_dims", "mode (0 = normal: adjacent pairs)"),
+                   fp=("freq_base", "freq_scale", "YaRN ext_factor", "YaRN attn_factor (0: no YaRN)",
+                       "YaRN corr_dim0", "YaRN corr_dim1"),
                    doc="for i < n_dims/2: th = pos[t]*freq_scale*freq_base^(-2i/n_dims); "
                        "(x0, x1) = x[2i], x[2i+1]; y = (x0 cos th - x1 sin th, x0 sin th + x1 cos th); "
-                       "dims >= n_dims are copied"),
+                       "dims >= n_dims are copied. YaRN (fp[3] != 0, gpt-oss): th_e = pos freq_base^(-2i/n_dims), "
+                       "r = (1 - clamp((i - c0) / max(0.001, c1 - c0), 0, 1)) ext, th = freq_scale th_e (1 - r) + "
+                       "th_e r, cos and sin times attn (1 + 0.1 ln(1 / freq_scale)) where ext != 0 (ggml's rope_yarn)"),
         KernelSpec("set_rows_f16", ("dst F16 (W, n_rows)", "src F32 (W, T, ...)", "idx I32 (T)"),
                    doc="dst[idx[t], :] = f16(src[t, :]) (src rows flattened over ne1..ne3)"),
         KernelSpec("set_rows_f32", ("dst F32 (W, n_rows)", "src F32 (W, T)", "idx I32 (T)"),
                    doc="dst[idx[t], :] = src[t, :]"),
         KernelSpec("rope_set_rows_f16", ("dst cache F16 (D*Hkv, n_rows)", "x (D, Hkv, T)", "pos I32 (T)", "idx I32 (T)"),
-                   ip=("n_dims", "mode"), fp=("freq_base", "freq_scale"),
+                   ip=("n_dims", "mode"), fp=("freq_base", "freq_scale", "YaRN as rope_f32's fp[2..5]"),
                    doc="fused ROPE + VIEW + SET_ROWS: dst[idx[t], :] = f16(rope(x)[t] flattened); "
                        "the ROPE node's own output is not written"),
         *(KernelSpec(fa_vec_kernel(d, gm), _fa_slots(d),

@@ -316,8 +316,10 @@ def _add(space, p):
 
 
 def _rope_of(space, p) -> np.ndarray:
-    """rope(t[1], pos t[2]) with ip = (n_dims, mode), fp = (freq_base, freq_scale)."""
-    return ops.rope(view(space, p, 1), view(space, p, 2), _ip(p, 0), _fp(p, 0), _fp(p, 1), _ip(p, 1))
+    """rope(t[1], pos t[2]) with ip = (n_dims, mode), fp = (freq_base, freq_scale[, ext_factor, attn_factor,
+    corr_dim0, corr_dim1]: YaRN where attn_factor is set)."""
+    yarn = (_fp(p, 2), _fp(p, 3), _fp(p, 4), _fp(p, 5)) if _fp(p, 3) != 0.0 else None
+    return ops.rope(view(space, p, 1), view(space, p, 2), _ip(p, 0), _fp(p, 0), _fp(p, 1), _ip(p, 1), yarn)
 
 
 def _rope(space, p):

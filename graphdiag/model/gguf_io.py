@@ -291,6 +291,18 @@ def write_shape(w, cfg: ModelConfig) -> None:
     w.add_rope_freq_base(cfg.rope_base)
     w.add_layer_norm_rms_eps(cfg.norm_eps)
     _write_window(w, cfg)
+    _write_yarn(w, cfg)
+
+
+def _write_yarn(w, cfg: ModelConfig) -> None:
+    """gpt-oss's YaRN, as its converter writes it: rope.scaling.type yarn, .factor, .original_context_length."""
+    factor = getattr(cfg, "yarn_factor", 0.0)
+    if factor <= 0:
+        return
+    from gguf import RopeScalingType
+    w.add_rope_scaling_type(RopeScalingType.YARN)
+    w.add_rope_scaling_factor(factor)
+    w.add_rope_scaling_orig_ctx_len(cfg.yarn_orig_ctx)
 
 
 def _write_window(w, cfg: ModelConfig) -> None:

@@ -240,6 +240,15 @@ def gpt_oss_cases() -> list[Case]:
     sinks = c.rng.standard_normal(8).astype(np.float32)
     sinks[5] = 6.0                                                                    # above every m
     out.append(c.set(c.output(G.F32, 64, 8, 3), c.put(G.F32, part), c.put(G.F32, sinks)))
+    # gpt-oss-20b's YaRN (factor 32 over 4096 positions, base 150 000: corr dims 8 and 18), NEOX, pairs on
+    # either side of the ramp and in it; the K-cache write takes the same fp
+    yarn_fp = (150000.0, 1.0 / 32, 1.0, 1.0, 8.0, 18.0)
+    c = Case("rope_f32", "yarn-neox-D64", ROPE)
+    out.append(c.set(c.output(G.F32, 64, 8, 5), c.randn(G.F32, 64, 8, 5), c.ints(c.rng.integers(0, 100, 5)),
+                     ip=(64, NEOX), fp=yarn_fp))
+    c = Case("rope_set_rows_f16", "yarn-neox-D64-cache", F16_OUT)
+    out.append(c.set(c.output(G.F16, 128, 16), c.randn(G.F32, 64, 2, 3), c.ints([3, 40, 99]), c.ints([5, 0, 11]),
+                     ip=(64, NEOX), fp=yarn_fp))
     return out
 
 

@@ -40,6 +40,7 @@ import numpy as np
 
 from ...errors import GraphdiagError
 from ...ir.attention import fa_operands
+from ...ir.build import Yarn
 from ...ir.dtypes import GGMLType, is_quantized
 from ...ir.graph import Graph
 from ...ir.ops import GluOp, Op
@@ -108,7 +109,7 @@ def _lower_node(graph: Graph, i: int, fusion: Fusion | None, cc: int, d: "Descri
         return lower_mul_mat_id(d, node, cc, nsm)
     if op == Op.ROPE:
         return KernelOp(_launch(d, "rope_f32", [node, s[0], s[1]], ip=(node.param_i32(1), node.param_i32(2)),
-                                fp=(node.param_f32(5), node.param_f32(6))))
+                                fp=rope_fp(node)))
     if op == Op.SET_ROWS:
         return KernelOp(_launch(d, f"set_rows_{_W[node.type]}", [node, s[1], s[2]]))
     if op == Op.FLASH_ATTN_EXT:
@@ -157,6 +158,17 @@ def refuse_ops_after(graph: Graph, upstream: str) -> None:
             name = rec["name"][idx].decode()
             raise GraphdiagError(f"GLU op {GluOp(op).name} (node {name!r}) is not in ggml {upstream}: it came with "
                                  "llama.cpp 0c1e57098 (run with --upstream 0c1e57098)")
+
+
+def rope_fp(rope: Tensor) -> tuple[float, ...]:
+    """rope_f32's / rope_set_rows_f16's fp: (freq_base, freq_scale), and for a YaRN rope (its attn_factor, op
+    param 8, set) ext_factor, attn_factor and ggml_rope_yarn_corr_dims' two dims, computed on the host as
+    ggml-cuda's rope launcher does."""
+    fb, fs = rope.param_f32(5), rope.param_f32(6)
+    if rope.param_f32(8) == 0.0:
+        return fb, fs
+    y = Yarn(fs, rope.param_i32(4), rope.param_f32(7), rope.param_f32(8), rope.param_f32(9), rope.param_f32(10))
+    return (fb, fs, y.ext_factor, y.attn_factor, *y.corr_dims(rope.param_i32(1), fb))
 
 
 def _mmv_ip(dst: Tensor, w: Tensor) -> tuple[int, int]:
@@ -299,8 +311,7 @@ def _lower_fused(d, graph: Graph, i: int, f: Fusion):
         if sr.type != GGMLType.F16:
             raise NotImplementedError("rope+set_rows fusion needs an F16 cache")
         return KernelOp(_launch(d, "rope_set_rows_f16", [sr, node.src[0], node.src[1], sr.src[2]],
-                                ip=(node.param_i32(1), node.param_i32(2)),
-                                fp=(node.param_f32(5), node.param_f32(6))))
+                                ip=(node.param_i32(1), node.param_i32(2)), fp=rope_fp(node)))
     raise ValueError(f"unknown fusion {f.pattern}")
 
 
@@ -324,6 +335,8 @@ def _lower_norm_fused(d, graph: Graph, i: int, f: Fusion) -> KernelOp:
         add = graph.node(i + 2)
         return KernelOp(_launch(d, "rms_norm_mul_add_f32", [add, x, w, other_src(add, mul)], fp=(eps,)))
     rope = graph.node(i + 2)
+    if rope.param_f32(8) != 0.0:
+        raise NotImplementedError(f"{rope.name}: YaRN in the RMS_NORM + MUL + ROPE fusion (no graph of graphdiag's has both)")
     ip, fp = (rope.param_i32(1), rope.param_i32(2)), (eps, rope.param_f32(5), rope.param_f32(6))
     if f.pattern == RMS_NORM_MUL_ROPE:
         return KernelOp(_launch(d, "rms_norm_mul_rope_f32", [rope, x, w, rope.src[1]], ip=ip, fp=fp))

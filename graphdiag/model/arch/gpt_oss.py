@@ -16,9 +16,11 @@ the clamped SwiGLU (GLU SWIGLU_OAI, alpha 1.702, limit 7), down and its bias, th
 starting with layer 0) unless the file gives the pattern. Untied output (output.weight is required).
 
 Required keys: attention.sliding_window, expert_feed_forward_length, expert_count, expert_used_count and the
-common ones (common.base_config). Not computed, so refused: rope scaling (YaRN, as the released gpt-oss files
-carry: rope.scaling.type yarn, factor 32, original_context_length 4096), a fused attn_qkv and the per-weight
-scales. Q/K/V biases are optional to llama.cpp's loader (create_tensor_qkv) and to graphdiag; every other
+common ones (common.base_config). Rope scaling as llama.cpp reads it for gpt-oss: rope.scaling.type `yarn` (the
+released files': factor 32, original_context_length 4096) scales every layer's rope (presets.GptOssConfig.yarn:
+llama_context's ext_factor 1, attn_factor, beta_fast 32, beta_slow 1; original_context_length defaults to
+context_length), `none` or `linear` at factor 1 is none, linear at another factor is refused (graphdiag's
+rope has no linear scaling). Refused too: a fused attn_qkv and the per-weight scales. Q/K/V biases are optional to llama.cpp's loader (create_tensor_qkv) and to graphdiag; every other
 bias, the sinks and the post-attention norm are required.
 """
 
@@ -54,7 +56,7 @@ def config(meta: Meta) -> GptOssConfig:
     n_expert, n_used = expert_counts(meta)
     if not n_expert:
         raise meta.fail(f"{NAME}.expert_count is missing or 0: llama.cpp's {NAME} needs experts")
-    base = base_config(meta, ff_required=False, rope_type=ROPE_TYPE)
+    base = base_config(meta, ff_required=False, own_rope_scaling=True, rope_type=ROPE_TYPE)
     n_swa = meta.need("attention.sliding_window")
     pat = meta.get("attention.sliding_window_pattern", SWA_PATTERN)
     if isinstance(pat, (list, tuple)):
@@ -68,7 +70,24 @@ def config(meta: Meta) -> GptOssConfig:
     fields.update(n_ff=0, n_ff_exp=meta.need(EXPERT_FF_KEY), n_expert=n_expert, n_expert_used=n_used,
                   moe_norm_w=False, tied_output=False)
     return GptOssConfig(**fields, n_swa=n_swa, swa_layers=layers,
-                        rope_base_swa=meta.finite("rope.freq_base_swa", base.rope_base, positive=True))
+                        rope_base_swa=meta.finite("rope.freq_base_swa", base.rope_base, positive=True),
+                        **_yarn_fields(meta))
+
+
+def _yarn_fields(meta: Meta) -> dict:
+    """GptOssConfig's YaRN fields from rope.scaling.* (llama_model_base::load_hparams' reading), {} for none."""
+    kind = meta.get("rope.scaling.type", "linear")
+    factor = meta.real("rope.scaling.factor", meta.real("rope.scale_linear", 0.0))
+    if kind == "yarn":
+        if not (factor >= 0 and np.isfinite(factor)):
+            raise meta.fail(f"{NAME}.rope.scaling.factor {factor} is not a non-negative finite number")
+        orig = meta.count("rope.scaling.original_context_length", 0) or meta.need("context_length")
+        return dict(yarn_factor=factor or 1.0, yarn_orig_ctx=orig,
+                    yarn_attn_factor=meta.finite("rope.scaling.attn_factor", 1.0, positive=True))
+    if kind == "none" or (kind == "linear" and factor in (0.0, 1.0)):
+        return {}
+    raise meta.fail(f"rope scaling ({NAME}.rope.scaling.type {kind!r}, factor {factor}) is not computed by "
+                    f"graphdiag (YaRN is)")
 
 
 def layer_specs(cfg: ModelConfig, il: int):
@@ -119,6 +138,11 @@ class Builder(IswaBuilder):
 
     def rope_base(self, il: int) -> float:
         return self.cfg.rope_base_of(il)
+
+    def rope(self, x: Tensor, il: int, inp, name: str) -> Tensor:
+        """ggml_rope_ext, NEOX, the layer's base, the file's YaRN on every layer."""
+        cfg = self.cfg
+        return self.c.rope(x, inp.pos, cfg.head_dim, self.rope_base(il), name, mode=ROPE_NEOX, yarn=cfg.yarn())
 
     def attention(self, lay, il: int, cur: Tensor, inp: IswaInputs) -> Tensor:
         """build_qkv (biases), NEOX rope, build_attn over the layer's cache with its sinks; `attn_out-il` is
@@ -215,6 +239,24 @@ def swiglu_oai(gate: np.ndarray, up: np.ndarray, alpha: float = SWIGLU_ALPHA, li
     return x / (1.0 + np.exp(-alpha * x)) * (np.clip(up, -limit, limit) + 1.0)
 
 
+def yarn_neox(x: np.ndarray, pos: np.ndarray, base: float, yarn) -> np.ndarray:
+    """NEOX rope with YaRN in float64 (x: (T, H, hd); element i rotates with i + hd/2), written from the YaRN
+    paper's recipe as ggml applies it: per pair i the angle pos * base^(-2i/hd) extrapolated below the ramp
+    (i <= c0), interpolated (times freq_scale) above it (i >= c1), mixed linearly between; cos and sin scaled
+    by attn_factor * (1 + 0.1 ln(1 / freq_scale)); c0, c1 from yarn.corr_dims (beta_fast, beta_slow)."""
+    hd = x.shape[-1]
+    half = hd // 2
+    i = np.arange(half, dtype=F64)
+    c0, c1 = yarn.corr_dims(hd, base)
+    ramp = (1.0 - np.clip((i - c0) / max(0.001, c1 - c0), 0.0, 1.0)) * yarn.ext_factor
+    th_e = pos[:, None].astype(F64) * base ** (-2.0 * i / hd)                      # (T, half)
+    th = th_e * yarn.freq_scale * (1.0 - ramp) + th_e * ramp
+    m = yarn.attn_factor * (1.0 + 0.1 * np.log(1.0 / yarn.freq_scale))
+    c, s = (np.cos(th) * m)[:, None, :], (np.sin(th) * m)[:, None, :]
+    x0, x1 = x[..., :half], x[..., half:]
+    return np.concatenate([x0 * c - x1 * s, x0 * s + x1 * c], axis=-1)
+
+
 class Reference(ReferenceBase):
     """gpt-oss's forward in float64, written from the model's definition: biased projections, NEOX rope at the
     layer's base, attention with a per-head sink logit in the softmax's denominator (and the window on sliding
@@ -234,8 +276,10 @@ class Reference(ReferenceBase):
         return self._mm(h, "output.weight").astype(np.float32)
 
     def _qk(self, il: int, q: np.ndarray, k: np.ndarray, pos: np.ndarray):
-        base = self.cfg.rope_base_of(il)
-        return rope_pairs(q, pos, base, neox=True), rope_pairs(k, pos, base, neox=True)
+        base, yarn = self.cfg.rope_base_of(il), self.cfg.yarn()
+        if yarn is None:
+            return rope_pairs(q, pos, base, neox=True), rope_pairs(k, pos, base, neox=True)
+        return yarn_neox(q, pos, base, yarn), yarn_neox(k, pos, base, yarn)
 
     def _attention(self, il: int, h: np.ndarray, seqs: np.ndarray, pos: np.ndarray) -> np.ndarray:
         out = super()._attention(il, h, seqs, pos)      # attn_output's product: its bias added here
