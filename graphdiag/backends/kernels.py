@@ -183,13 +183,17 @@ def _specs() -> dict[str, KernelSpec]:
         KernelSpec("topk_moe_f32",
                    ("weights F32 (k, T) or (1, k, T), contiguous", "ids I32 (k, T): the view of the argsort's rows",
                     "router logits F32 (n_expert, T), contiguous (n_expert <= 576)"),
-                   ip=("k: experts used", "1: the weight norm fused, 0: not"),
+                   ip=("k: experts used", "1: the weight norm fused, 0: not",
+                       "1: the softmax delayed (gpt-oss: top k of the logits, then the k kept softmaxed)"),
                    fp=("scale of the weights (1: no SCALE)", "the norm's CLAMP minimum"),
                    doc="per token p = softmax(logits); k rounds of argmax over p (ties: the lower expert) write "
                        "ids[r] and weights[r] = p[id] * scale, with the norm (p[id] * (1 / max(s, clamp))) * "
                        "scale, s the k kept p summed per lane (expert % 32, in round order) then by the warp's "
                        "butterfly: SOFT_MAX + RESHAPE + ARGSORT + VIEW + GET_ROWS [+ RESHAPE + SUM_ROWS + CLAMP + "
-                       "DIV + RESHAPE] [+ SCALE] fused (kernels/moe.cu, ggml-cuda's topk_moe_cuda)"),
+                       "DIV + RESHAPE] [+ SCALE] fused (kernels/moe.cu, ggml-cuda's topk_moe_cuda). With ip[2] (the "
+                       "delayed softmax: ARGSORT + VIEW + GET_ROWS + RESHAPE + SOFT_MAX + RESHAPE, gpt-oss): the "
+                       "rounds run over the logits (NaN: -FLT_MAX) and weights[r] = softmax of the k kept logits "
+                       "(e = exp(v - max), summed per lane (r % 32) then by the butterfly, e * (1 / sum)) * scale"),
         KernelSpec("mul_mat_fixup_f32", ("dst F32 (M, N, B2, B3)", "partials F32 (M, N, B2, B3 * P), pool scratch"),
                    ip=("P: partial outputs (k parts - 1)",),
                    doc="dst[.., i3, n, m] += sum_q partials[.., i3 + q * B3, n, m], q in order: the k-split's "

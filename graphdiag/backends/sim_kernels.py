@@ -210,6 +210,9 @@ def _topk_moe(space, p):
     _check_type(p, 2, GGMLType.F32, name)
     logits = view(space, p, 2).astype(F32)                     # (B3, B2, T, n_expert)
     k = _ip(p, 0)
+    if _ip(p, 2):
+        _topk_moe_delayed(space, p, logits, k)
+        return
     with np.errstate(invalid="ignore", divide="ignore", over="ignore"):
         mx = np.fmax.reduce(logits, axis=-1, keepdims=True)    # fmaxf: a NaN is passed over
         e = np.exp(logits - mx)
@@ -231,6 +234,30 @@ def _topk_moe(space, p):
     weights = weights * F32(_fp(p, 0))
     view(space, p, 1)[...] = ids.reshape(view(space, p, 1).shape)
     view(space, p, 0)[...] = weights.reshape(view(space, p, 0).shape)
+
+
+def _warp_sum(lanes: np.ndarray) -> np.ndarray:
+    """kernels' warp_sum over (rows, 32) lane values: lane l adds lane l ^ off, off 16 .. 1; lane 0's sum."""
+    for off in (16, 8, 4, 2, 1):
+        lanes = lanes + lanes[:, np.arange(32) ^ off]
+    return lanes[:, 0]
+
+
+def _topk_moe_delayed(space, p, logits: np.ndarray, k: int) -> None:
+    """topk_moe_f32 with ip[2] (gpt-oss's router): the k largest logits (a NaN -FLT_MAX; ties: the lower
+    expert) as ids, then their softmax as the weights: e = exp(v - max), each lane's e (slot r at lane r % 32)
+    summed by the warp's butterfly, e * (1 / sum), times fp[0]."""
+    v = np.where(np.isnan(logits), F32(-3.402823466e38), logits).astype(F32)
+    ids = ops.argsort(v, True)[..., :k]
+    kept = np.take_along_axis(v, ids, axis=-1).reshape(-1, k)
+    with np.errstate(over="ignore", invalid="ignore"):
+        e = np.exp(kept - kept.max(axis=-1, keepdims=True))
+        lanes = np.zeros((e.shape[0], 32), F32)
+        for r in range(k):
+            lanes[:, r & 31] += e[:, r]
+        w = e * (F32(1) / _warp_sum(lanes))[:, None] * F32(_fp(p, 0))
+    view(space, p, 1)[...] = ids.reshape(view(space, p, 1).shape)
+    view(space, p, 0)[...] = w.reshape(view(space, p, 0).shape)
 
 
 def _mul_mat_fixup(space, p):

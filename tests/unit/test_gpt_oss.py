@@ -237,3 +237,58 @@ def test_the_yarn_rope_is_the_float64_formula():
     want = gpt_oss.yarn_neox(x[0].astype(np.float64), pos, 150000.0, y)
     np.testing.assert_allclose(got[0], want, atol=2e-3 * np.abs(want).max())   # float32 angles up to 4000
     np.testing.assert_allclose(got[0, :5], want[:5], atol=2e-6 * np.abs(want).max())
+
+
+def _decode_graph():
+    from graphdiag.model.build import DECODE, GraphParams, build_graph
+    from graphdiag.model.weights import create_model
+    return build_graph(create_model(TINY, with_data=False), GraphParams(1, 1, 1, DECODE, 256, 256)).graph
+
+
+def test_the_delayed_router_fusion_matches_and_the_memory_check_decides():
+    """ggml-cuda's top-k MoE fusion in its delayed-softmax form matches each layer's router at its ARGSORT
+    (ARGSORT, VIEW, GET_ROWS, RESHAPE, SOFT_MAX, RESHAPE; ids at +1, weights at +5) on a graph without memory;
+    ggml_cuda_check_fusion_memory_ranges then refuses it where the SOFT_MAX's output lies over the freed
+    logits that the GET_ROWS reads through their reshape (not the ARGSORT's own source, the only one that may
+    alias), which is where ggml-alloc puts it in gpt-oss-tiny's graphs: the simulated runs fuse no router."""
+    from graphdiag.backends.gpu.fusion import TOPK_MOE_DELAYED, _topk_moe_delayed_fuses, fusion_plan
+    from graphdiag.backends.gpu.fusion_graph import consumer_counts
+    g = _decode_graph()
+    names = [n.name for n in g.iter_nodes()]
+    at = [names.index(f"ffn_moe_argsort-{il}") for il in range(TINY.n_layer)]
+    plan = fusion_plan(g, 900)
+    assert all(plan[i].pattern == TOPK_MOE_DELAYED and plan[i].absorbed == 5 for i in at)
+    i, consumers = at[0], consumer_counts(g)
+    for k, addr in zip(range(-2, 6), (0x1000, 0x1000, 0x2000, 0x2000, 0x3000, 0x3000, 0x4000, 0x4000)):
+        g.node(i + k).data = addr       # probs, its reshape, argsort, ids, get_rows, reshape, softmax, weights
+    assert _topk_moe_delayed_fuses(g, i, consumers, "0c1e57098") == 6
+    g.node(i + 4).data = g.node(i + 5).data = 0x1000           # the softmax over the freed logits
+    assert _topk_moe_delayed_fuses(g, i, consumers, "0c1e57098") == 0
+
+
+def test_the_delayed_router_kernel_is_the_unfused_ops():
+    """topk_moe_f32 with ip[2] (its twin) against ARGSORT's first k of the logits and SOFT_MAX of the k kept."""
+    from graphdiag.backends.abi import new_params, set_desc
+    from graphdiag.backends.sim_kernels import run_kernel
+    from graphdiag.backends.sim_view import AddressSpace
+    from graphdiag.ir.dtypes import GGMLType as G
+    rng = np.random.default_rng(4)
+    for n, k, t in ((8, 4, 3), (64, 40, 2)):
+        logits = (rng.standard_normal((t, n)) * 3).astype(np.float32)
+        space = AddressSpace(0x7F00_0000_0000)
+        bufs = [np.zeros((t, k), np.float32), np.full((t, n), -1, np.int32), logits]
+        addrs = []
+        for b in bufs:
+            addrs.append(space.alloc(b.nbytes))
+            space.bytes(addrs[-1], b.nbytes)[:] = b.view(np.uint8).reshape(-1)
+        p = new_params()
+        set_desc(p, 0, addrs[0], int(G.F32), (k, t, 1, 1), (4, 4 * k, 4 * k * t, 4 * k * t))
+        set_desc(p, 1, addrs[1], int(G.I32), (k, t, 1, 1), (4, 4 * n, 4 * n * t, 4 * n * t))
+        set_desc(p, 2, addrs[2], int(G.F32), (n, t, 1, 1), (4, 4 * n, 4 * n * t, 4 * n * t))
+        p["ip"][:3], p["fp"][0] = (k, 0, 1), 1.0
+        run_kernel(space, "topk_moe_f32", p)
+        ids = space.ndarray(addrs[1], int(G.I32), (n, t, 1, 1), (4, 4 * n, 4 * n * t, 4 * n * t)).reshape(t, n)[:, :k]
+        w = space.ndarray(addrs[0], int(G.F32), (k, t, 1, 1), (4, 4 * k, 4 * k * t, 4 * k * t)).reshape(t, k)
+        want_ids = cpu_ops.argsort(logits, True)[:, :k]
+        assert np.array_equal(ids, want_ids)
+        np.testing.assert_allclose(w, cpu_ops.soft_max(np.take_along_axis(logits, want_ids, -1)), rtol=1e-6)

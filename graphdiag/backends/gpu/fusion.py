@@ -22,6 +22,10 @@ their conditions are upstream ggml's, in try_fuse's order, for the ops graphdiag
                          SOFT_MAX; the logits may alias the outputs up to 8 rows (one at d99724f2). At
                          0c1e57098 graph_optimize keeps the group's nodes and sources alive until the node
                          after it
+  topk_moe(delayed_softmax)  any batch: gpt-oss's SOFTMAX_WEIGHT router, the ARGSORT of the (biased) logits, its
+                         VIEW (ids), GET_ROWS of the reshaped logits, RESHAPE, SOFT_MAX, RESHAPE (weights) as the
+                         same kernel with the softmax after the top k, at the ARGSORT (ggml_cuda_topk_moe_fusion's
+                         delayed_softmax); no weight norm may follow it; graph_optimize keeps nothing for it
 
 The GLU may be SWIGLU, GEGLU (Gemma 3) or, at 0c1e57098, SWIGLU_CLAMP (its limit, op param 3, carried into
 the fused kernel as upstream's fusion_data.glu_limit), its gate either mat-mul of the pair; mul_mat_vec+add also takes
@@ -59,7 +63,9 @@ MMID_GLU = "mul_mat_id_vec+glu"
 ROPE_SET_ROWS = "rope+view+set_rows"
 MOE_WR = "moe_weighted_reduction"
 TOPK_MOE = "topk_moe"
+TOPK_MOE_DELAYED = "topk_moe(delayed_softmax)"
 _TOPK_MOE_OPS = (Op.SOFT_MAX, Op.RESHAPE, Op.ARGSORT, Op.VIEW, Op.GET_ROWS)
+_TOPK_MOE_DELAYED_OPS = (Op.ARGSORT, Op.VIEW, Op.GET_ROWS, Op.RESHAPE, Op.SOFT_MAX, Op.RESHAPE)
 _TOPK_MOE_NORM_OPS = (Op.RESHAPE, Op.SUM_ROWS, Op.CLAMP, Op.DIV, Op.RESHAPE)
 MOE_WR_MAX_EXPERTS = 15      # 2k + 1 nodes at most: ggml_can_fuse_subgraph takes fewer than 32
 
@@ -305,6 +311,48 @@ def topk_moe(graph: Graph, i: int, consumers: dict[int, int]) -> TopkMoe | None:
     return TopkMoe(count, logits, view, scale, clamp)
 
 
+def topk_moe_delayed(graph: Graph, i: int, consumers: dict[int, int]) -> TopkMoe | None:
+    """ggml_cuda_topk_moe_fusion's delayed_softmax form at ARGSORT node i (gpt-oss): the argsort of the logits
+    whose reshape (1, n_expert, T) is node i - 1, its VIEW of k (the ids), the GET_ROWS of that reshape by them,
+    RESHAPE (k, T), SOFT_MAX, RESHAPE (1, k, T) (the weights), each reading the one before; refused where a
+    whole weight norm follows (upstream fuses the delayed form only without norm and bias), or where
+    ggml_can_fuse_subgraph or ggml_cuda_should_use_topk_moe (on the SOFT_MAX) would refuse it."""
+    n_ops = len(_TOPK_MOE_DELAYED_OPS)
+    if i < 1 or i + n_ops > graph.n_nodes:
+        return None
+    arg, view, gr, rs, sm, back = (graph.node(i + k) for k in range(n_ops))
+    if (arg.op, view.op, gr.op, rs.op, sm.op, back.op) != _TOPK_MOE_DELAYED_OPS:
+        return None
+    if (view.src[0] != arg or gr.src[1] != view or gr.src[0] != graph.node(i - 1) or rs.src[0] != gr
+            or sm.src[0] != rs or back.src[0] != sm):
+        return None
+    if _topk_moe_tail(graph, i + n_ops)[1] is not None:       # a weight norm after it: args.norm
+        return None
+    if not subgraph_ok(graph, i, _TOPK_MOE_DELAYED_OPS, (i + 1, i + n_ops - 1), consumers):
+        return None
+    logits = arg.src[0]
+    n_expert = view.nb[1] // view.nb[0]
+    if ((n_expert & (n_expert - 1)) or n_expert > 512) and n_expert not in (288, 576):
+        return None
+    if not (back.is_contiguous() and logits.is_contiguous() and sm.src[0].is_contiguous()):
+        return None
+    if sm.param_f32(0) != 1.0 or sm.param_f32(1) != 0.0 or sm.src[1] is not None or sm.src[2] is not None:
+        return None
+    return TopkMoe(n_ops, logits, view, None, None)
+
+
+def _topk_moe_delayed_fuses(graph: Graph, i: int, consumers, upstream: str) -> int:
+    """try_fuse's delayed top-k MoE attempt at an ARGSORT: the match when its two outputs overlap no source
+    still read, the logits aside up to TOPK_MOE_ROWS rows (one at d99724f2); its node count, else 0."""
+    m = topk_moe_delayed(graph, i, consumers)
+    if m is None:
+        return 0
+    ne = graph.node(i).ne
+    rows = ne[1] * ne[2] * ne[3]                    # ggml_nrows of the argsort
+    alias = m.logits if rows <= (1 if upstream == "d99724f2" else TOPK_MOE_ROWS) else None
+    return m.count if _memory_ranges_ok(graph, i, m.count, (i + 1, i + m.count - 1), alias) else 0
+
+
 def _topk_moe_tail(graph: Graph, j: int) -> tuple[tuple[Op, ...], Tensor | None, Tensor | None]:
     """(the group's ops, CLAMP node or None, SCALE node or None) after the router's GET_ROWS (node j - 1), as
     ggml_cuda_topk_moe_fusion reads on: a RESHAPE there starts the weight norm, RESHAPE -> SUM_ROWS -> CLAMP
@@ -349,8 +397,10 @@ def _topk_moe_fuses(graph: Graph, i: int, consumers, upstream: str) -> int:
 
 def written_nodes(i: int, f: Fusion) -> tuple[int, ...]:
     """The nodes the fused kernel at node i writes: the group's last, and the top-k MoE router's ids (its
-    VIEW, node i + 3) as well; the other nodes of the group are elided."""
-    return (i + 3, i + f.absorbed) if f.pattern == TOPK_MOE else (i + f.absorbed,)
+    VIEW: node i + 3, or i + 1 in the delayed form) as well; the other nodes of the group are elided."""
+    if f.pattern == TOPK_MOE:
+        return i + 3, i + f.absorbed
+    return (i + 1, i + f.absorbed) if f.pattern == TOPK_MOE_DELAYED else (i + f.absorbed,)
 
 
 def _moe_reduction_fuses(graph: Graph, i: int, consumers) -> int:
@@ -362,7 +412,8 @@ def _moe_reduction_fuses(graph: Graph, i: int, consumers) -> int:
     return m[0]
 
 
-_FUSION_FIRST = frozenset({Op.ROPE, Op.MUL_MAT, Op.MUL_MAT_ID, Op.RMS_NORM, Op.MUL, Op.SOFT_MAX})   # where try_fuse can match
+_FUSION_FIRST = frozenset({Op.ROPE, Op.MUL_MAT, Op.MUL_MAT_ID, Op.RMS_NORM, Op.MUL, Op.SOFT_MAX,
+                           Op.ARGSORT})   # where try_fuse can match
 
 
 def try_fuse(graph: Graph, i: int, consumers: dict[int, int], cc: int = 900,
@@ -375,6 +426,9 @@ def try_fuse(graph: Graph, i: int, consumers: dict[int, int], cc: int = 900,
     if op == Op.SOFT_MAX:
         count = _topk_moe_fuses(graph, i, consumers, upstream)
         return Fusion(TOPK_MOE, count - 1) if count else None
+    if op == Op.ARGSORT:
+        count = _topk_moe_delayed_fuses(graph, i, consumers, upstream)
+        return Fusion(TOPK_MOE_DELAYED, count - 1) if count else None
     if op == Op.ROPE and _rope_set_rows(graph, i, consumers):
         return Fusion(ROPE_SET_ROWS, 2)
     if op == Op.MUL_MAT:
@@ -407,12 +461,14 @@ def _may_fuse(ops: list[int], ne1: list[int], ne2: list[int], i: int) -> bool:
         return nxt == _VIEW or nxt == _MUL
     if op == _SOFT_MAX:     # the top-k MoE router: the probabilities reshaped, then their argsort
         return nxt == _RESHAPE and nxt2 == _ARGSORT
+    if op == _ARGSORT:      # its delayed form: the ids' VIEW, then the GET_ROWS of the weights
+        return nxt == _VIEW and nxt2 == _GET_ROWS
     return nxt == _MUL or nxt == _SCALE     # RMS_NORM: the MUL forms, or the SCALE of rms_norm+scale
 
 
-_ROPE, _VIEW, _SET_ROWS, _MUL_MAT, _MUL_MAT_ID, _GLU, _MUL, _SCALE, _SOFT_MAX, _RESHAPE, _ARGSORT = (
+_ROPE, _VIEW, _SET_ROWS, _MUL_MAT, _MUL_MAT_ID, _GLU, _MUL, _SCALE, _SOFT_MAX, _RESHAPE, _ARGSORT, _GET_ROWS = (
     int(o) for o in (Op.ROPE, Op.VIEW, Op.SET_ROWS, Op.MUL_MAT, Op.MUL_MAT_ID, Op.GLU, Op.MUL, Op.SCALE, Op.SOFT_MAX,
-                     Op.RESHAPE, Op.ARGSORT))
+                     Op.RESHAPE, Op.ARGSORT, Op.GET_ROWS))
 _FIRST_INTS = frozenset(int(o) for o in _FUSION_FIRST)
 
 

@@ -51,8 +51,8 @@ from .descriptors import DescriptorTable
 from .launch_ops import KernelOp, ScratchLaunchesOp, q8_1_scratch, quantized_x_op
 from .launch_ops import W_SUFFIX as _W, X_SUFFIX as _X, pack_launch as _launch
 from .lowering_mmid import SortedMulMatIdOp, lower_mmid_glu, lower_mul_mat_id
-from .fusion import (MMID_GLU, MMV_ADD, MMV_GLU, MOE_WR, RMS_NORM_MUL, ROPE_SET_ROWS, TOPK_MOE, Fusion,
-                     moe_reduction_operands, topk_moe_operands)
+from .fusion import (MMID_GLU, MMV_ADD, MMV_GLU, MOE_WR, RMS_NORM_MUL, ROPE_SET_ROWS, TOPK_MOE, TOPK_MOE_DELAYED,
+                     Fusion, moe_reduction_operands, topk_moe_operands)
 from .fusion_graph import other_src
 from .fusion_norm import RMS_NORM_MUL_ADD, RMS_NORM_MUL_ROPE, RMS_NORM_MUL_ROPE_SET_ROWS, RMS_NORM_SCALE
 from ..abi import Q8_1
@@ -306,6 +306,10 @@ def _lower_fused(d, graph: Graph, i: int, f: Fusion):
         return KernelOp(_launch(d, "topk_moe_f32", [weights, ids, node.src[0]], ip=(ids.ne[0], int(clamp is not None)),
                                 fp=(scale.param_f32(0) if scale is not None else 1.0,
                                     clamp.param_f32(0) if clamp is not None else -np.inf)))
+    if f.pattern == TOPK_MOE_DELAYED:   # gpt-oss's router: weights (the last RESHAPE), ids (the VIEW), logits
+        ids, weights = graph.node(i + 1), graph.node(i + f.absorbed)
+        return KernelOp(_launch(d, "topk_moe_f32", [weights, ids, node.src[0]], ip=(ids.ne[0], 0, 1),
+                                fp=(1.0, -np.inf)))
     if f.pattern == ROPE_SET_ROWS:
         sr = graph.node(i + 2)
         if sr.type != GGMLType.F16:
