@@ -174,7 +174,7 @@ template <int T> __device__ void qmmv_id(const kparams &p) {
     const int e = load_i32(I, s, t, 0, 0);
     const char *w = row_ptr(W, m, e, 0), *x = row_ptr(X, X.ne[1] > 1 ? s : 0, t, 0);
     const float v = T == GGML_BF16 ? frow_dot<T>(w, W.ne[0], x, X.nb[0]) : id_row_dot<T>(w, x, X.nb[0], 0, W.ne[0] / 32);
-    if ((threadIdx.x & 31) == 0) store_f(D, m, s, t, 0, v);
+    if ((threadIdx.x & 31) == 0) store_f(D, m, s, t, 0, plus_expert_bias(p.t[4], m, e, v));
 }
 
 // dst[t, s, m] = glu(G[ids[t, s]][m] . x, U[ids[t, s]][m] . x): the quantized types on Q8_1 x up to 8 tokens
@@ -189,7 +189,8 @@ template <int T> __device__ void qmmv_id_glu(const kparams &p) {
     const i64 nu = G.ne[0] / 32;
     const float g = T == GGML_BF16 ? frow_dot<T>(gw, G.ne[0], x, X.nb[0]) : id_row_dot<T>(gw, x, X.nb[0], 0, nu);
     const float u = T == GGML_BF16 ? frow_dot<T>(uw, U.ne[0], x, X.nb[0]) : id_row_dot<T>(uw, x, X.nb[0], 0, nu);
-    if ((threadIdx.x & 31) == 0) store_f(D, m, s, t, 0, glu(p.ip[0], g, u, p.fp[0]));
+    if ((threadIdx.x & 31) == 0)
+        store_f(D, m, s, t, 0, glu(p.ip[0], plus_gate_bias(p, p.t[5], m, e, g), plus_expert_bias(p.t[5], m, e, u), p.fp[0]));
 }
 
 // MUL_MAT_ID over mm_ids_helper's expert-sorted map (common.cuh mmid_pair): expert blockIdx.y, a warp per

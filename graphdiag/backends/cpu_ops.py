@@ -162,6 +162,12 @@ def glu(op: int, gate: np.ndarray, up: np.ndarray, limit: float = 0.0, alpha: fl
                          f"6 = SWIGLU_CLAMP)")
 
 
+def fused_glu(op: int, gate: np.ndarray, up: np.ndarray, limit: float = 0.0) -> np.ndarray:
+    """The GLU of ggml-cuda's fused gate/up mat-vecs: `glu`, but SWIGLU_OAI with upstream's constants (alpha
+    1.702, limit 7: ggml_cuda_op_swiglu_oai_single's defaults, which the fused kernels call with no others)."""
+    return swiglu_oai(gate, up, 1.702, 7.0) if op == 3 else glu(op, gate, up, limit)
+
+
 def add_id(a: np.ndarray, b: np.ndarray, ids: np.ndarray) -> np.ndarray:
     """dst[0, t, i, :] = a[0, t, i, :] + b[0, 0, ids[t, i], :] in float32 (GGML_OP_ADD_ID: a (1, T, n_used, n),
     b (1, 1, E, n), ids I32 (1, 1, T, n_used); gpt-oss's per-expert biases)."""

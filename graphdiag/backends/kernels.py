@@ -58,6 +58,15 @@ def fa_mma_kernel(head_dim: int) -> str:
 FAM_KERNELS = tuple(fa_mma_kernel(d) for d in FA_HEAD_DIMS)
 
 
+# MUL_MAT_ID + ADD_ID fused (gpt-oss's expert biases, ggml-cuda's fusion_data.x_bias / gate_bias): the bias of
+# expert ids[t, s] added to each product (before the GLU); the GLU kernels' gate bias by address (kparams has
+# six descriptors, all taken), with the up bias's layout
+_BIAS = "bias F32 (M, E), optional: dst[t, s] += bias[ids[t, s]] (ADD_ID fused)"
+_UP_BIAS = "up bias F32 (M, E), optional: the up product += up_bias[ids[t, s]] before the GLU (ADD_IDs fused)"
+_GATE_BIAS_IP = ("gate bias address, low 32 bits (with t[5]: the gate product += its row ids[t, s])",
+                 "gate bias address, high 32 bits")
+
+
 @dataclass(frozen=True)
 class KernelSpec:
     name: str
@@ -103,13 +112,14 @@ def _specs() -> dict[str, KernelSpec]:
                             doc="fused mat-vec + ADD (the residual): dst = W x + r; N <= 8 (1 in the graphs)"))
         xid = ("xq Q8_1 (K, n_b, T) from quantize_q8_1" if w == "q8_0" else "x F32 (K, n_b, T)") + ", n_b in {1, n_used}"
         s.append(KernelSpec(f"mul_mat_id_vec_{w}",
-                            ("dst (M, n_used, T)", f"experts {w} (K, M, E)", xid, "ids I32 (n_used, T)"),
+                            ("dst (M, n_used, T)", f"experts {w} (K, M, E)", xid, "ids I32 (n_used, T)", _BIAS),
                             doc=f"dst[t, s, :] = experts[ids[t, s]] . x[t, s if n_b > 1 else 0] ({dot}); fast path, "
                                 "no sync: upstream's mmvq (q8_0, T <= 8) or MMF reading the ids (float, T <= 16)"))
         s.append(KernelSpec(f"mul_mat_id_vec_glu_{w}",
                             ("dst (M, n_used, T)", f"gate experts {w} (K, M, E)", f"up experts {w} (K, M, E)",
-                             xid, "ids I32 (n_used, T)"),
-                            ip=("glu op (1 = GEGLU, 2 = SWIGLU, 6 = SWIGLU_CLAMP)",), fp=("SWIGLU_CLAMP's limit",),
+                             xid, "ids I32 (n_used, T)", _UP_BIAS),
+                            ip=("glu op (1 = GEGLU, 2 = SWIGLU, 3 = SWIGLU_OAI, 6 = SWIGLU_CLAMP)", *_GATE_BIAS_IP),
+                            fp=("SWIGLU_CLAMP's limit",),
                             doc="fused expert gate/up mat-vec + GLU: dst[t, s] = glu(G[ids[t, s]] x, U[ids[t, s]] "
                                 "x), e.g. silu(G x) * (U x); float experts at one token (mul_mat_id_glu.cu), "
                                 "q8_0 up to 8 tokens (mul_mat_vec.cu)"))
@@ -292,13 +302,13 @@ def _x_specs() -> list[KernelSpec]:
             KernelSpec(f"mul_mat_vec_add_{w}", ("dst (M, N)", f"W {w} (K, M)", x, "r F32 (M, N)"),
                        ip=("unused", "warps per row"), doc="W x + r; N <= 8"),
             KernelSpec(f"mul_mat_id_vec_{w}", ("dst (M, n_used, T)", f"experts {w} (K, M, E)",
-                                               x.replace("(K, N)", "(K, n_b, T)"), "ids I32 (n_used, T)"),
+                                               x.replace("(K, N)", "(K, n_b, T)"), "ids I32 (n_used, T)", _BIAS),
                        doc=(f"dst[t, s, :] = experts[ids[t, s]] . x[t, s or 0]: {dot}" if q else
                             f"dst[t, s, :] = ({deq} of experts[ids[t, s]]) . x[t, s or 0] (F32 x)")),
             KernelSpec(f"mul_mat_id_vec_glu_{w}", ("dst (M, n_used, T)", f"gate experts {w} (K, M, E)",
                                                    f"up experts {w} (K, M, E)", x.replace("(K, N)", "(K, n_b, T)"),
-                                                   "ids I32 (n_used, T)"),
-                       ip=("glu op",), fp=("SWIGLU_CLAMP's limit",),
+                                                   "ids I32 (n_used, T)", _UP_BIAS),
+                       ip=("glu op", *_GATE_BIAS_IP), fp=("SWIGLU_CLAMP's limit",),
                        doc="glu(G[ids[t, s]] x, U[ids[t, s]] x)" + (", T <= 8 (Q8_1 x)" if q else " of one token (F32 x)")),
             KernelSpec(f"mul_mat_id_gathered_{w}", ("dst (M, n_used, T)", f"experts {w} (K, M, E)", "x F32 (K, n_b, T)",
                                                     "row map I32 pairs (slot, token)"),

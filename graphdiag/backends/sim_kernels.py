@@ -24,7 +24,7 @@ from . import sim_kernels_ops, sim_moe
 from .abi import Q8_1
 from .geometry import FAM_KV
 from .sim_quants import quant_kernels
-from .sim_view import Q8_1_BLOCK, view   # noqa: F401  (view re-exported: the kernels' descriptor view)
+from .sim_view import Q8_1_BLOCK, expert_biases, view   # noqa: F401  (view re-exported: the kernels' descriptor view)
 from .kernels import (FA_HEAD_DIMS, FAV_GROUPS, KERNELS, W_TYPES, fa_direct_kernel, fa_mma_kernel, fa_vec_kernel,
                       fav_groups)
 
@@ -96,8 +96,8 @@ def _check(cond: bool, kernel: str, detail: str) -> None:
 
 
 def _check_glu(p: np.ndarray, kernel: str) -> None:
-    _check(_ip(p, 0) in (GluOp.GEGLU, GluOp.SWIGLU, GluOp.SWIGLU_CLAMP), kernel,
-           f"glu op {_ip(p, 0)} (GEGLU = 1, SWIGLU = 2 and SWIGLU_CLAMP = 6 are implemented)")
+    _check(_ip(p, 0) in (GluOp.GEGLU, GluOp.SWIGLU, GluOp.SWIGLU_OAI, GluOp.SWIGLU_CLAMP), kernel,
+           f"glu op {_ip(p, 0)} (GEGLU = 1, SWIGLU = 2, SWIGLU_OAI = 3 and SWIGLU_CLAMP = 6 are implemented)")
 
 
 def _type_name(t: int) -> str:
@@ -277,7 +277,7 @@ def _mul_mat_vec_glu(name: str, wt: GGMLType) -> Kernel:
         _check_glu(p, name)
         gate = _product(name, wt, space, p, 1, 3, MMV_MAX_N)
         up = _product(name, wt, space, p, 2, 3, MMV_MAX_N)
-        view(space, p, 0)[...] = ops.glu(_ip(p, 0), gate, up, _fp(p, 0))
+        view(space, p, 0)[...] = ops.fused_glu(_ip(p, 0), gate, up, _fp(p, 0))
     return k
 
 
@@ -302,14 +302,19 @@ def _mul_mat_id_vec_glu(name: str, wt: GGMLType) -> Kernel:
         x, ids = view(space, p, 3), view(space, p, 4)
         gate = ops.mul_mat_id(view(space, p, 1), x, ids)
         up = ops.mul_mat_id(view(space, p, 2), x, ids)
-        view(space, p, 0)[...] = ops.glu(_ip(p, 0), gate, up, _fp(p, 0))
+        bias = expert_biases(space, p, 5, glu=True)
+        if bias is not None:                    # ADD_IDs fused (gpt-oss): each expert's bias row, then the GLU
+            gate, up = ops.add_id(gate, bias[0], ids), ops.add_id(up, bias[1], ids)
+        view(space, p, 0)[...] = ops.fused_glu(_ip(p, 0), gate, up, _fp(p, 0))
     return k
 
 
 def _mul_mat_id_vec(name: str, wt: GGMLType) -> Kernel:
     def k(space, p):
         _check_type(p, 1, wt, name)
-        view(space, p, 0)[...] = ops.mul_mat_id(view(space, p, 1), view(space, p, 2), view(space, p, 3))
+        out = ops.mul_mat_id(view(space, p, 1), view(space, p, 2), view(space, p, 3))
+        bias = expert_biases(space, p, 4, glu=False)
+        view(space, p, 0)[...] = out if bias is None else ops.add_id(out, bias, view(space, p, 3))
     return k
 
 

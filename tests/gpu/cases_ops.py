@@ -240,6 +240,25 @@ def gpt_oss_cases() -> list[Case]:
     sinks = c.rng.standard_normal(8).astype(np.float32)
     sinks[5] = 6.0                                                                    # above every m
     out.append(c.set(c.output(G.F32, 64, 8, 3), c.put(G.F32, part), c.put(G.F32, sinks)))
+    # the experts' biases fused (MUL_MAT_ID + ADD_ID [+ MUL_MAT_ID + ADD_ID + GLU]): F16 experts at one token
+    # (F32 x), Q8_0 and MXFP4 ones on Q8_1 x at 3 tokens; SWIGLU_OAI past its limit (gate and up large)
+    from quant_cases import qweights
+    for w in ("f16", "q8_0", "mxfp4"):
+        t = 1 if w == "f16" else 3
+        def x_of(c, k=256):
+            return c.randn(G.F32, k, 2, t) if w == "f16" else c.q8_1(k, 2, t)
+        def experts(c, k=256, m=96):
+            return qweights(c, w, k, m, 4) if w == "mxfp4" else c.randn(WT[w], k, m, 4, scale=4)
+        c = Case(f"mul_mat_id_vec_{w}", f"bias-E4-T{t}", F32_DOT)
+        ids = c.ints(np.array([c.rng.permutation(4)[:2] for _ in range(t)]), (2, t))
+        out.append(c.set(c.output(G.F32, 96, 2, t), experts(c), x_of(c), ids, c.randn(G.F32, 96, 4)))
+        c = Case(f"mul_mat_id_vec_glu_{w}", f"bias-swiglu-oai-E4-T{t}", 2 * F32_DOT)
+        ids = c.ints(np.array([c.rng.permutation(4)[:2] for _ in range(t)]), (2, t))
+        gate_b = c.randn(G.F32, 96, 4, scale=4)
+        c.set(c.output(G.F32, 96, 2, t), experts(c), experts(c), x_of(c), ids, c.randn(G.F32, 96, 4, scale=4),
+              ip=(3, 0, 0))
+        c.ip_addr = {1: gate_b}
+        out.append(c)
     # gpt-oss-20b's YaRN (factor 32 over 4096 positions, base 150 000: corr dims 8 and 18), NEOX, pairs on
     # either side of the ramp and in it; the K-cache write takes the same fp
     yarn_fp = (150000.0, 1.0 / 32, 1.0, 1.0, 8.0, 18.0)

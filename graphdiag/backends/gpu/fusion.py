@@ -10,6 +10,9 @@ their conditions are upstream ggml's, in try_fuse's order, for the ops graphdiag
   mul_mat_id_vec+glu     the experts' gate/up mat-vec + GLU (MoE): float experts at 1 token; quantized
                          ones at every batch their MMVQ path takes (up to get_mmvq_mmid_max_batch: 8 on
                          Volta, Ada and newer), fused into mul_mat_vec_q_moe upstream
+  mul_mat_id_vec+add_id+glu  gpt-oss's biased form (MUL_MAT_ID, ADD_ID, MUL_MAT_ID, ADD_ID, GLU), tried first,
+                         on the same paths; mul_mat_id_vec+add_id: an expert mat-vec and its bias (the down
+                         projection), tried after both
   rms_norm+mul(+...)     any batch: with rope(+view+set_rows), with add, or alone (fusion_norm.py)
   rms_norm+scale         any batch (0c1e57098): a SCALE of the norm with bias 0, tried after the MUL forms
   moe_weighted_reduction any batch (llama.cpp #25952, 0c1e57098): the experts' outputs times the router
@@ -60,6 +63,9 @@ from .fusion_norm import (RMS_NORM_MUL, RMS_NORM_MUL_ADD, RMS_NORM_MUL_ROPE, RMS
 MMV_GLU = "mul_mat_vec+glu"
 MMV_ADD = "mul_mat_vec+add"
 MMID_GLU = "mul_mat_id_vec+glu"
+MMID_BIAS_GLU = "mul_mat_id_vec+add_id+glu"
+MMID_ADD_ID = "mul_mat_id_vec+add_id"
+_MMID_BIAS_GLU_OPS = (Op.MUL_MAT_ID, Op.ADD_ID, Op.MUL_MAT_ID, Op.ADD_ID, Op.GLU)
 ROPE_SET_ROWS = "rope+view+set_rows"
 MOE_WR = "moe_weighted_reduction"
 TOPK_MOE = "topk_moe"
@@ -69,10 +75,10 @@ _TOPK_MOE_DELAYED_OPS = (Op.ARGSORT, Op.VIEW, Op.GET_ROWS, Op.RESHAPE, Op.SOFT_M
 _TOPK_MOE_NORM_OPS = (Op.RESHAPE, Op.SUM_ROWS, Op.CLAMP, Op.DIV, Op.RESHAPE)
 MOE_WR_MAX_EXPERTS = 15      # 2k + 1 nodes at most: ggml_can_fuse_subgraph takes fewer than 32
 
-# ggml_cuda_should_fuse_mul_mat's valid_glu_ops, of the GLU ops graphdiag builds (SWIGLU_OAI never is):
-# d99724f2 lists SWIGLU, GEGLU and SWIGLU_OAI; 0c1e57098 adds SWIGLU_CLAMP
-_GLU_FUSABLE = {"0c1e57098": (GluOp.SWIGLU, GluOp.GEGLU, GluOp.SWIGLU_CLAMP),
-                "d99724f2": (GluOp.SWIGLU, GluOp.GEGLU)}
+# ggml_cuda_should_fuse_mul_mat's valid_glu_ops: d99724f2 lists SWIGLU, GEGLU and SWIGLU_OAI; 0c1e57098 adds
+# SWIGLU_CLAMP (SWIGLU_OAI's fused kernels use upstream's constants, alpha 1.702 and limit 7)
+_GLU_FUSABLE = {"0c1e57098": (GluOp.SWIGLU, GluOp.GEGLU, GluOp.SWIGLU_OAI, GluOp.SWIGLU_CLAMP),
+                "d99724f2": (GluOp.SWIGLU, GluOp.GEGLU, GluOp.SWIGLU_OAI)}
 
 
 def _mmvf_ok(mm: Tensor, cc: int) -> bool:
@@ -139,6 +145,52 @@ def _mmv_glu(graph: Graph, i: int, consumers, cc: int, op: Op = Op.MUL_MAT,
     if wg.type != wu.type or wg.ne != wu.ne or wg.nb != wu.nb or gate.src[1] != up.src[1]:
         return False
     return _memory_ranges_ok(graph, i, 3, i + 2)
+
+
+def mmid_bias_glu(graph: Graph, i: int, consumers, cc: int, upstream: str = "0c1e57098"
+                  ) -> tuple[Tensor, Tensor, Tensor, Tensor] | None:
+    """(gate, up, gate bias, up bias) of gpt-oss's biased expert gate/up + GLU at node i fused into one mat-vec
+    (MUL_MAT_ID, ADD_ID, MUL_MAT_ID, ADD_ID, GLU: ggml_cuda_can_fuse's mul_mat_id_bias_glu_ops, the gate
+    told from the up by the ADD_ID the GLU gates with), or None: ggml_cuda_should_fuse_mul_mat with biases
+    (each ADD_ID over its own mat-mul and the same ids, the same weight layout, x and ids, a fusable GLU not
+    swapped), ggml_can_fuse_subgraph (the GLU the only output), the memory-range check, and the mat-vec
+    paths' (ggml_cuda_should_fuse_mul_mat_vec_f / _q on the up mat-mul)."""
+    if i + 4 >= graph.n_nodes:
+        return None
+    nodes = [graph.node(i + k) for k in range(5)]
+    if tuple(n.op for n in nodes) != _MMID_BIAS_GLU_OPS:
+        return None
+    glu = nodes[4]
+    gate_b, up_b = glu.src[0], glu.src[1]
+    if gate_b is None or up_b is None:
+        return None
+    if nodes[0] in (gate_b.src[0], gate_b.src[1]):
+        gate, up = nodes[0], nodes[2]
+    elif nodes[2] in (gate_b.src[0], gate_b.src[1]):
+        gate, up = nodes[2], nodes[0]
+    else:
+        return None
+    if gate_b.op != Op.ADD_ID or up_b.op != Op.ADD_ID or gate_b.src[0] != gate or up_b.src[0] != up:
+        return None
+    if gate_b.src[2] != gate.src[2] or up_b.src[2] != up.src[2] or gate.src[2] != up.src[2]:
+        return None
+    wg, wu = gate.src[0], up.src[0]
+    if wg.type != wu.type or wg.ne != wu.ne or wg.nb != wu.nb or gate.src[1] != up.src[1]:
+        return None
+    if glu.param_i32(0) not in _GLU_FUSABLE[upstream] or glu.param_i32(1):
+        return None
+    if not subgraph_ok(graph, i, _MMID_BIAS_GLU_OPS, (i + 4,), consumers) or not _memory_ranges_ok(graph, i, 5, i + 4):
+        return None
+    return (gate, up, gate_b, up_b) if _mat_vec_fusable(up, cc) else None
+
+
+def _mmid_add_id(graph: Graph, i: int, consumers, cc: int) -> bool:
+    """MUL_MAT_ID + ADD_ID of its own output by the same ids (gpt-oss's down bias) as one mat-vec: ggml_can_fuse
+    (no memory check: the ADD_ID reuses the mat-vec's memory in place) and the mat-vec paths'."""
+    if not _mat_vec_fusable(graph.node(i), cc) or not _can_fuse(graph, i, (Op.MUL_MAT_ID, Op.ADD_ID), consumers):
+        return False
+    mm, add = graph.node(i), graph.node(i + 1)
+    return add.src[0] == mm and add.src[2] == mm.src[2]
 
 
 def _mmv_add(graph: Graph, i: int, consumers, cc: int) -> bool:
@@ -436,8 +488,13 @@ def try_fuse(graph: Graph, i: int, consumers: dict[int, int], cc: int = 900,
             return Fusion(MMV_GLU, 2)
         if _mmv_add(graph, i, consumers, cc):
             return Fusion(MMV_ADD, 1)
-    if op == Op.MUL_MAT_ID and _mmv_glu(graph, i, consumers, cc, Op.MUL_MAT_ID, upstream):
-        return Fusion(MMID_GLU, 2)
+    if op == Op.MUL_MAT_ID:     # upstream's order: the biased gate/up + GLU, the plain one, the mat-vec + bias
+        if mmid_bias_glu(graph, i, consumers, cc, upstream) is not None:
+            return Fusion(MMID_BIAS_GLU, 4)
+        if _mmv_glu(graph, i, consumers, cc, Op.MUL_MAT_ID, upstream):
+            return Fusion(MMID_GLU, 2)
+        if _mmid_add_id(graph, i, consumers, cc):
+            return Fusion(MMID_ADD_ID, 1)
     if op == Op.RMS_NORM:
         return try_fuse_norm(graph, i, consumers, upstream)
     return None
@@ -456,6 +513,8 @@ def _may_fuse(ops: list[int], ne1: list[int], ne2: list[int], i: int) -> bool:
     if op == _MUL_MAT:      # mul_mat_vec+glu: the up mat-vec (node i+1) writes one column; +add: node i does
         return (nxt == _MUL_MAT and nxt2 == _GLU and ne1[i + 1] == 1) or ne1[i] == 1
     if op == _MUL_MAT_ID:   # the up mat-vec's tokens within the mat-vec paths (float: 1, quantized: <= 8)
+        if nxt == _ADD_ID:  # gpt-oss's biased experts: + ADD_ID [+ MUL_MAT_ID + ADD_ID + GLU]
+            return ne2[i] <= MMVQ_MAX_BATCH_SIZE
         return nxt == _MUL_MAT_ID and nxt2 == _GLU and ne2[i + 1] <= MMVQ_MAX_BATCH_SIZE
     if op == _MUL:          # the weighted reduction: its views follow (or the second MUL of the scaled form)
         return nxt == _VIEW or nxt == _MUL
@@ -469,6 +528,7 @@ def _may_fuse(ops: list[int], ne1: list[int], ne2: list[int], i: int) -> bool:
 _ROPE, _VIEW, _SET_ROWS, _MUL_MAT, _MUL_MAT_ID, _GLU, _MUL, _SCALE, _SOFT_MAX, _RESHAPE, _ARGSORT, _GET_ROWS = (
     int(o) for o in (Op.ROPE, Op.VIEW, Op.SET_ROWS, Op.MUL_MAT, Op.MUL_MAT_ID, Op.GLU, Op.MUL, Op.SCALE, Op.SOFT_MAX,
                      Op.RESHAPE, Op.ARGSORT, Op.GET_ROWS))
+_ADD_ID = int(Op.ADD_ID)
 _FIRST_INTS = frozenset(int(o) for o in _FUSION_FIRST)
 
 

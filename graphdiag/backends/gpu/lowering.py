@@ -50,9 +50,9 @@ from .compat import MMVQ_MAX_BATCH_SIZE, cublas_split_k_parts, mmq_stream_k_part
 from .descriptors import DescriptorTable
 from .launch_ops import KernelOp, ScratchLaunchesOp, q8_1_scratch, quantized_x_op
 from .launch_ops import W_SUFFIX as _W, X_SUFFIX as _X, pack_launch as _launch
-from .lowering_mmid import SortedMulMatIdOp, lower_mmid_glu, lower_mul_mat_id
-from .fusion import (MMID_GLU, MMV_ADD, MMV_GLU, MOE_WR, RMS_NORM_MUL, ROPE_SET_ROWS, TOPK_MOE, TOPK_MOE_DELAYED,
-                     Fusion, moe_reduction_operands, topk_moe_operands)
+from .lowering_mmid import SortedMulMatIdOp, lower_mmid_add_id, lower_mmid_bias_glu, lower_mmid_glu, lower_mul_mat_id
+from .fusion import (MMID_ADD_ID, MMID_BIAS_GLU, MMID_GLU, MMV_ADD, MMV_GLU, MOE_WR, RMS_NORM_MUL, ROPE_SET_ROWS,
+                     TOPK_MOE, TOPK_MOE_DELAYED, Fusion, moe_reduction_operands, topk_moe_operands)
 from .fusion_graph import other_src
 from .fusion_norm import RMS_NORM_MUL_ADD, RMS_NORM_MUL_ROPE, RMS_NORM_MUL_ROPE_SET_ROWS, RMS_NORM_SCALE
 from ..abi import Q8_1
@@ -292,6 +292,10 @@ def _lower_fused(d, graph: Graph, i: int, f: Fusion):
                             x_slot=3, ip=(glu.param_i32(0),), fp=(glu.param_f32(3),))
     if f.pattern == MMID_GLU:
         return lower_mmid_glu(d, graph, i)
+    if f.pattern == MMID_BIAS_GLU:
+        return lower_mmid_bias_glu(d, graph, i)
+    if f.pattern == MMID_ADD_ID:
+        return lower_mmid_add_id(d, graph, i)
     if f.pattern == MMV_ADD:
         add = graph.node(i + 1)
         resid = add.src[1] if add.src[0] == node else add.src[0]
