@@ -30,8 +30,9 @@ their conditions are upstream ggml's, in try_fuse's order, for the ops graphdiag
                          same kernel with the softmax after the top k, at the ARGSORT (ggml_cuda_topk_moe_fusion's
                          delayed_softmax); no weight norm may follow it; graph_optimize keeps nothing for it
 
-The GLU may be SWIGLU, GEGLU (Gemma 3) or, at 0c1e57098, SWIGLU_CLAMP (its limit, op param 3, carried into
-the fused kernel as upstream's fusion_data.glu_limit), its gate either mat-mul of the pair; mul_mat_vec+add also takes
+The GLU may be SWIGLU, GEGLU (Gemma 3), SWIGLU_OAI (gpt-oss; the fused kernels use upstream's constants) or, at
+0c1e57098, SWIGLU_CLAMP (its limit, op param 3, carried into the fused kernel as upstream's
+fusion_data.glu_limit), its gate either mat-mul of the pair; mul_mat_vec+add also takes
 Qwen2's Q/K/V bias at 1 token (the bias (M,) has the one-column result's shape; a batch broadcasts: no fusion).
 Snake, the NVFP4 scale fusions and softcap match no graph here. Under
 --upstream d99724f2 the weighted reduction and rms_norm+scale are not tried (they came after), and a GLU
