@@ -185,13 +185,37 @@ __device__ __forceinline__ float swiglu_clamp(float g, float u, float limit) {
     return silu(fminf(g, limit)) * fmaxf(fminf(u, limit), -limit);
 }
 
-// ggml's GLU variants: 0 = REGLU, 1 = GEGLU (tanh approximation), 2 = SWIGLU, 6 = SWIGLU_CLAMP (with `limit`,
-// the GLU's op param 3, which the fused kernels take in fp[0] as upstream's fusion_data.glu_limit).
+// ggml-cuda's ggml_cuda_op_swiglu_oai_single (gpt-oss's experts): the gate clamped from above, up from both sides,
+// then x * sigmoid(alpha x) * (1 + y), term for term.
+__device__ __forceinline__ float swiglu_oai(float x, float g, float limit, float alpha) {
+    x = fminf(x, limit);
+    g = fmaxf(fminf(g, limit), -limit);
+    return x / (1.0f + expf(-x * alpha)) * (1.0f + g);
+}
+
+// ggml's GLU variants: 0 = REGLU, 1 = GEGLU (tanh approximation), 2 = SWIGLU, 3 = SWIGLU_OAI (with upstream's
+// own constants, alpha 1.702 and limit 7: its fused kernels call ggml_cuda_op_swiglu_oai_single with no
+// others), 6 = SWIGLU_CLAMP (with `limit`, the GLU's op param 3, which the fused kernels take in fp[0] as
+// upstream's fusion_data.glu_limit).
 __device__ __forceinline__ float glu(int op, float g, float u, float limit = 0.0f) {
     if (op == 0) return fmaxf(g, 0.0f) * u;
     if (op == 1) return gelu_tanh(g) * u;
+    if (op == 3) return swiglu_oai(g, u, 7.0f, 1.702f);
     if (op == 6) return swiglu_clamp(g, u, limit);
     return silu(g) * u;
+}
+
+// The experts' biases fused into mul_mat_id_vec(_glu) (MUL_MAT_ID + ADD_ID, gpt-oss): v plus element m of
+// expert e's row of B (M, E), v itself where B is absent (data 0). The GLU kernels' gate bias has B's layout
+// at the address ip[1] | ip[2] << 32 (kparams' six descriptors are taken), their up bias is B.
+__device__ __forceinline__ float plus_expert_bias(const tdesc &B, i64 m, int e, float v) {
+    return B.data ? v + load_f(B, m, e, 0, 0) : v;
+}
+
+__device__ __forceinline__ float plus_gate_bias(const kparams &p, const tdesc &B, i64 m, int e, float v) {
+    if (!B.data) return v;
+    const unsigned long long a = (unsigned long long)(unsigned)p.ip[1] | ((unsigned long long)(unsigned)p.ip[2] << 32);
+    return v + *(const float *)((const char *)a + m * B.nb[0] + (i64)e * B.nb[1]);
 }
 
 // MUL_MAT_ID over mm_ids_helper's expert-sorted map (mul_mat_id_q_* / mul_mat_id_f_*): pair j of the map

@@ -480,7 +480,7 @@ KERNEL_LB(flash_attn_vec_f16_d256_g4, FAV_THREADS) FAV_ENTRY(256, 4)
 KERNEL_LB(flash_attn_vec_f16_d256_g8, FAV_THREADS) FAV_ENTRY(256, 8)
 
 KERNEL_LB(flash_attn_combine_f32, 256) {
-    const tdesc &O = p.t[0], &P = p.t[1];
+    const tdesc &O = p.t[0], &P = p.t[1], &S = p.t[2];   // S: the sinks (gpt-oss), data 0 without
     const int h = blockIdx.x * blockDim.y + threadIdx.y, tb = blockIdx.y, Dv = (int)P.ne[0] - 2, ns = (int)P.ne[1],
               T = (int)O.ne[2];
     if (h >= P.ne[2]) return;
@@ -519,6 +519,11 @@ KERNEL_LB(flash_attn_combine_f32, 256) {
                 acc += os[u] * wgt;
             }
             M = Mc;
+        }
+        if (S.data) {                                  // the head's sink joins the denominator only
+            const float sk = load_f(S, h, 0, 0, 0), Mn = fmaxf(M, sk), rs = expf(M - Mn);
+            acc *= rs;
+            L = L * rs + expf(sk - Mn);
         }
         store_f(O, d, h, t, b, L > 0.0f ? acc / L : 0.0f);
     }

@@ -1,5 +1,5 @@
 // Mat-vec kernels for the file's weight types (ggml's MMVQ for Q4_0, Q4_1, Q5_0, Q5_1, Q2_K, Q3_K, Q4_K, Q5_K,
-// Q6_K, IQ4_NL, IQ4_XS on Q8_1 x from quantize_q8_1; ggml's MMVF for BF16 on F32 x), their fused variants (+ADD,
+// Q6_K, IQ4_NL, IQ4_XS, MXFP4 on Q8_1 x from quantize_q8_1; ggml's MMVF for BF16 on F32 x), their fused variants (+ADD,
 // gate/up+GLU), the MoE kernels (Q8_1 x for the quantized types as upstream's mmvq / mmq, F32 x for BF16 and for the sorted
 // fallback), GET_ROWS and the prefill's dequantisation to F16.
 //
@@ -174,7 +174,7 @@ template <int T> __device__ void qmmv_id(const kparams &p) {
     const int e = load_i32(I, s, t, 0, 0);
     const char *w = row_ptr(W, m, e, 0), *x = row_ptr(X, X.ne[1] > 1 ? s : 0, t, 0);
     const float v = T == GGML_BF16 ? frow_dot<T>(w, W.ne[0], x, X.nb[0]) : id_row_dot<T>(w, x, X.nb[0], 0, W.ne[0] / 32);
-    if ((threadIdx.x & 31) == 0) store_f(D, m, s, t, 0, v);
+    if ((threadIdx.x & 31) == 0) store_f(D, m, s, t, 0, plus_expert_bias(p.t[4], m, e, v));
 }
 
 // dst[t, s, m] = glu(G[ids[t, s]][m] . x, U[ids[t, s]][m] . x): the quantized types on Q8_1 x up to 8 tokens
@@ -189,7 +189,8 @@ template <int T> __device__ void qmmv_id_glu(const kparams &p) {
     const i64 nu = G.ne[0] / 32;
     const float g = T == GGML_BF16 ? frow_dot<T>(gw, G.ne[0], x, X.nb[0]) : id_row_dot<T>(gw, x, X.nb[0], 0, nu);
     const float u = T == GGML_BF16 ? frow_dot<T>(uw, U.ne[0], x, X.nb[0]) : id_row_dot<T>(uw, x, X.nb[0], 0, nu);
-    if ((threadIdx.x & 31) == 0) store_f(D, m, s, t, 0, glu(p.ip[0], g, u, p.fp[0]));
+    if ((threadIdx.x & 31) == 0)
+        store_f(D, m, s, t, 0, glu(p.ip[0], plus_gate_bias(p, p.t[5], m, e, g), plus_expert_bias(p.t[5], m, e, u), p.fp[0]));
 }
 
 // MUL_MAT_ID over mm_ids_helper's expert-sorted map (common.cuh mmid_pair): expert blockIdx.y, a warp per
@@ -371,3 +372,14 @@ KERNEL_LB(dequantize_f16_q6_k, 256) { qdequant_f16<GGML_Q6_K>(p); }
 KERNEL_LB(dequantize_f16_q2_k, 256) { qdequant_f16<GGML_Q2_K>(p); }
 KERNEL_LB(dequantize_f16_q3_k, 256) { qdequant_f16<GGML_Q3_K>(p); }
 KERNEL_LB(dequantize_f16_bf16, 256) { qdequant_f16<GGML_BF16>(p); }
+
+// MXFP4 (gpt-oss's experts): as IQ4_NL, its levels kvalues_mxfp4 and its scale an E8M0 exponent
+KERNEL_LB(mul_mat_vec_mxfp4, 128, 8) { qmmv<GGML_MXFP4, false>(p); }
+KERNEL_LB(mul_mat_vec_add_mxfp4, 128, 8) { qmmv<GGML_MXFP4, true>(p); }
+KERNEL_LB(mul_mat_vec_glu_mxfp4, 128, 8) { qmmv_glu<GGML_MXFP4>(p); }
+KERNEL_LB(mul_mat_id_vec_mxfp4, 128) { qmmv_id<GGML_MXFP4>(p); }
+KERNEL_LB(mul_mat_id_vec_glu_mxfp4, 128) { qmmv_id_glu<GGML_MXFP4>(p); }
+KERNEL_LB(mul_mat_id_q_mxfp4, 128) { qmmid_sorted<GGML_MXFP4>(p); }
+KERNEL_LB(mul_mat_id_gathered_mxfp4, 128) { qmmv_gathered<GGML_MXFP4>(p); }
+KERNEL_LB(get_rows_mxfp4, 256) { qget_rows<GGML_MXFP4>(p); }
+KERNEL_LB(dequantize_f16_mxfp4, 256) { qdequant_f16<GGML_MXFP4>(p); }

@@ -35,7 +35,11 @@ KERNEL_LB(moe_weighted_reduction_f32, 256) {
 //   t[0] weights F32 (k, T) or (1, k, T), contiguous
 //   t[1] ids I32 (k, T): the view of the argsort's rows (row stride nb[1])
 //   t[2] logits F32 (n_expert, T), contiguous; n_expert <= 32 * TOPK_MOE_PER_LANE
-//   ip[0] k (experts used); ip[1] 1: normalise the weights (the norm fused), 0: not
+//   ip[0] k (experts used); ip[1] 1: normalise the weights (the norm fused), 0: not; ip[2] 1: the softmax
+//         delayed (gpt-oss's SOFTMAX_WEIGHT router: ARGSORT, VIEW, GET_ROWS, RESHAPE, SOFT_MAX, RESHAPE): the
+//         k rounds of argmax run over the logits themselves (a NaN one -FLT_MAX) and the k kept logits are
+//         softmaxed afterwards, as upstream's softmax_warp_inplace over them (max, expf, a warp sum of the
+//         lanes' terms, times 1 / sum); never with the norm
 //   fp[0] scale (1 without the SCALE); fp[1] the CLAMP's minimum (with the norm)
 #define TOPK_MOE_ROWS 8
 #define TOPK_MOE_PER_LANE 18      // 576 experts (upstream's largest instantiation) over 32 lanes
@@ -44,7 +48,7 @@ KERNEL_LB(topk_moe_f32, 32 * TOPK_MOE_ROWS) {
     const tdesc &W = p.t[0], &I = p.t[1], &L = p.t[2];
     const i64 n = L.ne[0], rows = L.ne[1] * L.ne[2] * L.ne[3];
     const int lane = threadIdx.x, k = p.ip[0];
-    const bool with_norm = p.ip[1] != 0;
+    const bool with_norm = p.ip[1] != 0, delayed = p.ip[2] != 0;
     const i64 row = (i64)blockIdx.x * TOPK_MOE_ROWS + threadIdx.y;
     const float scale = p.fp[0], clamp_min = p.fp[1];
     float wt[TOPK_MOE_PER_LANE];
@@ -56,23 +60,29 @@ KERNEL_LB(topk_moe_f32, 32 * TOPK_MOE_ROWS) {
     }
     __syncthreads();              // the block's logits all read: the outputs may alias them
     if (row >= rows) return;
-    float mx = F32_NEG_INF;
+    if (delayed) {                    // the logits themselves, a NaN one -FLT_MAX
 #pragma unroll
-    for (int j = 0; j < TOPK_MOE_PER_LANE; ++j) mx = fmaxf(mx, wt[j]);
-    mx = warp_max(mx);
-    float sum = 0.0f;
+        for (int j = 0; j < TOPK_MOE_PER_LANE; ++j)
+            wt[j] = lane + 32 * j < n ? (isnan(wt[j]) ? -3.402823466e38f : wt[j]) : F32_NEG_INF;
+    } else {
+        float mx = F32_NEG_INF;
 #pragma unroll
-    for (int j = 0; j < TOPK_MOE_PER_LANE; ++j) {
-        const float e = lane + 32 * j < n ? expf(wt[j] - mx) : 0.0f;
-        wt[j] = e;
-        sum += e;
-    }
-    sum = warp_sum(sum);
-    const float inv = 1.0f / sum;     // as upstream: a NaN or infinite logit makes every p NaN ...
+        for (int j = 0; j < TOPK_MOE_PER_LANE; ++j) mx = fmaxf(mx, wt[j]);
+        mx = warp_max(mx);
+        float sum = 0.0f;
 #pragma unroll
-    for (int j = 0; j < TOPK_MOE_PER_LANE; ++j) {   // ... and a NaN p is -FLT_MAX, so the argmax stays unique
-        const float v = wt[j] * inv;
-        wt[j] = lane + 32 * j < n ? (isnan(v) ? -3.402823466e38f : v) : F32_NEG_INF;
+        for (int j = 0; j < TOPK_MOE_PER_LANE; ++j) {
+            const float e = lane + 32 * j < n ? expf(wt[j] - mx) : 0.0f;
+            wt[j] = e;
+            sum += e;
+        }
+        sum = warp_sum(sum);
+        const float inv = 1.0f / sum;     // as upstream: a NaN or infinite logit makes every p NaN ...
+#pragma unroll
+        for (int j = 0; j < TOPK_MOE_PER_LANE; ++j) {   // ... and a NaN p is -FLT_MAX, so the argmax stays unique
+            const float v = wt[j] * inv;
+            wt[j] = lane + 32 * j < n ? (isnan(v) ? -3.402823466e38f : v) : F32_NEG_INF;
+        }
     }
     float kept[TOPK_MOE_PER_LANE];    // round r's p, held by lane r % 32 in slot r / 32 (upstream's layout)
 #pragma unroll
@@ -105,6 +115,23 @@ KERNEL_LB(topk_moe_f32, 32 * TOPK_MOE_ROWS) {
     }
     float norm = 1.0f;
     if (with_norm) norm = 1.0f / fmaxf(warp_sum(kept_sum), clamp_min);
+    if (delayed) {                    // softmax over the k kept logits, as upstream's softmax_warp_inplace
+        float km = F32_NEG_INF;
+#pragma unroll
+        for (int j = 0; j < TOPK_MOE_PER_LANE; ++j)
+            if (lane + 32 * j < k) km = fmaxf(km, kept[j]);
+        km = warp_max(km);
+        float ks = 0.0f;
+#pragma unroll
+        for (int j = 0; j < TOPK_MOE_PER_LANE; ++j) {
+            const float e = lane + 32 * j < k ? expf(kept[j] - km) : 0.0f;
+            kept[j] = e;
+            ks += e;
+        }
+        const float kinv = 1.0f / warp_sum(ks);
+#pragma unroll
+        for (int j = 0; j < TOPK_MOE_PER_LANE; ++j) kept[j] *= kinv;
+    }
     float *w = (float *)W.data + row * k;
 #pragma unroll
     for (int j = 0; j < TOPK_MOE_PER_LANE; ++j) {

@@ -2,7 +2,8 @@
 // MUL_MAT_ID, MUL_MAT_ID, GLU when the experts' float mat-vec writes one column; Q8_0's, on Q8_1 x up to 8
 // tokens, is in mul_mat_vec.cu):
 //   dst[t, s, m] = glu(G[ids[t, s]][m] . x[t, s or 0], U[ids[t, s]][m] . x[t, s or 0])   (ip[0]: the GLU op,
-//   fp[0]: SWIGLU_CLAMP's limit)
+//   fp[0]: SWIGLU_CLAMP's limit; with the experts' biases fused, gpt-oss: t[5] the up bias, the gate bias at
+//   ip[1] | ip[2] << 32, each added to its product before the GLU)
 // One warp per output row m, 4 rows per block; grid (ceil(M / 4), n_used, T) as mul_mat_id_vec.
 #include "common.cuh"
 
@@ -25,7 +26,9 @@ template <int T> __device__ void mmid_glu(const kparams &p) {
     }
     ag = warp_sum(ag);
     au = warp_sum(au);
-    if (lane == 0) store_f(D, m, s, t, 0, glu(p.ip[0], ag, au, p.fp[0]));
+    if (lane == 0)
+        store_f(D, m, s, t, 0, glu(p.ip[0], plus_gate_bias(p, p.t[5], m, e, ag), plus_expert_bias(p.t[5], m, e, au),
+                                   p.fp[0]));
 }
 
 KERNEL_LB(mul_mat_id_vec_glu_f32, 128) { mmid_glu<GGML_F32>(p); }

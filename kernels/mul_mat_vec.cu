@@ -452,7 +452,7 @@ template <int T> __device__ void mmv_id(const kparams &p) {
     const int e = load_i32(I, s, t, 0, 0);
     float acc[MMV_NC] = {0, 0, 0, 0, 0, 0, 0, 0};
     mmid_row<T>(row_ptr(W, m, e, 0), W, row_ptr(X, X.ne[1] > 1 ? s : 0, t, 0), X.nb[0], 0, W.ne[0], acc);
-    if ((threadIdx.x & 31) == 0) store_f(D, m, s, t, 0, acc[0]);
+    if ((threadIdx.x & 31) == 0) store_f(D, m, s, t, 0, plus_expert_bias(p.t[4], m, e, acc[0]));
 }
 
 // The fused expert gate/up + GLU on Q8_1 x (Q8_0 experts, up to 8 tokens: upstream's mmvq takes the fusion at
@@ -468,7 +468,9 @@ __device__ void mmv_id_glu_q8_0(const kparams &p) {
     float ag[MMV_NC] = {0, 0, 0, 0, 0, 0, 0, 0}, au[MMV_NC] = {0, 0, 0, 0, 0, 0, 0, 0};
     mmid_row<GGML_Q8_0>(row_ptr(G, m, e, 0), G, x, X.nb[0], 0, G.ne[0], ag);
     mmid_row<GGML_Q8_0>(row_ptr(U, m, e, 0), U, x, X.nb[0], 0, U.ne[0], au);
-    if ((threadIdx.x & 31) == 0) store_f(D, m, s, t, 0, glu(p.ip[0], ag[0], au[0], p.fp[0]));
+    if ((threadIdx.x & 31) == 0)
+        store_f(D, m, s, t, 0, glu(p.ip[0], plus_gate_bias(p, p.t[5], m, e, ag[0]), plus_expert_bias(p.t[5], m, e, au[0]),
+                                   p.fp[0]));
 }
 
 // MUL_MAT_ID over mm_ids_helper's expert-sorted map (common.cuh mmid_pair): expert blockIdx.y, one warp per

@@ -1,11 +1,12 @@
-// quants.cuh: ggml's weight blocks for Q4_0, Q4_1, Q5_0, Q5_1, Q2_K, Q3_K, Q4_K, Q5_K, Q6_K, IQ4_NL, IQ4_XS
-// (and BF16 rows), decoded one "unit" at a time: the 32 consecutive weights of a row that meet one Q8_1 block
+// quants.cuh: ggml's weight blocks for Q4_0, Q4_1, Q5_0, Q5_1, Q2_K, Q3_K, Q4_K, Q5_K, Q6_K, IQ4_NL, IQ4_XS,
+// MXFP4 (and BF16 rows), decoded one "unit" at a time: the 32 consecutive weights of a row that meet one Q8_1 block
 // of x. Layouts are ggml's (ggml-common.h); the arithmetic is graphdiag's contract (graphdiag/backends/kernels.py, QUANT_DOC):
 //
 //   integer part  v[0..7]: the unit's 32 quants as unsigned bytes, 4 per int (element 4k + i in byte i of
 //                 v[k]), before ggml's offsets (Q4_0 0..15, Q5_0/Q5_1 0..31, Q2_K 0..3, Q3_K 0..7, Q4_K
 //                 0..15, Q5_K 0..31, Q6_K 0..63; Q4_1 0..15); the IQ4 types hold their levels (kvalues_iq4nl)
-//                 as signed bytes instead. Dot products with Q8_1 quants are exact (dp4a).
+//                 as signed bytes instead, MXFP4 its (kvalues_mxfp4: the E2M1 values doubled). Dot products
+//                 with Q8_1 quants are exact (dp4a).
 //   float part    d, m (the block's or super-block's f16 scales as float) and the integer sub-block scales
 //                 sc0, sc1 (Q4_K/Q5_K: 6-bit scale and min; Q6_K: the int8 scales of the two 16-halves;
 //                 Q3_K: the 6-bit scales of the halves less 32; Q2_K: the halves' bytes, scale | min << 4;
@@ -14,12 +15,12 @@
 // Dequantised value of quant q (unit_f32, explicit _rn operations: no FMA contraction, so the numpy twin
 // gives the same bits):
 //   Q4_0 d*(q-8)   Q5_0 d*(q-16)   Q5_1 d*q + m   Q4_K/Q5_K (d*sc)*q - dmin*mn   Q6_K (d*sc)*(q-32)
-//   Q4_1 d*q + m   IQ4_NL d*level   IQ4_XS (d*sc0)*level
+//   Q4_1 d*q + m   IQ4_NL d*level   IQ4_XS (d*sc0)*level   MXFP4 d*level (d = 2^(e - 128): exact)
 //   Q3_K (d*sc)*(q-4)   Q2_K (d*(sc&15))*q - dmin*(sc>>4)    (Q2_K, Q3_K, Q6_K: sc of the element's half)
 // Unit . Q8_1 block (unit_q8; d8, s8 = the block's f16 d and d*sum; sx = integer sum of its quants):
 //   Q4_0 d*(dot*d8 - 8*s8)   Q5_0 d*(dot*d8 - 16*s8)   Q5_1 d*d8*dot + m*s8
 //   Q4_K/Q5_K d8*(d*(dot*sc) - dmin*(sx*mn))   Q6_K d*d8*(sc0*(dot_lo - 32 sx_lo) + sc1*(dot_hi - 32 sx_hi))
-//   Q4_1 d*d8*dot + m*s8   IQ4_NL d*d8*dot   IQ4_XS d*d8*(dot*sc0)
+//   Q4_1 d*d8*dot + m*s8   IQ4_NL d*d8*dot   IQ4_XS d*d8*(dot*sc0)   MXFP4 d*d8*dot
 //   Q3_K d*d8*(sc0*(dot_lo - 4 sx_lo) + sc1*(dot_hi - 4 sx_hi))
 //   Q2_K d8*(d*(sc0&15 dot_lo + sc1&15 dot_hi) - dmin*(sc0>>4 sx_lo + sc1>>4 sx_hi))
 // as ggml's vec_dot_*_q8_1 (vecdotq.cuh) combine them; the float order of the combination is ours.
@@ -38,6 +39,7 @@
 #define GGML_Q4_1 3
 #define GGML_IQ4_NL 20
 #define GGML_IQ4_XS 23
+#define GGML_MXFP4 39
 
 // Bytes per block (units of 32 weights per block: 1, or 8 for the 256-weight super-blocks).
 template <int T> struct qblock;
@@ -53,9 +55,12 @@ template <> struct qblock<GGML_BF16> { static constexpr int bytes = 64, units = 
 template <> struct qblock<GGML_Q4_1> { static constexpr int bytes = 20, units = 1; };
 template <> struct qblock<GGML_IQ4_NL> { static constexpr int bytes = 18, units = 1; };
 template <> struct qblock<GGML_IQ4_XS> { static constexpr int bytes = 136, units = 8; };
+template <> struct qblock<GGML_MXFP4> { static constexpr int bytes = 17, units = 1; };
 
-// The IQ4 types' quants are signed levels, not offsets from an unsigned range.
-template <int T> struct qlevels { static constexpr bool value = T == GGML_IQ4_NL || T == GGML_IQ4_XS; };
+// The IQ4 types' and MXFP4's quants are signed levels, not offsets from an unsigned range.
+template <int T> struct qlevels {
+    static constexpr bool value = T == GGML_IQ4_NL || T == GGML_IQ4_XS || T == GGML_MXFP4;
+};
 
 struct qunit {
     int v[8];
@@ -113,15 +118,45 @@ __device__ __forceinline__ void decode_q5(const unsigned char *qs, unsigned qh, 
 #define IQ4_LEVELS_2 0x26190D01u
 #define IQ4_LEVELS_3 0x71594535u
 
-// Four 4-bit indices (one in the low nibble of each byte of q) -> their four levels as signed bytes.
-// __byte_perm picks bytes by 3-bit selectors: the low and the high eight levels are looked up apart, then
-// each byte's index bit 3 chooses between them.
-__device__ __forceinline__ int iq4_levels(int q) {
+// kvalues_mxfp4 (ggml-common.h: the E2M1 values doubled), four a word: 0 1 2 3 | 4 6 8 12 | 0 -1 -2 -3 |
+// -4 -6 -8 -12.
+#define MXFP4_LEVELS_0 0x03020100u
+#define MXFP4_LEVELS_1 0x0C080604u
+#define MXFP4_LEVELS_2 0xFDFEFF00u
+#define MXFP4_LEVELS_3 0xF4F8FAFCu
+
+// Four 4-bit indices (one in the low nibble of each byte of q) -> their four levels as signed bytes, from
+// the 16 levels in words L0..L3. __byte_perm picks bytes by 3-bit selectors: the low and the high eight
+// levels are looked up apart, then each byte's index bit 3 chooses between them.
+__device__ __forceinline__ int nibble_levels(int q, unsigned L0, unsigned L1, unsigned L2, unsigned L3) {
     const unsigned u = (unsigned)q;
     const unsigned sel = (u & 0xFu) | ((u >> 4) & 0xF0u) | ((u >> 8) & 0xF00u) | ((u >> 12) & 0xF000u);
-    const unsigned lo = __byte_perm(IQ4_LEVELS_0, IQ4_LEVELS_1, sel & 0x7777u);
-    const unsigned hi = __byte_perm(IQ4_LEVELS_2, IQ4_LEVELS_3, sel & 0x7777u);
+    const unsigned lo = __byte_perm(L0, L1, sel & 0x7777u);
+    const unsigned hi = __byte_perm(L2, L3, sel & 0x7777u);
     return (int)__byte_perm(lo, hi, 0x3210u | ((sel & 0x8888u) >> 1));
+}
+
+__device__ __forceinline__ int iq4_levels(int q) {
+    return nibble_levels(q, IQ4_LEVELS_0, IQ4_LEVELS_1, IQ4_LEVELS_2, IQ4_LEVELS_3);
+}
+
+// ggml_e8m0_to_fp32_half: 2^(e - 128), e < 2 as the subnormals 2^-128, 2^-127.
+__device__ __forceinline__ float e8m0_half(unsigned e) {
+    return __uint_as_float(e < 2 ? 0x00200000u << e : (e - 1) << 23);
+}
+
+// MXFP4's 17-byte blocks are byte-aligned: its 16 nibble bytes are read one by one; low nibbles are elements
+// 0..15, high nibbles 16..31 (as every 4-bit 32-block of ggml), as kvalues_mxfp4 levels.
+__device__ __forceinline__ void decode_mxfp4(const unsigned char *b, qunit &w) {
+    w.d = e8m0_half(b[0]);
+#pragma unroll
+    for (int k = 0; k < 4; ++k) {
+        const unsigned char *q = b + 1 + 4 * k;
+        const int word = (int)(q[0] | (q[1] << 8) | (q[2] << 16) | ((unsigned)q[3] << 24));
+        w.v[k] = nibble_levels(word & 0x0F0F0F0F, MXFP4_LEVELS_0, MXFP4_LEVELS_1, MXFP4_LEVELS_2, MXFP4_LEVELS_3);
+        w.v[k + 4] = nibble_levels((word >> 4) & 0x0F0F0F0F, MXFP4_LEVELS_0, MXFP4_LEVELS_1, MXFP4_LEVELS_2,
+                                   MXFP4_LEVELS_3);
+    }
 }
 
 // 16 nibble bytes at qs -> the unit's 32 quants: low nibbles elements 0..15, high nibbles 16..31 (ggml's
@@ -199,6 +234,8 @@ template <int T> __device__ __forceinline__ void decode(const unsigned char *row
     } else if (T == GGML_IQ4_NL) {
         w.d = h2f((unsigned short)ld16(b));
         decode_nibbles(b + 2, false, true, w);
+    } else if (T == GGML_MXFP4) {
+        decode_mxfp4(b, w);
     } else if (T == GGML_IQ4_XS) {   // 136-byte blocks: the quants at 8 + 16 j are 4-byte aligned
         w.d = h2f((unsigned short)ld16(b));
         const unsigned sh = ld16(b + 2);
@@ -240,7 +277,7 @@ template <int T> __device__ __forceinline__ float unit_q8(const qunit &w, const 
     if (T == GGML_Q4_0) return w.d * ((float)(lo + hi) * d8 - 8.0f * s8);
     if (T == GGML_Q5_0) return w.d * ((float)(lo + hi) * d8 - 16.0f * s8);
     if (T == GGML_Q5_1 || T == GGML_Q4_1) return w.d * d8 * (float)(lo + hi) + w.m * s8;
-    if (T == GGML_IQ4_NL) return w.d * d8 * (float)(lo + hi);
+    if (T == GGML_IQ4_NL || T == GGML_MXFP4) return w.d * d8 * (float)(lo + hi);
     if (T == GGML_IQ4_XS) return w.d * d8 * (float)((lo + hi) * w.sc0);
     int slo = 0, shi = 0;   // integer sums of x's quants (ggml: dp4a with 0x01010101)
 #pragma unroll

@@ -1,7 +1,8 @@
 // RoPE, and RoPE fused with the K-cache write (and with RMS_NORM + MUL before it). One block per row of x,
 // a thread per rotated pair (up to 256 per block, striding beyond).
 // ip[0] = n_dims, ip[1] = mode (0 normal: pairs (2i, 2i+1); 2 NEOX: pairs (i, i + n_dims/2)),
-// fp[0] = freq_base, fp[1] = freq_scale; the position of token i2 is pos[i2].
+// fp[0] = freq_base, fp[1] = freq_scale; the position of token i2 is pos[i2]. rope_f32 and rope_set_rows_f16
+// take YaRN (gpt-oss) in fp[2..5]: ext_factor, attn_factor (0: none), the ramp's corr dims (host-computed).
 #include "common.cuh"
 
 #define ROPE_NEOX 2
@@ -41,8 +42,29 @@ __device__ __forceinline__ void rope_rotate_by(float base, float fscale, int n_d
     x0 = y0; x1 = y1;
 }
 
+// ggml's rope_yarn: the angle extrapolated below the ramp (pair j <= c0), interpolated (times freq_scale)
+// above it, mixed between; cos and sin scaled by attn * (1 + 0.1 ln(1 / freq_scale)) where ext != 0.
+__device__ __forceinline__ void rope_rotate_yarn(const kparams &p, i64 j, int pos, float &x0, float &x1) {
+    const float fscale = p.fp[1], ext = p.fp[2], c0 = p.fp[4], c1 = p.fp[5];
+    const float th_e = (float)pos * powf(p.fp[0], -2.0f * (float)j / (float)p.ip[0]);
+    float theta = fscale * th_e, mscale = p.fp[3];
+    if (ext != 0.0f) {
+        const float y = ((float)j - c0) / fmaxf(0.001f, c1 - c0);
+        const float ramp = (1.0f - fminf(1.0f, fmaxf(0.0f, y))) * ext;
+        theta = theta * (1.0f - ramp) + th_e * ramp;
+        mscale *= 1.0f + 0.1f * logf(1.0f / fscale);
+    }
+    float s, c;
+    rope_sincos(theta, s, c);
+    c *= mscale;
+    s *= mscale;
+    const float y0 = x0 * c - x1 * s, y1 = x0 * s + x1 * c;
+    x0 = y0; x1 = y1;
+}
+
 __device__ __forceinline__ void rope_rotate(const kparams &p, i64 j, int pos, float &x0, float &x1) {
-    rope_rotate_by(p.fp[0], p.fp[1], p.ip[0], j, pos, x0, x1);
+    if (p.fp[3] != 0.0f) rope_rotate_yarn(p, j, pos, x0, x1);
+    else rope_rotate_by(p.fp[0], p.fp[1], p.ip[0], j, pos, x0, x1);
 }
 
 // Store the pair (a, b) of row (i1, i2, i3): to the rope's own output, or (CACHE) to the F16 cache row `row` at

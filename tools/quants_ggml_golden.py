@@ -4,7 +4,8 @@ Compiles ggml-quants.c of the vendored llama.cpp 0c1e57098 (path as the first ar
 /work/up/llama_cpp_python-0.3.36/vendor/llama.cpp/ggml) with gcc -O2 for plain x86-64 (no FMA, as a release
 build of ggml-base), calls quantize_row_*_ref and dequantize_row_* through ctypes and stores, per type, the
 bytes and the values. IQ4_NL's bytes are quantize_iq4_nl's without an importance matrix, what llama-quantize
-writes (its _ref tries no scales; graphdiag.quants.iquants says why). The inputs are drawn by graphdiag's counter-based generator (quants_inputs() in the
+writes (its _ref tries no scales; graphdiag.quants.iquants says why). MXFP4 also on its edge inputs
+(mxfp4_edge_inputs: block maxima one ulp below powers of two, level midpoints). The inputs are drawn by graphdiag's counter-based generator (quants_inputs() in the
 test), so the file holds outputs only. Run: python tools/quants_ggml_golden.py [GGML_DIR]
 """
 
@@ -23,7 +24,7 @@ sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "tests" / "unit"))
 
 from graphdiag.ir.dtypes import GGMLType, block_size, type_size  # noqa: E402
-from test_quants_ggml import GOLDEN, TYPES, quants_inputs  # noqa: E402
+from test_quants_ggml import GOLDEN, TYPES, mxfp4_edge_inputs, quants_inputs  # noqa: E402
 
 # The few ggml.c symbols ggml-quants.c refers to; none is reached by the *_ref / dequantize_row_* calls.
 STUBS = r"""
@@ -67,6 +68,11 @@ def main() -> None:
                 getattr(lib, f"dequantize_row_{name}")(raw.ctypes.data_as(ctypes.c_void_p), vals.ctypes.data_as(fp),
                                                        ctypes.c_int64(n))
             out[f"{t.name.lower()}_bytes"], out[f"{t.name.lower()}_values"] = raw, vals
+        edge = mxfp4_edge_inputs()
+        raw = np.zeros(edge.size // 32 * 17, np.uint8)
+        lib.quantize_row_mxfp4_ref(edge.ctypes.data_as(ctypes.POINTER(ctypes.c_float)),
+                                   raw.ctypes.data_as(ctypes.c_void_p), ctypes.c_int64(edge.size))
+        out["mxfp4_edge_bytes"] = raw
     np.savez_compressed(GOLDEN, **out)
     print(f"wrote {GOLDEN} ({GOLDEN.stat().st_size:,} bytes)")
 

@@ -11,6 +11,7 @@ import numpy as np
 from ..errors import GraphdiagError
 from ..ir.arena import Arena
 from ..ir.attention import unpermuted
+from ..ir.build import Yarn
 from ..ir.graph import Graph
 from ..ir.ops import GluOp, Op, TensorFlag, is_view_or_noop
 from ..ir.tensor import Tensor
@@ -19,12 +20,22 @@ from . import cpu_ops as ops
 from .base import Backend
 
 HOST_BASE = 0x1000_0000_0000
-_GLU_OPS = (GluOp.SWIGLU, GluOp.GEGLU, GluOp.SWIGLU_CLAMP)
+_GLU_OPS = (GluOp.SWIGLU, GluOp.GEGLU, GluOp.SWIGLU_CLAMP, GluOp.SWIGLU_OAI)
 
 
 def _f32(rec, i: int) -> float:
     """op_params[i] read as float32 bits."""
     return float(rec["op_params"][i : i + 1].view(np.float32)[0])
+
+
+def yarn_of(rec) -> tuple[float, float, float, float] | None:
+    """A ROPE node's YaRN as cpu_ops.rope takes it, (ext_factor, attn_factor, corr_dim0, corr_dim1), or None
+    for a plain rope (attn_factor, op param 8, unset)."""
+    if _f32(rec, 8) == 0.0:
+        return None
+    p = rec["op_params"]
+    y = Yarn(_f32(rec, 6), int(p[4]), _f32(rec, 7), _f32(rec, 8), _f32(rec, 9), _f32(rec, 10))
+    return (y.ext_factor, y.attn_factor, *y.corr_dims(int(p[1]), _f32(rec, 5)))
 
 
 class CpuBackend(Backend):
@@ -46,6 +57,7 @@ class CpuBackend(Backend):
             Op.ARGSORT: self._argsort,
             Op.FLASH_ATTN_EXT: self._flash_attn, Op.GLU: self._glu, Op.CPY: self._cpy, Op.SCALE: self._scale,
             Op.DIV: self._div, Op.SUM_ROWS: self._sum_rows, Op.CLAMP: self._clamp, Op.CONT: self._cont,
+            Op.ADD_ID: self._add_id,
         }
 
     # -- memory ----------------------------------------------------------------------------------------
@@ -119,6 +131,9 @@ class CpuBackend(Backend):
     def _add(self, a, r):
         self._view(a, r)[...] = ops.add(self._src(a, r, 0), self._src(a, r, 1))
 
+    def _add_id(self, a, r):
+        self._view(a, r)[...] = ops.add_id(self._src(a, r, 0), self._src(a, r, 1), self._src(a, r, 2))
+
     def _div(self, a, r):
         self._view(a, r)[...] = ops.div(self._src(a, r, 0), self._src(a, r, 1))
 
@@ -140,9 +155,12 @@ class CpuBackend(Backend):
         self._view(a, r)[...] = ops.mul_mat_id(self._src(a, r, 0), self._src(a, r, 1), self._src(a, r, 2))
 
     def _rope(self, a, r):
+        """op params as ggml_rope_ext: n_dims 1, mode 2, n_ctx_orig 4, freq_base 5, freq_scale 6, ext_factor
+        7, attn_factor 8, beta_fast 9, beta_slow 10; YaRN where attn_factor is set (graphdiag's other ropes
+        leave 7..10 zero)."""
         p = r["op_params"]
         self._view(a, r)[...] = ops.rope(self._src(a, r, 0), self._src(a, r, 1), int(p[1]), _f32(r, 5),
-                                         _f32(r, 6), int(p[2]))
+                                         _f32(r, 6), int(p[2]), yarn_of(r))
 
     def _set_rows(self, a, r):
         """src0 is the cache; the node is a view of it, so the rows land in the cache."""
@@ -161,16 +179,18 @@ class CpuBackend(Backend):
         """q, k, v read in the unpermuted layout (ir/attention.py: llama.cpp's permuted views read through)."""
         q, k, v = (self._view(a, unpermuted(Tensor(a, a.index(int(r["src"][j])))).r) for j in range(3))
         mask = self._src(a, r, 3)
-        self._view(a, r)[...] = ops.flash_attn_ext(q, k, v, mask, _f32(r, 0))
+        sinks = self._src(a, r, 4)
+        self._view(a, r)[...] = ops.flash_attn_ext(q, k, v, mask, _f32(r, 0),
+                                                   None if sinks is None else sinks.reshape(-1))
 
     def _glu(self, a, r):
-        """Split GLU (gate = src0, up = src1): SWIGLU, GEGLU or SWIGLU_CLAMP (its limit: op param 3, f32);
-        swapped (op_params[1]) is never built."""
+        """Split GLU (gate = src0, up = src1): SWIGLU, GEGLU, SWIGLU_CLAMP (its limit: op param 3, f32) or
+        SWIGLU_OAI (alpha and limit: op params 2 and 3); swapped (op_params[1]) is never built."""
         glu, swapped = int(r["op_params"][0]), int(r["op_params"][1])
         if glu not in _GLU_OPS or swapped or not int(r["src"][1]):
             raise GraphdiagError(f"{self.name}: GLU op {glu} (swapped {swapped}) with src1={int(r['src'][1]):#x} "
-                                 "is not implemented (only split SWIGLU, GEGLU and SWIGLU_CLAMP)")
-        self._view(a, r)[...] = ops.glu(glu, self._src(a, r, 0), self._src(a, r, 1), _f32(r, 3))
+                                 "is not implemented (only split SWIGLU, GEGLU, SWIGLU_CLAMP and SWIGLU_OAI)")
+        self._view(a, r)[...] = ops.glu(glu, self._src(a, r, 0), self._src(a, r, 1), _f32(r, 3), _f32(r, 2))
 
     def _scale(self, a, r):
         """op_params f32 [s, bias]: dst = src0 * s + bias."""

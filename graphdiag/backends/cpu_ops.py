@@ -138,16 +138,40 @@ def swiglu_clamp(gate: np.ndarray, up: np.ndarray, limit: float) -> np.ndarray:
     return silu(np.minimum(to_f32(gate), lim)) * np.clip(to_f32(up), -lim, lim)
 
 
-def glu(op: int, gate: np.ndarray, up: np.ndarray, limit: float = 0.0) -> np.ndarray:
-    """The split GLU `op` (GluOp value: 1 GEGLU, 2 SWIGLU, 6 SWIGLU_CLAMP with `limit`) of gate and up; other
-    ops raise GraphdiagError."""
+def swiglu_oai(gate: np.ndarray, up: np.ndarray, alpha: float, limit: float) -> np.ndarray:
+    """x / (1 + exp(-alpha x)) * (y + 1) with x = min(gate, limit), y = clamp(up, -limit, limit), float32
+    (GGML_GLU_OP_SWIGLU_OAI, gpt-oss's experts; ggml-cpu's swiglu_oai_f32)."""
+    lim = F32(limit)
+    x = np.minimum(to_f32(gate), lim)
+    with np.errstate(over="ignore"):
+        return x / (F32(1) + np.exp(F32(alpha) * -x)) * (np.clip(to_f32(up), -lim, lim) + F32(1))
+
+
+def glu(op: int, gate: np.ndarray, up: np.ndarray, limit: float = 0.0, alpha: float = 0.0) -> np.ndarray:
+    """The split GLU `op` (GluOp value: 1 GEGLU, 2 SWIGLU, 3 SWIGLU_OAI with `alpha` and `limit`, 6 SWIGLU_CLAMP
+    with `limit`) of gate and up; other ops raise GraphdiagError."""
     if op == 2:
         return swiglu(gate, up)
     if op == 1:
         return geglu(gate, up)
     if op == 6:
         return swiglu_clamp(gate, up, limit)
-    raise GraphdiagError(f"glu: op {op} is not implemented (1 = GEGLU, 2 = SWIGLU, 6 = SWIGLU_CLAMP)")
+    if op == 3:
+        return swiglu_oai(gate, up, alpha, limit)
+    raise GraphdiagError(f"glu: op {op} is not implemented (1 = GEGLU, 2 = SWIGLU, 3 = SWIGLU_OAI, "
+                         f"6 = SWIGLU_CLAMP)")
+
+
+def fused_glu(op: int, gate: np.ndarray, up: np.ndarray, limit: float = 0.0) -> np.ndarray:
+    """The GLU of ggml-cuda's fused gate/up mat-vecs: `glu`, but SWIGLU_OAI with upstream's constants (alpha
+    1.702, limit 7: ggml_cuda_op_swiglu_oai_single's defaults, which the fused kernels call with no others)."""
+    return swiglu_oai(gate, up, 1.702, 7.0) if op == 3 else glu(op, gate, up, limit)
+
+
+def add_id(a: np.ndarray, b: np.ndarray, ids: np.ndarray) -> np.ndarray:
+    """dst[0, t, i, :] = a[0, t, i, :] + b[0, 0, ids[t, i], :] in float32 (GGML_OP_ADD_ID: a (1, T, n_used, n),
+    b (1, 1, E, n), ids I32 (1, 1, T, n_used); gpt-oss's per-expert biases)."""
+    return to_f32(a) + to_f32(b)[0, 0][ids[0, 0]][None]
 
 
 def scale(x: np.ndarray, s: float, bias: float = 0.0) -> np.ndarray:
@@ -281,20 +305,26 @@ ROPE_NORMAL, ROPE_NEOX = 0, 2
 
 
 def rope(x: np.ndarray, pos: np.ndarray, n_dims: int, freq_base: float, freq_scale: float = 1.0,
-         mode: int = 0) -> np.ndarray:
+         mode: int = 0, yarn: tuple[float, float, float, float] | None = None) -> np.ndarray:
     """x: (B3, T, H, D); pos: I32, T entries -> (B3, T, H, D) float32.
 
     For i < n_dims/2: th = pos[t] * freq_scale * freq_base^(-2i/n_dims) (float32); the pair (a, b) is
     (2i, 2i+1) in mode 0 (normal) and (i, i + n_dims/2) in mode 2 (NEOX);
-    (y[a], y[b]) = (x_a cos th - x_b sin th, x_a sin th + x_b cos th); dims >= n_dims are copied."""
+    (y[a], y[b]) = (x_a cos th - x_b sin th, x_a sin th + x_b cos th); dims >= n_dims are copied.
+    yarn = (ext_factor, attn_factor, corr_dim0, corr_dim1) (ggml's rope_yarn): th_e = pos * freq_base^(-2i/
+    n_dims), th_i = freq_scale * th_e, r = (1 - clamp((i - c0) / max(0.001, c1 - c0), 0, 1)) * ext_factor,
+    th = th_i (1 - r) + th_e r, and cos, sin times attn_factor * (1 + 0.1 ln(1 / freq_scale)) (ext_factor != 0)."""
     if mode not in (ROPE_NORMAL, ROPE_NEOX):
         raise GraphdiagError(f"rope: mode {mode} is not supported (0 normal, 2 NEOX)")
     x = to_f32(x)
     half = n_dims // 2
     i = np.arange(half, dtype=F32)
     inv = np.power(F32(freq_base), F32(-2) * i / F32(n_dims))
-    th = (pos.reshape(-1).astype(F32) * F32(freq_scale))[:, None, None] * inv  # (T, 1, n_dims/2)
-    c, s = np.cos(th), np.sin(th)
+    if yarn is None:
+        th = (pos.reshape(-1).astype(F32) * F32(freq_scale))[:, None, None] * inv  # (T, 1, n_dims/2)
+        c, s = np.cos(th), np.sin(th)
+    else:
+        c, s = _yarn_cos_sin(pos.reshape(-1).astype(F32)[:, None, None] * inv, i, F32(freq_scale), *map(F32, yarn))
     a, b = (slice(0, n_dims, 2), slice(1, n_dims, 2)) if mode == ROPE_NORMAL else (slice(0, half), slice(half, n_dims))
     x0, x1 = x[..., a], x[..., b]
     out = x.copy()
@@ -303,18 +333,31 @@ def rope(x: np.ndarray, pos: np.ndarray, n_dims: int, freq_base: float, freq_sca
     return out
 
 
+def _yarn_cos_sin(th_e: np.ndarray, i: np.ndarray, fs, ext, attn, c0, c1) -> tuple[np.ndarray, np.ndarray]:
+    """rope_yarn's cos and sin of pair i at the unscaled angles th_e (float32)."""
+    th_i = fs * th_e
+    mscale = attn
+    if ext != 0:
+        ramp = (F32(1) - np.minimum(F32(1), np.maximum(F32(0), (i - c0) / max(F32(0.001), c1 - c0)))) * ext
+        th_i = th_i * (F32(1) - ramp) + th_e * ramp
+        mscale = attn * (F32(1) + F32(0.1) * np.log(F32(1) / fs, dtype=F32))
+    return np.cos(th_i) * mscale, np.sin(th_i) * mscale
+
+
 def rope_neox(x: np.ndarray, pos: np.ndarray, n_dims: int, freq_base: float, freq_scale: float = 1.0) -> np.ndarray:
     """rope in mode 2 (NEOX: element i rotates with i + n_dims/2), float32; see rope."""
     return rope(x, pos, n_dims, freq_base, freq_scale, ROPE_NEOX)
 
 
 def flash_attn_ext(q: np.ndarray, k: np.ndarray, v: np.ndarray, mask: np.ndarray | None,
-                   scale: float) -> np.ndarray:
+                   scale: float, sinks: np.ndarray | None = None) -> np.ndarray:
     """Attention with grouped KV heads, float32 (K/V upcast from F16; Q stays float32).
 
     q: (B, T, H, D); k: (B, n_kv, Hkv, D); v: (B, n_kv, Hkv, Dv); mask: (M3, M2, T_pad >= T, n_kv) added
     to the scaled scores (rows beyond T ignored; -inf masks) or None -> (B, T, H, Dv).
-    Head h reads kv head h // (H // Hkv); p = softmax(scale * q.k + mask[t]); a fully masked row gives 0."""
+    Head h reads kv head h // (H // Hkv); p = softmax(scale * q.k + mask[t]); a fully masked row gives 0.
+    sinks: F32 (H,) or None: head h's logit S_h joins each row's softmax denominator and adds no value
+    (ggml_flash_attn_ext_add_sinks): p = exp(s - m) / (sum exp(s - m) + exp(S_h - m)), m = max(max s, S_h)."""
     h, hkv = q.shape[2], k.shape[2]
     if h % hkv:
         raise GraphdiagError(f"flash_attn_ext: {h} heads are not a multiple of {hkv} kv heads")
@@ -324,4 +367,10 @@ def flash_attn_ext(q: np.ndarray, k: np.ndarray, v: np.ndarray, mask: np.ndarray
     s = np.matmul(qh, kh) * F32(scale)                                     # (B, H, T, n_kv)
     if mask is not None:
         s = s + to_f32(mask[:, :, : q.shape[1], :])
-    return np.matmul(_softmax_rows(s), vh).transpose(0, 2, 1, 3)
+    if sinks is None:
+        return np.matmul(_softmax_rows(s), vh).transpose(0, 2, 1, 3)
+    sink = to_f32(sinks).reshape(1, h, 1, 1)
+    m = np.maximum(s.max(axis=-1, keepdims=True), sink)
+    e = np.exp(s - m)
+    p = e / (e.sum(axis=-1, keepdims=True, dtype=F32) + np.exp(sink - m))
+    return np.matmul(p, vh).transpose(0, 2, 1, 3)

@@ -399,6 +399,7 @@ def _table() -> dict[str, Callable[[np.ndarray], Geometry]]:
     _x_types(t)
     t.update(_gemma_qwen_geometry())
     t.update({"sum_rows_f32": _per_row(1), "clamp_f32": _elementwise(0), "div_f32": _binary})
+    t.update({"add_id_f32": _elementwise(0), "glu_swiglu_oai_f32": _binary})
     t["mm_ids_helper"] = _mm_ids_helper
     t.update({f"mul_mat_id_q_{w}": _mmid_sorted for w in MMID_Q_TYPES})
     t.update({f"mul_mat_id_f_{w}": _mmid_sorted for w in MMID_F_TYPES})

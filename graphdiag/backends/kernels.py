@@ -20,7 +20,7 @@ from dataclasses import dataclass
 W_TYPES = ("f32", "f16", "q8_0")
 # The file's weight types beyond W_TYPES (kernels/mmvq.cu, quants.cuh): MMVQ on Q8_1 x for the quantized
 # ones, MMVF on F32 x for BF16 (X_TYPES = Q_TYPES + bf16).
-Q_TYPES = ("q4_0", "q5_0", "q5_1", "q4_k", "q5_k", "q6_k", "q2_k", "q3_k", "q4_1", "iq4_nl", "iq4_xs")
+Q_TYPES = ("q4_0", "q5_0", "q5_1", "q4_k", "q5_k", "q6_k", "q2_k", "q3_k", "q4_1", "iq4_nl", "iq4_xs", "mxfp4")
 X_TYPES = Q_TYPES + ("bf16",)
 FA_HEAD_DIMS = (32, 64, 128, 256)   # 256: Gemma 3
 FAV_GROUPS = (1, 2, 4, 8)   # query heads per kv head of the decode attention kernels (G rounded up to these)
@@ -56,6 +56,15 @@ def fa_mma_kernel(head_dim: int) -> str:
 
 
 FAM_KERNELS = tuple(fa_mma_kernel(d) for d in FA_HEAD_DIMS)
+
+
+# MUL_MAT_ID + ADD_ID fused (gpt-oss's expert biases, ggml-cuda's fusion_data.x_bias / gate_bias): the bias of
+# expert ids[t, s] added to each product (before the GLU); the GLU kernels' gate bias by address (kparams has
+# six descriptors, all taken), with the up bias's layout
+_BIAS = "bias F32 (M, E), optional: dst[t, s] += bias[ids[t, s]] (ADD_ID fused)"
+_UP_BIAS = "up bias F32 (M, E), optional: the up product += up_bias[ids[t, s]] before the GLU (ADD_IDs fused)"
+_GATE_BIAS_IP = ("gate bias address, low 32 bits (with t[5]: the gate product += its row ids[t, s])",
+                 "gate bias address, high 32 bits")
 
 
 @dataclass(frozen=True)
@@ -103,13 +112,14 @@ def _specs() -> dict[str, KernelSpec]:
                             doc="fused mat-vec + ADD (the residual): dst = W x + r; N <= 8 (1 in the graphs)"))
         xid = ("xq Q8_1 (K, n_b, T) from quantize_q8_1" if w == "q8_0" else "x F32 (K, n_b, T)") + ", n_b in {1, n_used}"
         s.append(KernelSpec(f"mul_mat_id_vec_{w}",
-                            ("dst (M, n_used, T)", f"experts {w} (K, M, E)", xid, "ids I32 (n_used, T)"),
+                            ("dst (M, n_used, T)", f"experts {w} (K, M, E)", xid, "ids I32 (n_used, T)", _BIAS),
                             doc=f"dst[t, s, :] = experts[ids[t, s]] . x[t, s if n_b > 1 else 0] ({dot}); fast path, "
                                 "no sync: upstream's mmvq (q8_0, T <= 8) or MMF reading the ids (float, T <= 16)"))
         s.append(KernelSpec(f"mul_mat_id_vec_glu_{w}",
                             ("dst (M, n_used, T)", f"gate experts {w} (K, M, E)", f"up experts {w} (K, M, E)",
-                             xid, "ids I32 (n_used, T)"),
-                            ip=("glu op (1 = GEGLU, 2 = SWIGLU, 6 = SWIGLU_CLAMP)",), fp=("SWIGLU_CLAMP's limit",),
+                             xid, "ids I32 (n_used, T)", _UP_BIAS),
+                            ip=("glu op (1 = GEGLU, 2 = SWIGLU, 3 = SWIGLU_OAI, 6 = SWIGLU_CLAMP)", *_GATE_BIAS_IP),
+                            fp=("SWIGLU_CLAMP's limit",),
                             doc="fused expert gate/up mat-vec + GLU: dst[t, s] = glu(G[ids[t, s]] x, U[ids[t, s]] "
                                 "x), e.g. silu(G x) * (U x); float experts at one token (mul_mat_id_glu.cu), "
                                 "q8_0 up to 8 tokens (mul_mat_vec.cu)"))
@@ -130,16 +140,20 @@ def _specs() -> dict[str, KernelSpec]:
         KernelSpec("mul_f32", ("dst", "a", "b (broadcast)"), doc="a * b"),
         KernelSpec("add_f32", ("dst", "a", "b (broadcast)"), doc="a + b"),
         KernelSpec("rope_f32", ("dst (D, H, T)", "x (D, H, T)", "pos I32 (T)"),
-                   ip=("n_dims", "mode (0 = normal: adjacent pairs)"), fp=("freq_base", "freq_scale"),
+                   ip=("n_dims", "mode (0 = normal: adjacent pairs)"),
+                   fp=("freq_base", "freq_scale", "YaRN ext_factor", "YaRN attn_factor (0: no YaRN)",
+                       "YaRN corr_dim0", "YaRN corr_dim1"),
                    doc="for i < n_dims/2: th = pos[t]*freq_scale*freq_base^(-2i/n_dims); "
                        "(x0, x1) = x[2i], x[2i+1]; y = (x0 cos th - x1 sin th, x0 sin th + x1 cos th); "
-                       "dims >= n_dims are copied"),
+                       "dims >= n_dims are copied. YaRN (fp[3] != 0, gpt-oss): th_e = pos freq_base^(-2i/n_dims), "
+                       "r = (1 - clamp((i - c0) / max(0.001, c1 - c0), 0, 1)) ext, th = freq_scale th_e (1 - r) + "
+                       "th_e r, cos and sin times attn (1 + 0.1 ln(1 / freq_scale)) where ext != 0 (ggml's rope_yarn)"),
         KernelSpec("set_rows_f16", ("dst F16 (W, n_rows)", "src F32 (W, T, ...)", "idx I32 (T)"),
                    doc="dst[idx[t], :] = f16(src[t, :]) (src rows flattened over ne1..ne3)"),
         KernelSpec("set_rows_f32", ("dst F32 (W, n_rows)", "src F32 (W, T)", "idx I32 (T)"),
                    doc="dst[idx[t], :] = src[t, :]"),
         KernelSpec("rope_set_rows_f16", ("dst cache F16 (D*Hkv, n_rows)", "x (D, Hkv, T)", "pos I32 (T)", "idx I32 (T)"),
-                   ip=("n_dims", "mode"), fp=("freq_base", "freq_scale"),
+                   ip=("n_dims", "mode"), fp=("freq_base", "freq_scale", "YaRN as rope_f32's fp[2..5]"),
                    doc="fused ROPE + VIEW + SET_ROWS: dst[idx[t], :] = f16(rope(x)[t] flattened); "
                        "the ROPE node's own output is not written"),
         *(KernelSpec(fa_vec_kernel(d, gm), _fa_slots(d),
@@ -165,9 +179,12 @@ def _specs() -> dict[str, KernelSpec]:
                          "split's start, online: m = running max of x_j, p_j = f16(exp(x_j - m)) against the "
                          "running max of its tile, O and l rescaled by exp(m_old - m_new); l sums the unrounded p")
           for d in FA_HEAD_DIMS),
-        KernelSpec("flash_attn_combine_f32", ("dst (Dv, H, T, B)", "partials of a flash_attn_vec/mma kernel"),
-                   doc="M = max_s m_s, w_s = exp(m_s - M): dst = sum_s w_s O_s / sum_s w_s l_s (splits in order); "
-                       "all splits -inf (a fully masked row) gives zeros"),
+        KernelSpec("flash_attn_combine_f32", ("dst (Dv, H, T, B)", "partials of a flash_attn_vec/mma kernel",
+                                              "sinks F32 (H), optional (gpt-oss's attn_sinks: FLASH_ATTN_EXT's src[4])"),
+                   doc="M = max_s m_s, w_s = exp(m_s - M), O = sum_s w_s O_s, L = sum_s w_s l_s (splits in order); "
+                       "with sinks, then M' = max(M, S_h), r = exp(M - M'): O *= r, L = L r + exp(S_h - M') (the "
+                       "sink joins the denominator only, as upstream's vec and mma kernels fold it into split 0); "
+                       "dst = O / L, zeros where L is 0 (all splits -inf and no sink: a fully masked row)"),
         KernelSpec("moe_weighted_reduction_f32",
                    ("dst F32 (n_embd, T), contiguous", "experts F32 (n_embd, k, T), contiguous",
                     "router weights F32 (1, k, T), contiguous", "per-expert scale F32 (1, k, T), optional"),
@@ -176,13 +193,17 @@ def _specs() -> dict[str, KernelSpec]:
         KernelSpec("topk_moe_f32",
                    ("weights F32 (k, T) or (1, k, T), contiguous", "ids I32 (k, T): the view of the argsort's rows",
                     "router logits F32 (n_expert, T), contiguous (n_expert <= 576)"),
-                   ip=("k: experts used", "1: the weight norm fused, 0: not"),
+                   ip=("k: experts used", "1: the weight norm fused, 0: not",
+                       "1: the softmax delayed (gpt-oss: top k of the logits, then the k kept softmaxed)"),
                    fp=("scale of the weights (1: no SCALE)", "the norm's CLAMP minimum"),
                    doc="per token p = softmax(logits); k rounds of argmax over p (ties: the lower expert) write "
                        "ids[r] and weights[r] = p[id] * scale, with the norm (p[id] * (1 / max(s, clamp))) * "
                        "scale, s the k kept p summed per lane (expert % 32, in round order) then by the warp's "
                        "butterfly: SOFT_MAX + RESHAPE + ARGSORT + VIEW + GET_ROWS [+ RESHAPE + SUM_ROWS + CLAMP + "
-                       "DIV + RESHAPE] [+ SCALE] fused (kernels/moe.cu, ggml-cuda's topk_moe_cuda)"),
+                       "DIV + RESHAPE] [+ SCALE] fused (kernels/moe.cu, ggml-cuda's topk_moe_cuda). With ip[2] (the "
+                       "delayed softmax: ARGSORT + VIEW + GET_ROWS + RESHAPE + SOFT_MAX + RESHAPE, gpt-oss): the "
+                       "rounds run over the logits (NaN: -FLT_MAX) and weights[r] = softmax of the k kept logits "
+                       "(e = exp(v - max), summed per lane (r % 32) then by the butterfly, e * (1 / sum)) * scale"),
         KernelSpec("mul_mat_fixup_f32", ("dst F32 (M, N, B2, B3)", "partials F32 (M, N, B2, B3 * P), pool scratch"),
                    ip=("P: partial outputs (k parts - 1)",),
                    doc="dst[.., i3, n, m] += sum_q partials[.., i3 + q * B3, n, m], q in order: the k-split's "
@@ -209,6 +230,7 @@ def _specs() -> dict[str, KernelSpec]:
           for w in W_TYPES),
     ]
     s += _gemma_qwen_specs()
+    s += _oai_specs()
     s += _moe_norm_specs()
     s += _mmid_specs()
     return {k.name: k for k in s}
@@ -252,7 +274,8 @@ QUANT_DOC = ("per unit b (32 weights of the row, one Q8_1 block of x) with integ
              "d(dot d8 - 8 s8); Q5_0 d(dot d8 - 16 s8); Q5_1 d d8 dot + m s8; Q4_K/Q5_K d8(d sc dot - dmin mn "
              "sx); Q6_K d d8 (sc0 (dot_lo - 32 sx_lo) + sc1 (dot_hi - 32 sx_hi)); Q3_K as Q6_K with 4 for 32; Q2_K "
              "d8(d (sc0&15 dot_lo + sc1&15 dot_hi) - dmin (sc0>>4 sx_lo + sc1>>4 sx_hi)); Q4_1 d d8 dot + m s8; "
-             "IQ4_NL d d8 dot and IQ4_XS d d8 (dot (ls - 32)) over the levels kvalues_iq4nl[q]; summed over units "
+             "IQ4_NL d d8 dot and IQ4_XS d d8 (dot (ls - 32)) over the levels kvalues_iq4nl[q]; MXFP4 d d8 dot over "
+             "kvalues_mxfp4[q], d = 2^(e - 128); summed over units "
              "(kernels/quants.cuh, graphdiag.backends.qunits)")
 
 
@@ -279,13 +302,13 @@ def _x_specs() -> list[KernelSpec]:
             KernelSpec(f"mul_mat_vec_add_{w}", ("dst (M, N)", f"W {w} (K, M)", x, "r F32 (M, N)"),
                        ip=("unused", "warps per row"), doc="W x + r; N <= 8"),
             KernelSpec(f"mul_mat_id_vec_{w}", ("dst (M, n_used, T)", f"experts {w} (K, M, E)",
-                                               x.replace("(K, N)", "(K, n_b, T)"), "ids I32 (n_used, T)"),
+                                               x.replace("(K, N)", "(K, n_b, T)"), "ids I32 (n_used, T)", _BIAS),
                        doc=(f"dst[t, s, :] = experts[ids[t, s]] . x[t, s or 0]: {dot}" if q else
                             f"dst[t, s, :] = ({deq} of experts[ids[t, s]]) . x[t, s or 0] (F32 x)")),
             KernelSpec(f"mul_mat_id_vec_glu_{w}", ("dst (M, n_used, T)", f"gate experts {w} (K, M, E)",
                                                    f"up experts {w} (K, M, E)", x.replace("(K, N)", "(K, n_b, T)"),
-                                                   "ids I32 (n_used, T)"),
-                       ip=("glu op",), fp=("SWIGLU_CLAMP's limit",),
+                                                   "ids I32 (n_used, T)", _UP_BIAS),
+                       ip=("glu op", *_GATE_BIAS_IP), fp=("SWIGLU_CLAMP's limit",),
                        doc="glu(G[ids[t, s]] x, U[ids[t, s]] x)" + (", T <= 8 (Q8_1 x)" if q else " of one token (F32 x)")),
             KernelSpec(f"mul_mat_id_gathered_{w}", ("dst (M, n_used, T)", f"experts {w} (K, M, E)", "x F32 (K, n_b, T)",
                                                     "row map I32 pairs (slot, token)"),
@@ -293,6 +316,18 @@ def _x_specs() -> list[KernelSpec]:
                        doc="the sorted fallback's per-expert launch (F32 x)"),
         ]
     return s
+def _oai_specs() -> list[KernelSpec]:
+    """gpt-oss's element-wise ops (kernels/elementwise.cu): its experts' biases and clamped SwiGLU."""
+    return [
+        KernelSpec("add_id_f32", ("dst F32 (n, n_used, T)", "a F32 (n, n_used, T)", "b F32 (n, n_expert)",
+                                  "ids I32 (n_used, T)"),
+                   doc="dst[t, i, :] = a[t, i, :] + b[ids[t, i], :] (GGML_OP_ADD_ID, ggml-cuda's add_id_kernel)"),
+        KernelSpec("glu_swiglu_oai_f32", ("dst", "gate", "up"), fp=("limit", "alpha"),
+                   doc="x = min(gate, limit), y = max(min(up, limit), -limit): dst = x / (1 + exp(-x * alpha)) * "
+                       "(1 + y) (GGML_GLU_OP_SWIGLU_OAI, ggml-cuda's ggml_cuda_op_swiglu_oai_single)"),
+    ]
+
+
 def _moe_norm_specs() -> list[KernelSpec]:
     """llama's MoE weight norm unfused (SUM_ROWS, CLAMP, DIV), where the top-k router's fusion is off or refused."""
     return [

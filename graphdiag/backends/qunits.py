@@ -1,6 +1,7 @@
-"""numpy twin of kernels/quants.cuh: ggml's Q4_0/Q4_1/Q5_0/Q5_1/Q2_K/Q3_K/Q4_K/Q5_K/Q6_K/IQ4_NL/IQ4_XS blocks
+"""numpy twin of kernels/quants.cuh: ggml's Q4_0/Q4_1/Q5_0/Q5_1/Q2_K/Q3_K/Q4_K/Q5_K/Q6_K/IQ4_NL/IQ4_XS/MXFP4 blocks
 (and BF16 rows) decoded into units of 32 weights, the kernels' dequantisation (bit for bit) and their integer
-dots with Q8_1 x. The IQ4 types' quants are their levels (kvalues_iq4nl, signed), not the 4-bit indices.
+dots with Q8_1 x. The IQ4 types' quants are their levels (kvalues_iq4nl, signed), not the 4-bit indices, and
+MXFP4's its levels (kvalues_mxfp4).
 
 A unit is the 32 consecutive weights of a row that meet one Q8_1 block of x. `decode` gives each unit's
 quants as integers (before ggml's offsets) and its float / integer scales; `dequantize` applies the
@@ -19,15 +20,18 @@ import numpy as np
 
 from ..ir.dtypes import GGMLType as G
 from ..quants.iquants import KVALUES
+from ..quants.mxfp4 import KVALUES as MXFP4_KVALUES, e8m0_half
 from ..quants.kquants_low import scales_6bit
 
 F32 = np.float32
 # bytes per block, units (of 32 weights) per block
 LAYOUT = {G.Q4_0: (18, 1), G.Q5_0: (22, 1), G.Q5_1: (24, 1), G.Q4_K: (144, 8), G.Q5_K: (176, 8),
           G.Q6_K: (210, 8), G.BF16: (64, 1), G.Q2_K: (84, 8), G.Q3_K: (110, 8), G.Q4_1: (20, 1),
-          G.IQ4_NL: (18, 1), G.IQ4_XS: (136, 8)}
-QUANT_TYPES = (G.Q4_0, G.Q5_0, G.Q5_1, G.Q4_K, G.Q5_K, G.Q6_K, G.Q2_K, G.Q3_K, G.Q4_1, G.IQ4_NL, G.IQ4_XS)
+          G.IQ4_NL: (18, 1), G.IQ4_XS: (136, 8), G.MXFP4: (17, 1)}
+QUANT_TYPES = (G.Q4_0, G.Q5_0, G.Q5_1, G.Q4_K, G.Q5_K, G.Q6_K, G.Q2_K, G.Q3_K, G.Q4_1, G.IQ4_NL, G.IQ4_XS,
+               G.MXFP4)
 _LEVELS = KVALUES.astype(np.int32)   # IQ4_NL / IQ4_XS: index -> level
+_MX_LEVELS = MXFP4_KVALUES.astype(np.int32)   # MXFP4: index -> level
 _OFFSET = {G.Q4_0: 8, G.Q5_0: 16, G.Q6_K: 32, G.Q3_K: 4}
 _HALVES = (G.Q6_K, G.Q3_K)     # a scale per 16-half of the unit, quants offset: x = d * sc * (q - offset)
 _CHUNK = 1 << 24   # float64 elements of one integer-dot temporary
@@ -128,6 +132,8 @@ def decode(raw: np.ndarray, t: int) -> Units:
         return Units(_nibbles(b[..., 4:20]), _f16(b, 0), _f16(b, 2), zero, zero)
     if t == G.IQ4_NL:
         return Units(_LEVELS[_nibbles(b[..., 2:18])], _f16(b, 0), zero.astype(F32), zero, zero)
+    if t == G.MXFP4:
+        return Units(_MX_LEVELS[_nibbles(b[..., 1:17])], e8m0_half(b[..., 0]), zero.astype(F32), zero, zero)
     lead = b.shape[:-2]
     nu = b.shape[-2] * upb
     if t in (G.Q4_K, G.Q5_K):
@@ -203,7 +209,7 @@ def _combine(t: int, u: Units, xq: np.ndarray) -> np.ndarray:
             per = d * (dot * d8 - F32(16) * s8)
         elif t in (G.Q5_1, G.Q4_1):
             per = d * d8 * dot + m * s8
-        elif t == G.IQ4_NL:
+        elif t in (G.IQ4_NL, G.MXFP4):
             per = d * d8 * dot
         elif t == G.IQ4_XS:
             per = d * d8 * (idot * u.sc0.T[:, None, :]).astype(F32)   # the integer sum times ls - 32, exact

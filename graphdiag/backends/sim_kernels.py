@@ -24,7 +24,7 @@ from . import sim_kernels_ops, sim_moe
 from .abi import Q8_1
 from .geometry import FAM_KV
 from .sim_quants import quant_kernels
-from .sim_view import Q8_1_BLOCK, view   # noqa: F401  (view re-exported: the kernels' descriptor view)
+from .sim_view import Q8_1_BLOCK, expert_biases, view   # noqa: F401  (view re-exported: the kernels' descriptor view)
 from .kernels import (FA_HEAD_DIMS, FAV_GROUPS, KERNELS, W_TYPES, fa_direct_kernel, fa_mma_kernel, fa_vec_kernel,
                       fav_groups)
 
@@ -96,8 +96,8 @@ def _check(cond: bool, kernel: str, detail: str) -> None:
 
 
 def _check_glu(p: np.ndarray, kernel: str) -> None:
-    _check(_ip(p, 0) in (GluOp.GEGLU, GluOp.SWIGLU, GluOp.SWIGLU_CLAMP), kernel,
-           f"glu op {_ip(p, 0)} (GEGLU = 1, SWIGLU = 2 and SWIGLU_CLAMP = 6 are implemented)")
+    _check(_ip(p, 0) in (GluOp.GEGLU, GluOp.SWIGLU, GluOp.SWIGLU_OAI, GluOp.SWIGLU_CLAMP), kernel,
+           f"glu op {_ip(p, 0)} (GEGLU = 1, SWIGLU = 2, SWIGLU_OAI = 3 and SWIGLU_CLAMP = 6 are implemented)")
 
 
 def _type_name(t: int) -> str:
@@ -210,6 +210,9 @@ def _topk_moe(space, p):
     _check_type(p, 2, GGMLType.F32, name)
     logits = view(space, p, 2).astype(F32)                     # (B3, B2, T, n_expert)
     k = _ip(p, 0)
+    if _ip(p, 2):
+        _topk_moe_delayed(space, p, logits, k)
+        return
     with np.errstate(invalid="ignore", divide="ignore", over="ignore"):
         mx = np.fmax.reduce(logits, axis=-1, keepdims=True)    # fmaxf: a NaN is passed over
         e = np.exp(logits - mx)
@@ -233,6 +236,30 @@ def _topk_moe(space, p):
     view(space, p, 0)[...] = weights.reshape(view(space, p, 0).shape)
 
 
+def _warp_sum(lanes: np.ndarray) -> np.ndarray:
+    """kernels' warp_sum over (rows, 32) lane values: lane l adds lane l ^ off, off 16 .. 1; lane 0's sum."""
+    for off in (16, 8, 4, 2, 1):
+        lanes = lanes + lanes[:, np.arange(32) ^ off]
+    return lanes[:, 0]
+
+
+def _topk_moe_delayed(space, p, logits: np.ndarray, k: int) -> None:
+    """topk_moe_f32 with ip[2] (gpt-oss's router): the k largest logits (a NaN -FLT_MAX; ties: the lower
+    expert) as ids, then their softmax as the weights: e = exp(v - max), each lane's e (slot r at lane r % 32)
+    summed by the warp's butterfly, e * (1 / sum), times fp[0]."""
+    v = np.where(np.isnan(logits), F32(-3.402823466e38), logits).astype(F32)
+    ids = ops.argsort(v, True)[..., :k]
+    kept = np.take_along_axis(v, ids, axis=-1).reshape(-1, k)
+    with np.errstate(over="ignore", invalid="ignore"):
+        e = np.exp(kept - kept.max(axis=-1, keepdims=True))
+        lanes = np.zeros((e.shape[0], 32), F32)
+        for r in range(k):
+            lanes[:, r & 31] += e[:, r]
+        w = e * (F32(1) / _warp_sum(lanes))[:, None] * F32(_fp(p, 0))
+    view(space, p, 1)[...] = ids.reshape(view(space, p, 1).shape)
+    view(space, p, 0)[...] = w.reshape(view(space, p, 0).shape)
+
+
 def _mul_mat_fixup(space, p):
     dst, partials = view(space, p, 0), view(space, p, 1)
     b3, n = dst.shape[0], _ip(p, 0)
@@ -250,7 +277,7 @@ def _mul_mat_vec_glu(name: str, wt: GGMLType) -> Kernel:
         _check_glu(p, name)
         gate = _product(name, wt, space, p, 1, 3, MMV_MAX_N)
         up = _product(name, wt, space, p, 2, 3, MMV_MAX_N)
-        view(space, p, 0)[...] = ops.glu(_ip(p, 0), gate, up, _fp(p, 0))
+        view(space, p, 0)[...] = ops.fused_glu(_ip(p, 0), gate, up, _fp(p, 0))
     return k
 
 
@@ -275,14 +302,19 @@ def _mul_mat_id_vec_glu(name: str, wt: GGMLType) -> Kernel:
         x, ids = view(space, p, 3), view(space, p, 4)
         gate = ops.mul_mat_id(view(space, p, 1), x, ids)
         up = ops.mul_mat_id(view(space, p, 2), x, ids)
-        view(space, p, 0)[...] = ops.glu(_ip(p, 0), gate, up, _fp(p, 0))
+        bias = expert_biases(space, p, 5, glu=True)
+        if bias is not None:                    # ADD_IDs fused (gpt-oss): each expert's bias row, then the GLU
+            gate, up = ops.add_id(gate, bias[0], ids), ops.add_id(up, bias[1], ids)
+        view(space, p, 0)[...] = ops.fused_glu(_ip(p, 0), gate, up, _fp(p, 0))
     return k
 
 
 def _mul_mat_id_vec(name: str, wt: GGMLType) -> Kernel:
     def k(space, p):
         _check_type(p, 1, wt, name)
-        view(space, p, 0)[...] = ops.mul_mat_id(view(space, p, 1), view(space, p, 2), view(space, p, 3))
+        out = ops.mul_mat_id(view(space, p, 1), view(space, p, 2), view(space, p, 3))
+        bias = expert_biases(space, p, 4, glu=False)
+        view(space, p, 0)[...] = out if bias is None else ops.add_id(out, bias, view(space, p, 3))
     return k
 
 
@@ -316,8 +348,10 @@ def _add(space, p):
 
 
 def _rope_of(space, p) -> np.ndarray:
-    """rope(t[1], pos t[2]) with ip = (n_dims, mode), fp = (freq_base, freq_scale)."""
-    return ops.rope(view(space, p, 1), view(space, p, 2), _ip(p, 0), _fp(p, 0), _fp(p, 1), _ip(p, 1))
+    """rope(t[1], pos t[2]) with ip = (n_dims, mode), fp = (freq_base, freq_scale[, ext_factor, attn_factor,
+    corr_dim0, corr_dim1]: YaRN where attn_factor is set)."""
+    yarn = (_fp(p, 2), _fp(p, 3), _fp(p, 4), _fp(p, 5)) if _fp(p, 3) != 0.0 else None
+    return ops.rope(view(space, p, 1), view(space, p, 2), _ip(p, 0), _fp(p, 0), _fp(p, 1), _ip(p, 1), yarn)
 
 
 def _rope(space, p):
@@ -459,6 +493,13 @@ def _flash_attn_combine(space, p):
         w = np.where(np.isfinite(m), np.exp(m - np.where(np.isfinite(mx), mx, F32(0))[..., None]), F32(0))
     den = (l * w).sum(axis=2, dtype=F32)
     acc = (o * w[..., None]).sum(axis=2, dtype=F32)
+    if int(p["t"][2]["data"]):                    # the heads' sinks: in the denominator only
+        sk = view(space, p, 2).reshape(-1)[None, :]                  # (1, H) against (T * B, H)
+        mn = np.maximum(mx, sk)
+        with np.errstate(invalid="ignore"):
+            rs = np.where(np.isneginf(mx), F32(0), np.exp(mx - mn))
+        acc = acc * rs[..., None]
+        den = den * rs + np.exp(sk - mn)
     res = np.divide(acc, den[..., None], out=np.zeros_like(acc), where=den[..., None] > 0)
     dst[...] = res.reshape(dst.shape)
 

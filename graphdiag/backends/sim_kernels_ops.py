@@ -1,6 +1,7 @@
 """The simulator's twins of the Gemma 3 / Qwen kernels (kernels.py's _gemma_qwen_specs): scale, GEGLU and the
 RMS_NORM fusions with ADD and with ROPE (and the K-cache write); and of 0c1e57098's RMS_NORM + SCALE fusion and
-GLU SWIGLU_CLAMP (issue 29); of llama's MoE weight norm unfused (SUM_ROWS, CLAMP, DIV). Built on cpu_ops, composing the unfused ops in the order the fused CUDA kernels
+GLU SWIGLU_CLAMP (issue 29); of llama's MoE weight norm unfused (SUM_ROWS, CLAMP, DIV); of gpt-oss's ADD_ID and
+GLU SWIGLU_OAI. Built on cpu_ops, composing the unfused ops in the order the fused CUDA kernels
 compute them."""
 
 from __future__ import annotations
@@ -64,7 +65,16 @@ def build(view) -> dict[str, Kernel]:
     def div(space, p):
         view(space, p, 0)[...] = ops.div(view(space, p, 1), view(space, p, 2))
 
-    return {"sum_rows_f32": sum_rows, "clamp_f32": clamp, "div_f32": div,
+    def add_id(space, p):
+        view(space, p, 0)[...] = ops.add_id(view(space, p, 1), view(space, p, 2), view(space, p, 3))
+
+    def swiglu_oai(space, p):
+        """The clamped SwiGLU, limit fp[0] and alpha fp[1]."""
+        view(space, p, 0)[...] = ops.swiglu_oai(view(space, p, 1), view(space, p, 2), float(p["fp"][1]),
+                                                float(p["fp"][0]))
+
+    return {"sum_rows_f32": sum_rows, "clamp_f32": clamp, "div_f32": div, "add_id_f32": add_id,
+            "glu_swiglu_oai_f32": swiglu_oai,
             "scale_f32": scale, "glu_geglu_f32": geglu, "glu_swiglu_clamp_f32": swiglu_clamp,
             "rms_norm_scale_f32": norm_scale, "rms_norm_mul_add_f32": norm_mul_add,
             "rms_norm_mul_rope_f32": norm_mul_rope, "rms_norm_mul_rope_set_rows_f16": norm_mul_rope_set_rows}

@@ -22,7 +22,8 @@ from . import qunits
 from .abi import Q8_1
 from .kernels import MMID_F_TYPES, MMID_Q_TYPES
 from .sim_quants import XTYPE, raw_rows
-from .sim_view import view
+from .sim_quants import glu as _glu
+from .sim_view import expert_biases, view
 
 Kernel = Callable[[AddressSpace, np.ndarray], None]
 Dot = Callable[[int, np.ndarray, slice], np.ndarray]     # (expert, x rows (N, ·), units) -> (N, M) float32
@@ -79,8 +80,10 @@ def _vec(name: str, w: str, q8_0_dot) -> Kernel:
     """mul_mat_id_vec_{w}: dst[t, s] = experts[ids[t, s]] . xq[t, s or 0] (ids t[3])."""
     def k(space, p):
         dot, x, dst = _dot(space, p, 1, w, name, q8_0_dot), _x(space, p, 2, True, name), view(space, p, 0)
+        bias = expert_biases(space, p, 4, glu=False)           # ADD_ID fused (gpt-oss), or None
         for e, tok, slot in _by_ids(space, p, 3, int(p["t"][1]["ne"][2]), name):
-            dst[0, tok, slot] = dot(e, _rows(x, tok, slot), slice(None))
+            out = dot(e, _rows(x, tok, slot), slice(None))
+            dst[0, tok, slot] = out if bias is None else out + bias[0, 0, e]
     return k
 
 
@@ -88,12 +91,16 @@ def _vec_glu(name: str, w: str, q8_0_dot) -> Kernel:
     """mul_mat_id_vec_glu_{w}: dst[t, s] = glu(G[ids[t, s]] . xq, U[ids[t, s]] . xq) (ids t[4])."""
     def k(space, p):
         op = int(p["ip"][0])
-        _check(op in (0, 1, 2, 6), name, f"glu op {op}")
+        _check(op in (0, 1, 2, 3, 6), name, f"glu op {op}")
         gate, up = _dot(space, p, 1, w, name, q8_0_dot), _dot(space, p, 2, w, name, q8_0_dot)
         x, dst = _x(space, p, 3, True, name), view(space, p, 0)
+        bias = expert_biases(space, p, 5, glu=True)            # (gate, up) ADD_IDs fused (gpt-oss), or None
         for e, tok, slot in _by_ids(space, p, 4, int(p["t"][1]["ne"][2]), name):
             xs = _rows(x, tok, slot)
-            dst[0, tok, slot] = ops.glu(op, gate(e, xs, slice(None)), up(e, xs, slice(None)), float(p["fp"][0]))
+            g, u = gate(e, xs, slice(None)), up(e, xs, slice(None))
+            if bias is not None:
+                g, u = g + bias[0][0, 0, e], u + bias[1][0, 0, e]
+            dst[0, tok, slot] = _glu(op, g, u, float(p["fp"][0]))
     return k
 
 

@@ -18,13 +18,13 @@ from . import cpu_ops as ops
 from . import qunits
 from .abi import Q8_1
 from .kernels import X_TYPES
-from .sim_view import view
+from .sim_view import expert_biases, view
 
 F32 = np.float32
 MMV_MAX_N = 8
 XTYPE = {"q4_0": G.Q4_0, "q5_0": G.Q5_0, "q5_1": G.Q5_1, "q4_k": G.Q4_K, "q5_k": G.Q5_K, "q6_k": G.Q6_K,
          "q2_k": G.Q2_K, "q3_k": G.Q3_K,
-         "bf16": G.BF16, "q4_1": G.Q4_1, "iq4_nl": G.IQ4_NL, "iq4_xs": G.IQ4_XS}
+         "bf16": G.BF16, "q4_1": G.Q4_1, "iq4_nl": G.IQ4_NL, "iq4_xs": G.IQ4_XS, "mxfp4": G.MXFP4}
 
 
 def _check(cond: bool, kernel: str, detail: str) -> None:
@@ -50,7 +50,8 @@ def raw_rows(space: AddressSpace, p: np.ndarray, slot: int, t: int, kernel: str)
 
 
 def glu(op: int, g: np.ndarray, u: np.ndarray, limit: float = 0.0) -> np.ndarray:
-    """common.cuh glu(): 0 REGLU, 1 GEGLU (tanh approximation), 2 SWIGLU, 6 SWIGLU_CLAMP (`limit`), in float32."""
+    """common.cuh glu(): 0 REGLU, 1 GEGLU (tanh approximation), 2 SWIGLU, 3 SWIGLU_OAI (upstream's fused-kernel
+    constants: alpha 1.702, limit 7), 6 SWIGLU_CLAMP (`limit`), in float32."""
     g, u = g.astype(F32), u.astype(F32)
     if op == 0:
         return np.maximum(g, F32(0)) * u
@@ -59,6 +60,8 @@ def glu(op: int, g: np.ndarray, u: np.ndarray, limit: float = 0.0) -> np.ndarray
         return F32(0.5) * g * (F32(1) + np.tanh(c * (g + F32(0.044715) * g * g * g))) * u
     if op == 6:
         return ops.swiglu_clamp(g, u, limit)
+    if op == 3:
+        return ops.swiglu_oai(g, u, 1.702, 7.0)
     return ops.swiglu(g, u)
 
 
@@ -91,7 +94,7 @@ def _mul_mat_vec_add(name: str, t: int):
 def _mul_mat_vec_glu(name: str, t: int):
     def k(space, p):
         op = int(p["ip"][0])
-        _check(op in (0, 1, 2, 6), name, f"glu op {op}")
+        _check(op in (0, 1, 2, 3, 6), name, f"glu op {op}")
         gate, up = _product(name, t, space, p, 1, 3), _product(name, t, space, p, 2, 3)
         view(space, p, 0)[...] = glu(op, gate, up, float(p["fp"][0]))
     return k
@@ -103,7 +106,9 @@ def _experts(space, p, slot: int, t: int, name: str) -> np.ndarray:
 
 def _mul_mat_id_vec(name: str, t: int):
     def k(space, p):
-        view(space, p, 0)[...] = ops.mul_mat_id(_experts(space, p, 1, t, name), view(space, p, 2), view(space, p, 3))
+        out = ops.mul_mat_id(_experts(space, p, 1, t, name), view(space, p, 2), view(space, p, 3))
+        bias = expert_biases(space, p, 4, glu=False)
+        view(space, p, 0)[...] = out if bias is None else ops.add_id(out, bias, view(space, p, 3))
     return k
 
 
@@ -112,6 +117,9 @@ def _mul_mat_id_vec_glu(name: str, t: int):
         x, ids = view(space, p, 3), view(space, p, 4)
         gate = ops.mul_mat_id(_experts(space, p, 1, t, name), x, ids)
         up = ops.mul_mat_id(_experts(space, p, 2, t, name), x, ids)
+        bias = expert_biases(space, p, 5, glu=True)
+        if bias is not None:
+            gate, up = ops.add_id(gate, bias[0], ids), ops.add_id(up, bias[1], ids)
         view(space, p, 0)[...] = glu(int(p["ip"][0]), gate, up, float(p["fp"][0]))
     return k
 

@@ -21,3 +21,17 @@ def view(space: AddressSpace, p: np.ndarray, slot: int) -> np.ndarray:
         buf, off = space.locate(int(d["data"]), extent)
         return np.ndarray(shape, Q8_1_BLOCK, buffer=buf, offset=off, strides=strides)
     return space.ndarray(int(d["data"]), int(d["type"]), d["ne"], d["nb"])
+
+
+def expert_biases(space: AddressSpace, p: np.ndarray, slot: int, glu: bool) -> tuple:
+    """The experts' biases fused into mul_mat_id_vec(_glu) (ADD_ID): None, or for the plain kernel the bias
+    t[slot] (M, E), for the GLU one (gate bias, up bias): the up bias t[slot], the gate bias at the address
+    ip[1] | ip[2] << 32 with t[slot]'s layout (the ABI's six descriptors are taken)."""
+    if not int(p["t"][slot]["data"]):
+        return None
+    up = view(space, p, slot)
+    if not glu:
+        return up
+    q = p.copy()
+    q["t"][slot]["data"] = (int(p["ip"][1]) & 0xFFFFFFFF) | ((int(p["ip"][2]) & 0xFFFFFFFF) << 32)
+    return view(space, q, slot), up

@@ -20,17 +20,18 @@ class _ExportCommand(click.Command):
 @click.command("export-gguf", cls=_ExportCommand)
 @click.option("--model", default="tiny", show_default=True,
               help="Preset (listed below; moe-tiny is written as llama's MoE, whose router normalises its "
-                   "weights; qwen3moe-tiny as qwen3moe).")
+                   "weights; qwen3moe-tiny as qwen3moe; gpt-oss-tiny as gpt-oss).")
 @click.option("--wtype", default="f16", show_default=True,
               help="Weight type of the mat-mul weights and the embedding (f16, bf16, f32, q8_0, q4_0, q4_1, q5_0, "
                    "q5_1, iq4_nl, iq4_xs, q3_k, q4_k, q5_k, q6_k; a K-quant or IQ4_XS falls back where rows are no "
-                   "multiple of 256, as llama.cpp's), or llama.cpp's mix of one: q2_k (its Q2_K), q3_k_m (Q3_K_M).")
+                   "multiple of 256, as llama.cpp's), or llama.cpp's mix of one: q2_k (its Q2_K), q3_k_m (Q3_K_M), "
+                   "mxfp4_moe (MXFP4_MOE: MXFP4 experts, Q8_0 elsewhere).")
 @click.option("--seed", default=0, show_default=True, type=click.IntRange(0, 2**31 - 1),
               help="The seed of the preset's weights (as `run --seed`).")
 @click.option("--arch", default=None,
-              help="Architecture to write the preset's shapes as (listed below; a MoE preset: llama or qwen3moe, "
-                   "a dense one: not qwen3moe).  [default: the preset's own: gemma3 for gemma3-tiny, qwen3moe for "
-                   "qwen3moe-tiny, else llama]")
+              help="Architecture to write the preset's shapes as (listed below; a MoE preset: llama, qwen3moe or "
+                   "gpt-oss, a dense one: not qwen3moe or gpt-oss).  [default: the preset's own: gemma3 for "
+                   "gemma3-tiny, qwen3moe for qwen3moe-tiny, gpt-oss for gpt-oss-tiny, else llama]")
 @click.argument("out", type=click.Path(dir_okay=False, writable=True))
 def export_gguf(model: str, wtype: str, seed: int, arch: str | None, out: str) -> None:
     """Write preset MODEL (graphdiag's seeded weights, a vocabulary of placeholder pieces: SPM for llama,

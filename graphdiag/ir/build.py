@@ -7,6 +7,9 @@ buffer placement, so a graph of any size can be built without allocating its dat
 from __future__ import annotations
 
 import struct
+from dataclasses import dataclass
+
+import numpy as np
 
 from .arena import MAX_NAME, MAX_SRC, TENSOR_DTYPE, TENSOR_SIZE, Arena
 from .dtypes import GGMLType, block_size, type_size
@@ -35,6 +38,31 @@ _INPUT = int(TensorFlag.INPUT)
 
 
 SORT_ASC, SORT_DESC = 0, 1       # enum ggml_sort_order
+
+
+@dataclass(frozen=True)
+class Yarn:
+    """A rope's YaRN parameters as llama.cpp passes them to ggml_rope_ext (llama_context's cparams):
+    freq_scale = 1 / rope.scaling.factor, n_ctx_orig = rope.scaling.original_context_length, ext_factor 1,
+    attn_factor (the magnitude llama_context leaves after cancelling ggml's own 1 + 0.1 ln(1 / freq_scale)),
+    beta_fast 32, beta_slow 1 (llama_hparams' defaults)."""
+
+    freq_scale: float
+    n_ctx_orig: int
+    ext_factor: float = 1.0
+    attn_factor: float = 1.0
+    beta_fast: float = 32.0
+    beta_slow: float = 1.0
+
+    def corr_dims(self, n_dims: int, freq_base: float) -> tuple[float, float]:
+        """ggml_rope_yarn_corr_dims in float32: the pair indices where the ramp from extrapolation (below) to
+        interpolation (above) starts and ends."""
+        f = np.float32
+
+        def dim(n_rot: float) -> np.float32:
+            return f(n_dims) * np.log(f(self.n_ctx_orig) / (f(n_rot) * f(2) * f(np.pi)), dtype=f) / \
+                (f(2) * np.log(f(freq_base), dtype=f))
+        return float(max(f(0), np.floor(dim(self.beta_fast)))), float(min(f(n_dims - 1), np.ceil(dim(self.beta_slow))))
 
 class Ctx:
     """Tensor constructors over one arena (ggml_new_tensor_*, ggml_view_*, and the ops the model uses)."""
@@ -131,12 +159,19 @@ class Ctx:
         ne = (as_.ne[1], ids.ne[0], b.ne[2], 1)
         return self.new_tensor(GGMLType.F32, ne, name, Op.MUL_MAT_ID, (as_, b, ids))
 
-    def rope(self, a: Tensor, pos: Tensor, n_dims: int, freq_base: float, name: str, mode: int = 0) -> Tensor:
+    def rope(self, a: Tensor, pos: Tensor, n_dims: int, freq_base: float, name: str, mode: int = 0,
+             yarn: "Yarn | None" = None) -> Tensor:
+        """ggml_rope_ext's op params: n_dims (1), mode (2), freq_base (5), freq_scale (6, 1 without `yarn`);
+        with YaRN also n_ctx_orig (4), ext_factor (7), attn_factor (8), beta_fast (9), beta_slow (10)."""
         x = self.new_tensor(GGMLType.F32, a.ne, name, Op.ROPE, (a, pos))
         x.set_param_i32(1, n_dims)
         x.set_param_i32(2, mode)
         x.set_param_f32(5, freq_base)
-        x.set_param_f32(6, 1.0)
+        x.set_param_f32(6, 1.0 if yarn is None else yarn.freq_scale)
+        if yarn is not None:
+            x.set_param_i32(4, yarn.n_ctx_orig)
+            for i, v in enumerate((yarn.ext_factor, yarn.attn_factor, yarn.beta_fast, yarn.beta_slow)):
+                x.set_param_f32(7 + i, v)
         return x
 
     def set_rows(self, dst: Tensor, rows: Tensor, idxs: Tensor, name: str) -> Tensor:
@@ -188,6 +223,19 @@ class Ctx:
         x = self.glu_split(gate, up, GluOp.SWIGLU_CLAMP, name)
         x.set_param_f32(3, limit)
         return x
+
+    def swiglu_oai(self, gate: Tensor, up: Tensor, alpha: float, limit: float, name: str) -> Tensor:
+        """ggml_swiglu_oai: the split GLU SWIGLU_OAI, alpha and limit f32 in op params 2 and 3."""
+        x = self.glu_split(gate, up, GluOp.SWIGLU_OAI, name)
+        x.set_param_f32(2, alpha)
+        x.set_param_f32(3, limit)
+        return x
+
+    def add_id(self, a: Tensor, b: Tensor, ids: Tensor, name: str) -> Tensor:
+        """ggml_add_id: a (n, n_used, T) plus row ids[i, t] of b (n, n_expert) at each (i, t); a's shape."""
+        if a.ne[0] != b.ne[0] or a.ne[1] != ids.ne[0] or a.ne[2] != ids.ne[1]:
+            raise ValueError(f"add_id {name}: a {a.ne}, b {b.ne}, ids {ids.ne} do not fit")
+        return self.new_tensor(GGMLType.F32, a.ne, name, Op.ADD_ID, (a, b, ids))
 
     def cast(self, a: Tensor, t: int, name: str) -> Tensor:
         """a converted to type t (ggml_cast: a CPY node into a new tensor of a's shape). ggml also points the

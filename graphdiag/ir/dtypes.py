@@ -26,6 +26,7 @@ class GGMLType(enum.IntEnum):
     IQ4_XS = 23
     I32 = 26
     BF16 = 30
+    MXFP4 = 39
 
 
 QK8_0 = 32
@@ -41,16 +42,17 @@ QK_K = 256   # super-block of the K-quants
 # IQ4_XS = f16 d, u16 scales_h, 4 bytes scales_l (8 6-bit sub-block scales) + 128 nibble bytes.
 # Q2_K = 16 bytes of 4-bit scale | 4-bit min + 64 bytes of 2-bit quants + f16 d, f16 dmin; Q3_K = 32 bytes of high
 # bits + 64 bytes of 2-bit low quants + 12 bytes of 6-bit scales + f16 d.
+# MXFP4 = one E8M0 exponent byte + 16 bytes of E2M1 nibbles (quants/mxfp4.py).
 _BLOCK = {GGMLType.F32: 1, GGMLType.F16: 1, GGMLType.BF16: 1, GGMLType.I32: 1,
           GGMLType.Q4_0: 32, GGMLType.Q5_0: 32, GGMLType.Q5_1: 32, GGMLType.Q8_0: QK8_0, GGMLType.Q8_1: 32,
           GGMLType.Q4_K: QK_K, GGMLType.Q5_K: QK_K, GGMLType.Q6_K: QK_K, GGMLType.Q8_K: QK_K,
           GGMLType.Q2_K: QK_K, GGMLType.Q3_K: QK_K}
-_BLOCK.update({GGMLType.Q4_1: 32, GGMLType.IQ4_NL: 32, GGMLType.IQ4_XS: QK_K})
+_BLOCK.update({GGMLType.Q4_1: 32, GGMLType.IQ4_NL: 32, GGMLType.IQ4_XS: QK_K, GGMLType.MXFP4: 32})
 _SIZE = {GGMLType.F32: 4, GGMLType.F16: 2, GGMLType.BF16: 2, GGMLType.I32: 4,
          GGMLType.Q4_0: 18, GGMLType.Q5_0: 22, GGMLType.Q5_1: 24, GGMLType.Q8_0: Q8_0_BLOCK.itemsize, GGMLType.Q8_1: 36,
          GGMLType.Q4_K: 144, GGMLType.Q5_K: 176, GGMLType.Q6_K: 210, GGMLType.Q8_K: 292,
          GGMLType.Q2_K: 84, GGMLType.Q3_K: 110}
-_SIZE.update({GGMLType.Q4_1: 20, GGMLType.IQ4_NL: 18, GGMLType.IQ4_XS: 136})
+_SIZE.update({GGMLType.Q4_1: 20, GGMLType.IQ4_NL: 18, GGMLType.IQ4_XS: 136, GGMLType.MXFP4: 17})
 NUMPY = {GGMLType.F32: np.float32, GGMLType.F16: np.float16, GGMLType.I32: np.int32}
 
 

@@ -8,6 +8,7 @@ import enum
 class Op(enum.IntEnum):
     NONE = 0
     ADD = 2
+    ADD_ID = 3       # a + b's row ids[i, t] for each (i, t) (ggml_add_id: gpt-oss's expert biases)
     MUL = 6
     DIV = 7
     SUM_ROWS = 14
@@ -33,10 +34,12 @@ class Op(enum.IntEnum):
 
 
 class GluOp(enum.IntEnum):
-    """enum ggml_glu_op, ggml's values (SWIGLU_OAI 3, GEGLU_ERF 4 and GEGLU_QUICK 5 are never built here)."""
+    """enum ggml_glu_op, ggml's values (GEGLU_ERF 4 and GEGLU_QUICK 5 are never built here)."""
     REGLU = 0
     GEGLU = 1
     SWIGLU = 2
+    SWIGLU_OAI = 3       # gpt-oss: x = min(gate, limit), y = clamp(up, ±limit), x * sigmoid(alpha x) * (y + 1),
+                         # alpha and limit f32 in op params 2 and 3 (ggml_swiglu_oai)
     SWIGLU_CLAMP = 6     # llama.cpp 0c1e57098 (not in ggml d99724f2): silu(min(gate, limit)) * clamp(up, ±limit),
                          # the limit an f32 in op param 3
 

@@ -1,7 +1,7 @@
 """GGUF model files: a file read into graphdiag's model, and a preset written as one.
 
 Reading (`open_gguf`) dispatches on `general.architecture` to the architecture's module (model/arch/: llama,
-qwen2, qwen3, qwen3moe, gemma3), which takes the hyper-parameters from the metadata with llama.cpp's defaults
+qwen2, qwen3, qwen3moe, gemma3, gpt-oss), which takes the hyper-parameters from the metadata with llama.cpp's defaults
 for absent keys (`rope.freq_base` 10 000, `head_count_kv` = head_count, `key_length` = n_embd / n_head, ...)
 and lists the tensors its graph reads; each is checked — present, of the shape the metadata implies and of a
 type graphdiag computes — before anything is built; the tensor data stays memory-mapped (the `gguf`
@@ -12,8 +12,8 @@ outermost first; a block type as records of ggml's block, graphdiag.quants.BLOCK
 loader accepts, so graphdiag and llama.cpp can run the identical model.
 
 Supported here: the architectures of model/arch/ (llama incl. Mistral-style files, qwen2, qwen3, qwen3moe,
-gemma3), tensor types F32, F16, BF16, Q8_0, Q4_0, Q4_1, Q5_0, Q5_1, IQ4_NL, IQ4_XS, Q2_K, Q3_K, Q4_K, Q5_K and
-Q6_K (TYPES).
+gemma3, gpt-oss), tensor types F32, F16, BF16, Q8_0, Q4_0, Q4_1, Q5_0, Q5_1, IQ4_NL, IQ4_XS, Q2_K, Q3_K, Q4_K, Q5_K and
+Q6_K, and MXFP4 (TYPES).
 """
 
 from __future__ import annotations
@@ -34,7 +34,7 @@ from .presets import ModelConfig, swa_pattern
 # GGUF tensor type -> graphdiag's (the same numbers: ggml's enum)
 TYPES = {int(t): t for t in (GGMLType.F32, GGMLType.F16, GGMLType.BF16, GGMLType.Q8_0, GGMLType.Q4_0, GGMLType.Q5_0,
                              GGMLType.Q5_1, GGMLType.Q4_K, GGMLType.Q5_K, GGMLType.Q6_K, GGMLType.Q2_K,
-                             GGMLType.Q3_K, GGMLType.Q4_1, GGMLType.IQ4_NL, GGMLType.IQ4_XS)}
+                             GGMLType.Q3_K, GGMLType.Q4_1, GGMLType.IQ4_NL, GGMLType.IQ4_XS, GGMLType.MXFP4)}
 # llama_ftype of a file whose mat-mul weights are all of one type (general.file_type; K-quants as their _M mix,
 # Q2_K as MOSTLY_Q2_K and Q3_K as MOSTLY_Q3_K_S, the mostly-Q3_K one); a preset in a mix writes its own ftype
 FILE_TYPE = {GGMLType.F32: 0, GGMLType.F16: 1, GGMLType.Q4_0: 2, GGMLType.Q8_0: 7, GGMLType.Q5_0: 8,
@@ -293,18 +293,32 @@ def write_shape(w, cfg: ModelConfig) -> None:
     w.add_rope_freq_base(cfg.rope_base)
     w.add_layer_norm_rms_eps(cfg.norm_eps)
     _write_window(w, cfg)
+    _write_yarn(w, cfg)
+
+
+def _write_yarn(w, cfg: ModelConfig) -> None:
+    """gpt-oss's YaRN, as its converter writes it: rope.scaling.type yarn, .factor, .original_context_length."""
+    factor = getattr(cfg, "yarn_factor", 0.0)
+    if factor <= 0:
+        return
+    from gguf import RopeScalingType
+    w.add_rope_scaling_type(RopeScalingType.YARN)
+    w.add_rope_scaling_factor(factor)
+    w.add_rope_scaling_orig_ctx_len(cfg.yarn_orig_ctx)
 
 
 def _write_window(w, cfg: ModelConfig) -> None:
-    """Gemma 3's sliding window, as its converter writes it: attention.sliding_window, rope.freq_base_swa,
-    and the pattern only where it is not llama.cpp's default of 6 (an absent window means none, on both
-    sides: models/gemma3.cpp, arch/gemma3.py)."""
+    """The sliding window (Gemma 3, gpt-oss), as their converters write it: attention.sliding_window,
+    rope.freq_base_swa, and the pattern only where it is not the architecture's default (its SWA_PATTERN:
+    gpt-oss 2, else llama.cpp's 6; an absent window means none, on both sides: models/gemma3.cpp,
+    arch/gemma3.py)."""
     n_swa = getattr(cfg, "n_swa", 0)
     if n_swa <= 0:
         return
     w.add_sliding_window(n_swa)
     w.add_rope_freq_base_swa(cfg.rope_base_swa)
-    if tuple(cfg.swa_layers) != tuple(swa_pattern(cfg.n_layer)):
+    default = getattr(_arch(cfg.arch), "SWA_PATTERN", None)
+    if tuple(cfg.swa_layers) != tuple(swa_pattern(cfg.n_layer, *(() if default is None else (default,)))):
         w.add_sliding_window_pattern([bool(x) for x in cfg.swa_layers])
 
 

@@ -1,5 +1,5 @@
 """llama.cpp's quantization mixes for the --wtype names that are llama_ftypes: the type llama-quantize gives
-each of a preset's weights in a Q2_K or a Q3_K_M file (llama-quant.cpp llama_tensor_get_type_impl).
+each of a preset's weights in a Q2_K, a Q3_K_M or an MXFP4_MOE file (llama-quant.cpp llama_tensor_get_type_impl).
 
 A mix starts every quantizable weight at the ftype's default type and moves a few by their role, read from
 the tensor's name as upstream's tensor_get_category reads it: the output projection (and a tied embedding)
@@ -31,7 +31,10 @@ class Mix:
     def tensor_type(self, cfg, name: str, ne0: int) -> GGMLType:
         """The type upstream picks for weight `name` (row length ne0) of a model of config `cfg`, before the
         row-length fallback."""
-        return _RULES[self.label](cfg, _category(name, cfg), _layer(name), ne0)
+        rule = _RULES[self.label]
+        if rule is _mxfp4_moe:
+            return rule(cfg, _category(name, cfg), _layer(name), ne0, name)
+        return rule(cfg, _category(name, cfg), _layer(name), ne0)
 
 
 def _category(name: str, cfg) -> str:
@@ -88,6 +91,14 @@ def _q3_k_m(cfg, cat: str, il: int, ne0: int) -> GGMLType:
     return G.Q3_K
 
 
-_RULES = {"Q2_K": _q2_k, "Q3_K_M": _q3_k_m}
-# --wtype name -> its mix (llama_ftype: LLAMA_FTYPE_MOSTLY_Q2_K = 10, LLAMA_FTYPE_MOSTLY_Q3_K_M = 12)
-MIXES = {"q2_k": Mix("q2_k", "Q2_K", G.Q2_K, 10), "q3_k_m": Mix("q3_k_m", "Q3_K_M", G.Q3_K, 12)}
+def _mxfp4_moe(cfg, cat: str, il: int, ne0: int, name: str = "") -> GGMLType:
+    """LLAMA_FTYPE_MOSTLY_MXFP4_MOE: the expert stacks (3-d: ne[2] > 1) MXFP4, every other weight Q8_0 (the
+    output projection and the embedding too; 1-d tensors stay F32 as in any mix)."""
+    return G.MXFP4 if name.endswith("_exps.weight") else G.Q8_0
+
+
+_RULES = {"Q2_K": _q2_k, "Q3_K_M": _q3_k_m, "MXFP4_MOE": _mxfp4_moe}
+# --wtype name -> its mix (llama_ftype: LLAMA_FTYPE_MOSTLY_Q2_K = 10, LLAMA_FTYPE_MOSTLY_Q3_K_M = 12,
+# LLAMA_FTYPE_MOSTLY_MXFP4_MOE = 38)
+MIXES = {"q2_k": Mix("q2_k", "Q2_K", G.Q2_K, 10), "q3_k_m": Mix("q3_k_m", "Q3_K_M", G.Q3_K, 12),
+         "mxfp4_moe": Mix("mxfp4_moe", "MXFP4_MOE", G.MXFP4, 38)}

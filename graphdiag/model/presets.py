@@ -5,7 +5,10 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
+import numpy as np
+
 from ..errors import UsageError
+from ..ir.build import Yarn
 from ..ir.dtypes import GGMLType, block_size
 from .kv_sizes import N_UBATCH, swa_cache_size
 from .mixes import MIXES, Mix
@@ -119,6 +122,33 @@ class Gemma3Config(ModelConfig):
         return swa_cache_size(self.n_ctx, self.n_swa, self.n_seq_max, self.n_ubatch, True, self.swa_full)
 
 
+@dataclass(frozen=True)
+class GptOssConfig(Gemma3Config):
+    """gpt-oss (model/arch/gpt_oss.py): Gemma3Config's sliding window (n_swa, swa_layers, the SWA cache's
+    sizing; f_attention_scale is not read: gpt-oss scales KQ by 1/sqrt(head_dim) inside flash attention),
+    every layer with attention sinks, Q/K/V/O biases and biased experts under a SOFTMAX_WEIGHT router; YaRN
+    rope scaling when `yarn_factor` > 0 (rope.scaling.factor, over `yarn_orig_ctx` positions; every layer,
+    as llama.cpp's gpt-oss gives its sliding layers the same freq_scale), `yarn_attn_factor` the file's
+    rope.scaling.attn_factor (1 when absent)."""
+
+    yarn_factor: float = 0.0
+    yarn_orig_ctx: int = 0
+    yarn_attn_factor: float = 1.0
+
+    def yarn(self) -> Yarn | None:
+        """The ropes' YaRN as llama_context sets it up: freq_scale 1 / factor, ext_factor 1, attn_factor
+        get_mscale(factor) / (1 + 0.1 ln factor) (1 up to float32 rounding: ggml's rope multiplies by the
+        latter again) times rope.scaling.attn_factor, in float32 as llama.cpp computes it."""
+        if self.yarn_factor <= 0:
+            return None
+        f = np.float32
+        fs = f(1) / f(self.yarn_factor)
+        factor = f(1) / fs
+        mscale = f(0.1) * np.log(factor, dtype=f) + f(1) if factor > 1 else f(1)
+        attn = mscale * (f(1) / (f(1) + f(0.1) * np.log(factor, dtype=f))) * f(self.yarn_attn_factor)
+        return Yarn(float(fs), self.yarn_orig_ctx, 1.0, float(attn))
+
+
 PRESETS: dict[str, ModelConfig] = {
     c.name: c
     for c in (
@@ -139,6 +169,15 @@ PRESETS: dict[str, ModelConfig] = {
         # output, layer 5 global and the others sliding over a 128-position window (SWA cache: 768 cells, n_ubatch 512)
         Gemma3Config("gemma3-tiny", 6, 256, 4, 1, 512, 4096, rope_base=1e6, norm_eps=1e-6, arch="gemma3",
                      n_embd_head=128, rope_type=ROPE_NEOX, tied_output=True, n_swa=128, swa_layers=swa_pattern(6)),
+        # gpt-oss-20b's pieces at tiny shapes: 8 experts of width 256, the top 4 per token (SOFTMAX_WEIGHT
+        # router with a bias, biased experts, clamped SwiGLU); GQA 8 over 2 KV heads of head_dim 64, so Q is
+        # 512 wide over n_embd 256 (the 20b: 64 x 64 over 2880); sinks, Q/K/V/O biases; even layers slide over
+        # a 128-position window (pattern 2), odd ones global; NEOX rope base 150 000 with the 20b's YaRN (factor 32
+        # over 4096 positions), untied output
+        GptOssConfig("gpt-oss-tiny", 4, 256, 8, 2, 0, 4096, n_expert=8, n_expert_used=4, n_ff_exp=256,
+                     rope_base=150000.0, norm_eps=1e-5, arch="gpt-oss", n_embd_head=64, rope_type=ROPE_NEOX,
+                     qkv_bias=True, n_swa=128, swa_layers=swa_pattern(4, 2), rope_base_swa=150000.0,
+                     yarn_factor=32.0, yarn_orig_ctx=4096),
     )
 }
 

@@ -77,6 +77,12 @@ class Layer:
     attn_k_norm: Tensor | None = None
     attn_post_norm: Tensor | None = None   # post-attention and post-FFN norms, (n_embd,) (gemma3)
     ffn_post_norm: Tensor | None = None
+    bo: Tensor | None = None            # attn_output's bias (gpt-oss)
+    attn_sinks: Tensor | None = None    # one learned sink logit per head, (n_head,) (gpt-oss)
+    ffn_gate_inp_b: Tensor | None = None   # the router's bias, (n_expert,) (gpt-oss)
+    ffn_gate_exps_b: Tensor | None = None  # per-expert biases, (n_ff_exp or n_embd, n_expert) (gpt-oss)
+    ffn_up_exps_b: Tensor | None = None
+    ffn_down_exps_b: Tensor | None = None
 
 
 @dataclass

@@ -22,11 +22,11 @@ __all__ = ["BLOCK_DTYPE", "QUANT_TYPES", "dequantize", "q8_1_activations", "quan
 G = GGMLType
 # Types both directions work for (Q8_K is a layout only: ggml uses it for activations on the CPU).
 QUANT_TYPES = (G.F32, G.F16, G.BF16, G.Q4_0, G.Q5_0, G.Q5_1, G.Q8_0, G.Q8_1, G.Q4_K, G.Q5_K, G.Q6_K,
-               G.Q2_K, G.Q3_K, G.Q4_1, G.IQ4_NL, G.IQ4_XS)
+               G.Q2_K, G.Q3_K, G.Q4_1, G.IQ4_NL, G.IQ4_XS, G.MXFP4)
 
 # Weight types whose CUDA products (ggml's MMVQ mat-vec, MMQ mat-mul) run on Q8_1-quantised activations.
 Q8_1_ACTIVATION_TYPES = (G.Q4_0, G.Q5_0, G.Q5_1, G.Q8_0, G.Q4_K, G.Q5_K, G.Q6_K, G.Q2_K, G.Q3_K,
-                         G.Q4_1, G.IQ4_NL, G.IQ4_XS)
+                         G.Q4_1, G.IQ4_NL, G.IQ4_XS, G.MXFP4)
 
 
 def q8_1_activations(t) -> bool:

@@ -4,7 +4,8 @@ Where the `gguf` package (pinned) has a codec it is used: its dequantisers for e
 quantisers for BF16, Q4_0, Q4_1, Q5_0, Q5_1 and Q8_0. Each is checked bit for bit against ggml's own C
 (quantize_row_*_ref / dequantize_row_* of llama.cpp 0c1e57098, compiled from the vendored source) by
 tests/unit/test_quants_ggml.py over tests/data/quants_ggml.npz. The K-quant and IQ4 quantisers, which gguf
-lacks, are graphdiag's (kquants.py, kquants_low.py, iquants.py); Q8_1 is a few lines here.
+lacks, are graphdiag's (kquants.py, kquants_low.py, iquants.py), as is MXFP4's codec (mxfp4.py: gguf's
+quantiser takes numpy's float32 log2); Q8_1 is a few lines here.
 
 Work goes in chunks of blocks (bounded temporaries, and gguf's row grouping never loops per block), spread
 over the host's cores: numpy releases the GIL inside each operation, so threads overlap the arithmetic.
@@ -18,7 +19,7 @@ import numpy as np
 
 from ..ir.dtypes import GGMLType, block_size, type_size
 from ..parallel import over_spans
-from . import iquants, kquants, kquants_low
+from . import iquants, kquants, kquants_low, mxfp4
 
 G = GGMLType
 CHUNK_ELEMENTS = 1 << 18        # elements per chunk of work (a few MB of float32 temporaries per thread)
@@ -74,13 +75,13 @@ QUANTIZERS: dict[GGMLType, Callable[[np.ndarray], np.ndarray]] = {
     G.Q4_K: kquants.quantize_q4_k, G.Q5_K: kquants.quantize_q5_k, G.Q6_K: kquants.quantize_q6_k,
     G.Q2_K: kquants_low.quantize_q2_k, G.Q3_K: kquants_low.quantize_q3_k,
     G.Q4_1: lambda b: _gguf_quantize(b, G.Q4_1),
-    G.IQ4_NL: iquants.quantize_iq4_nl, G.IQ4_XS: iquants.quantize_iq4_xs,
+    G.IQ4_NL: iquants.quantize_iq4_nl, G.IQ4_XS: iquants.quantize_iq4_xs, G.MXFP4: mxfp4.quantize_mxfp4,
 }
 DEQUANTIZERS: dict[GGMLType, Callable[[np.ndarray], np.ndarray]] = {
     **{t: (lambda r, t=t: _gguf_dequantize(r, t))
        for t in (G.BF16, G.Q4_0, G.Q5_0, G.Q5_1, G.Q8_0, G.Q4_K, G.Q5_K, G.Q6_K, G.Q2_K, G.Q3_K, G.Q4_1, G.IQ4_NL,
                  G.IQ4_XS)},
-    G.Q8_1: _dequantize_q8_1,
+    G.Q8_1: _dequantize_q8_1, G.MXFP4: mxfp4.dequantize_mxfp4,
 }
 
 

@@ -37,13 +37,15 @@ IQ4_XS = np.dtype([("d", "<f2"), ("scales_h", "<u2"), ("scales_l", "u1", (4,)), 
 # x = d * (sc - 32) * (q - 4), q's low 2 bits in qs and its third in hmask, sc 6-bit packed in 12 bytes.
 Q2_K = np.dtype([("scales", "u1", (16,)), ("qs", "u1", (64,)), ("d", "<f2"), ("dmin", "<f2")])
 Q3_K = np.dtype([("hmask", "u1", (32,)), ("qs", "u1", (64,)), ("scales", "u1", (12,)), ("d", "<f2")])
+# MXFP4: x = kvalues_mxfp4[q] * 2^(e - 128), e an E8M0 exponent (quants/mxfp4.py)
+MXFP4 = np.dtype([("e", "u1"), ("qs", "u1", (16,))])
 
 # GGMLType -> numpy dtype of one stored element (plain types) or one block (block types).
 BLOCK_DTYPE: dict[GGMLType, np.dtype] = {
     G.F32: np.dtype(np.float32), G.F16: np.dtype(np.float16), G.BF16: BF16,
     G.Q4_0: Q4_0, G.Q5_0: Q5_0, G.Q5_1: Q5_1, G.Q8_0: Q8_0_BLOCK, G.Q8_1: Q8_1,
     G.Q4_K: Q4_K, G.Q5_K: Q5_K, G.Q6_K: Q6_K, G.Q8_K: Q8_K, G.Q2_K: Q2_K, G.Q3_K: Q3_K,
-    G.Q4_1: Q4_1, G.IQ4_NL: IQ4_NL, G.IQ4_XS: IQ4_XS,
+    G.Q4_1: Q4_1, G.IQ4_NL: IQ4_NL, G.IQ4_XS: IQ4_XS, G.MXFP4: MXFP4,
 }
 
 _BY_DTYPE = {dt: t for t, dt in BLOCK_DTYPE.items()}

@@ -31,10 +31,12 @@ _OUTPUT = int(TensorFlag.OUTPUT)
 _INPUT = int(TensorFlag.INPUT)
 # ggml_op_can_inplace, for the ops graphdiag's graphs have: such a node takes over its parent's memory
 # when it is that parent's last reader (ggml_gallocr_allocate_node). CLAMP joined the list after d99724f2
-# (0c1e57098's ggml-alloc.c has it; llama's MoE weight norm clamps the SUM_ROWS of the weights in place)
+# (0c1e57098's ggml-alloc.c has it; llama's MoE weight norm clamps the SUM_ROWS of the weights in place).
+# ADD_ID (gpt-oss's expert biases) is in 0c1e57098's list; d99724f2's graphs here never hold it
 INPLACE_OPS_AT = {
     "d99724f2": frozenset({Op.ADD, Op.MUL, Op.DIV, Op.SCALE, Op.ROPE, Op.RMS_NORM, Op.SOFT_MAX}),
-    "0c1e57098": frozenset({Op.ADD, Op.MUL, Op.DIV, Op.SCALE, Op.ROPE, Op.RMS_NORM, Op.SOFT_MAX, Op.CLAMP}),
+    "0c1e57098": frozenset({Op.ADD, Op.MUL, Op.DIV, Op.SCALE, Op.ROPE, Op.RMS_NORM, Op.SOFT_MAX, Op.CLAMP,
+                            Op.ADD_ID}),
 }
 INPLACE_OPS = INPLACE_OPS_AT["0c1e57098"]
 

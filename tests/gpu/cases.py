@@ -146,6 +146,15 @@ def topk_moe_cases() -> list[Case]:
                   ip=(k, int(lo is not None)), fp=(scale, 0.0 if lo is None else lo))
             c.out = slot
             out.append(c)
+    # the delayed softmax (gpt-oss's router, ip[2]): the top k of the logits, then the k kept softmaxed
+    for n, k, t in ((8, 4, 1), (32, 4, 9), (128, 4, 3), (64, 40, 2)):
+        for slot in (0, 1):
+            c = Case("topk_moe_f32", f"E{n}-k{k}-T{t}-delayed-{'weights' if slot == 0 else 'ids'}", F32_ELEM)
+            ids = c.output(G.I32, n, t)
+            c.set(c.output(G.F32, 1, k, t), c.view(ids, (k, t), (4, ids.nb[1])), c.randn(G.F32, n, t, scale=3),
+                  ip=(k, 0, 1), fp=(1.0, 0.0))
+            c.out = slot
+            out.append(c)
     return out
 
 

@@ -1,6 +1,7 @@
 """Kernel cases of the Gemma 3 / Qwen ops and fusions (scale, GEGLU, the norm fusions with add and rope,
 NEOX rope, per-head QK-norm rows, broadcast bias adds, GEGLU mat-vec, flash attention at head size 256), and of
-0c1e57098's RMS_NORM + SCALE fusion and GLU SWIGLU_CLAMP (alone and in the fused gate/up mat-vecs)."""
+0c1e57098's RMS_NORM + SCALE fusion and GLU SWIGLU_CLAMP (alone and in the fused gate/up mat-vecs), and of
+gpt-oss's ADD_ID, GLU SWIGLU_OAI and attention sinks (in the combine)."""
 
 from __future__ import annotations
 
@@ -216,6 +217,60 @@ def moe_norm_cases() -> list[Case]:
     return out
 
 
+def gpt_oss_cases() -> list[Case]:
+    """gpt-oss's ops: ADD_ID over the experts' rows (ids cover every expert, one repeated), a strided a; the
+    clamped SwiGLU with most values beyond its limit; the attention combine folding the heads' sinks, one
+    (token, head) with every split empty (its output is 0 / (0 + e^0) = 0) and a sink above every split's max."""
+    out = []
+    c = Case("add_id_f32", "experts-n256-k4-T3", F32_ELEM)
+    ids = c.ints(np.array([[7, 0, 3, 3], [1, 2, 5, 6], [4, 0, 7, 1]]))
+    out.append(c.set(c.output(G.F32, 256, 4, 3), c.randn(G.F32, 256, 4, 3), c.randn(G.F32, 256, 8), ids))
+    c = Case("add_id_f32", "strided-a-n96", F32_ELEM)
+    ab = c.randn(G.F32, 100, 2, 2)
+    out.append(c.set(c.output(G.F32, 96, 2, 2), c.view(ab, (96, 2, 2), (4, ab.nb[1], ab.nb[2])),
+                     c.randn(G.F32, 96, 3), c.ints(np.array([[2, 0], [1, 1]]))))
+    for tag, n, t in (("rows-2048", 2048, 3), ("odd-1001", 1001, 2)):
+        c = Case("glu_swiglu_oai_f32", tag, F32_ELEM)
+        out.append(c.set(c.output(G.F32, n, t), c.randn(G.F32, n, t, scale=8), c.randn(G.F32, n, t, scale=8),
+                         fp=(7.0, 1.702)))
+    c = Case("flash_attn_combine_f32", "Dv64-splits4-H8-T3-sinks", F32_DOT)
+    part = c.rng.standard_normal((3, 8, 4, 66)).astype(np.float32)
+    part[..., 65] = c.rng.uniform(0.5, 10.0, (3, 8, 4))
+    part[1, 2, :, :64], part[1, 2, :, 64], part[1, 2, :, 65] = 0.0, -np.inf, 0.0     # every split empty
+    sinks = c.rng.standard_normal(8).astype(np.float32)
+    sinks[5] = 6.0                                                                    # above every m
+    out.append(c.set(c.output(G.F32, 64, 8, 3), c.put(G.F32, part), c.put(G.F32, sinks)))
+    # the experts' biases fused (MUL_MAT_ID + ADD_ID [+ MUL_MAT_ID + ADD_ID + GLU]): F16 experts at one token
+    # (F32 x), Q8_0 and MXFP4 ones on Q8_1 x at 3 tokens; SWIGLU_OAI past its limit (gate and up large)
+    from quant_cases import qweights
+    for w in ("f16", "q8_0", "mxfp4"):
+        t = 1 if w == "f16" else 3
+        def x_of(c, k=256):
+            return c.randn(G.F32, k, 2, t) if w == "f16" else c.q8_1(k, 2, t)
+        def experts(c, k=256, m=96):
+            return qweights(c, w, k, m, 4) if w == "mxfp4" else c.randn(WT[w], k, m, 4, scale=4)
+        c = Case(f"mul_mat_id_vec_{w}", f"bias-E4-T{t}", F32_DOT)
+        ids = c.ints(np.array([c.rng.permutation(4)[:2] for _ in range(t)]), (2, t))
+        out.append(c.set(c.output(G.F32, 96, 2, t), experts(c), x_of(c), ids, c.randn(G.F32, 96, 4)))
+        c = Case(f"mul_mat_id_vec_glu_{w}", f"bias-swiglu-oai-E4-T{t}", 2 * F32_DOT)
+        ids = c.ints(np.array([c.rng.permutation(4)[:2] for _ in range(t)]), (2, t))
+        gate_b = c.randn(G.F32, 96, 4, scale=4)
+        c.set(c.output(G.F32, 96, 2, t), experts(c), experts(c), x_of(c), ids, c.randn(G.F32, 96, 4, scale=4),
+              ip=(3, 0, 0))
+        c.ip_addr = {1: gate_b}
+        out.append(c)
+    # gpt-oss-20b's YaRN (factor 32 over 4096 positions, base 150 000: corr dims 8 and 18), NEOX, pairs on
+    # either side of the ramp and in it; the K-cache write takes the same fp
+    yarn_fp = (150000.0, 1.0 / 32, 1.0, 1.0, 8.0, 18.0)
+    c = Case("rope_f32", "yarn-neox-D64", ROPE)
+    out.append(c.set(c.output(G.F32, 64, 8, 5), c.randn(G.F32, 64, 8, 5), c.ints(c.rng.integers(0, 100, 5)),
+                     ip=(64, NEOX), fp=yarn_fp))
+    c = Case("rope_set_rows_f16", "yarn-neox-D64-cache", F16_OUT)
+    out.append(c.set(c.output(G.F16, 128, 16), c.randn(G.F32, 64, 2, 3), c.ints([3, 40, 99]), c.ints([5, 0, 11]),
+                     ip=(64, NEOX), fp=yarn_fp))
+    return out
+
+
 def op_cases() -> list[Case]:
     return (elementwise_op_cases() + norm_op_cases() + rope_neox_cases() + geglu_mat_vec_cases()
-            + flash_attn_256_cases() + norm_scale_swiglu_clamp_cases() + moe_norm_cases())
+            + flash_attn_256_cases() + norm_scale_swiglu_clamp_cases() + moe_norm_cases() + gpt_oss_cases())

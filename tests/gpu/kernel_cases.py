@@ -56,6 +56,9 @@ class Case:
     ip: tuple = ()
     fp: tuple = ()
     out: int = 0      # the slot compared: the destination, or another buffer the kernel writes (partials)
+    # ip index -> a tensor whose device address goes into ip[index] (low 32 bits) and ip[index + 1] (high):
+    # the experts' gate bias of mul_mat_id_vec_glu_* (kernels.py _GATE_BIAS_IP)
+    ip_addr: dict = field(default_factory=dict)
 
     def __post_init__(self):
         self.rng = np.random.default_rng(zlib.crc32(f"{self.kernel}/{self.id}".encode()))
@@ -122,6 +125,9 @@ class Case:
                 set_desc(p, i, addrs[d.buf] + d.off, d.type, d.ne, d.nb)
         p["ip"][: len(self.ip)] = self.ip
         p["fp"][: len(self.fp)] = self.fp
+        for k, d in self.ip_addr.items():
+            a = addrs[d.buf] + d.off
+            p["ip"][k], p["ip"][k + 1] = (np.array([a & 0xFFFFFFFF, a >> 32], np.uint32).view(np.int32))
         return p
 
     def run(self, dev) -> np.ndarray:

@@ -17,7 +17,7 @@ from kernel_cases import F32_DOT, Case, Desc, expert_map
 
 XT = {"q4_0": G.Q4_0, "q5_0": G.Q5_0, "q5_1": G.Q5_1, "q4_k": G.Q4_K, "q5_k": G.Q5_K, "q6_k": G.Q6_K,
       "q2_k": G.Q2_K, "q3_k": G.Q3_K,
-      "bf16": G.BF16, "q4_1": G.Q4_1, "iq4_nl": G.IQ4_NL, "iq4_xs": G.IQ4_XS}
+      "bf16": G.BF16, "q4_1": G.Q4_1, "iq4_nl": G.IQ4_NL, "iq4_xs": G.IQ4_XS, "mxfp4": G.MXFP4}
 # The MMVQ kernels' per-unit float combination (d * (dot d8 - 8 s8) ...) cancels: the compiler's fused
 # multiply-adds round differently from numpy's separate float32 operations, by ulps of the unit terms.
 Q_DOT = 1e-5

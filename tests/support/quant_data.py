@@ -1,5 +1,6 @@
 """Random ggml weight blocks for the quant kernel tests: random quant bytes, f16 scales in a small range
-(magnitudes like real weights, no inf/NaN); BF16 rows from standard-normal floats."""
+(magnitudes like real weights, no inf/NaN), MXFP4's exponent bytes likewise; BF16 rows from standard-normal
+floats."""
 
 from __future__ import annotations
 
@@ -24,7 +25,9 @@ def random_rows(rng: np.random.Generator, t: int, k: int, rows: int) -> np.ndarr
         return np.frombuffer((x.view(np.uint32) >> 16).astype("<u2").tobytes(), np.uint8).reshape(rows, -1).copy()
     size, upb = LAYOUT[G(t)]
     raw = rng.integers(0, 256, (rows, k // (32 * upb), size), dtype=np.uint8)
-    for at, lo, hi in _SCALES[G(t)]:
+    if t == G.MXFP4:   # the E8M0 exponent byte: d = 2^(e - 128) from 2^-10 to 2^-5 (levels up to 12)
+        raw[..., 0] = rng.integers(118, 124, raw.shape[:2], dtype=np.uint8)
+    for at, lo, hi in _SCALES.get(G(t), ()):
         f = rng.uniform(lo, hi, raw.shape[:2]).astype("<f2")
         raw[..., at:at + 2] = np.frombuffer(f.tobytes(), np.uint8).reshape(*raw.shape[:2], 2)
     return raw.reshape(rows, -1)

@@ -208,7 +208,7 @@ def test_a_moe_file_graphdiag_does_not_build_is_refused_in_one_line(tmp_path, ca
 
 def test_a_moe_preset_exports_only_as_an_architecture_with_experts(exported, tmp_path, capsys):
     line = one_line(capsys, ["export-gguf", "--model", "moe-tiny", "--arch", "qwen3", str(tmp_path / "q.gguf")])
-    assert "cannot write MoE preset moe-tiny as qwen3: llama.cpp's qwen3 has no experts (use --arch llama, qwen3moe)" \
+    assert "cannot write MoE preset moe-tiny as qwen3: llama.cpp's qwen3 has no experts (use --arch llama, qwen3moe, gpt-oss)" \
         in line and not (tmp_path / "q.gguf").exists()
 
 

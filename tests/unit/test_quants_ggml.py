@@ -17,7 +17,8 @@ from graphdiag.ir.dtypes import GGMLType as G
 from graphdiag.quants import dequantize, quantize
 
 GOLDEN = Path(__file__).resolve().parents[1] / "data" / "quants_ggml.npz"
-TYPES = (G.Q4_0, G.Q5_0, G.Q5_1, G.Q8_0, G.Q8_1, G.Q4_K, G.Q5_K, G.Q6_K, G.Q2_K, G.Q3_K, G.Q4_1, G.IQ4_NL, G.IQ4_XS)
+TYPES = (G.Q4_0, G.Q5_0, G.Q5_1, G.Q8_0, G.Q8_1, G.Q4_K, G.Q5_K, G.Q6_K, G.Q2_K, G.Q3_K, G.Q4_1, G.IQ4_NL, G.IQ4_XS,
+         G.MXFP4)
 
 
 def quants_inputs() -> np.ndarray:
@@ -33,6 +34,21 @@ def quants_inputs() -> np.ndarray:
     x[36:38].reshape(2, 8, 32)[:, :, 5] *= np.float32(50)    # an outlier in every sub-block
     x[38] *= np.float32(1e-17)                          # near GROUP_MAX_EPS
     x[39] = (np.arange(256, dtype=np.float32) % 17 - 8) * np.float32(0.5)   # exact halves: rounding ties
+    return np.ascontiguousarray(x.reshape(-1))
+
+
+def mxfp4_edge_inputs() -> np.ndarray:
+    """64 MXFP4 blocks at its edges: a block maximum one ulp below each power of two 2^-60 .. 2^3 (where log2f
+    decides the exponent), the rest of the block on exact level midpoints of that exponent (best_index_mxfp4's
+    tie rule), both signs."""
+    x = np.zeros((64, 32), np.float32)
+    k = np.arange(-60, 4).astype(np.float32)
+    x[:, 0] = np.nextafter(np.float32(2) ** k, np.float32(0))
+    d = np.float32(2) ** (k - np.float32(3))                      # the block's d: 2^(floor(log2 amax) - 3)
+    mids = np.array([0.5, 1.5, 2.5, 3.5, 5, 7, 10, 11.5, 3, 0.25], np.float32)
+    x[:, 1:11] = mids * d[:, None]
+    x[:, 11:21] = -mids * d[:, None]
+    x[:, 21:] = x[:, :11] * np.float32(-0.75)
     return np.ascontiguousarray(x.reshape(-1))
 
 
@@ -57,3 +73,8 @@ def test_dequantize_values_equal_ggml(golden, t):
     got = dequantize(raw.view(BLOCK_DTYPE[t]).reshape(4, -1))
     want = golden[f"{t.name.lower()}_values"].reshape(4, -1)
     assert np.array_equal(got.view(np.uint32), want.view(np.uint32)), f"{t.name}: values differ from ggml's"
+
+
+def test_mxfp4_edges_equal_ggml(golden):
+    got = quantize(mxfp4_edge_inputs().reshape(2, -1), G.MXFP4)
+    assert np.array_equal(np.ascontiguousarray(got).view(np.uint8).reshape(-1), golden["mxfp4_edge_bytes"])

@@ -198,7 +198,7 @@ def test_a_file_with_a_dense_width_too_sizes_the_experts_by_their_own(tmp_path, 
     ("tiny", "qwen3moe", "cannot write dense preset tiny as qwen3moe: llama.cpp's qwen3moe has experts only "
                          "(use --arch llama, qwen2, qwen3, gemma3)"),
     ("qwen3moe-tiny", "qwen3", "cannot write MoE preset qwen3moe-tiny as qwen3: llama.cpp's qwen3 has no experts "
-                               "(use --arch llama, qwen3moe)"),
+                               "(use --arch llama, qwen3moe, gpt-oss)"),
 ])
 def test_export_refuses_what_the_architecture_cannot_express(tmp_path, capsys, model, arch, needle):
     out = tmp_path / "x.gguf"

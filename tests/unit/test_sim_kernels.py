@@ -55,8 +55,9 @@ def test_every_catalogue_kernel_has_a_sim_implementation():
     # (+ 2: 0c1e57098's rms_norm_scale_f32 and glu_swiglu_clamp_f32; + 1: the top-k MoE router, topk_moe_f32;
     # + 4: the direct decode attention, flash_attn_vec_direct_f16_d{32,64,128,256}; + 3: llama's MoE weight norm
     # unfused, sum_rows_f32, clamp_f32, div_f32; + 4: the experts' expert-sorted map, mm_ids_helper, and the
-    # mat-muls over it, mul_mat_id_q_q8_0, mul_mat_id_f_f32, mul_mat_id_f_f16)
-    assert len([k for k in SIM_KERNELS if not k.startswith("rng_fill_")]) - n_quant == 81
+    # mat-muls over it, mul_mat_id_q_q8_0, mul_mat_id_f_f32, mul_mat_id_f_f16; + 2: gpt-oss's add_id_f32 and
+    # glu_swiglu_oai_f32)
+    assert len([k for k in SIM_KERNELS if not k.startswith("rng_fill_")]) - n_quant == 83
     assert n_quant > 0
 
 

@@ -1,9 +1,10 @@
-"""graphdiag's llama, qwen2, qwen3, llama-MoE and qwen3moe graphs node for node against llama.cpp's own.
+"""graphdiag's llama, qwen2, qwen3, llama-MoE, qwen3moe and gpt-oss graphs node for node against llama.cpp's own.
 
 Each fixture in tests/data/nodes/ is the node list llama.cpp 0c1e57098's scheduler ran for one llama_decode
 (tools/record_llama_nodes.py: cb_eval, flash attention on, unified KV cache, the last token's logits only) on
 a file written by `graphdiag export-gguf --model PRESET --arch ARCH` (seed 0, F16). The qwen3moe-tiny
-fixtures were recorded on a CPU build of llama-cpp-python 0.3.36 (buffers "CPU", one split); the others on
+and gpt-oss-tiny fixtures were recorded on a CPU build of llama-cpp-python 0.3.36 (buffers "CPU", one split;
+llama-cpp-python's default swa_full, so gpt-oss's SWA cache has n_ctx cells and the test builds it so); the others on
 CUDA (tiny-qwen3 recorded on the CPU build too lists the same nodes). The test writes the same
 file, builds graphdiag's graph for the same batch and compares op, type, ne and name of every node, in order.
 
@@ -11,7 +12,9 @@ Allowed differences, each an exact predicate:
 - unnamed_upstream: a node upstream's graph code never names is called `node_<its index>` by ggml
   (ggml_visit_parents); graphdiag gives it a label instead (UNNAMED_LABELS: flash attention's result, qwen2's
   and qwen3's attention output mat-mul, the last layer's two output-row GET_ROWS, the ADDs summing the experts
-  before the last one, `ffn_moe_out`, where more than two are used). Op, type and ne still match.
+  before the last one, `ffn_moe_out`, where more than two are used; gpt-oss's attention output mat-mul before
+  its bias ADD, the softmax of its router's top-k logits, its one output-row GET_ROWS after the last layer).
+  Op, type and ne still match.
 - The recorded `buffer` and `split` are not compared: a CUDA build puts the embedding's GET_ROWS in a CPU split
   of its own (token_embd stays in host memory), which moves no node (the list is the same on either build).
 """
@@ -33,11 +36,13 @@ from graphdiag.model.weights import create_model
 
 NODES = Path(__file__).resolve().parent.parent / "data" / "nodes"
 FILES = {"tiny-llama": ("tiny", "llama"), "tiny-qwen2": ("tiny", "qwen2"), "tiny-qwen3": ("tiny", "qwen3"),
-         "moe-tiny": ("moe-tiny", "llama"), "qwen3moe-tiny": ("qwen3moe-tiny", "qwen3moe")}
+         "moe-tiny": ("moe-tiny", "llama"), "qwen3moe-tiny": ("qwen3moe-tiny", "qwen3moe"),
+         "gpt-oss-tiny": ("gpt-oss-tiny", "gpt-oss")}
 N_KV = 256          # an empty cache's n_kv (llama.cpp pads the cells in use to 256)
 # graphdiag's labels for the nodes upstream leaves unnamed, by op (the layer number after the dash)
-UNNAMED_LABELS = {"FLASH_ATTN_EXT": re.compile(r"__fattn__-\d+"), "MUL_MAT": re.compile(r"attn_out-\d+"),
-                  "GET_ROWS": re.compile(r"(attn_out_rows|inp_rows)-\d+"), "ADD": re.compile(r"ffn_moe_sum\d+-\d+")}
+UNNAMED_LABELS = {"FLASH_ATTN_EXT": re.compile(r"__fattn__-\d+"), "MUL_MAT": re.compile(r"(attn_out|kqv_wo)-\d+"),
+                  "GET_ROWS": re.compile(r"(attn_out_rows|inp_rows|l_out_rows)-\d+"),
+                  "ADD": re.compile(r"ffn_moe_sum\d+-\d+"), "SOFT_MAX": re.compile(r"ffn_moe_weights_sm-\d+")}
 
 
 def unnamed_upstream(i: int, up: dict, ours: dict) -> bool:
@@ -60,8 +65,9 @@ def gguf_files(tmp_path_factory):
 
 def graphdiag_nodes(path: Path, n_tokens: int) -> list[dict]:
     """graphdiag's graph for one sequence's n_tokens at positions 0.., the last token's logits only."""
-    m = build_model(str(path), "f16", with_data=False)
-    b = build_graph(m, GraphParams(n_tokens, 1, 1, DECODE if n_tokens == 1 else PREFILL, N_KV))
+    m = build_model(str(path), "f16", with_data=False, swa_full=True)
+    n_kv_swa = N_KV if getattr(m.cfg, "n_swa", 0) > 0 else 0
+    b = build_graph(m, GraphParams(n_tokens, 1, 1, DECODE if n_tokens == 1 else PREFILL, N_KV, n_kv_swa))
     return [{"op": t.op.name, "type": GGMLType(t.type).name.lower(), "ne": list(t.ne), "name": t.name}
             for t in b.graph.iter_nodes()]
 

@@ -30,8 +30,8 @@ CC_PASCAL, CC_DP4A, CC_VOLTA, CC_TURING, CC_AMPERE, CC_ADA = 600, 610, 700, 750,
 _MMVQ_MMID_PASCAL_OLDER = {GGMLType.Q8_0: 4, GGMLType.Q4_0: 6, GGMLType.Q5_0: 6, GGMLType.Q5_1: 6,
                            GGMLType.Q4_K: 5, GGMLType.Q5_K: 5, GGMLType.Q6_K: 4,
                            GGMLType.Q2_K: 4, GGMLType.Q3_K: 4,
-                           GGMLType.Q4_1: 6, GGMLType.IQ4_NL: 6, GGMLType.IQ4_XS: 5}
-_MMVQ_MMID_TURING_PLUS = {GGMLType.Q2_K: 7, GGMLType.Q3_K: 5}
+                           GGMLType.Q4_1: 6, GGMLType.IQ4_NL: 6, GGMLType.IQ4_XS: 5, GGMLType.MXFP4: 4}
+_MMVQ_MMID_TURING_PLUS = {GGMLType.Q2_K: 7, GGMLType.Q3_K: 5, GGMLType.MXFP4: 7}
 
 
 def mmvq_mmid_max_batch(t: int, cc: int) -> int:

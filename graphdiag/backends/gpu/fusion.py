@@ -10,6 +10,9 @@ their conditions are upstream ggml's, in try_fuse's order, for the ops graphdiag
   mul_mat_id_vec+glu     the experts' gate/up mat-vec + GLU (MoE): float experts at 1 token; quantized
                          ones at every batch their MMVQ path takes (up to get_mmvq_mmid_max_batch: 8 on
                          Volta, Ada and newer), fused into mul_mat_vec_q_moe upstream
+  mul_mat_id_vec+add_id+glu  gpt-oss's biased form (MUL_MAT_ID, ADD_ID, MUL_MAT_ID, ADD_ID, GLU), tried first,
+                         on the same paths; mul_mat_id_vec+add_id: an expert mat-vec and its bias (the down
+                         projection), tried after both
   rms_norm+mul(+...)     any batch: with rope(+view+set_rows), with add, or alone (fusion_norm.py)
   rms_norm+scale         any batch (0c1e57098): a SCALE of the norm with bias 0, tried after the MUL forms
   moe_weighted_reduction any batch (llama.cpp #25952, 0c1e57098): the experts' outputs times the router
@@ -22,9 +25,14 @@ their conditions are upstream ggml's, in try_fuse's order, for the ops graphdiag
                          SOFT_MAX; the logits may alias the outputs up to 8 rows (one at d99724f2). At
                          0c1e57098 graph_optimize keeps the group's nodes and sources alive until the node
                          after it
+  topk_moe(delayed_softmax)  any batch: gpt-oss's SOFTMAX_WEIGHT router, the ARGSORT of the (biased) logits, its
+                         VIEW (ids), GET_ROWS of the reshaped logits, RESHAPE, SOFT_MAX, RESHAPE (weights) as the
+                         same kernel with the softmax after the top k, at the ARGSORT (ggml_cuda_topk_moe_fusion's
+                         delayed_softmax); no weight norm may follow it; graph_optimize keeps nothing for it
 
-The GLU may be SWIGLU, GEGLU (Gemma 3) or, at 0c1e57098, SWIGLU_CLAMP (its limit, op param 3, carried into
-the fused kernel as upstream's fusion_data.glu_limit), its gate either mat-mul of the pair; mul_mat_vec+add also takes
+The GLU may be SWIGLU, GEGLU (Gemma 3), SWIGLU_OAI (gpt-oss; the fused kernels use upstream's constants) or, at
+0c1e57098, SWIGLU_CLAMP (its limit, op param 3, carried into the fused kernel as upstream's
+fusion_data.glu_limit), its gate either mat-mul of the pair; mul_mat_vec+add also takes
 Qwen2's Q/K/V bias at 1 token (the bias (M,) has the one-column result's shape; a batch broadcasts: no fusion).
 Snake, the NVFP4 scale fusions and softcap match no graph here. Under
 --upstream d99724f2 the weighted reduction and rms_norm+scale are not tried (they came after), and a GLU
@@ -56,17 +64,22 @@ from .fusion_norm import (RMS_NORM_MUL, RMS_NORM_MUL_ADD, RMS_NORM_MUL_ROPE, RMS
 MMV_GLU = "mul_mat_vec+glu"
 MMV_ADD = "mul_mat_vec+add"
 MMID_GLU = "mul_mat_id_vec+glu"
+MMID_BIAS_GLU = "mul_mat_id_vec+add_id+glu"
+MMID_ADD_ID = "mul_mat_id_vec+add_id"
+_MMID_BIAS_GLU_OPS = (Op.MUL_MAT_ID, Op.ADD_ID, Op.MUL_MAT_ID, Op.ADD_ID, Op.GLU)
 ROPE_SET_ROWS = "rope+view+set_rows"
 MOE_WR = "moe_weighted_reduction"
 TOPK_MOE = "topk_moe"
+TOPK_MOE_DELAYED = "topk_moe(delayed_softmax)"
 _TOPK_MOE_OPS = (Op.SOFT_MAX, Op.RESHAPE, Op.ARGSORT, Op.VIEW, Op.GET_ROWS)
+_TOPK_MOE_DELAYED_OPS = (Op.ARGSORT, Op.VIEW, Op.GET_ROWS, Op.RESHAPE, Op.SOFT_MAX, Op.RESHAPE)
 _TOPK_MOE_NORM_OPS = (Op.RESHAPE, Op.SUM_ROWS, Op.CLAMP, Op.DIV, Op.RESHAPE)
 MOE_WR_MAX_EXPERTS = 15      # 2k + 1 nodes at most: ggml_can_fuse_subgraph takes fewer than 32
 
-# ggml_cuda_should_fuse_mul_mat's valid_glu_ops, of the GLU ops graphdiag builds (SWIGLU_OAI never is):
-# d99724f2 lists SWIGLU, GEGLU and SWIGLU_OAI; 0c1e57098 adds SWIGLU_CLAMP
-_GLU_FUSABLE = {"0c1e57098": (GluOp.SWIGLU, GluOp.GEGLU, GluOp.SWIGLU_CLAMP),
-                "d99724f2": (GluOp.SWIGLU, GluOp.GEGLU)}
+# ggml_cuda_should_fuse_mul_mat's valid_glu_ops: d99724f2 lists SWIGLU, GEGLU and SWIGLU_OAI; 0c1e57098 adds
+# SWIGLU_CLAMP (SWIGLU_OAI's fused kernels use upstream's constants, alpha 1.702 and limit 7)
+_GLU_FUSABLE = {"0c1e57098": (GluOp.SWIGLU, GluOp.GEGLU, GluOp.SWIGLU_OAI, GluOp.SWIGLU_CLAMP),
+                "d99724f2": (GluOp.SWIGLU, GluOp.GEGLU, GluOp.SWIGLU_OAI)}
 
 
 def _mmvf_ok(mm: Tensor, cc: int) -> bool:
@@ -133,6 +146,52 @@ def _mmv_glu(graph: Graph, i: int, consumers, cc: int, op: Op = Op.MUL_MAT,
     if wg.type != wu.type or wg.ne != wu.ne or wg.nb != wu.nb or gate.src[1] != up.src[1]:
         return False
     return _memory_ranges_ok(graph, i, 3, i + 2)
+
+
+def mmid_bias_glu(graph: Graph, i: int, consumers, cc: int, upstream: str = "0c1e57098"
+                  ) -> tuple[Tensor, Tensor, Tensor, Tensor] | None:
+    """(gate, up, gate bias, up bias) of gpt-oss's biased expert gate/up + GLU at node i fused into one mat-vec
+    (MUL_MAT_ID, ADD_ID, MUL_MAT_ID, ADD_ID, GLU: ggml_cuda_can_fuse's mul_mat_id_bias_glu_ops, the gate
+    told from the up by the ADD_ID the GLU gates with), or None: ggml_cuda_should_fuse_mul_mat with biases
+    (each ADD_ID over its own mat-mul and the same ids, the same weight layout, x and ids, a fusable GLU not
+    swapped), ggml_can_fuse_subgraph (the GLU the only output), the memory-range check, and the mat-vec
+    paths' (ggml_cuda_should_fuse_mul_mat_vec_f / _q on the up mat-mul)."""
+    if i + 4 >= graph.n_nodes:
+        return None
+    nodes = [graph.node(i + k) for k in range(5)]
+    if tuple(n.op for n in nodes) != _MMID_BIAS_GLU_OPS:
+        return None
+    glu = nodes[4]
+    gate_b, up_b = glu.src[0], glu.src[1]
+    if gate_b is None or up_b is None:
+        return None
+    if nodes[0] in (gate_b.src[0], gate_b.src[1]):
+        gate, up = nodes[0], nodes[2]
+    elif nodes[2] in (gate_b.src[0], gate_b.src[1]):
+        gate, up = nodes[2], nodes[0]
+    else:
+        return None
+    if gate_b.op != Op.ADD_ID or up_b.op != Op.ADD_ID or gate_b.src[0] != gate or up_b.src[0] != up:
+        return None
+    if gate_b.src[2] != gate.src[2] or up_b.src[2] != up.src[2] or gate.src[2] != up.src[2]:
+        return None
+    wg, wu = gate.src[0], up.src[0]
+    if wg.type != wu.type or wg.ne != wu.ne or wg.nb != wu.nb or gate.src[1] != up.src[1]:
+        return None
+    if glu.param_i32(0) not in _GLU_FUSABLE[upstream] or glu.param_i32(1):
+        return None
+    if not subgraph_ok(graph, i, _MMID_BIAS_GLU_OPS, (i + 4,), consumers) or not _memory_ranges_ok(graph, i, 5, i + 4):
+        return None
+    return (gate, up, gate_b, up_b) if _mat_vec_fusable(up, cc) else None
+
+
+def _mmid_add_id(graph: Graph, i: int, consumers, cc: int) -> bool:
+    """MUL_MAT_ID + ADD_ID of its own output by the same ids (gpt-oss's down bias) as one mat-vec: ggml_can_fuse
+    (no memory check: the ADD_ID reuses the mat-vec's memory in place) and the mat-vec paths'."""
+    if not _mat_vec_fusable(graph.node(i), cc) or not _can_fuse(graph, i, (Op.MUL_MAT_ID, Op.ADD_ID), consumers):
+        return False
+    mm, add = graph.node(i), graph.node(i + 1)
+    return add.src[0] == mm and add.src[2] == mm.src[2]
 
 
 def _mmv_add(graph: Graph, i: int, consumers, cc: int) -> bool:
@@ -305,6 +364,48 @@ def topk_moe(graph: Graph, i: int, consumers: dict[int, int]) -> TopkMoe | None:
     return TopkMoe(count, logits, view, scale, clamp)
 
 
+def topk_moe_delayed(graph: Graph, i: int, consumers: dict[int, int]) -> TopkMoe | None:
+    """ggml_cuda_topk_moe_fusion's delayed_softmax form at ARGSORT node i (gpt-oss): the argsort of the logits
+    whose reshape (1, n_expert, T) is node i - 1, its VIEW of k (the ids), the GET_ROWS of that reshape by them,
+    RESHAPE (k, T), SOFT_MAX, RESHAPE (1, k, T) (the weights), each reading the one before; refused where a
+    whole weight norm follows (upstream fuses the delayed form only without norm and bias), or where
+    ggml_can_fuse_subgraph or ggml_cuda_should_use_topk_moe (on the SOFT_MAX) would refuse it."""
+    n_ops = len(_TOPK_MOE_DELAYED_OPS)
+    if i < 1 or i + n_ops > graph.n_nodes:
+        return None
+    arg, view, gr, rs, sm, back = (graph.node(i + k) for k in range(n_ops))
+    if (arg.op, view.op, gr.op, rs.op, sm.op, back.op) != _TOPK_MOE_DELAYED_OPS:
+        return None
+    if (view.src[0] != arg or gr.src[1] != view or gr.src[0] != graph.node(i - 1) or rs.src[0] != gr
+            or sm.src[0] != rs or back.src[0] != sm):
+        return None
+    if _topk_moe_tail(graph, i + n_ops)[1] is not None:       # a weight norm after it: args.norm
+        return None
+    if not subgraph_ok(graph, i, _TOPK_MOE_DELAYED_OPS, (i + 1, i + n_ops - 1), consumers):
+        return None
+    logits = arg.src[0]
+    n_expert = view.nb[1] // view.nb[0]
+    if ((n_expert & (n_expert - 1)) or n_expert > 512) and n_expert not in (288, 576):
+        return None
+    if not (back.is_contiguous() and logits.is_contiguous() and sm.src[0].is_contiguous()):
+        return None
+    if sm.param_f32(0) != 1.0 or sm.param_f32(1) != 0.0 or sm.src[1] is not None or sm.src[2] is not None:
+        return None
+    return TopkMoe(n_ops, logits, view, None, None)
+
+
+def _topk_moe_delayed_fuses(graph: Graph, i: int, consumers, upstream: str) -> int:
+    """try_fuse's delayed top-k MoE attempt at an ARGSORT: the match when its two outputs overlap no source
+    still read, the logits aside up to TOPK_MOE_ROWS rows (one at d99724f2); its node count, else 0."""
+    m = topk_moe_delayed(graph, i, consumers)
+    if m is None:
+        return 0
+    ne = graph.node(i).ne
+    rows = ne[1] * ne[2] * ne[3]                    # ggml_nrows of the argsort
+    alias = m.logits if rows <= (1 if upstream == "d99724f2" else TOPK_MOE_ROWS) else None
+    return m.count if _memory_ranges_ok(graph, i, m.count, (i + 1, i + m.count - 1), alias) else 0
+
+
 def _topk_moe_tail(graph: Graph, j: int) -> tuple[tuple[Op, ...], Tensor | None, Tensor | None]:
     """(the group's ops, CLAMP node or None, SCALE node or None) after the router's GET_ROWS (node j - 1), as
     ggml_cuda_topk_moe_fusion reads on: a RESHAPE there starts the weight norm, RESHAPE -> SUM_ROWS -> CLAMP
@@ -349,8 +450,10 @@ def _topk_moe_fuses(graph: Graph, i: int, consumers, upstream: str) -> int:
 
 def written_nodes(i: int, f: Fusion) -> tuple[int, ...]:
     """The nodes the fused kernel at node i writes: the group's last, and the top-k MoE router's ids (its
-    VIEW, node i + 3) as well; the other nodes of the group are elided."""
-    return (i + 3, i + f.absorbed) if f.pattern == TOPK_MOE else (i + f.absorbed,)
+    VIEW: node i + 3, or i + 1 in the delayed form) as well; the other nodes of the group are elided."""
+    if f.pattern == TOPK_MOE:
+        return i + 3, i + f.absorbed
+    return (i + 1, i + f.absorbed) if f.pattern == TOPK_MOE_DELAYED else (i + f.absorbed,)
 
 
 def _moe_reduction_fuses(graph: Graph, i: int, consumers) -> int:
@@ -362,7 +465,8 @@ def _moe_reduction_fuses(graph: Graph, i: int, consumers) -> int:
     return m[0]
 
 
-_FUSION_FIRST = frozenset({Op.ROPE, Op.MUL_MAT, Op.MUL_MAT_ID, Op.RMS_NORM, Op.MUL, Op.SOFT_MAX})   # where try_fuse can match
+_FUSION_FIRST = frozenset({Op.ROPE, Op.MUL_MAT, Op.MUL_MAT_ID, Op.RMS_NORM, Op.MUL, Op.SOFT_MAX,
+                           Op.ARGSORT})   # where try_fuse can match
 
 
 def try_fuse(graph: Graph, i: int, consumers: dict[int, int], cc: int = 900,
@@ -375,6 +479,9 @@ def try_fuse(graph: Graph, i: int, consumers: dict[int, int], cc: int = 900,
     if op == Op.SOFT_MAX:
         count = _topk_moe_fuses(graph, i, consumers, upstream)
         return Fusion(TOPK_MOE, count - 1) if count else None
+    if op == Op.ARGSORT:
+        count = _topk_moe_delayed_fuses(graph, i, consumers, upstream)
+        return Fusion(TOPK_MOE_DELAYED, count - 1) if count else None
     if op == Op.ROPE and _rope_set_rows(graph, i, consumers):
         return Fusion(ROPE_SET_ROWS, 2)
     if op == Op.MUL_MAT:
@@ -382,8 +489,13 @@ def try_fuse(graph: Graph, i: int, consumers: dict[int, int], cc: int = 900,
             return Fusion(MMV_GLU, 2)
         if _mmv_add(graph, i, consumers, cc):
             return Fusion(MMV_ADD, 1)
-    if op == Op.MUL_MAT_ID and _mmv_glu(graph, i, consumers, cc, Op.MUL_MAT_ID, upstream):
-        return Fusion(MMID_GLU, 2)
+    if op == Op.MUL_MAT_ID:     # upstream's order: the biased gate/up + GLU, the plain one, the mat-vec + bias
+        if mmid_bias_glu(graph, i, consumers, cc, upstream) is not None:
+            return Fusion(MMID_BIAS_GLU, 4)
+        if _mmv_glu(graph, i, consumers, cc, Op.MUL_MAT_ID, upstream):
+            return Fusion(MMID_GLU, 2)
+        if _mmid_add_id(graph, i, consumers, cc):
+            return Fusion(MMID_ADD_ID, 1)
     if op == Op.RMS_NORM:
         return try_fuse_norm(graph, i, consumers, upstream)
     return None
@@ -402,17 +514,22 @@ def _may_fuse(ops: list[int], ne1: list[int], ne2: list[int], i: int) -> bool:
     if op == _MUL_MAT:      # mul_mat_vec+glu: the up mat-vec (node i+1) writes one column; +add: node i does
         return (nxt == _MUL_MAT and nxt2 == _GLU and ne1[i + 1] == 1) or ne1[i] == 1
     if op == _MUL_MAT_ID:   # the up mat-vec's tokens within the mat-vec paths (float: 1, quantized: <= 8)
+        if nxt == _ADD_ID:  # gpt-oss's biased experts: + ADD_ID [+ MUL_MAT_ID + ADD_ID + GLU]
+            return ne2[i] <= MMVQ_MAX_BATCH_SIZE
         return nxt == _MUL_MAT_ID and nxt2 == _GLU and ne2[i + 1] <= MMVQ_MAX_BATCH_SIZE
     if op == _MUL:          # the weighted reduction: its views follow (or the second MUL of the scaled form)
         return nxt == _VIEW or nxt == _MUL
     if op == _SOFT_MAX:     # the top-k MoE router: the probabilities reshaped, then their argsort
         return nxt == _RESHAPE and nxt2 == _ARGSORT
+    if op == _ARGSORT:      # its delayed form: the ids' VIEW, then the GET_ROWS of the weights
+        return nxt == _VIEW and nxt2 == _GET_ROWS
     return nxt == _MUL or nxt == _SCALE     # RMS_NORM: the MUL forms, or the SCALE of rms_norm+scale
 
 
-_ROPE, _VIEW, _SET_ROWS, _MUL_MAT, _MUL_MAT_ID, _GLU, _MUL, _SCALE, _SOFT_MAX, _RESHAPE, _ARGSORT = (
+_ROPE, _VIEW, _SET_ROWS, _MUL_MAT, _MUL_MAT_ID, _GLU, _MUL, _SCALE, _SOFT_MAX, _RESHAPE, _ARGSORT, _GET_ROWS = (
     int(o) for o in (Op.ROPE, Op.VIEW, Op.SET_ROWS, Op.MUL_MAT, Op.MUL_MAT_ID, Op.GLU, Op.MUL, Op.SCALE, Op.SOFT_MAX,
-                     Op.RESHAPE, Op.ARGSORT))
+                     Op.RESHAPE, Op.ARGSORT, Op.GET_ROWS))
+_ADD_ID = int(Op.ADD_ID)
 _FIRST_INTS = frozenset(int(o) for o in _FUSION_FIRST)
 
 

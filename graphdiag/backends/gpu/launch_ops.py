@@ -17,7 +17,8 @@ W_SUFFIX = {GGMLType.F32: "f32", GGMLType.F16: "f16", GGMLType.Q8_0: "q8_0"}
 # the file's weight types (kernels/mmvq.cu): their MUL_MAT follows ggml's dispatch (_lower_x_mul_mat)
 X_SUFFIX = {GGMLType.Q4_0: "q4_0", GGMLType.Q5_0: "q5_0", GGMLType.Q5_1: "q5_1", GGMLType.Q4_K: "q4_k",
             GGMLType.Q5_K: "q5_k", GGMLType.Q6_K: "q6_k", GGMLType.BF16: "bf16", GGMLType.Q2_K: "q2_k",
-            GGMLType.Q3_K: "q3_k", GGMLType.Q4_1: "q4_1", GGMLType.IQ4_NL: "iq4_nl", GGMLType.IQ4_XS: "iq4_xs"}
+            GGMLType.Q3_K: "q3_k", GGMLType.Q4_1: "q4_1", GGMLType.IQ4_NL: "iq4_nl", GGMLType.IQ4_XS: "iq4_xs",
+            GGMLType.MXFP4: "mxfp4"}
 W_SUFFIX.update(X_SUFFIX)
 
 

@@ -40,6 +40,7 @@ import numpy as np
 
 from ...errors import GraphdiagError
 from ...ir.attention import fa_operands
+from ...ir.build import Yarn
 from ...ir.dtypes import GGMLType, is_quantized
 from ...ir.graph import Graph
 from ...ir.ops import GluOp, Op
@@ -49,9 +50,9 @@ from .compat import MMVQ_MAX_BATCH_SIZE, cublas_split_k_parts, mmq_stream_k_part
 from .descriptors import DescriptorTable
 from .launch_ops import KernelOp, ScratchLaunchesOp, q8_1_scratch, quantized_x_op
 from .launch_ops import W_SUFFIX as _W, X_SUFFIX as _X, pack_launch as _launch
-from .lowering_mmid import SortedMulMatIdOp, lower_mmid_glu, lower_mul_mat_id
-from .fusion import (MMID_GLU, MMV_ADD, MMV_GLU, MOE_WR, RMS_NORM_MUL, ROPE_SET_ROWS, TOPK_MOE, Fusion,
-                     moe_reduction_operands, topk_moe_operands)
+from .lowering_mmid import SortedMulMatIdOp, lower_mmid_add_id, lower_mmid_bias_glu, lower_mmid_glu, lower_mul_mat_id
+from .fusion import (MMID_ADD_ID, MMID_BIAS_GLU, MMID_GLU, MMV_ADD, MMV_GLU, MOE_WR, RMS_NORM_MUL, ROPE_SET_ROWS,
+                     TOPK_MOE, TOPK_MOE_DELAYED, Fusion, moe_reduction_operands, topk_moe_operands)
 from .fusion_graph import other_src
 from .fusion_norm import RMS_NORM_MUL_ADD, RMS_NORM_MUL_ROPE, RMS_NORM_MUL_ROPE_SET_ROWS, RMS_NORM_SCALE
 from ..abi import Q8_1
@@ -89,6 +90,8 @@ def _lower_node(graph: Graph, i: int, fusion: Fusion | None, cc: int, d: "Descri
         return KernelOp(_launch(d, f"get_rows_{_W[s[0].type]}", [node, s[0], s[1]]))
     if op == Op.RMS_NORM:
         return KernelOp(_launch(d, "rms_norm_f32", [node, s[0]], fp=(node.param_f32(0),)))
+    if op == Op.ADD_ID:
+        return KernelOp(_launch(d, "add_id_f32", [node, s[0], s[1], s[2]]))
     if op in (Op.MUL, Op.ADD):
         return KernelOp(_launch(d, "mul_f32" if op == Op.MUL else "add_f32", [node, s[0], s[1]]))
     if op == Op.MUL_MAT and s[0].type in _X:
@@ -106,7 +109,7 @@ def _lower_node(graph: Graph, i: int, fusion: Fusion | None, cc: int, d: "Descri
         return lower_mul_mat_id(d, node, cc, nsm)
     if op == Op.ROPE:
         return KernelOp(_launch(d, "rope_f32", [node, s[0], s[1]], ip=(node.param_i32(1), node.param_i32(2)),
-                                fp=(node.param_f32(5), node.param_f32(6))))
+                                fp=rope_fp(node)))
     if op == Op.SET_ROWS:
         return KernelOp(_launch(d, f"set_rows_{_W[node.type]}", [node, s[1], s[2]]))
     if op == Op.FLASH_ATTN_EXT:
@@ -123,7 +126,8 @@ def _lower_node(graph: Graph, i: int, fusion: Fusion | None, cc: int, d: "Descri
         glu = _GLU_KERNELS.get(node.param_i32(0))
         if glu is None or s[1] is None or node.param_i32(1):
             raise NotImplementedError(f"the GPU backend has no kernel for GLU op {node.param_i32(0)} (node {i} {node.name})")
-        return KernelOp(_launch(d, glu, [node, s[0], s[1]], fp=(node.param_f32(3),)))   # SWIGLU_CLAMP's limit
+        # SWIGLU_CLAMP's and SWIGLU_OAI's limit (op param 3), SWIGLU_OAI's alpha (op param 2)
+        return KernelOp(_launch(d, glu, [node, s[0], s[1]], fp=(node.param_f32(3), node.param_f32(2))))
     if op == Op.SCALE:
         return KernelOp(_launch(d, "scale_f32", [node, s[0]], fp=(node.param_f32(0), node.param_f32(1))))
     if op in (Op.CPY, Op.CONT):
@@ -138,9 +142,10 @@ def _lower_node(graph: Graph, i: int, fusion: Fusion | None, cc: int, d: "Descri
 
 
 _GLU_KERNELS = {GluOp.SWIGLU: "glu_swiglu_f32", GluOp.GEGLU: "glu_geglu_f32",
-                GluOp.SWIGLU_CLAMP: "glu_swiglu_clamp_f32"}
+                GluOp.SWIGLU_CLAMP: "glu_swiglu_clamp_f32", GluOp.SWIGLU_OAI: "glu_swiglu_oai_f32"}
 # the GLU ops an upstream's ggml has, of those graphdiag builds: d99724f2's enum ends at GEGLU_QUICK (5)
-_GLU_AT = {"0c1e57098": frozenset(_GLU_KERNELS), "d99724f2": frozenset({GluOp.SWIGLU, GluOp.GEGLU})}
+_GLU_AT = {"0c1e57098": frozenset(_GLU_KERNELS),
+           "d99724f2": frozenset({GluOp.SWIGLU, GluOp.GEGLU, GluOp.SWIGLU_OAI})}
 
 
 def refuse_ops_after(graph: Graph, upstream: str) -> None:
@@ -153,6 +158,17 @@ def refuse_ops_after(graph: Graph, upstream: str) -> None:
             name = rec["name"][idx].decode()
             raise GraphdiagError(f"GLU op {GluOp(op).name} (node {name!r}) is not in ggml {upstream}: it came with "
                                  "llama.cpp 0c1e57098 (run with --upstream 0c1e57098)")
+
+
+def rope_fp(rope: Tensor) -> tuple[float, ...]:
+    """rope_f32's / rope_set_rows_f16's fp: (freq_base, freq_scale), and for a YaRN rope (its attn_factor, op
+    param 8, set) ext_factor, attn_factor and ggml_rope_yarn_corr_dims' two dims, computed on the host as
+    ggml-cuda's rope launcher does."""
+    fb, fs = rope.param_f32(5), rope.param_f32(6)
+    if rope.param_f32(8) == 0.0:
+        return fb, fs
+    y = Yarn(fs, rope.param_i32(4), rope.param_f32(7), rope.param_f32(8), rope.param_f32(9), rope.param_f32(10))
+    return (fb, fs, y.ext_factor, y.attn_factor, *y.corr_dims(rope.param_i32(1), fb))
 
 
 def _mmv_ip(dst: Tensor, w: Tensor) -> tuple[int, int]:
@@ -245,7 +261,11 @@ def _lower_attention(d, node: Tensor, cc: int):
     n_head_kv, n_kv, dv = k.ne[1], k.ne[2], v.ne[0]
     if hd not in FA_HEAD_DIMS or dv != hd or n_head % n_head_kv or n_head // n_head_kv > FA_MAX_ROWS:
         raise NotImplementedError(f"flash attention: head dims {hd}/{dv}, {n_head}/{n_head_kv} heads")
+    sinks = node.src[4]                         # gpt-oss's attn_sinks: folded in by the combine
     if fa_direct(hd, n_head, n_head_kv, n_kv, n_tok, nb3, cc):
+        if sinks is not None:
+            raise NotImplementedError(f"flash attention with sinks at head size {hd} on upstream's lone vec kernel "
+                                      "(graphdiag folds sinks into the combine)")
         chunk = -(-n_kv // 32) * 32
         # one block per query head (ip[3]), as ggml's vec kernel: the G heads sharing a kv head in one block
         # left Gemma 3's 4 heads on one SM (94 µs a layer on the H200, 18 layers a step)
@@ -257,7 +277,7 @@ def _lower_attention(d, node: Tensor, cc: int):
     kernel = fa_vec_kernel(hd, n_head // n_head_kv) if fa_vec(n_head, n_head_kv, n_tok) else fa_mma_kernel(hd)
     part = _launch(d, kernel, [None, q, k, v, mask], ip=(chunk, tq), fp=(node.param_f32(0),),
                    scratch=[(0, int(GGMLType.F32), ne, nb)])
-    comb = _launch(d, "flash_attn_combine_f32", [node, None], scratch=[(1, int(GGMLType.F32), ne, nb)])
+    comb = _launch(d, "flash_attn_combine_f32", [node, None, sinks], scratch=[(1, int(GGMLType.F32), ne, nb)])
     return ScratchLaunchesOp([part, comb], [((0, 0),), ((1, 0),)], nbytes)
 
 
@@ -272,6 +292,10 @@ def _lower_fused(d, graph: Graph, i: int, f: Fusion):
                             x_slot=3, ip=(glu.param_i32(0),), fp=(glu.param_f32(3),))
     if f.pattern == MMID_GLU:
         return lower_mmid_glu(d, graph, i)
+    if f.pattern == MMID_BIAS_GLU:
+        return lower_mmid_bias_glu(d, graph, i)
+    if f.pattern == MMID_ADD_ID:
+        return lower_mmid_add_id(d, graph, i)
     if f.pattern == MMV_ADD:
         add = graph.node(i + 1)
         resid = add.src[1] if add.src[0] == node else add.src[0]
@@ -286,13 +310,16 @@ def _lower_fused(d, graph: Graph, i: int, f: Fusion):
         return KernelOp(_launch(d, "topk_moe_f32", [weights, ids, node.src[0]], ip=(ids.ne[0], int(clamp is not None)),
                                 fp=(scale.param_f32(0) if scale is not None else 1.0,
                                     clamp.param_f32(0) if clamp is not None else -np.inf)))
+    if f.pattern == TOPK_MOE_DELAYED:   # gpt-oss's router: weights (the last RESHAPE), ids (the VIEW), logits
+        ids, weights = graph.node(i + 1), graph.node(i + f.absorbed)
+        return KernelOp(_launch(d, "topk_moe_f32", [weights, ids, node.src[0]], ip=(ids.ne[0], 0, 1),
+                                fp=(1.0, -np.inf)))
     if f.pattern == ROPE_SET_ROWS:
         sr = graph.node(i + 2)
         if sr.type != GGMLType.F16:
             raise NotImplementedError("rope+set_rows fusion needs an F16 cache")
         return KernelOp(_launch(d, "rope_set_rows_f16", [sr, node.src[0], node.src[1], sr.src[2]],
-                                ip=(node.param_i32(1), node.param_i32(2)),
-                                fp=(node.param_f32(5), node.param_f32(6))))
+                                ip=(node.param_i32(1), node.param_i32(2)), fp=rope_fp(node)))
     raise ValueError(f"unknown fusion {f.pattern}")
 
 
@@ -316,6 +343,8 @@ def _lower_norm_fused(d, graph: Graph, i: int, f: Fusion) -> KernelOp:
         add = graph.node(i + 2)
         return KernelOp(_launch(d, "rms_norm_mul_add_f32", [add, x, w, other_src(add, mul)], fp=(eps,)))
     rope = graph.node(i + 2)
+    if rope.param_f32(8) != 0.0:
+        raise NotImplementedError(f"{rope.name}: YaRN in the RMS_NORM + MUL + ROPE fusion (no graph of graphdiag's has both)")
     ip, fp = (rope.param_i32(1), rope.param_i32(2)), (eps, rope.param_f32(5), rope.param_f32(6))
     if f.pattern == RMS_NORM_MUL_ROPE:
         return KernelOp(_launch(d, "rms_norm_mul_rope_f32", [rope, x, w, rope.src[1]], ip=ip, fp=fp))

@@ -76,6 +76,40 @@ def lower_mmid_glu(d: "DescriptorTable | None", graph: Graph, i: int):
     return KernelOp(pack_launch(d, name, tensors, ip=ip, fp=fp))
 
 
+def _signed32(v: int) -> int:
+    v &= 0xFFFFFFFF
+    return v - (1 << 32) if v >= 1 << 31 else v
+
+
+def lower_mmid_bias_glu(d: "DescriptorTable | None", graph: Graph, i: int):
+    """gpt-oss's fused gate/up MUL_MAT_IDs + ADD_IDs + GLU at node i (the GLU is node i + 4): the glu kernel
+    with the up bias in t[5] and the gate bias's address in ip[1], ip[2] (upstream's fusion_data.x_bias and
+    gate_bias); quantized experts on Q8_1 x (two launches), float ones on F32 x (one)."""
+    glu = graph.node(i + 4)
+    gate_b, up_b = glu.src[0], glu.src[1]
+    gate, up = gate_b.src[0], up_b.src[0]
+    w = gate.src[0]
+    name = f"mul_mat_id_vec_glu_{W_SUFFIX[w.type]}"
+    tensors = [glu, w, up.src[0], up.src[1], up.src[2], up_b.src[1]]
+    addr = gate_b.src[1].data
+    ip, fp = (glu.param_i32(0), _signed32(addr), _signed32(addr >> 32)), (glu.param_f32(3),)
+    if is_quantized(w.type):
+        return quantized_x_op(d, name, tensors, x_slot=3, ip=ip, fp=fp)
+    return KernelOp(pack_launch(d, name, tensors, ip=ip, fp=fp))
+
+
+def lower_mmid_add_id(d: "DescriptorTable | None", graph: Graph, i: int):
+    """An expert mat-vec and its ADD_ID (node i + 1) fused: mul_mat_id_vec_{w} writing the ADD_ID with the bias
+    in t[4]; quantized experts on Q8_1 x (two launches), float ones on F32 x (one)."""
+    mm, add = graph.node(i), graph.node(i + 1)
+    w = mm.src[0]
+    name = f"mul_mat_id_vec_{W_SUFFIX[w.type]}"
+    tensors = [add, w, mm.src[1], mm.src[2], add.src[1]]
+    if is_quantized(w.type):
+        return quantized_x_op(d, name, tensors, x_slot=2)
+    return KernelOp(pack_launch(d, name, tensors))
+
+
 def _sorted_by_expert(d, node: Tensor, name: str, cc: int, nsm: int) -> ScratchLaunchesOp:
     """mm_ids_helper's expert-sorted map of the (slot, token) pairs and the experts' bounds, then `name`
     over it: for quantized experts (mul_mat_id_q_*) x quantised to Q8_1 between the two and, where

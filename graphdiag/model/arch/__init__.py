@@ -2,7 +2,8 @@
 
 Each module gives, for its architecture as llama.cpp 0c1e57098 builds it:
   NAME                 the GGUF `general.architecture` value
-  ROPE_TYPE            ggml's rope mode for it (llama_model_rope_type: NORM for llama, NEOX for qwen2/qwen3/qwen3moe)
+  ROPE_TYPE            ggml's rope mode for it (llama_model_rope_type: NORM for llama, NEOX for qwen2/qwen3/qwen3moe/
+                       gemma3/gpt-oss)
   EXPERTS              the cfg.is_moe values its graph can express: (False,) dense only, (True,) experts only
                        (qwen3moe), (False, True) either (llama); EXPERT_FF_KEY, where experts are possible, is
                        the key a file gives their width under (llama: feed_forward_length)
@@ -24,9 +25,9 @@ from __future__ import annotations
 from types import ModuleType
 
 from ...errors import UsageError
-from . import gemma3, llama, qwen2, qwen3, qwen3moe
+from . import gemma3, gpt_oss, llama, qwen2, qwen3, qwen3moe
 
-ARCHS: dict[str, ModuleType] = {m.NAME: m for m in (llama, qwen2, qwen3, qwen3moe, gemma3)}
+ARCHS: dict[str, ModuleType] = {m.NAME: m for m in (llama, qwen2, qwen3, qwen3moe, gemma3, gpt_oss)}
 
 
 def supported() -> str:

@@ -96,11 +96,12 @@ class Meta:
         return UsageError(f"{self.path}: {what}")
 
 
-def base_config(meta: Meta, ff_required: bool = True, **arch_fields) -> ModelConfig:
+def base_config(meta: Meta, ff_required: bool = True, own_rope_scaling: bool = False, **arch_fields) -> ModelConfig:
     """The hyper-parameters every llama-family file gives, with llama.cpp's defaults for absent keys and its
     checks; `arch_fields` are the architecture's own ModelConfig fields (rope_type, ...). feed_forward_length
     is optional to llama.cpp's loader (0 when absent); `ff_required` refuses a file without it, for the graphs
-    whose FFN it sizes (llama's, qwen2's, qwen3's), not for qwen3moe's, whose experts have their own key."""
+    whose FFN it sizes (llama's, qwen2's, qwen3's), not for qwen3moe's, whose experts have their own key.
+    `own_rope_scaling`: the architecture reads rope.scaling.* itself (gpt-oss's YaRN); else any scaling is refused."""
     n_embd, n_head = meta.need("embedding_length"), meta.need("attention.head_count")
     n_head_kv = meta.count("attention.head_count_kv", n_head)
     n_vocab = _n_vocab(meta)
@@ -116,7 +117,8 @@ def base_config(meta: Meta, ff_required: bool = True, **arch_fields) -> ModelCon
     eps = meta.finite("attention.layer_norm_rms_epsilon", None, positive=False)
     if eps is None:
         raise meta.fail(f"metadata {meta.arch}.attention.layer_norm_rms_epsilon is missing (llama.cpp requires it)")
-    _check_rope_scaling(meta)
+    if not own_rope_scaling:
+        _check_rope_scaling(meta)
     n_ctx = min(meta.need("context_length"), N_CTX_MAX)
     names = meta.names
     fields = dict(arch=meta.arch, n_embd_head=k_len if k_len * n_head != n_embd else 0,
