@@ -7,8 +7,9 @@ n_batch 2048, n_ubatch 512; graphdiag/trace/server_sim.serve): its warmup decode
 sequences and logits left NULL), then requests arriving at drawn times into free slots, each iteration one
 sampled token per generating slot (an output) and then prompt tokens of slots still processing theirs, up to
 n_batch, the prompt's last token an output; a slot whose request ends is idle until the next request takes
-it (its sequence then placed again from position 0: the server's seq_rm); one pause of 12 s (ggml's idle
-sweep evicts). The graph calls are graphdiag's
+it (its sequence then placed again from position 0: the server's seq_rm; its cells cleared already where
+another request started meanwhile: the server's idle-slot clear, inferred by the replay); one pause of 12 s
+(ggml's idle sweep evicts). The graph calls are graphdiag's
 decisions for those batches on the given GGUF (its replay, simulated driver), written as llama.cpp's
 CUDA backend makes them (ggml-cuda.cu: uid and warmup log lines, BeginCapture … EndCapture, Instantiate for
 a new entry, ExecUpdate on every capture, a refusal's ExecDestroy and new Instantiate, Launch, and the idle

@@ -31,14 +31,25 @@ class Replay:
 
 
     def notes(self) -> list[str]:
-        """What the reader must know about this replay: batches not replayed, cells removed by inference, a
-        KV cache graphdiag does not model, a synthetic trace."""
+        """What the reader must know about this replay: batches not replayed, cells removed by inference (the
+        caller's seq_rm, the server's idle-slot clears), cells the server put back unseen, a KV cache graphdiag
+        does not model, a synthetic trace."""
         out = [f"{n} batch{'es' * (n != 1)} {why}" for why, n in self.plan.skipped.items()]
         if any("another llama_context" in why for why in self.plan.skipped):
             out[-1] += " (--model-draft FILE replays a draft model's)"
         if self.plan.inferred_removals:
             out.append(f"{self.plan.inferred_removals} KV-cell removals inferred (a sequence placed again at "
                        f"positions it held: the caller's seq_rm, not in a trace)")
+        n = self.plan.idle_clears
+        if n:
+            whose = "1 idle slot's" if n == 1 else f"{n} idle slots'"
+            out.append(f"{whose} cells cleared as the server started a task (inferred: llama-server's "
+                       f"--cache-idle-slots, its default, with a unified KV cache)")
+        if self.plan.restored:
+            out.append(f"{self.plan.restored} task{'s' * (self.plan.restored != 1)} started past position 0 on a slot "
+                       f"holding none of its cells: the server put a prompt back from its prompt cache "
+                       f"(llama_state_seq_set_data), a placement no trace shows; graphdiag's cells, and maybe n_kv, "
+                       f"differ from there on")
         if not self.settings.unified:
             out.append(f"the traced server ran -np {self.settings.n_parallel} without --kv-unified: one KV stream "
                        f"per sequence, which graphdiag does not model (it replays one unified cache); trace with "
@@ -105,7 +116,8 @@ def run_replay(trace_path: str | Path, model: str, backend: str = "auto", warn=N
     ours, plan = replay_batches(batches, model, backend, settings, warn, ctx=ctxs[1] if draft else ctxs[0])
     ours[0].replay = {"trace": str(trace_path), "model": str(model), "batches": len(plan.batches),
                       "ubatches": len(plan.steps), "skipped": plan.skipped,
-                      "inferred_removals": plan.inferred_removals, "n_ubatch": settings.n_ubatch,
+                      "inferred_removals": plan.inferred_removals, "idle_clears": plan.idle_clears,
+                      "restored": plan.restored, "n_ubatch": settings.n_ubatch,
                       "kv_unified": settings.unified, "trace_cmd": header.trace.get("cmd") or []}
     return Replay((header, events), ours, plan, settings, str(model))
 

@@ -9,7 +9,8 @@ time, in order); each ubatch is one step, its n_outputs the rows with logits in 
 spent between two batches (one's t0 minus the end of the one before) is the step's idle time. A sequence
 placed again at a position it already holds had its cells removed first (llama-server's seq_rm when a slot
 takes a new request, or llama_memory_clear after its warmup decode): the replay removes them too, the
-inference named in each step's `removes`.
+inference named in each step's `removes`. So are the cells llama-server frees where no batch shows it: with a
+unified KV cache it clears every idle slot when it starts a task (`_idle_clears`).
 
 One llama_context is replayed at a time (the target: the first batch's; or a draft model's, on its own
 model): each context has its own graphs and CUDA-graph cache, so a draft model's batches (speculative
@@ -38,6 +39,8 @@ class ServerSettings:
     draft: bool = False             # --model-draft / -md given (speculative decoding)
     ctx_size: int | None = None     # -c / --ctx-size as given (None: not given; 0: the model's n_ctx_train)
     logged_n_ctx: tuple = ()        # llama.cpp's "llama_context: n_ctx = N" lines in the trace, in order
+    cache_idle_slots: bool = True   # --cache-idle-slots (llama-server's default) / --no-cache-idle-slots
+    cache_ram: int | None = None    # -cram / --cache-ram MiB as given (None: not given, 8192; 0: no prompt cache)
 
     def n_ctx(self, n_ctx_train: int) -> int:
         """The traced context's KV cells: what llama.cpp logged (where every context logged one value), else
@@ -63,6 +66,15 @@ class ServerSettings:
         return min(self.n_batch, self.n_seq_max) if self.server and not self.draft else None
 
     @property
+    def clears_idle_slots(self) -> bool:
+        """Whether the server frees every idle slot's cells as it starts a task: server-context.cpp's
+        process_single_task, with cache_idle_slots (on by default), saves each slot not processing to the
+        prompt cache and, where params.kv_unified is set (-kvu, or -np left to the server's auto), calls
+        prompt_clear: seq_rm(slot, -1, -1). Its init turns cache_idle_slots off under --cache-ram 0."""
+        return (self.server and self.cache_idle_slots and self.cache_ram != 0
+                and (self.kv_unified or self.n_parallel is None))
+
+    @property
     def unified(self) -> bool:
         """One KV cache for every sequence, as graphdiag models it: -kvu, -np not given (the server's auto
         sets it), or one slot."""
@@ -74,7 +86,8 @@ def server_settings(cmd: list[str], logged_n_ctx: tuple = ()) -> ServerSettings:
     `logged_n_ctx`: the n_ctx values llama.cpp logged (the trace header's)."""
     vals: dict[str, int] = {}
     names = {"-ub": "n_ubatch", "--ubatch-size": "n_ubatch", "-b": "n_batch", "--batch-size": "n_batch",
-             "-np": "n_parallel", "--parallel": "n_parallel", "-c": "ctx_size", "--ctx-size": "ctx_size"}
+             "-np": "n_parallel", "--parallel": "n_parallel", "-c": "ctx_size", "--ctx-size": "ctx_size",
+             "-cram": "cache_ram", "--cache-ram": "cache_ram"}
     for i, a in enumerate(cmd):
         flag, _, inline = a.partition("=")
         if flag in names:
@@ -86,11 +99,13 @@ def server_settings(cmd: list[str], logged_n_ctx: tuple = ()) -> ServerSettings:
     n_batch = vals.get("n_batch", N_BATCH)
     n_ubatch = min(vals.get("n_ubatch", N_UBATCH), n_batch)
     np_ = vals.get("n_parallel")
+    idle = [a == "--cache-idle-slots" for a in cmd if a in ("--cache-idle-slots", "--no-cache-idle-slots")]
     return ServerSettings(n_ubatch, n_batch, None if np_ is not None and np_ < 0 else np_,
                           any(a in ("-kvu", "--kv-unified") for a in cmd),
                           bool(cmd) and Path(cmd[0]).name.startswith("llama-server"),
                           any(a.partition("=")[0] in ("-md", "--model-draft") for a in cmd),
-                          vals.get("ctx_size"), tuple(logged_n_ctx))
+                          vals.get("ctx_size"), tuple(logged_n_ctx), idle[-1] if idle else True,
+                          vals.get("cache_ram"))
 
 
 @dataclass
@@ -105,6 +120,8 @@ class ReplayPlan:
     ctx: int = 0
     skipped: dict[str, int] = field(default_factory=dict)         # why -> batches not replayed
     inferred_removals: int = 0
+    idle_clears: int = 0            # idle slots' cells cleared as the server started a task (inferred)
+    restored: int = 0               # tasks started past position 0 on none of their cells (prompt cache)
 
 
 def trace_batches(events: list[E.Event], not_observable: list[str] | tuple = ()) -> list[E.DecodeBatch]:
@@ -134,7 +151,7 @@ def replay_plan(batches: list[E.DecodeBatch], n_vocab: int, settings: ServerSett
     graphdiag cannot replay: embeddings instead of token ids, or a token id outside the model's vocabulary
     (the trace was recorded with another model)."""
     rp = ReplayPlan(ctx=batches[0].ctx if ctx is None else ctx)
-    next_pos: dict[int, int] = {}
+    kept, next_pos = [], {}
     for i, b in enumerate(batches):
         if b.ctx != rp.ctx:
             _skip(rp, "of another llama_context (a draft model's or its target's): not replayed on this model")
@@ -148,9 +165,15 @@ def replay_plan(batches: list[E.DecodeBatch], n_vocab: int, settings: ServerSett
         if bad is not None:
             raise UsageError(f"batch {i}: token id {bad} is not in {model}'s vocabulary (n_vocab {n_vocab}): the "
                              f"trace was recorded with another model")
+        rows = _rows(b, next_pos)
+        kept.append((i, b, rows, _removals(rows[0], rows[1], next_pos)))
+    rp.inferred_removals = sum(len(k[3]) for k in kept)
+    clears = (_idle_clears([(rows[0], rows[1], removes) for _, _, rows, removes in kept], settings.n_seq_max, rp)
+              if settings.clears_idle_slots else [()] * len(kept))
+    for (i, b, rows, removes), cleared in zip(kept, clears):
         first = len(rp.steps)
-        rp.steps += _ubatches(b, next_pos, _idle_s(rp.batches[-1] if rp.batches else None, b),
-                              settings.n_ubatch, rp)
+        rp.steps += _ubatches(b, rows, cleared + removes, _idle_s(rp.batches[-1] if rp.batches else None, b),
+                              settings.n_ubatch)
         rp.batches.append(b)
         rp.batch_index.append(i)
         rp.step_range.append((first, len(rp.steps) - first))
@@ -186,21 +209,72 @@ def _rows(b: E.DecodeBatch, next_pos: dict[int, int]) -> tuple[list[int], list[i
     return pos, seqs, out
 
 
-def _ubatches(b: E.DecodeBatch, next_pos: dict[int, int], idle_s: float, n_ubatch: int,
-              rp: ReplayPlan) -> list[StepPlan]:
-    pos, seqs, out = _rows(b, next_pos)
+def _removals(pos: list[int], seqs: list[int], next_pos: dict[int, int]) -> tuple:
+    """(seq, pos_min) of each sequence placed again at a position it holds (the caller's seq_rm(seq, pos_min,
+    -1) before the batch); `next_pos` brought past the batch."""
     removes = []
     for q in sorted(set(seqs)):
         p0 = min(p for p, s in zip(pos, seqs) if s == q)
         if p0 < next_pos.get(q, 0):
             removes.append((q, p0))
         next_pos[q] = max(p for p, s in zip(pos, seqs) if s == q) + 1
-    rp.inferred_removals += len(removes)
+    return tuple(removes)
+
+
+def _idle_clears(batches: list[tuple[list[int], list[int], tuple]], n_slots: int, rp: ReplayPlan) -> list[tuple]:
+    """Per batch (positions, sequence ids, inferred removals), the (slot, 0) removals llama-server made before
+    it and no batch shows. A task starts on a slot (its sequence id) where the slot's sequence is placed
+    again at positions it held, or for the first time; the server (process_single_task, [TAG_IDLE_SLOT_CLEAR])
+    then clears every slot not processing: seq_rm(slot, -1, -1), whose llama_kv_cache::seq_rm also moves the
+    cache's head down to the first cell it freed, so the task's prompt and tokens take the lowest free cells
+    again. A slot is processing while its task goes on: its sequence comes back in this batch or a later
+    one without starting a task (a slot's last batch is the one whose sampled token ended its task: it is
+    released in that same update_slots, before the next task is taken). The slots starting tasks in the
+    batch are left to their own removals (the launched slot is processing; one launched beside it from a
+    cached prefix of its own was not cleared, or it would not start past position 0 on cells it holds).
+
+    Counted in `rp.restored`, not modelled: a slot starting a task past position 0 on no cells of its own
+    (cleared while idle, or never used). The server found the prompt in its prompt cache and put its cells
+    back (llama_state_seq_set_data: a contiguous run from the head, as many as the cached prompt held, then
+    seq_rm(slot, n_past, -1)), a placement no batch shows. Nor is a slot whose own cells the server swapped for
+    a cached prompt that matched better (its log's "found better prompt"): positions alone cannot tell it."""
+    slots = range(n_slots)
+    starts, seen = [], set()              # starts: per batch, slot -> its first position there
+    for pos, seqs, removes in batches:
+        new = ({r[0] for r in removes} | (set(seqs) - seen)) & set(slots)
+        starts.append({q: min(p for p, x in zip(pos, seqs) if x == q) for q in new})
+        seen.update(seqs)
+    busy = _busy_slots([seqs for _, seqs, _ in batches], starts)
+    out, holds = [], set()                # holds: slots with cells
+    for k, (_, seqs, _) in enumerate(batches):
+        cleared = sorted(q for q in holds if q not in busy[k] and q not in starts[k]) if starts[k] else []
+        holds.difference_update(cleared)
+        rp.restored += sum(1 for q, p0 in starts[k].items() if p0 > 0 and q not in holds)
+        holds.update(q for q in seqs if q in slots)
+        out.append(tuple((q, 0) for q in cleared))
+    rp.idle_clears = sum(map(len, out))
+    return out
+
+
+def _busy_slots(seqs: list[list[int]], starts: list[dict]) -> list[frozenset]:
+    """Per batch where a task starts, the sequences processing then: those whose next batch, from this one
+    on, goes on with their task (does not start one)."""
+    busy, going = [frozenset()] * len(seqs), {}          # going: sequence -> its next batch goes on
+    for k in range(len(seqs) - 1, -1, -1):
+        for q in set(seqs[k]):
+            going[q] = q not in starts[k]
+        if starts[k]:
+            busy[k] = frozenset(q for q, on in going.items() if on)
+    return busy
+
+
+def _ubatches(b: E.DecodeBatch, rows: tuple, removes: tuple, idle_s: float, n_ubatch: int) -> list[StepPlan]:
+    pos, seqs, out = rows
     steps = []
     for u0 in range(0, len(seqs), max(n_ubatch, 1)):
         u1 = min(u0 + n_ubatch, len(seqs))
         steps.append(StepPlan("ubatch", n_tokens=u1 - u0, n_outputs=sum(out[u0:u1]), offset=u0,
                               token_ids=tuple(b.tokens[u0:u1]), positions=tuple(pos[u0:u1]),
                               seq_ids=tuple(seqs[u0:u1]), idle_s=idle_s if u0 == 0 else 0.0,
-                              removes=tuple(removes) if u0 == 0 else ()))
+                              removes=removes if u0 == 0 else ()))
     return steps

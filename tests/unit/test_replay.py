@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 
@@ -60,6 +61,82 @@ def test_batches_become_ubatch_steps():
 def test_warmup_positions_then_a_prompt_again_removes_its_cells():
     rp = replay_plan([_batch([1, 2]), _batch([7, 8, 9], [0, 1, 2], [0, 0, 0], [2])], 4096)
     assert rp.steps[1].removes == ((0, 0),)          # llama_memory_clear after the warmup, seen as seq_rm
+
+
+SERVER_KVU = ServerSettings(n_parallel=2, kv_unified=True, server=True)
+
+
+def _cells_after(rp, kv) -> list[list[int]]:
+    """Each step's cells, the plan's removals made first (as Context.caller_ubatch makes them)."""
+    import numpy as np
+    out = []
+    for p in rp.steps:
+        for q, p0 in p.removes:
+            kv.seq_rm(q, p0)
+        out.append(kv.place(np.array(p.seq_ids, np.int32), np.array(p.positions, np.int32)).tolist())
+    return out
+
+
+def test_a_server_task_clears_its_idle_slots_and_takes_their_cells():
+    """llama-server -kvu, as it starts a task, clears every slot not processing (process_single_task:
+    prompt_clear, seq_rm(slot, -1, -1)); llama_kv_cache::seq_rm moves the head to the first cell freed, so the
+    new prompt takes those cells and n_kv stays. Recorded (H100, -np 4 -kvu -c 4096): the 7th request's 248
+    tokens at cells 0..247, its token at position 256 the first past 256 cells (warmup reset there)."""
+    from graphdiag.sched.kv_cells import KvCells
+    a = _batch([5] * 200, range(200), [0] * 200, [199], t=10)       # slot 0's prompt
+    a_gen = _batch([6], [200], [0], [0], t=20)                        # its last token: slot 0 released
+    b = _batch([7] * 100, range(100), [1] * 100, [99], t=30)         # slot 1's task: slot 0 idle, cleared
+    b_gen = _batch([8], [100], [1], [0], t=40)
+    rp = replay_plan([a, a_gen, b, b_gen], 4096, SERVER_KVU)
+    assert [p.removes for p in rp.steps] == [(), (), ((0, 0),), ()]
+    assert (rp.idle_clears, rp.inferred_removals, rp.restored) == (1, 0, 0)
+    kv = KvCells(4096)
+    cells = _cells_after(rp, kv)
+    assert cells[2] == list(range(100)) and cells[3] == [100] and kv.n_kv() == 256
+    old = _cells_after(replay_plan([a, a_gen, b, b_gen], 4096, ServerSettings()), KvCells(4096))
+    assert old[2][0] == 201                                            # without the clear: past slot 0's cells
+
+
+def test_a_processing_slot_is_not_cleared():
+    """A slot whose task goes on (its sequence in this batch or a later one, not restarted) keeps its cells;
+    the launched slot too; a slot whose next batch restarts it was idle (slot 1 at slot 2's start)."""
+    p0 = _batch([5] * 4, range(4), [0] * 4, [3], t=10)
+    p1 = _batch([6] * 4, range(4), [1] * 4, [3], t=20)
+    p2 = _batch([9, 9], [4, 0], [0, 2], [0, 1], t=30)                # slot 2 starts; slot 0 generating
+    p3 = _batch([7, 7, 7, 8, 8], [0, 1, 2, 5, 1], [1, 1, 1, 0, 2], [2, 3, 4], t=40)   # slot 1 again from 0
+    settings = ServerSettings(n_parallel=4, kv_unified=True, server=True)
+    rp = replay_plan([p0, p1, p2, p3], 4096, settings)
+    assert [p.removes for p in rp.steps] == [(), (), ((1, 0),), ((1, 0),)]
+    assert rp.idle_clears == 1
+
+
+def test_idle_clears_follow_the_servers_flags():
+    """Only llama-server with params.kv_unified (-kvu, or -np left to its auto) and cache_idle_slots (its
+    default; off with --no-cache-idle-slots or --cache-ram 0) clears its idle slots."""
+    on = [["llama-server", "-np", "4", "-kvu"], ["llama-server"], ["llama-server", "-cram", "100", "-kvu"],
+          ["llama-server", "--no-cache-idle-slots", "--cache-idle-slots"]]
+    off = [["llama-server", "-np", "4"], ["llama-server", "--no-cache-idle-slots"], ["llama-server", "-cram", "0"],
+           ["llama-server", "--cache-ram=0", "-kvu"], ["llama-batched", "-kvu"]]
+    assert [server_settings(c).clears_idle_slots for c in on] == [True] * len(on)
+    assert [server_settings(c).clears_idle_slots for c in off] == [False] * len(off)
+
+
+def test_a_prompt_put_back_from_the_prompt_cache_is_named():
+    """A slot cleared while idle that starts its next task past position 0 had its cells put back from the
+    server's prompt cache (llama_state_seq_set_data): a placement no batch shows, named in the notes."""
+    from graphdiag.trace.replay import Replay
+    a = _batch([5] * 8, range(8), [0] * 8, [7], t=10)
+    b = _batch([6] * 4, range(4), [1] * 4, [3], t=20)                # slot 0 idle: cleared
+    a2 = _batch([5, 4], [6, 7], [0, 0], [1], t=30)                   # slot 0 from 6: its cached prefix
+    rp = replay_plan([a, b, a2], 4096, SERVER_KVU)
+    assert [p.removes for p in rp.steps] == [(), ((0, 0),), ((1, 0), (0, 6))]
+    assert (rp.idle_clears, rp.restored) == (2, 1)
+    fresh = _batch([5, 4], [6, 7], [1, 1], [1], t=30)                # slot 1, never used, from 6: the same
+    assert replay_plan([a, fresh], 4096, SERVER_KVU).restored == 1
+    assert replay_plan([a, fresh], 4096, ServerSettings()).restored == 0     # not a server: no prompt cache
+    notes = Replay((SimpleNamespace(trace={}), []), (None, []), rp, SERVER_KVU, "m").notes()
+    assert notes[1].startswith("2 idle slots' cells cleared as the server started a task")
+    assert notes[2].startswith("1 task started past position 0 on a slot holding none of its cells")
 
 
 def test_bad_batches_are_one_line():
