@@ -57,6 +57,23 @@ def test_requests_under_one_slot_are_served_one_at_a_time():
     assert two[0].tokens == (1, 2, 3, 4) and two[0].outputs == (1, 3)
 
 
+def test_the_recorded_servers_own_slots_serve_its_requests_in_its_own_batches():
+    """llama-server -np 4 under 8 clients (H100 trace, 1263 batches): served again by 4 slots, the same batch
+    sizes in the same order, so whatif's -np 4 column is the recorded one. Its timing carries the server
+    loop's gap between decodes, and a request that took a slot right behind the slot's previous one was
+    queued: with the recorded starts as arrivals and no gap, 2703 narrower batches."""
+    from graphdiag.trace.replay import load_trace
+    from graphdiag.trace.replay_plan import trace_batches
+    from graphdiag.trace.server_sim import decode_time
+    _, events = load_trace(DATA / "server-e2e-h100.raw.jsonl")
+    bs = [b for b in trace_batches(events) if b.ret == 0]
+    again = reschedule(bs, 4)
+    assert [b.n_tokens for b in again] == [b.n_tokens for b in bs]
+    a, per_token, gap = decode_time(bs)
+    assert 150_000 < a < 200_000 and 400_000 < gap < 700_000     # one-token decode 177 us, the loop 539 us
+    assert len(reschedule(bs, 8)) < len(bs) < len(reschedule(bs, 2))
+
+
 def test_pad_batches_cli(tiny, capsys):
     assert main(["whatif", str(TRACE), "--pad-batches", "1,2,4,8", "--model", tiny, "--backend", "sim",
                  "--json"]) == 0
