@@ -14,9 +14,13 @@ that much between them); the run's choice is followed where margin <= tol, refus
 top-k kernel off, not noise: the step fails). A followed token's MoE layer is computed with R, weighted by
 the oracle's own probabilities of R; its twins then take the same experts for that token and layer.
 
-Only runs with twins (block-quantised weights on a GPU backend) and a run whose choices are read
-(backends/sim_router_tap.py: the simulated driver) follow anything; F16/BF16, the CPU backend and dense
-models are judged as before.
+Only runs with twins (block-quantised weights on a GPU backend) follow anything; F16/BF16, the CPU backend
+and dense models are judged as before. The simulated driver's choices are read as its kernels compute them
+(backends/sim_router_tap.py). A CUDA run's are not readable (the allocator reuses the top-k ids' memory
+within the step): there a step over its bound is judged again with the run's choice guessed, one or two
+of the oracle's own near-ties at a time (near_ties, guesses): the oracle's k-th expert of a token swapped
+for its best left out, where their gap is within tol. The first guess whose step lands within the bound
+is followed as a read choice would be; where none does, the step fails as it was.
 """
 
 from __future__ import annotations
@@ -110,6 +114,54 @@ class RouterFollow:
             if layer == il:
                 out[t] = ids
         return out
+
+
+class Probe(RouterFollow):
+    """A RouterFollow that takes the oracle's own choices and keeps its router logits and top k per layer
+    (the near-tie search's first pass)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.oracle: dict[int, tuple[np.ndarray, np.ndarray]] = {}
+
+    def decide(self, il: int, z: np.ndarray, top: np.ndarray) -> np.ndarray:
+        self.oracle[il] = (np.array(z), np.array(top))
+        return top
+
+
+def near_ties(probe: Probe) -> list[tuple[int, int, np.ndarray]]:
+    """(layer, token, the token's ids with its weakest expert swapped for the strongest left out) where the
+    oracle's gap between the two is within the layer's tolerance, nearest first."""
+    found = []
+    for il, (z, top) in sorted(probe.oracle.items()):
+        tol = tolerance(z, probe.twin_z.get(il, []))
+        for t in range(top.shape[0]):
+            inside = top[t]
+            rest = np.setdiff1d(np.arange(z.shape[1]), inside)
+            if not rest.size:
+                continue
+            weak, strong = inside[np.argmin(z[t, inside])], rest[np.argmax(z[t, rest])]
+            gap = float(z[t, weak] - z[t, strong])
+            if gap <= tol:
+                found.append((gap, il, t, np.where(inside == weak, strong, inside)))
+    return [(il, t, ids) for _, il, t, ids in sorted(found, key=lambda x: x[0])]
+
+
+MAX_NEAR_TIES = 6          # a step with more near-ties than this is judged as it is (no search)
+
+
+def guesses(probe: Probe, ties: list[tuple[int, int, np.ndarray]]) -> list[dict[int, np.ndarray]]:
+    """The run's choices to try, as RouterFollow.start takes them: each near-tie alone, then each pair (a pair
+    in two layers swaps the later layer's ids as the first pass chose them)."""
+    ties = ties[:MAX_NEAR_TIES]
+    sets = [[x] for x in ties] + [[a, b] for i, a in enumerate(ties) for b in ties[i + 1:]]
+    out = []
+    for chosen in sets:
+        run: dict[int, np.ndarray] = {}
+        for il, t, ids in chosen:
+            run.setdefault(il, probe.oracle[il][1].copy())[t] = ids
+        out.append(run)
+    return out
 
 
 def refusal_line(step: int, d: Departure) -> str:

@@ -37,7 +37,7 @@ from .sched.context import make_context
 
 from .events.checks import ORACLE_BOUND, ORACLE_JITTERS
 from .oracle_check import failure_line, judge
-from .oracle_router import RouterFollow, refusal_line
+from .oracle_router import Probe, RouterFollow, guesses, near_ties, refusal_line
 from .backends.sim_router_tap import RouterTap
 
 
@@ -587,27 +587,57 @@ class Stepper:
             finally:
                 ref.router = None
 
-        s, follow = self.s, None
+        s, follow, probe = self.s, None, None
         if s.router_tap is not None:           # twins first: their router logits are the near-tie rule's noise
             follow = RouterFollow()
             follow.start(s.router_tap.take(len(batch[p.seq]) if p.kind == "prefill" else len(batch)))
-            saved = [twin.snapshot() for twin in s.reference_noise]
-        noisy = [forward(twin, follow and follow.record) for twin in s.reference_noise]
-        want = forward(s.reference, follow and follow.decide)
-        if follow is not None and follow.followed:     # the twins again, taking the experts the oracle took
-            for twin, state in zip(s.reference_noise, saved):
-                twin.restore(state)
-            noisy = [forward(twin, follow.force) for twin in s.reference_noise]
+        elif s.reference_noise and s.model.cfg.is_moe:   # a CUDA run: its choices guessed where it fails
+            probe = Probe()
+        saved = ([twin.snapshot() for twin in s.reference_noise], s.reference.snapshot()) \
+            if follow is not None or probe is not None else None
+        if follow is not None:
+            noisy, want = self._references(forward, follow, saved)
+        else:
+            noisy = [forward(twin, probe and probe.record) for twin in s.reference_noise]
+            want = forward(s.reference, probe and probe.decide)
         if not logits.size:                    # a ubatch with no outputs: the reference's cache kept up only
             return
         bound = ORACLE_BOUND.get(s.cfg.wtype, ORACLE_BOUND["f16"])   # the CPU backend: f32 vs f64
         ev = judge(step, logits, want, noisy, bound,    # noisy: a GPU backend (or the sim) on Q8_1 activations
                    *((len(follow.followed), len(follow.refused)) if follow is not None else ()))
+        if probe is not None and not ev.ok:
+            for run in guesses(probe, near_ties(probe)):
+                guess = RouterFollow()
+                guess.start(run)
+                noisy_g, want_g = self._references(forward, guess, saved, restore=True)
+                ev_g = judge(step, logits, want_g, noisy_g, bound, len(guess.followed), len(guess.refused))
+                if ev_g.ok:
+                    ev = ev_g
+                    break
+            else:                             # none within the bound: the oracle's own choices, as judged
+                self._references(forward, Probe(), saved, restore=True)
         s.bus.emit(ev)
         line = failure_line(ev)
         if line is not None:
             self.r.failures.append(line)
         self.r.failures.extend(refusal_line(step, d) for d in (follow.refused if follow is not None else ()))
+
+    def _references(self, forward, follow: RouterFollow, saved: tuple, restore: bool = False):
+        """(the twins' logits, the oracle's) of one step with `follow` as the router hook: the twins record their
+        router logits, the oracle decides, and where it followed a choice the twins run again taking it. From
+        the states in `saved` ((twins', oracle's) snapshots) when `restore`."""
+        s = self.s
+        if restore:
+            for twin, state in zip(s.reference_noise, saved[0]):
+                twin.restore(state)
+            s.reference.restore(saved[1])
+        noisy = [forward(twin, follow.record) for twin in s.reference_noise]
+        want = forward(s.reference, follow.decide)
+        if follow.followed:                    # the twins again, taking the experts the oracle took
+            for twin, state in zip(s.reference_noise, saved[0]):
+                twin.restore(state)
+            noisy = [forward(twin, follow.force) for twin in s.reference_noise]
+        return noisy, want
 
 
 def run_cli(settings: dict, scenario: str | None = None, events_path: str | None = None, as_json: bool = False,
