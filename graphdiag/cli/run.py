@@ -20,8 +20,8 @@ def _one_scenario(given: tuple[str, ...]) -> str | None:
 @click.option("--backend", type=click.Choice(["auto", "cuda", "sim", "cpu"]), default=None,
               help="cuda: the GPU; sim: the simulated driver; cpu: numpy only. Default: cuda when a GPU is "
                    "present, else sim (announced as simulated).")
-@click.option("--model", default=None, help="Model preset (tiny, small, 1b, 7b, moe-tiny, qwen3moe-tiny, gemma3-tiny) or a GGUF file "
-              "(PATH.gguf: "
+@click.option("--model", default=None, help="Model preset (tiny, small, 1b, 7b, moe-tiny, qwen3moe-tiny, gpt-oss-tiny, "
+              "gemma3-tiny) or a GGUF file (PATH.gguf: "
               "its own hyper-parameters, weight types and vocabulary; --wtype does not apply).")
 @click.option("--wtype", default=None, help="Weight type of a preset's mat-mul weights and embedding: f16, bf16, "
               "f32, q8_0, q4_0, q4_1, q5_0, q5_1, iq4_nl, iq4_xs, q3_k, q4_k, q5_k, q6_k (a K-quant or IQ4_XS falls "

@@ -35,6 +35,10 @@ def _handlers_kept():
     """Each test's handlers put back (after a SIGTERM, terminate_as_interrupt leaves it ignored: the process is
     ending; this one is not)."""
     before = {s: signal.getsignal(s) for s in (signal.SIGINT, signal.SIGTERM)}
+    # Python's own handlers to start from, whatever an earlier test in this worker left (terminate_as_interrupt
+    # takes over only Python's and graphdiag's early ones: under another, a Ctrl-C is that handler's)
+    signal.signal(signal.SIGINT, signal.default_int_handler)
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)
     yield before
     for s, h in before.items():
         signal.signal(s, h)
