@@ -337,9 +337,9 @@ int main(void) {
 """
 
 
-def _run_preloaded(lib, tmp_path, libllama_c: str, program_c: str):
-    """Build a fake libllama and a program linked against it, and run the program as graphdiag trace runs CMD
-    (the library in LD_PRELOAD, no CUDA): (its stdout, the raw stream path)."""
+def _build_preloaded(lib, tmp_path, libllama_c: str, program_c: str) -> tuple[Path, dict, Path]:
+    """Build a fake libllama and a program linked against it: (the program, the environment graphdiag trace
+    runs CMD in: the library in LD_PRELOAD, no CUDA, the raw stream path)."""
     from graphdiag.backends.drivers.launch_loop import compiler
     from graphdiag.trace.command import preload
     cc = compiler(dict(__import__("os").environ))
@@ -352,7 +352,13 @@ def _run_preloaded(lib, tmp_path, libllama_c: str, program_c: str):
                     f"-Wl,-rpath,{tmp_path}"], check=True)
     raw = tmp_path / "raw.jsonl"
     env = {"PATH": "/usr/bin:/bin", "GRAPHDIAG_TRACE_OUT": str(raw), "LD_PRELOAD": preload(str(lib[0]), None)}
-    return subprocess.run([tmp_path / "prog"], env=env, capture_output=True, text=True, check=True).stdout, raw
+    return tmp_path / "prog", env, raw
+
+
+def _run_preloaded(lib, tmp_path, libllama_c: str, program_c: str):
+    """The program of _build_preloaded run to its end: (its stdout, the raw stream path)."""
+    prog, env, raw = _build_preloaded(lib, tmp_path, libllama_c, program_c)
+    return subprocess.run([prog], env=env, capture_output=True, text=True, check=True).stdout, raw
 
 
 def test_llama_decode_is_interposed_in_a_program_linked_against_libllama(lib, tmp_path):
@@ -395,19 +401,8 @@ def test_a_buffered_line_is_written_while_the_process_runs(lib, tmp_path):
     runs, and a process killed outright (SIGKILL: no destructor) has lost nothing older than that."""
     import signal
     import time
-    from graphdiag.backends.drivers.launch_loop import compiler
-    from graphdiag.trace.command import preload
-    cc = compiler(dict(__import__("os").environ))
-    if cc is None:
-        pytest.skip("no C compiler")
-    (tmp_path / "l.c").write_text(FAKE_LLAMA)
-    (tmp_path / "m.c").write_text(FAKE_LONG_PROGRAM)
-    subprocess.run([cc, "-shared", "-fPIC", "-o", tmp_path / "libllama.so", tmp_path / "l.c"], check=True)
-    subprocess.run([cc, "-o", tmp_path / "prog", tmp_path / "m.c", f"-L{tmp_path}", "-lllama",
-                    f"-Wl,-rpath,{tmp_path}"], check=True)
-    raw = tmp_path / "raw.jsonl"
-    env = {"PATH": "/usr/bin:/bin", "GRAPHDIAG_TRACE_OUT": str(raw), "LD_PRELOAD": preload(str(lib[0]), None)}
-    proc = subprocess.Popen([tmp_path / "prog"], env=env, stdout=subprocess.PIPE, text=True)
+    prog, env, raw = _build_preloaded(lib, tmp_path, FAKE_LLAMA, FAKE_LONG_PROGRAM)
+    proc = subprocess.Popen([prog], env=env, stdout=subprocess.PIPE, text=True)
     try:
         assert proc.stdout.readline().strip() == "decoded"
         deadline = time.monotonic() + 5

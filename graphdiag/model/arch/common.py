@@ -231,3 +231,16 @@ def model_specs(cfg: ModelConfig, layer_specs: Callable[[ModelConfig, int], Iter
     if not cfg.tied_output:
         out.append(TensorSpec("output.weight", (d, cfg.n_vocab), WEIGHT, "output"))
     return out
+
+
+def sliding_window_layers(meta: Meta, name: str, n_layer: int, default: int) -> tuple[bool, ...]:
+    """Which layers slide their window: {arch}.attention.sliding_window_pattern as a per-layer list, or as a
+    period (every n-th layer global: presets.swa_pattern), else `default` as that period."""
+    from ..presets import swa_pattern
+    pat = meta.get("attention.sliding_window_pattern", default)
+    if isinstance(pat, (list, tuple)):
+        layers = tuple(bool(x) for x in pat)
+        if len(layers) != n_layer:
+            raise meta.fail(f"{name}.attention.sliding_window_pattern has {len(layers)} entries for {n_layer} layers")
+        return layers
+    return swa_pattern(n_layer, int(pat))

@@ -16,7 +16,7 @@ from __future__ import annotations
 import dataclasses
 
 from ..presets import ROPE_NEOX, SWA_PATTERN, Gemma3Config, ModelConfig, swa_pattern
-from .common import NORM, WEIGHT, Meta, TensorSpec, base_config, refuse_present
+from .common import NORM, WEIGHT, Meta, TensorSpec, base_config, refuse_present, sliding_window_layers
 from .gemma3_graph import Builder  # noqa: F401  (the registry's names)
 from .gemma3_reference import Reference  # noqa: F401
 
@@ -37,14 +37,7 @@ def config(meta: Meta) -> Gemma3Config:
         raise meta.fail(f"{NAME}.final_logit_softcapping {cap}: soft-capped logits are not computed by graphdiag")
     base = base_config(meta, rope_type=ROPE_TYPE)
     n_swa = int(meta.get("attention.sliding_window", 0) or 0)
-    pat = meta.get("attention.sliding_window_pattern", SWA_PATTERN)
-    if isinstance(pat, (list, tuple)):
-        layers = tuple(bool(x) for x in pat)
-        if len(layers) != base.n_layer:
-            raise meta.fail(f"{NAME}.attention.sliding_window_pattern has {len(layers)} entries for "
-                            f"{base.n_layer} layers")
-    else:
-        layers = swa_pattern(base.n_layer, int(pat))
+    layers = sliding_window_layers(meta, NAME, base.n_layer, SWA_PATTERN)
     return Gemma3Config(**dataclasses.asdict(base), n_swa=n_swa,
                         swa_layers=layers if n_swa > 0 else (False,) * base.n_layer,
                         rope_base_swa=meta.finite("rope.freq_base_swa", 10000.0, positive=True))

@@ -83,13 +83,20 @@ class Builder(GraphContext):
         return c.rope(x, inp.pos, cfg.head_dim, cfg.rope_base_of(il), f"{tag}-{il}", mode=ROPE_NEOX)
 
     def attention(self, lay, il: int, cur: Tensor, inp: IswaInputs) -> Tensor:
-        c, g, cfg, t = self.c, self.g, self.cfg, self.p.n_tokens
+        c, cfg, t = self.c, self.cfg, self.p.n_tokens
         q = self.qk(lay.wq, lay.attn_q_norm, cur, cfg.n_head, "Qcur", il, inp)
         k = self.qk(lay.wk, lay.attn_k_norm, cur, cfg.n_head_kv, "Kcur", il, inp)
         v = c.reshape(c.mul_mat(lay.wv, cur, f"Vcur-{il}"), (cfg.head_dim, cfg.n_head_kv, t), f"Vcur-{il}")
         # unnamed in llama.cpp (ggml_scale after the cb): labelled here
         q = c.scale(q, cfg.f_attention_scale, f"Qcur_scaled-{il}")
-        for x in (q, k, v):                       # build_attn: Q, K, V expanded together, in this order
+        return self.mha(q, *self.iswa_kv(lay, il, inp, q, k, v), lay, il)
+
+    def iswa_kv(self, lay, il: int, inp, q: Tensor, k: Tensor, v: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+        """build_attn's start on the iSWA cache: Q, K, V expanded together, in this order; K and V written into
+        layer il's cache (cpy_k, cpy_v: SET_ROWS of a VIEW); the cache views and the mask attention reads (the
+        sliding window's on a SWA layer)."""
+        c, g, cfg, t = self.c, self.g, self.cfg, self.p.n_tokens
+        for x in (q, k, v):
             g.build_forward_expand(x)
         swa = cfg.is_swa(il)
         k_idxs, v_idxs = (inp.k_idxs_swa, inp.v_idxs_swa) if swa else (inp.k_idxs, inp.v_idxs)
@@ -98,7 +105,7 @@ class Builder(GraphContext):
             g.build_forward_expand(c.set_rows(cache, rows, idxs, f"{cache.name} (view)"))
         n_kv = self.p.n_kv_swa if swa else self.p.n_kv
         mask = inp.kq_mask_swa if swa else inp.kq_mask
-        return self.mha(q, self.cache_view(lay.k_cache, n_kv), self.cache_view(lay.v_cache, n_kv), mask, lay, il)
+        return self.cache_view(lay.k_cache, n_kv), self.cache_view(lay.v_cache, n_kv), mask
 
     def cache_view(self, cache: Tensor, n_kv: int) -> Tensor:
         """get_k / get_v (V not transposed under flash attention): the cache itself, (head_dim, n_head_kv,

@@ -37,7 +37,8 @@ from ...ir.tensor import Tensor
 from ..graph_context import SWAP_1_2, BuiltGraph, permute
 from ..presets import ROPE_NEOX, GptOssConfig, ModelConfig, swa_pattern
 from ..reference_base import F64, ReferenceBase, SeqCache, rms_norm, rope_pairs, softmax
-from .common import BIAS, NORM, ROUTER, WEIGHT, Meta, TensorSpec, base_config, expert_counts, refuse_present
+from .common import (BIAS, NORM, ROUTER, WEIGHT, Meta, TensorSpec, base_config, expert_counts, refuse_present,
+                     sliding_window_layers)
 from .gemma3 import kv_layers  # noqa: F401  (the registry's name: the iSWA cache's layers)
 from .gemma3_graph import Builder as IswaBuilder
 from .gemma3_graph import IswaInputs
@@ -58,14 +59,7 @@ def config(meta: Meta) -> GptOssConfig:
         raise meta.fail(f"{NAME}.expert_count is missing or 0: llama.cpp's {NAME} needs experts")
     base = base_config(meta, ff_required=False, own_rope_scaling=True, rope_type=ROPE_TYPE)
     n_swa = meta.need("attention.sliding_window")
-    pat = meta.get("attention.sliding_window_pattern", SWA_PATTERN)
-    if isinstance(pat, (list, tuple)):
-        layers = tuple(bool(x) for x in pat)
-        if len(layers) != base.n_layer:
-            raise meta.fail(f"{NAME}.attention.sliding_window_pattern has {len(layers)} entries for "
-                            f"{base.n_layer} layers")
-    else:
-        layers = swa_pattern(base.n_layer, int(pat))
+    layers = sliding_window_layers(meta, NAME, base.n_layer, SWA_PATTERN)
     fields = dataclasses.asdict(base)
     fields.update(n_ff=0, n_ff_exp=meta.need(EXPERT_FF_KEY), n_expert=n_expert, n_expert_used=n_used,
                   moe_norm_w=False, tied_output=False)
@@ -148,21 +142,12 @@ class Builder(IswaBuilder):
         """build_qkv (biases), NEOX rope, build_attn over the layer's cache with its sinks; `attn_out-il` is
         the output bias ADD (its mat-mul is unnamed upstream: labelled `kqv_wo-il`, the cb name upstream
         leaves commented out)."""
-        c, g, cfg, t = self.c, self.g, self.cfg, self.p.n_tokens
+        c = self.c
         q, k, v = self.build_qkv(lay, il, cur)
         q = self.rope(q, il, inp, f"Qcur-{il}")
         k = self.rope(k, il, inp, f"Kcur-{il}")
-        for x in (q, k, v):
-            g.build_forward_expand(x)
-        swa = cfg.is_swa(il)
-        k_idxs, v_idxs = (inp.k_idxs_swa, inp.v_idxs_swa) if swa else (inp.k_idxs, inp.v_idxs)
-        for cur_kv, cache, idxs in ((k, lay.k_cache, k_idxs), (v, lay.v_cache, v_idxs)):   # cpy_k, cpy_v
-            rows = c.view(cur_kv, (cfg.n_embd_kv, t), (cur_kv.nb[0], cur_kv.nb[2]), 0)
-            g.build_forward_expand(c.set_rows(cache, rows, idxs, f"{cache.name} (view)"))
-        n_kv = self.p.n_kv_swa if swa else self.p.n_kv
-        mask = inp.kq_mask_swa if swa else inp.kq_mask
-        kqv = self.mha_sinks(q, self.cache_view(lay.k_cache, n_kv), self.cache_view(lay.v_cache, n_kv), mask,
-                             lay.attn_sinks, il)
+        k_view, v_view, mask = self.iswa_kv(lay, il, inp, q, k, v)
+        kqv = self.mha_sinks(q, k_view, v_view, mask, lay.attn_sinks, il)
         return c.add(c.mul_mat(lay.wo, kqv, f"kqv_wo-{il}"), lay.bo, f"attn_out-{il}")
 
     def mha_sinks(self, q: Tensor, k: Tensor, v: Tensor, mask: Tensor, sinks: Tensor, il: int) -> Tensor:
