@@ -63,7 +63,7 @@ class Replay:
         h = self.ours[0]
         return [f"ran: {h.device or h.backend} ({h.note})" if h.note else f"ran: {h.device or h.backend}",
                 f"replayed: {len(self.plan.batches)} batches as {len(self.plan.steps)} ubatches (n_ubatch "
-                f"{self.settings.n_ubatch})"]
+                f"{self.settings.n_ubatch}, n_ctx {h.settings.get('n_ctx', '?')})"]
 
 
 def write_record(r: Replay, path: str | Path) -> None:
