@@ -292,8 +292,20 @@ static void write_line(const char *line, size_t n, int urgent) {
     if (!urgent) pthread_once(&fork_once, register_fork);
 }
 
+static int64_t own_ns;                 /* ns spent in this library's callbacks: gdtrace_own_ns */
+static int started;
+
+/* At exit: the buffered lines, and this process's own time in the library ("own": what tracing cost it). */
 __attribute__((destructor)) static void flush_at_exit(void) {
+    char line[160];
+    int n = started ? snprintf(line, sizeof line, "{\"ev\":\"own\",\"pid\":%lld,\"t_ns\":%lld,\"own_ns\":%lld}\n",
+                               (long long)getpid(), (long long)now_ns(),
+                               (long long)__atomic_load_n(&own_ns, __ATOMIC_RELAXED)) : 0;
     pthread_mutex_lock(&out_mu);
+    if (n > 0 && (size_t)n < sizeof line && out_len + (size_t)n <= GD_BUF) {
+        memcpy(out_buf + out_len, line, (size_t)n);
+        out_len += (size_t)n;
+    }
     flush_locked();
     pthread_mutex_unlock(&out_mu);
 }
@@ -542,8 +554,6 @@ static void record(enum op op, int runtime, const CUpti_CallbackData *cb) {
     free(names);
 }
 
-static int64_t own_ns;                 /* ns spent in this library's callbacks: gdtrace_own_ns */
-
 static void CUPTIAPI on_callback(void *user, CUpti_CallbackDomain dom, CUpti_CallbackId cbid, const void *data) {
     const CUpti_CallbackData *cb = data;
     int runtime = dom == CUPTI_CB_DOMAIN_RUNTIME_API, op;
@@ -610,7 +620,7 @@ static int start(void) {
     return 1;
 }
 
-static int started, out_from_env;
+static int out_from_env;
 static pthread_once_t out_once = PTHREAD_ONCE_INIT;
 
 static void open_out(void) {

@@ -6,7 +6,8 @@ program named llama-bench*) graphdiag asks for its JSON-lines output (`-o jsonl`
 the last -o) and compares each test's tokens per second (pp512, tg128, ...); for any other program the
 figure is the whole command's wall time. The result per test: the median of the rounds' plain and traced
 figures and the median (and range) of the rounds' traced ÷ plain ratios. The raw stream of each traced run
-is counted (lines per kind) and discarded.
+is counted (lines per kind, and the library's own time in the process's CUDA calls, its "own" line at exit)
+and discarded.
 """
 
 from __future__ import annotations
@@ -83,6 +84,8 @@ def _traced(cmd: list[str], library: Path, cupti: Path) -> tuple[int, str, float
                 except json.JSONDecodeError:
                     continue
                 kinds[obj.get("fn") or obj.get("ev")] += 1
+                if obj.get("ev") == "own" and isinstance(obj.get("own_ns"), int):
+                    kinds["own_ns"] += obj["own_ns"]
         return code, out.read().decode("utf-8", "replace"), wall, kinds
     finally:
         out.close()
@@ -133,5 +136,11 @@ def render(rows: list[dict], cmd: list[str], echo) -> None:
         unit = " s" if r["unit"] == "s" else " t/s"
         echo(f"  {r['test']:<16} {r['plain']:>10.2f}{unit:<2} {r['traced']:>10.2f}{unit:<2} {r['ratio']:>13.4f}"
              f"  {r['ratio_min']:.4f}-{r['ratio_max']:.4f}")
-    rec = rows[0]["recorded"]
+    rec = dict(rows[0]["recorded"])
+    own = rec.pop("own_ns", None)
+    rec.pop("own", None)
     echo("  one traced run recorded: " + (", ".join(f"{v} {k}" for k, v in sorted(rec.items())) or "nothing"))
+    if own is not None:
+        launches = rec.get("cudaGraphLaunch", 0)
+        per = f", {own / launches / 1e3:.2f} µs per graph launch" if launches else ""
+        echo(f"  the library's own time in its CUDA calls: {own / 1e6:.2f} ms{per}")

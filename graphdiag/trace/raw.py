@@ -1,7 +1,8 @@
 """The raw stream of `graphdiag trace`: what gdtrace.c and the stderr reader write before conversion.
 
 JSON lines (UTF-8). The first line is graphdiag's header `{"raw": "graphdiag-trace", "version": 1, "cmd":
-[...], ...}`; then, appended as they happen by every traced process (O_APPEND, one write(2) per line):
+[...], ...}`; then, appended as they happen by every traced process (O_APPEND, whole lines; gdtrace.c buffers
+its per-token lines up to 20 ms):
   {"ev": "start", "pid", "t0_ns", "text": libcupti}          the library subscribed in a process
   {"ev": "error", "pid", "t0_ns", "text"}                    it could not (no CUPTI, another subscriber)
   {"ev": "api", "fn", "api": "runtime"|"driver", "pid", "tid", "device", "t0_ns", "t1_ns", "ret", + per call:
@@ -13,6 +14,8 @@ JSON lines (UTF-8). The first line is graphdiag's header `{"raw": "graphdiag-tra
      "seq", "out"}                                           one llama_decode call (interposed; arrays null where
                                                              the caller passed NULL; out: the rows with logits)
   {"ev": "log", "t_ns", "text"}                              a graph line of CMD's stderr (as graphdiag read it)
+  {"ev": "own", "pid", "t_ns", "own_ns"}                     the library's own time in that process's CUDA
+                                                             calls (its callbacks and writes), at its exit
   {"ev": "end", "t_ns", "status", "code"}                    how CMD ended (graphdiag writes it last)
 `fn` is the runtime name for both APIs (cuGraphLaunch is "cudaGraphLaunch"), except "cuCtxSynchronize".
 Times are CLOCK_MONOTONIC ns in every writer. `read_raw` turns any defect into one EventFileError line.
@@ -33,7 +36,7 @@ API_FUNCTIONS = ("cudaStreamBeginCapture", "cudaStreamEndCapture", "cudaGraphIns
                  "cudaGraphLaunch", "cudaGraphExecDestroy", "cudaStreamSynchronize", "cudaDeviceSynchronize",
                  "cuCtxSynchronize")
 _REQUIRED = {"start": ("pid",), "error": ("pid", "text"), "api": ("fn", "pid", "t0_ns", "t1_ns", "ret"),
-             "log": ("t_ns", "text"), "end": ("status",),
+             "log": ("t_ns", "text"), "end": ("status",), "own": ("pid", "own_ns"),
              "batch": ("pid", "t0_ns", "t1_ns", "ret", "n_tokens")}
 _API_REQUIRED = {"cudaStreamEndCapture": ("stream",), "cudaGraphExecUpdate": ("exec",),
                  "cudaGraphLaunch": ("exec", "stream"), "cudaGraphExecDestroy": ("exec",),

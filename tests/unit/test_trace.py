@@ -542,7 +542,11 @@ FAKE_BENCH = """#!/bin/sh
 # a llama-bench stand-in: JSON lines when asked (-o jsonl, the last -o), slower when traced
 case "$*" in *"-o jsonl"*) ;; *) echo "no jsonl asked" >&2; exit 3;; esac
 ts=100
-[ -n "$GRAPHDIAG_TRACE_OUT" ] && ts=98
+if [ -n "$GRAPHDIAG_TRACE_OUT" ]; then   # traced: two launches and the library's own time at exit, as gdtrace
+  ts=98
+  L='{"ev":"api","fn":"cudaGraphLaunch","api":"runtime","pid":1,"tid":1,"t0_ns":1,"t1_ns":2,"ret":0,"exec":3,"stream":4}'
+  printf '%s\n%s\n%s\n' "$L" "$L" '{"ev":"own","pid":1,"t_ns":5,"own_ns":6000}' >> "$GRAPHDIAG_TRACE_OUT"
+fi
 echo "| model | test | t/s |"
 echo '{"n_prompt": 512, "n_gen": 0, "avg_ts": 5000.0}'
 echo "{\\"n_prompt\\": 0, \\"n_gen\\": 128, \\"avg_ts\\": $ts.0}"
@@ -560,6 +564,11 @@ def test_bench_trace_compares_plain_and_traced_llama_bench(tmp_path):
     assert by["tg128"]["plain"] == 100 and by["tg128"]["traced"] == 98 and by["tg128"]["ratio"] == 0.98
     assert by["pp512"]["ratio"] == 1.0 and by["pp512"]["unit"] == "tokens/s"
     assert parse_llama_bench('{"n_prompt": 512, "n_gen": 128, "avg_ts": 7}\nnot json\n') == {"pp512+tg128": 7.0}
+    from graphdiag.trace.overhead import render
+    lines = []
+    render(rows, [str(exe)], lines.append)
+    assert "  one traced run recorded: 2 cudaGraphLaunch, 1 end" in lines
+    assert "  the library's own time in its CUDA calls: 0.01 ms, 3.00 µs per graph launch" in lines
 
 
 def test_bench_trace_times_any_other_program_and_needs_it_to_succeed(tmp_path):
