@@ -593,8 +593,10 @@ class Stepper:
             follow.start(s.router_tap.take(len(batch[p.seq]) if p.kind == "prefill" else len(batch)))
         elif s.reference_noise and s.model.cfg.is_moe:   # a CUDA run: its choices guessed where it fails
             probe = Probe()
-        saved = ([twin.snapshot() for twin in s.reference_noise], s.reference.snapshot()) \
-            if follow is not None or probe is not None else None
+        saved = None
+        if follow is not None or probe is not None:   # the twins' states, and the oracle's where it may guess
+            saved = ([twin.snapshot() for twin in s.reference_noise],
+                     s.reference.snapshot() if probe is not None else None)
         if follow is not None:
             noisy, want = self._references(forward, follow, saved)
         else:
