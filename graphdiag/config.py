@@ -30,7 +30,7 @@ UPSTREAMS = ("0c1e57098", "d99724f2")
 UPSTREAM_DATES = {"0c1e57098": "llama.cpp 0c1e57098 (2026-10-01, b11312)", "d99724f2": "ggml d99724f2 (2026-08-21)"}
 from .plan import N_BATCH, N_UBATCH   # llama.cpp's default n_batch and n_ubatch (plan.py)
 WTYPES = ("f16", "q8_0", "f32", "bf16", "q4_0", "q5_0", "q5_1", "q4_k", "q5_k", "q6_k", "q3_k",
-          "q4_1", "iq4_nl", "iq4_xs", "q2_k", "q3_k_m", "mxfp4_moe")
+          "q4_1", "iq4_nl", "iq4_xs", "q2_k", "q3_k_m", "q4_k_s", "q4_k_m", "q5_k_s", "q5_k_m", "mxfp4_moe")
 
 # name -> (RunConfig field, parser). Semantics follow llama.cpp exactly.
 ENV_KNOBS = {

@@ -24,8 +24,8 @@ class _ExportCommand(click.Command):
 @click.option("--wtype", default="f16", show_default=True,
               help="Weight type of the mat-mul weights and the embedding (f16, bf16, f32, q8_0, q4_0, q4_1, q5_0, "
                    "q5_1, iq4_nl, iq4_xs, q3_k, q4_k, q5_k, q6_k; a K-quant or IQ4_XS falls back where rows are no "
-                   "multiple of 256, as llama.cpp's), or llama.cpp's mix of one: q2_k (its Q2_K), q3_k_m (Q3_K_M), "
-                   "mxfp4_moe (MXFP4_MOE: MXFP4 experts, Q8_0 elsewhere).")
+                   "multiple of 256, as llama.cpp's), or llama.cpp's mix of one: q2_k (its Q2_K), q3_k_m, q4_k_s, "
+                   "q4_k_m, q5_k_s, q5_k_m (Q4_K_M, ...), mxfp4_moe (MXFP4_MOE: MXFP4 experts, Q8_0 elsewhere).")
 @click.option("--seed", default=0, show_default=True, type=click.IntRange(0, 2**31 - 1),
               help="The seed of the preset's weights (as `run --seed`).")
 @click.option("--arch", default=None,

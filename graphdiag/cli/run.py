@@ -26,7 +26,8 @@ def _one_scenario(given: tuple[str, ...]) -> str | None:
 @click.option("--wtype", default=None, help="Weight type of a preset's mat-mul weights and embedding: f16, bf16, "
               "f32, q8_0, q4_0, q4_1, q5_0, q5_1, iq4_nl, iq4_xs, q3_k, q4_k, q5_k, q6_k (a K-quant or IQ4_XS falls "
               "back where rows are no multiple of 256, as llama.cpp's quantizer), or llama.cpp's mix q2_k (its "
-              "Q2_K), q3_k_m (Q3_K_M) or mxfp4_moe (MXFP4_MOE: MXFP4 experts, Q8_0 elsewhere).")
+              "Q2_K), q3_k_m, q4_k_s, q4_k_m, q5_k_s, q5_k_m (Q4_K_M, ...) or mxfp4_moe (MXFP4_MOE: MXFP4 experts, "
+              "Q8_0 elsewhere).")
 @click.option("--seed", type=int, default=None, help="Weight and prompt seed.")
 @click.option("--prompt-tokens", type=int, default=None, help="Prompt length prefilled per sequence.")
 @click.option("--prompt-ids", default=None, help="The prompt as token ids, comma-separated (each sequence's; "

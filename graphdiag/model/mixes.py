@@ -91,14 +91,53 @@ def _q3_k_m(cfg, cat: str, il: int, ne0: int) -> GGMLType:
     return G.Q3_K
 
 
+def use_more_bits(i: int, n: int) -> bool:
+    """llama-quant.cpp's use_more_bits: the first and last eighth of n layers, and every third between."""
+    return i < n // 8 or i >= 7 * n // 8 or (i - n // 8) % 3 == 2
+
+
+def _k_quant(label: str):
+    """LLAMA_FTYPE_MOSTLY_Q4_K_S / Q4_K_M / Q5_K_S / Q5_K_M: the base K type, the output Q6_K, and by role
+    (not FALCON): attn_v Q6_K on use_more_bits's layers (the _M mixes) or Q5_K on the first four (Q4_K_S),
+    ffn_down likewise (Q6_K on use_more_bits's layers for the _M mixes, Q5_K on the first eighth for Q4_K_S);
+    with 8 experts attn_v and attn_k Q8_0, and attn_output Q5_K for the Q4_K mixes."""
+    base = G.Q4_K if label.startswith("Q4") else G.Q5_K
+    medium = label.endswith("_M")
+
+    def rule(cfg, cat: str, il: int, ne0: int) -> GGMLType:
+        experts8, n = cfg.n_expert == 8, cfg.n_layer
+        if cat == "output":
+            return _output(ne0)
+        if cat == "attn_v":
+            if experts8:
+                return G.Q8_0
+            if medium and use_more_bits(il, n):
+                return G.Q6_K
+            return G.Q5_K if label == "Q4_K_S" and il < 4 else base
+        if cat == "attn_k" and experts8:
+            return G.Q8_0
+        if cat == "ffn_down":
+            if medium and use_more_bits(il, n):
+                return G.Q6_K
+            return G.Q5_K if label == "Q4_K_S" and il < n // 8 else base
+        if cat == "attn_output" and experts8 and base == G.Q4_K:
+            return G.Q5_K
+        return base
+    rule.__doc__ = f"LLAMA_FTYPE_MOSTLY_{label}."
+    return rule
+
+
 def _mxfp4_moe(cfg, cat: str, il: int, ne0: int, name: str = "") -> GGMLType:
     """LLAMA_FTYPE_MOSTLY_MXFP4_MOE: the expert stacks (3-d: ne[2] > 1) MXFP4, every other weight Q8_0 (the
     output projection and the embedding too; 1-d tensors stay F32 as in any mix)."""
     return G.MXFP4 if name.endswith("_exps.weight") else G.Q8_0
 
 
-_RULES = {"Q2_K": _q2_k, "Q3_K_M": _q3_k_m, "MXFP4_MOE": _mxfp4_moe}
-# --wtype name -> its mix (llama_ftype: LLAMA_FTYPE_MOSTLY_Q2_K = 10, LLAMA_FTYPE_MOSTLY_Q3_K_M = 12,
-# LLAMA_FTYPE_MOSTLY_MXFP4_MOE = 38)
+_RULES = {"Q2_K": _q2_k, "Q3_K_M": _q3_k_m, "MXFP4_MOE": _mxfp4_moe,
+          **{label: _k_quant(label) for label in ("Q4_K_S", "Q4_K_M", "Q5_K_S", "Q5_K_M")}}
+# --wtype name -> its mix (llama_ftype: LLAMA_FTYPE_MOSTLY_Q2_K = 10, Q3_K_M = 12, Q4_K_S = 14, Q4_K_M = 15,
+# Q5_K_S = 16, Q5_K_M = 17, MXFP4_MOE = 38)
 MIXES = {"q2_k": Mix("q2_k", "Q2_K", G.Q2_K, 10), "q3_k_m": Mix("q3_k_m", "Q3_K_M", G.Q3_K, 12),
+         "q4_k_s": Mix("q4_k_s", "Q4_K_S", G.Q4_K, 14), "q4_k_m": Mix("q4_k_m", "Q4_K_M", G.Q4_K, 15),
+         "q5_k_s": Mix("q5_k_s", "Q5_K_S", G.Q5_K, 16), "q5_k_m": Mix("q5_k_m", "Q5_K_M", G.Q5_K, 17),
          "mxfp4_moe": Mix("mxfp4_moe", "MXFP4_MOE", G.MXFP4, 38)}

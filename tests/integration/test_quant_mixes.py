@@ -1,10 +1,13 @@
-"""Q2_K and Q3_K presets (issue 50): --wtype q3_k (every weight Q3_K), and llama.cpp's ftype mixes q2_k
-(LLAMA_FTYPE_MOSTLY_Q2_K) and q3_k_m (MOSTLY_Q3_K_M), each weight in the type llama_tensor_get_type gives it;
-the CPU backend and the simulated GPU against the oracle, and export-gguf files gguf reads back and runs."""
+"""llama.cpp's ftype mixes (issue 50): q2_k (LLAMA_FTYPE_MOSTLY_Q2_K), q3_k_m, q4_k_s, q4_k_m, q5_k_s, q5_k_m
+and mxfp4_moe, each weight in the type llama.cpp's own quantizer gives it (every preset, every mix, against
+tests/data/quant_mixes.json, recorded by tools/record_quant_mixes.py with llama_model_quantize of llama.cpp
+0c1e57098); --wtype q3_k (every weight Q3_K); the CPU backend and the simulated GPU against the oracle, and
+export-gguf files gguf reads back and runs."""
 
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import pytest
 
@@ -21,6 +24,31 @@ def _types(preset, wtype: str) -> dict[str, G]:
     c = PRESETS[preset] if isinstance(preset, str) else preset
     m = create_model(c, weight_type(wtype), with_data=False)
     return {t.name: t.type for t in m.tensors() if not t.name.startswith("cache_")}
+
+
+RECORDED = json.loads((Path(__file__).resolve().parents[1] / "data" / "quant_mixes.json").read_text())["types"]
+
+
+@pytest.mark.parametrize("preset", sorted(RECORDED))
+def test_every_mix_gives_each_weight_the_type_llama_cpps_quantizer_gave_it(preset):
+    """llama_model_quantize on the preset's F16 export (tied embeddings, 8 and 16 experts, rows no multiple of
+    256 falling back, gemma3's and gpt-oss's extra norms), tensor for tensor."""
+    for mix, want in RECORDED[preset].items():
+        got = {k: v.name for k, v in _types(preset, mix).items()}
+        assert got == {k: v.upper() for k, v in want.items()}, (preset, mix)
+
+
+def test_the_k_quant_s_and_m_mixes_give_more_bits_where_upstream_does():
+    t = _types("small", "q4_k_m")                          # 8 layers: use_more_bits picks 0, 3, 6, 7
+    assert [t[f"blk.{i}.attn_v.weight"] for i in range(8)] == [G.Q6_K, G.Q4_K, G.Q4_K, G.Q6_K, G.Q4_K, G.Q4_K,
+                                                             G.Q6_K, G.Q6_K]
+    assert t["blk.3.ffn_down.weight"] == G.Q6_K and t["blk.3.ffn_up.weight"] == G.Q4_K
+    s = _types("small", "q4_k_s")                          # the first 4 attn_v, the first eighth of ffn_down
+    assert [s[f"blk.{i}.attn_v.weight"] for i in (0, 3, 4)] == [G.Q5_K, G.Q5_K, G.Q4_K]
+    assert [s[f"blk.{i}.ffn_down.weight"] for i in (0, 1)] == [G.Q5_K, G.Q4_K]
+    assert _types("moe-tiny", "q4_k_m")["blk.1.attn_output.weight"] == G.Q5_K     # 8 experts
+    assert _types("moe-tiny", "q5_k_m")["blk.1.attn_output.weight"] == G.Q5_K
+    assert _types("small", "q5_k_s")["output.weight"] == G.Q6_K
 
 
 def test_q2_k_gives_attn_v_ffn_down_attn_output_and_the_output_more_bits():
@@ -63,7 +91,7 @@ def test_a_mix_says_its_types_and_where_rows_fell_back():
     assert mix_summary(create_model(PRESETS["tiny"], weight_type("q3_k"), with_data=False)) == ""
 
 
-@pytest.mark.parametrize("wtype", ["q2_k", "q3_k", "q3_k_m"])
+@pytest.mark.parametrize("wtype", ["q2_k", "q3_k", "q3_k_m", "q4_k_m", "q5_k_s"])
 def test_the_cpu_backend_runs_them_within_the_oracle_bound(capsys, wtype):
     assert main(["run", "--backend", "cpu", "--model", "tiny", "--wtype", wtype, "--oracle", "--steps", "6"]) == 0
     assert "0 over the bound" in capsys.readouterr().out
@@ -82,7 +110,7 @@ def test_the_simulated_gpu_runs_them_against_the_oracle_and_the_header_counts_th
     assert header["settings"]["wtype"] == want
 
 
-@pytest.mark.parametrize("wtype, ftype", [("q2_k", 10), ("q3_k_m", 12), ("q3_k", 11)])
+@pytest.mark.parametrize("wtype, ftype", [("q2_k", 10), ("q3_k_m", 12), ("q3_k", 11), ("q4_k_m", 15)])
 def test_an_exported_file_holds_the_mix_and_runs_on_the_cpu(tmp_path, capsys, wtype, ftype):
     from graphdiag.model.gguf_io import open_gguf
     p = tmp_path / f"tiny-{wtype}.gguf"
