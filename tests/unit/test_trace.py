@@ -395,6 +395,34 @@ int main(void) {
 """
 
 
+FAKE_FORKING_PROGRAM = r"""
+#include <stdint.h>
+#include <stdio.h>
+#include <sys/wait.h>
+#include <unistd.h>
+struct llama_batch { int32_t n_tokens; int32_t *token; float *embd; int32_t *pos; int32_t *n_seq_id;
+                     int32_t **seq_id; int8_t *logits; };
+int32_t llama_decode(void *ctx, struct llama_batch b);
+static void decode(int32_t t) { int32_t p = 0; struct llama_batch b = {1, &t, 0, &p, 0, 0, 0}; llama_decode(0, b); }
+int main(void) {
+    decode(1);                              /* buffered in the parent when it forks */
+    pid_t child = fork();
+    if (child == 0) { decode(2); return 0; }
+    waitpid(child, 0, 0);
+    decode(3);
+    return 0;
+}
+"""
+
+
+def test_a_forked_child_writes_its_own_lines_not_its_parents_buffer(lib, tmp_path):
+    """A line the parent buffered before fork() is the parent's to write: the child starts with an empty buffer
+    (pthread_atfork), so every batch is in the file once."""
+    out, raw = _run_preloaded(lib, tmp_path, FAKE_LLAMA, FAKE_FORKING_PROGRAM)
+    tokens = sorted(json.loads(x)["tokens"][0] for x in raw.read_text().splitlines())
+    assert tokens == [1, 2, 3]
+
+
 def test_a_buffered_line_is_written_while_the_process_runs(lib, tmp_path):
     """The per-token lines (batches, launches, syncs) wait in the library's buffer, but no longer than its
     flusher's period (GD_FLUSH_NS, 20 ms): a long-running process's last batch is in the file while it still
