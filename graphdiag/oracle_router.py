@@ -79,7 +79,8 @@ class RouterFollow:
         self.start({})
 
     def start(self, run: dict[int, np.ndarray]) -> None:
-        """run: the run's chosen ids by layer, (T, k) each (a layer not read is judged as before)."""
+        """run: the run's chosen ids by layer, (T, k) each (a layer not read is judged as before; a row of -1,
+        one the run did not compute, too)."""
         self.run, self.twin_z, self.taken, self.departures = run, {}, {}, []
 
     @property
@@ -99,7 +100,8 @@ class RouterFollow:
         if run is None or run.shape != top.shape:
             return top
         tol, out = tolerance(z, self.twin_z.get(il, [])), top.copy()
-        for t in np.nonzero((np.sort(run, axis=1) != np.sort(top, axis=1)).any(axis=1))[0]:
+        read = (run >= 0).all(axis=1)          # -1: a row whose choice was not read (not an output row)
+        for t in np.nonzero(read & (np.sort(run, axis=1) != np.sort(top, axis=1)).any(axis=1))[0]:
             d = Departure(il, int(t), tuple(sorted(top[t].tolist())), tuple(sorted(run[t].tolist())),
                           margin(z[t], top[t], run[t]), tol)
             self.departures.append(d)

@@ -590,7 +590,9 @@ class Stepper:
         s, follow, probe = self.s, None, None
         if s.router_tap is not None:           # twins first: their router logits are the near-tie rule's noise
             follow = RouterFollow()
-            follow.start(s.router_tap.take(len(batch[p.seq]) if p.kind == "prefill" else len(batch)))
+            n = len(batch[p.seq]) if p.kind == "prefill" else len(batch)
+            outputs = (n - 1,) if p.kind == "prefill" else ()   # a prefill's logits are its last row's, and its
+            follow.start(s.router_tap.take(n, outputs))           # last layer's MoE runs on that row alone
         elif s.reference_noise and s.model.cfg.is_moe:   # a CUDA run: its choices guessed where it fails
             probe = Probe()
         saved = None

@@ -38,15 +38,22 @@ class RouterTap:
     def clear(self) -> None:
         self._rows = {}
 
-    def take(self, n_tokens: int) -> dict[int, np.ndarray]:
+    def take(self, n_tokens: int, out_rows: tuple[int, ...] = ()) -> dict[int, np.ndarray]:
         """The choices of the step's n_tokens token rows, by layer, and a fresh record for the next step. A
-        layer is left out where its rows do not make n_tokens rows once (--verify's recompute launches the
-        same kernels again: an identical second record is the same choice; anything else is ambiguous)."""
+        layer whose rows are the step's output rows only (`out_rows`: a prefill's last layer, which the run
+        computes for the rows with logits) gets -1 in every other row (no choice read there). A layer is left
+        out where its rows make neither once (--verify's recompute launches the same kernels again: an
+        identical second record is the same choice; anything else is ambiguous)."""
         rows, self._rows = self._rows, {}
         out = {}
         for il, parts in rows.items():
-            if sum(len(p) for p in parts) == n_tokens:
+            n = sum(len(p) for p in parts)
+            if n == n_tokens:
                 out[il] = np.concatenate(parts)
             elif all(len(p) == n_tokens and np.array_equal(p, parts[0]) for p in parts):
                 out[il] = parts[0]
+            elif out_rows and n == len(out_rows) and len(out_rows) < n_tokens:
+                full = np.full((n_tokens, self.k), -1, dtype=np.int64)
+                full[list(out_rows)] = np.concatenate(parts)
+                out[il] = full
         return out

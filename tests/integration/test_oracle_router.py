@@ -141,3 +141,22 @@ def test_near_ties_and_their_guesses():
     assert [(il, t, ids.tolist()) for il, t, ids in ties] == [(2, 0, [0, 2])]
     (run,) = guesses(p, ties)
     assert run[2].tolist() == [[0, 2], [0, 1]]
+
+
+def test_a_prefills_last_layer_is_followed_on_its_output_row():
+    """The run computes a prefill's last MoE layer for its output row alone: the tap gives that row's choice
+    and -1 elsewhere, and the oracle follows that row's near-tie, keeping its own choice in the others."""
+    from graphdiag.backends.sim_router_tap import RouterTap
+    tap = RouterTap(2)
+    tap._rows = {0: [np.array([[0, 1]] * 3)], 3: [np.array([[0, 2]])]}      # layer 3: the last row only
+    run = tap.take(3, (2,))
+    assert run[0].tolist() == [[0, 1]] * 3 and run[3].tolist() == [[-1, -1], [-1, -1], [0, 2]]
+    assert tap.take(3, ()) == {}                                             # nothing left: a fresh record
+    tap._rows = {3: [np.array([[0, 2]])]}
+    assert tap.take(3) == {}                                                 # not told the output rows: not read
+    f = RouterFollow()
+    f.start(run)
+    z = np.array([[1.0, 0.5, 0.49, -1.0]] * 3)
+    f.record(3, z + 0.005, np.array([[0, 1]] * 3))
+    top = f.decide(3, z, np.array([[0, 1]] * 3))
+    assert top.tolist() == [[0, 1], [0, 1], [0, 2]] and len(f.followed) == 1 and not f.refused
