@@ -595,15 +595,14 @@ class Stepper:
             follow.start(s.router_tap.take(n, outputs))           # last layer's MoE runs on that row alone
         elif s.reference_noise and s.model.cfg.is_moe:   # a CUDA run: its choices guessed where it fails
             probe = Probe()
-        saved = None
-        if follow is not None or probe is not None:   # the twins' states, and the oracle's where it may guess
+        hook, saved = follow if follow is not None else probe, None
+        if hook is not None:                   # the twins' states, and the oracle's where it may guess
             saved = ([twin.snapshot() for twin in s.reference_noise],
                      s.reference.snapshot() if probe is not None else None)
-        if follow is not None:
-            noisy, want = self._references(forward, follow, saved)
+            noisy, want = self._references(forward, hook, saved)
         else:
-            noisy = [forward(twin, probe and probe.record) for twin in s.reference_noise]
-            want = forward(s.reference, probe and probe.decide)
+            noisy = [forward(twin) for twin in s.reference_noise]
+            want = forward(s.reference)
         if not logits.size:                    # a ubatch with no outputs: the reference's cache kept up only
             return
         bound = ORACLE_BOUND.get(s.cfg.wtype, ORACLE_BOUND["f16"])   # the CPU backend: f32 vs f64

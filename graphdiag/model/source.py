@@ -19,6 +19,12 @@ def model_config(name: str) -> ModelConfig:
     return _file(name).cfg if is_file(name) else get_preset(name)
 
 
+def n_ctx_train(name: str) -> int:
+    """The model's own context length (llama.cpp's n_ctx_train, which a context of -c 0 takes): a file's
+    {arch}.context_length as written, not graphdiag's cap of its cells; a preset's n_ctx."""
+    return _file(name).n_ctx_train if is_file(name) else get_preset(name).n_ctx
+
+
 def _file(name: str):
     """The validated GGUF file at path `name` (model/gguf_io.GgufModel)."""
     from .gguf_io import open_gguf

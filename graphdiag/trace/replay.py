@@ -128,7 +128,7 @@ def replay_batches(batches: list[E.DecodeBatch], model: str, backend: str = "aut
     """((header, events), plan) of graphdiag's run of the batches of context `ctx` (None: the first
     batch's) on `model`: the simulated driver in decisions-only mode (no logits are needed), or CUDA."""
     from ..config import RunConfig
-    from ..model.source import model_config
+    from ..model.source import model_config, n_ctx_train
     from ..runner import run
     mcfg = model_config(model)
     plan = replay_plan(batches, mcfg.n_vocab, settings, Path(model).name, ctx)
@@ -136,19 +136,12 @@ def replay_batches(batches: list[E.DecodeBatch], model: str, backend: str = "aut
         raise UsageError(f"none of the trace's {len(batches)} llama_decode batches can be replayed "
                          f"({'; '.join(plan.skipped)})")
     cfg = RunConfig(backend=backend, model=str(model), ubatch_size=settings.n_ubatch, steps=len(plan.steps),
-                    n_ctx=settings.n_ctx(n_ctx_train(model, mcfg)),
+                    n_ctx=settings.n_ctx(n_ctx_train(model)),
                     sim_mode=None if backend == "cuda" else "decisions")   # the decisions need no logits
     cfg.sources = {"model": "cli", "backend": "cli", "ubatch_size": "trace", "n_ctx": "trace", "sim_mode": "replay"}
     cfg.validate()
     res = run(cfg, plan=plan.steps, warn=warn, n_seq_max=settings.n_seq_max, n_outputs_max=settings.n_outputs_max)
     return (as_header(res.header), with_batches(res.events, plan)), plan
-
-
-def n_ctx_train(model: str, cfg) -> int:
-    """The file's own context length (llama.cpp's n_ctx_train, which a context of -c 0 takes), not graphdiag's
-    cap of its cells."""
-    from ..model.source import _file, is_file
-    return _file(model).n_ctx_train if is_file(model) else cfg.n_ctx
 
 
 def with_batches(events: list[E.Event], plan: ReplayPlan) -> list[E.Event]:
