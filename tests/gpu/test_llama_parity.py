@@ -69,6 +69,14 @@ def test_llama_cpp_decides_as_graphdiag_on_the_moe_scenarios(model, arch, scenar
     check(f"{model} f16", files(model, "f16", arch), scenario, tmp_path)
 
 
+@pytest.mark.parametrize("wtype", ["q8_0", "q4_k"])
+@pytest.mark.parametrize("model,arch", MOE_FILES)
+def test_quantised_moe_decides_as_graphdiag_at_every_width(model, arch, wtype, llama_cpp, files, tmp_path):
+    """Issue 50: MUL_MAT_ID's decisions (mat-vec, MMQ, the sorted path; needs-sync) at 1, 2, 4, 8, 16 and 32
+    sequences on quantised experts; the F16 files run the same scenario among MOE_SCENARIOS."""
+    check(f"{model} {wtype}", files(model, wtype, arch), "moe-sequences-sweep", tmp_path)
+
+
 @pytest.mark.parametrize("scenario", ISWA_SCENARIOS)
 def test_llama_cpp_decides_as_graphdiag_on_the_iswa_scenarios(scenario, llama_cpp, files, tmp_path):
     check("gemma3-tiny f16", files("gemma3-tiny", "f16", "gemma3"), scenario, tmp_path)
@@ -90,6 +98,7 @@ def parity_cases() -> set[str]:
     (it may be absent)."""
     return ({f"{m} {w} {s}" for m, w in MODELS for s in SCENARIOS}
             | {f"{m} f16 {s}" for m, _ in MOE_FILES for s in MOE_SCENARIOS}
+            | {f"{m} {w} moe-sequences-sweep" for m, _ in MOE_FILES for w in ("q8_0", "q4_k")}
             | {f"gemma3-tiny f16 {s}" for s in ISWA_SCENARIOS})
 
 
