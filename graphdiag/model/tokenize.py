@@ -71,6 +71,26 @@ class Vocab:
                               key=lambda i: -len(self.pieces[i]))      # stable: ids in order within a length
 
 
+def _join_pairs(syms: list, heap: list, bigram, current) -> None:
+    """The symbol-merge loop llama.cpp's SPM and BPE sessions share: each symbol is [start, length, prev, next];
+    every adjacent pair is offered (bigram), then the best pair on the heap is joined while `current(left,
+    right, what the pair was when offered)` says it is not stale, and its new neighbours are offered."""
+    for i in range(1, len(syms)):
+        bigram(i - 1, i)
+    while heap:
+        _, left, right, offered = heapq.heappop(heap)
+        ls, rs = syms[left], syms[right]
+        if ls[1] == 0 or rs[1] == 0 or not current(ls, rs, offered):
+            continue
+        ls[1] += rs[1]
+        rs[1] = 0
+        ls[3] = rs[3]
+        if rs[3] >= 0:
+            syms[rs[3]][2] = left
+        bigram(ls[2], left)
+        bigram(left, ls[3])
+
+
 def vocab_from_fields(get, path: str = "model") -> Vocab:
     """A Vocab from metadata: `get(key, default)` reads a GGUF key. UsageError for a vocabulary graphdiag
     cannot tokenize with (no tokens, another model, an unknown pre-tokenizer, no merges)."""
@@ -210,20 +230,7 @@ def spm(v: Vocab, text: bytes) -> list[int]:
         heapq.heappush(heap, (-v.scores[tid], left, right, len(s)))    # highest score, then leftmost
         rev[s] = (left, right)
 
-    for i in range(1, len(syms)):
-        bigram(i - 1, i)
-    while heap:
-        _, left, right, size = heapq.heappop(heap)
-        ls, rs = syms[left], syms[right]
-        if ls[1] == 0 or rs[1] == 0 or ls[1] + rs[1] != size:
-            continue
-        ls[1] += rs[1]
-        rs[1] = 0
-        ls[3] = rs[3]
-        if rs[3] >= 0:
-            syms[rs[3]][2] = left
-        bigram(ls[2], left)
-        bigram(left, ls[3])
+    _join_pairs(syms, heap, bigram, lambda ls, rs, size: ls[1] + rs[1] == size)
     out: list[int] = []
     i = 0 if syms else -1
     while i != -1:
@@ -295,18 +302,6 @@ def _merge(v: Vocab, word: bytes) -> list[bytes]:
         if rank is not None:
             heapq.heappush(heap, (rank, left, right, a + b))
 
-    for i in range(1, len(syms)):
-        bigram(i - 1, i)
-    while heap:
-        _, left, right, joined = heapq.heappop(heap)
-        ls, rs = syms[left], syms[right]
-        if ls[1] == 0 or rs[1] == 0 or word[ls[0]:ls[0] + ls[1]] + word[rs[0]:rs[0] + rs[1]] != joined:
-            continue
-        ls[1] += rs[1]
-        rs[1] = 0
-        ls[3] = rs[3]
-        if rs[3] >= 0:
-            syms[rs[3]][2] = left
-        bigram(ls[2], left)
-        bigram(left, ls[3])
+    _join_pairs(syms, heap, bigram,
+           lambda ls, rs, joined: word[ls[0]:ls[0] + ls[1]] + word[rs[0]:rs[0] + rs[1]] == joined)
     return [word[s[0]:s[0] + s[1]] for s in syms if s[1] > 0]
