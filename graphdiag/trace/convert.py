@@ -80,6 +80,7 @@ class _Converter:
         self.capture_t0: dict[tuple, int] = {}        # (pid, stream) -> BeginCapture t0
         self.refused: dict[tuple, int] = {}           # (pid, graph) -> entry whose update to it was refused
         self.pending: dict[int, _Pending] = {}        # entry -> since its last launch
+        self.launched: dict[tuple, int] = {}          # (pid, exec) -> when its last launch returned
         self.logs: list = []                          # (event class, kwargs) for the next step
 
     # -- steps -----------------------------------------------------------------------------------------
@@ -180,6 +181,7 @@ class _Converter:
         entry = self.entry_of.get(x, 0)
         p = self.pending.pop(entry, None)
         dt = max(ln["t1_ns"] - ln["t0_ns"], 1)
+        self.launched[x] = ln["t1_ns"]
         call = (E.TracedCall, {"fn": "cudaGraphLaunch", "exec_id": ln["exec"], "stream": ln["stream"], "pid": pid,
                                "tid": ln.get("tid", 0), "t_ns": ln["t0_ns"]})
         if p is not None and (p.captured or any(c is E.ChunkInstantiated for c, _ in p.items)):
@@ -199,12 +201,14 @@ class _Converter:
         x = (pid, ln["exec"])
         entry = self.entry_of.pop(x, 0)
         self.graph_of.pop(x, None)
+        idle = max(ln["t0_ns"] - self.launched.pop(x, ln["t0_ns"]), 0)     # since its last launch (0: never)
         replaced = bool(entry) and entry in self.refused.values()   # its update was refused: re-instantiated next
         if not replaced:
             self._flush(entry, ln["t0_ns"])
         s = max(self.step, 0)
         if entry and not replaced:                  # the lineage ends (a refused one goes on at its instantiate)
-            self.events.append(E.Evicted(step=s, split=0, key=entry, t_ns=ln["t0_ns"], device=dev, n_chunks=1))
+            self.events.append(E.Evicted(step=s, split=0, key=entry, t_ns=ln["t0_ns"], device=dev, n_chunks=1,
+                                          idle_ns=idle))
         self.events.append(E.TracedCall(step=s, key=entry, t_ns=ln["t0_ns"], device=dev, fn="cudaGraphExecDestroy",
                                         exec_id=ln["exec"], pid=pid, tid=ln.get("tid", 0)))
 
@@ -322,7 +326,9 @@ def _header(raw: dict[str, Any], lines: list[dict[str, Any]], source: str, end: 
         [f"the contents of {unread} decode batches (llama_batch_ext built through calls the library did not see)"]
         if unread else [])
     n_ctx = [int(m.group(1)) for ln in lines if ln["ev"] == "log" for m in [N_CTX_LINE.search(ln["text"])] if m]
+    graph_lines = sum(ln["ev"] == "log" for ln in lines)
     trace = {"cmd": cmd, "raw": source, "pids": pids, "devices": devices, "step": STEP, "decode_batches": batches,
+             "graph_log_lines": graph_lines,
              "exit": (end or {}).get("code"), "not_observable": not_observable,
              "errors": [ln["text"] for ln in lines if ln["ev"] == "error"]}
     if n_ctx:

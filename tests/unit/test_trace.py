@@ -16,6 +16,7 @@ from graphdiag.cli.main import main
 from graphdiag.errors import EventFileError, TraceError
 from graphdiag.report.analysis import trace_checks as tc
 from graphdiag.report.analysis.summary import summarize
+from graphdiag.report.record.read import read_record
 from graphdiag.trace import build
 from graphdiag.trace.command import run_traced
 from graphdiag.trace.convert import convert, convert_raw, error_node
@@ -632,3 +633,33 @@ def test_an_unmirrored_batch_is_named_and_not_replayed(tmp_path):
     assert any("contents of 1 decode batches" in x for x in header.trace["not_observable"])
     with pytest.raises(UsageError, match="1 of the trace's 1 decode batches were not mirrored"):
         trace_batches(events)
+
+
+# -- a raw stream read as a record; what a report says of a program that is not llama.cpp ---------------------
+def test_report_and_diff_read_a_raw_stream_as_trace_converts_it(capsys):
+    raw = DATA / "llama-batch.raw.jsonl"
+    h, ev = read_record(raw)
+    h2, ev2 = convert_raw(raw)
+    assert h.trace == h2.trace and [e.to_dict() for e in ev] == [e.to_dict() for e in ev2]
+    assert main(["report", str(raw)]) == 0
+    assert "trace: update refused ×1 at entry 1" in capsys.readouterr().out
+    assert main(["diff", str(raw), str(raw)]) == 0
+
+
+def test_llama_counters_of_a_trace_are_its_logged_reuses_and_none_for_other_programs(capsys):
+    h, ev, s = _summary("llama-batch")
+    assert h.trace["graph_log_lines"] > 0
+    assert s.llama_counters == {"graphs reused (its log's uid hits)": 3}
+    h, ev, s = _summary("torch-inflight")
+    assert h.trace["graph_log_lines"] == 0 and h.trace["decode_batches"] == 0
+    assert s.llama_counters == {}
+    assert main(["report", str(DATA / "torch-inflight.raw.jsonl")]) in (0, 1)
+    out = capsys.readouterr().out
+    assert "llama.cpp counters" not in out
+    assert "graph management:" in out and "(no tokens seen: none per token)" in out
+
+
+def test_a_destroyed_executable_is_evicted_after_its_idle_time_since_its_last_launch():
+    _, ev, _ = _summary("torch-inflight")
+    (evicted,) = [e for e in ev if isinstance(e, E.Evicted)]
+    assert evicted.idle_ns == 1000042000 - 1000041000

@@ -123,8 +123,13 @@ class Summary:
 
     @property
     def llama_counters(self) -> dict[str, int]:
-        """The counters llama_perf_context_print reports."""
+        """The counters llama_perf_context_print reports. A trace: the graph reuses llama.cpp logged ("CUDA
+        Graph id N reused"), none for a program that is not llama.cpp (no graph log lines, no llama_decode)."""
         c = self.counters
+        trace = self.header.trace
+        if trace:
+            ggml = trace.get("graph_log_lines", c["uid_hits"]) or trace.get("decode_batches")
+            return {"graphs reused (its log's uid hits)": c["uid_hits"]} if ggml else {}
         perf = self.header.llama.get("perf") if self.header.llama else None
         if perf:                              # real llama.cpp: its own totals (llama_perf_context)
             return {"graphs reused": int(perf.get("n_reused", 0))}

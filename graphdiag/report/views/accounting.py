@@ -36,8 +36,10 @@ def accounting_tables(acc: Accounting, simulated: bool) -> list[Table]:
     m = _t("Graph management per step (µs, medians)", "phase", *MGMT)
     for p in acc.phases:
         m.add_row(p.phase, *(_us(p.mgmt[k]) for k in MGMT))
-    m.caption = (f"graph management per token: {fmt_ns(acc.mgmt_per_token_ns)} "
-                 f"({fmt_ns(acc.mgmt_total_ns)} over {acc.tokens} tokens)"
+    per_token = (f"graph management per token: {fmt_ns(acc.mgmt_per_token_ns)} ({fmt_ns(acc.mgmt_total_ns)} over "
+                 f"{acc.tokens} tokens)" if acc.tokens else
+                 f"graph management: {fmt_ns(acc.mgmt_total_ns)} in all (no tokens seen: none per token)")
+    m.caption = (per_token
                  + ("\nsimulated: a graph launch runs the numpy kernels" if simulated else ""))
     m.caption_justify = "left"
     out = [t, m]

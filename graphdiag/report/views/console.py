@@ -153,7 +153,8 @@ def render_summary(summary: Summary, file: TextIO | None = None, console: Consol
         tables.append(device_table(summary.devices))
     tables += [_timing_table(summary)] if summary.timings else []
     tables += accounting_tables(summary.accounting, simulated_timings(summary.header))
-    for t in tables + [_llama_table(summary), _counter_table(summary)]:
+    tables += [_llama_table(summary)] if summary.llama_counters else []
+    for t in tables + [_counter_table(summary)]:
         con.print("")
         con.print(t)
     notes = _notes(summary)
