@@ -12,6 +12,7 @@ update result names and how a run ended. What a trace cannot show is named in th
 
 from __future__ import annotations
 
+import difflib
 import bisect
 import datetime
 import re
@@ -274,14 +275,42 @@ def log_places(lines: list[dict[str, Any]]) -> dict[int, int]:
     return at
 
 
+def _short(name: str) -> str:
+    """A kernel's function for a report line: a mangled C++ name's identifier (`_Z11k_bin_bcastIX...` ->
+    k_bin_bcast), another name up to its parameter list (the raw stream keeps the whole name)."""
+    m = re.match(r"_Z(\d+)", name)
+    if m:
+        return name[m.end():m.end() + int(m.group(1))]
+    return name.split("(")[0][:120]
+
+
+def _first_topology_change(old: list[str], new: list[str]) -> str:
+    """Where CUDA named no node: the first kernel the new graph adds or drops against the executable's, the two
+    kernel lists aligned (difflib); a kernel whose function alone changed does not change the topology, so it is
+    named only where nothing was added or dropped ("" where the kernels are the same)."""
+    ops = [op for op in difflib.SequenceMatcher(None, old, new, autojunk=False).get_opcodes() if op[0] != "equal"]
+    op = next((op for op in ops if op[0] != "replace" or op[2] - op[1] != op[4] - op[3]), ops[0] if ops else None)
+    if op is None:
+        return ""
+    tag, i1, i2, j1, j2 = op
+    more = f"; {len(ops) - 1} more change{'s' if len(ops) > 2 else ''}" if len(ops) > 1 else ""
+    if tag == "delete" or (tag == "replace" and i2 - i1 > j2 - j1 and j2 == j1):
+        return f"kernel {i1}: {_short(old[i1])} removed (CUDA named no node{more})"
+    if tag == "insert":
+        return f"kernel {j1}: {_short(new[j1])} added (CUDA named no node{more})"
+    if i2 - i1 > j2 - j1:
+        return f"kernel {i1 + j2 - j1}: {_short(old[i1 + j2 - j1])} removed (CUDA named no node{more})"
+    if j2 - j1 > i2 - i1:
+        return f"kernel {j1 + i2 - i1}: {_short(new[j1 + i2 - i1])} added (CUDA named no node{more})"
+    return f"kernel {i1}: {_short(old[i1])} -> {_short(new[j1])} (CUDA named no node{more})"
+
+
 def error_node(ln: dict[str, Any], old: list[str], new: list[str]) -> str:
     """The node an update was refused at, named from the kernel names of both graphs (the executable's and the
-    new one's, in cuGraphGetNodes order): "node 41: mul_mat_q_stream_k_fixup added" ("" where CUDA named no
-    node and the graphs' kernels do not say)."""
+    new one's, in cuGraphGetNodes order): "node 41: mul_mat_q_stream_k_fixup added"; where CUDA named no node, the
+    first kernel the new graph adds or drops (_first_topology_change)."""
     if not ln.get("error_node"):
-        if len(new) < len(old):
-            return f"kernel {len(new)}: {old[len(new)]} removed (CUDA named no node)"
-        return ""
+        return _first_topology_change(old, new)
     idx, k = ln.get("error_node_index"), ln.get("error_node_kernel_index")
     name = ln.get("error_node_kernel")
     if name is None or k is None:

@@ -143,6 +143,10 @@ def test_error_node_names():
     assert error_node(ln | {"error_node_kernel": "y"}, old, ["a", "y", "c"]).startswith("node 5: b -> y")
     assert error_node(ln | {"error_node_kernel": "c"}, old, ["a", "c"]).startswith("node 5: b removed")
     assert error_node({"error_node": False}, old, ["a"]) == "kernel 1: b removed (CUDA named no node)"
+    assert error_node({"error_node": False}, old, ["a", "c"]) == "kernel 1: b removed (CUDA named no node)"
+    assert error_node({"error_node": False}, ["m"], ["m", "a", "m"]) == "kernel 1: a added (CUDA named no node)"
+    assert error_node({"error_node": False}, old, ["a", "y", "c"]) == "kernel 1: b -> y (CUDA named no node)"
+    assert error_node({"error_node": False}, old, list(old)) == ""
     assert error_node(ln | {"error_node_kernel": None}, old, new) == "node 5: not a kernel node"
 
 
