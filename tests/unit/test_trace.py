@@ -661,6 +661,7 @@ def test_llama_counters_of_a_trace_are_its_logged_reuses_and_none_for_other_prog
     out = capsys.readouterr().out
     assert "llama.cpp counters" not in out
     assert "graph management:" in out and "(no tokens seen: none per token)" in out
+    assert "device time not observable in a trace" in out and "--cupti" not in out
 
 
 def test_a_destroyed_executable_is_evicted_after_its_idle_time_since_its_last_launch():

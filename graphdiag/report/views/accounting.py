@@ -18,12 +18,15 @@ def _t(title: str, *cols: str) -> Table:
     return table(title, *cols, left=("phase", "kernel", "nodes", "bound"))
 
 
-def accounting_tables(acc: Accounting, simulated: bool) -> list[Table]:
-    """Where the time goes, per phase (µs, medians per step), and the top kernels; none without steps."""
+def accounting_tables(acc: Accounting, simulated: bool, traced: bool = False) -> list[Table]:
+    """Where the time goes, per phase (µs, medians per step), and the top kernels; none without steps. A trace
+    observes no device time: its device columns say so ("-"), not 0."""
     if not acc.phases:
         return []
     dev = {"modelled": "device MODELLED by the simulated driver", "cupti": "device from CUPTI"}.get(
-        acc.source, "no device records (run --cupti on CUDA)")
+        acc.source, "device time not observable in a trace (host times of the graph calls)" if traced else
+        "no device records (run --cupti on CUDA)")
+    busy = (lambda ns: "-") if traced and not acc.source else _us
     host = ";\nwall: host times of numpy kernels" if simulated else ""
     t = _t("Time per step (µs, medians)", "phase", "steps", "wall", device_label("dev busy", acc.source),
            device_label("dev idle", acc.source), "bound", "graph mgmt")
@@ -31,7 +34,7 @@ def accounting_tables(acc: Accounting, simulated: bool) -> list[Table]:
              if any(p.bound for p in acc.phases) else "")
     t.caption, t.caption_justify = f"{dev}{host}{bound}", "left"
     for p in acc.phases:
-        t.add_row(p.phase, str(p.steps), _us(p.wall_ns), _us(p.busy_ns), _us(p.idle_ns), p.bound or "-",
+        t.add_row(p.phase, str(p.steps), _us(p.wall_ns), busy(p.busy_ns), busy(p.idle_ns), p.bound or "-",
                   _us(p.mgmt_ns))
     m = _t("Graph management per step (µs, medians)", "phase", *MGMT)
     for p in acc.phases:

@@ -152,7 +152,7 @@ def render_summary(summary: Summary, file: TextIO | None = None, console: Consol
     if summary.devices is not None:
         tables.append(device_table(summary.devices))
     tables += [_timing_table(summary)] if summary.timings else []
-    tables += accounting_tables(summary.accounting, simulated_timings(summary.header))
+    tables += accounting_tables(summary.accounting, simulated_timings(summary.header), bool(summary.header.trace))
     tables += [_llama_table(summary)] if summary.llama_counters else []
     for t in tables + [_counter_table(summary)]:
         con.print("")
