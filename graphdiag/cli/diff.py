@@ -60,7 +60,8 @@ def _compare(control: Path, test: Path | None, steps: tuple[int, ...], as_json: 
         return d.equal
     if steps:
         raise UsageError("--step compares two steps of ONE record; give a single file with it")
-    a, b = read_record(control), read_record(test)
+    from ..trace.convert import read_record_or_raw
+    a, b = read_record_or_raw(control), read_record_or_raw(test)
     if a[0].llama or b[0].llama or a[0].trace or b[0].trace:   # watched / traced: only what it shows is compared
         from ..report.analysis.known import diff_records
         from ..report.views.observed_diff import render_observed_diff

@@ -19,10 +19,10 @@ import click
 def report(record: Path, as_json: bool, verbose: int, plot_path: Path | None = None) -> None:
     """Render the report of RECORD, a JSON-lines event file written by `graphdiag run --events`."""
     from ..report.views.console import render_report
-    from ..report.record.read import read_record
     from ..report.analysis.summary import summarize
+    from ..trace.convert import read_record_or_raw
 
-    header, events = read_record(record)
+    header, events = read_record_or_raw(record)
     summary = summarize(header, events)
     if plot_path is not None:
         from ..report.analysis.measured import simulated_timings

@@ -12,9 +12,10 @@ update result names and how a run ended. What a trace cannot show is named in th
 
 from __future__ import annotations
 
-import difflib
 import bisect
 import datetime
+import difflib
+import json
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -24,7 +25,7 @@ from .. import events as E
 from ..llama.convert import _result_name, _status
 from ..llama.units import REUSED, WARMUP_COMPLETE, WARMUP_RESET
 from ..report.record.header import RunHeader
-from .raw import read_raw
+from .raw import RAW_NAME, read_raw
 
 STEP = ("one graph launch (with the capture, instantiate and update of its executable since its last launch), "
         "a capture/instantiate/update never launched, or a compute llama.cpp logged as a warmup reset (eager); "
@@ -55,6 +56,20 @@ N_CTX_LINE = re.compile(r"llama_context: n_ctx\s+=\s+(\d+)")
 def convert_raw(path: str | Path) -> tuple[RunHeader, list[E.Event]]:
     raw_header, lines = read_raw(path)
     return convert(raw_header, lines, source=str(path))
+
+
+def read_record_or_raw(path: str | Path) -> tuple[RunHeader, list[E.Event]]:
+    """A record (read_record), or the raw stream `graphdiag trace --raw` keeps, converted as `trace` converts
+    it: what `report` and `diff` read."""
+    from ..report.record.read import read_record
+    try:
+        with open(path, "rb") as f:
+            head = json.loads(f.readline())
+    except (OSError, ValueError):
+        head = None                                  # read_record names what is wrong with the file
+    if isinstance(head, dict) and head.get("raw") == RAW_NAME:
+        return convert_raw(path)
+    return read_record(path)
 
 
 @dataclass

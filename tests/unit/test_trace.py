@@ -16,10 +16,9 @@ from graphdiag.cli.main import main
 from graphdiag.errors import EventFileError, TraceError
 from graphdiag.report.analysis import trace_checks as tc
 from graphdiag.report.analysis.summary import summarize
-from graphdiag.report.record.read import read_record
 from graphdiag.trace import build
 from graphdiag.trace.command import run_traced
-from graphdiag.trace.convert import convert, convert_raw, error_node
+from graphdiag.trace.convert import convert, convert_raw, error_node, read_record_or_raw
 from graphdiag.trace.raw import read_raw
 
 DATA = Path(__file__).resolve().parents[1] / "data" / "trace"
@@ -642,7 +641,7 @@ def test_an_unmirrored_batch_is_named_and_not_replayed(tmp_path):
 # -- a raw stream read as a record; what a report says of a program that is not llama.cpp ---------------------
 def test_report_and_diff_read_a_raw_stream_as_trace_converts_it(capsys):
     raw = DATA / "llama-batch.raw.jsonl"
-    h, ev = read_record(raw)
+    h, ev = read_record_or_raw(raw)
     h2, ev2 = convert_raw(raw)
     assert h.trace == h2.trace and [e.to_dict() for e in ev] == [e.to_dict() for e in ev2]
     assert main(["report", str(raw)]) == 0

@@ -16,8 +16,7 @@ from .header import SCHEMA_NAME, RunHeader
 
 
 def read_record(path: str | Path) -> tuple[RunHeader, list[E.Event]]:
-    """Read a record written by `JsonlWriter`, or the raw stream `graphdiag trace --raw` keeps (converted
-    as `trace` converts it). Raises EventFileError naming the file (and line)."""
+    """Read a record written by `JsonlWriter`. Raises EventFileError naming the file (and line)."""
     path = Path(path)
     try:
         text = path.read_text(encoding="utf-8")
@@ -33,9 +32,6 @@ def read_record(path: str | Path) -> tuple[RunHeader, list[E.Event]]:
         raise EventFileError(f"{path}: empty file (no header line)")
     lines = text.split("\n")
     truncated = not text.endswith("\n")
-    if _is_raw_trace(lines[0]):
-        from ...trace.convert import convert_raw
-        return convert_raw(path)
     header = _read_header(path, lines[0], truncated and len(lines) == 1)
     numbered = [(n, _read_event(path, n, line, truncated and n == len(lines)))
                 for n, line in enumerate(lines[1:], start=2) if line.strip()]
@@ -95,15 +91,6 @@ def _parse(path: Path, lineno: int, line: str, last_and_unterminated: bool) -> A
         if last_and_unterminated:
             raise EventFileError(f"{path}:{lineno}: truncated last line (the run was cut short?)") from None
         raise EventFileError(f"{path}:{lineno}: not JSON") from None
-
-
-def _is_raw_trace(line: str) -> bool:
-    from ...trace.raw import RAW_NAME
-    try:
-        obj = json.loads(line)
-    except json.JSONDecodeError:
-        return False
-    return isinstance(obj, dict) and obj.get("raw") == RAW_NAME
 
 
 def _read_header(path: Path, line: str, last: bool) -> RunHeader:
