@@ -46,7 +46,7 @@ def graphdiag_captures(model: str, scenario: str) -> list[list[str]]:
 
 
 def llama_captures(model: str, scenario: str, work: Path) -> list[list[str]]:
-    raw = work / f"{Path(model).stem}-{scenario}.llama.raw.jsonl"
+    raw = work / f"{Path(model).stem}-{Path(scenario).stem}.llama.raw.jsonl"     # a name, or a .toml path
     rec = raw.with_name(raw.name.replace(".raw", ""))
     env = {**os.environ, "GRAPHDIAG_WATCH_KERNEL_NAMES": "1"}
     p = subprocess.run([sys.executable, "-m", "graphdiag", "llama", model, "--scenario", scenario, "--events",
@@ -74,7 +74,7 @@ def main() -> int:
         d.mkdir(parents=True, exist_ok=True)
     ours = graphdiag_captures(a.model, a.scenario)
     theirs = llama_captures(a.model, a.scenario, work)
-    (out / f"{Path(a.model).stem}-{a.scenario}.kernels.json").write_text(
+    (out / f"{Path(a.model).stem}-{Path(a.scenario).stem}.kernels.json").write_text(
         json.dumps({"graphdiag": ours, "llama.cpp": theirs}))
     print(f"{a.scenario}: graphdiag captured {len(ours)} graphs ({[len(c) for c in ours]}), "
           f"llama.cpp {len(theirs)} ({[len(c) for c in theirs]})")

@@ -266,16 +266,43 @@ static void start_flusher(void) {         /* under out_mu; every signal blocked 
     pthread_sigmask(SIG_SETMASK, &old, NULL);
 }
 
+static int64_t pid_seen;                 /* this process's id, read once: see my_pid */
+
 static void forked_child(void) {          /* the parent's buffered lines are the parent's to write */
     pthread_mutex_init(&out_mu, NULL);
     out_len = 0;
     flusher_on = 0;
+    pid_seen = 0;                         /* the child reads its own */
 }
 
 static void register_fork(void) { pthread_atfork(NULL, NULL, forked_child); }
+static pthread_once_t fork_once = PTHREAD_ONCE_INIT;
+
+/* The process's and the calling thread's ids, each a system call, read once (a forked child reads both anew):
+   they were read at every recorded call, a decode's dozen synchronisations included, before knowing whether
+   the call is written at all. */
+static __thread int64_t tl_tid, tl_tid_pid;
+
+static int64_t my_pid(void) {
+    int64_t p = __atomic_load_n(&pid_seen, __ATOMIC_RELAXED);
+    if (!p) {
+        pthread_once(&fork_once, register_fork);
+        p = (int64_t)getpid();
+        __atomic_store_n(&pid_seen, p, __ATOMIC_RELAXED);
+    }
+    return p;
+}
+
+static int64_t my_tid(void) {
+    int64_t p = my_pid();
+    if (tl_tid_pid != p) {
+        tl_tid = (int64_t)syscall(SYS_gettid);
+        tl_tid_pid = p;
+    }
+    return tl_tid;
+}
 
 static void write_line(const char *line, size_t n, int urgent) {
-    static pthread_once_t fork_once = PTHREAD_ONCE_INIT;
     pthread_mutex_lock(&out_mu);
     if (out_fd >= 0) {
         if (out_len + n > GD_BUF) flush_locked();
@@ -299,7 +326,7 @@ static int started;
 __attribute__((destructor)) static void flush_at_exit(void) {
     char line[160];
     int n = started ? snprintf(line, sizeof line, "{\"ev\":\"own\",\"pid\":%lld,\"t_ns\":%lld,\"own_ns\":%lld}\n",
-                               (long long)getpid(), (long long)now_ns(),
+                               (long long)my_pid(), (long long)now_ns(),
                                (long long)__atomic_load_n(&own_ns, __ATOMIC_RELAXED)) : 0;
     pthread_mutex_lock(&out_mu);
     if (n > 0 && (size_t)n < sizeof line && out_len + (size_t)n <= GD_BUF) {
@@ -324,7 +351,7 @@ static void emit(const gd_rec *r, int urgent) {
 static void emit_error(const char *text) {
     gd_rec r;
     gdtrace_rec_init(&r);
-    r.ev = "error"; r.pid = getpid(); r.t0_ns = now_ns(); r.text = text;
+    r.ev = "error"; r.pid = my_pid(); r.t0_ns = now_ns(); r.text = text;
     emit(&r, 1);
 }
 
@@ -490,15 +517,16 @@ static void record(enum op op, int runtime, const CUpti_CallbackData *cb) {
     gd_rec r;
     uint32_t u;
     gdtrace_rec_init(&r);
+    r.t1_ns = now_ns();
+    /* most synchronisations are not written (sync_clears): that is known before anything else is read */
+    if (op == SYNC_STREAM && !sync_clears(op, *(CUstream const *)prm, GD_NONE)) return;
+    if (cb->context && !p_cuptiGetDeviceId(cb->context, &u)) r.device = u;
+    if ((op == SYNC_DEVICE || op == SYNC_CONTEXT) && !sync_clears(op, NULL, r.device)) return;
     r.fn = OP_FN[op]; r.api = runtime ? "runtime" : "driver";
-    r.pid = getpid(); r.tid = (int64_t)syscall(SYS_gettid);
-    r.t0_ns = (int64_t)*cb->correlationData; r.t1_ns = now_ns();
+    r.pid = my_pid(); r.tid = my_tid();
+    r.t0_ns = (int64_t)*cb->correlationData;
     r.ret = runtime ? (int64_t)*(const cudaError_t *)cb->functionReturnValue
                     : (int64_t)*(const CUresult *)cb->functionReturnValue;
-    if (cb->context && !p_cuptiGetDeviceId(cb->context, &u)) r.device = u;
-    if ((op == SYNC_STREAM || op == SYNC_DEVICE || op == SYNC_CONTEXT)
-        && !sync_clears(op, op == SYNC_STREAM ? *(CUstream const *)prm : NULL, r.device))
-        return;
     tl_self++;
     switch (op) {
     case BEGIN: /* both layouts start with the stream */
@@ -615,7 +643,7 @@ static int start(void) {
     for (size_t i = 0; i < N_OF(DRV_OPS); i++) p_cuptiEnableCallback(1, sub, CUPTI_CB_DOMAIN_DRIVER_API, DRV_OPS[i].cbid);
     gd_rec r;
     gdtrace_rec_init(&r);
-    r.ev = "start"; r.pid = getpid(); r.t0_ns = now_ns(); r.text = path && *path ? path : "libcupti.so.13";
+    r.ev = "start"; r.pid = my_pid(); r.t0_ns = now_ns(); r.text = path && *path ? path : "libcupti.so.13";
     emit(&r, 1);
     return 1;
 }
@@ -658,7 +686,7 @@ static void write_batch(const gd_llama_batch *b, const void *ctx, int64_t t0, in
     pthread_once(&out_once, open_out);
     if (out_fd < 0) return;
     char small[8192], *line = small;
-    int64_t pid = getpid(), tid = (int64_t)syscall(SYS_gettid);
+    int64_t pid = my_pid(), tid = my_tid();
     size_t n = gdtrace_encode_batch(b, pid, tid, (int64_t)(uintptr_t)ctx, t0, t1, ret, small, sizeof small);
     if (n >= sizeof small && (line = malloc(n + 1)))
         gdtrace_encode_batch(b, pid, tid, (int64_t)(uintptr_t)ctx, t0, t1, ret, line, n + 1);

@@ -212,3 +212,36 @@ def test_captured_kernel_names_follow_llama_cpp(name, model, tmp_path, monkeypat
     assert len(ours) == len(theirs)
     found = {(name, i): d for i, (a, b) in enumerate(zip(ours, theirs)) if (d := _by_kernel(differences(a, b)))}
     assert found == {k: v for k, v in NAME_DIFFERENCES.items() if k[0] == name}
+
+
+# F16 weights past MMF's 16 columns go to cuBLAS upstream: a conversion of x to F16 before each GEMM and of the F16
+# result to F32 after it (ChunkCaptured.cublas_extra counts them), and for a long K at few output tiles cuBLAS
+# splits the GEMM over K (cutlass h16816gemm + cublasLt splitKreduce_kernel), which graphdiag's stand-in launches as
+# two kernels too (compat.cublas_split_k_parts; the H100's records below). Before it did, the differential test's
+# F16 timelines failed at their first prompt capture (tiny: 70 kernels, llama.cpp 122 = 69 + 50 conversions + 3
+# reduces), and qwen3moe-tiny at 32 sequences (101 against 138).
+SPLIT_K_GEN_SEED = 716079883
+
+
+def _captures_with_cublas(model: str, scenario: str) -> list[tuple[int, int]]:
+    sc = load_scenario(scenario)
+    cfg = resolve({"backend": "sim", "model": model, "chunk_size": 0, "nvtx": False, "sim_mode": "decisions"},
+                  sc.run, environ=sc.environ({}), env_origins=sc.env_origins())
+    return [(e.n_graph_nodes, e.cublas_extra) for e in run(cfg, sc).events if type(e).__name__ == "ChunkCaptured"]
+
+
+@pytest.mark.parametrize("model,arch,fixture", [
+    ("tiny", "llama", f"tiny-f16-gen-{SPLIT_K_GEN_SEED}"),
+    ("qwen3moe-tiny", "qwen3moe", "qwen3moe-f16-moe-sequences-sweep"),
+])
+def test_f16_cublas_captures_as_llama_cpp(model, arch, fixture, tmp_path):
+    from graphdiag.llama.timelines import write_timeline
+    p = tmp_path / f"{model}-f16.gguf"
+    assert main(["export-gguf", "--model", model, "--arch", arch, "--wtype", "f16", str(p)]) == 0
+    scenario = (str(write_timeline(SPLIT_K_GEN_SEED, tmp_path, model=str(p))) if model == "tiny"
+                else "moe-sequences-sweep")
+    theirs = _theirs(fixture)
+    ours = _captures_with_cublas(str(p), scenario)
+    assert [n - EMBEDDING_ON_CPU + extra for n, extra in ours] == [len(c) for c in theirs]
+    reduces = [sum("splitKreduce_kernel" in k for k in c) for c in theirs]
+    assert reduces == {"tiny": [3, 0, 0, 0, 0, 0], "qwen3moe-tiny": [0, 0, 4, 4, 4, 8]}[model]

@@ -421,10 +421,13 @@ int main(void) {
 
 def test_a_forked_child_writes_its_own_lines_not_its_parents_buffer(lib, tmp_path):
     """A line the parent buffered before fork() is the parent's to write: the child starts with an empty buffer
-    (pthread_atfork), so every batch is in the file once."""
+    (pthread_atfork), so every batch is in the file once; and the child's line carries the child's process and
+    thread ids, not the ids the library read (and keeps) in the parent."""
     out, raw = _run_preloaded(lib, tmp_path, FAKE_LLAMA, FAKE_FORKING_PROGRAM)
-    tokens = sorted(json.loads(x)["tokens"][0] for x in raw.read_text().splitlines())
-    assert tokens == [1, 2, 3]
+    lines = {json.loads(x)["tokens"][0]: json.loads(x) for x in raw.read_text().splitlines()}
+    assert sorted(lines) == [1, 2, 3]
+    assert lines[1]["pid"] == lines[3]["pid"] != lines[2]["pid"]
+    assert lines[2]["tid"] == lines[2]["pid"] and lines[1]["tid"] == lines[1]["pid"]
 
 
 def test_a_buffered_line_is_written_while_the_process_runs(lib, tmp_path):

@@ -124,10 +124,50 @@ def test_the_n_ctx_line_is_kept_in_the_header():
     (GGMLType.Q8_0, 512, 900, 0, 0),     # MMQ
 ])
 def test_cublas_launches(wtype, cols, cc, prec, want):
-    ctx = Ctx(Arena())
-    node = ctx.mul_mat(ctx.new_tensor(wtype, (256, 64), "w"), ctx.new_input(GGMLType.F32, (256, cols), "x"), "out")
-    Graph(ctx.arena).build_forward_expand(node)
+    node = _mul_mat(wtype, 256, 64, cols)
     if prec:
         node.set_param_i32(0, prec)
     assert node.op == Op.MUL_MAT
-    assert cublas_launches(node, cc) == want
+    assert cublas_launches(node, cc, H100_SMS) == want
+
+
+H100_SMS = 132
+
+
+def _mul_mat(wtype, k: int, m: int, cols: int):
+    ctx = Ctx(Arena())
+    node = ctx.mul_mat(ctx.new_tensor(wtype, (k, m), "w"), ctx.new_input(GGMLType.F32, (k, cols), "x"), "out")
+    Graph(ctx.arena).build_forward_expand(node)
+    return node
+
+
+# Every cuBLAS GEMM of the F16 captures recorded on the H100 (2026-12-07; tests/data/llama/kernels-tiny-f16-gen-
+# 716079883.json, kernels-qwen3moe-f16-moe-sequences-sweep.json, and llama-server's tiny F16 512-token ubatch),
+# as (K, M, columns, split over K by cuBLAS: its h16816gemm followed by cublasLt's splitKreduce_kernel)
+RECORDED_F16_GEMMS = [
+    (1408, 512, 47, True),     # tiny ffn_down (layers 0-2; layer 3's takes the output row alone: MMVF)
+    (1408, 512, 56, True),
+    (1024, 512, 32, True),     # qwen3moe-tiny attn_output (8 heads x 128)
+    (512, 512, 47, False),     # tiny attn_q / attn_k / attn_v / attn_output
+    (512, 1408, 47, False),    # tiny ffn_gate / ffn_up
+    (512, 1024, 32, False),    # qwen3moe-tiny attn_q
+    (512, 256, 32, False),     # qwen3moe-tiny attn_k / attn_v
+    (512, 4096, 32, False),    # qwen3moe-tiny's LM head at 32 outputs
+    (1408, 512, 512, False),   # tiny ffn_down at a 512-token ubatch (llama-server)
+]
+
+
+@pytest.mark.parametrize("k,m,cols,split", RECORDED_F16_GEMMS)
+def test_cublas_splits_k_where_the_h100_did(k, m, cols, split):
+    """cuBLAS's own choice, modelled (compat.cublas_split_k_parts) and held to every F16 GEMM recorded: a split
+    GEMM is one launch more in upstream's graph (the reduce), and graphdiag's stand-in launches two too."""
+    from graphdiag.backends.gpu.compat import cublas_split_k_parts
+    node = _mul_mat(GGMLType.F16, k, m, cols)
+    assert bool(cublas_split_k_parts(node, 900, H100_SMS)) == split
+    assert cublas_launches(node, 900, H100_SMS) == 3 + split
+
+
+def test_bf16_gemms_do_not_split():
+    """tiny BF16 at 47 columns: its ffn_down ran as one GEMM (the differential test's seed 716079883 agreed)."""
+    from graphdiag.backends.gpu.compat import cublas_split_k_parts
+    assert cublas_split_k_parts(_mul_mat(GGMLType.BF16, 1408, 512, 47), 900, H100_SMS) == 0

@@ -23,13 +23,13 @@ from .fusion import Fusion, launching_nodes
 from .lowering import KernelOp, ScratchLaunchesOp
 
 
-def _cublas_nodes(graph: Graph, cc: int) -> list[tuple[int, int]]:
+def _cublas_nodes(graph: Graph, cc: int, nsm: int) -> list[tuple[int, int]]:
     """(node, kernels upstream's cuBLAS path launches for it) of each MUL_MAT of `graph` that upstream hands
     to cuBLAS with F16 / BF16 / quantized weights (compat.cublas_launches), in node order."""
     mm = np.flatnonzero(graph.arena.rec["op"][graph.nodes] == int(Op.MUL_MAT))
     out = []
     for i in mm.tolist():
-        n = cublas_launches(graph.node(i), cc)
+        n = cublas_launches(graph.node(i), cc, nsm)
         if n:
             out.append((i, n))
     return out
@@ -116,7 +116,7 @@ class CaptureLoop:
         moved_by = ""
         began = time.perf_counter_ns()
         span = b.bus.span("capture chunk", "graph/capture", 0, rt.step, split, key, uid) if capturing else None
-        cublas = _cublas_nodes(graph, drv.cc) if capturing else ()
+        cublas = _cublas_nodes(graph, drv.cc, drv.nsm) if capturing else ()
         if capturing:   # every op prepared before the capture begins (a scratch op still re-packs when
             # the pool hands it another buffer, as it does at any run)
             for op in lowered:

@@ -173,46 +173,59 @@ def mmq_stream_k_parts(m_rows: int, ncols: int, batch: int, k: int, nsm: int, cc
     return max(2, min(-(-nsm // ntiles), MMQ_MAX_K_PARTS, units))
 
 
-CUBLAS_TILE = 64            # the 64 x 64 output tile of the cuBLAS kernel recorded (cutlass s1688gemm_64x64)
-CUBLAS_SPLIT_K_MIN_K = 256  # K below which graphdiag's model of cuBLAS keeps one kernel (no record split it)
+CUBLAS_TILE = 64            # the 64 x 64 output tile of the cuBLAS kernels recorded (cutlass s1688gemm_64x64,
+                            # h16816gemm_64x64)
+CUBLAS_SPLIT_K_MIN_K = 256  # K below which graphdiag's model of cuBLAS keeps an F32 GEMM in one kernel (no
+                            # record split it)
+CUBLAS_H_SPLIT_K_MIN_K = 1024   # the same for a GEMM computed in F16 (CUBLAS_COMPUTE_16F): K 512 never split in
+                                # a record, 1024 and 1408 did (in between: not recorded)
 
 
-def cublas_split_k_parts(node: Tensor, nsm: int) -> int:
-    """The k parts of graphdiag's stand-in for an F32 MUL_MAT that upstream hands to cuBLAS (0: one kernel).
-
-    cuBLAS chooses its kernels itself, so this is a model of its choice, held to what was recorded: the MoE
-    router's F32 mat-mul (ffn_gate_inp: 8 experts x K 512) at 4, 8 and 9 columns ran as cutlass
-    `s1688gemm_64x64_16x6` + cublasLt `splitKreduce_kernel`, two kernels (H200 2026-12-04 and H100
-    2026-12-06: tests/data/llama/kernels-moe-*.json), where at up to 3 columns MMVF runs one. Rule: an
-    output of fewer 64 x 64 tiles than a quarter of the SMs over K >= 256 splits K (so two launches:
-    the k-split mat-mul and its reduce); graphdiag's parts as its MMQ k-split takes them."""
+def _split_k_parts(node: Tensor, nsm: int, min_k: int) -> int:
     m, n = node.ne[0], node.ne[1]
     tiles = -(-m // CUBLAS_TILE) * -(-n // CUBLAS_TILE) * node.ne[2] * node.ne[3]
     k = node.src[0].ne[0]
-    if k < CUBLAS_SPLIT_K_MIN_K or 4 * tiles >= nsm:
+    if k < min_k or 4 * tiles >= nsm:
         return 0
     return max(2, min(-(-nsm // tiles), MMQ_MAX_K_PARTS, -(-k // MMQ_K_UNIT)))
+
+
+def cublas_split_k_parts(node: Tensor, cc: int, nsm: int) -> int:
+    """The k parts of graphdiag's stand-in for a MUL_MAT whose GEMM upstream hands to cuBLAS and cuBLAS runs
+    split over K (0: one GEMM kernel), for F32 weights and for a GEMM computed in F16.
+
+    cuBLAS chooses its kernels itself, so this is a model of its choice, held to what was recorded: a GEMM
+    of fewer 64 x 64 output tiles than a quarter of the SMs over a long enough K runs as a split-K GEMM and
+    cublasLt's `splitKreduce_kernel`, two kernels. F32 (Sgemm, K >= 256): the MoE router's mat-mul
+    (ffn_gate_inp: 8 experts x K 512) at 4, 8 and 9 columns ran as cutlass `s1688gemm_64x64_16x6` +
+    splitKreduce (H200 2026-12-04, H100 2026-12-06: tests/data/llama/kernels-moe-*.json), where at up to 3
+    columns MMVF runs one. F16 compute (K >= 1024): on the H100 (2026-12-07, the differential test's
+    timelines: kernels-tiny-f16-gen-716079883.json, kernels-qwen3moe-f16-moe-sequences-sweep.json) tiny's
+    ffn_down (512 x K 1408) at 47 columns and qwen3moe-tiny's attention output (512 x K 1024) at 32 ran as
+    cutlass `h16816gemm_64x64` + splitKreduce, while every K-512 GEMM of the same graphs (Q, K, V, the FFN's
+    gate and up, the LM head) ran as one kernel, and so did tiny's ffn_down at 512 columns (llama-server's
+    trace). A GEMM cuBLAS computes in F32 or BF16 from F16 / BF16 weights: none recorded split (tiny BF16
+    at 47 columns ran one kernel each), so none. graphdiag's parts as its MMQ k-split takes them."""
+    w = node.src[0]
+    if node.op != Op.MUL_MAT or mul_mat_path(node, cc) != "cublas":
+        return 0
+    if w.type == GGMLType.F32:
+        return _split_k_parts(node, nsm, CUBLAS_SPLIT_K_MIN_K)
+    if cublas_compute_type(node, cc) == GGMLType.F16:
+        return _split_k_parts(node, nsm, CUBLAS_H_SPLIT_K_MIN_K)
+    return 0
 
 
 GGML_PREC_F32 = 10          # ggml_prec: a MUL_MAT's op_params[0] asking for F32 precision
 
 
-def cublas_launches(node: Tensor, cc: int) -> int:
-    """The kernels upstream's ggml_cuda_mul_mat_cublas launches for a MUL_MAT on its cuBLAS path with F16,
-    BF16 or quantized weights (0: another path, or F32 weights, whose stand-in is cublas_split_k_parts): the
-    GEMM, and around it the conversions to and from its compute type, which graphdiag's own mat-mul kernels
-    do without. Compute type: the weights' (F16 on fast-FP16 hardware for quantized weights; F32 for F16
-    without it, for BF16 before Ampere past 8 columns, or where the node asks GGML_PREC_F32); src0 and src1
-    are each converted unless already of it, and an F16 / BF16 result is converted to F32 unless cuBLAS
-    writes F32 itself (F16 on Volta, BF16 on NVIDIA). One GEMM kernel: cuBLAS's own choice of a split-K
-    reduce is not modelled here (none recorded for these types). GGML_CUDA_CUBLAS_COMPUTE_TYPE, upstream's
-    override, is not read. Recorded on the H100 (2026-12-07, llama-server on tiny F16, a 512-token ubatch):
-    25 mat-muls as 25 convert_unary<float, half>, 25 cutlass / sm90 h-GEMMs and 25 convert_unary<half,
-    float>."""
+def cublas_compute_type(node: Tensor, cc: int) -> GGMLType:
+    """The type ggml_cuda_mul_mat_cublas computes an F16, BF16 or quantized MUL_MAT's GEMM in: the weights'
+    (F16 on fast-FP16 hardware for quantized weights; F32 for F16 without it, for BF16 before Ampere past 8
+    columns, or where the node asks GGML_PREC_F32). GGML_CUDA_CUBLAS_COMPUTE_TYPE, upstream's override, is
+    not read."""
     w, x = node.src[0], node.src[1]
     t = w.type
-    if node.op != Op.MUL_MAT or t == GGMLType.F32 or mul_mat_path(node, cc) != "cublas":
-        return 0
     fp16 = cc >= CC_PASCAL and cc != CC_DP4A
     compute = t
     if is_quantized(t):
@@ -223,8 +236,26 @@ def cublas_launches(node: Tensor, cc: int) -> int:
         compute = GGMLType.F32
     if node.param_i32(0) == GGML_PREC_F32:
         compute = GGMLType.F32
+    return compute
+
+
+def cublas_launches(node: Tensor, cc: int, nsm: int) -> int:
+    """The kernels upstream's ggml_cuda_mul_mat_cublas launches for a MUL_MAT on its cuBLAS path with F16,
+    BF16 or quantized weights (0: another path, or F32 weights, whose stand-in is cublas_split_k_parts'
+    own two launches): the GEMM (and its split-K reduce where cublas_split_k_parts says cuBLAS splits it),
+    and around it the conversions to and from its compute type (cublas_compute_type), which graphdiag's own
+    mat-mul kernels do without: src0 and src1 are each converted unless already of it, and an F16 / BF16
+    result is converted to F32 unless cuBLAS writes F32 itself (F16 on Volta, BF16 on NVIDIA). Recorded on
+    the H100 (2026-12-07, llama-server on tiny F16, a 512-token ubatch): 25 mat-muls as 25
+    convert_unary<float, half>, 25 cutlass / sm90 h-GEMMs and 25 convert_unary<half, float>."""
+    w, x = node.src[0], node.src[1]
+    t = w.type
+    if node.op != Op.MUL_MAT or t == GGMLType.F32 or mul_mat_path(node, cc) != "cublas":
+        return 0
+    compute = cublas_compute_type(node, cc)
     f32_out = compute == GGMLType.F32 or compute == GGMLType.BF16 or cc == CC_VOLTA
-    return 1 + (t != compute) + (x.type != compute) + (not f32_out)
+    gemm = 2 if cublas_split_k_parts(node, cc, nsm) else 1
+    return gemm + (t != compute) + (x.type != compute) + (not f32_out)
 
 
 def mul_mat_id_sync_reason(node: Tensor, cc: int) -> str:

@@ -97,10 +97,10 @@ def _lower_node(graph: Graph, i: int, fusion: Fusion | None, cc: int, d: "Descri
     if op == Op.MUL_MAT and s[0].type in _X:
         return _lower_x_mul_mat(d, node, cc, nsm)
     if op == Op.MUL_MAT:
-        if s[0].type == GGMLType.F32 and mul_mat_path(node, cc) == "cublas":
-            parts = cublas_split_k_parts(node, nsm)
+        if s[0].type in (GGMLType.F32, GGMLType.F16):
+            parts = cublas_split_k_parts(node, cc, nsm)
             if parts:
-                return _split_k(d, node, parts)
+                return _split_k(d, node, parts, f"mul_mat_{_W[s[0].type]}")
         if s[1].ne[1] > MMVQ_MAX_BATCH_SIZE:
             parts = _stream_k_parts(node, cc, nsm) if s[0].type == GGMLType.Q8_0 else 0
             return _mat_product(d, f"mul_mat_{_W[s[0].type]}", [node, s[0], s[1]], x_slot=2, parts=parts)
@@ -191,15 +191,15 @@ def _mat_product(d, name: str, tensors: list[Tensor | None], x_slot: int, ip=(),
     return _k_split(d, name, tensors, quant, (x_slot, Q8_1, ne, nb), nbytes, parts)
 
 
-def _split_k(d, node: Tensor, parts: int):
-    """An F32 MUL_MAT upstream hands to cuBLAS, which splits K (compat.cublas_split_k_parts): mul_mat_f32 in
-    `parts` k parts, parts 1.. into pool scratch, and mul_mat_fixup_f32 adding them in — two launches, as
-    cuBLAS's split-K GEMM and its reduce."""
+def _split_k(d, node: Tensor, parts: int, name: str):
+    """An F32 or F16 MUL_MAT upstream hands to cuBLAS, which splits K (compat.cublas_split_k_parts): `name`
+    (mul_mat_f32, mul_mat_f16) in `parts` k parts, parts 1.. into pool scratch, and mul_mat_fixup_f32 adding
+    them in — two launches, as cuBLAS's split-K GEMM and its reduce."""
     m, n, b2, b3 = node.ne
     pne = (m, n, b2, b3 * (parts - 1))
     pnb = (4, 4 * m, 4 * m * n, 4 * m * n * b2)
     f32 = int(GGMLType.F32)
-    kernel = _launch(d, "mul_mat_f32", [node, node.src[0], node.src[1], None], ip=(parts,),
+    kernel = _launch(d, name, [node, node.src[0], node.src[1], None], ip=(parts,),
                      scratch=[(3, f32, pne, pnb)])
     fixup = _launch(d, "mul_mat_fixup_f32", [node, None], ip=(parts - 1,), scratch=[(1, f32, pne, pnb)])
     return ScratchLaunchesOp([kernel, fixup], [((3, 0),), ((1, 0),)], pnb[3] * pne[3])
