@@ -179,15 +179,19 @@ CUBLAS_SPLIT_K_MIN_K = 256  # K below which graphdiag's model of cuBLAS keeps an
                             # record split it)
 CUBLAS_H_SPLIT_K_MIN_K = 1024   # the same for a GEMM computed in F16 (CUBLAS_COMPUTE_16F): K 512 never split in
                                 # a record, 1024 and 1408 did (in between: not recorded)
+CUBLAS_H_MAX_K_PARTS = 2    # graphdiag's F16 stand-in splits in two: its partials take ggml's pool, where
+                            # cuBLAS's take its own workspace, and upstream's pool holds only the GEMM's F16
+                            # copies of x and the result (a 32-token prefill of tiny under a 300 kB pool cap,
+                            # scenarios/pool-flush-stale-pointer.toml, ran out of it with 8 parts)
 
 
-def _split_k_parts(node: Tensor, nsm: int, min_k: int) -> int:
+def _split_k_parts(node: Tensor, nsm: int, min_k: int, max_parts: int) -> int:
     m, n = node.ne[0], node.ne[1]
     tiles = -(-m // CUBLAS_TILE) * -(-n // CUBLAS_TILE) * node.ne[2] * node.ne[3]
     k = node.src[0].ne[0]
     if k < min_k or 4 * tiles >= nsm:
         return 0
-    return max(2, min(-(-nsm // tiles), MMQ_MAX_K_PARTS, -(-k // MMQ_K_UNIT)))
+    return max(2, min(-(-nsm // tiles), max_parts, -(-k // MMQ_K_UNIT)))
 
 
 def cublas_split_k_parts(node: Tensor, cc: int, nsm: int) -> int:
@@ -205,14 +209,15 @@ def cublas_split_k_parts(node: Tensor, cc: int, nsm: int) -> int:
     cutlass `h16816gemm_64x64` + splitKreduce, while every K-512 GEMM of the same graphs (Q, K, V, the FFN's
     gate and up, the LM head) ran as one kernel, and so did tiny's ffn_down at 512 columns (llama-server's
     trace). A GEMM cuBLAS computes in F32 or BF16 from F16 / BF16 weights: none recorded split (tiny BF16
-    at 47 columns ran one kernel each), so none. graphdiag's parts as its MMQ k-split takes them."""
+    at 47 columns ran one kernel each), so none. graphdiag's parts: as its MMQ k-split takes them for F32,
+    two for F16 (CUBLAS_H_MAX_K_PARTS)."""
     w = node.src[0]
     if node.op != Op.MUL_MAT or mul_mat_path(node, cc) != "cublas":
         return 0
     if w.type == GGMLType.F32:
-        return _split_k_parts(node, nsm, CUBLAS_SPLIT_K_MIN_K)
+        return _split_k_parts(node, nsm, CUBLAS_SPLIT_K_MIN_K, MMQ_MAX_K_PARTS)
     if cublas_compute_type(node, cc) == GGMLType.F16:
-        return _split_k_parts(node, nsm, CUBLAS_H_SPLIT_K_MIN_K)
+        return _split_k_parts(node, nsm, CUBLAS_H_SPLIT_K_MIN_K, CUBLAS_H_MAX_K_PARTS)
     return 0
 
 
