@@ -46,20 +46,24 @@ LLAMA_METRICS = [
     ("llama.cpp replay", lambda r: f"{_ms(r.get('llama_replay_ms'))} ({_ms(r.get('llama_replay_p90_ms'))})"),
     ("llama.cpp graphs off", lambda r: f"{_ms(r.get('llama_eager_ms'))} ({_ms(r.get('llama_eager_p90_ms'))})"),
     ("replay ÷ llama.cpp", lambda r: _ratio(r, "replay_vs_llama")),
+    ("  fastest rounds", lambda r: _x(r.get("replay_vs_llama_fastest"))),      # shown with several rounds
     ("eager ÷ llama.cpp off", lambda r: _ratio(r, "eager_vs_llama")),
+    ("  fastest rounds", lambda r: _x(r.get("eager_vs_llama_fastest"))),
     ("llama.cpp graphs ×", lambda r: _ratio(r, "llama_graph_speedup")),
 ]
 
 
-def decode_metrics(sim: bool, llama: bool = False) -> list[tuple[str, object]]:
+def decode_metrics(sim: bool, llama: bool = False, rounds: bool = False) -> list[tuple[str, object]]:
     """(row name, cell of a result row) of the decode table, one row per figure; with the llama.cpp peer its
-    rows follow graphdiag's replay and eager (the headline comparison). On the simulated driver the "GPU"
-    part of a replayed step is the host's numpy time (its kernels run inside the driver calls)."""
+    rows follow graphdiag's replay and eager (the headline comparison), and with several rounds each ratio's
+    comparison of both sides' fastest rounds under it. On the simulated driver the "GPU" part of a replayed
+    step is the host's numpy time (its kernels run inside the driver calls)."""
     head = [
         ("replay (p90)", lambda r: f"{_ms(r['replay_ms'])} ({_ms(r['replay_p90_ms'])})"),
         ("eager (p90)", lambda r: f"{_ms(r['eager_ms'])} ({_ms(r['eager_p90_ms'])})"),
     ]
-    return head + (LLAMA_METRICS if llama else []) + _rest(sim)
+    peer = [m for m in LLAMA_METRICS if rounds or m[0] != "  fastest rounds"] if llama else []
+    return head + peer + _rest(sim)
 
 
 def _rest(sim: bool) -> list[tuple[str, object]]:
@@ -158,7 +162,8 @@ def render(rows: list[dict], file=None, console: Console | None = None) -> None:
     if dec:
         console.print(decode_title(dec))
         llama = any(r.get("llama") for r in dec)
-        for t in fitted_tables(dec, decode_metrics(any(r["simulated"] for r in dec), llama), console):
+        rounds = any(r.get("rounds", 1) > 1 for r in dec)
+        for t in fitted_tables(dec, decode_metrics(any(r["simulated"] for r in dec), llama, rounds), console):
             console.print(t)
         bw = dec[0].get("copy_GBps")
         console.print(f"roofline: (weight bytes + KV bytes read) / device-to-device copy "

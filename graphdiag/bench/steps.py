@@ -335,6 +335,14 @@ ROUND_TIMES = ("replay_ms", "replay_p90_ms", "replay_gpu_ms", "replay_host_ms", 
                "llama_eager_ms", "llama_eager_p90_ms", "llama_host_ref_us")
 ROUND_RATIOS = ("graph_speedup", "replay_over_roofline", "replay_vs_llama", "eager_vs_llama", "llama_graph_speedup")
 ROUND_COUNTS = ("replay_steps", "eager_steps", "llama_replay_steps", "llama_eager_steps")
+# ratio -> (graphdiag's timing, llama.cpp's): with several rounds, `<ratio>_fastest` compares each side's fastest
+# round. The lent hosts switch between two speeds within seconds (2026-12-07, H100: host references ~190 and
+# ~380 µs), more often than a round's two sides can be timed together, so a round's ratio can compare the fast
+# host with the slow one even where the references taken before each side agree; each side's fastest round is
+# its time at the fast host's speed (9 rounds of tiny F16 eager: round ratios 0.68-1.35, fastest 277 against
+# 312 µs).
+FASTEST_PAIRS = {"replay_vs_llama": ("replay_ms", "llama_replay_ms"),
+                 "eager_vs_llama": ("eager_ms", "llama_eager_ms")}
 # graphdiag's and llama.cpp's host references further apart than this: the round's ratios compare two host
 # speeds (the lent H200 hosts switched between ~175 and ~350-400 µs within seconds, 2026-12-04)
 HOST_SPEED_TOLERANCE = 1.3
@@ -349,7 +357,8 @@ def host_speed_differed(row: dict) -> bool:
 
 def combine_rounds(rounds: list[dict]) -> dict:
     """One row from the rounds of a decode row: the first round's row with each timing the median over the
-    rounds, each ratio the median of the rounds' ratios and its [min, max] under `<ratio>_range`, the step
+    rounds, each ratio the median of the rounds' ratios and its [min, max] under `<ratio>_range`, the
+    llama.cpp ratios also as each side's fastest round compared (`<ratio>_fastest`, FASTEST_PAIRS), the step
     counts summed, and `per_round` keeping every round's timings and ratios. A host whose speed drifts moves
     both sides of a round together, so the ratios hold where one run's absolute times do not."""
     if len(rounds) == 1:
@@ -371,6 +380,10 @@ def combine_rounds(rounds: list[dict]) -> dict:
     for k in ROUND_COUNTS:
         if any(k in r for r in rounds):
             row[k] = sum(values(k))
+    for k, (ours, theirs) in FASTEST_PAIRS.items():
+        a, b = values(ours), values(theirs)
+        if a and b and min(b) > 0:
+            row[f"{k}_fastest"] = min(a) / min(b)
     if any("host_speed_differed" in r for r in rounds):
         row["host_speed_differed"] = sum(bool(r.get("host_speed_differed")) for r in rounds)
     row["rounds"] = len(rounds)

@@ -510,14 +510,14 @@ static int sync_clears(enum op op, CUstream stream, int64_t device) {
 }
 
 /* Reads one call's parameters (by the layout generated_cuda*_meta.h gives them) and its result, at API_EXIT. */
-static void record(enum op op, int runtime, const CUpti_CallbackData *cb) {
+static void record(enum op op, int runtime, const CUpti_CallbackData *cb, int64_t t_exit) {
     const void *prm = cb->functionParams;
     const char **names = NULL;
     CUstream stream = NULL;
     gd_rec r;
     uint32_t u;
     gdtrace_rec_init(&r);
-    r.t1_ns = now_ns();
+    r.t1_ns = t_exit;
     /* most synchronisations are not written (sync_clears): that is known before anything else is read */
     if (op == SYNC_STREAM && !sync_clears(op, *(CUstream const *)prm, GD_NONE)) return;
     if (cb->context && !p_cuptiGetDeviceId(cb->context, &u)) r.device = u;
@@ -587,21 +587,28 @@ static void CUPTIAPI on_callback(void *user, CUpti_CallbackDomain dom, CUpti_Cal
     int runtime = dom == CUPTI_CB_DOMAIN_RUNTIME_API, op;
     (void)user;
     if (tl_self || (!runtime && tl_runtime_depth > 0) || (op = op_of(dom, cbid)) < 0) return;
+    /* One clock read on the way in and one on the way out: the call's start is stamped with the first
+       (a fresh read only after this library's own driver calls), its end with the exit callback's first. A
+       decode loop's unwritten synchronisations pass through here a dozen times a token. */
     int64_t t_in = now_ns();
     if (cb->callbackSite == CUPTI_API_ENTER) {
         tl_runtime_depth += runtime;
-        *cb->correlationData = (uint64_t)now_ns();
-        if (op == INSTANTIATE) tl_mem_before = mem_free();
-        if (op == DESTROY) {
-            tl_self++;
-            tl_exec_entered = exec_id(*(CUgraphExec const *)cb->functionParams);
-            tl_self--;
+        int64_t t_out = t_in;
+        if (op == INSTANTIATE || op == DESTROY) {
+            if (op == INSTANTIATE) tl_mem_before = mem_free();
+            if (op == DESTROY) {
+                tl_self++;
+                tl_exec_entered = exec_id(*(CUgraphExec const *)cb->functionParams);
+                tl_self--;
+            }
+            t_out = now_ns();
         }
-        __atomic_add_fetch(&own_ns, now_ns() - t_in, __ATOMIC_RELAXED);
+        *cb->correlationData = (uint64_t)t_out;
+        __atomic_add_fetch(&own_ns, (t_out == t_in ? now_ns() : t_out) - t_in, __ATOMIC_RELAXED);
         return;
     }
     tl_runtime_depth -= runtime;
-    if (out_fd >= 0) record((enum op)op, runtime, cb);
+    if (out_fd >= 0) record((enum op)op, runtime, cb, t_in);
     __atomic_add_fetch(&own_ns, now_ns() - t_in, __ATOMIC_RELAXED);
 }
 

@@ -5,7 +5,8 @@ it), alternating which goes first so that a host's drift over minutes falls on b
 program named llama-bench*) graphdiag asks for its JSON-lines output (`-o jsonl`, appended: llama-bench takes
 the last -o) and compares each test's tokens per second (pp512, tg128, ...); for any other program the
 figure is the whole command's wall time. The result per test: the median of the rounds' plain and traced
-figures and the median (and range) of the rounds' traced ÷ plain ratios. The raw stream of each traced run
+figures, the median (and range) of the rounds' traced ÷ plain ratios, and each side's fastest round compared
+(the lent hosts switch speed within seconds: bench steps' FASTEST_PAIRS). The raw stream of each traced run
 is counted (lines per kind, and the library's own time in the process's CUDA calls, its "own" line at exit)
 and discarded.
 """
@@ -122,20 +123,23 @@ def bench_trace(cmd: list[str], rounds: int, library: Path, cupti: Path, progres
         if len(p) != len(t):
             raise TraceError(f"{test}: {len(p)} plain and {len(t)} traced results (the runs disagree on tests)")
         ratios = [b / a for a, b in zip(p, t) if a > 0]
-        rows.append({"test": test, "unit": "s" if test == "wall_s" else "tokens/s", "rounds": rounds,
+        wall = test == "wall_s"
+        best_p, best_t = (min(p), min(t)) if wall else (max(p), max(t))   # fastest: least time, most tokens/s
+        rows.append({"test": test, "unit": "s" if wall else "tokens/s", "rounds": rounds,
                      "plain": statistics.median(p), "traced": statistics.median(t),
                      "ratio": statistics.median(ratios), "ratio_min": min(ratios), "ratio_max": max(ratios),
-                     "recorded": dict(recorded)})
+                     "ratio_fastest": best_t / best_p if best_p > 0 else None, "recorded": dict(recorded)})
     return rows
 
 
 def render(rows: list[dict], cmd: list[str], echo) -> None:
     echo(f"graphdiag trace overhead: {' '.join(cmd)}  ({rows[0]['rounds']} rounds, plain and traced in turn)")
-    echo(f"  {'test':<16} {'plain':>12} {'traced':>12} {'traced/plain':>13}  range")
+    echo(f"  {'test':<16} {'plain':>12} {'traced':>12} {'traced/plain':>13}  range          fastest rounds")
     for r in rows:
         unit = " s" if r["unit"] == "s" else " t/s"
+        fastest = f"{r['ratio_fastest']:.4f}" if r.get("ratio_fastest") is not None else "-"
         echo(f"  {r['test']:<16} {r['plain']:>10.2f}{unit:<2} {r['traced']:>10.2f}{unit:<2} {r['ratio']:>13.4f}"
-             f"  {r['ratio_min']:.4f}-{r['ratio_max']:.4f}")
+             f"  {r['ratio_min']:.4f}-{r['ratio_max']:.4f}  {fastest}")
     rec = dict(rows[0]["recorded"])
     own = rec.pop("own_ns", None)
     rec.pop("own", None)

@@ -107,12 +107,18 @@ def test_rounds_combine_times_as_medians_and_ratios_with_their_range():
     assert row["replay_vs_llama_range"] == pytest.approx([0.20 / 0.25, 0.30 / 0.29])
     assert row["graph_speedup_range"] == pytest.approx([0.52 / 0.20, 0.50 / 0.18])
     assert row["replay_steps"] == 180 and row["llama_replay_steps"] == 174
+    # each side's fastest round compared: 0.18 against 0.19 (the host's fast state, whichever rounds had it)
+    assert row["replay_vs_llama_fastest"] == pytest.approx(0.18 / 0.19) and "eager_vs_llama_fastest" not in row
     assert [p["replay_ms"] for p in row["per_round"]] == [0.18, 0.30, 0.20]
     assert "eager_vs_llama" not in row and rounds[0]["replay_ms"] == 0.18      # absent stays absent; inputs kept
     out = io.StringIO()
     render([row | {"llama": "0.3.36"}], file=out)
     text = out.getvalue()
     assert "0.95× (0.80–1.03)" in text and "3 rounds in turn (graphdiag first" in " ".join(text.split())
+    assert "fastest rounds" in text
+    one = io.StringIO()
+    render([rounds[0] | {"llama": "0.3.36"}], file=one)
+    assert "fastest rounds" not in one.getvalue()     # one round: nothing to pick from
     assert max(len(l) for l in text.splitlines()) <= 80
 
 

@@ -78,6 +78,7 @@ def test_lead_watcher_takes_the_library_unless_declined(library, monkeypatch):
     from graphdiag.trace import build
     monkeypatch.setattr(build, "library", lambda cache: library)
     monkeypatch.delenv("GRAPHDIAG_WATCHER", raising=False)
+    monkeypatch.delenv("GGML_CUDA_DISABLE_GRAPHS", raising=False)
     assert driver.LeadWatcher(lambda ev: None, None).kind == "injection library"
     monkeypatch.setenv("GRAPHDIAG_WATCHER", "python")
     assert driver.LeadWatcher(lambda ev: None, None).kind == "cupti-python"
@@ -100,3 +101,31 @@ def test_walk_drains_before_each_decode_begin_and_end():
 
     walk(Session(), [None, None], OneTokenBatcher(), lambda ev: out.append(ev["ev"]), drain=lambda: out.append("drain"))
     assert out == ["drain", "decode_begin", "decode", "drain", "decode_end"] * 2
+
+
+def test_with_graphs_off_no_cupti_subscriber_is_made_only_the_log_is_read(monkeypatch):
+    """GGML_CUDA_DISABLE_GRAPHS (ggml reads its presence: "0" disables too): llama.cpp makes no graph call, so
+    the watcher makes no CUPTI subscriber, whose dispatch would slow the graphs-off step `bench steps --peer
+    llama` times; llama.cpp's log lines still reach the stream, and their callback's time is the watcher's."""
+    import ctypes
+    from graphdiag.llama import driver
+    from graphdiag.trace import build
+
+    def no_build(cache):
+        raise AssertionError("the injection library was asked for")
+    monkeypatch.setattr(build, "library", no_build)
+    monkeypatch.setenv("GGML_CUDA_DISABLE_GRAPHS", "0")
+
+    class FakeLlama:
+        llama_log_callback = ctypes.CFUNCTYPE(None, ctypes.c_int, ctypes.c_char_p, ctypes.c_void_p)
+
+        def llama_log_set(self, cb, user):
+            self.cb = cb
+    ll, got = FakeLlama(), []
+    w = driver.LeadWatcher(got.append, ll)
+    assert w.kind.startswith("none: graphs off")
+    w.start()
+    ll.cb(2, b"ggml_cuda_init: found 1 CUDA devices\n", None)
+    w.drain()
+    assert [e["text"] for e in got] == ["ggml_cuda_init: found 1 CUDA devices"] and w.own_ns() > 0
+    w.close()

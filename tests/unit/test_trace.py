@@ -606,6 +606,31 @@ def test_bench_trace_compares_plain_and_traced_llama_bench(tmp_path):
     assert "  the library's own time in its CUDA calls: 0.01 ms, 3.00 µs per graph launch" in lines
 
 
+FAKE_FLIPPING_BENCH = """#!/bin/sh
+# a llama-bench stand-in on a host that runs at half speed for the 2nd and 4th runs (round 1's traced run,
+# round 2's plain one: round 2 runs traced first)
+n=$(cat "$COUNTER" 2>/dev/null || echo 0); n=$((n + 1)); echo $n > "$COUNTER"
+ts=100; [ -n "$GRAPHDIAG_TRACE_OUT" ] && ts=98
+case $n in 2|4) ts=$((ts / 2));; esac
+echo "{\\"n_prompt\\": 0, \\"n_gen\\": 128, \\"avg_ts\\": $ts.0}"
+"""
+
+
+def test_bench_trace_compares_each_sides_fastest_round_too(tmp_path, monkeypatch):
+    """Round ratios 49/100 and 98/50 (the host slow for one side of each round): their median says 1.22, the
+    two sides' fastest rounds 98/100."""
+    from graphdiag.trace.overhead import bench_trace, render
+    exe = tmp_path / "llama-bench"
+    exe.write_text(FAKE_FLIPPING_BENCH)
+    exe.chmod(0o755)
+    monkeypatch.setenv("COUNTER", str(tmp_path / "n"))
+    (row,) = bench_trace([str(exe)], 2, tmp_path / "none.so", tmp_path / "none")
+    assert row["ratio"] == pytest.approx((0.49 + 1.96) / 2) and row["ratio_fastest"] == pytest.approx(0.98)
+    lines = []
+    render([row], [str(exe)], lines.append)
+    assert lines[2].split()[-1] == "0.9800"
+
+
 def test_bench_trace_times_any_other_program_and_needs_it_to_succeed(tmp_path):
     from graphdiag.trace.overhead import bench_trace
     rows = bench_trace(["true"], 2, tmp_path / "none.so", tmp_path / "none")

@@ -203,7 +203,11 @@ KNOWN: tuple[Known, ...] = (
           "Named by the kernel names of llama-server's captured graph (graphdiag trace, H100 2026-12-07, tiny "
           "F16, a prefill ubatch past 16 tokens): 111 kernels = 25 convert_unary<float, half> + 25 cutlass "
           "h16816gemm / sm90 xmma GEMMs + 25 convert_unary<half, float> + 36 others, where graphdiag's capture "
-          "of the same ubatch held 62 (61 + GET_ROWS)",
+          "of the same ubatch held 62 (61 + GET_ROWS). Where cuBLAS also splits a GEMM over K (h16816gemm + "
+          "cublasLt splitKreduce_kernel) graphdiag's stand-in launches two kernels too (compat."
+          "cublas_split_k_parts), so the conversions remain the difference: tiny F16's 47-token prompt, 122 "
+          "kernels = graphdiag's 73 - GET_ROWS + 50 (H100 2026-12-07, tests/data/llama/kernels-tiny-f16-gen-"
+          "716079883.json)",
           _cublas_conversions),
 )
 
