@@ -197,8 +197,8 @@ def render(rows: list[dict], file=None, console: Console | None = None) -> None:
         what = " and ".join(x for x, on in (("each preset row's model exported as GGUF", presets),
                                             ("each file row's file itself", files)) if on)
         console.print(f"llama.cpp: 0.3.36 (llama-cpp-python) on {what}, the same plan and n_kv; llama_decode "
-                      "through llama_synchronize, each mode in its own process, watched (CUPTI callbacks on its "
-                      "graph calls only; their own time taken out)")
+                      "through llama_synchronize, each mode in its own process, timed without CUPTI (graphs on: "
+                      "which steps replayed read from a watched run of the same plan)")
     peers = {r.get("torch") for r in rows if r.get("torch")}
     if peers:
         console.print("PyTorch: " + ", ".join(sorted(peers)) + " — plain unfused PyTorch ops, F16 rows only; its "

@@ -150,7 +150,8 @@ class LeadWatcher:
     llama.cpp's log lines, drain() hands over what the library wrote, close() lets go. The watch is graphdiag's
     injection library in this process (inject.py: C callbacks, as `graphdiag trace`), or, where it cannot be
     built (no C compiler or CUDA headers) or GRAPHDIAG_WATCHER=python asks, cupti-python's callbacks
-    (watch.py); `kind` says which. With GGML_CUDA_DISABLE_GRAPHS set llama.cpp makes no graph call, so no
+    (watch.py); `kind` says which. GRAPHDIAG_WATCHER=log: no CUPTI, the log alone (bench's llama.cpp peer
+    times a run so, its decisions read from a watched run of the same plan). With GGML_CUDA_DISABLE_GRAPHS set llama.cpp makes no graph call, so no
     CUPTI subscriber is made (LogOnly: its log lines alone): CUPTI's dispatch around the callbacks a
     subscriber enables (the synchronisations among them) costs every watched step time, which is what a
     graphs-off run of `bench steps --peer llama` measures (the injection library's callbacks took a traced
@@ -161,6 +162,8 @@ class LeadWatcher:
         self.ll, self.watch, self.kind = llama_cpp_module, None, "cupti-python"
         if "GGML_CUDA_DISABLE_GRAPHS" in os.environ:     # ggml reads its presence (convert.py)
             self.watch, self.kind = LogOnly(emit), "none: graphs off, no graph calls to watch"
+        elif os.environ.get("GRAPHDIAG_WATCHER", "") == "log":
+            self.watch, self.kind = LogOnly(emit), "none: log lines only (GRAPHDIAG_WATCHER=log)"
         elif os.environ.get("GRAPHDIAG_WATCHER", "") != "python":
             from ..config import kernel_cache_dir
             from ..errors import TraceError

@@ -124,6 +124,30 @@ def test_trace_a_pytorch_program(tmp_path):
     assert len(flagged) == 1 and "may still run" in flagged[0], flagged
 
 
+def test_driver_callbacks_alone_read_the_same_calls(tmp_path, monkeypatch):
+    """GRAPHDIAG_TRACE_API=driver (gdtrace.c, start): the runtime's graph and sync calls read at the driver's
+    callbacks give the same calls, results and captured graphs as the runtime's callbacks (a device sync named
+    cuCtxSynchronize), with half the callbacks a call."""
+    if importlib.util.find_spec("torch") is None:
+        pytest.skip("no torch")
+    script = tmp_path / "capture.py"
+    script.write_text(TORCH)
+
+    def calls(folder, api):
+        folder.mkdir()
+        if api:
+            monkeypatch.setenv("GRAPHDIAG_TRACE_API", api)
+        else:
+            monkeypatch.delenv("GRAPHDIAG_TRACE_API", raising=False)
+        _, _, raw = _trace(folder, [sys.executable, str(script)])
+        sync = {"cudaDeviceSynchronize": "cuCtxSynchronize"}
+        return [(sync.get(r["fn"], r["fn"]), r["ret"], r.get("kernel_nodes"), r.get("update_result"))
+                for r in raw if r["ev"] == "api"], {r["api"] for r in raw if r["ev"] == "api"}
+    both, apis = calls(tmp_path / "both", None)
+    driver, driver_apis = calls(tmp_path / "driver", "driver")
+    assert driver == both and driver_apis == {"driver"} and "runtime" in apis
+
+
 def test_trace_graphdiags_own_cuda_run(tmp_path):
     own = tmp_path / "own.jsonl"
     _, evs, _ = _trace(tmp_path, [sys.executable, "-m", "graphdiag", "run", "--backend", "cuda", "--model", "tiny",

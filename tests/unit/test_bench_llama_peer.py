@@ -52,6 +52,55 @@ def test_llama_peer_figures(monkeypatch, tmp_path):
     assert "llama.cpp replay" in text and "replay ÷ llama.cpp" in text and "each mode in its own process" in text
 
 
+def _steps(durations, mode="replay"):
+    from graphdiag import events as E
+    out = []
+    for i, d in enumerate(durations):
+        out += [E.StepStarted(step=i, phase="decode", n_kv=256), E.StepFinished(step=i, duration_ns=d, mode=mode)]
+    return out
+
+
+def test_graphs_on_peer_takes_its_decisions_watched_and_its_times_unwatched(monkeypatch, tmp_path):
+    """Graphs on: a watched child says which steps replayed, an unwatched child (no CUPTI subscriber) of the
+    same plan gives their times; graphs off: one child (it makes no subscriber itself)."""
+    from graphdiag.errors import GraphdiagError
+    runs = []
+    watched = _steps([9_000_000] * 4)[:-1] + [_steps([9_000_000] * 4, mode="capture")[-1]]   # step 3 captures
+    timed = _steps([1_000_000, 2_000_000, 3_000_000, 4_000_000], mode="eager")           # no graph calls seen
+
+    def child(model, steps, prompt, graphs, folder, timed_run):
+        runs.append((graphs, timed_run))
+        return (timed if timed_run else watched) if graphs else _steps([5_000_000] * 4, mode="eager")
+    monkeypatch.setattr(L, "_child", lambda m, st, p, g, f, timed: child(m, st, p, g, f, timed))
+    monkeypatch.setattr(S, "WARMUP", 0)
+    on = L.llama_decode_stats(tmp_path / "m.gguf", 4, 1, True, tmp_path, S.decode_stats)
+    assert runs == [(True, False), (True, True)]
+    assert on["steps"] == 3 and on["ms"] == 2.0          # steps 0-2 replayed (watched), timed 1, 2, 3 ms
+    assert L.llama_decode_stats(tmp_path / "m.gguf", 4, 1, False, tmp_path, S.decode_stats)["ms"] == 5.0
+    assert runs[-1] == (False, False)
+    timed = timed[:-2]                                  # the unwatched run finished a step fewer
+    with pytest.raises(GraphdiagError, match="finished different steps"):
+        L.llama_decode_stats(tmp_path / "m.gguf", 4, 1, True, tmp_path, S.decode_stats)
+
+
+def test_an_unwatched_peer_child_asks_for_the_log_alone(monkeypatch, tmp_path):
+    import subprocess
+    seen = []
+
+    class Done:
+        returncode, stderr = 1, "stop here\n"
+
+    def run(argv, **kw):
+        seen.append(((kw.get("env") or {}).get("GRAPHDIAG_WATCHER"), "--no-graphs" in argv))
+        return Done()
+    monkeypatch.setattr(subprocess, "run", run)
+    monkeypatch.delenv("GRAPHDIAG_WATCHER", raising=False)
+    for graphs, timed in ((True, True), (True, False), (False, False)):
+        with pytest.raises(Exception, match="unwatched" if timed else "graphs o"):
+            L._child(tmp_path / "m.gguf", 4, 1, graphs, tmp_path, timed)
+    assert seen == [("log", False), (None, False), (None, True)]
+
+
 def test_torch_peer_only_on_f16_rows_and_labelled():
     opts = S.StepsOptions()
     assert S._wants_peer(opts, _row("f16")) and not S._wants_peer(opts, _row("q8_0"))
