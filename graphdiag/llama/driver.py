@@ -150,12 +150,13 @@ class LeadWatcher:
     llama.cpp's log lines, drain() hands over what the library wrote, close() lets go. The watch is graphdiag's
     injection library in this process (inject.py: C callbacks, as `graphdiag trace`), or, where it cannot be
     built (no C compiler or CUDA headers) or GRAPHDIAG_WATCHER=python asks, cupti-python's callbacks
-    (watch.py); `kind` says which. GRAPHDIAG_WATCHER=log: no CUPTI, the log alone (bench's llama.cpp peer
-    times a run so, its decisions read from a watched run of the same plan). With GGML_CUDA_DISABLE_GRAPHS set llama.cpp makes no graph call, so no
+    (watch.py); `kind` says which. With GGML_CUDA_DISABLE_GRAPHS set llama.cpp makes no graph call, so no
     CUPTI subscriber is made (LogOnly: its log lines alone): CUPTI's dispatch around the callbacks a
     subscriber enables (the synchronisations among them) costs every watched step time, which is what a
     graphs-off run of `bench steps --peer llama` measures (the injection library's callbacks took a traced
-    llama-bench from 5232 to 4597 tokens/s on the H100, 2026-12-07, of which its own code ~5 us a token)."""
+    llama-bench from 5232 to 4597 tokens/s on the H100, 2026-12-07, of which its own code ~5 us a token).
+    GRAPHDIAG_WATCHER=log: the log alone with graphs on too (bench's llama.cpp peer times a run so, its
+    decisions read from a watched run of the same plan)."""
 
     def __init__(self, emit, llama_cpp_module):
         names = os.environ.get("GRAPHDIAG_WATCH_KERNEL_NAMES", "") not in ("", "0")

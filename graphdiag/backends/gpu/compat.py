@@ -209,14 +209,15 @@ def cublas_split_k_parts(node: Tensor, cc: int, nsm: int) -> int:
     cutlass `h16816gemm_64x64` + splitKreduce, while every K-512 GEMM of the same graphs (Q, K, V, the FFN's
     gate and up, the LM head) ran as one kernel, and so did tiny's ffn_down at 512 columns (llama-server's
     trace). A GEMM cuBLAS computes in F32 or BF16 from F16 / BF16 weights: none recorded split (tiny BF16
-    at 47 columns ran one kernel each), so none. graphdiag's parts: as its MMQ k-split takes them for F32,
-    two for F16 (CUBLAS_H_MAX_K_PARTS)."""
+    at 47 columns ran one kernel each), so none; nor for quantized weights, which reach cuBLAS only where MMQ
+    refuses them (not on the GPUs recorded). graphdiag's parts: as its MMQ k-split takes them for F32, two
+    for F16 (CUBLAS_H_MAX_K_PARTS)."""
     w = node.src[0]
     if node.op != Op.MUL_MAT or mul_mat_path(node, cc) != "cublas":
         return 0
     if w.type == GGMLType.F32:
         return _split_k_parts(node, nsm, CUBLAS_SPLIT_K_MIN_K, MMQ_MAX_K_PARTS)
-    if cublas_compute_type(node, cc) == GGMLType.F16:
+    if w.type == GGMLType.F16 and cublas_compute_type(node, cc) == GGMLType.F16:
         return _split_k_parts(node, nsm, CUBLAS_H_SPLIT_K_MIN_K, CUBLAS_H_MAX_K_PARTS)
     return 0
 
