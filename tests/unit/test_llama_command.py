@@ -331,3 +331,30 @@ def test_no_cupti_is_one_line(monkeypatch):
     with pytest.raises(WatchError, match="no CUPTI"):
         Watch(lambda ev: None).start()
 
+
+
+class LogOnlyWatcher(FakeWatcher):
+    """What GRAPHDIAG_WATCHER=log gives the driver (driver.LogOnly): llama.cpp's log lines, no graph call."""
+
+    def __init__(self, emit):
+        super().__init__(lambda obj: obj.get("ev") == "api" or emit(obj))
+
+
+def test_an_unwatched_graphs_on_run_completes_with_every_step_timed(tiny_gguf, tmp_path):
+    """bench steps' llama.cpp peer times its graphs-on child unwatched (no graph call seen) and reads which
+    steps replayed from a watched child of the same plan (bench/llama_peer.retimed): the unwatched run must end
+    with exit 0 and a StepFinished for every step the watched run has."""
+    from graphdiag.bench.llama_peer import retimed
+    runs = {}
+    for name, watcher in (("watched", FakeWatcher), ("unwatched", LogOnlyWatcher)):
+        ev = tmp_path / f"{name}.jsonl"
+        assert llama_cli(str(tiny_gguf), {"steps": 8}, events_path=str(ev), out=io.StringIO(), lib=FakeLlama(),
+                         watcher=watcher, gpu=lambda: ("FAKE H200", 90)) == 0
+        runs[name] = read_record(ev)[1]
+    modes = {e.step: e.mode for e in runs["watched"] if isinstance(e, E.StepFinished)}
+    assert "replay" in modes.values()
+    assert {e.mode for e in runs["unwatched"] if isinstance(e, E.StepFinished)} == {"eager"}
+    both = retimed(runs["watched"], runs["unwatched"])
+    times = {e.step: e.duration_ns for e in runs["unwatched"] if isinstance(e, E.StepFinished)}
+    assert {e.step: (e.mode, e.duration_ns) for e in both if isinstance(e, E.StepFinished)} == {
+        s: (m, times[s]) for s, m in modes.items()}
