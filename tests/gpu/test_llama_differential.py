@@ -24,11 +24,17 @@ from tests.support.llama_parity import check, files, llama_cpp  # noqa: F401 (fi
 pytestmark = [pytest.mark.gpu, pytest.mark.usefixtures("require_gpu")]
 
 WTYPES = ("f16", "bf16", "q8_0", "q4_0", "q4_k", "q6_k")
+# the weight types of issue 50 and the mixes people download (llama's tiny only): Q4_1, llama.cpp's Q2_K and
+# Q3_K_M mixes, IQ4_NL, IQ4_XS, Q4_K_M (each with llama.cpp's fallbacks where rows are no multiple of 256)
+FILE_TYPES = ("q4_1", "q2_k", "q3_k_m", "iq4_nl", "iq4_xs", "q4_k_m")
 # (preset, arch, weight type): the dense preset as each architecture at each weight type, llama's MoE, qwen3moe
-# (Qwen3-30B-A3B's: top 4 of 16 experts, GQA, head_dim 128) and the Gemma 3 preset exported as gemma3 (iSWA)
+# (Qwen3-30B-A3B's: top 4 of 16 experts, GQA, head_dim 128), gpt-oss (sinks, iSWA, MXFP4 experts) and the
+# Gemma 3 preset exported as gemma3 (iSWA)
 FILES = ([("tiny", arch, w) for arch in ("llama", "qwen2", "qwen3") for w in WTYPES]
+         + [("tiny", "llama", w) for w in FILE_TYPES]
          + [("moe-tiny", "llama", w) for w in ("f16", "q8_0", "q4_k")]
          + [("qwen3moe-tiny", "qwen3moe", w) for w in ("f16", "q8_0", "q4_k")]
+         + [("gpt-oss-tiny", "gpt-oss", w) for w in ("f16", "mxfp4_moe")]
          + [("gemma3-tiny", "gemma3", w) for w in ("f16", "q4_k")])
 
 

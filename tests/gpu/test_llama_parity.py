@@ -30,7 +30,7 @@ pytestmark = [pytest.mark.gpu, pytest.mark.usefixtures("require_gpu")]
 # qwen3moe-tiny exported as qwen3moe (MOE_FILES); gemma3-tiny as Gemma 3 (iSWA) for the sliding-window
 # scenarios (ISWA_SCENARIOS)
 MODELS = [("tiny", "f16"), ("tiny", "q8_0"), ("1b", "f16"), ("1b", "q8_0"), ("moe-tiny", "f16")]
-MOE_FILES = [("moe-tiny", "llama"), ("qwen3moe-tiny", "qwen3moe")]      # (preset, arch), F16
+MOE_FILES = [("moe-tiny", "llama"), ("qwen3moe-tiny", "qwen3moe"), ("gpt-oss-tiny", "gpt-oss")]  # (preset, arch), F16
 
 
 def _expressible(family: str) -> list[str]:
