@@ -426,7 +426,8 @@ def validate_run(cfg: RunConfig, scenario=None, as_json: bool = False, verbosity
     if getattr(model, "n_swa", 0) > 0:
         _check_swa_cells(cfg, model, demand)
     if cfg.backend != "cpu" and cfg.pool_cap is not None:
-        need, step = min_pool_cap(demand, model, cfg.wtype)
+        major, minor = (int(x) for x in cfg.compute_capability.split("."))
+        need, step = min_pool_cap(demand, model, cfg.wtype, 100 * major + 10 * minor)
         if cfg.pool_cap < need:
             raise UsageError(f"{_named(cfg, scenario, 'pool_cap', '--pool-cap')} {cfg.pool_cap} is below the "
                              f"smallest cap that can work for this run: {need} bytes (the largest scratch "
@@ -487,12 +488,14 @@ def tokenize_prompt(cfg: RunConfig, scenario) -> None:
     cfg.sources["prompt_ids"] = cfg.sources.get("prompt", "cli")
 
 
-def min_pool_cap(demand, model, wtype: str = "f16") -> tuple[int, int]:
+def min_pool_cap(demand, model, wtype: str = "f16", cc: int = 900) -> tuple[int, int]:
     """(bytes, step): the largest pool buffer one step asks for. The pool frees every cached buffer and
     retries when a request does not fit, so the run works iff the cap holds its largest single request,
     over-allocated by LOOK_AHEAD: the flash-attention scratch (geometry.fa_plan: the split-KV partials) or,
-    with Q8_0 (or another block type's) weights, the Q8_1 copy of a mat-mul's activations (36 bytes per 32 values)."""
-    from .backends.geometry import fa_plan
+    with Q8_0 (or another block type's) weights, the Q8_1 copy of a mat-mul's activations (36 bytes per 32 values).
+    `cc`: the device's compute capability (which flash-attention kernel runs: geometry.fa_takes_vec; the
+    simulated driver's setting, a GPU's own on CUDA)."""
+    from .backends.geometry import fa_plan, fa_takes_vec
     from .backends.gpu.pool import LOOK_AHEAD
     from .model.build import padded_n_kv
     from .model.presets import base_type, weight_type
@@ -502,7 +505,8 @@ def min_pool_cap(demand, model, wtype: str = "f16") -> tuple[int, int]:
     widest = max(model.n_embd, model.n_ff, model.n_ff_exp)
     for step, p, cells in demand.steps:
         n_kv = padded_n_kv(cells, model.n_ctx)
-        size = fa_plan(model.head_dim, model.n_head, model.n_head_kv, n_kv, p.tokens)[3]
+        vec = fa_takes_vec(model.head_dim, model.n_head, model.n_head_kv, n_kv, p.tokens, 1, cc)
+        size = fa_plan(model.head_dim, model.n_head, model.n_head_kv, n_kv, p.tokens, 1, vec)[3]
         if q8_1_activations(base_type(weight_type(wtype))):      # Q8_0 and every other block type (MMVQ/MMQ)
             size = max(size, 36 * (widest // 32) * p.tokens)
         want = max(int(size * LOOK_AHEAD + 255) // 256 * 256, 256)

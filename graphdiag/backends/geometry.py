@@ -178,6 +178,30 @@ def fa_vec(n_head: int, n_head_kv: int, n_tokens: int) -> bool:
     return n_tokens <= FAV_MAX_TOKENS and n_head // max(n_head_kv, 1) <= FAV_MAX_G
 
 
+FATTN_KQ_STRIDE = 256      # ggml's KV padding the vec kernel and the GQA optimisation need (fattn-common.cuh)
+CC_TURING = 750
+
+
+def fa_takes_vec(head_dim: int, n_head: int, n_head_kv: int, n_kv: int, n_tokens: int, n_seq: int, cc: int) -> bool:
+    """Whether a FLASH_ATTN_EXT node runs graphdiag's vec kernel: where upstream's ggml_cuda_get_best_fattn_kernel
+    (0c1e57098; F16 K/V, a mask, no ALiBi) picks its vec kernel on GPUs with Turing's tensor cores — one token,
+    and either cc >= 8.9 with one sequence (unless more than 4 query heads share a kv head at D >= 256 or n_kv
+    >= 8192) or no GQA optimisation (fewer than 2 query heads a kv head) — and graphdiag's vec kernel takes the
+    shape (fa_vec). From 2 tokens upstream runs its tensor-core kernel (flash_attn_ext_f16 and its stream-k
+    fixup; recorded at 2 and 8 tokens on the H200 and H100, tests/data/llama/kernels-*.json), graphdiag its
+    flash_attn_mma. Before Turing graphdiag keeps its own rule (fa_vec)."""
+    if not fa_vec(n_head, n_head_kv, n_tokens):
+        return False
+    if cc < CC_TURING:
+        return True
+    g = n_head // max(n_head_kv, 1)
+    if not (head_dim <= 256 and head_dim % 64 == 0 and n_kv % FATTN_KQ_STRIDE == 0) or n_tokens != 1:
+        return False
+    if n_seq == 1 and cc >= 890 and not (g > 4 and (head_dim >= 256 or n_kv >= 8192)):
+        return True
+    return g < 2
+
+
 def fa_direct(head_dim: int, n_head: int, n_head_kv: int, n_kv: int, n_tokens: int, n_seq: int, cc: int) -> bool:
     """Whether upstream's flash attention is one kernel with no combine (ggml-cuda 0c1e57098): its vec kernel
     (ggml_cuda_get_best_fattn_kernel at one token, one sequence, cc >= 8.9 with F16 K/V, unless more than 4
@@ -207,15 +231,17 @@ def fa_split(n_kv: int, other_blocks: int, max_split: int | None = None) -> tupl
     return _cdiv(n_kv, chunk), chunk
 
 
-def fa_plan(head_dim: int, n_head: int, n_head_kv: int, n_kv: int, n_tokens: int, n_batch: int = 1):
+def fa_plan(head_dim: int, n_head: int, n_head_kv: int, n_kv: int, n_tokens: int, n_batch: int = 1,
+            vec: bool | None = None):
     """(ip[1], n_split, chunk, scratch bytes) of one FLASH_ATTN_EXT node: ip[1] is 1 (one token per block)
     for the decode kernels, FAM_ROWS (query rows per block) for the tensor-core batch kernels.
 
     The pool request stays the size the attention scratch always had, 4 * n_kv * n_head * n_tokens bytes
     (what a capped pool is sized by): with more than one token the splits are capped so the partials
     (head_dim + 2 floats per split, head and token) fit in it; at one token (decode, where splits fill the
-    GPU) the request grows to the partials when they are larger."""
-    vec = fa_vec(n_head, n_head_kv, n_tokens)
+    GPU) the request grows to the partials when they are larger. `vec`: whether the vec kernel runs
+    (fa_takes_vec; default: wherever it could, fa_vec)."""
+    vec = fa_vec(n_head, n_head_kv, n_tokens) if vec is None else vec
     tq = 1 if vec else FAM_ROWS
     blocks = n_head_kv * n_tokens * n_batch if vec else fa_mma_blocks(n_head, n_head_kv, n_tokens, n_batch)
     rows = n_head * n_tokens * n_batch

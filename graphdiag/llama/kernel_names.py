@@ -26,6 +26,7 @@ _COARSE = {"rope_norm": "rope", "rope_neox": "rope", "quantize_q8_1": "quantize"
 # graphdiag kernel name pattern -> ggml identifier (first match wins)
 _GRAPHDIAG = (
     (r"get_rows_(f32|f16|bf16)$", "k_get_rows_float"), (r"get_rows_", "k_get_rows"),
+    (r"rms_norm_mul_rope", "rms_norm_mul_rope_f32"),      # the QK-norm fusion (its set_rows form too)
     (r"rope", "rope"), (r"set_rows_", "k_set_rows"), (r"^(add|sub|mul|div)_f32$", "k_bin_bcast"),
     (r"rms_norm", "rms_norm_f32"), (r"quantize_q8_1", "quantize"),
     (r"mul_mat_fixup", "fixup"), (r"flash_attn_combine", "flash_attn_combine_results"),
@@ -81,10 +82,37 @@ class KernelDifference:
     theirs: str
 
 
-def differences(ours: list[str], theirs: list[str], embedding_on_cpu: int = 1) -> list[KernelDifference]:
+def without_cublas_conversions(theirs: list[str]) -> tuple[list[str], set[int]]:
+    """llama.cpp's capture less the conversions ggml_cuda_mul_mat_cublas launches around a GEMM of F16 compute
+    (convert_unary: x to F16 before, the F16 result to F32 after; ChunkCaptured.cublas_extra counts them),
+    and the positions, in what remains, of the GEMMs a conversion preceded: graphdiag's tile kernel
+    (mul_mat_f16, whose family is MMF's) stands for each of those."""
+    out: list[str] = []
+    gemms: set[int] = set()
+    converted = False
+    for k in theirs:
+        if "convert_unary" in k:
+            # from F32 (template <float, ...>: "If" in the mangled name) is x going into a GEMM; from F16
+            # ("I6__half") a result coming out of one. A name without its template counts as the former.
+            converted = not _FROM_HALF.search(k)
+            continue
+        if converted and identifier(k) == "cublas_gemm":
+            gemms.add(len(out))
+        converted = False
+        out.append(k)
+    return out, gemms
+
+
+_FROM_HALF = re.compile(r"convert_unary\w*?I(6__half|14__nv_bfloat16)")
+
+
+def differences(ours: list[str], theirs: list[str], embedding_on_cpu: int = 1,
+                f16_gemms: frozenset[int] | set[int] = frozenset()) -> list[KernelDifference]:
     """Every kernel whose family differs, position by position, after graphdiag's first `embedding_on_cpu`
     kernels (the embedding's GET_ROWS llama.cpp runs on the CPU): where those are not GET_ROWS the first
-    difference is at index -1, naming graphdiag's kernel there."""
+    difference is at index -1, naming graphdiag's kernel there. `f16_gemms`: positions of llama.cpp's
+    capture holding cuBLAS GEMMs of F16 compute (without_cublas_conversions), where graphdiag's mul_mat_f16
+    is their stand-in."""
     head = ours[:embedding_on_cpu]
     out = [KernelDifference(-1, k, upstream(k), "(the embedding's GET_ROWS)") for k in head
            if not upstream(k).startswith("k_get_rows")]
@@ -92,7 +120,7 @@ def differences(ours: list[str], theirs: list[str], embedding_on_cpu: int = 1) -
     a, b = upstream_sequence(rest), [identifier(k) for k in theirs]
     for i in range(max(len(a), len(b))):
         x, y = (a[i] if i < len(a) else ""), (b[i] if i < len(b) else "")
-        if x != y:
+        if x != y and not (i in f16_gemms and (x, y) == ("mul_mat_f", "cublas_gemm")):
             out.append(KernelDifference(i, rest[i] if i < len(rest) else "", x, y))
     return out
 

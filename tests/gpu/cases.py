@@ -87,6 +87,8 @@ def mat_mat_cases() -> list[Case]:
         if w != "q8_0":
             shapes.append((72, 40, 24, 1, 1))   # K not a multiple of the 32-wide k step
             shapes.append((60, 40, 24, 1, 1))   # rows not 16-byte aligned: F16 takes the register path
+        if w == "f16":   # upstream's MMF range below 9 columns (2-8 sequences decoding): one partial column tile
+            shapes += [(512, 512, 2, 1, 1), (1408, 512, 8, 1, 1), (512, 4096, 5, 1, 1)]
         for k, m, n, b, wb in shapes:
             c = Case(f"mul_mat_{w}", f"K{k}-M{m}-N{n}-B{b}-W{wb}", TC_DOT if w == "f16" else F32_DOT)
             out.append(c.set(c.output(G.F32, m, n, b), c.randn(WT[w], k, m, wb), _x(c, w, k, n, b)))

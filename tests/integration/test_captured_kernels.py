@@ -164,32 +164,11 @@ def _kernel_names(model: str, scenario: str, monkeypatch) -> list[list[str]]:
 # maps both to ggml's identifiers), exactly: (fixture, capture) -> {(graphdiag's kernel, llama.cpp's family): the
 # positions in llama.cpp's capture}. Every differing position of every capture must be listed and every listed one
 # must still differ: an entry excuses those positions only, never the rest of its capture. Each is a real
-# difference in graphdiag's choice of kernel, to be fixed (then this test fails: remove the entry).
-_FA_VEC = "flash_attn_vec_f16_d64_g1"
-NAME_DIFFERENCES = {
-    # 2 and 8 tokens, F16 KV: ggml 0c1e57098 ran its tensor-core flash attention (flash_attn_ext_f16 + its
-    # stream-k fixup) where graphdiag runs the vec kernel + its combine, in each of the 4 layers (same count,
-    # another kernel; recorded on the H200, kernels-*.json). Not at 1 token, nor at 9 (both run the same there).
-    ("tiny-q8_0-fusion-boundary", 1): {(_FA_VEC, "flash_attn_ext_f16"): (10, 34, 58, 82),
-                                       ("flash_attn_combine_f32", "fixup"): (11, 35, 59, 83)},
-    ("tiny-q8_0-fusion-boundary", 2): {(_FA_VEC, "flash_attn_ext_f16"): (10, 34, 58, 82),
-                                       ("flash_attn_combine_f32", "fixup"): (11, 35, 59, 83)},
-    # moe-tiny F16: the experts' unfused MUL_MAT_IDs are llama.cpp's MMF with ids (mul_mat_f<..., ids>) at 1..16
-    # tokens, and graphdiag's mul_mat_id_vec_f16 stands for it (kernel_names.py): no difference at 1 or 9 tokens.
-    # 2 tokens: float MUL_MAT at 2-8 columns (each layer's Q, K, V and output projections, the LM head): graphdiag's
-    # lowering runs its mat-vec kernel up to 8 columns whatever compat.mul_mat_path says, where ggml 0c1e57098
-    # runs MMF (ggml_cuda_should_use_mmvf takes F16 on Ampere+ at ne11 == 1 only; gpu/pdl.py already gives
-    # those launches MMF's plain edges); flash attention as above
-    ("moe-f16-fusion-boundary", 1): {
-        ("mul_mat_vec_f16", "mul_mat_f"): (1, 3, 4, 9, 21, 23, 24, 29, 41, 43, 44, 49, 61, 63, 64, 69, 83),
-        (_FA_VEC, "flash_attn_ext_f16"): (7, 27, 47, 67),
-        ("flash_attn_combine_f32", "fixup"): (8, 28, 48, 68)},
-    # 8 tokens: as at 2 (the router's own mat-mul now on cuBLAS in both: no difference there)
-    ("moe-f16-fusion-boundary", 2): {
-        ("mul_mat_vec_f16", "mul_mat_f"): (1, 3, 4, 9, 22, 24, 25, 30, 43, 45, 46, 51, 64, 66, 67, 72, 87),
-        (_FA_VEC, "flash_attn_ext_f16"): (7, 28, 49, 70),
-        ("flash_attn_combine_f32", "fixup"): (8, 29, 50, 71)},
-}
+# difference in graphdiag's choice of kernel, to be fixed (then this test fails: remove the entry). None is left:
+# the last ones (2026-12-07) were graphdiag's vec flash attention at 2-8 tokens where ggml 0c1e57098 runs its
+# tensor-core kernel from 2 tokens (geometry.fa_takes_vec), and graphdiag's F16 mat-vec at 2-8 columns where ggml
+# runs MMF (lowering: the tile kernel), in tiny Q8_0 and moe-tiny F16 at 2 and 8 tokens.
+NAME_DIFFERENCES: dict = {}
 
 
 def _by_kernel(diffs) -> dict:
@@ -200,17 +179,30 @@ def _by_kernel(diffs) -> dict:
     return {k: tuple(v) for k, v in out.items()}
 
 
-@pytest.mark.parametrize("name, model", [("tiny-q8_0-fusion-boundary", ("tiny", "q8_0")),
-                                         ("moe-f16-fusion-boundary", ("moe-tiny", "f16"))])
-def test_captured_kernel_names_follow_llama_cpp(name, model, tmp_path, monkeypatch):
+@pytest.mark.parametrize("name, model, arch, scenario", [
+    ("tiny-q8_0-fusion-boundary", ("tiny", "q8_0"), "llama", "fusion-boundary"),
+    ("moe-f16-fusion-boundary", ("moe-tiny", "f16"), "llama", "fusion-boundary"),
+    ("tiny-f16-gen-716079883", ("tiny", "f16"), "llama", 716079883),
+    ("qwen3moe-f16-moe-sequences-sweep", ("qwen3moe-tiny", "f16"), "qwen3moe", "moe-sequences-sweep"),
+])
+def test_captured_kernel_names_follow_llama_cpp(name, model, arch, scenario, tmp_path, monkeypatch):
     """Not only the counts: each capture's kernels in order, graphdiag's mapped to ggml's identifiers, against
-    the names llama.cpp's captures recorded (the embedding's GET_ROWS left out of graphdiag's), every position."""
-    from graphdiag.llama.kernel_names import differences
+    the names llama.cpp's captures recorded (the embedding's GET_ROWS left out of graphdiag's, the conversions
+    around cuBLAS's F16 GEMMs out of llama.cpp's: kernel_names.without_cublas_conversions), every position.
+    A scenario given as a number is the differential test's timeline of that seed."""
+    from graphdiag.llama.kernel_names import differences, without_cublas_conversions
+    from graphdiag.llama.timelines import write_timeline
     p = tmp_path / f"{name}.gguf"
-    assert main(["export-gguf", "--model", model[0], "--wtype", model[1], str(p)]) == 0
-    ours, theirs = _kernel_names(str(p), "fusion-boundary", monkeypatch), _theirs(name)
+    assert main(["export-gguf", "--model", model[0], "--wtype", model[1], "--arch", arch, str(p)]) == 0
+    if isinstance(scenario, int):
+        scenario = str(write_timeline(scenario, tmp_path, model=str(p)))
+    ours, theirs = _kernel_names(str(p), scenario, monkeypatch), _theirs(name)
     assert len(ours) == len(theirs)
-    found = {(name, i): d for i, (a, b) in enumerate(zip(ours, theirs)) if (d := _by_kernel(differences(a, b)))}
+    found = {}
+    for i, (a, b) in enumerate(zip(ours, theirs)):
+        b, f16_gemms = without_cublas_conversions(b)
+        if d := _by_kernel(differences(a, b, f16_gemms=f16_gemms)):
+            found[(name, i)] = d
     assert found == {k: v for k, v in NAME_DIFFERENCES.items() if k[0] == name}
 
 

@@ -87,7 +87,9 @@ CLEAN = [("tiny", w) for w in ("f16", "q8_0", "q4_0", "q4_k", "q6_k", "bf16")] +
 def test_the_unmutated_presets_pass_with_room(model, wtype):
     r, checks = _oracle_run(model, wtype)
     assert not r.failures and len(checks) == 3
-    assert max(c.rel_err / c.bound for c in checks) < 0.7        # 0.55 at most measured
+    # 0.55 at most measured, 0.77 for small F16 since its 8-token prompt runs upstream's MMF (x rounded to F16
+    # in the tiles, as ggml's; a mat-vec of F32 x before 2026-12-07)
+    assert max(c.rel_err / c.bound for c in checks) < 0.8
     quantised = wtype not in ("f16", "bf16")
     assert all((c.noise is not None) == quantised for c in checks)
 

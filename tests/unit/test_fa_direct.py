@@ -116,3 +116,21 @@ def test_gemma_attention_is_lowered_one_block_per_query_head():
     p["ip"][0], p["ip"][3] = 256, 0
     with pytest.raises(ValueError, match="one query head"):
         launch_geometry(fa_direct_kernel(256), p.tobytes())
+
+
+@pytest.mark.parametrize("args,want", [
+    ((64, 8, 8, 256, 1, 1, 900), True),        # tiny decode: upstream's vec kernel
+    ((64, 8, 8, 256, 2, 1, 900), False),       # 2 tokens: its tensor-core kernel (recorded: tiny Q8_0 at 2 and 8)
+    ((64, 8, 8, 256, 8, 1, 900), False),
+    ((128, 8, 2, 256, 1, 1, 900), True),       # qwen3moe-tiny decode (G 4)
+    ((128, 8, 2, 256, 1, 1, 800), False),      # Ampere: below Ada the GQA optimisation takes the tensor cores
+    ((64, 8, 8, 256, 1, 1, 800), True),        # ... and without GQA the vec kernel
+    ((256, 8, 1, 256, 1, 1, 900), False),      # more than 4 query heads a kv head at D 256
+    ((64, 8, 8, 300, 1, 1, 900), False),       # a KV range not padded to 256
+    ((64, 8, 8, 256, 4, 1, 700), True),        # before Turing: graphdiag's own rule (up to 8 tokens)
+])
+def test_which_flash_attention_kernel_runs(args, want):
+    """geometry.fa_takes_vec: graphdiag's vec kernel where upstream's ggml_cuda_get_best_fattn_kernel
+    (0c1e57098) takes its vec kernel."""
+    from graphdiag.backends.geometry import fa_takes_vec
+    assert fa_takes_vec(*args) is want

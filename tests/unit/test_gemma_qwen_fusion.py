@@ -174,5 +174,8 @@ def test_fused_graph_on_the_simulated_gpu_equals_the_cpu_backend(t):
         if x.name == "Kcur_rope":
             continue           # elided: the fused kernel writes the cache rows, not the rope's own output
         dt = np.float16 if x.type == G.F16 else np.float32
-        np.testing.assert_allclose(b.view(dt).astype(np.float64), a.view(dt).astype(np.float64),
-                                   rtol=2e-5, atol=2e-3 if dt == np.float16 else 2e-5, err_msg=x.name)
+        want, got = a.view(dt).astype(np.float64), b.view(dt).astype(np.float64)
+        # from 2 tokens the F16 mat-muls are upstream's MMF, whose tiles round x to F16 (graphdiag's tile kernel
+        # does too) where the CPU backend keeps x in F32: within 2e-3 of the output's largest value
+        atol = 2e-3 if dt == np.float16 else 2e-5 if t == 1 else 2e-3 * np.abs(want).max()
+        np.testing.assert_allclose(got, want, rtol=2e-5, atol=atol, err_msg=x.name)

@@ -58,3 +58,28 @@ def test_a_first_kernel_that_is_not_the_embedding_is_a_difference():
     from graphdiag.llama.kernel_names import differences
     d = differences(["rms_norm_f32", "mul_mat_vec_f16"], ["_Z13mul_mat_vec_fIffEv"])
     assert [(x.index, x.kernel) for x in d] == [(-1, "rms_norm_f32")]
+
+
+def test_the_qk_norm_fusion_is_its_own_family():
+    """graphdiag's rms_norm_mul_rope (and its set_rows form) is ggml's fused rms_norm_mul_rope_f32 (qwen3,
+    Gemma 3), not a rope (tests/data/llama/kernels-qwen3moe-f16-moe-sequences-sweep.json)."""
+    assert upstream("rms_norm_mul_rope_f32") == upstream("rms_norm_mul_rope_set_rows_f16") == \
+        identifier("_Z21rms_norm_mul_rope_f32ILi256EEvPKf") == "rms_norm_mul_rope_f32"
+
+
+def test_cublas_conversions_left_out_and_the_f16_gemms_they_surround_matched():
+    """llama.cpp's cuBLAS path for an F16 GEMM: convert x, the GEMM (here split over K, its reduce after),
+    convert the result back; an F32 GEMM (the MoE router's) has no conversion and stays cuBLAS's."""
+    from graphdiag.llama.kernel_names import differences, without_cublas_conversions
+    theirs = ["_Z12rms_norm_f32ILi256EEv", "_Z23convert_unary_cont_vec4If6__halfEvPKvPT0_l",
+              "_ZN7cutlass7Kernel2I51cutlass_80_tensorop_h16816gemm_64x64_64x3_tn_align8EEvNT_6ParamsE",
+              "_ZN8cublasLt19splitKreduce_kernelILi32ELi16Ei6__halfS1_S1_S1_Lb0EEEv",
+              "_Z23convert_unary_cont_vec4I6__halffEvPKvPT0_l",
+              "_ZN7cutlass7Kernel2I50cutlass_80_tensorop_s1688gemm_64x64_16x6_tn_align4EEvNT_6ParamsE"]
+    kept, gemms = without_cublas_conversions(theirs)
+    assert len(kept) == 4 and gemms == {1}
+    ours = ["get_rows_f16", "rms_norm_f32", "mul_mat_f16", "mul_mat_fixup_f32", "mul_mat_f32"]
+    assert differences(ours, kept, f16_gemms=gemms) == []
+    assert [(d.index, d.ours, d.theirs) for d in differences(ours, kept)] == [(1, "mul_mat_f", "cublas_gemm")]
+    # graphdiag's tile kernel where llama.cpp's F32 GEMM (no conversion) ran: still a difference
+    assert differences(ours[:4] + ["mul_mat_f16"], kept, f16_gemms=gemms)[0].index == 3

@@ -56,7 +56,7 @@ from .fusion import (MMID_ADD_ID, MMID_BIAS_GLU, MMID_GLU, MMV_ADD, MMV_GLU, MOE
 from .fusion_graph import other_src
 from .fusion_norm import RMS_NORM_MUL_ADD, RMS_NORM_MUL_ROPE, RMS_NORM_MUL_ROPE_SET_ROWS, RMS_NORM_SCALE
 from ..abi import Q8_1
-from ..geometry import FA_HEAD_DIMS, FA_MAX_ROWS, fa_direct, fa_plan, fa_vec, mmv_warps_per_row
+from ..geometry import FA_HEAD_DIMS, FA_MAX_ROWS, fa_direct, fa_plan, fa_takes_vec, mmv_warps_per_row
 from ..kernels import fa_direct_kernel, fa_mma_kernel, fa_vec_kernel
 from .pdl import upstream_pdl
 
@@ -101,7 +101,9 @@ def _lower_node(graph: Graph, i: int, fusion: Fusion | None, cc: int, d: "Descri
             parts = cublas_split_k_parts(node, cc, nsm)
             if parts:
                 return _split_k(d, node, parts, f"mul_mat_{_W[s[0].type]}")
-        if s[1].ne[1] > MMVQ_MAX_BATCH_SIZE:
+        # F16 weights at 2-16 columns: upstream's MMF (ggml_cuda_should_use_mmvf takes F16 at one column on
+        # Ampere and newer), whose stand-in is graphdiag's tile kernel, as above 8 columns
+        if s[1].ne[1] > MMVQ_MAX_BATCH_SIZE or (s[0].type == GGMLType.F16 and mul_mat_path(node, cc) == "mmf"):
             parts = _stream_k_parts(node, cc, nsm) if s[0].type == GGMLType.Q8_0 else 0
             return _mat_product(d, f"mul_mat_{_W[s[0].type]}", [node, s[0], s[1]], x_slot=2, parts=parts)
         return _mat_product(d, f"mul_mat_vec_{_W[s[0].type]}", [node, s[0], s[1]], x_slot=2, ip=_mmv_ip(node, s[0]))
@@ -271,10 +273,11 @@ def _lower_attention(d, node: Tensor, cc: int):
         # left Gemma 3's 4 heads on one SM (94 µs a layer on the H200, 18 layers a step)
         return KernelOp(_launch(d, fa_direct_kernel(hd), [node, q, k, v, mask],
                                 ip=(chunk, 1, 1, 1), fp=(node.param_f32(0),)))
-    tq, n_split, chunk, nbytes = fa_plan(hd, n_head, n_head_kv, n_kv, n_tok, nb3)
+    vec = fa_takes_vec(hd, n_head, n_head_kv, n_kv, n_tok, nb3, cc)
+    tq, n_split, chunk, nbytes = fa_plan(hd, n_head, n_head_kv, n_kv, n_tok, nb3, vec)
     ne = (dv + 2, n_split, n_head, n_tok * nb3)
     nb = (4, 4 * ne[0], 4 * ne[0] * ne[1], 4 * ne[0] * ne[1] * ne[2])
-    kernel = fa_vec_kernel(hd, n_head // n_head_kv) if fa_vec(n_head, n_head_kv, n_tok) else fa_mma_kernel(hd)
+    kernel = fa_vec_kernel(hd, n_head // n_head_kv) if vec else fa_mma_kernel(hd)
     part = _launch(d, kernel, [None, q, k, v, mask], ip=(chunk, tq), fp=(node.param_f32(0),),
                    scratch=[(0, int(GGMLType.F32), ne, nb)])
     comb = _launch(d, "flash_attn_combine_f32", [node, None, sinks], scratch=[(1, int(GGMLType.F32), ne, nb)])
