@@ -27,6 +27,7 @@ _COARSE = {"rope_norm": "rope", "rope_neox": "rope", "quantize_q8_1": "quantize"
 _GRAPHDIAG = (
     (r"get_rows_(f32|f16|bf16)$", "k_get_rows_float"), (r"get_rows_", "k_get_rows"),
     (r"rms_norm_mul_rope", "rms_norm_mul_rope_f32"),      # the QK-norm fusion (its set_rows form too)
+    (r"^scale_f32$", "scale_f32"), (r"^dequantize_f16_", "quantize"),
     (r"rope", "rope"), (r"set_rows_", "k_set_rows"), (r"^(add|sub|mul|div)_f32$", "k_bin_bcast"),
     (r"rms_norm", "rms_norm_f32"), (r"quantize_q8_1", "quantize"),
     (r"mul_mat_fixup", "fixup"), (r"flash_attn_combine", "flash_attn_combine_results"),
@@ -62,10 +63,14 @@ def upstream(name: str) -> str:
 
 def upstream_sequence(names: list[str]) -> list[str]:
     """upstream() of each graphdiag kernel in a capture, in order; a flash-attention combine after the
-    tensor-core kernel is the stream-k fixup ggml launches there (after the vec kernel, its combine)."""
+    tensor-core kernel is the stream-k fixup ggml launches there (after the vec kernel, its combine), and a
+    tile mat-mul after a dequantize_f16 is MMQ's stand-in (a quantised type graphdiag's prefill dequantises to
+    F16 where ggml quantises x to Q8_1 for mul_mat_q: two launches each)."""
     out: list[str] = []
     for k in names:
         fam = upstream(k)
+        if fam == "mul_mat_f" and out and out[-1] == "quantize" and names[len(out) - 1].startswith("dequantize_"):
+            fam = "mul_mat_q"       # graphdiag's stand-in for MMQ on a type without its own tile kernel
         out.append("fixup" if fam == "flash_attn_combine_results" and out and out[-1] == "flash_attn_ext_f16"
                    else fam)
     return out

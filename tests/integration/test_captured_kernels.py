@@ -237,3 +237,16 @@ def test_f16_cublas_captures_as_llama_cpp(model, arch, fixture, tmp_path):
     assert [n - EMBEDDING_ON_CPU + extra for n, extra in ours] == [len(c) for c in theirs]
     reduces = [sum("splitKreduce_kernel" in k for k in c) for c in theirs]
     assert reduces == {"tiny": [3, 0, 0, 0, 0, 0], "qwen3moe-tiny": [0, 0, 4, 4, 4, 8]}[model]
+
+
+@pytest.mark.parametrize("scenario", ["nkv-growth", "fusion-boundary", "prompt-over-ubatch"])
+def test_gemma3_kernel_names_follow_llama_cpp(gemma3_file, scenario, monkeypatch):
+    """The real Gemma 3 270M file, every position of every capture (H200 recordings): its scale kernel, the fused
+    QK-norm rope, and its Q5_0 tensors at 9 tokens and more, where graphdiag's dequantize_f16 + tile mat-mul
+    stand for ggml's Q8_1 quantize + mul_mat_q (kernel_names.upstream_sequence)."""
+    from graphdiag.llama.kernel_names import differences, without_cublas_conversions
+    ours, theirs = _kernel_names(str(gemma3_file), scenario, monkeypatch), _theirs(f"gemma3-{scenario}")
+    assert len(ours) == len(theirs)
+    for i, (a, b) in enumerate(zip(ours, theirs)):
+        b, f16_gemms = without_cublas_conversions(b)
+        assert differences(a, b, f16_gemms=f16_gemms) == [], (scenario, i)

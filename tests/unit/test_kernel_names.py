@@ -83,3 +83,8 @@ def test_cublas_conversions_left_out_and_the_f16_gemms_they_surround_matched():
     assert [(d.index, d.ours, d.theirs) for d in differences(ours, kept)] == [(1, "mul_mat_f", "cublas_gemm")]
     # graphdiag's tile kernel where llama.cpp's F32 GEMM (no conversion) ran: still a difference
     assert differences(ours[:4] + ["mul_mat_f16"], kept, f16_gemms=gemms)[0].index == 3
+
+
+def test_a_dequantize_and_tile_mat_mul_stand_for_mmq():
+    assert upstream_sequence(["dequantize_f16_q5_0", "mul_mat_f16", "mul_mat_f16", "scale_f32"]) == [
+        "quantize", "mul_mat_q", "mul_mat_f", "scale_f32"]
