@@ -426,7 +426,7 @@ def validate_run(cfg: RunConfig, scenario=None, as_json: bool = False, verbosity
     if getattr(model, "n_swa", 0) > 0:
         _check_swa_cells(cfg, model, demand)
     if cfg.backend != "cpu" and cfg.pool_cap is not None:
-        major, minor = (int(x) for x in cfg.compute_capability.split("."))
+        major, minor = cfg.cc_tuple
         need, step = min_pool_cap(demand, model, cfg.wtype, 100 * major + 10 * minor)
         if cfg.pool_cap < need:
             raise UsageError(f"{_named(cfg, scenario, 'pool_cap', '--pool-cap')} {cfg.pool_cap} is below the "

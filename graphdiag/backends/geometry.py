@@ -194,12 +194,16 @@ def fa_takes_vec(head_dim: int, n_head: int, n_head_kv: int, n_kv: int, n_tokens
         return False
     if cc < CC_TURING:
         return True
-    g = n_head // max(n_head_kv, 1)
     if not (head_dim <= 256 and head_dim % 64 == 0 and n_kv % FATTN_KQ_STRIDE == 0) or n_tokens != 1:
         return False
-    if n_seq == 1 and cc >= 890 and not (g > 4 and (head_dim >= 256 or n_kv >= 8192)):
-        return True
-    return g < 2
+    return _ada_vec(head_dim, n_head, n_head_kv, n_kv, n_tokens, n_seq, cc) or n_head // max(n_head_kv, 1) < 2
+
+
+def _ada_vec(head_dim: int, n_head: int, n_head_kv: int, n_kv: int, n_tokens: int, n_seq: int, cc: int) -> bool:
+    """Upstream's vec kernel on Ada and newer with F16 K/V: one token, one sequence, unless more than 4 query
+    heads share a kv head at D >= 256 or n_kv >= 8192."""
+    g = n_head // max(n_head_kv, 1)
+    return n_tokens == 1 and n_seq == 1 and cc >= 890 and not (g > 4 and (head_dim >= 256 or n_kv >= 8192))
 
 
 def fa_direct(head_dim: int, n_head: int, n_head_kv: int, n_kv: int, n_tokens: int, n_seq: int, cc: int) -> bool:
@@ -211,10 +215,8 @@ def fa_direct(head_dim: int, n_head: int, n_head_kv: int, n_kv: int, n_tokens: i
     flash_attn_combine_results only for more than one. So D = 256 at n_kv 256 (Gemma 3's first 256 cells)
     is one kernel, and n_kv 512 two: a captured graph's topology changes there. The tensor-core path at
     more tokens keeps its stream-k fixup at these sizes (nbatch_fa 64 or 128 < n_kv): two kernels, as here."""
-    g = n_head // max(n_head_kv, 1)
-    vec_upstream = (n_tokens == 1 and n_seq == 1 and cc >= 890     # GGML_CUDA_CC_ADA_LOVELACE
-                    and not (g > 4 and (head_dim >= 256 or n_kv >= 8192)))
-    return vec_upstream and fa_vec(n_head, n_head_kv, n_tokens) and _cdiv(n_kv, head_dim) == 1
+    return (_ada_vec(head_dim, n_head, n_head_kv, n_kv, n_tokens, n_seq, cc) and fa_vec(n_head, n_head_kv, n_tokens)
+            and _cdiv(n_kv, head_dim) == 1)
 
 
 def fa_mma_blocks(n_head: int, n_head_kv: int, n_tokens: int, n_batch: int = 1) -> int:
