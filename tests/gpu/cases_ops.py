@@ -181,8 +181,9 @@ def norm_scale_swiglu_clamp_cases() -> list[Case]:
     for w in ("f16", "q8_0", "f32"):
         for k, m, n in ((640, 2048, 1), (512, 77, 3)):
             # the dots' rounding (~1e-6 of |dot|, up to ~25 here) is measured against max|ref|, which the
-            # clamp caps at 7 * silu(7): 2.3e-6 seen on the H200 at K640 (F16, F32), so twice F32_DOT
-            c = Case(f"mul_mat_vec_glu_{w}", f"swiglu-clamp-K{k}-M{m}-N{n}", 2 * F32_DOT)
+            # clamp caps at 7 * silu(7): 2.3e-6 seen on the H200 at K640 (F16, F32), 4.4e-6 on the H100 at
+            # K512-M77-N3 (F16, 2026-12-07), so four times F32_DOT
+            c = Case(f"mul_mat_vec_glu_{w}", f"swiglu-clamp-K{k}-M{m}-N{n}", 4 * F32_DOT)
             x = c.q8_1(k, n) if w == "q8_0" else c.randn(G.F32, k, n)
             out.append(c.set(c.output(G.F32, m, n), c.randn(WT[w], k, m), c.randn(WT[w], k, m), x, ip=(6,),
                              fp=(7.0,)))

@@ -53,7 +53,9 @@ def _mat_vec(w: str) -> list[Case]:
         out.append(c.set(c.output(G.F32, m, n), qweights(c, w, k, m), _x(c, w, k, n), c.randn(G.F32, m, n),
                          ip=(0, parts)))
     for k, m, n, op in ((512, 77, 1, 2), (256, 40, 2, 1), (1024, 30, 1, 0), (768, 64, 1, 1), (512, 48, 2, 6)):
-        c = Case(f"mul_mat_vec_glu_{w}", f"K{k}-M{m}-N{n}-op{op}", _bound(w))   # op 6: SWIGLU_CLAMP, limit 7
+        # op 6: SWIGLU_CLAMP, limit 7: the clamp caps max|ref| (the error's measure) below the dots whose
+        # rounding it carries, so 4x the bound (BF16 K512-M48-N2: 3.0e-6 on the H100 2026-12-07)
+        c = Case(f"mul_mat_vec_glu_{w}", f"K{k}-M{m}-N{n}-op{op}", _bound(w) * (4 if op == 6 else 1))
         out.append(c.set(c.output(G.F32, m, n), qweights(c, w, k, m), qweights(c, w, k, m), _x(c, w, k, n), ip=(op,),
                          fp=(7.0,) if op == 6 else ()))
     return out

@@ -18,5 +18,11 @@ def test_scenario_on_gpu(scenario):
     r = run(cfg, scenario)
     assert r.header["backend"] == "cuda"
     assert check_expectations(scenario, summarize(r.header, r.events)) == []
-    assert all(c.ok for c in r.events if isinstance(c, E.OracleCheck)), r.failures
+    if any(isinstance(e, E.ConcurrentRace) for e in r.events):
+        # regions whose streams share bytes, as llama.cpp's do with GGML_CUDA_GRAPH_OPT=1 (ggml-alloc hands Q's
+        # freed mat-mul to K's rope): the race is named, and the logits come out wrong as llama.cpp's tokens
+        # did (commit 7fcb707; tests/integration/test_concurrent_regions.py)
+        assert "race" in scenario.description
+    else:
+        assert all(c.ok for c in r.events if isinstance(c, E.OracleCheck)), r.failures
     assert all(v.ok for v in r.events if isinstance(v, E.VerifyResult)), r.failures
