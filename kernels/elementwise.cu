@@ -123,3 +123,4 @@ __device__ void copy(const kparams &p) {
 
 KERNEL_LB(cpy_f32_f32, 256) { copy(p); }
 KERNEL_LB(cpy_f32_f16, 256) { copy(p); }
+KERNEL_LB(cpy_f16_f32, 256) { copy(p); }

@@ -161,7 +161,7 @@ __device__ __forceinline__ void store_acc(const tdesc &D, const float (*acc)[NI]
 // third of the shared-memory traffic of the earlier kernel). One barrier per k step. Every output sums its
 // k16 products in k order whatever the tiling, so each geometry gives the register path's bits. Shared
 // memory (geometry.py mm_f16_smem): STAGES x BM x (BK + 8) halves of W + 2 x BN x (BK + 8) halves of x.
-template <int BM, int BN, int WGM, int WGN, int STAGES, int BK>
+template <int BM, int BN, int WGM, int WGN, int STAGES, int BK, bool XH>
 __device__ __forceinline__ void mm_f16_tiles(const kparams &p, unsigned char *smem) {
     constexpr int THREADS = 32 * WGM * WGN, WM = BM / WGM, WN = BN / WGN, MI = WM / 16, NI = WN / 8, KS = BK / 16;
     static_assert(MI * 16 == WM && NI * 8 == WN && NI % 2 == 0 && KS * 16 == BK, "steps");
@@ -187,16 +187,17 @@ __device__ __forceinline__ void mm_f16_tiles(const kparams &p, unsigned char *sm
         mm_copy_slot<BK>(W, m0, M, w2, w3, tid + THREADS * i, K, As[0], wr[i], wk[i], a_dst[i]);
         wr[i] += part.k0 * 2;
     }
-    // x: chunk idx = tid + THREADS * i: column idx / (BK / 4), 4 floats at k (idx % (BK / 4)) * 4
-    constexpr int XC = BK / 4;
-    const float *xr[NX];
+    // x: chunk idx = tid + THREADS * i: column idx / (BK / 4), 4 elements at k (idx % (BK / 4)) * 4; XH: x is
+    // already F16 (the copy upstream's cuBLAS path converts it into), 4 halves loaded and stored as they are
+    constexpr int XC = BK / 4, XB = XH ? 2 : 4;
+    const char *xr[NX];
     int xk[NX];
     unsigned short *xdst[NX];
 #pragma unroll
     for (int i = 0; i < NX; ++i) {
         const int idx = tid + THREADS * i, col = idx / XC, c = idx % XC;
         const i64 n = n0 + col;
-        xr[i] = (const float *)row_ptr(X, n < N ? n : N - 1, i2, i3) + part.k0 + c * 4;
+        xr[i] = row_ptr(X, n < N ? n : N - 1, i2, i3) + (part.k0 + c * 4) * XB;
         xk[i] = n < N ? c * 4 : K;
         xdst[i] = &Bs[0][col][c * 4];
     }
@@ -214,16 +215,20 @@ __device__ __forceinline__ void mm_f16_tiles(const kparams &p, unsigned char *sm
         cp_async_commit();
     };
     float4 xv[NX];
+    uint2 xhv[NX];
     auto load_x = [&](int kt) {
         const int k0 = kt * BK;
 #pragma unroll
-        for (int i = 0; i < NX; ++i)
-            xv[i] = (kt < nk && xk[i] + k0 < K) ? __ldg((const float4 *)(xr[i] + k0)) : make_float4(0.f, 0.f, 0.f, 0.f);
+        for (int i = 0; i < NX; ++i) {
+            const bool in = kt < nk && xk[i] + k0 < K;
+            if (XH) xhv[i] = in ? __ldg((const uint2 *)(xr[i] + k0 * 2)) : make_uint2(0, 0);
+            else xv[i] = in ? __ldg((const float4 *)(xr[i] + k0 * 4)) : make_float4(0.f, 0.f, 0.f, 0.f);
+        }
     };
     auto store_x = [&](int buf) {
 #pragma unroll
         for (int i = 0; i < NX; ++i)
-            *(uint2 *)(xdst[i] + buf * (sizeof(BTile) / 2)) =
+            *(uint2 *)(xdst[i] + buf * (sizeof(BTile) / 2)) = XH ? xhv[i] :
                 make_uint2(pack_h2(f2h(xv[i].x), f2h(xv[i].y)), pack_h2(f2h(xv[i].z), f2h(xv[i].w)));
     };
     unsigned a_ld[MI], b_ld[NI / 2];
@@ -280,7 +285,11 @@ __device__ __forceinline__ void mm_f16_tiles(const kparams &p, unsigned char *sm
 }
 
 __device__ void mm_f16_pipelined(const kparams &p, unsigned char *smem) {
-    mm_f16_tiles<MM_BM, MM_BN, 4, 2, MM_STAGES, MM_BK_P>(p, smem);
+    mm_f16_tiles<MM_BM, MM_BN, 4, 2, MM_STAGES, MM_BK_P, false>(p, smem);
+}
+
+__device__ void mm_f16_pipelined_xh(const kparams &p, unsigned char *smem) {
+    mm_f16_tiles<MM_BM, MM_BN, 4, 2, MM_STAGES, MM_BK_P, true>(p, smem);
 }
 
 __device__ void mm_f16_registers(const kparams &p, unsigned char *smem);
@@ -288,7 +297,9 @@ __device__ void mm_f16_registers(const kparams &p, unsigned char *smem);
 KERNEL_LB(mul_mat_f16, 256) {
     extern __shared__ __align__(16) unsigned char mm_smem[];   // geometry.py: the pipelined path's stages
     const tdesc &W = p.t[1], &X = p.t[2];
-    if (W.nb[0] == 2 && vec16(W) && X.nb[0] == 4 && vec16(X) && W.ne[0] % 8 == 0) mm_f16_pipelined(p, mm_smem);
+    const bool wvec = W.nb[0] == 2 && vec16(W) && W.ne[0] % 8 == 0;
+    if (wvec && X.type == GGML_F16 && X.nb[0] == 2 && vec16(X)) mm_f16_pipelined_xh(p, mm_smem);
+    else if (wvec && X.type != GGML_F16 && X.nb[0] == 4 && vec16(X)) mm_f16_pipelined(p, mm_smem);
     else mm_f16_registers(p, mm_smem);
 }
 
@@ -305,7 +316,7 @@ __device__ void mm_f16_registers(const kparams &p, unsigned char *smem) {
     const i64 i2 = part.i2, i3 = part.i3;
     const i64 w2 = i2 / (D.ne[2] / W.ne[2]), w3 = i3 / (D.ne[3] / W.ne[3]);
     const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, wm = warp & 3, wn = warp >> 2;
-    const bool wvec = W.nb[0] == 2 && vec16(W), xvec = X.nb[0] == 4 && vec16(X);
+    const bool wvec = W.nb[0] == 2 && vec16(W), xh = X.type == GGML_F16, xvec = !xh && X.nb[0] == 4 && vec16(X);
 
     uint4 ra[2];
     uint2 rb[2];
@@ -329,10 +340,20 @@ __device__ void mm_f16_registers(const kparams &p, unsigned char *smem) {
             ra[i] = v;
         }
 #pragma unroll
-        for (int i = 0; i < 2; ++i) {   // B: 64 columns x 8 chunks of 4 floats, rounded to F16
+        for (int i = 0; i < 2; ++i) {   // B: 64 columns x 8 chunks of 4 floats, rounded to F16 (F16 x: as is)
             const int idx = tid + 256 * i, row = idx >> 3, c = idx & 7;
             const i64 n = n0 + row, k = k0 + c * 4;
             float f[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+            if (xh) {
+                unsigned short h[4] = {0, 0, 0, 0};
+                if (n < N) {
+                    const char *xr = row_ptr(X, n, i2, i3);
+#pragma unroll
+                    for (int e = 0; e < 4; ++e) if (k + e < K) h[e] = *(const unsigned short *)(xr + (k + e) * X.nb[0]);
+                }
+                rb[i] = make_uint2(pack_h2(h[0], h[1]), pack_h2(h[2], h[3]));
+                continue;
+            }
             if (n < N) {
                 const char *xr = row_ptr(X, n, i2, i3);
                 if (xvec && k + 4 <= K) {

@@ -411,7 +411,7 @@ def _table() -> dict[str, Callable[[np.ndarray], Geometry]]:
         "rms_norm_f32": _rms_rows, "rms_norm_mul_f32": _rms_rows, "rms_norm_scale_f32": _rms_rows,
         "soft_max_f32": _per_row(1),
         "mul_f32": _binary, "add_f32": _binary, "glu_swiglu_f32": _binary, "glu_swiglu_clamp_f32": _binary,
-        "cpy_f32_f32": _elementwise(1), "cpy_f32_f16": _elementwise(1),
+        "cpy_f32_f32": _elementwise(1), "cpy_f32_f16": _elementwise(1), "cpy_f16_f32": _elementwise(1),
         "rope_f32": _rope_rows,
         "set_rows_f16": _elementwise(1), "set_rows_f32": _elementwise(1),
         **{fa_vec_kernel(d, gm): _flash_attn_vec(d, gm) for d in FA_HEAD_DIMS for gm in FAV_GROUPS},

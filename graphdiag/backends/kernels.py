@@ -99,8 +99,10 @@ def _specs() -> dict[str, KernelSpec]:
                                 "// S)) clipped to K, U = ceil(K / 64), part 0 into dst, part p > 0 into partials "
                                 "at batch i3 + (p - 1) * B3",) if split else (),
                             doc={"f32": "same as mul_mat_vec, any N (tiled, CUDA cores)",
-                                 "f16": "any N on tensor cores: x rounded to F16, then sum_k W[m, k] * x16[n, k] "
-                                        "accumulated in F32 (as ggml's cuBLAS path converts src1)",
+                                 "f16": "any N on tensor cores: x rounded to F16 (or read as F16: the copy "
+                                        "cpy_f32_f16 made on upstream's cuBLAS path), then sum_k W[m, k] * "
+                                        "x16[n, k] accumulated in F32; dst F32, or F16 (the cuBLAS path's result "
+                                        "cpy_f16_f32 converts)",
                                  "q8_0": "same as mul_mat_vec_q8_0, any N (int8 tensor cores)"}[w]))
         s.append(KernelSpec(f"mul_mat_vec_glu_{w}",
                             ("dst (M, N)", f"W_gate {w} (K, M)", f"W_up {w} (K, M)", x),
@@ -223,6 +225,8 @@ def _specs() -> dict[str, KernelSpec]:
                        "0c1e57098)"),
         KernelSpec("cpy_f32_f32", ("dst", "src"), doc="element-wise copy between strided layouts, same ne"),
         KernelSpec("cpy_f32_f16", ("dst F16", "src F32"), doc="copy with conversion"),
+        KernelSpec("cpy_f16_f32", ("dst F32", "src F16"),
+                   doc="copy with conversion: an F16 GEMM result to the node (upstream's cuBLAS path)"),
         *(KernelSpec(f"rng_fill_{w}", (f"dst {w}, contiguous (a weight)",),
                      ip=("seed low 32 bits", "seed high 32 bits", "tensor index"), fp=("mul", "add"),
                      doc="dst[i] = store(f32(c(seed, index, i)) * mul + add), the counter-based generator of "

@@ -155,7 +155,8 @@ def _mul_mat_split(name: str, wt: GGMLType) -> Kernel:
     q8, f16 = wt == GGMLType.Q8_0, wt == GGMLType.F16
     def k(space, p):
         _check_type(p, 1, wt, name)
-        _check_type(p, 2, Q8_1 if q8 else GGMLType.F32, name)
+        if not (f16 and int(p["t"][2]["type"]) == GGMLType.F16):      # mul_mat_f16 reads F16 x as it is
+            _check_type(p, 2, Q8_1 if q8 else GGMLType.F32, name)
         w, x, dst = view(space, p, 1), view(space, p, 2), view(space, p, 0)
         parts = k_parts(p, int(p["t"][1]["ne"][0]))
         if len(parts) > 1:
@@ -567,7 +568,7 @@ def _build() -> dict[str, Kernel]:
         "moe_weighted_reduction_f32": _moe_weighted_reduction, "topk_moe_f32": _topk_moe, "soft_max_f32": _soft_max, "top_k_f32": _top_k,
         "argsort_f32_i32_desc": _argsort_desc,
         "glu_swiglu_f32": _swiglu, "cpy_f32_f32": _cpy("cpy_f32_f32", GGMLType.F32),
-        "cpy_f32_f16": _cpy("cpy_f32_f16", GGMLType.F16),
+        "cpy_f32_f16": _cpy("cpy_f32_f16", GGMLType.F16), "cpy_f16_f32": _cpy("cpy_f16_f32", GGMLType.F32),
     })
     k.update(quant_kernels())   # the file's weight types (sim_quants.py)
     k.update(sim_moe.build(q8_dot, k_parts))   # the quantized experts on Q8_1 x, the expert-sorted map

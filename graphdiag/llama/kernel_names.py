@@ -8,7 +8,8 @@ cuts ggml's function name to its identifier; a few families stay coarser where t
 but not in place (`rope` for rope_norm/rope_neox, `quantize` for ggml's two Q8_1 quantisers,
 `mul_mat_vec_q` for its MoE form mul_mat_vec_q_moe (more than one token), `fixup` for a
 second launch that adds split parts: MMQ stream-k, flash attention stream-k, cuBLAS's split-K reduce,
-graphdiag's mul_mat_fixup_f32; `cublas_gemm` for the GEMM cuBLAS ran and graphdiag's F32 stand-in).
+graphdiag's mul_mat_fixup_f32; `cublas_gemm` for the GEMM cuBLAS ran and graphdiag's F32 stand-in, or its
+F16 tile mat-mul after x's F16 copy; `convert_unary` for the conversions around an F16 GEMM on that path).
 A float MUL_MAT_ID outside the fused gate/up is ggml's MMF with ids (`mul_mat_f`) on NVIDIA, whatever
 graphdiag's kernel is called (mul_mat_id_vec_f16: upstream never runs a float MUL_MAT_ID as a mat-vec there).
 """
@@ -22,9 +23,11 @@ from dataclasses import dataclass
 _COARSE = {"rope_norm": "rope", "rope_neox": "rope", "quantize_q8_1": "quantize", "quantize_mmq_q8_1": "quantize",
            "mul_mat_vec_q_moe": "mul_mat_vec_q",
            "mul_mat_q_stream_k_fixup": "fixup", "flash_attn_stream_k_fixup_uniform": "fixup",
-           "flash_attn_stream_k_fixup_general": "fixup"}
+           "flash_attn_stream_k_fixup_general": "fixup", "convert_unary_cont_vec4": "convert_unary",
+           "convert_unary_cont": "convert_unary"}
 # graphdiag kernel name pattern -> ggml identifier (first match wins)
 _GRAPHDIAG = (
+    (r"^cpy_f16_f32$", "convert_unary"),                  # an F16 GEMM result back to F32 (cuBLAS path)
     (r"get_rows_(f32|f16|bf16)$", "k_get_rows_float"), (r"get_rows_", "k_get_rows"),
     (r"rms_norm_mul_rope", "rms_norm_mul_rope_f32"),      # the QK-norm fusion (its set_rows form too)
     (r"^scale_f32$", "scale_f32"), (r"^dequantize_f16_", "quantize"),
@@ -63,13 +66,18 @@ def upstream(name: str) -> str:
 
 def upstream_sequence(names: list[str]) -> list[str]:
     """upstream() of each graphdiag kernel in a capture, in order; a flash-attention combine after the
-    tensor-core kernel is the stream-k fixup ggml launches there (after the vec kernel, its combine), and a
+    tensor-core kernel is the stream-k fixup ggml launches there (after the vec kernel, its combine), a
     tile mat-mul after a dequantize_f16 is MMQ's stand-in (a quantised type graphdiag's prefill dequantises to
-    F16 where ggml quantises x to Q8_1 for mul_mat_q: two launches each)."""
+    F16 where ggml quantises x to Q8_1 for mul_mat_q: two launches each), and x's F16 copy followed by the
+    tile mat-mul is upstream's cuBLAS path: convert_unary, then the GEMM (lowering._cublas_f16)."""
     out: list[str] = []
-    for k in names:
+    for i, k in enumerate(names):
         fam = upstream(k)
-        if fam == "mul_mat_f" and out and out[-1] == "quantize" and names[len(out) - 1].startswith("dequantize_"):
+        if k == "cpy_f32_f16" and i + 1 < len(names) and names[i + 1] == "mul_mat_f16":
+            fam = "convert_unary"
+        elif k == "mul_mat_f16" and i and names[i - 1] == "cpy_f32_f16":
+            fam = "cublas_gemm"
+        elif fam == "mul_mat_f" and out and out[-1] == "quantize" and names[i - 1].startswith("dequantize_"):
             fam = "mul_mat_q"       # graphdiag's stand-in for MMQ on a type without its own tile kernel
         out.append("fixup" if fam == "flash_attn_combine_results" and out and out[-1] == "flash_attn_ext_f16"
                    else fam)
@@ -88,17 +96,18 @@ class KernelDifference:
 
 
 def without_cublas_conversions(theirs: list[str]) -> tuple[list[str], set[int]]:
-    """llama.cpp's capture less the conversions ggml_cuda_mul_mat_cublas launches around a GEMM of F16 compute
-    (convert_unary: x to F16 before, the F16 result to F32 after; ChunkCaptured.cublas_extra counts them),
-    and the positions, in what remains, of the GEMMs a conversion preceded: graphdiag's tile kernel
-    (mul_mat_f16, whose family is MMF's) stands for each of those."""
+    """llama.cpp's capture less the conversions ggml_cuda_mul_mat_cublas launches around a GEMM that
+    graphdiag does not launch (ChunkCaptured.cublas_extra counts them): those to or from BF16 (x to BF16
+    before a BF16 GEMM; graphdiag's mul_mat_bf16 reads F32 x), and the positions, in what remains, of the
+    GEMMs such a conversion preceded: graphdiag's tile kernel (whose family is MMF's) stands for each of
+    those. The F16 path's conversions stay: graphdiag launches them too (lowering._cublas_f16)."""
     out: list[str] = []
     gemms: set[int] = set()
     converted = False
     for k in theirs:
-        if "convert_unary" in k:
-            # from F32 (template <float, ...>: "If" in the mangled name) is x going into a GEMM; from F16
-            # ("I6__half") a result coming out of one. A name without its template counts as the former.
+        if "convert_unary" in k and "bfloat16" in k:
+            # from F32 (template <float, ...>: "If" in the mangled name) is x going into a GEMM; from BF16
+            # a result coming out of one
             converted = not _FROM_HALF.search(k)
             continue
         if converted and identifier(k) == "cublas_gemm":
@@ -108,7 +117,7 @@ def without_cublas_conversions(theirs: list[str]) -> tuple[list[str], set[int]]:
     return out, gemms
 
 
-_FROM_HALF = re.compile(r"convert_unary\w*?I(6__half|14__nv_bfloat16)")
+_FROM_HALF = re.compile(r"convert_unary\w*?I14__nv_bfloat16")
 
 
 def differences(ours: list[str], theirs: list[str], embedding_on_cpu: int = 1,
@@ -116,8 +125,8 @@ def differences(ours: list[str], theirs: list[str], embedding_on_cpu: int = 1,
     """Every kernel whose family differs, position by position, after graphdiag's first `embedding_on_cpu`
     kernels (the embedding's GET_ROWS llama.cpp runs on the CPU): where those are not GET_ROWS the first
     difference is at index -1, naming graphdiag's kernel there. `f16_gemms`: positions of llama.cpp's
-    capture holding cuBLAS GEMMs of F16 compute (without_cublas_conversions), where graphdiag's mul_mat_f16
-    is their stand-in."""
+    capture holding cuBLAS GEMMs whose conversions graphdiag does not launch (without_cublas_conversions), where
+    graphdiag's tile kernel is their stand-in."""
     head = ours[:embedding_on_cpu]
     out = [KernelDifference(-1, k, upstream(k), "(the embedding's GET_ROWS)") for k in head
            if not upstream(k).startswith("k_get_rows")]

@@ -115,7 +115,34 @@ def k_split_cases() -> list[Case]:
     for m, n, b2, b3, p in ((300, 12, 1, 1, 3), (64, 9, 2, 2, 1), (1000, 33, 1, 1, 7)):
         c = Case("mul_mat_fixup_f32", f"M{m}-N{n}-B{b2}x{b3}-P{p}", F32_ELEM)
         out.append(c.set(c.randn(G.F32, m, n, b2, b3), c.randn(G.F32, m, n, b2, b3 * p), ip=(p,)))
-    return out + moe_reduction_cases() + topk_moe_cases()
+    return out + cublas_f16_cases() + moe_reduction_cases() + topk_moe_cases()
+
+
+def cublas_f16_cases() -> list[Case]:
+    """Upstream's cuBLAS path for F16 weights past 16 columns as graphdiag launches it (lowering._cublas_f16):
+    x's F16 copy (cpy_f32_f16), mul_mat_f16 reading that copy as it is and writing an F16 result (its pipelined
+    path on aligned rows, the register path otherwise), split over K with mul_mat_fixup_f32 adding F32
+    partials into the F16 result, and cpy_f16_f32 writing the node. F16 results are compared within two F16
+    ulps of max|ref| (the F32 sums round to F16 on both sides, their last bits may differ)."""
+    out = []
+    for k, m, n, b in ((1408, 512, 47, 1), (512, 512, 26, 1), (512, 1408, 47, 1), (96, 33, 20, 2), (72, 40, 24, 1),
+                       (60, 40, 24, 1)):
+        c = Case("mul_mat_f16", f"xh-K{k}-M{m}-N{n}-B{b}", 2 * F16_OUT)
+        out.append(c.set(c.output(G.F16, m, n, b), c.randn(G.F16, k, m), c.randn(G.F16, k, n, b)))
+    for k, m, n, s in ((1408, 512, 47, 2), (1024, 512, 32, 2), (200, 130, 24, 3)):
+        for slot in (0, 3):
+            c = Case("mul_mat_f16", f"xh-K{k}-M{m}-N{n}-S{s}-" + ("dst" if slot == 0 else "partials"),
+                     2 * F16_OUT if slot == 0 else TC_DOT, out=slot)
+            out.append(c.set(c.output(G.F16, m, n), c.randn(G.F16, k, m), c.randn(G.F16, k, n),
+                             c.output(G.F32, m, n, 1, s - 1), ip=(s,)))
+    c = Case("mul_mat_fixup_f32", "f16-dst-M512-N47-P1", F16_OUT)
+    out.append(c.set(c.randn(G.F16, 512, 47), c.randn(G.F32, 512, 47), ip=(1,)))
+    c = Case("cpy_f16_f32", "M1408-N47", 0.0)
+    out.append(c.set(c.output(G.F32, 1408, 47), c.randn(G.F16, 1408, 47)))
+    c = Case("cpy_f16_f32", "transposed-src", 0.0)
+    sb = c.randn(G.F16, 24, 10)
+    out.append(c.set(c.output(G.F32, 10, 24), c.view(sb, (10, 24), (sb.nb[1], 2))))
+    return out
 
 
 def moe_reduction_cases() -> list[Case]:

@@ -67,9 +67,12 @@ def test_the_qk_norm_fusion_is_its_own_family():
         identifier("_Z21rms_norm_mul_rope_f32ILi256EEvPKf") == "rms_norm_mul_rope_f32"
 
 
-def test_cublas_conversions_left_out_and_the_f16_gemms_they_surround_matched():
+def test_f16_cublas_path_matches_graphdiags_copies_and_bf16_conversions_are_left_out():
     """llama.cpp's cuBLAS path for an F16 GEMM: convert x, the GEMM (here split over K, its reduce after),
-    convert the result back; an F32 GEMM (the MoE router's) has no conversion and stays cuBLAS's."""
+    convert the result back — graphdiag launches the same (cpy_f32_f16, mul_mat_f16, mul_mat_fixup_f32,
+    cpy_f16_f32: lowering._cublas_f16), so nothing is left out; an F32 GEMM (the MoE router's) has no
+    conversion and stays cuBLAS's; x's conversion to BF16 before a BF16 GEMM is left out (graphdiag's
+    mul_mat_bf16 reads F32 x) and the GEMM after it matched by graphdiag's tile kernel."""
     from graphdiag.llama.kernel_names import differences, without_cublas_conversions
     theirs = ["_Z12rms_norm_f32ILi256EEv", "_Z23convert_unary_cont_vec4If6__halfEvPKvPT0_l",
               "_ZN7cutlass7Kernel2I51cutlass_80_tensorop_h16816gemm_64x64_64x3_tn_align8EEvNT_6ParamsE",
@@ -77,12 +80,18 @@ def test_cublas_conversions_left_out_and_the_f16_gemms_they_surround_matched():
               "_Z23convert_unary_cont_vec4I6__halffEvPKvPT0_l",
               "_ZN7cutlass7Kernel2I50cutlass_80_tensorop_s1688gemm_64x64_16x6_tn_align4EEvNT_6ParamsE"]
     kept, gemms = without_cublas_conversions(theirs)
-    assert len(kept) == 4 and gemms == {1}
-    ours = ["get_rows_f16", "rms_norm_f32", "mul_mat_f16", "mul_mat_fixup_f32", "mul_mat_f32"]
-    assert differences(ours, kept, f16_gemms=gemms) == []
-    assert [(d.index, d.ours, d.theirs) for d in differences(ours, kept)] == [(1, "mul_mat_f", "cublas_gemm")]
-    # graphdiag's tile kernel where llama.cpp's F32 GEMM (no conversion) ran: still a difference
-    assert differences(ours[:4] + ["mul_mat_f16"], kept, f16_gemms=gemms)[0].index == 3
+    assert kept == theirs and gemms == set()
+    ours = ["get_rows_f16", "rms_norm_f32", "cpy_f32_f16", "mul_mat_f16", "mul_mat_fixup_f32", "cpy_f16_f32",
+            "mul_mat_f32"]
+    assert differences(ours, kept) == []
+    # the tile kernel without x's copy before it is MMF's stand-in, not the GEMM: a difference
+    assert [(d.index, d.ours) for d in differences(ours[:2] + ["rms_norm_f32"] + ours[3:], kept)][:2] == [
+        (1, "rms_norm_f32"), (2, "mul_mat_f")]
+    bf16 = ["_Z12rms_norm_f32ILi256EEv", "_Z23convert_unary_cont_vec4If14__nv_bfloat16EvPKvPT0_l",
+            "_ZN7cutlass7Kernel2I52cutlass_80_tensorop_bf16_s16816gemm_bf16_64x64_32x6_tn_align8EEvNT_6ParamsE"]
+    kept, gemms = without_cublas_conversions(bf16)
+    assert len(kept) == 2 and gemms == {1}
+    assert differences(["get_rows_bf16", "rms_norm_f32", "mul_mat_bf16"], kept, f16_gemms=gemms) == []
 
 
 def test_a_dequantize_and_tile_mat_mul_stand_for_mmq():

@@ -270,4 +270,8 @@ def test_a_simulated_gpu_run_fuses_and_meets_the_cpu_backend(n_tokens):
     bus.flush()
     assert sorted(fused) == sorted([RMS_NORM_SCALE] + ([MMV_GLU] if n_tokens == 1 else []))
     assert (np.abs(want) > 0).all() and np.abs(want).max() <= LIMIT * LIMIT / (1 + np.exp(-LIMIT)) + 1e-6
-    np.testing.assert_allclose(got, want, rtol=2e-5, atol=2e-5)
+    # at 3 tokens the gate/up mat-muls (48 rows: MMF refuses them) take upstream's cuBLAS path, whose GEMM
+    # result is F16 (lowering._cublas_f16): half an F16 ulp of each gate and up value (up to ~8 here: 3.4e-3
+    # after the GLU), where the CPU backend keeps float32
+    tol = 2e-5 if n_tokens == 1 else 5e-3
+    np.testing.assert_allclose(got, want, rtol=tol, atol=tol)

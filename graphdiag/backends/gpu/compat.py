@@ -249,9 +249,10 @@ def cublas_launches(node: Tensor, cc: int, nsm: int) -> int:
     """The kernels upstream's ggml_cuda_mul_mat_cublas launches for a MUL_MAT on its cuBLAS path with F16,
     BF16 or quantized weights (0: another path, or F32 weights, whose stand-in is cublas_split_k_parts'
     own two launches): the GEMM (and its split-K reduce where cublas_split_k_parts says cuBLAS splits it),
-    and around it the conversions to and from its compute type (cublas_compute_type), which graphdiag's own
-    mat-mul kernels do without: src0 and src1 are each converted unless already of it, and an F16 / BF16
-    result is converted to F32 unless cuBLAS writes F32 itself (F16 on Volta, BF16 on NVIDIA). Recorded on
+    and around it the conversions to and from its compute type (cublas_compute_type): src0 and src1 are each
+    converted unless already of it, and an F16 / BF16 result is converted to F32 unless cuBLAS writes F32
+    itself (F16 on Volta, BF16 on NVIDIA). graphdiag launches the same for F16 weights computed in F16 with
+    an F16 result (lowering._cublas_f16); its other mat-mul kernels do without the conversions. Recorded on
     the H100 (2026-12-07, llama-server on tiny F16, a 512-token ubatch): 25 mat-muls as 25
     convert_unary<float, half>, 25 cutlass / sm90 h-GEMMs and 25 convert_unary<half, float>."""
     w, x = node.src[0], node.src[1]

@@ -22,6 +22,11 @@ otherwise never on n_kv or on which path its batch takes, so those changes keep 
                                                       ggml) dequantize_f16_{w} of W into pool scratch then
                                                       mul_mat_f16 (graphdiag has no MMQ tiles for these); 3
                                                       with the k-split and its fixup, as Q8_0
+  F16 MUL_MAT                                      1: mul_mat_vec(_glu/_add)_f16 at one column (MMVF),
+                                                      mul_mat_f16 at 2-16 (MMF); past 16 (upstream's cuBLAS
+                                                      path) 3: cpy_f32_f16 of x into pool scratch, mul_mat_f16
+                                                      into an F16 result there, cpy_f16_f32 into the node (4
+                                                      with the k-split where cuBLAS splits K)
   BF16 MUL_MAT                                     1: mul_mat_vec(_glu/_add)_bf16 on MMVF's path, else
                                                       mul_mat_bf16
   FLASH_ATTN_EXT                                   2: split-KV partials into pool scratch (flash_attn_vec_f16_
@@ -46,7 +51,8 @@ from ...ir.graph import Graph
 from ...ir.ops import GluOp, Op
 from ...ir.tensor import Tensor
 from ..drivers.base import H200_MULTIPROCESSORS, Launch
-from .compat import MMVQ_MAX_BATCH_SIZE, cublas_split_k_parts, mmq_stream_k_parts, mul_mat_path
+from .compat import (CC_VOLTA, MMVQ_MAX_BATCH_SIZE, cublas_compute_type, cublas_split_k_parts, mmq_stream_k_parts,
+                     mul_mat_path)
 from .descriptors import DescriptorTable
 from .launch_ops import KernelOp, ScratchLaunchesOp, q8_1_scratch, quantized_x_op
 from .launch_ops import W_SUFFIX as _W, X_SUFFIX as _X, pack_launch as _launch
@@ -97,7 +103,10 @@ def _lower_node(graph: Graph, i: int, fusion: Fusion | None, cc: int, d: "Descri
     if op == Op.MUL_MAT and s[0].type in _X:
         return _lower_x_mul_mat(d, node, cc, nsm)
     if op == Op.MUL_MAT:
-        if s[0].type in (GGMLType.F32, GGMLType.F16):
+        if (s[0].type == GGMLType.F16 and s[1].type == GGMLType.F32 and mul_mat_path(node, cc) == "cublas"
+                and cublas_compute_type(node, cc) == GGMLType.F16 and cc != CC_VOLTA):   # Volta: F32 result
+            return _cublas_f16(d, node, cublas_split_k_parts(node, cc, nsm))
+        if s[0].type == GGMLType.F32:
             parts = cublas_split_k_parts(node, cc, nsm)
             if parts:
                 return _split_k(d, node, parts, f"mul_mat_{_W[s[0].type]}")
@@ -194,8 +203,8 @@ def _mat_product(d, name: str, tensors: list[Tensor | None], x_slot: int, ip=(),
 
 
 def _split_k(d, node: Tensor, parts: int, name: str):
-    """An F32 or F16 MUL_MAT upstream hands to cuBLAS, which splits K (compat.cublas_split_k_parts): `name`
-    (mul_mat_f32, mul_mat_f16) in `parts` k parts, parts 1.. into pool scratch, and mul_mat_fixup_f32 adding
+    """An F32 MUL_MAT upstream hands to cuBLAS, which splits K (compat.cublas_split_k_parts): `name`
+    (mul_mat_f32) in `parts` k parts, parts 1.. into pool scratch, and mul_mat_fixup_f32 adding
     them in — two launches, as cuBLAS's split-K GEMM and its reduce."""
     m, n, b2, b3 = node.ne
     pne = (m, n, b2, b3 * (parts - 1))
@@ -205,6 +214,39 @@ def _split_k(d, node: Tensor, parts: int, name: str):
                      scratch=[(3, f32, pne, pnb)])
     fixup = _launch(d, "mul_mat_fixup_f32", [node, None], ip=(parts - 1,), scratch=[(1, f32, pne, pnb)])
     return ScratchLaunchesOp([kernel, fixup], [((3, 0),), ((1, 0),)], pnb[3] * pne[3])
+
+
+def _cublas_f16(d, node: Tensor, parts: int):
+    """An F16 MUL_MAT upstream hands to cuBLAS computing in F16 (ggml_cuda_op_mul_mat_cublas): launch for
+    launch what upstream's capture holds — x converted to F16 into pool scratch (convert_unary<float, half>:
+    cpy_f32_f16), the GEMM of W and that copy into an F16 result in pool scratch (mul_mat_f16 with F16 x;
+    where cuBLAS splits K, compat.cublas_split_k_parts, in `parts` k parts and mul_mat_fixup_f32 adding them
+    in, as h16816gemm + splitKreduce_kernel), and that result converted to F32 into the node
+    (convert_unary<half, float>: cpy_f16_f32): three launches, four split. The copies are upstream's pool
+    allocations (src1 as F16, the F16 dst), in one scratch buffer. graphdiag's GEMM sums in F32 where
+    cuBLAS's CUBLAS_COMPUTE_16F may sum in F16: the result is rounded to F16 as upstream's is."""
+    x, w = node.src[1], node.src[0]
+    f16, f32 = int(GGMLType.F16), int(GGMLType.F32)
+    xne, yne = x.ne, node.ne
+    xnb = (2, 2 * xne[0], 2 * xne[0] * xne[1], 2 * xne[0] * xne[1] * xne[2])
+    ynb = (2, 2 * yne[0], 2 * yne[0] * yne[1], 2 * yne[0] * yne[1] * yne[2])
+    y_at = -(-(xnb[3] * xne[3]) // 256) * 256
+    p_at = y_at + -(-(ynb[3] * yne[3]) // 256) * 256
+    cvt = _launch(d, "cpy_f32_f16", [None, x], scratch=[(0, f16, xne, xnb)])
+    back = _launch(d, "cpy_f16_f32", [node, None], scratch=[(1, f16, yne, ynb)])
+    if not parts:
+        gemm = _launch(d, "mul_mat_f16", [None, w, None], scratch=[(0, f16, yne, ynb), (2, f16, xne, xnb)])
+        return ScratchLaunchesOp([cvt, gemm, back], [((0, 0),), ((0, y_at), (2, 0)), ((1, y_at),)], p_at)
+    m, n, b2, b3 = yne
+    pne = (m, n, b2, b3 * (parts - 1))
+    pnb = (4, 4 * m, 4 * m * n, 4 * m * n * b2)
+    gemm = _launch(d, "mul_mat_f16", [None, w, None, None], ip=(parts,),
+                   scratch=[(0, f16, yne, ynb), (2, f16, xne, xnb), (3, f32, pne, pnb)])
+    fixup = _launch(d, "mul_mat_fixup_f32", [None, None], ip=(parts - 1,),
+                    scratch=[(0, f16, yne, ynb), (1, f32, pne, pnb)])
+    return ScratchLaunchesOp([cvt, gemm, fixup, back],
+                             [((0, 0),), ((0, y_at), (2, 0), (3, p_at)), ((0, y_at), (1, p_at)), ((1, y_at),)],
+                             p_at + pnb[3] * pne[3])
 
 
 def _k_split(d, name: str, tensors: list[Tensor | None], first: Launch, operand, nbytes: int, parts: int):

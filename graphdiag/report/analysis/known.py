@@ -194,20 +194,24 @@ KNOWN: tuple[Known, ...] = (
           "kernel count and updates in place",
           _cublas_inside),
     Known("cublas-conversions",
-          "a capture of the same entry holding mat-muls upstream hands to cuBLAS with F16, BF16 or quantized "
-          "weights, where llama.cpp's graph has exactly graphdiag's kernel nodes (less the token embedding's "
-          "GET_ROWS where graphdiag's graph holds it) plus the conversions cuBLAS's path launches around each "
-          "GEMM (ChunkCaptured.cublas_extra, gpu/compat.cublas_launches)",
-          "ggml_cuda_mul_mat_cublas converts src1 to the GEMM's compute type and an F16 result back to F32 in "
-          "kernels of their own (convert_unary), where graphdiag's mat-mul kernel reads F32 x and writes F32. "
-          "Named by the kernel names of llama-server's captured graph (graphdiag trace, H100 2026-12-07, tiny "
-          "F16, a prefill ubatch past 16 tokens): 111 kernels = 25 convert_unary<float, half> + 25 cutlass "
-          "h16816gemm / sm90 xmma GEMMs + 25 convert_unary<half, float> + 36 others, where graphdiag's capture "
-          "of the same ubatch held 62 (61 + GET_ROWS). Where cuBLAS also splits a GEMM over K (h16816gemm + "
-          "cublasLt splitKreduce_kernel) graphdiag's stand-in launches two kernels too (compat."
-          "cublas_split_k_parts), so the conversions remain the difference: tiny F16's 47-token prompt, 122 "
-          "kernels = graphdiag's 73 - GET_ROWS + 50 (H100 2026-12-07, tests/data/llama/kernels-tiny-f16-gen-"
-          "716079883.json)",
+          "a capture of the same entry holding mat-muls upstream hands to cuBLAS with BF16 or quantized "
+          "weights (or F16 weights computed in F32), where llama.cpp's graph has exactly graphdiag's kernel "
+          "nodes (less the token embedding's GET_ROWS where graphdiag's graph holds it) plus the conversions "
+          "cuBLAS's path launches around each GEMM that graphdiag's kernels do without (ChunkCaptured."
+          "cublas_extra, gpu/compat.cublas_launches less the launches of graphdiag's lowering)",
+          "ggml_cuda_mul_mat_cublas converts src1 to the GEMM's compute type (and an F16 result back to F32) in "
+          "kernels of their own (convert_unary). For F16 weights computed in F16, the path every F16 file takes "
+          "past 16 columns on NVIDIA since Pascal, graphdiag launches the same three (x's F16 copy, the GEMM "
+          "into an F16 result, its conversion to F32; four where cuBLAS splits K: lowering._cublas_f16), so no "
+          "kernel is excused there: named by the kernel names of llama-server's captured graph (graphdiag "
+          "trace, H100 2026-12-07, tiny F16, a prefill ubatch past 16 tokens: 25 convert_unary<float, half> + "
+          "25 cutlass h16816gemm / sm90 xmma GEMMs + 25 convert_unary<half, float> + 36 others) and of the "
+          "differential test's (tests/data/llama/kernels-tiny-f16-gen-716079883.json: 122 kernels, graphdiag's "
+          "123 with GET_ROWS), which graphdiag's now match position for position. Before it did (2026-12-07, "
+          "seed 1212029658), graphdiag updated an executable llama.cpp had to re-instantiate: a 26-token "
+          "capture of 73 nodes against 122, then 2 tokens at 73 against 72. BF16 weights: x is converted to "
+          "BF16 (convert_unary<float, __nv_bfloat16>) before a GEMM writing F32, where graphdiag's mul_mat_bf16 "
+          "reads F32 x: one kernel each",
           _cublas_conversions),
 )
 
