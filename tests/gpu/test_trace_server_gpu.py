@@ -77,12 +77,15 @@ def test_trace_llama_server_under_concurrent_completions(server_bin, tmp_path):
                 time.sleep(0.5)
             else:
                 pytest.fail(f"llama-server not healthy in 120 s: {log.read_text()[-3000:]}")
+            # all at once and long enough to overlap: tiny decodes ~5000 tokens/s, so completions started 50 ms
+            # apart each ran alone on llama-server b11434 (one sequence a batch, H100 2026-12-07)
             done: list = []
-            threads = [threading.Thread(target=_complete, args=([1 + (7 * i + j) % 200 for j in range(8 + 40 * i)],
-                                                                24 + 4 * i, done)) for i in range(8)]
+            go = threading.Barrier(8)
+            threads = [threading.Thread(target=lambda *a: (go.wait(), _complete(*a)),
+                                        args=([1 + (7 * i + j) % 200 for j in range(8 + 40 * i)], 160 + 8 * i, done))
+                       for i in range(8)]
             for t in threads:
                 t.start()
-                time.sleep(0.05)
             for t in threads:
                 t.join(timeout=180)
             assert len(done) == 8, done

