@@ -35,7 +35,7 @@ from .plan import StepPlan, max_sequences, plan_steps
 from .release import releasing
 from .sched.context import make_context
 
-from .events.checks import ORACLE_BOUND, ORACLE_JITTERS
+from .events.checks import ORACLE_BOUND, ORACLE_F16_GEMM_BOUND, ORACLE_F16_GEMM_MIN_TOKENS, ORACLE_JITTERS
 from .oracle_check import failure_line, judge
 from .oracle_router import Probe, RouterFollow, guesses, near_ties, refusal_line
 from .backends.sim_router_tap import RouterTap
@@ -606,6 +606,9 @@ class Stepper:
         if not logits.size:                    # a ubatch with no outputs: the reference's cache kept up only
             return
         bound = ORACLE_BOUND.get(s.cfg.wtype, ORACLE_BOUND["f16"])   # the CPU backend: f32 vs f64
+        n_tokens = len(batch[p.seq]) if p.kind == "prefill" else len(batch)
+        if s.cfg.backend != "cpu" and s.cfg.wtype == "f16" and n_tokens >= ORACLE_F16_GEMM_MIN_TOKENS:
+            bound = ORACLE_F16_GEMM_BOUND      # the cuBLAS path's F16 GEMM results (events/checks.py)
         ev = judge(step, logits, want, noisy, bound,    # noisy: a GPU backend (or the sim) on Q8_1 activations
                    *((len(follow.followed), len(follow.refused)) if follow is not None else ()))
         if probe is not None and not ev.ok:

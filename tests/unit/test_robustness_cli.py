@@ -273,11 +273,11 @@ def test_output_piped_into_head_ends_quietly(tmp_path):
 def test_oracle_checks_are_in_the_summary_and_the_json(capsys):
     assert main(["run", *QUICK, "--steps", "2", "--oracle"]) == 0
     out = capsys.readouterr().out
-    m = re.search(r"oracle: 3 checks, max relative error (\S+) \(bound 0.002\), 0 over the bound", out)
+    m = re.search(r"oracle: 3 checks, max relative error (\S+) \(bound 0.001\), 0 over the bound", out)
     assert m and float(m.group(1)) < 1e-3
     assert main(["run", *QUICK, "--steps", "2", "--oracle", "--json"]) == 0
     d = json.loads(capsys.readouterr().out)
-    assert d["oracle_checks"] == 3 and 0 < d["oracle_max_rel_err"] < d["oracle_bound"] == 2e-3
+    assert d["oracle_checks"] == 3 and 0 < d["oracle_max_rel_err"] < d["oracle_bound"] == 1e-3
 
 
 def test_no_graphs_names_the_command_line(capsys, monkeypatch):
