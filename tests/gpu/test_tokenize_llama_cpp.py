@@ -20,9 +20,15 @@ import pytest
 
 from graphdiag.cli.main import main
 from graphdiag.errors import UsageError
+from graphdiag.llama.driver import preload_libstdcxx
 from graphdiag.model.tokenize import file_vocab, tokenize
 
 pytestmark = pytest.mark.gpu
+# the system libstdc++ first (graphdiag/llama/driver.py): without it llama-cpp-python's CUDA build binds
+# libllama's iostream calls to libggml-cuda's private copy, and the vocab_only load of 10 of the 15 recorded
+# vocabularies crashed the process (H100 2026-12-07: a segfault in llama_model_load_from_file, every xdist
+# worker that imported this module at collection)
+preload_libstdcxx()
 llama_cpp = pytest.importorskip("llama_cpp")
 DATA = Path(__file__).resolve().parents[1] / "data" / "tokenize" / "gemma3-270m.json"
 SWEEPS = sorted(p.stem for p in DATA.parent.glob("*.json") if p.with_suffix(".gguf").exists())
