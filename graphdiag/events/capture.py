@@ -69,7 +69,8 @@ class ChunkCaptured(Event):
     n_graph_nodes: int = 0         # CUDA graph nodes captured
     capture_ns: int = 0
     cublas_extra: int = 0          # kernel nodes upstream's capture holds beyond these: the conversions its
-    #   cuBLAS path launches around each F16 / BF16 / quantized mat-mul's GEMM (gpu/compat.cublas_launches)
+    #   cuBLAS path launches around each BF16 / quantized mat-mul's GEMM that graphdiag's kernels do without
+    #   (gpu/compat.cublas_launches; 0 for F16, whose conversions graphdiag launches as upstream does)
 
 
 @dataclass(frozen=True)

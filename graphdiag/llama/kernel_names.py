@@ -108,7 +108,7 @@ def without_cublas_conversions(theirs: list[str]) -> tuple[list[str], set[int]]:
         if "convert_unary" in k and "bfloat16" in k:
             # from F32 (template <float, ...>: "If" in the mangled name) is x going into a GEMM; from BF16
             # a result coming out of one
-            converted = not _FROM_HALF.search(k)
+            converted = not _FROM_BF16.search(k)
             continue
         if converted and identifier(k) == "cublas_gemm":
             gemms.add(len(out))
@@ -117,7 +117,7 @@ def without_cublas_conversions(theirs: list[str]) -> tuple[list[str], set[int]]:
     return out, gemms
 
 
-_FROM_HALF = re.compile(r"convert_unary\w*?I14__nv_bfloat16")
+_FROM_BF16 = re.compile(r"convert_unary\w*?I14__nv_bfloat16")
 
 
 def differences(ours: list[str], theirs: list[str], embedding_on_cpu: int = 1,

@@ -37,7 +37,8 @@ def _cublas_nodes(graph: Graph, cc: int, nsm: int) -> list[tuple[int, int]]:
 
 def _cublas_extra(cublas: list[tuple[int, int]], lowered, lo: int, hi: int) -> int:
     """The kernel nodes upstream's capture of nodes [lo, hi) holds beyond graphdiag's: per mat-mul on
-    upstream's cuBLAS path, its conversions around the GEMM, which graphdiag's own kernel does without."""
+    upstream's cuBLAS path, its launches (compat.cublas_launches) less the lowered op's (none for F16
+    weights, whose conversions graphdiag launches too: lowering._cublas_f16)."""
     extra = 0
     for i, n in cublas:
         if lo <= i < hi:
