@@ -171,3 +171,22 @@ def test_bf16_gemms_do_not_split():
     """tiny BF16 at 47 columns: its ffn_down ran as one GEMM (the differential test's seed 716079883 agreed)."""
     from graphdiag.backends.gpu.compat import cublas_split_k_parts
     assert cublas_split_k_parts(_mul_mat(GGMLType.BF16, 1408, 512, 47), 900, H100_SMS) == 0
+
+
+@pytest.mark.parametrize("k,m,cols,split", RECORDED_F16_GEMMS)
+def test_f16_cublas_path_is_lowered_as_upstream_launches_it(k, m, cols, split):
+    """graphdiag's lowering of each recorded F16 GEMM: x's F16 copy, the tile mat-mul reading it into an F16
+    result (its k-split and fixup where cuBLAS split), the result back to F32 — upstream's launch count, so
+    nothing is left for cublas_extra; on Volta (cuBLAS writes F32 there) the stand-in of before."""
+    from graphdiag.backends.gpu.lowering import lower_node, op_launches
+    node = _mul_mat(GGMLType.F16, k, m, cols)
+    g = Graph(node.arena)
+    g.build_forward_expand(node)
+    launches = op_launches(lower_node(g, g.n_nodes - 1, None, 900, nsm=H100_SMS))
+    names = [launch.kernel for launch in launches]
+    assert names == ["cpy_f32_f16", "mul_mat_f16"] + ["mul_mat_fixup_f32"] * split + ["cpy_f16_f32"]
+    assert len(names) == cublas_launches(node, 900, H100_SMS)
+    f16 = int(GGMLType.F16)
+    assert int(launches[1].params["t"][2]["type"]) == f16 and int(launches[1].params["t"][0]["type"]) == f16
+    volta = [launch.kernel for launch in op_launches(lower_node(g, g.n_nodes - 1, None, 700, nsm=80))]
+    assert "cpy_f16_f32" not in volta
