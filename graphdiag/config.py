@@ -228,6 +228,12 @@ class RunConfig:
         major, minor = (int(x) for x in self.compute_capability.split("."))
         return major, minor
 
+    @property
+    def cc(self) -> int:
+        """The compute capability as ggml encodes it (9.0 -> 900), as Driver.cc."""
+        major, minor = self.cc_tuple
+        return major * 100 + minor * 10
+
     def settings(self) -> dict[str, Any]:
         """Plain settings (no sources), for the run header and the diff."""
         d = dataclasses.asdict(self)
@@ -426,8 +432,7 @@ def validate_run(cfg: RunConfig, scenario=None, as_json: bool = False, verbosity
     if getattr(model, "n_swa", 0) > 0:
         _check_swa_cells(cfg, model, demand)
     if cfg.backend != "cpu" and cfg.pool_cap is not None:
-        major, minor = cfg.cc_tuple
-        need, step = min_pool_cap(demand, model, cfg.wtype, 100 * major + 10 * minor)
+        need, step = min_pool_cap(demand, model, cfg.wtype, cfg.cc)
         if cfg.pool_cap < need:
             raise UsageError(f"{_named(cfg, scenario, 'pool_cap', '--pool-cap')} {cfg.pool_cap} is below the "
                              f"smallest cap that can work for this run: {need} bytes (the largest scratch "

@@ -35,7 +35,8 @@ from .plan import StepPlan, max_sequences, plan_steps
 from .release import releasing
 from .sched.context import make_context
 
-from .events.checks import ORACLE_BOUND, ORACLE_F16_GEMM_BOUND, ORACLE_F16_GEMM_MIN_TOKENS, ORACLE_JITTERS
+from .backends.gpu.compat import MMF_MAX_COLUMNS
+from .events.checks import ORACLE_BOUND, ORACLE_F16_GEMM_BOUND, ORACLE_JITTERS
 from .oracle_check import failure_line, judge
 from .oracle_router import Probe, RouterFollow, guesses, near_ties, refusal_line
 from .backends.sim_router_tap import RouterTap
@@ -588,9 +589,9 @@ class Stepper:
                 ref.router = None
 
         s, follow, probe = self.s, None, None
+        n = len(batch[p.seq]) if p.kind == "prefill" else len(batch)     # the step's tokens
         if s.router_tap is not None:           # twins first: their router logits are the near-tie rule's noise
             follow = RouterFollow()
-            n = len(batch[p.seq]) if p.kind == "prefill" else len(batch)
             outputs = (n - 1,) if p.kind == "prefill" else ()   # a prefill's logits are its last row's, and its
             follow.start(s.router_tap.take(n, outputs))           # last layer's MoE runs on that row alone
         elif s.reference_noise and s.model.cfg.is_moe:   # a CUDA run: its choices guessed where it fails
@@ -606,8 +607,7 @@ class Stepper:
         if not logits.size:                    # a ubatch with no outputs: the reference's cache kept up only
             return
         bound = ORACLE_BOUND.get(s.cfg.wtype, ORACLE_BOUND["f16"])   # the CPU backend: f32 vs f64
-        n_tokens = len(batch[p.seq]) if p.kind == "prefill" else len(batch)
-        if s.cfg.backend != "cpu" and s.cfg.wtype == "f16" and n_tokens >= ORACLE_F16_GEMM_MIN_TOKENS:
+        if s.cfg.backend != "cpu" and s.cfg.wtype == "f16" and n > MMF_MAX_COLUMNS:
             bound = ORACLE_F16_GEMM_BOUND      # the cuBLAS path's F16 GEMM results (events/checks.py)
         ev = judge(step, logits, want, noisy, bound,    # noisy: a GPU backend (or the sim) on Q8_1 activations
                    *((len(follow.followed), len(follow.refused)) if follow is not None else ()))

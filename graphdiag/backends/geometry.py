@@ -14,6 +14,7 @@ from typing import Callable
 import numpy as np
 
 from .abi import KPARAMS, TDESC
+from .gpu.compat import CC_ADA, CC_TURING
 from ..ir.dtypes import GGMLType
 from .kernels import (FA_HEAD_DIMS, FAV_GROUPS, KERNELS, MMID_F_TYPES, MMID_Q_TYPES, X_TYPES, fa_direct_kernel,
                       fa_mma_kernel, fa_vec_kernel, fav_groups)
@@ -179,7 +180,6 @@ def fa_vec(n_head: int, n_head_kv: int, n_tokens: int) -> bool:
 
 
 FATTN_KQ_STRIDE = 256      # ggml's KV padding the vec kernel and the GQA optimisation need (fattn-common.cuh)
-CC_TURING = 750
 
 
 def fa_takes_vec(head_dim: int, n_head: int, n_head_kv: int, n_kv: int, n_tokens: int, n_seq: int, cc: int) -> bool:
@@ -203,7 +203,7 @@ def _ada_vec(head_dim: int, n_head: int, n_head_kv: int, n_kv: int, n_tokens: in
     """Upstream's vec kernel on Ada and newer with F16 K/V: one token, one sequence, unless more than 4 query
     heads share a kv head at D >= 256 or n_kv >= 8192."""
     g = n_head // max(n_head_kv, 1)
-    return n_tokens == 1 and n_seq == 1 and cc >= 890 and not (g > 4 and (head_dim >= 256 or n_kv >= 8192))
+    return n_tokens == 1 and n_seq == 1 and cc >= CC_ADA and not (g > 4 and (head_dim >= 256 or n_kv >= 8192))
 
 
 def fa_direct(head_dim: int, n_head: int, n_head_kv: int, n_kv: int, n_tokens: int, n_seq: int, cc: int) -> bool:

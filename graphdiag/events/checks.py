@@ -27,7 +27,6 @@ ORACLE_BOUND = {"f16": 1e-3, "q8_0": 1e-3}
 # rounding). Decode steps keep ORACLE_BOUND, which a kernel 2 % off must exceed (tests/integration/
 # test_oracle_bound.py).
 ORACLE_F16_GEMM_BOUND = 2e-3
-ORACLE_F16_GEMM_MIN_TOKENS = 17
 # A Q8_1 run's bound is calibrated per step by the model itself: two twins of the oracle, their activations
 # moved by ORACLE_JITTERS (relative, seeded) before each Q8_1 rounding; `noise` is the farthest apart any two
 # of the oracle and its twins land, and the run may be ORACLE_NOISE_FACTOR times that, no less than

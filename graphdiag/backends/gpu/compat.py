@@ -24,6 +24,7 @@ MMQ_DP4A_MAX_BATCH_SIZE = 64  # columns below which dp4a MMQ is used when FP16 t
 MMF_ROWS_PER_BLOCK = 32       # src0 rows per MMF block: the expert's row count must be a multiple
 WARP_SIZE = 32
 CC_PASCAL, CC_DP4A, CC_VOLTA, CC_TURING, CC_AMPERE, CC_ADA = 600, 610, 700, 750, 800, 890
+MMF_MAX_COLUMNS = 16          # a MUL_MAT's columns MMF takes (past them, F16 / BF16 go to cuBLAS)
 
 # Per-type MMVQ MUL_MAT_ID batch limits below MMVQ_MAX_BATCH_SIZE, for the types graphdiag has
 # (ggml's get_mmvq_mmid_max_batch_* tables; every other type of these tables uses the default).
@@ -76,8 +77,8 @@ def mmf_refusal(t: int, cc: int, src0: Tensor, ncols: int, mul_mat_id: bool = Tr
         if ncols > limit:
             return (f"MMF: {ncols} columns > {limit} (the limit for experts of "
                     f"{'<=' if ne[1] <= 1024 else '>'} 1024 rows)")
-    elif ncols > 16:
-        return f"MMF: {ncols} columns > 16"
+    elif ncols > MMF_MAX_COLUMNS:
+        return f"MMF: {ncols} columns > {MMF_MAX_COLUMNS}"
     if t == GGMLType.F32 and cc < CC_AMPERE:
         return "MMF: F32 needs cc >= 8.0"
     if t == GGMLType.F16 and cc != CC_VOLTA and cc < CC_TURING:
