@@ -81,7 +81,7 @@ def main() -> int:
     from graphdiag.llama.kernel_names import differences, without_cublas_conversions
     same = True
     for i, (x, y0) in enumerate(zip(ours, theirs)):
-        y, f16_gemms = without_cublas_conversions(y0)   # the conversions around cuBLAS's F16 GEMMs left out
+        y, f16_gemms = without_cublas_conversions(y0)   # conversions graphdiag does not launch (BF16) left out
         if len(x) - 1 != len(y):     # graphdiag's first kernel is the embedding's GET_ROWS (llama.cpp's on the CPU)
             print(f"capture {i}: {len(x)} kernels in graphdiag's (1 the embedding), {len(y)} in llama.cpp's "
                   f"({len(y0) - len(y)} cuBLAS conversions aside)")
@@ -95,7 +95,7 @@ def main() -> int:
             same = False
     if same:
         print("every compared capture has the same kernels (as ggml names them; graphdiag's embedding and the "
-              "conversions around cuBLAS's F16 GEMMs aside)")
+              "conversions around cuBLAS's BF16 GEMMs aside)")
     return 0
 
 

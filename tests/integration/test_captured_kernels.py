@@ -188,7 +188,8 @@ def _by_kernel(diffs) -> dict:
 def test_captured_kernel_names_follow_llama_cpp(name, model, arch, scenario, tmp_path, monkeypatch):
     """Not only the counts: each capture's kernels in order, graphdiag's mapped to ggml's identifiers, against
     the names llama.cpp's captures recorded (the embedding's GET_ROWS left out of graphdiag's, the conversions
-    around cuBLAS's F16 GEMMs out of llama.cpp's: kernel_names.without_cublas_conversions), every position.
+    graphdiag does not launch, around cuBLAS's BF16 GEMMs, out of llama.cpp's: kernel_names.
+    without_cublas_conversions; the F16 path's graphdiag launches too), every position.
     A scenario given as a number is the differential test's timeline of that seed."""
     from graphdiag.llama.kernel_names import differences, without_cublas_conversions
     from graphdiag.llama.timelines import write_timeline
@@ -207,11 +208,11 @@ def test_captured_kernel_names_follow_llama_cpp(name, model, arch, scenario, tmp
 
 
 # F16 weights past MMF's 16 columns go to cuBLAS upstream: a conversion of x to F16 before each GEMM and of the F16
-# result to F32 after it (ChunkCaptured.cublas_extra counts them), and for a long K at few output tiles cuBLAS
-# splits the GEMM over K (cutlass h16816gemm + cublasLt splitKreduce_kernel), which graphdiag's stand-in launches as
-# two kernels too (compat.cublas_split_k_parts; the H100's records below). Before it did, the differential test's
-# F16 timelines failed at their first prompt capture (tiny: 70 kernels, llama.cpp 122 = 69 + 50 conversions + 3
-# reduces), and qwen3moe-tiny at 32 sequences (101 against 138).
+# result to F32 after it, and for a long K at few output tiles cuBLAS splits the GEMM over K (cutlass h16816gemm +
+# cublasLt splitKreduce_kernel); graphdiag launches the same (lowering._cublas_f16; the split as
+# compat.cublas_split_k_parts models it from the H100's records below), so cublas_extra is 0 there. Before the
+# split, the differential test's F16 timelines failed at their first prompt capture (tiny: 70 kernels, llama.cpp
+# 122 = 69 + 50 conversions + 3 reduces), and qwen3moe-tiny at 32 sequences (101 against 138).
 SPLIT_K_GEN_SEED = 716079883
 
 
