@@ -180,17 +180,21 @@ CUBLAS_SPLIT_K_MIN_K = 256  # K below which graphdiag's model of cuBLAS keeps an
                             # record split it)
 CUBLAS_H_SPLIT_K_MIN_K = 1024   # the same for a GEMM computed in F16 (CUBLAS_COMPUTE_16F): K 512 never split in
                                 # a record, 1024 and 1408 did (in between: not recorded)
+CUBLAS_H_K_PER_TILE = 50   # ... and only while K is more than 50 per 64 x 64 output tile: on the H100 (2026-12-07,
+                            # tests/data/llama/cublas-gemms-h100.json) K 1024 over 512 rows split at up to 128
+                            # columns (16 tiles) and not from 129 (24 tiles: 1024 < 1200), K 1408 split at 192
+                            # (24 tiles: 1408 > 1200); the ratio lies between 42.7 and 58.7, 50 its middle
 CUBLAS_H_MAX_K_PARTS = 2    # graphdiag's F16 stand-in splits in two: its partials take ggml's pool, where
                             # cuBLAS's take its own workspace, and upstream's pool holds only the GEMM's F16
                             # copies of x and the result (a 32-token prefill of tiny under a 300 kB pool cap,
                             # scenarios/pool-flush-stale-pointer.toml, ran out of it with 8 parts)
 
 
-def _split_k_parts(node: Tensor, nsm: int, min_k: int, max_parts: int) -> int:
+def _split_k_parts(node: Tensor, nsm: int, min_k: int, max_parts: int, k_per_tile: int = 0) -> int:
     m, n = node.ne[0], node.ne[1]
     tiles = -(-m // CUBLAS_TILE) * -(-n // CUBLAS_TILE) * node.ne[2] * node.ne[3]
     k = node.src[0].ne[0]
-    if k < min_k or 4 * tiles >= nsm:
+    if k < min_k or 4 * tiles >= nsm or tiles * k_per_tile >= k:
         return 0
     return max(2, min(-(-nsm // tiles), max_parts, -(-k // MMQ_K_UNIT)))
 
@@ -209,7 +213,9 @@ def cublas_split_k_parts(node: Tensor, cc: int, nsm: int) -> int:
     ffn_down (512 x K 1408) at 47 columns and qwen3moe-tiny's attention output (512 x K 1024) at 32 ran as
     cutlass `h16816gemm_64x64` + splitKreduce, while every K-512 GEMM of the same graphs (Q, K, V, the FFN's
     gate and up, the LM head) ran as one kernel, and so did tiny's ffn_down at 512 columns (llama-server's
-    trace). A GEMM cuBLAS computes in F32 or BF16 from F16 / BF16 weights: none recorded split (tiny BF16
+    trace); prefills of 17 to 192 tokens (tests/data/llama/cublas-gemms-h100.json) put the end of the split
+    where K per output tile falls to between 43 and 59 (CUBLAS_H_K_PER_TILE): qwen3moe-tiny's attention
+    output split up to 128 columns and ran as one `h161616gemm_32x32` from 129, tiny's ffn_down split to 192. A GEMM cuBLAS computes in F32 or BF16 from F16 / BF16 weights: none recorded split (tiny BF16
     at 47 columns ran one kernel each), so none; nor for quantized weights, which reach cuBLAS only where MMQ
     refuses them (not on the GPUs recorded). graphdiag's parts: as its MMQ k-split takes them for F32, two
     for F16 (CUBLAS_H_MAX_K_PARTS)."""
@@ -219,7 +225,7 @@ def cublas_split_k_parts(node: Tensor, cc: int, nsm: int) -> int:
     if w.type == GGMLType.F32:
         return _split_k_parts(node, nsm, CUBLAS_SPLIT_K_MIN_K, MMQ_MAX_K_PARTS)
     if w.type == GGMLType.F16 and cublas_compute_type(node, cc) == GGMLType.F16:
-        return _split_k_parts(node, nsm, CUBLAS_H_SPLIT_K_MIN_K, CUBLAS_H_MAX_K_PARTS)
+        return _split_k_parts(node, nsm, CUBLAS_H_SPLIT_K_MIN_K, CUBLAS_H_MAX_K_PARTS, CUBLAS_H_K_PER_TILE)
     return 0
 
 
