@@ -35,7 +35,7 @@ def judge(step: int, logits: np.ndarray, want: np.ndarray, noisy: list[np.ndarra
     if noisy:
         sides = [want, *noisy]
         noise = max(rel_err(a, b) for i, b in enumerate(sides) for a in sides[i + 1:])
-        bound = max(ORACLE_FLOOR, ORACLE_NOISE_FACTOR * noise)
+        bound = max(ORACLE_FLOOR, bound, ORACLE_NOISE_FACTOR * noise)
     err = rel_err(logits, want)
     counts = {"nan": int(np.isnan(logits).sum()), "inf": int(np.isinf(logits).sum()),
               "ref_nan": int(np.isnan(want).sum()), "ref_inf": int(np.isinf(want).sum())}

@@ -14,12 +14,14 @@ that much between them); the run's choice is followed where margin <= tol, refus
 top-k kernel off, not noise: the step fails). A followed token's MoE layer is computed with R, weighted by
 the oracle's own probabilities of R; its twins then take the same experts for that token and layer.
 
-Only runs with twins (block-quantised weights on a GPU backend) follow anything; F16/BF16, the CPU backend
-and dense models are judged as before. The simulated driver's choices are read as its kernels compute them
-(backends/sim_router_tap.py). A CUDA run's are not readable (the allocator reuses the top-k ids' memory
-within the step): there a step over its bound is judged again with the run's choice guessed, one or two
-of the oracle's own near-ties at a time (near_ties, guesses): the oracle's k-th expert of a token swapped
-for its best left out, where their gap is within tol. The first guess whose step lands within the bound
+Only runs with twins follow anything: block-quantised weights on a GPU backend (Q8_1 twins), and float MoE
+runs on one (F16 / BF16 weights: twins jittered before every product, events/checks.ORACLE_FLOAT_JITTERS,
+which then run again on the oracle's experts, RouterFollow.force_all, so that their logits measure rounding
+alone); the CPU backend and dense float models are judged as before. The simulated driver's choices are
+read as its kernels compute them (backends/sim_router_tap.py). A CUDA run's are not readable (the
+allocator reuses the top-k ids' memory within the step): there a step over its bound is judged again with
+the run's choice guessed, one or two of the oracle's own near-ties at a time (near_ties, guesses): the
+oracle's k-th expert of a token swapped for its best left out, where their gap is within tol. The first guess whose step lands within the bound
 is followed as a read choice would be; where none does, the step fails as it was.
 """
 
@@ -81,7 +83,7 @@ class RouterFollow:
     def start(self, run: dict[int, np.ndarray]) -> None:
         """run: the run's chosen ids by layer, (T, k) each (a layer not read is judged as before; a row of -1,
         one the run did not compute, too)."""
-        self.run, self.twin_z, self.taken, self.departures = run, {}, {}, []
+        self.run, self.twin_z, self.taken, self.departures, self.chosen = run, {}, {}, [], {}
 
     @property
     def followed(self) -> list[Departure]:
@@ -108,6 +110,7 @@ class RouterFollow:
             if d.followed:
                 out[t] = run[t]
                 self.taken[(il, int(t))] = run[t]
+        self.chosen[il] = out
         return out
 
     def force(self, il: int, z: np.ndarray, top: np.ndarray) -> np.ndarray:
@@ -116,6 +119,13 @@ class RouterFollow:
             if layer == il:
                 out[t] = ids
         return out
+
+    def force_all(self, il: int, z: np.ndarray, top: np.ndarray) -> np.ndarray:
+        """Every expert the oracle took in this layer (its own and those it followed): a float run's twins
+        then part from the oracle by rounding noise alone, not by a near-tie of their own gone the other way
+        (ORACLE_FLOAT_JITTERS' twins flip ties the size of F16's rounding, which a Q8_1 twin's bound absorbs)."""
+        ids = self.chosen.get(il)
+        return ids if ids is not None and ids.shape == top.shape else top
 
 
 class Probe(RouterFollow):
@@ -128,6 +138,7 @@ class Probe(RouterFollow):
 
     def decide(self, il: int, z: np.ndarray, top: np.ndarray) -> np.ndarray:
         self.oracle[il] = (np.array(z), np.array(top))
+        self.chosen[il] = top
         return top
 
 

@@ -36,7 +36,7 @@ from .release import releasing
 from .sched.context import make_context
 
 from .backends.gpu.compat import MMF_MAX_COLUMNS
-from .events.checks import ORACLE_BOUND, ORACLE_F16_GEMM_BOUND, ORACLE_JITTERS
+from .events.checks import ORACLE_BOUND, ORACLE_F16_GEMM_BOUND, ORACLE_FLOAT_JITTERS, ORACLE_JITTERS
 from .oracle_check import failure_line, judge
 from .oracle_router import Probe, RouterFollow, guesses, near_ties, refusal_line
 from .backends.sim_router_tap import RouterTap
@@ -140,8 +140,13 @@ class Session:
             # (ORACLE_JITTERS); how far they land from the reference calibrates the bound of a Q8_1 run
             q8_1 = self.reference is not None and self.gpu is not None and any(
                 q8_1_activations(t.type) for t in self.model.tensors())
-            self.reference_noise = [Reference(self.model, True, jitter=j, weights_of=self.reference)
-                                    for j in ORACLE_JITTERS] if q8_1 else []
+            # a float MoE run on a GPU: twins jittered before every product (ORACLE_FLOAT_JITTERS), whose router
+            # logits say how far the kernels' F16 / TF32 rounding of x moves the experts' near-ties
+            floats = (not q8_1 and self.reference is not None and self.gpu is not None
+                      and self.model.cfg.is_moe)
+            jitters = ORACLE_JITTERS if q8_1 else ORACLE_FLOAT_JITTERS if floats else ()
+            self.reference_noise = [Reference(self.model, True, jitter=j, weights_of=self.reference,
+                                              jitter_floats=floats) for j in jitters]
             self.router_tap = self._tap_router()
         except BaseException:
             # a half-built session (bad preset, weights that do not fit) releases the device; its own error
@@ -609,7 +614,7 @@ class Stepper:
         bound = ORACLE_BOUND.get(s.cfg.wtype, ORACLE_BOUND["f16"])   # the CPU backend: f32 vs f64
         if s.cfg.backend != "cpu" and s.cfg.wtype == "f16" and n > MMF_MAX_COLUMNS:
             bound = ORACLE_F16_GEMM_BOUND      # the cuBLAS path's F16 GEMM results (events/checks.py)
-        ev = judge(step, logits, want, noisy, bound,    # noisy: a GPU backend (or the sim) on Q8_1 activations
+        ev = judge(step, logits, want, noisy, bound,    # noisy: the twins (Q8_1, or a float MoE run's)
                    *((len(follow.followed), len(follow.refused)) if follow is not None else ()))
         if probe is not None and not ev.ok:
             for run in guesses(probe, near_ties(probe)):
@@ -639,10 +644,11 @@ class Stepper:
             s.reference.restore(saved[1])
         noisy = [forward(twin, follow.record) for twin in s.reference_noise]
         want = forward(s.reference, follow.decide)
-        if follow.followed:                    # the twins again, taking the experts the oracle took
-            for twin, state in zip(s.reference_noise, saved[0]):
+        floats = any(twin.jitter_floats for twin in s.reference_noise)
+        if follow.followed or floats:          # the twins again, taking the experts the oracle took (a float
+            for twin, state in zip(s.reference_noise, saved[0]):   # run's: all of them, RouterFollow.force_all)
                 twin.restore(state)
-            noisy = [forward(twin, follow.force) for twin in s.reference_noise]
+            noisy = [forward(twin, follow.force_all if floats else follow.force) for twin in s.reference_noise]
         return noisy, want
 
 

@@ -179,7 +179,7 @@ class ReferenceBase:
     llama's forward, which an architecture's oracle (model/arch/) overrides block by block."""
 
     def __init__(self, model: Model, q8_1_activations: bool = False, jitter: float = 0.0,
-                 weights_of: "ReferenceBase | None" = None):
+                 weights_of: "ReferenceBase | None" = None, jitter_floats: bool = False):
         """q8_1_activations: the backend rounds x to Q8_1 before products with a block-quantised weight (the
         GPU backend, as ggml's MMVQ/MMQ paths); the numpy CPU backend multiplies plain floats.
 
@@ -187,10 +187,14 @@ class ReferenceBase:
         n standard normal from a fixed seed, so the same on every host): the twin that measures how far the
         model's own Q8_1 rounding noise carries two runs apart when their float paths differ by float32's
         last bits, as a GPU's summation order and the oracle's float64 do. weights_of: share another
-        reference's float64 weights (8 bytes a parameter: 2 GB for Gemma 3 270M) instead of a second copy."""
+        reference's float64 weights (8 bytes a parameter: 2 GB for Gemma 3 270M) instead of a second copy.
+        jitter_floats: the jitter also moves x before products with every other weight (F16, BF16, F32): the
+        twin of a float MoE run on a GPU, whose x the mat-mul kernels round to F16 (MMF, cuBLAS's F16 path) or
+        TF32 (cuBLAS's F32 GEMMs: the router's `s1688gemm`), the noise that decides its router's near-ties."""
         self.m, self.cfg = model, model.cfg
         self.q8_1 = q8_1_activations
         self.jitter = jitter
+        self.jitter_floats = jitter_floats
         self._rng = np.random.default_rng(0x6a17)
         self.seqs: dict[int, _SeqCache] = {}
         self._w: dict[str, np.ndarray] = {}   # float64 weights (float32 past WIDE_MAX elements)
@@ -285,8 +289,11 @@ class ReferenceBase:
 
     def _x_for(self, x: np.ndarray, name: str) -> np.ndarray:
         """x as a product with weight `name` reads it: rounded to Q8_1 (jittered first in a noise twin) where
-        the GPU backend rounds it (a block-quantised weight), else x itself. `name` must have been loaded."""
+        the GPU backend rounds it (a block-quantised weight), else x itself (jittered in a float run's twin).
+        `name` must have been loaded."""
         if not (self.q8_1 and name in self._q8):
+            if self.jitter and self.jitter_floats:
+                return x * (1.0 + self.jitter * self._rng.standard_normal(x.shape))
             return x
         if self.jitter:
             x = x * (1.0 + self.jitter * self._rng.standard_normal(x.shape))

@@ -129,5 +129,5 @@ def test_the_summary_names_the_rule_the_noise_and_the_margin(capsys):
     from graphdiag.cli.main import main
     assert main(["run", "--backend", "sim", "--model", "tiny", "--wtype", "q4_k", "--steps", "1", "--oracle"]) == 0
     out = capsys.readouterr().out
-    assert "2× the model's own Q8_1 noise, at least 0.001; the noise reached" in out
+    assert "2× the model's own rounding noise (its oracle twins'), at least 0.001; the noise reached" in out
     assert "of its bound), 0 over the bound" in out

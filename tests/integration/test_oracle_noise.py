@@ -74,8 +74,8 @@ def test_the_summary_and_the_event_line_name_the_noise(tmp_path, capsys):
     assert main(["run", "--backend", "sim", "--wtype", "q8_0", "--steps", "2", "--oracle", "-v",
                  "--events", str(rec)]) == 0
     out = capsys.readouterr().out
-    assert "the model's own Q8_1 noise, at least" in out and "0 over the bound" in out
-    assert "the model's Q8_1 noise" in out              # the per-step line under -v
+    assert "the model's own rounding noise (its oracle twins'), at least" in out and "0 over the bound" in out
+    assert "the model's rounding noise" in out              # the per-step line under -v
     lines = rec.read_text().splitlines()
     i = next(i for i, l in enumerate(lines) if '"kind":"oracle"' in l or '"kind": "oracle"' in l)
     obj = json.loads(lines[i])

@@ -98,7 +98,7 @@ def _describe_gate(ev: E.Event) -> str:
         case E.VerifyResult():
             return f"verify {'ok' if ev.ok else 'MISMATCH'} · max |diff| {ev.max_abs_diff:.3g}"
         case E.OracleCheck():
-            noise = "" if getattr(ev, "noise", None) is None else f", the model's Q8_1 noise {ev.noise:.3g}"
+            noise = "" if getattr(ev, "noise", None) is None else f", the model's rounding noise {ev.noise:.3g}"
             held = "".join(f" · {who} NaN {n}, inf {i} of {ev.values}" for who, n, i in
                            (("logits", ev.nan, ev.inf), ("oracle", ev.ref_nan, ev.ref_inf)) if n or i)
             return (f"oracle {'ok' if ev.ok else 'OVER BOUND'} · rel err {ev.rel_err:.3g} "

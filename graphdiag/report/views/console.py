@@ -236,7 +236,7 @@ def _counter_table(s: Summary) -> Table:
 def _oracle_note(s: Summary) -> str:
     """--oracle's line: the checks, the largest error, the bound (and the noise it follows), the failures."""
     if s.oracle_max_noise is not None:
-        bound = (f"bound per step: {ORACLE_NOISE_FACTOR:g}× the model's own Q8_1 noise, at least "
+        bound = (f"bound per step: {ORACLE_NOISE_FACTOR:g}× the model's own rounding noise (its oracle twins'), at least "
                  f"{ORACLE_FLOOR:g}; the noise reached {s.oracle_max_noise:.3g}, the closest step used "
                  f"{s.oracle_worst_share:.0%} of its bound")
     else:
