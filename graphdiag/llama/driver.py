@@ -151,7 +151,7 @@ class LeadWatcher:
     injection library in this process (inject.py: C callbacks, as `graphdiag trace`), or, where it cannot be
     built (no C compiler or CUDA headers) or GRAPHDIAG_WATCHER=python asks, cupti-python's callbacks
     (watch.py); `kind` says which. With GGML_CUDA_DISABLE_GRAPHS set llama.cpp makes no graph call, so no
-    CUPTI subscriber is made (LogOnly: its log lines alone): CUPTI's dispatch around the callbacks a
+    CUPTI subscriber is made (watch.LogWatch: its log lines alone): CUPTI's dispatch around the callbacks a
     subscriber enables (the synchronisations among them) costs every watched step time, which is what a
     graphs-off run of `bench steps --peer llama` measures (the injection library's callbacks took a traced
     llama-bench from 5232 to 4597 tokens/s on the H100, 2026-12-07, of which its own code ~5 us a token).
@@ -161,10 +161,11 @@ class LeadWatcher:
     def __init__(self, emit, llama_cpp_module):
         names = os.environ.get("GRAPHDIAG_WATCH_KERNEL_NAMES", "") not in ("", "0")
         self.ll, self.watch, self.kind = llama_cpp_module, None, "cupti-python"
+        from .watch import LogWatch
         if "GGML_CUDA_DISABLE_GRAPHS" in os.environ:     # ggml reads its presence (convert.py)
-            self.watch, self.kind = LogOnly(emit), "none: graphs off, no graph calls to watch"
+            self.watch, self.kind = LogWatch(emit), "none: graphs off, no graph calls to watch"
         elif os.environ.get("GRAPHDIAG_WATCHER", "") == "log":
-            self.watch, self.kind = LogOnly(emit), "none: log lines only (GRAPHDIAG_WATCHER=log)"
+            self.watch, self.kind = LogWatch(emit), "none: log lines only (GRAPHDIAG_WATCHER=log)"
         elif os.environ.get("GRAPHDIAG_WATCHER", "") != "python":
             from ..config import kernel_cache_dir
             from ..errors import TraceError
@@ -195,26 +196,6 @@ class LeadWatcher:
 
 
 _RETIRED: list = []     # watches whose ctypes log callback llama.cpp still holds: never freed
-
-
-class LogOnly:
-    """A watch of llama.cpp's log lines alone (no CUPTI): for a run whose llama.cpp makes no graph call."""
-
-    def __init__(self, sink):
-        self.sink, self.own_ns, self._tap = sink, 0, None
-
-    def attach_log(self, llama_cpp_module, echo: bool = False) -> None:
-        from .watch import LogTap
-        self._tap = LogTap(llama_cpp_module, self.sink, self._spent, echo)
-
-    def _spent(self, ns: int) -> None:
-        self.own_ns += ns
-
-    def start(self) -> None:
-        pass
-
-    def stop(self) -> None:
-        pass
 
 
 def nvtx_sink():

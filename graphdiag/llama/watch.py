@@ -71,22 +71,39 @@ def _subscribe_refused(status: str) -> str:
     return f"CUPTI refused graphdiag's subscriber ({status}): llama.cpp's graph calls cannot be watched"
 
 
-class Watch:
+class LogWatch:
+    """llama.cpp's logger routed to `sink` (attach_log), and the ns this watcher's callbacks spent (own_ns):
+    they run inside llama_decode, on its thread, so the driver takes them out of llama.cpp's step time."""
+
+    def __init__(self, sink: Callable[[dict], None]):
+        self.sink, self.own_ns, self._log_tap = sink, 0, None
+
+    def attach_log(self, llama_cpp_module, echo: bool = False) -> None:
+        """Route llama.cpp's (and ggml's) log lines to the sink, one event per complete line."""
+        self._log_tap = LogTap(llama_cpp_module, self.sink, self._spent, echo)
+
+    def _spent(self, ns: int) -> None:
+        self.own_ns += ns
+
+    def start(self) -> None:
+        pass
+
+    def stop(self) -> None:
+        pass
+
+
+class Watch(LogWatch):
     """One CUPTI subscriber on the graph calls of this process, and (with `attach_log`) llama.cpp's logger.
 
     `start()` subscribes (one subscriber per process before CUPTI 13.5: a second fails with CUPTI's
     MULTIPLE_SUBSCRIBERS error, raised as WatchError, one line); `stop()` unsubscribes. Events go to `sink`."""
 
     def __init__(self, sink: Callable[[dict], None], kernel_names: bool = False):
-        self.sink = sink
+        super().__init__(sink)                    # own_ns: CUPTI's callbacks and the log's
         self.kernel_names = kernel_names          # name each captured graph's kernels (a diagnostic; slow)
         self._sub = None
         self._open: dict[int, dict] = {}          # correlation id -> the api event begun at API_ENTER
         self._nodes: dict[int, list[int]] = {}    # graph id -> [nodes, kernel nodes] created in it
-        self._log_tap = None
-        # ns spent in this watcher's own callbacks (CUPTI's and the log's): they run inside llama_decode, on its
-        # thread, so the driver takes them out of llama.cpp's step time (llama.cpp pays none of it alone)
-        self.own_ns = 0
 
     # -- CUPTI -----------------------------------------------------------------------------------------
     def start(self) -> None:
@@ -184,14 +201,6 @@ class Watch:
         counts = self._nodes.setdefault(self._c.get_graph_id(g.graph), [0, 0])
         counts[0] += 1
         counts[1] += int(g.node_type) == _KERNEL_NODE
-
-    # -- llama.cpp's logger ----------------------------------------------------------------------------
-    def attach_log(self, llama_cpp_module, echo: bool = False) -> None:
-        """Route llama.cpp's (and ggml's) log lines to the sink, one event per complete line."""
-        self._log_tap = LogTap(llama_cpp_module, self.sink, self._spent, echo)
-
-    def _spent(self, ns: int) -> None:
-        self.own_ns += ns
 
 
 class LogTap:

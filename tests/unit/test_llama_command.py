@@ -334,7 +334,7 @@ def test_no_cupti_is_one_line(monkeypatch):
 
 
 class LogOnlyWatcher(FakeWatcher):
-    """What GRAPHDIAG_WATCHER=log gives the driver (driver.LogOnly): llama.cpp's log lines, no graph call."""
+    """What GRAPHDIAG_WATCHER=log gives the driver (watch.LogWatch): llama.cpp's log lines, no graph call."""
 
     def __init__(self, emit):
         super().__init__(lambda obj: obj.get("ev") == "api" or emit(obj))

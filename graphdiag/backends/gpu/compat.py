@@ -215,13 +215,19 @@ def cublas_split_k_parts(node: Tensor, cc: int, nsm: int) -> int:
     gate and up, the LM head) ran as one kernel, and so did tiny's ffn_down at 512 columns (llama-server's
     trace); prefills of 17 to 192 tokens (tests/data/llama/cublas-gemms-h100.json) put the end of the split
     where K per output tile falls to between 43 and 59 (CUBLAS_H_K_PER_TILE): qwen3moe-tiny's attention
-    output split up to 128 columns and ran as one `h161616gemm_32x32` from 129, tiny's ffn_down split to 192. A GEMM cuBLAS computes in F32 or BF16 from F16 / BF16 weights: none recorded split (tiny BF16
-    at 47 columns ran one kernel each), so none; nor for quantized weights, which reach cuBLAS only where MMQ
+    output split up to 128 columns and ran as one `h161616gemm_32x32` from 129, tiny's ffn_down split to 192.
+    A GEMM cuBLAS computes in F32 or BF16 from F16 / BF16 weights: none recorded split (tiny BF16 at 17 to 158
+    columns ran one nvjet kernel each), so none; nor for quantized weights, which reach cuBLAS only where MMQ
     refuses them (not on the GPUs recorded). graphdiag's parts: as its MMQ k-split takes them for F32, two
     for F16 (CUBLAS_H_MAX_K_PARTS)."""
-    w = node.src[0]
     if node.op != Op.MUL_MAT or mul_mat_path(node, cc) != "cublas":
         return 0
+    return _cublas_split_k_parts(node, cc, nsm)
+
+
+def _cublas_split_k_parts(node: Tensor, cc: int, nsm: int) -> int:
+    """cublas_split_k_parts for a MUL_MAT known to be on upstream's cuBLAS path."""
+    w = node.src[0]
     if w.type == GGMLType.F32:
         return _split_k_parts(node, nsm, CUBLAS_SPLIT_K_MIN_K, MMQ_MAX_K_PARTS)
     if w.type == GGMLType.F16 and cublas_compute_type(node, cc) == GGMLType.F16:
@@ -268,7 +274,7 @@ def cublas_launches(node: Tensor, cc: int, nsm: int) -> int:
         return 0
     compute = cublas_compute_type(node, cc)
     f32_out = compute == GGMLType.F32 or compute == GGMLType.BF16 or cc == CC_VOLTA
-    gemm = 2 if cublas_split_k_parts(node, cc, nsm) else 1
+    gemm = 2 if _cublas_split_k_parts(node, cc, nsm) else 1
     return gemm + (t != compute) + (x.type != compute) + (not f32_out)
 
 
