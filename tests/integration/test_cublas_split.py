@@ -57,4 +57,5 @@ def test_gemms_split_where_cublas_split(file, n, tmp_path, monkeypatch):
     # BF16's (x to BF16 before each GEMM: report/analysis/known.py's cublas-conversions)
     bf16_conversions = len(theirs["gemms"]) if wtype == "bf16" else 0
     assert len(ours) - 1 + bf16_conversions == theirs["kernels"], (
-        f"{file} at {n} tokens: {len(ours)} kernels (the embedding's GET_ROWS one of them), llama.cpp {theirs['kernels']}")
+        f"{file} at {n} tokens: {len(ours)} kernels (the embedding's GET_ROWS one of them), "
+        f"llama.cpp {theirs['kernels']}")
