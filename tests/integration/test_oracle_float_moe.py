@@ -7,15 +7,23 @@ mat-vec 2 % off still fails."""
 
 from __future__ import annotations
 
+import pytest
+
 from graphdiag import events as E
-from graphdiag.scenario import load_scenario
+from graphdiag import runner
 from graphdiag.config import resolve
 from graphdiag.runner import run
+from graphdiag.scenario import load_scenario
 from support.simrun import of, run_sim
 from test_oracle_bound import f16_matvec
 
 
-def test_moe_sequences_sweep_follows_its_near_tie_on_f16():
+@pytest.mark.parametrize("read", [True, False], ids=["choices-read", "choices-guessed"])
+def test_moe_sequences_sweep_follows_its_near_tie_on_f16(read, monkeypatch):
+    """On the simulator the run's expert choices are read; on CUDA they are not, and a step over its bound is
+    judged again with the oracle's near-ties guessed (oracle_router.guesses): both pass."""
+    if not read:
+        monkeypatch.setattr(runner.Session, "_tap_router", lambda self: None)
     sc = load_scenario("moe-sequences-sweep")
     cfg = resolve({"backend": "sim", "oracle": True, "nvtx": False}, sc.run, environ=sc.environ({}))
     r = run(cfg, sc)
