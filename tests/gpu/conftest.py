@@ -49,3 +49,12 @@ def require_gpu():
         CudaDriver.open().close()
     except NoDeviceError as exc:
         pytest.skip(f"no GPU: {exc}")
+
+
+def pytest_terminal_summary(terminalreporter):
+    """The differential test's seeds and outcomes per seed, on the controller (under pytest -n the module's
+    own print of its seeds is a worker's, which xdist swallows): a note can name every seed that ran."""
+    from tests.support.diff_seeds import seed_summary
+    line = seed_summary(terminalreporter.stats)
+    if line:
+        terminalreporter.write_line(line)
