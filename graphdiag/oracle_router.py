@@ -100,6 +100,7 @@ class RouterFollow:
     def decide(self, il: int, z: np.ndarray, top: np.ndarray) -> np.ndarray:
         run = self.run.get(il)
         if run is None or run.shape != top.shape:
+            self.chosen[il] = top          # a layer no run choice names (a guess's others): the oracle's own
             return top
         tol, out = tolerance(z, self.twin_z.get(il, [])), top.copy()
         read = (run >= 0).all(axis=1)          # -1: a row whose choice was not read (not an output row)

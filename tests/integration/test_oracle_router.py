@@ -160,3 +160,14 @@ def test_a_prefills_last_layer_is_followed_on_its_output_row():
     f.record(3, z + 0.005, np.array([[0, 1]] * 3))
     top = f.decide(3, z, np.array([[0, 1]] * 3))
     assert top.tolist() == [[0, 1], [0, 1], [0, 2]] and len(f.followed) == 1 and not f.refused
+
+
+def test_twins_take_the_oracles_experts_in_layers_no_guess_names():
+    """force_all (a float MoE run's twins): a guess names one layer's choice; in the others the twins take the
+    oracle's own experts, not their own (they kept their own there, flipped their own near-ties and inflated
+    the step's noise: moe-tiny F16 with its choices guessed)."""
+    f = RouterFollow()
+    f.start({3: np.array([[0, 2]])})
+    z = np.array([[1.0, 0.5, 0.4, -1.0]])
+    f.decide(1, z, np.array([[0, 1]]))                     # layer 1: no run choice, the oracle's own
+    assert f.force_all(1, z, np.array([[0, 2]])).tolist() == [[0, 1]]
