@@ -21,8 +21,9 @@ alone); the CPU backend and dense float models are judged as before. The simulat
 read as its kernels compute them (backends/sim_router_tap.py). A CUDA run's are not readable (the
 allocator reuses the top-k ids' memory within the step): there a step over its bound is judged again with
 the run's choice guessed, one or two of the oracle's own near-ties at a time (near_ties, guesses): the
-oracle's k-th expert of a token swapped for its best left out, where their gap is within tol. The first guess whose step lands within the bound
-is followed as a read choice would be; where none does, the step fails as it was.
+oracle's k-th expert of a token swapped for its best left out, where their gap is within tol. The first guess
+whose step lands within the bound is followed as a read choice would be; where none does, the step fails as
+it was.
 """
 
 from __future__ import annotations
@@ -123,8 +124,9 @@ class RouterFollow:
 
     def force_all(self, il: int, z: np.ndarray, top: np.ndarray) -> np.ndarray:
         """Every expert the oracle took in this layer (its own and those it followed): a float run's twins
-        then part from the oracle by rounding noise alone, not by a near-tie of their own gone the other way
-        (ORACLE_FLOAT_JITTERS' twins flip ties the size of F16's rounding, which a Q8_1 twin's bound absorbs)."""
+        then part from the oracle by rounding noise alone, not by a near-tie of their own gone the other way.
+        (Q8_1 twins keep their own choices, as their bound was calibrated; on the oracle's experts their bounds
+        tighten several-fold on the simulator, not yet measured on CUDA.)"""
         ids = self.chosen.get(il)
         return ids if ids is not None and ids.shape == top.shape else top
 
