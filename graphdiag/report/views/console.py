@@ -236,8 +236,8 @@ def _counter_table(s: Summary) -> Table:
 def _oracle_note(s: Summary) -> str:
     """--oracle's line: the checks, the largest error, the bound (and the noise it follows), the failures."""
     if s.oracle_max_noise is not None:
-        bound = (f"bound per step: {ORACLE_NOISE_FACTOR:g}× the model's own rounding noise (its oracle twins'), at least "
-                 f"{ORACLE_FLOOR:g}; the noise reached {s.oracle_max_noise:.3g}, the closest step used "
+        bound = (f"bound per step: {ORACLE_NOISE_FACTOR:g}× the model's own rounding noise (its oracle twins'), "
+                 f"at least {ORACLE_FLOOR:g}; the noise reached {s.oracle_max_noise:.3g}, the closest step used "
                  f"{s.oracle_worst_share:.0%} of its bound")
     else:
         bound = f"bound {s.oracle_bound:g}"
