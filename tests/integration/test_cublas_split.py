@@ -59,3 +59,21 @@ def test_gemms_split_where_cublas_split(file, n, tmp_path, monkeypatch):
     assert len(ours) - 1 + bf16_conversions == theirs["kernels"], (
         f"{file} at {n} tokens: {len(ours)} kernels (the embedding's GET_ROWS one of them), "
         f"llama.cpp {theirs['kernels']}")
+
+
+def test_the_recording_tool_reads_gemms_and_their_splits():
+    """tools/cublas_gemms.py, which wrote the fixture: a GEMM named by its tile, split where cublasLt's
+    splitKreduce_kernel follows it; nvjet kernels (BF16) are GEMMs too; the first capture holding one."""
+    import sys
+    sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "tools"))
+    from cublas_gemms import first_prefill, gemms
+    caps = [["_Z12rms_norm_f32ILi256E", "_Z13mul_mat_vec_fIfLi1E"],
+            ["_Z23convert_unary_cont_vec4If6__halfEvPKvPT0_l",
+             "_ZN7cutlass7Kernel2I51cutlass_80_tensorop_h16816gemm_64x64_64x6_tn_align8EEvNT_6ParamsE",
+             "_ZN8cublasLt19splitKreduce_kernelILi32ELi16Ei6__halfS1_",
+             "_ZN7cutlass7Kernel2I58cutlass_80_wmma_tensorop_h161616gemm_32x32_128x2_tn_align8EEvNT_6ParamsE",
+             "nvjet_sm90_tss_8x64_64x16_4x1_v_bz_TNN", "_Z11k_bin_bcastI"]]
+    assert first_prefill(caps) is caps[1]
+    assert gemms(caps[1]) == [["h16816gemm_64x64_64x6", True], ["h161616gemm_32x32_128x2", False],
+                              ["nvjet_sm90_tss_8x64_64x16_4x1_v_bz_TNN", False]]
+    assert first_prefill(caps[:1]) is None
