@@ -44,8 +44,9 @@ from __future__ import annotations
 import numpy as np
 
 from ...errors import GraphdiagError
+from ...memory import aligned
 from ...ir.attention import fa_operands
-from ...ir.build import Yarn
+from ...ir.build import Yarn, contiguous_nb
 from ...ir.dtypes import GGMLType, is_quantized
 from ...ir.graph import Graph
 from ...ir.ops import GluOp, Op
@@ -228,10 +229,9 @@ def _cublas_f16(d, node: Tensor, parts: int):
     x, w = node.src[1], node.src[0]
     f16, f32 = int(GGMLType.F16), int(GGMLType.F32)
     xne, yne = x.ne, node.ne
-    xnb = (2, 2 * xne[0], 2 * xne[0] * xne[1], 2 * xne[0] * xne[1] * xne[2])
-    ynb = (2, 2 * yne[0], 2 * yne[0] * yne[1], 2 * yne[0] * yne[1] * yne[2])
-    y_at = -(-(xnb[3] * xne[3]) // 256) * 256
-    p_at = y_at + -(-(ynb[3] * yne[3]) // 256) * 256
+    xnb, ynb = contiguous_nb(f16, xne), contiguous_nb(f16, yne)
+    y_at = aligned(xnb[3] * xne[3])
+    p_at = y_at + aligned(ynb[3] * yne[3])
     cvt = _launch(d, "cpy_f32_f16", [None, x], scratch=[(0, f16, xne, xnb)])
     back = _launch(d, "cpy_f16_f32", [node, None], scratch=[(1, f16, yne, ynb)])
     if not parts:
@@ -259,7 +259,7 @@ def _k_split(d, name: str, tensors: list[Tensor | None], first: Launch, operand,
     m, n, b2, b3 = node.ne
     pne = (m, n, b2, b3 * (parts - 1))
     pnb = (4, 4 * m, 4 * m * n, 4 * m * n * b2)
-    at = -(-nbytes // 256) * 256
+    at = aligned(nbytes)
     f32 = int(GGMLType.F32)
     kernel = _launch(d, name, [*tensors, None], ip=(parts,), scratch=[operand, (3, f32, pne, pnb)])
     fixup = _launch(d, "mul_mat_fixup_f32", [node, None], ip=(parts - 1,), scratch=[(1, f32, pne, pnb)])
