@@ -616,6 +616,16 @@ static void CUPTIAPI on_callback(void *user, CUpti_CallbackDomain dom, CUpti_Cal
 static int start(void) {
     static char why[512];
     const char *path = getenv("GRAPHDIAG_CUPTI_PATH");
+    const char *api = getenv("GRAPHDIAG_TRACE_API");
+    gd_rec r;
+    /* GRAPHDIAG_TRACE_API=off: no CUPTI at all (only llama_decode's batches, interposed, are written) — with
+       `none` (CUPTI subscribed, no callback enabled) a measure of where tracing's cost lies (bench trace). */
+    if (api && !strcmp(api, "off")) {
+        gdtrace_rec_init(&r);
+        r.ev = "start"; r.pid = my_pid(); r.t0_ns = now_ns(); r.text = "off";
+        emit(&r, 1);
+        return 1;
+    }
     void *cupti = dlopen(path && *path ? path : "libcupti.so.13", RTLD_NOW | RTLD_LOCAL);
     void *cuda = dlopen("libcuda.so.1", RTLD_NOW | RTLD_LOCAL);
     CUpti_SubscriberHandle sub;
@@ -650,11 +660,11 @@ static int start(void) {
        driver's, where the same calls are read (runtime names, cuCtxSynchronize for cudaDeviceSynchronize), with
        half the callbacks a call (no runtime enter and exit around the driver's): a measure of what CUPTI's
        dispatch costs per callback. A runtime call that fails before reaching the driver is not seen. */
-    const char *api = getenv("GRAPHDIAG_TRACE_API");
-    if (!(api && !strcmp(api, "driver")))
+    int none = api && !strcmp(api, "none");
+    if (!none && !(api && !strcmp(api, "driver")))
         for (size_t i = 0; i < N_OF(RT_OPS); i++) p_cuptiEnableCallback(1, sub, CUPTI_CB_DOMAIN_RUNTIME_API, RT_OPS[i].cbid);
-    for (size_t i = 0; i < N_OF(DRV_OPS); i++) p_cuptiEnableCallback(1, sub, CUPTI_CB_DOMAIN_DRIVER_API, DRV_OPS[i].cbid);
-    gd_rec r;
+    for (size_t i = 0; !none && i < N_OF(DRV_OPS); i++)
+        p_cuptiEnableCallback(1, sub, CUPTI_CB_DOMAIN_DRIVER_API, DRV_OPS[i].cbid);
     gdtrace_rec_init(&r);
     r.ev = "start"; r.pid = my_pid(); r.t0_ns = now_ns(); r.text = path && *path ? path : "libcupti.so.13";
     emit(&r, 1);
