@@ -78,6 +78,12 @@ def cupti_library(environ=None) -> Path:
                      "CUDA_HOME to a CUDA toolkit with CUPTI (or GRAPHDIAG_CUPTI_PATH to libcupti)")
 
 
+def interpose_defines(environ) -> list[str]:
+    """GRAPHDIAG_TRACE_API=interpose: a build that defines the CUDA runtime's graph and sync functions (gdtrace.c,
+    GD_INTERPOSE), its own file, so that no other trace carries the interposers."""
+    return ["-DGD_INTERPOSE"] if environ.get("GRAPHDIAG_TRACE_API") == "interpose" else []
+
+
 def library(cache_dir: Path | None, environ=None) -> Path:
     """The built library's path, compiled into `cache_dir` unless a build of this source by this compiler
     with these headers is there (TraceError, one line: no compiler, no headers, the compiler failed)."""
@@ -86,8 +92,9 @@ def library(cache_dir: Path | None, environ=None) -> Path:
     if cc is None:
         raise TraceError("no C compiler ($CC, cc, gcc or clang) to build graphdiag's tracing library")
     incs = include_dirs(environ)
+    defines = interpose_defines(environ)
     key = hashlib.sha256(SOURCE.read_bytes() + b"\0" + os.path.realpath(cc).encode() + b"\0"
-                         + "\0".join(map(str, incs)).encode()).hexdigest()[:24]
+                         + "\0".join(map(str, [*incs, *defines])).encode()).hexdigest()[:24]
     name = f"gdtrace-{key}.so"
     if cache_dir and (Path(cache_dir) / name).is_file():
         return Path(cache_dir) / name
@@ -95,7 +102,7 @@ def library(cache_dir: Path | None, environ=None) -> Path:
     fd, tmp = tempfile.mkstemp(dir=out_dir, prefix=name, suffix=".tmp")
     os.close(fd)
     try:
-        args = [cc, "-O2", "-shared", "-fPIC", "-fvisibility=hidden", *(f"-I{d}" for d in incs), "-o", tmp,
+        args = [cc, "-O2", "-shared", "-fPIC", "-fvisibility=hidden", *defines, *(f"-I{d}" for d in incs), "-o", tmp,
                 str(SOURCE), "-ldl", "-lpthread"]
         done = subprocess.run(args, capture_output=True, text=True, timeout=COMPILE_TIMEOUT_S)
         if done.returncode != 0:

@@ -24,6 +24,7 @@
    Synchronisations are written only where graphdiag's in-flight check reads them (see sync_clears). */
 #define _GNU_SOURCE
 #include <dlfcn.h>
+#include <link.h>
 #include <fcntl.h>
 #include <pthread.h>
 #include <signal.h>
@@ -612,6 +613,276 @@ static void CUPTIAPI on_callback(void *user, CUpti_CallbackDomain dom, CUpti_Cal
     __atomic_add_fetch(&own_ns, now_ns() - t_in, __ATOMIC_RELAXED);
 }
 
+/* ---- GRAPHDIAG_TRACE_API=interpose: the runtime's calls read by interposing them, no CUPTI -----------------
+   Built with GD_INTERPOSE (a second build: build.py, when GRAPHDIAG_TRACE_API=interpose) and loaded through
+   LD_PRELOAD, this library defines the CUDA runtime's graph and sync functions; a program linked against a
+   shared libcudart (llama.cpp's builds, PyTorch) calls them here, and each goes on to the real one (see
+   real_rt). CUPTI is never subscribed: what CUPTI gave is read from libcuda (kernel names, update's error node,
+   cuStreamGetId, cuCtxGetDevice) or kept here (graph and executable ids: serials, from a table of the live
+   ones by handle). Not seen: calls made through the driver API (cuda-python, cuGraphLaunch), and programs
+   whose cudart is linked statically (their calls never reach these symbols: `start` falls back to CUPTI). */
+FN(cuStreamGetId); FN(cuCtxGetDevice);
+#ifdef GD_INTERPOSE
+static int interposing;
+
+#define GD_IDS 4096                       /* live graphs and executables a table keeps: past it, ids are absent */
+typedef struct { const void *handle; int64_t id; } gd_id;
+static gd_id graph_ids[GD_IDS], exec_ids[GD_IDS];
+static int64_t next_graph_id = 1, next_exec_id = 1;
+static pthread_mutex_t ids_mu = PTHREAD_MUTEX_INITIALIZER;
+#define GD_TOMB ((const void *)1)
+
+static size_t id_slot(const void *h) { uintptr_t x = (uintptr_t)h; x ^= x >> 17; x *= 0x9E3779B97F4A7C15ull; return (size_t)(x >> 52) % GD_IDS; }
+
+static int64_t id_new(gd_id *t, int64_t *next, const void *h) {   /* a fresh id for h (replacing any) */
+    int64_t id = GD_NONE;
+    pthread_mutex_lock(&ids_mu);
+    size_t i = id_slot(h), tomb = GD_IDS;
+    for (size_t k = 0; k < GD_IDS; k++, i = (i + 1) % GD_IDS) {
+        if (t[i].handle == h || !t[i].handle) { tomb = tomb < GD_IDS ? tomb : i; break; }
+        if (t[i].handle == GD_TOMB && tomb == GD_IDS) tomb = i;
+    }
+    if (tomb < GD_IDS) {
+        if (t[tomb].handle != h) for (size_t k = 0, j = i; k < GD_IDS && t[j].handle; k++, j = (j + 1) % GD_IDS)
+            if (t[j].handle == h) { t[j].handle = GD_TOMB; break; }
+        t[tomb].handle = h; t[tomb].id = id = (*next)++;
+    }
+    pthread_mutex_unlock(&ids_mu);
+    return id;
+}
+
+static int64_t id_of(gd_id *t, const void *h, int drop) {
+    int64_t id = GD_NONE;
+    if (!h) return id;
+    pthread_mutex_lock(&ids_mu);
+    size_t i = id_slot(h);
+    for (size_t k = 0; k < GD_IDS && t[i].handle; k++, i = (i + 1) % GD_IDS)
+        if (t[i].handle == h) { id = t[i].id; if (drop) t[i].handle = GD_TOMB; break; }
+    pthread_mutex_unlock(&ids_mu);
+    return id;
+}
+
+static int64_t cur_device(void) { CUdevice d; return p_cuCtxGetDevice && !p_cuCtxGetDevice(&d) ? (int64_t)d : GD_NONE; }
+static int64_t stream_id(CUstream s) {
+    unsigned long long id;
+    if (!s) return 0;
+    return p_cuStreamGetId && !p_cuStreamGetId(s, &id) ? (int64_t)id : -1;
+}
+
+static void interposed(enum op op, gd_rec *r, int64_t t0, int64_t ret) {   /* fills the common fields, writes */
+    r->fn = OP_FN[op]; r->api = "runtime";
+    r->pid = my_pid(); r->tid = my_tid(); r->t0_ns = t0; r->t1_ns = now_ns(); r->ret = ret;
+    emit(r, !(op == LAUNCH || op == SYNC_STREAM || op == SYNC_DEVICE || op == SYNC_CONTEXT));
+}
+
+/* The runtime's own `name`, behind this library's `self`: the next definition in the global scope (a program
+   linked against libcudart), else libcudart's loaded under one of its names (loaded RTLD_LOCAL: Python's
+   extension modules, torch's), else any loaded object's that is not this library's. */
+static int other_definition(struct dl_phdr_info *info, size_t size, void *data) {
+    void **want = data;                   /* {name, self, found} */
+    (void)size;
+    if (!info->dlpi_name || !*info->dlpi_name) return 0;
+    void *h = dlopen(info->dlpi_name, RTLD_LAZY | RTLD_NOLOAD);
+    void *fn = h ? dlsym(h, (const char *)want[0]) : NULL;
+    if (h) dlclose(h);
+    if (fn && fn != want[1]) { want[2] = fn; return 1; }
+    return 0;
+}
+
+static void *real_rt(const char *name, void *self) {
+    static const char *const sonames[] = {"libcudart.so.13", "libcudart.so.12", "libcudart.so.11.0", "libcudart.so"};
+    void *fn = dlsym(RTLD_NEXT, name);
+    for (size_t i = 0; (!fn || fn == self) && i < N_OF(sonames); i++) {
+        void *h = dlopen(sonames[i], RTLD_LAZY | RTLD_NOLOAD);
+        fn = h ? dlsym(h, name) : NULL;
+        if (h) dlclose(h);
+    }
+    if (!fn || fn == self) {
+        void *want[3] = {(void *)name, self, NULL};
+        dl_iterate_phdr(other_definition, want);
+        fn = want[2];
+    }
+    return fn;
+}
+
+#define FORWARD(type, name) \
+    static type real_##name; \
+    type fn_##name = __atomic_load_n(&real_##name, __ATOMIC_ACQUIRE); \
+    if (!fn_##name) { \
+        fn_##name = (type)real_rt(#name, (void *)name); \
+        if (!fn_##name) return cudaErrorInsufficientDriver; /* no runtime behind this library */ \
+        __atomic_store_n(&real_##name, fn_##name, __ATOMIC_RELEASE); \
+    }
+
+typedef cudaError_t (*rt_launch_fn)(CUgraphExec, CUstream);
+typedef cudaError_t (*rt_stream_fn)(CUstream);
+typedef cudaError_t (*rt_void_fn)(void);
+typedef cudaError_t (*rt_begin_fn)(CUstream, enum cudaStreamCaptureMode);
+typedef cudaError_t (*rt_end_fn)(CUstream, CUgraph *);
+typedef cudaError_t (*rt_inst_fn)(CUgraphExec *, CUgraph, unsigned long long);
+typedef cudaError_t (*rt_inst_params_fn)(CUgraphExec *, CUgraph, cudaGraphInstantiateParams *);
+typedef cudaError_t (*rt_update_fn)(CUgraphExec, CUgraph, cudaGraphExecUpdateResultInfo *);
+typedef cudaError_t (*rt_exec_fn)(CUgraphExec);
+typedef cudaError_t (*rt_graph_fn)(CUgraph);
+
+static cudaError_t launch_(rt_launch_fn fn, CUgraphExec exec, CUstream stream) {
+    if (!interposing) return fn(exec, stream);
+    int64_t t0 = now_ns();
+    cudaError_t ret = fn(exec, stream);
+    int64_t t_in = now_ns();
+    gd_rec r;
+    gdtrace_rec_init(&r);
+    r.device = cur_device(); r.exec = id_of(exec_ids, exec, 0); r.stream = stream_id(stream);
+    launched_on(stream, r.device);
+    interposed(LAUNCH, &r, t0, ret);
+    __atomic_add_fetch(&own_ns, now_ns() - t_in, __ATOMIC_RELAXED);
+    return ret;
+}
+EXPORT cudaError_t cudaGraphLaunch(CUgraphExec exec, CUstream stream) {
+    FORWARD(rt_launch_fn, cudaGraphLaunch) return launch_(fn_cudaGraphLaunch, exec, stream);
+}
+EXPORT cudaError_t cudaGraphLaunch_ptsz(CUgraphExec exec, CUstream stream) {
+    FORWARD(rt_launch_fn, cudaGraphLaunch_ptsz) return launch_(fn_cudaGraphLaunch_ptsz, exec, stream);
+}
+
+static cudaError_t sync_(rt_stream_fn fn, CUstream stream) {
+    if (!interposing) return fn(stream);
+    int64_t t0 = now_ns();
+    cudaError_t ret = fn(stream);
+    int64_t t_in = now_ns();
+    if (sync_clears(SYNC_STREAM, stream, GD_NONE)) {
+        gd_rec r;
+        gdtrace_rec_init(&r);
+        r.device = cur_device(); r.stream = stream_id(stream);
+        interposed(SYNC_STREAM, &r, t0, ret);
+    }
+    __atomic_add_fetch(&own_ns, now_ns() - t_in, __ATOMIC_RELAXED);
+    return ret;
+}
+EXPORT cudaError_t cudaStreamSynchronize(CUstream stream) {
+    FORWARD(rt_stream_fn, cudaStreamSynchronize) return sync_(fn_cudaStreamSynchronize, stream);
+}
+EXPORT cudaError_t cudaStreamSynchronize_ptsz(CUstream stream) {
+    FORWARD(rt_stream_fn, cudaStreamSynchronize_ptsz) return sync_(fn_cudaStreamSynchronize_ptsz, stream);
+}
+
+EXPORT cudaError_t cudaDeviceSynchronize(void) {
+    FORWARD(rt_void_fn, cudaDeviceSynchronize)
+    if (!interposing) return fn_cudaDeviceSynchronize();
+    int64_t t0 = now_ns();
+    cudaError_t ret = fn_cudaDeviceSynchronize();
+    gd_rec r;
+    gdtrace_rec_init(&r);
+    r.device = cur_device();
+    if (sync_clears(SYNC_DEVICE, NULL, r.device)) interposed(SYNC_DEVICE, &r, t0, ret);
+    return ret;
+}
+
+static cudaError_t begin_(rt_begin_fn fn, CUstream stream, enum cudaStreamCaptureMode mode) {
+    if (!interposing) return fn(stream, mode);
+    int64_t t0 = now_ns();
+    cudaError_t ret = fn(stream, mode);
+    gd_rec r;
+    gdtrace_rec_init(&r);
+    r.device = cur_device(); r.stream = stream_id(stream);
+    interposed(BEGIN, &r, t0, ret);
+    return ret;
+}
+EXPORT cudaError_t cudaStreamBeginCapture(CUstream stream, enum cudaStreamCaptureMode mode) {
+    FORWARD(rt_begin_fn, cudaStreamBeginCapture) return begin_(fn_cudaStreamBeginCapture, stream, mode);
+}
+EXPORT cudaError_t cudaStreamBeginCapture_ptsz(CUstream stream, enum cudaStreamCaptureMode mode) {
+    FORWARD(rt_begin_fn, cudaStreamBeginCapture_ptsz) return begin_(fn_cudaStreamBeginCapture_ptsz, stream, mode);
+}
+
+static cudaError_t end_(rt_end_fn fn, CUstream stream, CUgraph *graph) {
+    if (!interposing) return fn(stream, graph);
+    int64_t t0 = now_ns();
+    cudaError_t ret = fn(stream, graph);
+    const char **names = NULL;
+    gd_rec r;
+    gdtrace_rec_init(&r);
+    r.device = cur_device(); r.stream = stream_id(stream);
+    if (!ret && graph && *graph) {
+        r.graph = id_new(graph_ids, &next_graph_id, *graph);
+        names = describe_graph(*graph, &r);
+    }
+    interposed(END, &r, t0, ret);
+    free(names);
+    return ret;
+}
+EXPORT cudaError_t cudaStreamEndCapture(CUstream stream, CUgraph *graph) {
+    FORWARD(rt_end_fn, cudaStreamEndCapture) return end_(fn_cudaStreamEndCapture, stream, graph);
+}
+EXPORT cudaError_t cudaStreamEndCapture_ptsz(CUstream stream, CUgraph *graph) {
+    FORWARD(rt_end_fn, cudaStreamEndCapture_ptsz) return end_(fn_cudaStreamEndCapture_ptsz, stream, graph);
+}
+
+static void instantiated(CUgraphExec *exec, CUgraph graph, int64_t t0, int64_t mem0, cudaError_t ret) {
+    gd_rec r;
+    gdtrace_rec_init(&r);
+    r.device = cur_device(); r.graph = id_of(graph_ids, graph, 0);
+    if (!ret && exec && *exec) r.exec = id_new(exec_ids, &next_exec_id, *exec);
+    r.mem_free_before = mem0; r.mem_free_after = mem_free();
+    interposed(INSTANTIATE, &r, t0, ret);
+}
+#define INSTANTIATE_FN(name, type, arg_t) \
+    EXPORT cudaError_t name(CUgraphExec *exec, CUgraph graph, arg_t arg) { \
+        FORWARD(type, name) \
+        if (!interposing) return fn_##name(exec, graph, arg); \
+        int64_t t0 = now_ns(), mem0 = mem_free(); \
+        cudaError_t ret = fn_##name(exec, graph, arg); \
+        instantiated(exec, graph, t0, mem0, ret); \
+        return ret; \
+    }
+INSTANTIATE_FN(cudaGraphInstantiate, rt_inst_fn, unsigned long long)
+INSTANTIATE_FN(cudaGraphInstantiateWithFlags, rt_inst_fn, unsigned long long)
+INSTANTIATE_FN(cudaGraphInstantiateWithParams, rt_inst_params_fn, cudaGraphInstantiateParams *)
+INSTANTIATE_FN(cudaGraphInstantiateWithParams_ptsz, rt_inst_params_fn, cudaGraphInstantiateParams *)
+
+EXPORT cudaError_t cudaGraphExecUpdate(CUgraphExec exec, CUgraph graph, cudaGraphExecUpdateResultInfo *info) {
+    FORWARD(rt_update_fn, cudaGraphExecUpdate)
+    if (!interposing) return fn_cudaGraphExecUpdate(exec, graph, info);
+    int64_t t0 = now_ns();
+    cudaError_t ret = fn_cudaGraphExecUpdate(exec, graph, info);
+    gd_rec r;
+    gdtrace_rec_init(&r);
+    r.device = cur_device(); r.exec = id_of(exec_ids, exec, 0); r.graph = id_of(graph_ids, graph, 0);
+    if (info) {
+        r.update_result = info->result;
+        describe_error_node(graph, info->errorNode, info->errorFromNode, &r);
+    }
+    interposed(UPDATE, &r, t0, ret);
+    return ret;
+}
+
+EXPORT cudaError_t cudaGraphExecDestroy(CUgraphExec exec) {
+    FORWARD(rt_exec_fn, cudaGraphExecDestroy)
+    if (!interposing) return fn_cudaGraphExecDestroy(exec);
+    int64_t t0 = now_ns(), id = id_of(exec_ids, exec, 1);
+    cudaError_t ret = fn_cudaGraphExecDestroy(exec);
+    gd_rec r;
+    gdtrace_rec_init(&r);
+    r.device = cur_device(); r.exec = id;
+    interposed(DESTROY, &r, t0, ret);
+    return ret;
+}
+
+EXPORT cudaError_t cudaGraphDestroy(CUgraph graph) {       /* not written: its id leaves the table */
+    FORWARD(rt_graph_fn, cudaGraphDestroy)
+    if (interposing) id_of(graph_ids, graph, 1);
+    return fn_cudaGraphDestroy(graph);
+}
+
+/* Whether this process's runtime calls reach the interposers: the symbol resolves to this library's (its
+   LD_PRELOAD came first). */
+static int can_interpose(void) {
+    return dlsym(RTLD_DEFAULT, "cudaGraphLaunch") == (void *)cudaGraphLaunch;
+}
+#else
+static int can_interpose(void) { return 0; }
+#endif
+
 /* ---- the entry point the CUDA driver calls ------------------------------------------------------------ */
 static int start(void) {
     static char why[512];
@@ -620,6 +891,24 @@ static int start(void) {
     gd_rec r;
     /* GRAPHDIAG_TRACE_API=off: no CUPTI at all (only llama_decode's batches, interposed, are written) — with
        `none` (CUPTI subscribed, no callback enabled) a measure of where tracing's cost lies (bench trace). */
+    if (api && !strcmp(api, "interpose") && can_interpose()) {
+        void *cuda = dlopen("libcuda.so.1", RTLD_NOW | RTLD_LOCAL);
+        if (!cuda) { emit_error("no CUDA driver: libcuda.so.1 could not be opened"); return 0; }
+        if (!LOAD(cuda, cuGraphGetNodes) || !LOAD(cuda, cuGraphNodeGetType) || !LOAD(cuda, cuGraphKernelNodeGetParams)
+            || !LOAD(cuda, cuMemGetInfo) || !LOAD(cuda, cuCtxGetDevice)) {
+            snprintf(why, sizeof why, "libcuda lacks a function gdtrace needs: %s", dlerror());
+            emit_error(why);
+            return 0;
+        }
+        LOAD(cuda, cuFuncGetName); LOAD(cuda, cuKernelGetName); LOAD(cuda, cuStreamGetId);
+#ifdef GD_INTERPOSE
+        __atomic_store_n(&interposing, 1, __ATOMIC_RELEASE);
+#endif
+        gdtrace_rec_init(&r);
+        r.ev = "start"; r.pid = my_pid(); r.t0_ns = now_ns(); r.text = "interpose";
+        emit(&r, 1);
+        return 1;
+    }
     if (api && !strcmp(api, "off")) {
         gdtrace_rec_init(&r);
         r.ev = "start"; r.pid = my_pid(); r.t0_ns = now_ns(); r.text = "off";

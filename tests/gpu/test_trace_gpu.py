@@ -124,28 +124,41 @@ def test_trace_a_pytorch_program(tmp_path):
     assert len(flagged) == 1 and "may still run" in flagged[0], flagged
 
 
-def test_driver_callbacks_alone_read_the_same_calls(tmp_path, monkeypatch):
+TORCH_GRAPH = TORCH.split("\n    def capture")[0]      # torch's own graph calls alone: libcudart's, interposable
+
+
+@pytest.mark.parametrize("api", ["driver", "interpose"])
+def test_other_modes_read_the_same_calls(tmp_path, monkeypatch, api):
     """GRAPHDIAG_TRACE_API=driver (gdtrace.c, start): the runtime's graph and sync calls read at the driver's
     callbacks give the same calls, results and captured graphs as the runtime's callbacks (a device sync named
-    cuCtxSynchronize), with half the callbacks a call."""
+    cuCtxSynchronize), with half the callbacks a call. =interpose: the runtime's calls read by interposing
+    libcudart's symbols, CUPTI never subscribed, give the same for a program linked against a shared libcudart
+    (torch's own graph calls: cuda.bindings' runtime reaches the driver without libcudart's symbols)."""
     if importlib.util.find_spec("torch") is None:
         pytest.skip("no torch")
     script = tmp_path / "capture.py"
-    script.write_text(TORCH)
+    script.write_text(TORCH if api == "driver" else TORCH_GRAPH)
 
-    def calls(folder, api):
+    def calls(folder, mode):
         folder.mkdir()
-        if api:
-            monkeypatch.setenv("GRAPHDIAG_TRACE_API", api)
+        if mode:
+            monkeypatch.setenv("GRAPHDIAG_TRACE_API", mode)
         else:
             monkeypatch.delenv("GRAPHDIAG_TRACE_API", raising=False)
         _, _, raw = _trace(folder, [sys.executable, str(script)])
         sync = {"cudaDeviceSynchronize": "cuCtxSynchronize"}
-        return [(sync.get(r["fn"], r["fn"]), r["ret"], r.get("kernel_nodes"), r.get("update_result"))
-                for r in raw if r["ev"] == "api"], {r["api"] for r in raw if r["ev"] == "api"}
-    both, apis = calls(tmp_path / "both", None)
-    driver, driver_apis = calls(tmp_path / "driver", "driver")
-    assert driver == both and driver_apis == {"driver"} and "runtime" in apis
+        starts = [r.get("text") for r in raw if r["ev"] == "start"]
+        return ([(sync.get(r["fn"], r["fn"]), r["ret"], r.get("kernel_nodes"), r.get("update_result"),
+                  r.get("kernel_names")) for r in raw if r["ev"] == "api"],
+                {r["api"] for r in raw if r["ev"] == "api"}, starts)
+    both, apis, _ = calls(tmp_path / "both", None)
+    other, other_apis, starts = calls(tmp_path / api, api)
+    assert other == both and "runtime" in apis
+    if api == "driver":
+        assert other_apis == {"driver"}
+    else:
+        assert starts == ["interpose"] and other_apis == {"runtime"}
+        assert sum(c[0] == "cudaGraphLaunch" for c in other) == 5 and any(c[2] for c in other)
 
 
 def test_trace_graphdiags_own_cuda_run(tmp_path):
