@@ -30,6 +30,13 @@ EXPORTED = ("InitializeInjection", "gdtrace_encode", "gdtrace_rec_init", "gdtrac
             "llama_batch_ext_add_token", "llama_batch_ext_add_embd", "llama_batch_ext_add_seq",
             "llama_batch_ext_set_pos", "llama_batch_ext_set_output_logits", "llama_batch_ext_set_output_embd",
             "gdtrace_attach", "gdtrace_detach", "gdtrace_flush", "gdtrace_own_ns")
+# the CUDA runtime's functions the GD_INTERPOSE build adds (GRAPHDIAG_TRACE_API=interpose)
+INTERPOSED = ("cudaGraphLaunch", "cudaGraphLaunch_ptsz", "cudaStreamSynchronize", "cudaStreamSynchronize_ptsz",
+              "cudaDeviceSynchronize", "cudaStreamBeginCapture", "cudaStreamBeginCapture_ptsz",
+              "cudaStreamEndCapture", "cudaStreamEndCapture_ptsz", "cudaGraphInstantiate",
+              "cudaGraphInstantiateWithFlags", "cudaGraphInstantiateWithParams",
+              "cudaGraphInstantiateWithParams_ptsz", "cudaGraphExecUpdate", "cudaGraphExecDestroy",
+              "cudaGraphDestroy")
 
 
 def _wheel_dirs(sub: str) -> list[Path]:
