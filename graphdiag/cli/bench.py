@@ -122,24 +122,27 @@ def _no_wtype_for_files(names: tuple[str, ...], wtypes: str | None) -> None:
 @click.option("--rounds", type=click.IntRange(1, MAX_ROUNDS), default=3,
               help=f"Rounds, each running CMD plain and traced in turn (1-{MAX_ROUNDS}).")
 @click.option("--json", "as_json", is_flag=True, help="One JSON row per test instead of the table.")
+@click.option("--api", type=click.Choice(["auto", "cupti", "interpose"]), default="auto", show_default=True,
+              help="The trace's reading of CUDA's calls, as graphdiag trace --api.")
 @click.argument("cmd", nargs=-1, type=click.UNPROCESSED)
-def trace_overhead(rounds, as_json, cmd):
+def trace_overhead(rounds, as_json, api, cmd):
     """What `graphdiag trace` costs CMD: CMD run plain and traced in turn, --rounds times. For llama-bench the
     tokens per second of each of its tests (its -o jsonl output), for any other program its wall time."""
     import sys
 
     from ..config import kernel_cache_dir
     from ..trace import build
-    from ..trace.command import check_device, resolve_cmd
+    from ..trace.command import check_device, resolve_cmd, trace_environ
     from ..trace.overhead import bench_trace, render
     from ..errors import UsageError
     if not cmd:
         raise UsageError("give the command to measure after --: graphdiag bench trace -- CMD [ARGS...]")
     resolve_cmd(list(cmd))
-    library, cupti = build.library(kernel_cache_dir()), build.cupti_library()
+    environ = trace_environ(list(cmd), api)
+    library, cupti = build.library(kernel_cache_dir(), environ), build.cupti_library(environ)
     check_device()
     rows = bench_trace(list(cmd), rounds, library, cupti,
-                       progress=lambda line: print(line, file=sys.stderr, flush=True))
+                       progress=lambda line: print(line, file=sys.stderr, flush=True), environ=environ)
     if as_json:
         for r in rows:
             click.echo(json.dumps(r))

@@ -14,11 +14,15 @@ import click
               help="Write a Chrome trace-event timeline: each step a slice, the decisions marked.")
 @click.option("--strict", is_flag=True, help="Exit 1 (when CMD succeeded) on any trace diagnosis.")
 @click.option("-v", "--verbose", count=True, help="-v: updates, instantiates, refusals; -vv: every launch.")
+@click.option("--api", type=click.Choice(["auto", "cupti", "interpose"]), default="auto", show_default=True,
+              help="How CUDA's graph calls are read: interpose (libcudart's symbols, no CUPTI: the cheapest; "
+                   "runtime calls of a shared libcudart only), cupti (CUPTI callbacks on the runtime and driver "
+                   "API: any program), auto (interpose where CMD links a shared libcudart, else cupti).")
 @click.argument("cmd", nargs=-1, type=click.UNPROCESSED)
-def trace(events_path, raw_path, timeline_path, strict, verbose, cmd):
-    """Run CMD with graphdiag's CUDA injection library (CUPTI callbacks) and report its CUDA graphs: captures
+def trace(events_path, raw_path, timeline_path, strict, verbose, api, cmd):
+    """Run CMD with graphdiag's CUDA injection library (CUPTI callbacks, or libcudart's calls interposed) and report its CUDA graphs: captures
     with their kernels, instantiates, updates (a refusal with the node), launches, destroys, synchronisations,
     and llama.cpp's graph log lines from its stderr. Exits with CMD's code."""
     from ..trace.command import trace_cli
     return trace_cli(list(cmd), events_path=events_path, raw_path=raw_path, timeline_path=timeline_path,
-                     strict=strict, verbosity=verbose)
+                     strict=strict, verbosity=verbose, api=api)

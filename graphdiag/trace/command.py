@@ -46,6 +46,38 @@ def resolve_cmd(cmd: list[str]) -> str:
     return found
 
 
+API_CHOICES = ("auto", "cupti", "interpose")
+API_ENV = "GRAPHDIAG_TRACE_API"
+
+
+def links_shared_cudart(exe: str) -> bool:
+    """Whether exe, or a library it needs, loads a shared libcudart (ldd's listing; False where ldd is absent
+    or fails): its runtime calls then reach an interposer preloaded before it."""
+    try:
+        out = subprocess.run(["ldd", exe], capture_output=True, text=True, timeout=20).stdout
+    except (OSError, subprocess.SubprocessError):
+        return False
+    return "libcudart.so" in out
+
+
+def trace_environ(cmd: list[str], api: str, environ=None) -> dict[str, str]:
+    """The environment CMD is traced in, its GRAPHDIAG_TRACE_API settled: `interpose` (the runtime's graph and sync
+    calls read through libcudart's symbols, no CUPTI: gdtrace.c, GD_INTERPOSE), `cupti` (CUPTI callbacks on the
+    runtime and driver API), or `auto`: interpose where CMD's executable links a shared libcudart (llama.cpp's
+    programs), else CUPTI (a Python program's runtime is found only once it runs). With `auto` a value the user
+    set already (driver, none, off: measurement knobs) is kept."""
+    env = dict(os.environ if environ is None else environ)
+    if api == "auto":
+        if env.get(API_ENV):
+            return env
+        api = "interpose" if links_shared_cudart(resolve_cmd(cmd)) else "cupti"
+    if api == "interpose":
+        env[API_ENV] = "interpose"
+    else:
+        env.pop(API_ENV, None)
+    return env
+
+
 def check_device() -> None:
     """A CUDA driver and at least one GPU (TraceError otherwise)."""
     try:
@@ -64,18 +96,21 @@ def preload(library: str, existing: str | None) -> str:
     return " ".join([library, *(existing or "").split()]) if existing else library
 
 
-def run_traced(cmd: list[str], raw_path: Path, library: Path, cupti: Path, echo=None, stdout=None) -> int:
+def run_traced(cmd: list[str], raw_path: Path, library: Path, cupti: Path, echo=None, stdout=None,
+               environ=None) -> int:
     """Run CMD under the library, its raw stream in raw_path; returns CMD's exit code (128 + signal). CMD's
-    stdout is graphdiag's unless `stdout` (a file) is given; its stderr goes to `echo` (default graphdiag's)."""
+    stdout is graphdiag's unless `stdout` (a file) is given; its stderr goes to `echo` (default graphdiag's).
+    `environ`: CMD's environment before the library's variables (default graphdiag's: see trace_environ)."""
+    environ = os.environ if environ is None else environ
     exe = resolve_cmd(cmd)
     fd = os.open(raw_path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_APPEND, 0o644)
     try:
         _line(fd, {"raw": RAW_NAME, "version": RAW_VERSION, "cmd": cmd, "library": str(library),
                    "cupti": str(cupti), "started": datetime.datetime.now().isoformat(timespec="seconds")})
-        env = dict(os.environ, CUDA_INJECTION64_PATH=str(library), GRAPHDIAG_TRACE_OUT=str(raw_path),
+        env = dict(environ, CUDA_INJECTION64_PATH=str(library), GRAPHDIAG_TRACE_OUT=str(raw_path),
                    GRAPHDIAG_CUPTI_PATH=str(cupti))
         if Path(library).is_file():
-            env["LD_PRELOAD"] = preload(str(library), os.environ.get("LD_PRELOAD"))
+            env["LD_PRELOAD"] = preload(str(library), environ.get("LD_PRELOAD"))
         proc = subprocess.Popen([exe, *cmd[1:]], env=env, stdout=stdout, stderr=subprocess.PIPE, process_group=0)
         reader = threading.Thread(target=_pass_stderr, args=(proc.stderr, fd, echo or sys.stderr.buffer),
                                   daemon=True)
@@ -151,7 +186,7 @@ def _give_terminal(pgid: int, fd: int | None = None) -> int | None:
 
 
 def trace_cli(cmd: list[str], events_path=None, raw_path=None, timeline_path=None, strict=False, verbosity=0,
-              out=None) -> int:
+              out=None, api="auto") -> int:
     """The whole command: checks, build, run, convert, write, report. Returns graphdiag's exit code."""
     from ..config import kernel_cache_dir
     from ..llama.command import _render
@@ -161,10 +196,11 @@ def trace_cli(cmd: list[str], events_path=None, raw_path=None, timeline_path=Non
 
     resolve_cmd(cmd)
     check_outputs(events_path, timeline_path, raw_path)
-    library, cupti = build.library(kernel_cache_dir()), build.cupti_library()
+    environ = trace_environ(cmd, api)
+    library, cupti = build.library(kernel_cache_dir(), environ), build.cupti_library(environ)
     check_device()
     raw = Path(raw_path) if raw_path else Path(tempfile.mkstemp(prefix="graphdiag-trace-", suffix=".raw.jsonl")[1])
-    code = run_traced(cmd, raw, library, cupti)
+    code = run_traced(cmd, raw, library, cupti, environ=environ)
     header, events = convert_raw(raw)
     if header.trace.get("errors"):
         raise TraceError(f"the trace of {cmd[0]} failed: {header.trace['errors'][0]} (raw stream: {raw})")

@@ -37,6 +37,16 @@ NOT_OBSERVABLE = (
     "log lines' exact time (placed by llama.cpp's own timestamps where it prints them, else when graphdiag "
     "read them from CMD's stderr)",
 )
+INTERPOSED_ONLY = ("graph calls made through the driver API (cuGraphLaunch, ...) or a statically linked CUDA runtime: "
+                   "the calls were read through libcudart's symbols (--api interpose)")
+
+
+def read_through(start_text) -> str:
+    """How a process's calls were read, from its "start" line: interpose, off (no CUPTI: a measurement knob) or
+    cupti (the line names libcupti)."""
+    return start_text if start_text in ("interpose", "off") else "cupti"
+
+
 NO_BATCHES = ("tokens, positions, sequences (no llama_decode seen: CMD does not call libllama's llama_decode "
               "or llama_process through their dynamic symbols, as a ctypes binding does)")
 DISABLED = "disabling CUDA graphs due to"
@@ -369,11 +379,14 @@ def _header(raw: dict[str, Any], lines: list[dict[str, Any]], source: str, end: 
     not_observable = list(NOT_OBSERVABLE) + ([] if batches else [NO_BATCHES]) + (
         [f"the contents of {unread} decode batches (llama_batch_ext built through calls the library did not see)"]
         if unread else [])
+    reads = sorted({read_through(ln.get("text")) for ln in lines if ln["ev"] == "start"})
+    if "interpose" in reads:
+        not_observable.append(INTERPOSED_ONLY)
     n_ctx = [int(m.group(1)) for ln in lines if ln["ev"] == "log" for m in [N_CTX_LINE.search(ln["text"])] if m]
     graph_lines = sum(ln["ev"] == "log" for ln in lines)
     trace = {"cmd": cmd, "raw": source, "pids": pids, "devices": devices, "step": STEP, "decode_batches": batches,
              "graph_log_lines": graph_lines,
-             "exit": (end or {}).get("code"), "not_observable": not_observable,
+             "exit": (end or {}).get("code"), "not_observable": not_observable, "reads": reads,
              "errors": [ln["text"] for ln in lines if ln["ev"] == "error"]}
     if n_ctx:
         trace["n_ctx"] = n_ctx                 # llama.cpp's "llama_context: n_ctx = N", each context's

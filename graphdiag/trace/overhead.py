@@ -67,13 +67,13 @@ def _plain(cmd: list[str]) -> tuple[int, str, float]:
     return done.returncode, done.stdout, time.perf_counter() - t0
 
 
-def _traced(cmd: list[str], library: Path, cupti: Path) -> tuple[int, str, float, Counter]:
+def _traced(cmd: list[str], library: Path, cupti: Path, environ=None) -> tuple[int, str, float, Counter]:
     fd, raw = tempfile.mkstemp(prefix="graphdiag-bench-trace-", suffix=".raw.jsonl")
     os.close(fd)
     out, null = tempfile.TemporaryFile(), open(os.devnull, "wb")
     try:
         t0 = time.perf_counter()
-        code = run_traced(cmd, Path(raw), library, cupti, echo=null, stdout=out)
+        code = run_traced(cmd, Path(raw), library, cupti, echo=null, stdout=out, environ=environ)
         wall = time.perf_counter() - t0
         out.seek(0)
         kinds = Counter()
@@ -85,6 +85,9 @@ def _traced(cmd: list[str], library: Path, cupti: Path) -> tuple[int, str, float
                 except json.JSONDecodeError:
                     continue
                 kinds[obj.get("fn") or obj.get("ev")] += 1
+                if obj.get("ev") == "start":      # how the calls were read: "interpose", else CUPTI's path, "off"
+                    kinds["read: " + ("cupti" if str(obj.get("text", "")).startswith("/") or "cupti" in
+                                      str(obj.get("text", "")) else str(obj.get("text")))] += 1
                 if obj.get("ev") == "own" and isinstance(obj.get("own_ns"), int):
                     kinds["own_ns"] += obj["own_ns"]
         return code, out.read().decode("utf-8", "replace"), wall, kinds
@@ -94,9 +97,10 @@ def _traced(cmd: list[str], library: Path, cupti: Path) -> tuple[int, str, float
         os.unlink(raw)
 
 
-def bench_trace(cmd: list[str], rounds: int, library: Path, cupti: Path, progress=None) -> list[dict]:
+def bench_trace(cmd: list[str], rounds: int, library: Path, cupti: Path, progress=None, environ=None) -> list[dict]:
     """Rows per test: plain and traced figure (median over rounds), ratio traced ÷ plain (median, min, max),
-    the unit ("tokens/s" or "s") and what one traced run recorded (lines per kind, the last round's)."""
+    the unit ("tokens/s" or "s") and what one traced run recorded (lines per kind, the last round's, and how
+    the calls were read: "api"). `environ`: the traced runs' (trace_environ); the plain runs take graphdiag's."""
     resolve_cmd(cmd)
     run = bench_cmd(cmd)
     plain: dict[str, list[float]] = {}
@@ -108,7 +112,7 @@ def bench_trace(cmd: list[str], rounds: int, library: Path, cupti: Path, progres
                 code, out, wall = _plain(run)
                 into = plain
             else:
-                code, out, wall, recorded = _traced(run, library, cupti)
+                code, out, wall, recorded = _traced(run, library, cupti, environ)
                 into = traced
             if code != 0:
                 raise TraceError(f"{cmd[0]} exited with {code} in round {r + 1} ({which}): "
@@ -143,6 +147,9 @@ def render(rows: list[dict], cmd: list[str], echo) -> None:
     rec = dict(rows[0]["recorded"])
     own = rec.pop("own_ns", None)
     rec.pop("own", None)
+    reads = sorted(k[len("read: "):] for k in rec if k.startswith("read: "))
+    rec = {k: v for k, v in rec.items() if not k.startswith("read: ") and k != "start"}
+    echo(f"  calls read through: {', '.join(reads) or 'nothing (CUDA never initialised)'}")
     echo("  one traced run recorded: " + (", ".join(f"{v} {k}" for k, v in sorted(rec.items())) or "nothing"))
     if own is not None:
         launches = rec.get("cudaGraphLaunch", 0)

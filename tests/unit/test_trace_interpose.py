@@ -9,11 +9,14 @@ from __future__ import annotations
 import json
 import os
 import subprocess
+from pathlib import Path
 
 import pytest
 
 from graphdiag.errors import TraceError
 from graphdiag.trace import build
+
+DATA = Path(__file__).resolve().parents[1] / "data" / "trace"
 
 FAKE_CUDART = r"""
 #include <stdint.h>
@@ -183,3 +186,30 @@ def test_a_runtime_loaded_rtld_local_is_found_behind_the_interposers(ilib, tmp_p
     out = subprocess.run([tmp_path / "prog", str(tmp_path / "libconsumer.so")],
                          env=dict(env, LD_PRELOAD=str(ilib[0])), capture_output=True, text=True, check=True).stdout
     assert out.split() == ["910", "15"]             # every call reached the RTLD_LOCAL runtime, results back
+
+
+def test_auto_interposes_where_cmd_links_a_shared_libcudart(tmp_path):
+    from graphdiag.trace.command import API_ENV, trace_environ
+    cc, _ = _fakes(tmp_path, build.include_dirs())
+    (tmp_path / "m.c").write_text("int cudaDeviceSynchronize(void);\nint main(void) { return cudaDeviceSynchronize(); }\n")
+    subprocess.run([cc, "-o", tmp_path / "prog", tmp_path / "m.c", f"-L{tmp_path}", "-l:libcudart.so.12",
+                    f"-Wl,-rpath,{tmp_path}"], check=True)
+    assert trace_environ([str(tmp_path / "prog")], "auto", {})[API_ENV] == "interpose"
+    assert API_ENV not in trace_environ(["/bin/sh"], "auto", {})            # no libcudart: CUPTI
+    assert API_ENV not in trace_environ([str(tmp_path / "prog")], "cupti", {API_ENV: "driver"})
+    assert trace_environ(["/bin/sh"], "interpose", {})[API_ENV] == "interpose"
+    assert trace_environ(["/bin/sh"], "auto", {API_ENV: "driver"})[API_ENV] == "driver"   # the user's knob
+
+
+def test_an_interposed_trace_says_so_and_what_it_cannot_see(tmp_path, capsys):
+    from graphdiag.cli.main import main
+    from graphdiag.trace.convert import INTERPOSED_ONLY, convert_raw
+    src = (DATA / "thrash.raw.jsonl").read_text().replace('"text":"libcupti.so.13"', '"text":"interpose"', 1)
+    raw = tmp_path / "t.raw.jsonl"
+    raw.write_text(src)
+    header, _ = convert_raw(raw)
+    assert header.trace["reads"] == ["interpose"] and INTERPOSED_ONLY in header.trace["not_observable"]
+    cupti, _ = convert_raw(DATA / "thrash.raw.jsonl")
+    assert cupti.trace["reads"] == ["cupti"] and INTERPOSED_ONLY not in cupti.trace["not_observable"]
+    main(["report", str(raw)])
+    assert "calls read through: interpose" in capsys.readouterr().out

@@ -74,6 +74,7 @@ def trace_lines(header: RunHeader) -> list[str]:
         return []
     return ([f"traced: {' '.join(tr.get('cmd') or [])} (pids {', '.join(map(str, tr.get('pids') or [])) or 'none'}; "
              f"exit {tr.get('exit')}; raw {tr.get('raw')})", f"a step is {tr.get('step')}"]
+            + ([f"calls read through: {', '.join(tr['reads'])}"] if tr.get("reads") else [])
             + [f"trace error: {e}" for e in tr.get("errors") or []]
             + _wrap_items("not observable in a trace:", list(tr.get("not_observable") or [])))
 
