@@ -618,10 +618,9 @@ static void CUPTIAPI on_callback(void *user, CUpti_CallbackDomain dom, CUpti_Cal
    LD_PRELOAD, this library defines the CUDA runtime's graph and sync functions; a program linked against a
    shared libcudart (llama.cpp's builds, PyTorch) calls them here, and each goes on to the real one (see
    real_rt). CUPTI is never subscribed: what CUPTI gave is read from libcuda (kernel names, update's error node,
-   cuStreamGetId, cuCtxGetDevice) or kept here (graph and executable ids: serials, from a table of the live
+   cudaGetDevice) or kept here (graph, executable and stream ids: serials, from a table of the live
    ones by handle). Not seen: calls made through the driver API (cuda-python, cuGraphLaunch), and programs
    whose cudart is linked statically (their calls never reach these symbols: `start` falls back to CUPTI). */
-FN(cuStreamGetId); FN(cuCtxGetDevice);
 #ifdef GD_INTERPOSE
 static int interposing;
 
@@ -662,11 +661,30 @@ static int64_t id_of(gd_id *t, const void *h, int drop) {
     return id;
 }
 
-static int64_t cur_device(void) { CUdevice d; return p_cuCtxGetDevice && !p_cuCtxGetDevice(&d) ? (int64_t)d : GD_NONE; }
+/* Streams: serials by handle, as graphs and executables (NULL, the legacy stream: 0). The device: cudaGetDevice,
+   the runtime's own. No driver call around a capture: with cuStreamGetId and cuCtxGetDevice read here right
+   after cudaStreamBeginCapture, torch's capture (global mode) failed before its end (H100, 2026-12-07; which of
+   the two ended it was not isolated), as an unsafe call during a global-mode capture invalidates it. */
+static void *real_rt(const char *name, void *self);
+typedef cudaError_t (*rt_get_device_fn)(int *);
+static int64_t cur_device(void) {
+    static rt_get_device_fn get;
+    rt_get_device_fn fn = __atomic_load_n(&get, __ATOMIC_ACQUIRE);
+    int d;
+    if (!fn) {
+        if (!(fn = (rt_get_device_fn)real_rt("cudaGetDevice", NULL))) return GD_NONE;
+        __atomic_store_n(&get, fn, __ATOMIC_RELEASE);
+    }
+    return fn(&d) == cudaSuccess ? (int64_t)d : GD_NONE;
+}
+
+static gd_id stream_ids[GD_IDS];
+static int64_t next_stream_id = 1;
 static int64_t stream_id(CUstream s) {
-    unsigned long long id;
+    int64_t id;
     if (!s) return 0;
-    return p_cuStreamGetId && !p_cuStreamGetId(s, &id) ? (int64_t)id : -1;
+    id = id_of(stream_ids, s, 0);
+    return id != GD_NONE ? id : id_new(stream_ids, &next_stream_id, s);
 }
 
 static void interposed(enum op op, gd_rec *r, int64_t t0, int64_t ret) {   /* fills the common fields, writes */
@@ -895,12 +913,12 @@ static int start(void) {
         void *cuda = dlopen("libcuda.so.1", RTLD_NOW | RTLD_LOCAL);
         if (!cuda) { emit_error("no CUDA driver: libcuda.so.1 could not be opened"); return 0; }
         if (!LOAD(cuda, cuGraphGetNodes) || !LOAD(cuda, cuGraphNodeGetType) || !LOAD(cuda, cuGraphKernelNodeGetParams)
-            || !LOAD(cuda, cuMemGetInfo) || !LOAD(cuda, cuCtxGetDevice)) {
+            || !LOAD(cuda, cuMemGetInfo)) {
             snprintf(why, sizeof why, "libcuda lacks a function gdtrace needs: %s", dlerror());
             emit_error(why);
             return 0;
         }
-        LOAD(cuda, cuFuncGetName); LOAD(cuda, cuKernelGetName); LOAD(cuda, cuStreamGetId);
+        LOAD(cuda, cuFuncGetName); LOAD(cuda, cuKernelGetName);
 #ifdef GD_INTERPOSE
         __atomic_store_n(&interposing, 1, __ATOMIC_RELEASE);
 #endif
