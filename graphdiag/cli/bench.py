@@ -122,8 +122,8 @@ def _no_wtype_for_files(names: tuple[str, ...], wtypes: str | None) -> None:
 @click.option("--rounds", type=click.IntRange(1, MAX_ROUNDS), default=3,
               help=f"Rounds, each running CMD plain and traced in turn (1-{MAX_ROUNDS}).")
 @click.option("--json", "as_json", is_flag=True, help="One JSON row per test instead of the table.")
-@click.option("--api", type=click.Choice(["auto", "cupti", "interpose"]), default="auto", show_default=True,
-              help="The trace's reading of CUDA's calls, as graphdiag trace --api.")
+@click.option("--api", type=click.Choice(["auto", "cupti", "interpose"]), default=None,
+              help="The trace's reading of CUDA's calls, as graphdiag trace --api (default cupti).")
 @click.argument("cmd", nargs=-1, type=click.UNPROCESSED)
 def trace_overhead(rounds, as_json, api, cmd):
     """What `graphdiag trace` costs CMD: CMD run plain and traced in turn, --rounds times. For llama-bench the

@@ -14,10 +14,11 @@ import click
               help="Write a Chrome trace-event timeline: each step a slice, the decisions marked.")
 @click.option("--strict", is_flag=True, help="Exit 1 (when CMD succeeded) on any trace diagnosis.")
 @click.option("-v", "--verbose", count=True, help="-v: updates, instantiates, refusals; -vv: every launch.")
-@click.option("--api", type=click.Choice(["auto", "cupti", "interpose"]), default="auto", show_default=True,
+@click.option("--api", type=click.Choice(["auto", "cupti", "interpose"]), default=None,
               help="How CUDA's graph calls are read: interpose (libcudart's symbols, no CUPTI: the cheapest; "
                    "runtime calls of a shared libcudart only), cupti (CUPTI callbacks on the runtime and driver "
-                   "API: any program), auto (interpose where CMD links a shared libcudart, else cupti).")
+                   "API: any program; the default, unless GRAPHDIAG_TRACE_API says otherwise), auto (interpose where CMD "
+                   "links a shared libcudart, else cupti).")
 @click.argument("cmd", nargs=-1, type=click.UNPROCESSED)
 def trace(events_path, raw_path, timeline_path, strict, verbose, api, cmd):
     """Run CMD with graphdiag's CUDA injection library (CUPTI callbacks, or libcudart's calls interposed) and report its CUDA graphs: captures

@@ -60,16 +60,16 @@ def links_shared_cudart(exe: str) -> bool:
     return "libcudart.so" in out
 
 
-def trace_environ(cmd: list[str], api: str, environ=None) -> dict[str, str]:
+def trace_environ(cmd: list[str], api: str | None, environ=None) -> dict[str, str]:
     """The environment CMD is traced in, its GRAPHDIAG_TRACE_API settled: `interpose` (the runtime's graph and sync
     calls read through libcudart's symbols, no CUPTI: gdtrace.c, GD_INTERPOSE), `cupti` (CUPTI callbacks on the
     runtime and driver API), or `auto`: interpose where CMD's executable links a shared libcudart (llama.cpp's
-    programs), else CUPTI (a Python program's runtime is found only once it runs). With `auto` a value the user
-    set already (driver, none, off: measurement knobs) is kept."""
+    programs), else CUPTI (a Python program's runtime is found only once it runs). None (no --api): the value the
+    user set (interpose, or the measurement knobs driver, none, off), else cupti."""
     env = dict(os.environ if environ is None else environ)
+    if api is None:
+        return env
     if api == "auto":
-        if env.get(API_ENV):
-            return env
         api = "interpose" if links_shared_cudart(resolve_cmd(cmd)) else "cupti"
     if api == "interpose":
         env[API_ENV] = "interpose"
@@ -186,7 +186,7 @@ def _give_terminal(pgid: int, fd: int | None = None) -> int | None:
 
 
 def trace_cli(cmd: list[str], events_path=None, raw_path=None, timeline_path=None, strict=False, verbosity=0,
-              out=None, api="auto") -> int:
+              out=None, api=None) -> int:
     """The whole command: checks, build, run, convert, write, report. Returns graphdiag's exit code."""
     from ..config import kernel_cache_dir
     from ..llama.command import _render

@@ -172,7 +172,7 @@ def test_trace_graphdiags_own_cuda_run(tmp_path):
     assert len(_of(evs, E.ChunkInstantiated)) == len(_of(mine, E.ChunkInstantiated))
 
 
-def test_trace_llama_cpp_decode_loop(tmp_path):
+def _llama_decode_loop(tmp_path):
     if importlib.util.find_spec("llama_cpp") is None:
         pytest.skip("llama-cpp-python is not installed")
     model = tmp_path / "tiny.gguf"
@@ -185,9 +185,34 @@ def test_trace_llama_cpp_decode_loop(tmp_path):
         for t in range(16):
             llm.eval([10 + t])
     """))
-    _, evs, raw = _trace(tmp_path, [sys.executable, str(script)])
+    return [sys.executable, str(script)]
+
+
+def test_trace_llama_cpp_decode_loop(tmp_path):
+    _, evs, raw = _trace(tmp_path, _llama_decode_loop(tmp_path))
     caps = _of(evs, E.ChunkCaptured)
     assert caps and len(_of(evs, E.ReplayLaunched)) >= 8
     ends = [r for r in raw if r.get("fn") == "cudaStreamEndCapture" and r["ret"] == 0]
     assert all(r["kernel_names"] for r in ends)
     assert any(r.get("fn") == "cudaGraphExecUpdate" and "update_result" in r for r in raw)
+
+
+def test_an_interposed_trace_of_llama_cpp_decides_as_cuptis(tmp_path, monkeypatch):
+    """--api interpose on llama.cpp (libggml-cuda linked against a shared libcudart, loaded by ctypes): the same
+    captures (kernel names), updates and their results, launches and steps as the CUPTI trace."""
+    cmd = _llama_decode_loop(tmp_path)
+
+    def traced(folder, api):
+        folder.mkdir()
+        monkeypatch.delenv("GRAPHDIAG_TRACE_API", raising=False)
+        if api:
+            monkeypatch.setenv("GRAPHDIAG_TRACE_API", api)
+        _, evs, raw = _trace(folder, cmd)
+        return ([type(e).__name__ for e in evs if isinstance(e, (E.ChunkCaptured, E.ChunkInstantiated, E.ChunkUpdated,
+                                                                    E.UpdateRefused, E.ReplayLaunched))],
+                [(r["fn"], r["ret"], r.get("kernel_names"), r.get("update_result")) for r in raw
+                 if r["ev"] == "api" and r["fn"] != "cudaStreamSynchronize"],
+                [r.get("text") for r in raw if r["ev"] == "start"])
+    cupti, interposed = traced(tmp_path / "cupti", None), traced(tmp_path / "interpose", "interpose")
+    assert interposed[2] == ["interpose"]
+    assert interposed[:2] == cupti[:2]

@@ -197,7 +197,8 @@ def test_auto_interposes_where_cmd_links_a_shared_libcudart(tmp_path):
     assert API_ENV not in trace_environ(["/bin/sh"], "auto", {})            # no libcudart: CUPTI
     assert API_ENV not in trace_environ([str(tmp_path / "prog")], "cupti", {API_ENV: "driver"})
     assert trace_environ(["/bin/sh"], "interpose", {})[API_ENV] == "interpose"
-    assert trace_environ(["/bin/sh"], "auto", {API_ENV: "driver"})[API_ENV] == "driver"   # the user's knob
+    assert trace_environ(["/bin/sh"], None, {API_ENV: "driver"})[API_ENV] == "driver"     # no --api: the user's
+    assert API_ENV not in trace_environ(["/bin/sh"], None, {})                               # else CUPTI
 
 
 def test_an_interposed_trace_says_so_and_what_it_cannot_see(tmp_path, capsys):
