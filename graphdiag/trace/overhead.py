@@ -3,8 +3,9 @@
 Each round runs CMD twice, once plain and once under graphdiag's injection library (as `graphdiag trace` runs
 it), alternating which goes first so that a host's drift over minutes falls on both. For llama-bench (CMD's
 program named llama-bench*) graphdiag asks for its JSON-lines output (`-o jsonl`, appended: llama-bench takes
-the last -o) and compares each test's tokens per second (pp512, tg128, ...); for any other program the
-figure is the whole command's wall time. The result per test: the median of the rounds' plain and traced
+the last -o) and compares each test's tokens per second (pp512, tg128, ...), as for any other program that
+prints such lines (tools/decode_loop_torch.py); for any other program the figure is the whole command's wall
+time. The result per test: the median of the rounds' plain and traced
 figures, the median (and range) of the rounds' traced ÷ plain ratios, and each side's fastest round compared
 (the lent hosts switch speed within seconds: bench steps' FASTEST_PAIRS). The raw stream of each traced run
 is counted (lines per kind, and the library's own time in the process's CUDA calls, its "own" line at exit)
@@ -53,12 +54,12 @@ def parse_llama_bench(out: str) -> dict[str, float]:
 
 
 def _figures(cmd: list[str], out: str, wall_s: float) -> dict[str, float]:
-    if is_llama_bench(cmd):
-        figures = parse_llama_bench(out)
-        if not figures:
-            raise TraceError(f"{cmd[0]} printed no llama-bench results (JSON lines with n_prompt, n_gen, avg_ts)")
-        return figures
-    return {"wall_s": wall_s}
+    """llama-bench's tests; any other program's too where it prints llama-bench's JSON lines (a decode loop of
+    one's own: tools/decode_loop_torch.py), else its wall time."""
+    figures = parse_llama_bench(out)
+    if is_llama_bench(cmd) and not figures:
+        raise TraceError(f"{cmd[0]} printed no llama-bench results (JSON lines with n_prompt, n_gen, avg_ts)")
+    return figures or {"wall_s": wall_s}
 
 
 def _plain(cmd: list[str]) -> tuple[int, str, float]:

@@ -637,6 +637,11 @@ def test_bench_trace_times_any_other_program_and_needs_it_to_succeed(tmp_path):
     assert [r["test"] for r in rows] == ["wall_s"] and rows[0]["unit"] == "s" and rows[0]["rounds"] == 2
     with pytest.raises(TraceError, match="exited with 1 in round 1"):
         bench_trace(["false"], 1, tmp_path / "none.so", tmp_path / "none")
+    loop = tmp_path / "loop"                        # any program printing llama-bench's lines is read as it is
+    loop.write_text('#!/bin/sh\necho \'{"n_prompt": 0, "n_gen": 1000, "avg_ts": 6480.5}\'\n')
+    loop.chmod(0o755)
+    (row,) = bench_trace([str(loop)], 1, tmp_path / "none.so", tmp_path / "none")
+    assert (row["test"], row["unit"], row["plain"]) == ("tg1000", "tokens/s", 6480.5)
     exe = tmp_path / "llama-bench-quiet"
     exe.write_text("#!/bin/sh\necho nothing\n")
     exe.chmod(0o755)
