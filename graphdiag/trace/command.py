@@ -46,7 +46,6 @@ def resolve_cmd(cmd: list[str]) -> str:
     return found
 
 
-API_CHOICES = ("auto", "cupti", "interpose")
 API_ENV = "GRAPHDIAG_TRACE_API"
 
 

@@ -620,7 +620,9 @@ static void CUPTIAPI on_callback(void *user, CUpti_CallbackDomain dom, CUpti_Cal
    real_rt). CUPTI is never subscribed: what CUPTI gave is read from libcuda (kernel names, update's error node,
    cudaGetDevice) or kept here (graph, executable and stream ids: serials, from a table of the live
    ones by handle). Not seen: calls made through the driver API (cuda-python, cuGraphLaunch), and programs
-   whose cudart is linked statically (their calls never reach these symbols: `start` falls back to CUPTI). */
+   whose cudart is linked statically (their calls never reach these symbols, so their trace shows no graph
+   call: --api cupti reads them; where such a program exports the runtime's symbols ahead of this library,
+   `start` falls back to CUPTI itself). */
 #ifdef GD_INTERPOSE
 static int interposing;
 

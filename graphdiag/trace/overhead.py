@@ -25,6 +25,7 @@ from pathlib import Path
 
 from ..errors import TraceError
 from .command import resolve_cmd, run_traced
+from .convert import read_through
 
 
 def is_llama_bench(cmd: list[str]) -> bool:
@@ -86,9 +87,8 @@ def _traced(cmd: list[str], library: Path, cupti: Path, environ=None) -> tuple[i
                 except json.JSONDecodeError:
                     continue
                 kinds[obj.get("fn") or obj.get("ev")] += 1
-                if obj.get("ev") == "start":      # how the calls were read: "interpose", else CUPTI's path, "off"
-                    kinds["read: " + ("cupti" if str(obj.get("text", "")).startswith("/") or "cupti" in
-                                      str(obj.get("text", "")) else str(obj.get("text")))] += 1
+                if obj.get("ev") == "start":      # how the calls were read
+                    kinds["read: " + read_through(obj.get("text"))] += 1
                 if obj.get("ev") == "own" and isinstance(obj.get("own_ns"), int):
                     kinds["own_ns"] += obj["own_ns"]
         return code, out.read().decode("utf-8", "replace"), wall, kinds

@@ -580,7 +580,8 @@ ts=100
 if [ -n "$GRAPHDIAG_TRACE_OUT" ]; then   # traced: two launches and the library's own time at exit, as gdtrace
   ts=98
   L='{"ev":"api","fn":"cudaGraphLaunch","api":"runtime","pid":1,"tid":1,"t0_ns":1,"t1_ns":2,"ret":0,"exec":3,"stream":4}'
-  printf '%s\n%s\n%s\n' "$L" "$L" '{"ev":"own","pid":1,"t_ns":5,"own_ns":6000}' >> "$GRAPHDIAG_TRACE_OUT"
+  S='{"ev":"start","pid":1,"t0_ns":0,"text":"'"${GRAPHDIAG_TRACE_API:-libcupti.so.13}"'"}'
+  printf '%s\n%s\n%s\n%s\n' "$S" "$L" "$L" '{"ev":"own","pid":1,"t_ns":5,"own_ns":6000}' >> "$GRAPHDIAG_TRACE_OUT"
 fi
 echo "| model | test | t/s |"
 echo '{"n_prompt": 512, "n_gen": 0, "avg_ts": 5000.0}'
@@ -602,7 +603,13 @@ def test_bench_trace_compares_plain_and_traced_llama_bench(tmp_path):
     from graphdiag.trace.overhead import render
     lines = []
     render(rows, [str(exe)], lines.append)
-    assert "  one traced run recorded: 2 cudaGraphLaunch, 1 end" in lines
+    assert "  one traced run recorded: 2 cudaGraphLaunch, 1 end" in lines and "  calls read through: cupti" in lines
+    import os
+    rows = bench_trace([str(exe)], 1, tmp_path / "none.so", tmp_path / "none",
+                       environ=dict(os.environ, GRAPHDIAG_TRACE_API="interpose"))
+    lines = []
+    render(rows, [str(exe)], lines.append)
+    assert "  calls read through: interpose" in lines           # the traced runs took the environment given
     assert "  the library's own time in its CUDA calls: 0.01 ms, 3.00 µs per graph launch" in lines
 
 
