@@ -285,9 +285,8 @@ def _lower_x_mul_mat(d, node: Tensor, cc: int, nsm: int):
         return _mat_product(d, f"mul_mat_vec_{name}", [node, w, x], x_slot=2, ip=_mmv_ip(node, w))
     if w.type == GGMLType.BF16:
         return KernelOp(_launch(d, "mul_mat_bf16", [node, w, x]))
-    ne = w.ne
-    nb = (2, 2 * ne[0], 2 * ne[0] * ne[1], 2 * ne[0] * ne[1] * ne[2])
-    f16 = int(GGMLType.F16)
+    ne, f16 = w.ne, int(GGMLType.F16)
+    nb = contiguous_nb(f16, ne)
     deq = _launch(d, f"dequantize_f16_{name}", [None, w], scratch=[(0, f16, ne, nb)])
     parts = _stream_k_parts(node, cc, nsm)
     if parts:
