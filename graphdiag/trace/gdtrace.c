@@ -394,6 +394,15 @@ static const struct { CUpti_CallbackId cbid; enum op op; } RT_OPS[] = {
 };
 #define N_OF(a) (sizeof(a) / sizeof((a)[0]))
 
+/* fn_<name>: the real function behind this library's `name`, found once by `find(name, self)` (NULL: none) */
+#define CACHED(type, name, find) \
+    static type real_##name; \
+    type fn_##name = __atomic_load_n(&real_##name, __ATOMIC_ACQUIRE); \
+    if (!fn_##name) { \
+        fn_##name = (type)find(#name, (void *)name); \
+        if (fn_##name) __atomic_store_n(&real_##name, fn_##name, __ATOMIC_RELEASE); \
+    }
+
 static __thread int tl_runtime_depth;   /* inside a recorded runtime call: its driver calls are not recorded */
 static __thread int tl_self;            /* inside this library's own driver calls */
 static __thread int64_t tl_mem_before, tl_exec_entered;
@@ -726,13 +735,8 @@ static void *real_rt(const char *name, void *self) {
 }
 
 #define FORWARD(type, name) \
-    static type real_##name; \
-    type fn_##name = __atomic_load_n(&real_##name, __ATOMIC_ACQUIRE); \
-    if (!fn_##name) { \
-        fn_##name = (type)real_rt(#name, (void *)name); \
-        if (!fn_##name) return cudaErrorInsufficientDriver; /* no runtime behind this library */ \
-        __atomic_store_n(&real_##name, fn_##name, __ATOMIC_RELEASE); \
-    }
+    CACHED(type, name, real_rt) \
+    if (!fn_##name) return cudaErrorInsufficientDriver;  /* no runtime behind this library */
 
 typedef cudaError_t (*rt_launch_fn)(CUgraphExec, CUstream);
 typedef cudaError_t (*rt_stream_fn)(CUstream);
@@ -1006,13 +1010,7 @@ static void *real_fn(const char *name, void *self) {
     return fn;
 }
 
-#define REAL(type, name) \
-    static type real_##name; \
-    type fn_##name = __atomic_load_n(&real_##name, __ATOMIC_ACQUIRE); \
-    if (!fn_##name) { \
-        fn_##name = (type)real_fn(#name, (void *)name); \
-        if (fn_##name) __atomic_store_n(&real_##name, fn_##name, __ATOMIC_RELEASE); \
-    }
+#define REAL(type, name) CACHED(type, name, real_fn)
 
 static void write_batch(const gd_llama_batch *b, const void *ctx, int64_t t0, int64_t t1, int32_t ret) {
     pthread_once(&out_once, open_out);
