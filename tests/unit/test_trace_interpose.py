@@ -213,3 +213,14 @@ def test_an_interposed_trace_says_so_and_what_it_cannot_see(tmp_path, capsys):
     assert cupti.trace["reads"] == ["cupti"] and INTERPOSED_ONLY not in cupti.trace["not_observable"]
     main(["report", str(raw)])
     assert "calls read through: interpose" in capsys.readouterr().out
+
+
+def test_an_interposed_trace_without_graphs_names_what_interposing_cannot_see():
+    """A program whose runtime is linked statically (or that calls the driver API) shows no graph call to the
+    interposers: the never-captured diagnosis says so and names --api cupti."""
+    from graphdiag.report.analysis import trace_checks as tc
+    from graphdiag.trace.convert import convert_raw
+    _, ev = convert_raw(DATA / "disabled.raw.jsonl")
+    (plain,) = tc.never_captured(ev)
+    (hinted,) = tc.never_captured(ev, ["interpose"])
+    assert "--api cupti" not in plain and hinted.startswith(plain[:-1]) and hinted.endswith("--api cupti reads both)")

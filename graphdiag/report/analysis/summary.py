@@ -194,7 +194,7 @@ def summarize(header: RunHeader | dict[str, Any], events: Iterable[E.Event]) -> 
     s.strict = strict_findings(events, s.thrash, s.graph_memory, s.faults)
     if header.trace:
         from .trace_checks import trace_findings
-        s.trace = trace_findings(events)
+        s.trace = trace_findings(events, header.trace.get("reads", ()))
         s.strict += [f"trace: {x}" for x in s.trace]
     s.devices = device_report(events)
     s.sinks_cut_off = [f"{e.sink} at step {e.step}: {e.error}" for e in events if isinstance(e, E.SinkFailed)]

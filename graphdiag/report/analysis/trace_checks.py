@@ -15,10 +15,10 @@ THRASH_CYCLES = 3       # warmup resets after a warmup complete, at least this m
 GROWTH_MIN = 3          # executables still held, instantiated after replays began: device memory grows
 
 
-def trace_findings(events: list[E.Event]) -> list[str]:
-    """Every trace diagnosis, in a fixed order."""
+def trace_findings(events: list[E.Event], reads=()) -> list[str]:
+    """Every trace diagnosis, in a fixed order (`reads`: how the trace read the calls, its header's)."""
     return (refused_updates(events) + warmup_thrash(events) + destroyed_in_flight(events)
-            + graph_memory_growth(events) + never_captured(events))
+            + graph_memory_growth(events) + never_captured(events, reads))
 
 
 def refused_updates(events) -> list[str]:
@@ -98,9 +98,12 @@ def graph_memory_growth(events) -> list[str]:
             f"({len(live)} in all, +{mib:.1f} MiB by cuMemGetInfo around their instantiates)"]
 
 
-def never_captured(events) -> list[str]:
-    """No graph captured or instantiated in the whole trace (and llama.cpp's reason, where it logged one)."""
+def never_captured(events, reads=()) -> list[str]:
+    """No graph captured or instantiated in the whole trace (and llama.cpp's reason, where it logged one; where
+    the calls were read by interposing libcudart's symbols, what that cannot see)."""
     if any(isinstance(ev, (E.ChunkCaptured, E.ChunkInstantiated)) for ev in events):
         return []
     why = sorted({ev.reason for ev in events if isinstance(ev, E.GraphsDisabled)})
-    return [f"no CUDA graph captured in the traced process ({'; '.join(why) or 'no reason logged'})"]
+    hint = ("; read with --api interpose, which sees no driver-API call nor a statically linked CUDA runtime: "
+            "--api cupti reads both" if "interpose" in reads else "")
+    return [f"no CUDA graph captured in the traced process ({'; '.join(why) or 'no reason logged'}{hint})"]
