@@ -17,13 +17,14 @@ import click
 @click.option("--api", type=click.Choice(["auto", "cupti", "interpose"]), default=None,
               help="How CUDA's graph calls are read: interpose (libcudart's symbols, no CUPTI: the cheapest; "
                    "runtime calls of a shared libcudart only), cupti (CUPTI callbacks on the runtime and driver "
-                   "API: any program; the default, unless GRAPHDIAG_TRACE_API says otherwise), auto (interpose where CMD "
-                   "links a shared libcudart, else cupti).")
+                   "API: any program; the default, unless GRAPHDIAG_TRACE_API says otherwise), auto (interpose "
+                   "where CMD links a shared libcudart, else cupti).")
 @click.argument("cmd", nargs=-1, type=click.UNPROCESSED)
 def trace(events_path, raw_path, timeline_path, strict, verbose, api, cmd):
-    """Run CMD with graphdiag's CUDA injection library (CUPTI callbacks, or libcudart's calls interposed) and report its CUDA graphs: captures
-    with their kernels, instantiates, updates (a refusal with the node), launches, destroys, synchronisations,
-    and llama.cpp's graph log lines from its stderr. Exits with CMD's code."""
+    """Run CMD with graphdiag's CUDA injection library (CUPTI callbacks, or libcudart's calls interposed) and
+    report its CUDA graphs: captures with their kernels, instantiates, updates (a refusal with the node),
+    launches, destroys, synchronisations, and llama.cpp's graph log lines from its stderr. Exits with CMD's
+    code."""
     from ..trace.command import trace_cli
     return trace_cli(list(cmd), events_path=events_path, raw_path=raw_path, timeline_path=timeline_path,
                      strict=strict, verbosity=verbose, api=api)

@@ -394,6 +394,8 @@ def _header(raw: dict[str, Any], lines: list[dict[str, Any]], source: str, end: 
         trace["synthetic"] = str(raw["synthetic"])
     return RunHeader(backend="cuda", device=", ".join(f"CUDA device {d}" for d in devices) or "no device seen",
                      simulated=False, model=" ".join(cmd), settings={"cmd": " ".join(cmd)},
-                     note="an unmodified process traced through CUDA injection (CUPTI callbacks) and its stderr",
+                     note="an unmodified process traced through CUDA injection ("
+                          + ("libcudart's calls interposed" if reads == ["interpose"] else "CUPTI callbacks")
+                          + ") and its stderr",
                      started=raw.get("started") or datetime.datetime.now().isoformat(timespec="seconds"),
                      trace=trace)

@@ -642,7 +642,12 @@ static int64_t next_graph_id = 1, next_exec_id = 1;
 static pthread_mutex_t ids_mu = PTHREAD_MUTEX_INITIALIZER;
 #define GD_TOMB ((const void *)1)
 
-static size_t id_slot(const void *h) { uintptr_t x = (uintptr_t)h; x ^= x >> 17; x *= 0x9E3779B97F4A7C15ull; return (size_t)(x >> 52) % GD_IDS; }
+static size_t id_slot(const void *h) {   /* a handle's home slot: its bits mixed (Fibonacci hashing) */
+    uintptr_t x = (uintptr_t)h;
+    x ^= x >> 17;
+    x *= 0x9E3779B97F4A7C15ull;
+    return (size_t)(x >> 52) % GD_IDS;
+}
 
 static int64_t id_new(gd_id *t, int64_t *next, const void *h) {   /* a fresh id for h (replacing any) */
     int64_t id = GD_NONE;

@@ -26,12 +26,19 @@ int calls;
 int fake_calls(void) { return calls; }
 int cudaGetDevice(int *d) { *d = 0; return 0; }     /* read by the library, not counted */
 int cudaStreamBeginCapture(void *s, int mode) { calls++; return s ? 0 : 1; }
-int cudaStreamEndCapture(void *s, void **g) { static uintptr_t next = 0x1000; calls++; *g = (void *)(next += 0x100); return 0; }
-int cudaGraphInstantiate(void **e, void *g, unsigned long long f) { calls++; *e = (void *)((uintptr_t)g + 1); return 0; }
+int cudaStreamEndCapture(void *s, void **g) {
+    static uintptr_t next = 0x1000;
+    calls++; *g = (void *)(next += 0x100); return 0;
+}
+int cudaGraphInstantiate(void **e, void *g, unsigned long long f) {
+    calls++; *e = (void *)((uintptr_t)g + 1); return 0;
+}
 int cudaGraphLaunch(void *e, void *s) { calls++; return 0; }
 int cudaStreamSynchronize(void *s) { calls++; return 0; }
 int cudaDeviceSynchronize(void) { calls++; return 0; }
-int cudaGraphExecUpdate(void *e, void *g, info_t *i) { calls++; i->result = 3; i->errorNode = (void *)0xB2; i->errorFromNode = (void *)0xA1; return 910; }
+int cudaGraphExecUpdate(void *e, void *g, info_t *i) {
+    calls++; i->result = 3; i->errorNode = (void *)0xB2; i->errorFromNode = (void *)0xA1; return 910;
+}
 int cudaGraphExecDestroy(void *e) { calls++; return 0; }
 int cudaGraphDestroy(void *g) { calls++; return 0; }
 """
@@ -51,7 +58,10 @@ CUresult cuGraphNodeGetType(CUgraphNode n, CUgraphNodeType *t) {
     *t = n == (CUgraphNode)0xA2 ? CU_GRAPH_NODE_TYPE_MEMCPY : CU_GRAPH_NODE_TYPE_KERNEL;
     return CUDA_SUCCESS;
 }
-CUresult cuGraphKernelNodeGetParams(CUgraphNode n, CUDA_KERNEL_NODE_PARAMS *p) { p->func = (CUfunction)n; return CUDA_SUCCESS; }
+CUresult cuGraphKernelNodeGetParams(CUgraphNode n, CUDA_KERNEL_NODE_PARAMS *p) {
+    p->func = (CUfunction)n;
+    return CUDA_SUCCESS;
+}
 CUresult cuFuncGetName(const char **name, CUfunction f) {
     *name = f == (CUfunction)0xA1 ? "k_rms_norm" : "k_mul_mat";
     return CUDA_SUCCESS;
@@ -177,7 +187,8 @@ def test_a_runtime_loaded_rtld_local_is_found_behind_the_interposers(ilib, tmp_p
     """Python loads torch's libraries RTLD_LOCAL: their libcudart is not in the global scope, so dlsym(RTLD_NEXT)
     from a preloaded library misses it; the interposers find it among the loaded objects."""
     cc, env = _fakes(tmp_path, ilib[1])
-    (tmp_path / "c.c").write_text(CALLS + "int fake_calls(void);\nint fake_calls_through(void) { return fake_calls(); }\n")
+    (tmp_path / "c.c").write_text(CALLS + "int fake_calls(void);\n"
+                                  "int fake_calls_through(void) { return fake_calls(); }\n")
     subprocess.run([cc, "-shared", "-fPIC", "-o", tmp_path / "libconsumer.so", tmp_path / "c.c",
                     f"-L{tmp_path}", "-l:libcudart.so.12", f"-Wl,-rpath,{tmp_path}"], check=True)
     (tmp_path / "m.c").write_text(LOCAL_PROGRAM)
@@ -190,7 +201,8 @@ def test_a_runtime_loaded_rtld_local_is_found_behind_the_interposers(ilib, tmp_p
 def test_auto_interposes_where_cmd_links_a_shared_libcudart(tmp_path):
     from graphdiag.trace.command import API_ENV, trace_environ
     cc, _ = _fakes(tmp_path, build.include_dirs())
-    (tmp_path / "m.c").write_text("int cudaDeviceSynchronize(void);\nint main(void) { return cudaDeviceSynchronize(); }\n")
+    (tmp_path / "m.c").write_text("int cudaDeviceSynchronize(void);\n"
+                                  "int main(void) { return cudaDeviceSynchronize(); }\n")
     subprocess.run([cc, "-o", tmp_path / "prog", tmp_path / "m.c", f"-L{tmp_path}", "-l:libcudart.so.12",
                     f"-Wl,-rpath,{tmp_path}"], check=True)
     assert trace_environ([str(tmp_path / "prog")], "auto", {})[API_ENV] == "interpose"
@@ -209,6 +221,7 @@ def test_an_interposed_trace_says_so_and_what_it_cannot_see(tmp_path, capsys):
     raw.write_text(src)
     header, _ = convert_raw(raw)
     assert header.trace["reads"] == ["interpose"] and INTERPOSED_ONLY in header.trace["not_observable"]
+    assert "libcudart's calls interposed" in header.note
     cupti, _ = convert_raw(DATA / "thrash.raw.jsonl")
     assert cupti.trace["reads"] == ["cupti"] and INTERPOSED_ONLY not in cupti.trace["not_observable"]
     main(["report", str(raw)])
