@@ -18,7 +18,7 @@ import click
               help="How CUDA's graph calls are read: interpose (libcudart's symbols, no CUPTI: the cheapest; "
                    "runtime calls of a shared libcudart only), cupti (CUPTI callbacks on the runtime and driver "
                    "API: any program; the default, unless GRAPHDIAG_TRACE_API says otherwise), auto (interpose "
-                   "where CMD links a shared libcudart, else cupti).")
+                   "where CMD links a shared libcudart of CUDA 12 or later, else cupti).")
 @click.argument("cmd", nargs=-1, type=click.UNPROCESSED)
 def trace(events_path, raw_path, timeline_path, strict, verbose, api, cmd):
     """Run CMD with graphdiag's CUDA injection library (CUPTI callbacks, or libcudart's calls interposed) and

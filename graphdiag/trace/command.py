@@ -13,6 +13,7 @@ import ctypes
 import datetime
 import json
 import os
+import re
 import shutil
 import signal
 import subprocess
@@ -49,27 +50,29 @@ def resolve_cmd(cmd: list[str]) -> str:
 API_ENV = "GRAPHDIAG_TRACE_API"
 
 
-def links_shared_cudart(exe: str) -> bool:
-    """Whether exe, or a library it needs, loads a shared libcudart (ldd's listing; False where ldd is absent
-    or fails): its runtime calls then reach an interposer preloaded before it."""
+def shared_cudart_major(exe: str) -> int | None:
+    """The major version of the shared libcudart exe (or a library it needs) loads, from ldd's listing (None: none,
+    or ldd absent or failing)."""
     try:
         out = subprocess.run(["ldd", exe], capture_output=True, text=True, timeout=20).stdout
     except (OSError, subprocess.SubprocessError):
-        return False
-    return "libcudart.so" in out
+        return None
+    m = re.search(r"libcudart\.so\.(\d+)", out)
+    return int(m.group(1)) if m else None
 
 
 def trace_environ(cmd: list[str], api: str | None, environ=None) -> dict[str, str]:
     """The environment CMD is traced in, its GRAPHDIAG_TRACE_API settled: `interpose` (the runtime's graph and sync
     calls read through libcudart's symbols, no CUPTI: gdtrace.c, GD_INTERPOSE), `cupti` (CUPTI callbacks on the
-    runtime and driver API), or `auto`: interpose where CMD's executable links a shared libcudart (llama.cpp's
-    programs), else CUPTI (a Python program's runtime is found only once it runs). None (no --api): the value the
+    runtime and driver API), or `auto`: interpose where CMD's executable links a shared libcudart of CUDA 12 or
+    later (llama.cpp's programs; the interposers take CUDA 12's signatures), else CUPTI (a Python program's runtime is found only once it runs). None (no --api): the value the
     user set (interpose, or the measurement knobs driver, none, off), else cupti."""
     env = dict(os.environ if environ is None else environ)
     if api is None:
         return env
     if api == "auto":
-        api = "interpose" if links_shared_cudart(resolve_cmd(cmd)) else "cupti"
+        major = shared_cudart_major(resolve_cmd(cmd))
+        api = "interpose" if major is not None and major >= 12 else "cupti"
     if api == "interpose":
         env[API_ENV] = "interpose"
     else:

@@ -206,6 +206,11 @@ def test_auto_interposes_where_cmd_links_a_shared_libcudart(tmp_path):
     subprocess.run([cc, "-o", tmp_path / "prog", tmp_path / "m.c", f"-L{tmp_path}", "-l:libcudart.so.12",
                     f"-Wl,-rpath,{tmp_path}"], check=True)
     assert trace_environ([str(tmp_path / "prog")], "auto", {})[API_ENV] == "interpose"
+    subprocess.run([cc, "-shared", "-fPIC", "-Wl,-soname,libcudart.so.11.0", "-o", tmp_path / "libcudart.so.11.0",
+                    tmp_path / "cudart.c"], check=True)
+    subprocess.run([cc, "-o", tmp_path / "prog11", tmp_path / "m.c", f"-L{tmp_path}", "-l:libcudart.so.11.0",
+                    f"-Wl,-rpath,{tmp_path}"], check=True)
+    assert API_ENV not in trace_environ([str(tmp_path / "prog11")], "auto", {})   # CUDA 11's signatures differ
     assert API_ENV not in trace_environ(["/bin/sh"], "auto", {})            # no libcudart: CUPTI
     assert API_ENV not in trace_environ([str(tmp_path / "prog")], "cupti", {API_ENV: "driver"})
     assert trace_environ(["/bin/sh"], "interpose", {})[API_ENV] == "interpose"
