@@ -242,3 +242,24 @@ def test_an_interposed_trace_without_graphs_names_what_interposing_cannot_see():
     (plain,) = tc.never_captured(ev)
     (hinted,) = tc.never_captured(ev, ["interpose"])
     assert "--api cupti" not in plain and hinted.startswith(plain[:-1]) and hinted.endswith("--api cupti reads both)")
+
+
+def test_the_off_knob_starts_without_cupti(tmp_path):
+    """GRAPHDIAG_TRACE_API=off (a measurement knob for bench trace): the library starts without loading CUPTI or
+    libcuda — its start line says "off", its own time is written at exit — and nothing else is read."""
+    try:
+        lib = build.library(tmp_path / "cache", {k: v for k, v in os.environ.items() if k != "GRAPHDIAG_TRACE_API"})
+    except TraceError as e:
+        pytest.skip(str(e))
+    cc = _cc()
+    (tmp_path / "m.c").write_text(PROGRAM.replace("int fake_calls(void);\nint decode_loop(void);\n", "")
+                                  .replace("    int r = decode_loop();\n    printf(\"%d %d %d\\n\", started, r, "
+                                           "fake_calls());", "    printf(\"%d\\n\", started);"))
+    subprocess.run([cc, "-o", tmp_path / "prog", tmp_path / "m.c", "-ldl"], check=True)
+    raw = tmp_path / "raw.jsonl"
+    out = subprocess.run([tmp_path / "prog"], env={"PATH": "/usr/bin:/bin", "LD_PRELOAD": str(lib),
+                                                   "GRAPHDIAG_TRACE_API": "off", "GRAPHDIAG_TRACE_OUT": str(raw),
+                                                   "GRAPHDIAG_CUPTI_PATH": "/no/libcupti.so"},
+                         capture_output=True, text=True, check=True).stdout
+    lines = [json.loads(x) for x in raw.read_text().splitlines()]
+    assert out.split() == ["1"] and [x["ev"] for x in lines] == ["start", "own"] and lines[0]["text"] == "off"
