@@ -123,7 +123,7 @@ def _no_wtype_for_files(names: tuple[str, ...], wtypes: str | None) -> None:
               help=f"Rounds, each running CMD plain and traced in turn (1-{MAX_ROUNDS}).")
 @click.option("--json", "as_json", is_flag=True, help="One JSON row per test instead of the table.")
 @click.option("--api", type=click.Choice(["auto", "cupti", "interpose"]), default=None,
-              help="The trace's reading of CUDA's calls, as graphdiag trace --api (default cupti).")
+              help="The trace's reading of CUDA's calls, as graphdiag trace --api (default auto).")
 @click.argument("cmd", nargs=-1, type=click.UNPROCESSED)
 def trace_overhead(rounds, as_json, api, cmd):
     """What `graphdiag trace` costs CMD: CMD run plain and traced in turn, --rounds times. For llama-bench the

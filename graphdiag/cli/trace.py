@@ -17,8 +17,8 @@ import click
 @click.option("--api", type=click.Choice(["auto", "cupti", "interpose"]), default=None,
               help="How CUDA's graph calls are read: interpose (libcudart's symbols, no CUPTI: the cheapest; "
                    "runtime calls of a shared libcudart only), cupti (CUPTI callbacks on the runtime and driver "
-                   "API: any program; the default, unless GRAPHDIAG_TRACE_API says otherwise), auto (interpose "
-                   "where CMD links a shared libcudart of CUDA 12 or later, else cupti).")
+                   "API: any program), auto (interpose where CMD links a shared libcudart of CUDA 12 or later, "
+                   "else cupti; the default, unless GRAPHDIAG_TRACE_API says otherwise).")
 @click.argument("cmd", nargs=-1, type=click.UNPROCESSED)
 def trace(events_path, raw_path, timeline_path, strict, verbose, api, cmd):
     """Run CMD with graphdiag's CUDA injection library (CUPTI callbacks, or libcudart's calls interposed) and

@@ -48,6 +48,7 @@ def resolve_cmd(cmd: list[str]) -> str:
 
 
 API_ENV = "GRAPHDIAG_TRACE_API"
+API_VALUES = ("auto", "cupti", "interpose", "driver", "none", "off")   # the last three: bench trace's knobs
 
 
 def shared_cudart_major(exe: str) -> int | None:
@@ -65,11 +66,16 @@ def trace_environ(cmd: list[str], api: str | None, environ=None) -> dict[str, st
     """The environment CMD is traced in, its GRAPHDIAG_TRACE_API settled: `interpose` (the runtime's graph and sync
     calls read through libcudart's symbols, no CUPTI: gdtrace.c, GD_INTERPOSE), `cupti` (CUPTI callbacks on the
     runtime and driver API), or `auto`: interpose where CMD's executable links a shared libcudart of CUDA 12 or
-    later (llama.cpp's programs; the interposers take CUDA 12's signatures), else CUPTI (a Python program's runtime is found only once it runs). None (no --api): the value the
-    user set (interpose, or the measurement knobs driver, none, off), else cupti."""
+    later (llama.cpp's programs; the interposers take CUDA 12's signatures), else CUPTI (a Python program's
+    runtime is found only once it runs). None (no --api): the value the user set (interpose, cupti, or the
+    measurement knobs driver, none, off), else auto."""
     env = dict(os.environ if environ is None else environ)
     if api is None:
-        return env
+        api = env.get(API_ENV) or "auto"
+        if api not in API_VALUES:
+            raise TraceError(f"{API_ENV}={api}: expected one of {', '.join(API_VALUES)}")
+        if api not in ("auto", "cupti", "interpose"):
+            return env                  # a measurement knob, read by the library itself
     if api == "auto":
         major = shared_cudart_major(resolve_cmd(cmd))
         api = "interpose" if major is not None and major >= 12 else "cupti"

@@ -109,6 +109,14 @@ def draft_whatif(path, model: str | None, draft_model: str, backend: str = "auto
     if len(ctxs) < 2:
         raise UsageError(f"{path}: its batches went to one llama_context: no draft model's batches to replay "
                          f"(trace llama-server run with --model-draft)")
+    n_draft = sum(b.ctx == ctxs[1] and b.ret == 0 for b in every)
+    nothing = (f"{path}: its draft context decoded {n_draft} batch{'es' if n_draft != 1 else ''} and drafted "
+               f"nothing (llama-server b11xxx drafts with -md only beside --spec-type draft-simple)")
+    if n_draft < 2:                  # llama-server's warmup of the draft context alone: replaying shows nothing
+        raise UsageError(nothing)
     (ht, target), _ = replay_batches(every, model, backend, settings, ctx=ctxs[0])
     (_, draft), _ = replay_batches(every, draft_model, backend, settings, ctx=ctxs[1])
-    return draft_cycle(target, draft), ht.device or ht.backend
+    cycle = draft_cycle(target, draft)
+    if not cycle.steps:
+        raise UsageError(nothing)
+    return cycle, ht.device or ht.backend

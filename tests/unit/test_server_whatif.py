@@ -159,3 +159,17 @@ def test_draft_model_warmup_cycle(tiny, tmp_path, capsys):
     assert "draft steps: 7" in out and "target computes per draft step:" in out and "→ target verifies 4" in out
     assert main(["whatif", str(TRACE), "--model", tiny, "--model-draft", tiny, "--backend", "sim"]) == 2
     assert "no draft model's batches" in capsys.readouterr().err
+
+
+def test_a_draft_context_that_drafted_nothing_says_so(tiny, tmp_path, capsys):
+    """llama-server b11434 with -md and no --spec-type loads the draft model, warms its context up once and
+    never drafts (H100, 2026-12-07: 1264 target batches, 1 draft batch): one line, exit 2, naming the flag."""
+    p, _ = _speculative(tmp_path)
+    lines = p.read_text().splitlines()
+    kept = [ln for ln in lines if '"ctx": 11' not in ln or '"n_tokens": 2,' in ln]   # 0xB's warmup alone
+    assert len(kept) < len(lines)
+    p.write_text("\n".join(kept) + "\n")
+    assert main(["whatif", str(p), "--model", tiny, "--model-draft", tiny, "--backend", "sim"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert "decoded 1 batch and drafted nothing" in err and "--spec-type draft-simple" in err and "\n" not in err
+

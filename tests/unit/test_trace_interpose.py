@@ -215,7 +215,12 @@ def test_auto_interposes_where_cmd_links_a_shared_libcudart(tmp_path):
     assert API_ENV not in trace_environ([str(tmp_path / "prog")], "cupti", {API_ENV: "driver"})
     assert trace_environ(["/bin/sh"], "interpose", {})[API_ENV] == "interpose"
     assert trace_environ(["/bin/sh"], None, {API_ENV: "driver"})[API_ENV] == "driver"     # no --api: the user's
-    assert API_ENV not in trace_environ(["/bin/sh"], None, {})                               # else CUPTI
+    assert API_ENV not in trace_environ([str(tmp_path / "prog")], None, {API_ENV: "cupti"})
+    assert trace_environ([str(tmp_path / "prog")], None, {API_ENV: "auto"})[API_ENV] == "interpose"
+    assert trace_environ([str(tmp_path / "prog")], None, {})[API_ENV] == "interpose"       # else auto
+    assert API_ENV not in trace_environ(["/bin/sh"], None, {})
+    with pytest.raises(TraceError, match="GRAPHDIAG_TRACE_API=bogus: expected one of auto, cupti, interpose"):
+        trace_environ(["/bin/sh"], None, {API_ENV: "bogus"})
 
 
 def test_an_interposed_trace_says_so_and_what_it_cannot_see(tmp_path, capsys):
