@@ -268,3 +268,28 @@ def test_the_off_knob_starts_without_cupti(tmp_path):
                          capture_output=True, text=True, check=True).stdout
     lines = [json.loads(x) for x in raw.read_text().splitlines()]
     assert out.split() == ["1"] and [x["ev"] for x in lines] == ["start", "own"] and lines[0]["text"] == "off"
+
+
+def test_a_real_interposed_server_trace(tmp_path, capsys):
+    """llama-server b11434 (-np 4 -kvu, the tiny file, loaded with itself as -md draft model but no --spec-type)
+    traced on the H100 by interposing (2026-12-07) while graphdiag load sent 64 requests: its record says how its
+    calls were read and carries the diagnoses CUPTI's traces of the same server carry (the prefill graphs'
+    refused updates named at their kernel, warmup thrash); whatif --model-draft finds the draft context warmed
+    up once and never drafting."""
+    import lzma
+    from graphdiag.cli.main import main
+    from graphdiag.trace.convert import convert_raw
+    raw = tmp_path / "spec.raw.jsonl"
+    raw.write_bytes(lzma.decompress((DATA / "server-spec-interposed-b11434-h100.raw.jsonl.xz").read_bytes()))
+    header, _ = convert_raw(raw)
+    assert header.trace["reads"] == ["interpose"] and "-md" in header.trace["cmd"]
+    assert main(["report", str(raw)]) == 0
+    out = capsys.readouterr().out
+    assert "calls read through: interpose" in out
+    assert "update refused ×1 at entry 1 (TOPOLOGY_CHANGED: kernel 67: unary_gated_op_kernel added" in out
+    assert "warmup thrash: 70 warmup resets" in out
+    tiny = tmp_path / "tiny.gguf"
+    assert main(["export-gguf", "--model", "tiny", str(tiny)]) == 0
+    capsys.readouterr()
+    assert main(["whatif", str(raw), "--model", str(tiny), "--model-draft", str(tiny), "--backend", "sim"]) == 2
+    assert "decoded 1 batch and drafted nothing" in capsys.readouterr().err
