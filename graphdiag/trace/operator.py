@@ -111,7 +111,8 @@ def draft_whatif(path, model: str | None, draft_model: str, backend: str = "auto
                          f"(trace llama-server run with --model-draft)")
     n_draft = sum(b.ctx == ctxs[1] and b.ret == 0 for b in every)
     nothing = (f"{path}: its draft context decoded {n_draft} batch{'es' if n_draft != 1 else ''} and drafted "
-               f"nothing (llama-server b11xxx drafts with -md only beside --spec-type draft-simple)")
+               f"nothing (llama-server drafts with -md only beside --spec-type draft-simple, in llama.cpp "
+               f"0c1e57098 as in b11434)")
     if n_draft < 2:                  # llama-server's warmup of the draft context alone: replaying shows nothing
         raise UsageError(nothing)
     (ht, target), _ = replay_batches(every, model, backend, settings, ctx=ctxs[0])
