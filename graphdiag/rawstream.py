@@ -42,10 +42,10 @@ def _parse(path: Path, n: int, line: str):
 
 
 def require_fields(path: Path, n: int, obj: dict[str, Any], need) -> dict[str, Any]:
-    """`obj` if each field in `need` is there and typed (text, status and fn strings, the rest integers)."""
+    """`obj` if each field in `need` is there and typed (text, status, fn and kind strings, the rest integers)."""
     for field in need:
         v = obj.get(field)
-        if isinstance(v, str) if field in ("text", "status", "fn") else isinstance(v, int) and not isinstance(v, bool):
+        if isinstance(v, str) if field in ("text", "status", "fn", "kind") else isinstance(v, int) and not isinstance(v, bool):
             continue
         raise EventFileError(f"{path}:{n}: {obj['ev']} line without a valid {field} ({json.dumps(v)[:40]})")
     return obj

@@ -43,6 +43,7 @@ def convert_raw(path: str | Path) -> tuple[RunHeader, list[E.Event]]:
 def convert(raw_header: dict[str, Any], lines: list[dict[str, Any]], source: str = "") -> tuple[RunHeader, list[E.Event]]:
     """(header, events) of the converted record."""
     decodes, perf, end = _split(lines, source)
+    watcher = next((ln.get("kind") for ln in lines if ln.get("ev") == "watcher"), None)
     env = raw_header.get("env") or {}
     disabled = "GGML_CUDA_DISABLE_GRAPHS" in env       # ggml checks presence (getenv != nullptr)
     grouper, events = Grouper(), []
@@ -53,7 +54,7 @@ def convert(raw_header: dict[str, Any], lines: list[dict[str, Any]], source: str
     last = max((b["step"] for b, _, _ in decodes), default=-1)
     events.append(E.RunEnded(step=last + 1, t_ns=_t(end or {}), status=status, steps_done=steps_done,
                              reason=reason))
-    return _header(raw_header, perf, source, len(decodes)), events
+    return _header(raw_header, perf, source, len(decodes), watcher), events
 
 
 def _split(lines: list[dict[str, Any]], source: str):
@@ -208,7 +209,8 @@ def _steps(raw: dict[str, Any], batch: int, n_decodes: int) -> int:
     return max(n_decodes - batch * (n_ubatches(prompt, n_ubatch) if prompt else 1), 0)
 
 
-def _header(raw: dict[str, Any], perf: dict[str, Any], source: str, n_steps: int) -> RunHeader:
+def _header(raw: dict[str, Any], perf: dict[str, Any], source: str, n_steps: int,
+            watcher: str | None = None) -> RunHeader:
     batch = _count(raw, "batch") or 1             # the plan's first steps prefill each of `batch` sequences
     plan = raw.get("plan")
     settings = {"model": raw.get("model", ""), "steps": _steps(raw, batch, n_steps), "batch": batch,
@@ -219,10 +221,12 @@ def _header(raw: dict[str, Any], perf: dict[str, Any], source: str, n_steps: int
                 "reuse_disabled": "LLAMA_GRAPH_REUSE_DISABLE" in (raw.get("env") or {})}
     llama = {"llama_cpp": raw.get("llama_cpp", ""), "raw": source, "plan": plan if isinstance(plan, str) else "", "env": raw.get("env") or {},
              "perf": perf, "cc": raw.get("cc"), "model_sha256": raw.get("model_sha256", ""),
-             "not_observable": list(NOT_OBSERVABLE)}
+             "not_observable": list(NOT_OBSERVABLE)} | ({"watcher": watcher} if watcher else {})
+    how = ("by interposing its CUDA runtime calls" if watcher and watcher.endswith("interposing")
+           else "through CUPTI callbacks")
     return RunHeader(backend="cuda", device=raw.get("device", ""), simulated=False,
                      model=str(raw.get("model", "")), settings=settings, scenario=raw.get("scenario"),
-                     note=f"real {SOURCE} {raw.get('llama_cpp', '')} watched through CUPTI callbacks and its log",
+                     note=f"real {SOURCE} {raw.get('llama_cpp', '')} watched {how} and its log",
                      started=raw.get("started") or datetime.datetime.now().isoformat(timespec="seconds"),
                      llama=llama)
 

@@ -19,6 +19,7 @@ import ctypes
 import ctypes.util
 import os
 import time
+from pathlib import Path
 from dataclasses import dataclass
 
 import numpy as np
@@ -156,9 +157,11 @@ class LeadWatcher:
     graphs-off run of `bench steps --peer llama` measures (the injection library's callbacks took a traced
     llama-bench from 5232 to 4597 tokens/s on the H100, 2026-12-07, of which its own code ~5 us a token).
     GRAPHDIAG_WATCHER=log: the log alone with graphs on too (bench's llama.cpp peer times a run so, its
-    decisions read from a watched run of the same plan)."""
+    decisions read from a watched run of the same plan). GRAPHDIAG_WATCHER=interpose: the same library's
+    interposing build, loaded before llama_cpp (run.py: inject.preload_interposer; `interposer` its path), reads
+    the runtime's graph calls without a CUPTI subscriber, as `graphdiag trace` does by default."""
 
-    def __init__(self, emit, llama_cpp_module):
+    def __init__(self, emit, llama_cpp_module, interposer: Path | None = None):
         names = os.environ.get("GRAPHDIAG_WATCH_KERNEL_NAMES", "") not in ("", "0")
         self.ll, self.watch, self.kind = llama_cpp_module, None, "cupti-python"
         from .watch import LogWatch
@@ -170,10 +173,14 @@ class LeadWatcher:
             from ..config import kernel_cache_dir
             from ..errors import TraceError
             from ..trace import build
-            with contextlib.suppress(TraceError):
-                from .inject import InjectedWatch
-                self.watch = InjectedWatch(emit, build.library(kernel_cache_dir()), kernel_names=names)
-                self.kind = "injection library"
+            from .inject import InjectedWatch
+            if interposer is not None:
+                self.watch = InjectedWatch(emit, interposer, kernel_names=names, interpose=True)
+                self.kind = "injection library, interposing"
+            else:
+                with contextlib.suppress(TraceError):
+                    self.watch = InjectedWatch(emit, build.library(kernel_cache_dir()), kernel_names=names)
+                    self.kind = "injection library"
         if self.watch is None:
             from .watch import Watch
             self.watch = Watch(emit, kernel_names=names)
@@ -181,6 +188,8 @@ class LeadWatcher:
     def start(self) -> None:
         self.watch.attach_log(self.ll)
         self.watch.start()
+        if getattr(self.watch, "interpose", False) and self.watch.reads != "interpose":
+            self.kind = "injection library, CUPTI (the runtime's symbols were not the interposer's)"
 
     def drain(self) -> None:
         if hasattr(self.watch, "drain"):

@@ -41,17 +41,44 @@ def api_line(ln: dict, kernel_names: bool) -> dict | None:
     return out
 
 
-class InjectedWatch:
-    """watch.py's Watch over the injection library: attach_log, start, drain, stop, own_ns."""
+def preload_interposer(cache_dir: Path | None) -> Path | None:
+    """GRAPHDIAG_WATCHER=interpose: the interposing build (GD_INTERPOSE) loaded into this process's global scope
+    before llama_cpp loads libllama, so that libggml-cuda's calls of the CUDA runtime's graph and sync functions
+    bind to its definitions (the global scope is searched before a library's own dependencies) and reach
+    libcudart through it, with no CUPTI subscriber. None where llama_cpp is loaded already (its calls may be
+    bound to libcudart by now and would pass unseen) or the library cannot be built: the CUPTI watcher then."""
+    import sys
 
-    def __init__(self, sink: Callable[[dict], None], library: Path, kernel_names: bool = False):
-        self.sink, self.kernel_names = sink, kernel_names
-        self._so = ctypes.CDLL(str(library))
+    from ..errors import TraceError
+    from ..trace import build
+    if "llama_cpp" in sys.modules:
+        return None
+    try:
+        path = build.library(cache_dir, {INTERPOSE_ENV: "interpose"})
+    except TraceError:
+        return None
+    ctypes.CDLL(str(path), mode=ctypes.RTLD_GLOBAL)
+    return path
+
+
+INTERPOSE_ENV = "GRAPHDIAG_TRACE_API"      # what the library's start reads (gdtrace.c, start)
+
+
+class InjectedWatch:
+    """watch.py's Watch over the injection library: attach_log, start, drain, stop, own_ns. `interpose`: the
+    library was loaded by preload_interposer; its start interposes where it can (`reads` says how the calls
+    were read once started: "interpose", or CUPTI's library where the runtime's symbols were not its own)."""
+
+    def __init__(self, sink: Callable[[dict], None], library: Path, kernel_names: bool = False,
+                 interpose: bool = False):
+        self.sink, self.kernel_names, self.interpose = sink, kernel_names, interpose
+        self.reads: str | None = None
+        self._so = ctypes.CDLL(str(library), mode=ctypes.RTLD_GLOBAL if interpose else ctypes.DEFAULT_MODE)
         self._so.gdtrace_attach.argtypes, self._so.gdtrace_attach.restype = [ctypes.c_char_p], ctypes.c_int
         self._so.gdtrace_own_ns.restype = ctypes.c_int64
         self._so.gdtrace_detach.restype = None
         self._so.gdtrace_flush.restype = None
-        self._path, self._f, self._rest = None, None, b""
+        self._path, self._f, self._rest, self._early = None, None, b"", []
         self._logs: list[dict] = []
         self._log_ns, self._base_ns = 0, 0
         self._log_tap = None
@@ -72,7 +99,16 @@ class InjectedWatch:
         os.close(fd)
         self._path = Path(path)
         self._base_ns = self._so.gdtrace_own_ns()
-        rc = self._so.gdtrace_attach(str(self._path).encode())
+        before = os.environ.get(INTERPOSE_ENV)
+        if self.interpose:                    # read once, by the library's start at the first attach
+            os.environ[INTERPOSE_ENV] = "interpose"
+        try:
+            rc = self._so.gdtrace_attach(str(self._path).encode())
+        finally:
+            if before is None:
+                os.environ.pop(INTERPOSE_ENV, None)
+            else:
+                os.environ[INTERPOSE_ENV] = before
         if rc == -2:
             raise WatchError("this process is already traced (graphdiag trace set CUDA_INJECTION64_PATH): "
                              "graphdiag llama's watcher cannot subscribe beside it")
@@ -83,6 +119,8 @@ class InjectedWatch:
             errors = [ln.get("text", "") for ln in self._read() if ln.get("ev") == "error"]
             self.stop()
             raise WatchError(f"graphdiag's injection library did not start: {'; '.join(errors) or 'no reason'}")
+        self._early = self._read()            # its start line (how the calls are read), before any graph call
+        self.reads = next((ln.get("text") for ln in self._early if ln.get("ev") == "start"), None)
 
     def _read(self) -> list[dict]:
         self._so.gdtrace_flush()              # the library buffers its per-token lines
@@ -92,7 +130,8 @@ class InjectedWatch:
 
     def drain(self) -> None:
         """Hand what was written since the last drain to the sink: graph calls and log lines, in time order."""
-        calls = [a for a in (api_line(ln, self.kernel_names) for ln in self._read()) if a is not None]
+        lines, self._early = self._early + self._read(), []
+        calls = [a for a in (api_line(ln, self.kernel_names) for ln in lines) if a is not None]
         n = len(self._logs)                   # lines the log callback appends meanwhile wait for the next drain
         logs = self._logs[:n]
         del self._logs[:n]

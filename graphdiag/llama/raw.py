@@ -2,7 +2,8 @@
 
 JSON lines (UTF-8): a header `{"raw": "llama-watch", "version": 1, "model": PATH, ...}`, then in time order
 `decode_begin` / `api` / `log` / `decode_end` per llama_decode (an `idle` line where the plan slept before
-one), a `perf` line (llama_perf_context) and an `end` line. decode_end carries the greedy tokens as `tokens`
+one), a `watcher` line (how the graph calls are read, once the watcher started), a `perf` line
+(llama_perf_context) and an `end` line. decode_end carries the greedy tokens as `tokens`
 (a list, one per output) or `argmax` (one token). `api` lines are the CUDA runtime graph calls CUPTI's callbacks saw (ids are CUPTI graph and
 graph-exec ids, small integers), `log` lines what llama.cpp's log callback got. The watcher (watch.py)
 writes api and log lines, the driver the rest. `read_raw` checks every line it uses and turns any defect
@@ -33,6 +34,7 @@ _REQUIRED = {
     "log": ("text",),
     "perf": (),
     "idle": (),                    # the driver slept this many seconds ("s") before the next decode
+    "watcher": ("kind",),          # how the graph calls were read (driver.LeadWatcher.kind), once it started
     "end": ("status",),
 }
 _API_REQUIRED = {"cudaStreamEndCapture": ("graph",), "cudaGraphInstantiate": ("exec",),

@@ -80,12 +80,18 @@ def run_llama(model: str, cfg, scenario=None, raw_path: str | Path | None = None
     device, cc = gpu()
     env = llama_env(cfg)
     os.environ.update(env)                    # before llama.cpp loads: ggml reads these once per process
+    interposer = None
+    graphs = "GGML_CUDA_DISABLE_GRAPHS" not in os.environ
+    if lib is None and graphs and os.environ.get("GRAPHDIAG_WATCHER") == "interpose":
+        from ..config import kernel_cache_dir
+        from .inject import preload_interposer
+        interposer = preload_interposer(kernel_cache_dir())      # before libllama: see LeadWatcher
     ll = lib if lib is not None else load_llama_cpp()
     check_gpu(ll)
     raw_path = Path(raw_path) if raw_path else Path(tempfile.mkstemp(prefix="llama-", suffix=".raw.jsonl")[1])
     writer = RawWriter(raw_path, _raw_header(path, cfg, scenario, cp, env, plan) | {"device": device, "cc": cc})
     try:
-        _session(ll, path, cp, cfg, plan, writer, watcher or (lambda emit: LeadWatcher(emit, ll)))
+        _session(ll, path, cp, cfg, plan, writer, watcher or (lambda emit: LeadWatcher(emit, ll, interposer)))
     finally:
         writer.close()
     header, events = convert_raw(raw_path)
@@ -102,6 +108,8 @@ def _session(ll, path: Path, cp: ContextParams, cfg, plan, writer: RawWriter, ma
         try:
             status = "failed: llama.cpp's graph calls could not be watched (CUPTI)"
             w.start()                      # a watcher that fails to start is closed too (its log callback kept)
+            if getattr(w, "kind", None):
+                writer.emit({"ev": "watcher", "kind": w.kind})
             status = "failed: stopped inside a decode"
             walk(session, plan, Batcher(cfg, session.n_vocab), writer.emit, nvtx_sink(), getattr(w, "gpu_ns", None),
                  getattr(w, "own_ns", None), getattr(w, "drain", None))

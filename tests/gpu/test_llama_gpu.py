@@ -30,10 +30,11 @@ def tiny(tmp_path_factory):
     return p
 
 
-def _llama(tmp_path, *args):
+def _llama(tmp_path, *args, env=None):
     rec = tmp_path / "l.jsonl"
     p = subprocess.run([sys.executable, "-m", "graphdiag", "llama", *map(str, args), "--events", str(rec),
-                        "--raw", str(tmp_path / "l.raw.jsonl")], capture_output=True, text=True, timeout=600)
+                        "--raw", str(tmp_path / "l.raw.jsonl")], capture_output=True, text=True, timeout=600,
+                       env=env)
     assert p.returncode == 0, p.stderr[-2000:]
     return p.stdout, read_record(rec)
 
@@ -57,6 +58,26 @@ def test_a_batch_change_is_refused_and_reinstantiated(tiny, tmp_path):
     refused = [e for e in ev if isinstance(e, E.UpdateRefused)]
     assert refused and refused[0].reason == "TOPOLOGY_CHANGED"          # 1 -> 2 tokens (the fusions change)
     assert any(isinstance(e, E.ChunkUpdated) and e.step >= 30 for e in ev)   # 8 -> 9: updated in place
+
+
+def test_the_interposing_watcher_decides_as_the_cupti_one(tiny, tmp_path):
+    """GRAPHDIAG_WATCHER=interpose (the injection library's interposing build loaded before libllama, no CUPTI):
+    the same captures, kernel counts, refusals, updates and replays as the default watcher's run of the plan."""
+    import os
+
+    def decisions(folder, watcher):
+        folder.mkdir()
+        env = {k: v for k, v in os.environ.items() if k != "GRAPHDIAG_WATCHER"} | (
+            {"GRAPHDIAG_WATCHER": watcher} if watcher else {})
+        _, (h, ev) = _llama(folder, tiny, "--scenario", "fusion-boundary", env=env)
+        kinds = (E.PhaseDecided, E.ChunkCaptured, E.UpdateRefused, E.ChunkUpdated, E.ChunkInstantiated)
+        return h, [(type(e).__name__, e.step, getattr(e, "phase", None), getattr(e, "n_graph_nodes", None))
+                   for e in ev if isinstance(e, kinds)]
+    h_i, interposed = decisions(tmp_path / "i", "interpose")
+    h_c, cupti = decisions(tmp_path / "c", None)
+    assert h_i.llama["watcher"] == "injection library, interposing" and "interposing" in h_i.note
+    assert h_c.llama["watcher"] == "injection library"
+    assert interposed == cupti and any(d[0] == "UpdateRefused" for d in cupti)
 
 
 def test_bench_steps_peer_llama(tiny, capsys):

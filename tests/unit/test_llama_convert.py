@@ -189,3 +189,28 @@ def test_a_prompt_over_n_ubatch_numbers_its_steps_as_graphdiag_run(said, tmp_pat
     assert _of(ev, E.RunEnded)[0].step == 6
     write_record(tmp_path / "c.jsonl", h, ev)
     assert read_record(tmp_path / "c.jsonl")[1] == ev
+
+
+def test_the_record_says_how_the_graph_calls_were_read(tmp_path):
+    """The driver writes its watcher's kind after it starts: an interposing watcher's record says so in its note
+    and header; a record without the line (every earlier one) says CUPTI, as before."""
+    src = next(p for p in FIXTURES if p.name == "tiny-f16-steady.raw.jsonl")
+    head, *rest = src.read_text().splitlines()
+    raw = tmp_path / "i.raw.jsonl"
+    raw.write_text("\n".join([head, json.dumps({"ev": "watcher", "kind": "injection library, interposing"}),
+                              *rest]) + "\n")
+    header, events = convert_raw(raw)
+    plain, plain_events = convert_raw(src)
+    assert "watched by interposing its CUDA runtime calls and its log" in header.note
+    assert header.llama["watcher"] == "injection library, interposing"
+    assert "through CUPTI callbacks" in plain.note and "watcher" not in plain.llama
+    assert len(events) == len(plain_events)
+
+
+def test_a_watcher_line_without_its_kind_is_refused(tmp_path):
+    src = next(p for p in FIXTURES if p.name == "tiny-f16-steady.raw.jsonl")
+    head, *rest = src.read_text().splitlines()
+    raw = tmp_path / "bad.raw.jsonl"
+    raw.write_text("\n".join([head, json.dumps({"ev": "watcher", "kind": 3}), *rest]) + "\n")
+    with pytest.raises(EventFileError, match=r"bad.raw.jsonl:2: watcher line without a valid kind"):
+        convert_raw(raw)

@@ -129,3 +129,90 @@ def test_with_graphs_off_no_cupti_subscriber_is_made_only_the_log_is_read(monkey
     w.drain()
     assert [e["text"] for e in got] == ["ggml_cuda_init: found 1 CUDA devices"] and w.own_ns() > 0
     w.close()
+
+
+WATCH_SCRIPT = r"""
+import ctypes, json, sys
+from pathlib import Path
+from graphdiag.llama.inject import InjectedWatch, preload_interposer
+lib = preload_interposer(Path(sys.argv[1]))          # before the consumer, as run.py before llama_cpp
+out = []
+w = InjectedWatch(out.append, lib, interpose=True)
+w.start()
+consumer = ctypes.CDLL(sys.argv[2])                   # RTLD_LOCAL with its libcudart, as llama_cpp loads libllama
+r = consumer.decode_loop()
+w.drain()
+calls = consumer.fake_calls_through()
+w.stop()
+print(json.dumps({"reads": w.reads, "ret": r, "calls": calls, "own": w.own_ns,
+                  "fns": [e["fn"] for e in out if e.get("ev") == "api"]}))
+"""
+
+
+def test_the_interposing_watcher_reads_llama_cpps_calls_in_process(tmp_path):
+    """GRAPHDIAG_WATCHER=interpose: the interposing build loaded into graphdiag's process before libllama (a
+    stand-in consumer of a stand-in libcudart, loaded RTLD_LOCAL as llama_cpp loads libllama): its graph calls
+    come to the watcher without CUPTI, each reaching the runtime, the refused update's result returned."""
+    import os
+    import subprocess
+    import sys
+    from tests.unit.test_trace_interpose import CALLS, _fakes
+    from graphdiag.trace import build
+    cache = tmp_path / "cache"
+    env = dict(os.environ, GRAPHDIAG_TRACE_API="interpose")
+    try:
+        build.library(cache, env)
+        incs = build.include_dirs(env)
+    except TraceError as e:
+        pytest.skip(str(e))
+    cc, fake_env = _fakes(tmp_path, incs)
+    (tmp_path / "c.c").write_text(CALLS + "int fake_calls(void);\n"
+                                  "int fake_calls_through(void) { return fake_calls(); }\n")
+    subprocess.run([cc, "-shared", "-fPIC", "-o", tmp_path / "libconsumer.so", tmp_path / "c.c",
+                    f"-L{tmp_path}", "-l:libcudart.so.12", f"-Wl,-rpath,{tmp_path}"], check=True)
+    run_env = {k: v for k, v in os.environ.items() if k != "GRAPHDIAG_TRACE_API"}
+    run_env |= {"LD_LIBRARY_PATH": fake_env["LD_LIBRARY_PATH"], "PYTHONPATH": os.getcwd()}
+    res = subprocess.run([sys.executable, "-c", WATCH_SCRIPT, str(cache), str(tmp_path / "libconsumer.so")],
+                         env=run_env, capture_output=True, text=True, timeout=60)
+    assert res.returncode == 0, res.stderr
+    got = json.loads(res.stdout.strip().splitlines()[-1])
+    assert got["reads"] == "interpose" and got["ret"] == 910 and got["calls"] == 15 and got["own"] >= 0
+    assert got["fns"] == ["cudaStreamBeginCapture", "cudaStreamEndCapture", "cudaGraphInstantiate",
+                          "cudaGraphLaunch", "cudaGraphLaunch", "cudaStreamBeginCapture", "cudaStreamEndCapture",
+                          "cudaGraphExecUpdate", "cudaGraphExecDestroy"]     # syncs: not in a llama stream
+
+
+def test_no_interposer_once_llama_cpp_is_loaded(monkeypatch, tmp_path):
+    """Its calls may be bound to libcudart already: the CUPTI watcher then, never a watcher that sees nothing."""
+    import sys
+    from graphdiag.llama.inject import preload_interposer
+    monkeypatch.setitem(sys.modules, "llama_cpp", object())
+    assert preload_interposer(tmp_path) is None
+
+
+def test_lead_watcher_interposes_when_given_the_preloaded_library(monkeypatch, tmp_path):
+    from graphdiag.llama import driver, inject
+    made = []
+
+    class Fake:
+        def __init__(self, sink, library, kernel_names=False, interpose=False):
+            made.append((library, interpose))
+            self.interpose, self.reads = interpose, None
+
+        def attach_log(self, ll):
+            pass
+
+        def start(self):
+            self.reads = reads
+
+    monkeypatch.setattr(inject, "InjectedWatch", Fake)
+    monkeypatch.delenv("GRAPHDIAG_WATCHER", raising=False)
+    monkeypatch.delenv("GGML_CUDA_DISABLE_GRAPHS", raising=False)
+    for reads, kind in (("interpose", "injection library, interposing"),
+                        ("libcupti.so.13", "injection library, CUPTI (the runtime's symbols were not the "
+                                           "interposer's)")):
+        w = driver.LeadWatcher(lambda ev: None, None, interposer=tmp_path / "i.so")
+        assert w.kind == "injection library, interposing" and made[-1] == (tmp_path / "i.so", True)
+        w.start()
+        assert w.kind == kind
+
