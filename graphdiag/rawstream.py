@@ -45,7 +45,8 @@ def require_fields(path: Path, n: int, obj: dict[str, Any], need) -> dict[str, A
     """`obj` if each field in `need` is there and typed (text, status, fn and kind strings, the rest integers)."""
     for field in need:
         v = obj.get(field)
-        if isinstance(v, str) if field in ("text", "status", "fn", "kind") else isinstance(v, int) and not isinstance(v, bool):
+        text = field in ("text", "status", "fn", "kind")
+        if isinstance(v, str) if text else isinstance(v, int) and not isinstance(v, bool):
             continue
         raise EventFileError(f"{path}:{n}: {obj['ev']} line without a valid {field} ({json.dumps(v)[:40]})")
     return obj

@@ -19,8 +19,8 @@ import ctypes
 import ctypes.util
 import os
 import time
-from pathlib import Path
 from dataclasses import dataclass
+from pathlib import Path
 
 import numpy as np
 

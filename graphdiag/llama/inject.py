@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import Callable
 
 from ..errors import WatchError
+from ..trace.command import API_ENV          # what the library's start reads (gdtrace.c, start)
 from .raw import API_FUNCTIONS
 from .watch import LogTap
 
@@ -54,14 +55,11 @@ def preload_interposer(cache_dir: Path | None) -> Path | None:
     if "llama_cpp" in sys.modules:
         return None
     try:
-        path = build.library(cache_dir, {INTERPOSE_ENV: "interpose"})
+        path = build.library(cache_dir, {API_ENV: "interpose"})
     except TraceError:
         return None
     ctypes.CDLL(str(path), mode=ctypes.RTLD_GLOBAL)
     return path
-
-
-INTERPOSE_ENV = "GRAPHDIAG_TRACE_API"      # what the library's start reads (gdtrace.c, start)
 
 
 class InjectedWatch:
@@ -99,16 +97,16 @@ class InjectedWatch:
         os.close(fd)
         self._path = Path(path)
         self._base_ns = self._so.gdtrace_own_ns()
-        before = os.environ.get(INTERPOSE_ENV)
+        before = os.environ.get(API_ENV)
         if self.interpose:                    # read once, by the library's start at the first attach
-            os.environ[INTERPOSE_ENV] = "interpose"
+            os.environ[API_ENV] = "interpose"
         try:
             rc = self._so.gdtrace_attach(str(self._path).encode())
         finally:
             if before is None:
-                os.environ.pop(INTERPOSE_ENV, None)
+                os.environ.pop(API_ENV, None)
             else:
-                os.environ[INTERPOSE_ENV] = before
+                os.environ[API_ENV] = before
         if rc == -2:
             raise WatchError("this process is already traced (graphdiag trace set CUDA_INJECTION64_PATH): "
                              "graphdiag llama's watcher cannot subscribe beside it")
