@@ -29,7 +29,7 @@ NOT_OBSERVABLE = (
     "chunk boundaries (upstream captures each split as one graph)", "fusions", "split layout",
     "the graph entry of an eager compute", "eager computes that log nothing (one per decode assumed only "
     "when nothing was launched)", "context graph reuse per step (llama_perf_context's total only)",
-    "n_kv per step", "device activity per kernel", "eager compute times (eager split reads 0)",
+    "n_kv per step", "device activity per kernel", "eager compute times (the decode's host time only)",
     "device memory per executable", "key thrash (it needs the keys and graph digests)",
 )
 

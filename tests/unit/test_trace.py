@@ -707,3 +707,16 @@ def test_a_destroyed_executable_is_evicted_after_its_idle_time_since_its_last_la
     _, ev, _ = _summary("torch-inflight")
     (evicted,) = [e for e in ev if isinstance(e, E.Evicted)]
     assert evicted.idle_ns == 1000042000 - 1000041000
+
+
+def test_untimed_eager_computes_make_no_median(capsys):
+    """A trace sees llama.cpp's warmup resets (eager computes) in its log, not their host time: they are steps
+    of 0 ns, which the timing table leaves out (no "step (eager)" of 0.0 µs, no replay speedup of 0.0×)."""
+    header, events = convert_raw(DATA / "server-np4-h100.raw.jsonl")
+    eager = [e for e in events if isinstance(e, E.StepFinished) and e.mode == "eager"]
+    assert eager and all(e.duration_ns == 0 for e in eager)
+    t = summarize(header, events).timings
+    assert not {"eager split", "step (eager)", "step (eager decode)"} & set(t)
+    assert t["step"].n == sum(isinstance(e, E.StepFinished) for e in events) - len(eager)
+    main(["report", str(DATA / "server-np4-h100.raw.jsonl")])
+    assert "replay speedup" not in capsys.readouterr().out

@@ -252,11 +252,14 @@ def _count_into(ks: KeySummary, ev: E.Event) -> None:
 
 
 def _timings(events: list[E.Event]) -> dict[str, Timing]:
-    """Medians of split-step, per-chunk and per-step times (only names that have samples)."""
+    """Medians of split-step, per-chunk and per-step times (only names that have samples). An eager compute of
+    0 ns was not timed (a trace or a watched llama.cpp sees a warmup reset in llama.cpp's log, not its host
+    time): left out, so no median or replay speedup is made of it."""
     samples: dict[str, list[int]] = {}
     for name, (cls, attr) in TIMED.items():
-        samples[name] = [getattr(e, attr) for e in events if isinstance(e, cls)]
-    finished = [e for e in events if isinstance(e, E.StepFinished)]
+        samples[name] = [getattr(e, attr) for e in events
+                         if isinstance(e, cls) and not (cls is E.EagerRun and getattr(e, attr) == 0)]
+    finished = [e for e in events if isinstance(e, E.StepFinished) and (e.duration_ns or e.mode != "eager")]
     for mode in ("eager", "capture", "replay", "cpu"):
         samples[f"step ({mode})"] = [e.duration_ns for e in finished if e.mode == mode]
     phase = {e.step: e.phase for e in events if isinstance(e, E.StepStarted)}
