@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from .. import events as E
+from ..errors import EventFileError
 from ..llama.convert import _result_name, _status
 from ..llama.units import REUSED, WARMUP_COMPLETE, WARMUP_RESET
 from ..report.record.header import RunHeader
@@ -72,13 +73,17 @@ def read_record_or_raw(path: str | Path) -> tuple[RunHeader, list[E.Event]]:
     """A record (read_record), or the raw stream `graphdiag trace --raw` keeps, converted as `trace` converts
     it: what `report` and `diff` read."""
     from ..report.record.read import read_record
+    import lzma
+
+    from ..rawstream import first_line
     try:
-        with open(path, "rb") as f:
-            head = json.loads(f.readline())
-    except (OSError, ValueError):
+        head = json.loads(first_line(path))
+    except (OSError, ValueError, EOFError, lzma.LZMAError):
         head = None                                  # read_record names what is wrong with the file
     if isinstance(head, dict) and head.get("raw") == RAW_NAME:
         return convert_raw(path)
+    if Path(path).suffix == ".xz":                  # records are plain; a compressed file is a raw stream or none
+        raise EventFileError(f"{path}: not an xz-compressed graphdiag trace raw stream")
     return read_record(path)
 
 

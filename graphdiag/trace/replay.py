@@ -10,6 +10,7 @@ comparison itself is report/analysis/replay_diff.py.
 from __future__ import annotations
 
 import json
+import lzma
 from dataclasses import dataclass, replace
 from pathlib import Path
 
@@ -77,16 +78,15 @@ def write_record(r: Replay, path: str | Path) -> None:
 def load_trace(path: str | Path) -> tuple[RunHeader, list[E.Event]]:
     """A raw stream (`graphdiag trace --raw`) converted, or a converted trace record. One-line errors for
     anything else."""
+    from ..rawstream import first_line
     from ..report.record.read import read_record
     from .convert import convert_raw
     p = Path(path)
     if not p.is_file():
         raise UsageError(f"{path}: no such file")
-    with p.open("rb") as f:
-        first = f.readline()
     try:
-        head = json.loads(first)
-    except ValueError:
+        head = json.loads(first_line(p))
+    except (ValueError, EOFError, lzma.LZMAError):
         raise EventFileError(f"{path}:1: not a graphdiag trace (no JSON header line)") from None
     if isinstance(head, dict) and head.get("raw") == "graphdiag-trace":
         return convert_raw(p)

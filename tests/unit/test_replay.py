@@ -6,7 +6,6 @@ found at its batch; bad input is one line, exit 2."""
 from __future__ import annotations
 
 import json
-import lzma
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -24,15 +23,6 @@ DATA = Path(__file__).resolve().parents[1] / "data" / "trace"
 # the synthetic one, and any recorded later on the tiny file (xz-compressed where large; Gemma 3's has its own test)
 SERVER = sorted([*DATA.glob("server-*.raw.jsonl"),
                  *(p for p in DATA.glob("server-*.raw.jsonl.xz") if "gemma" not in p.name)])
-
-
-def _plain(fixture: Path, tmp_path: Path) -> Path:
-    """The fixture as plain JSON lines (decompressed into tmp_path where it is xz)."""
-    if fixture.suffix != ".xz":
-        return fixture
-    out = tmp_path / fixture.stem
-    out.write_bytes(lzma.decompress(fixture.read_bytes()))
-    return out
 
 
 @pytest.fixture(scope="module")
@@ -187,8 +177,8 @@ def test_a_server_fixture_exists():
 
 
 @pytest.mark.parametrize("fixture", SERVER, ids=lambda p: p.name)
-def test_server_trace_replays_as_recorded(fixture, tiny, tmp_path):
-    r = run_replay(_plain(fixture, tmp_path), tiny, "sim")
+def test_server_trace_replays_as_recorded(fixture, tiny):
+    r = run_replay(fixture, tiny, "sim")     # an .xz read as it is
     d = diff_replay(r.trace, r.ours, model_facts(tiny))
     assert d.batches_compared == len(r.plan.batches) > 0
     assert d.equal, f"{fixture.name}: batch {d.first[0]}: replay {d.first[2]} / trace {d.first[3]}"

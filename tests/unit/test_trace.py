@@ -720,3 +720,16 @@ def test_untimed_eager_computes_make_no_median(capsys):
     assert t["step"].n == sum(isinstance(e, E.StepFinished) for e in events) - len(eager)
     main(["report", str(DATA / "server-np4-h100.raw.jsonl")])
     assert "replay speedup" not in capsys.readouterr().out
+
+
+def test_an_idle_draft_context_is_named_and_a_busy_one_is_not():
+    def batches(ctx, n, ret=0):
+        return [E.DecodeBatch(step=i, ctx=ctx, n_tokens=1, ret=ret) for i in range(n)]
+    target = batches(0xA, tc.DRAFT_BUSY)
+    (line,) = tc.idle_draft_context(target + batches(0xB, 1))
+    assert line.startswith("draft model idle: llama_context 2 (a draft model's) decoded 1 batch against the "
+                           f"first's {tc.DRAFT_BUSY}")
+    assert tc.idle_draft_context(target + batches(0xB, 2)) == []               # it drafted
+    assert tc.idle_draft_context(target[:-1] + batches(0xB, 1)) == []          # too few target batches to say
+    assert tc.idle_draft_context(target) == []                                 # one context: no draft model
+    assert tc.idle_draft_context(target + batches(0xB, 1, ret=1)) == []        # a failed decode is no batch

@@ -272,15 +272,13 @@ def test_the_off_knob_starts_without_cupti(tmp_path):
 
 def test_a_real_interposed_server_trace(tmp_path, capsys):
     """llama-server b11434 (-np 4 -kvu, the tiny file, loaded with itself as -md draft model but no --spec-type)
-    traced on the H100 by interposing (2026-12-07) while graphdiag load sent 64 requests: its record says how its
-    calls were read and carries the diagnoses CUPTI's traces of the same server carry (the prefill graphs'
-    refused updates named at their kernel, warmup thrash); whatif --model-draft finds the draft context warmed
-    up once and never drafting."""
-    import lzma
+    traced on the H100 by interposing (2026-12-07) while graphdiag load sent 64 requests, kept xz-compressed (read
+    as it is): its record says how its calls were read and carries the diagnoses CUPTI's traces of the same
+    server carry (the prefill graphs' refused updates named at their kernel, warmup thrash) and the idle draft
+    model; whatif --model-draft finds the draft context warmed up once and never drafting."""
     from graphdiag.cli.main import main
     from graphdiag.trace.convert import convert_raw
-    raw = tmp_path / "spec.raw.jsonl"
-    raw.write_bytes(lzma.decompress((DATA / "server-spec-interposed-b11434-h100.raw.jsonl.xz").read_bytes()))
+    raw = DATA / "server-spec-interposed-b11434-h100.raw.jsonl.xz"
     header, _ = convert_raw(raw)
     assert header.trace["reads"] == ["interpose"] and "-md" in header.trace["cmd"]
     assert main(["report", str(raw)]) == 0
@@ -288,8 +286,22 @@ def test_a_real_interposed_server_trace(tmp_path, capsys):
     assert "calls read through: interpose" in out
     assert "update refused ×1 at entry 1 (TOPOLOGY_CHANGED: kernel 67: unary_gated_op_kernel added" in out
     assert "warmup thrash: 70 warmup resets" in out
+    assert ("draft model idle: llama_context 2 (a draft model's) decoded 1 batch against the first's 1264: no "
+            "draft step was made (llama-server drafts with -md only beside --spec-type draft-simple)") in out
     tiny = tmp_path / "tiny.gguf"
     assert main(["export-gguf", "--model", "tiny", str(tiny)]) == 0
     capsys.readouterr()
     assert main(["whatif", str(raw), "--model", str(tiny), "--model-draft", str(tiny), "--backend", "sim"]) == 2
     assert "decoded 1 batch and drafted nothing" in capsys.readouterr().err
+
+
+def test_a_damaged_compressed_stream_is_one_line(tmp_path, capsys):
+    from graphdiag.cli.main import main
+    bad = tmp_path / "t.raw.jsonl.xz"
+    bad.write_bytes(b"not xz")
+    assert main(["report", str(bad)]) == 2
+    assert capsys.readouterr().err.strip().endswith("t.raw.jsonl.xz: not an xz-compressed graphdiag trace raw stream")
+    cut = tmp_path / "cut.raw.jsonl.xz"
+    cut.write_bytes((DATA / "server-spec-interposed-b11434-h100.raw.jsonl.xz").read_bytes()[:5000])
+    assert main(["report", str(cut)]) == 2
+    assert "cut.raw.jsonl.xz: not a whole xz file" in capsys.readouterr().err

@@ -13,12 +13,13 @@ from ... import events as E
 
 THRASH_CYCLES = 3       # warmup resets after a warmup complete, at least this many: the warmup state cycles
 GROWTH_MIN = 3          # executables still held, instantiated after replays began: device memory grows
+DRAFT_BUSY = 10         # batches the first llama_context decodes, at least, before a silent second one is named
 
 
 def trace_findings(events: list[E.Event], reads=()) -> list[str]:
     """Every trace diagnosis, in a fixed order (`reads`: how the trace read the calls, its header's)."""
     return (refused_updates(events) + warmup_thrash(events) + destroyed_in_flight(events)
-            + graph_memory_growth(events) + never_captured(events, reads))
+            + graph_memory_growth(events) + never_captured(events, reads) + idle_draft_context(events))
 
 
 def refused_updates(events) -> list[str]:
@@ -107,3 +108,20 @@ def never_captured(events, reads=()) -> list[str]:
     hint = ("; read with --api interpose, which sees no driver-API call nor a statically linked CUDA runtime: "
             "--api cupti reads both" if "interpose" in reads else "")
     return [f"no CUDA graph captured in the traced process ({'; '.join(why) or 'no reason logged'}{hint})"]
+
+
+def idle_draft_context(events) -> list[str]:
+    """A second llama_context (llama-server's draft model's) that decoded one batch, its warmup, while the first
+    decoded many: the server loaded a draft model and never drafted (H100, 2026-12-07: b11434 with -md and no
+    --spec-type, 1264 target batches against 1)."""
+    per_ctx: dict[int, int] = {}
+    for ev in events:
+        if isinstance(ev, E.DecodeBatch) and ev.ret == 0:
+            per_ctx[ev.ctx] = per_ctx.get(ev.ctx, 0) + 1
+    counts = list(per_ctx.values())          # in order of each context's first batch: the target's first
+    if len(counts) < 2 or counts[0] < DRAFT_BUSY:
+        return []
+    return [f"draft model idle: llama_context {i + 1} (a draft model's) decoded {n} batch{'es' if n > 1 else ''} "
+            f"against the first's {counts[0]}: no draft step was made (llama-server drafts with -md only beside "
+            f"--spec-type draft-simple)" for i, n in enumerate(counts[1:], start=1) if n <= 1]
+
