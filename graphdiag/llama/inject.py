@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import Callable
 
 from ..errors import WatchError
-from ..trace.command import API_ENV          # what the library's start reads (gdtrace.c, start)
+from ..trace.build import API_ENV            # what the library's start reads (gdtrace.c, start)
 from .raw import API_FUNCTIONS
 from .watch import LogTap
 

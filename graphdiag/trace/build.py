@@ -30,6 +30,7 @@ EXPORTED = ("InitializeInjection", "gdtrace_encode", "gdtrace_rec_init", "gdtrac
             "llama_batch_ext_add_token", "llama_batch_ext_add_embd", "llama_batch_ext_add_seq",
             "llama_batch_ext_set_pos", "llama_batch_ext_set_output_logits", "llama_batch_ext_set_output_embd",
             "gdtrace_attach", "gdtrace_detach", "gdtrace_flush", "gdtrace_own_ns")
+API_ENV = "GRAPHDIAG_TRACE_API"           # how the library reads CUDA's calls (gdtrace.c, start)
 # the CUDA runtime's functions the GD_INTERPOSE build adds (GRAPHDIAG_TRACE_API=interpose)
 INTERPOSED = ("cudaGraphLaunch", "cudaGraphLaunch_ptsz", "cudaStreamSynchronize", "cudaStreamSynchronize_ptsz",
               "cudaDeviceSynchronize", "cudaStreamBeginCapture", "cudaStreamBeginCapture_ptsz",
@@ -88,7 +89,7 @@ def cupti_library(environ=None) -> Path:
 def interpose_defines(environ) -> list[str]:
     """GRAPHDIAG_TRACE_API=interpose: a build that defines the CUDA runtime's graph and sync functions (gdtrace.c,
     GD_INTERPOSE), its own file, so that no other trace carries the interposers."""
-    return ["-DGD_INTERPOSE"] if environ.get("GRAPHDIAG_TRACE_API") == "interpose" else []
+    return ["-DGD_INTERPOSE"] if environ.get(API_ENV) == "interpose" else []
 
 
 def library(cache_dir: Path | None, environ=None) -> Path:

@@ -24,6 +24,7 @@ import time
 from pathlib import Path
 
 from ..errors import TraceError, UsageError
+from .build import API_ENV
 from .raw import RAW_NAME, RAW_VERSION
 
 # llama.cpp's graph lines, and each context's size (a replay's KV cells)
@@ -47,7 +48,6 @@ def resolve_cmd(cmd: list[str]) -> str:
     return found
 
 
-API_ENV = "GRAPHDIAG_TRACE_API"
 API_VALUES = ("auto", "cupti", "interpose", "driver", "none", "off")   # the last three: bench trace's knobs
 
 
