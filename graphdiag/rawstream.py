@@ -47,7 +47,8 @@ def read_text(path: Path) -> str:
 
 
 def first_line(path: str | Path) -> bytes:
-    """The stream's first line, read through lzma where its name ends in .xz (OSError, lzma.LZMAError)."""
+    """The stream's first line, read through lzma where its name ends in .xz (OSError, EOFError or
+    lzma.LZMAError where it cannot be read)."""
     opener = lzma.open if Path(path).suffix == ".xz" else open
     with opener(path, "rb") as f:
         return f.readline()

@@ -121,7 +121,7 @@ def idle_draft_context(events) -> list[str]:
     counts = list(per_ctx.values())          # in order of each context's first batch: the target's first
     if len(counts) < 2 or counts[0] < DRAFT_BUSY:
         return []
-    return [f"draft model idle: llama_context {i + 1} (a draft model's) decoded {n} batch{'es' if n > 1 else ''} "
-            f"against the first's {counts[0]}: no draft step was made (llama-server drafts with -md only beside "
-            f"--spec-type draft-simple)" for i, n in enumerate(counts[1:], start=1) if n <= 1]
+    return [f"draft model idle: llama_context {i + 1} (a draft model's) decoded 1 batch against the first's "
+            f"{counts[0]}: no draft step was made (llama-server drafts with -md only beside --spec-type "
+            f"draft-simple)" for i, n in enumerate(counts[1:], start=1) if n == 1]
 
