@@ -16,6 +16,7 @@ import bisect
 import datetime
 import difflib
 import json
+import lzma
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -72,10 +73,8 @@ def convert_raw(path: str | Path) -> tuple[RunHeader, list[E.Event]]:
 def read_record_or_raw(path: str | Path) -> tuple[RunHeader, list[E.Event]]:
     """A record (read_record), or the raw stream `graphdiag trace --raw` keeps, converted as `trace` converts
     it: what `report` and `diff` read."""
-    from ..report.record.read import read_record
-    import lzma
-
     from ..rawstream import first_line
+    from ..report.record.read import read_record
     try:
         head = json.loads(first_line(path))
     except (OSError, ValueError, EOFError, lzma.LZMAError):

@@ -100,8 +100,8 @@ def _traced(cmd: list[str], library: Path, cupti: Path, environ=None) -> tuple[i
 
 def bench_trace(cmd: list[str], rounds: int, library: Path, cupti: Path, progress=None, environ=None) -> list[dict]:
     """Rows per test: plain and traced figure (median over rounds), ratio traced ÷ plain (median, min, max),
-    the unit ("tokens/s" or "s") and what one traced run recorded (lines per kind, the last round's, and how
-    the calls were read: "api"). `environ`: the traced runs' (trace_environ); the plain runs take graphdiag's."""
+    the unit ("tokens/s" or "s") and what one traced run recorded (lines per kind, the last round's; how its
+    calls were read counted as "read: <how>", one per process). `environ`: the traced runs' (trace_environ); the plain runs take graphdiag's."""
     resolve_cmd(cmd)
     run = bench_cmd(cmd)
     plain: dict[str, list[float]] = {}
