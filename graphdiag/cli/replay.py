@@ -9,7 +9,7 @@ from pathlib import Path
 
 import click
 
-from ..errors import GraphdiagError
+from ..errors import GraphdiagError, UsageError
 
 
 @click.command()
@@ -52,6 +52,11 @@ def _replay(trace: Path, model: str, backend: str, events_path: Path | None, as_
     from ..trace.replay import load_trace
 
     loaded = load_trace(trace)
+    tr = loaded[0].trace
+    if not tr.get("pids") and tr.get("decode_batches"):
+        raise UsageError(f"{trace}: {(tr.get('cmd') or ['its program'])[0]} never initialised CUDA (a CPU build?): "
+                         f"no graph decisions to compare its {tr['decode_batches']} batches with (whatif "
+                         f"--pad-batches / --slots / --model-draft replay them)")
     runs = [("", model, False)] + ([("draft context", draft, True)] if draft else [])
     done = [(title, *_one(trace, m, backend, known, d, loaded, None if d else events_path, use_log))
             for title, m, d in runs]

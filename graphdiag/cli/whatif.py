@@ -80,14 +80,24 @@ def _draft(record: Path, model: str | None, draft: str, backend: str, as_json: b
     out = sys.stdout
     out.write(f"whatif {record}: speculative decoding's warmup cycle, per draft step (graphdiag's runtime, "
               f"{device})\n")
-    out.write(f"draft steps: {c.steps} (draft batches, then the target's verify batch)\n")
-    out.write("verify batch sizes: " + ", ".join(f"{n} ×{k}" for n, k in sorted(c.verify_sizes.items())) + "\n")
-    for side in ("target", "draft"):
+    out.write(f"draft steps: {c.steps} (the draft's batches, the target's verify batch, the draft's "
+              f"re-evaluation of it)\n")
+    sizes = c.verify_sizes.most_common()
+    rest = sizes[VERIFY_SIZES_SHOWN:]
+    out.write("verify batch sizes: " + ", ".join(f"{n} ×{k}" for n, k in sizes[:VERIFY_SIZES_SHOWN])
+              + (f", {sum(k for _, k in rest)} batches of {len(rest)} other sizes"
+                 if rest else "") + "\n")
+    for side, name in c.SIDES:
         counts = getattr(c, side)
-        out.write(f"{side} computes per draft step: " + (", ".join(
+        out.write(f"{name}, computes per draft step: " + (", ".join(
             f"{p} {c.per_step(side, p):.2f}" for p, _ in counts.most_common()) or "none") + "\n")
     for line in c.first:
         out.write(f"  {line}\n")
+    for line in c.findings():
+        out.write(f"finding: {line}\n")
+
+
+VERIFY_SIZES_SHOWN = 6
 
 
 def _key_policy(record: Path, policy: str, max_graphs: int, as_json: bool) -> None:

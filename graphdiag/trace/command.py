@@ -212,7 +212,7 @@ def trace_cli(cmd: list[str], events_path=None, raw_path=None, timeline_path=Non
     header, events = convert_raw(raw)
     if header.trace.get("errors"):
         raise TraceError(f"the trace of {cmd[0]} failed: {header.trace['errors'][0]} (raw stream: {raw})")
-    if not header.trace.get("pids"):
+    if not header.trace.get("pids") and not header.trace.get("decode_batches"):
         raise TraceError(f"{cmd[0]} never initialised CUDA (the driver never loaded graphdiag's library); "
                          f"nothing to trace (raw stream: {raw})")
     res = LlamaResult(raw, header, events)

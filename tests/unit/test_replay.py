@@ -280,7 +280,7 @@ def test_bad_input_is_one_line_exit_2(tmp_path, tiny, capsys):
     assert err.startswith("graphdiag replay: error: no llama_decode batches in this trace: tokens, positions")
     assert "\n" not in err
     bad = tmp_path / "vocab.raw.jsonl"
-    bad.write_text(json.dumps({"raw": "graphdiag-trace", "version": 1, "cmd": ["x"]}) + "\n" + json.dumps(
+    bad.write_text(json.dumps({"raw": "graphdiag-trace", "version": 1, "cmd": ["x"]}) + "\n" + START + json.dumps(
         {"ev": "batch", "pid": 1, "tid": 1, "ctx": 1, "t0_ns": 1, "t1_ns": 2, "ret": 0, "n_tokens": 1,
          "tokens": [70000], "pos": [0], "seq": [[0]], "out": [0]}) + "\n")
     assert main(["replay", str(bad), "--model", tiny, "--backend", "sim"]) == 2
@@ -288,6 +288,10 @@ def test_bad_input_is_one_line_exit_2(tmp_path, tiny, capsys):
     assert "token id 70000 is not in tiny.gguf's vocabulary (n_vocab 4096)" in err and "\n" not in err
     assert main(["replay", str(bad), "--model", str(tmp_path / "none.gguf")]) == 2
     assert "no such file" in capsys.readouterr().err
+
+
+# the library's first line in a process whose CUDA driver loaded it (a trace without one never initialised CUDA)
+START = json.dumps({"ev": "start", "pid": 1, "t0_ns": 0, "text": "libcupti.so.13"}) + "\n"
 
 
 def test_draft_context_replays_on_its_own_file(tiny, tmp_path, capsys):
@@ -299,8 +303,8 @@ def test_draft_context_replays_on_its_own_file(tiny, tmp_path, capsys):
         lines.append({"ev": "batch", "pid": 1, "tid": 1, "ctx": ctx, "t0_ns": 1000 * (i + 1), "t1_ns": 1000 * i + 1500,
                       "ret": 0, "n_tokens": 1, "tokens": [5], "pos": [i // 2], "seq": [[0]], "out": [0]})
     p = tmp_path / "spec.raw.jsonl"
-    p.write_text("".join(json.dumps(x) + "\n" for x in [head, *lines]))
-    # no graph calls in this trace: graphdiag's captures are differences, on each side apart
+    p.write_text("".join(json.dumps(x) + "\n" for x in [head, *lines]).replace("\n", "\n" + START, 1))
+    # CUDA initialised, no graph calls in this trace: graphdiag's captures are differences, on each side apart
     assert main(["replay", str(p), "--model", tiny, "--backend", "sim", "--json"]) == 1
     d = json.loads(capsys.readouterr().out)
     assert any("--model-draft FILE replays a draft model's" in n for n in d["notes"])

@@ -117,9 +117,12 @@ def test_bad_input_is_one_line(tiny, tmp_path, capsys):
 
 
 def _speculative(tmp_path: Path) -> tuple[Path, list[int]]:
-    """A llama-server run with a draft model, as its batches: each context's warmup and prompt, then per draft
-    step k one-token draft batches and the target's verify batch of k + 1 rows (the rejected rows removed
-    again: both contexts place the next step from where the accepted tokens end)."""
+    """A llama-server run with a draft model, as its batches, shaped as llama.cpp 0c1e57098's and b11434's
+    server-context.cpp and common/speculative.cpp (draft-simple) make them: each context's warmup; the
+    target's prompt and the draft's copy of it; then per draft step of k drafts, k one-row draft batches
+    (the last sampled token, then each drafted one; every row an output), the target's verify batch of
+    k + 1 rows (every row an output), and the draft's re-evaluation of it (the same rows, the last an
+    output). Each step accepts nothing: the next one starts one position further."""
     head = {"raw": "graphdiag-trace", "version": 1, "cmd": ["llama-server", "-m", "t.gguf", "-md", "d.gguf"],
             "synthetic": "hand-made for the test"}
     lines, t = [], 1000
@@ -136,11 +139,14 @@ def _speculative(tmp_path: Path) -> tuple[Path, list[int]]:
     batch(0xB, prompt, list(range(20)), [[0]] * 20, [19])
     n, sizes = 20, []
     for k in (3, 3, 2, 3, 3, 1, 3):
+        rows = [7, 8, 9, 10][:k + 1]
         for j in range(k):
-            batch(0xB, [7], [n + j], [[0]], [0])
-        batch(0xA, [7] * (k + 1), list(range(n, n + k + 1)), [[0]] * (k + 1), list(range(k + 1)))
+            batch(0xB, [rows[j]], [n + j], [[0]], [0])
+        verify = (rows, list(range(n, n + k + 1)), [[0]] * (k + 1))
+        batch(0xA, *verify, list(range(k + 1)))
+        batch(0xB, *verify, [k])
         sizes.append(k + 1)
-        n += 1                                   # one token accepted: the next step starts one further
+        n += 1
     p = tmp_path / "spec.raw.jsonl"
     p.write_text("".join(json.dumps(x) + "\n" for x in [head, *lines]))
     return p, sizes
@@ -154,11 +160,50 @@ def test_draft_model_warmup_cycle(tiny, tmp_path, capsys):
     assert c["target"].get("eager (warmup reset)", 0) >= 2      # the verify width changes: warmup resets
     assert sum(c["target"].values()) == len(sizes)             # one compute per verify batch
     assert sum(c["draft"].values()) == sum(s - 1 for s in sizes)
+    assert sum(c["reeval"].values()) == len(sizes)             # the draft's copy of each verify batch
     assert main(["whatif", str(p), "--model", tiny, "--model-draft", tiny, "--backend", "sim"]) == 0
     out = capsys.readouterr().out
-    assert "draft steps: 7" in out and "target computes per draft step:" in out and "→ target verifies 4" in out
+    assert "draft steps: 7" in out and "target verifying, computes per draft step:" in out
+    assert "→ target verifies 4" in out and "→ draft re-evaluates 4" in out
     assert main(["whatif", str(TRACE), "--model", tiny, "--model-draft", tiny, "--backend", "sim"]) == 2
     assert "no draft model's batches" in capsys.readouterr().err
+
+
+SPEC_CPU = DATA / "cpu-server-spec-0c1e.raw.jsonl.xz"
+
+
+def test_a_real_speculative_server_trace_recaptures_the_draft_every_step(tmp_path, capsys):
+    """llama-server 0c1e57098 (a CPU build, no CUDA: the batches alone were recorded, graphdiag trace's library
+    preloaded) with tiny F16 as target and draft, --spec-type draft-simple, -np 4 -kvu, under graphdiag load
+    (8 clients, 16 requests, prompts 16-600 tokens). Replayed on the simulated driver: the draft context
+    alternates one row per slot (drafting) with the verify batch's width (re-evaluating it, upstream's
+    TAG_SPEC_AVOID_DRAFT_REEVAL), so its warmup is reset and its graph captured again in nearly every step."""
+    gguf = tmp_path / "tiny-f16.gguf"
+    assert main(["export-gguf", "--model", "tiny", "--wtype", "f16", str(gguf)]) == 0
+    capsys.readouterr()
+    argv = ["whatif", str(SPEC_CPU), "--model", str(gguf), "--model-draft", str(gguf), "--backend", "sim"]
+    assert main([*argv, "--json"]) == 0
+    c = json.loads(capsys.readouterr().out)
+    steps = c["draft_steps"]
+    assert steps >= 300 and max(c["verify_sizes"], key=c["verify_sizes"].get) == "16"   # 4 slots x (3 + 1)
+    assert c["reeval"]["eager (warmup reset)"] >= 0.9 * steps
+    assert c["draft"]["capture"] >= 0.9 * steps
+    assert c["target"]["replay"] >= 0.7 * steps               # the target's verify graph is reused
+    assert main(argv) == 0
+    out = capsys.readouterr().out
+    assert "draft context recaptured its graph" in out and "TAG_SPEC_AVOID_DRAFT_REEVAL" in out
+    assert "→ draft re-evaluates 16 [eager (warmup reset)]" in out
+
+
+def test_a_trace_without_cuda_is_reported_and_not_compared(tmp_path, capsys):
+    """A CPU build's trace has batches and no graph calls: report says so; replay refuses to compare (one
+    line, exit 2) and names what replays them."""
+    assert main(["report", str(SPEC_CPU)]) == 0
+    out = capsys.readouterr().out
+    assert "no CUDA: " in out and "never initialised CUDA" in out and "llama_decode batches were recorded" in out
+    assert main(["replay", str(SPEC_CPU), "--model", str(tmp_path / "x.gguf"), "--backend", "sim"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert "never initialised CUDA" in err and "whatif" in err and "\n" not in err
 
 
 def test_a_draft_context_that_drafted_nothing_says_so(tiny, tmp_path, capsys):
@@ -166,7 +211,8 @@ def test_a_draft_context_that_drafted_nothing_says_so(tiny, tmp_path, capsys):
     never drafts (H100, 2026-12-07: 1264 target batches, 1 draft batch): one line, exit 2, naming the flag."""
     p, _ = _speculative(tmp_path)
     lines = p.read_text().splitlines()
-    kept = [ln for ln in lines if '"ctx": 11' not in ln or '"n_tokens": 2,' in ln]   # 0xB's warmup alone
+    first = next(i for i, ln in enumerate(lines) if '"ctx": 11' in ln)
+    kept = [ln for i, ln in enumerate(lines) if '"ctx": 11' not in ln or i == first]   # 0xB's warmup alone
     assert len(kept) < len(lines)
     p.write_text("\n".join(kept) + "\n")
     assert main(["whatif", str(p), "--model", tiny, "--model-draft", tiny, "--backend", "sim"]) == 2

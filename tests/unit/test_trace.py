@@ -380,6 +380,21 @@ def test_llama_decode_is_interposed_in_a_program_linked_against_libllama(lib, tm
     assert preload("/x/gd.so", "/a.so /b.so") == "/x/gd.so /a.so /b.so"
 
 
+def test_a_program_without_cuda_keeps_its_batches(lib, tmp_path, monkeypatch, capsys):
+    """graphdiag trace of a program that decodes but never initialises CUDA (a CPU build of llama.cpp): its
+    batches are kept and reported as such, not refused as "nothing to trace"."""
+    from graphdiag.trace import command
+    prog, _, _ = _build_preloaded(lib, tmp_path, FAKE_LLAMA, FAKE_PROGRAM)
+    monkeypatch.setattr(build, "library", lambda *a, **kw: lib[0])
+    monkeypatch.setattr(build, "cupti_library", lambda *a, **kw: tmp_path / "no-libcupti.so")
+    monkeypatch.setattr(command, "check_device", lambda: None)
+    events = tmp_path / "t.jsonl"
+    assert main(["trace", "--api", "cupti", "--events", str(events), "--", str(prog)]) == 0
+    out = capsys.readouterr().out
+    assert "no CUDA: " in out and "its 2 llama_decode batches were recorded" in out
+    assert sum('"decode_batch"' in ln for ln in events.read_text().splitlines()) == 2
+
+
 FAKE_LONG_PROGRAM = r"""
 #include <stdint.h>
 #include <stdio.h>

@@ -74,6 +74,10 @@ def trace_lines(header: RunHeader) -> list[str]:
         return []
     return ([f"traced: {' '.join(tr.get('cmd') or [])} (pids {', '.join(map(str, tr.get('pids') or [])) or 'none'}; "
              f"exit {tr.get('exit')}; raw {tr.get('raw')})", f"a step is {tr.get('step')}"]
+            + ([f"no CUDA: {(tr.get('cmd') or ['CMD'])[0]} never initialised CUDA (a CPU build?); its "
+                f"{tr['decode_batches']} llama_decode batches were recorded: `graphdiag replay` and `whatif "
+                f"--pad-batches / --slots / --model-draft` run graphdiag's runtime on them"]
+               if not tr.get("pids") and tr.get("decode_batches") else [])
             + ([f"calls read through: {', '.join(tr['reads'])}"] if tr.get("reads") else [])
             + [f"trace error: {e}" for e in tr.get("errors") or []]
             + _wrap_items("not observable in a trace:", list(tr.get("not_observable") or [])))
