@@ -12,7 +12,7 @@ cpu-server-spec-0c1e.raw.jsonl.xz), one server iteration with drafting slots is:
      its cache to what the target accepted (upstream's TAG_SPEC_AVOID_DRAFT_REEVAL: "for now, always
      re-evaluate for simplicity").
 The draft context therefore alternates between two batch widths every step (slots rows, then slots x (drafts +
-1)), and the verify batch is as wide as the drafts made. A draft step is 1-3 here; for each, the phases each
+1)), and the verify batch is as wide as the drafts made. A draft step is 1-3 together; for each, the phases each
 side's computes took (graphdiag's decisions for the trace's batches), counted over the run.
 """
 
@@ -22,14 +22,6 @@ from collections import Counter
 from dataclasses import dataclass, field
 
 from ... import events as E
-
-
-@dataclass(frozen=True)
-class BatchPhases:
-    t_ns: int
-    n_tokens: int
-    phases: tuple        # "eager (warmup reset)", "capture", "replay", ... one per compute of its steps
-    every_row_out: bool  # every row an output (a verify batch, or tokens decoded one per sequence)
 
 
 @dataclass
