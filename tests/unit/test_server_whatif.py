@@ -172,16 +172,18 @@ def test_draft_model_warmup_cycle(tiny, tmp_path, capsys):
 SPEC_CPU = DATA / "cpu-server-spec-0c1e.raw.jsonl.xz"
 
 
-def test_a_real_speculative_server_trace_recaptures_the_draft_every_step(tmp_path, capsys):
-    """llama-server 0c1e57098 (a CPU build, no CUDA: the batches alone were recorded, graphdiag trace's library
-    preloaded) with tiny F16 as target and draft, --spec-type draft-simple, -np 4 -kvu, under graphdiag load
-    (8 clients, 16 requests, prompts 16-600 tokens). Replayed on the simulated driver: the draft context
-    alternates one row per slot (drafting) with the verify batch's width (re-evaluating it, upstream's
-    TAG_SPEC_AVOID_DRAFT_REEVAL), so its warmup is reset and its graph captured again in nearly every step."""
+@pytest.mark.parametrize("name", ["cpu-server-spec-0c1e.raw.jsonl.xz", "cpu-server-spec-b11434.raw.jsonl.xz"])
+def test_a_real_speculative_server_trace_recaptures_the_draft_every_step(tmp_path, capsys, name):
+    """llama-server 0c1e57098 and b11434 (CPU builds, no CUDA: the batches alone were recorded, graphdiag
+    trace's library preloaded) with tiny F16 as target and draft, --spec-type draft-simple, -np 4 -kvu, under
+    graphdiag load (8 clients, 16 requests, prompts 16-600 tokens). Replayed on the simulated driver: the
+    draft context alternates one row per slot (drafting) with the verify batch's width (re-evaluating it,
+    upstream's TAG_SPEC_AVOID_DRAFT_REEVAL), so its warmup is reset and its graph captured again in nearly
+    every step."""
     gguf = tmp_path / "tiny-f16.gguf"
     assert main(["export-gguf", "--model", "tiny", "--wtype", "f16", str(gguf)]) == 0
     capsys.readouterr()
-    argv = ["whatif", str(SPEC_CPU), "--model", str(gguf), "--model-draft", str(gguf), "--backend", "sim"]
+    argv = ["whatif", str(DATA / name), "--model", str(gguf), "--model-draft", str(gguf), "--backend", "sim"]
     assert main([*argv, "--json"]) == 0
     c = json.loads(capsys.readouterr().out)
     steps = c["draft_steps"]

@@ -2,8 +2,8 @@
 
 llama-server with a draft model (--model-draft --spec-type draft-simple) decodes in two contexts, each with its
 own CUDA-graph cache. Read in llama.cpp 0c1e57098 and b11434 (tools/server/server-context.cpp, common/
-speculative.cpp's draft-simple) and recorded from a real 0c1e57098 server (tests/data/trace/
-cpu-server-spec-0c1e.raw.jsonl.xz), one server iteration with drafting slots is:
+speculative.cpp's draft-simple) and recorded from both real servers (tests/data/trace/
+cpu-server-spec-{0c1e,b11434}.raw.jsonl.xz), one server iteration with drafting slots is:
   1. draft: the draft context decodes one row per drafting slot (the last sampled token, then each drafted
      one; every row an output), up to --spec-draft-n-max batches (3 by default);
   2. verify: the target decodes each slot's sampled token and its drafts (every such row an output), beside
