@@ -396,6 +396,8 @@ def _header(raw: dict[str, Any], lines: list[dict[str, Any]], source: str, end: 
         trace["n_ctx"] = n_ctx                 # llama.cpp's "llama_context: n_ctx = N", each context's
     if raw.get("synthetic"):                   # a fixture written by hand or by a tool, not a recording
         trace["synthetic"] = str(raw["synthetic"])
+    if raw.get("excerpt"):                     # a recording cut short for a fixture: what was kept
+        trace["excerpt"] = str(raw["excerpt"])
     return RunHeader(backend="cuda", device=", ".join(f"CUDA device {d}" for d in devices) or "no device seen",
                      simulated=False, model=" ".join(cmd), settings={"cmd": " ".join(cmd)},
                      note="an unmodified process traced through CUDA injection ("

@@ -58,6 +58,9 @@ class Replay:
         synthetic = self.trace[0].trace.get("synthetic")
         if synthetic:
             out.append(f"the trace is {synthetic}")
+        excerpt = self.trace[0].trace.get("excerpt")
+        if excerpt:
+            out.append(f"the trace is an excerpt: {excerpt}")
         return out
 
     def header_lines(self) -> list[str]:

@@ -8,9 +8,10 @@ out. A batch is cut into ubatches as llama.cpp's unified KV cache cuts it (split
 time, in order); each ubatch is one step, its n_outputs the rows with logits in it. The time the caller
 spent between two batches (one's t0 minus the end of the one before) is the step's idle time. A sequence
 placed again at a position it already holds had its cells removed first (llama-server's seq_rm when a slot
-takes a new request, or llama_memory_clear after its warmup decode): the replay removes them too, the
-inference named in each step's `removes`. So are the cells llama-server frees where no batch shows it: with a
-unified KV cache it clears every idle slot when it starts a task (`_idle_clears`).
+takes a new request, its rollback past rejected drafts in speculative decoding, or llama_memory_clear after
+its warmup decode): the replay removes them too, the inference named in each step's `removes`. So are the
+cells llama-server frees where no batch shows it: with a unified KV cache it clears every idle slot when it
+starts a task (`_idle_clears`; a speculative rollback starts none).
 
 One llama_context is replayed at a time (the target: the first batch's; or a draft model's, on its own
 model): each context has its own graphs and CUDA-graph cache, so a draft model's batches (speculative
@@ -27,6 +28,9 @@ from ..errors import UsageError
 from ..plan import N_BATCH, N_UBATCH, StepPlan
 
 
+SPEC_DRAFT_N_MAX = 3    # common.h's params.speculative.draft.n_max, 0c1e57098 and b11434 alike
+
+
 @dataclass(frozen=True)
 class ServerSettings:
     """What the traced command line says about batching (llama-server's / llama.cpp common's flags)."""
@@ -41,6 +45,7 @@ class ServerSettings:
     logged_n_ctx: tuple = ()        # llama.cpp's "llama_context: n_ctx = N" lines in the trace, in order
     cache_idle_slots: bool = True   # --cache-idle-slots (llama-server's default) / --no-cache-idle-slots
     cache_ram: int | None = None    # -cram / --cache-ram MiB as given (None: not given, 8192; 0: no prompt cache)
+    spec_draft_n_max: int = SPEC_DRAFT_N_MAX   # --spec-draft-n-max: the most tokens one draft step drafts
 
     def n_ctx(self, n_ctx_train: int) -> int:
         """The traced context's KV cells: what llama.cpp logged (where every context logged one value), else
@@ -75,6 +80,13 @@ class ServerSettings:
                 and (self.kv_unified or self.n_parallel is None))
 
     @property
+    def rollback(self) -> int:
+        """How far back a sequence may be placed again without starting a task: with a draft model, the
+        server rolls each slot back past its rejected drafts every step (at most --spec-draft-n-max positions:
+        the target's verify rows, the draft context's drafted and re-evaluated rows); else 0."""
+        return self.spec_draft_n_max if self.server and self.draft else 0
+
+    @property
     def unified(self) -> bool:
         """One KV cache for every sequence, as graphdiag models it: -kvu, -np not given (the server's auto
         sets it), or one slot."""
@@ -87,7 +99,7 @@ def server_settings(cmd: list[str], logged_n_ctx: tuple = ()) -> ServerSettings:
     vals: dict[str, int] = {}
     names = {"-ub": "n_ubatch", "--ubatch-size": "n_ubatch", "-b": "n_batch", "--batch-size": "n_batch",
              "-np": "n_parallel", "--parallel": "n_parallel", "-c": "ctx_size", "--ctx-size": "ctx_size",
-             "-cram": "cache_ram", "--cache-ram": "cache_ram"}
+             "-cram": "cache_ram", "--cache-ram": "cache_ram", "--spec-draft-n-max": "spec_draft_n_max"}
     for i, a in enumerate(cmd):
         flag, _, inline = a.partition("=")
         if flag in names:
@@ -105,7 +117,7 @@ def server_settings(cmd: list[str], logged_n_ctx: tuple = ()) -> ServerSettings:
                           bool(cmd) and Path(cmd[0]).name.startswith("llama-server"),
                           any(a.partition("=")[0] in ("-md", "--model-draft") for a in cmd),
                           vals.get("ctx_size"), tuple(logged_n_ctx), idle[-1] if idle else True,
-                          vals.get("cache_ram"))
+                          vals.get("cache_ram"), vals.get("spec_draft_n_max", SPEC_DRAFT_N_MAX))
 
 
 @dataclass
@@ -166,11 +178,13 @@ def replay_plan(batches: list[E.DecodeBatch], n_vocab: int, settings: ServerSett
             raise UsageError(f"batch {i}: token id {bad} is not in {model}'s vocabulary (n_vocab {n_vocab}): the "
                              f"trace was recorded with another model")
         rows = _rows(b, next_pos)
-        kept.append((i, b, rows, _removals(rows[0], rows[1], next_pos)))
+        before = dict(next_pos)
+        removes = _removals(rows[0], rows[1], next_pos)
+        kept.append((i, b, rows, removes, tuple(r for r in removes if before[r[0]] - r[1] > settings.rollback)))
     rp.inferred_removals = sum(len(k[3]) for k in kept)
-    clears = (_idle_clears([(rows[0], rows[1], removes) for _, _, rows, removes in kept], settings.n_seq_max, rp)
+    clears = (_idle_clears([(rows[0], rows[1], starts) for _, _, rows, _, starts in kept], settings.n_seq_max, rp)
               if settings.clears_idle_slots else [()] * len(kept))
-    for (i, b, rows, removes), cleared in zip(kept, clears):
+    for (i, b, rows, removes, _), cleared in zip(kept, clears):
         first = len(rp.steps)
         rp.steps += _ubatches(b, rows, cleared + removes, _idle_s(rp.batches[-1] if rp.batches else None, b),
                               settings.n_ubatch)
@@ -222,9 +236,10 @@ def _removals(pos: list[int], seqs: list[int], next_pos: dict[int, int]) -> tupl
 
 
 def _idle_clears(batches: list[tuple[list[int], list[int], tuple]], n_slots: int, rp: ReplayPlan) -> list[tuple]:
-    """Per batch (positions, sequence ids, inferred removals), the (slot, 0) removals llama-server made before
-    it and no batch shows. A task starts on a slot (its sequence id) where the slot's sequence is placed
-    again at positions it held, or for the first time; the server (process_single_task, [TAG_IDLE_SLOT_CLEAR])
+    """Per batch (positions, sequence ids, inferred removals that start a task), the (slot, 0) removals
+    llama-server made before it and no batch shows. A task starts on a slot (its sequence id) where the
+    slot's sequence is placed again at positions it held (further back than a speculative rollback:
+    ServerSettings.rollback), or for the first time; the server (process_single_task, [TAG_IDLE_SLOT_CLEAR])
     then clears every slot not processing: seq_rm(slot, -1, -1), whose llama_kv_cache::seq_rm also moves the
     cache's head down to the first cell it freed, so the task's prompt and tokens take the lowest free cells
     again. A slot is processing while its task goes on: its sequence comes back in this batch or a later

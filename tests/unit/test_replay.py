@@ -190,6 +190,40 @@ def test_server_trace_replays_as_recorded(fixture, tiny):
     assert len(r.plan.steps) >= len(r.plan.batches)
 
 
+SPEC = DATA / "server-spec-drafting-0c1e-h100.raw.jsonl.xz"
+
+
+def test_a_drafting_server_replays_as_recorded_in_both_contexts(tiny, monkeypatch, capsys):
+    """llama-server 0c1e57098 on the H100 (2026-12-07) with tiny F16 as target and draft, --spec-type
+    draft-simple, -np 4 -kvu, under graphdiag load (8 clients, 64 requests, prompts 16-1500), traced
+    interposed; an excerpt (its first 1200 batches). Each step rolls every drafting slot back past its
+    rejected drafts (the target's verify rows, the draft's drafted and re-evaluated rows): that is not a new
+    task, so it clears no idle slot. Taken for one, it cleared 24 slots the server never cleared and the
+    draft's replay took a uid hit where llama.cpp reset its warmup (batch 409)."""
+    from graphdiag.trace import replay_plan as rp_mod
+    assert main(["replay", str(SPEC), "--model", tiny, "--model-draft", tiny, "--backend", "sim", "--json"]) == 0
+    both = json.loads(capsys.readouterr().out)
+    for side, n in (("target", 242), ("draft", 958)):
+        d = both[side]
+        assert d["equal"] and d["batches_compared"] == n, (side, d["first"])
+        assert {x["name"] for x in d["excused"]} == {"graph-nodes"}
+        assert not any("idle slots' cells cleared" in x or "tasks started past" in x for x in d["notes"])
+        assert any("the trace is an excerpt: the first 1200" in x for x in d["notes"])
+    monkeypatch.setattr(rp_mod.ServerSettings, "rollback", property(lambda self: 0))   # every rewind a task
+    r = run_replay(SPEC, tiny, "sim", draft=True)
+    d = diff_replay(r.trace, r.ours, model_facts(tiny))
+    assert r.plan.idle_clears == 24 and not d.equal and d.first[0] == 409
+
+
+def test_the_speculative_rollback_is_read_from_the_command_line():
+    from graphdiag.trace.replay_plan import server_settings
+    assert server_settings(["llama-server", "-md", "d.gguf"]).rollback == 3          # common.h's n_max
+    assert server_settings(["llama-server", "-md", "d.gguf", "--spec-draft-n-max", "8"]).rollback == 8
+    assert server_settings(["llama-server", "-md", "d.gguf", "--spec-draft-n-max=5"]).rollback == 5
+    assert server_settings(["llama-server"]).rollback == 0                          # no draft: no rollback
+    assert server_settings(["llama-cli", "-md", "d.gguf"]).rollback == 0
+
+
 def test_synthetic_fixture_covers_a_server_run(tiny):
     r = run_replay(DATA / "server-np4.raw.jsonl", tiny, "sim")
     assert "SYNTHETIC" in r.trace[0].trace["synthetic"]

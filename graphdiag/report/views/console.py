@@ -79,6 +79,7 @@ def trace_lines(header: RunHeader) -> list[str]:
                 f"--pad-batches / --slots / --model-draft` run graphdiag's runtime on them"]
                if not tr.get("pids") and tr.get("decode_batches") else [])
             + ([f"calls read through: {', '.join(tr['reads'])}"] if tr.get("reads") else [])
+            + ([f"an excerpt: {tr['excerpt']}"] if tr.get("excerpt") else [])
             + [f"trace error: {e}" for e in tr.get("errors") or []]
             + _wrap_items("not observable in a trace:", list(tr.get("not_observable") or [])))
 
