@@ -71,6 +71,9 @@ def _operator(record: Path, pad, slots, model, backend: str, as_json: bool) -> N
         render_server_whatif(w, sys.stdout)
 
 
+VERIFY_SIZES_SHOWN = 6      # the commonest verify widths named; the rest counted together
+
+
 def _draft(record: Path, model: str | None, draft: str, backend: str, as_json: bool) -> None:
     from ..trace.operator import draft_whatif
     c, device = draft_whatif(record, model, draft, backend)
@@ -95,9 +98,6 @@ def _draft(record: Path, model: str | None, draft: str, backend: str, as_json: b
         out.write(f"  {line}\n")
     for line in c.findings():
         out.write(f"finding: {line}\n")
-
-
-VERIFY_SIZES_SHOWN = 6
 
 
 def _key_policy(record: Path, policy: str, max_graphs: int, as_json: bool) -> None:
