@@ -178,9 +178,7 @@ def replay_plan(batches: list[E.DecodeBatch], n_vocab: int, settings: ServerSett
             raise UsageError(f"batch {i}: token id {bad} is not in {model}'s vocabulary (n_vocab {n_vocab}): the "
                              f"trace was recorded with another model")
         rows = _rows(b, next_pos)
-        before = dict(next_pos)
-        removes = _removals(rows[0], rows[1], next_pos)
-        kept.append((i, b, rows, removes, tuple(r for r in removes if before[r[0]] - r[1] > settings.rollback)))
+        kept.append((i, b, rows, *_removals(rows[0], rows[1], next_pos, settings.rollback)))
     rp.inferred_removals = sum(len(k[3]) for k in kept)
     clears = (_idle_clears([(rows[0], rows[1], starts) for _, _, rows, _, starts in kept], settings.n_seq_max, rp)
               if settings.clears_idle_slots else [()] * len(kept))
@@ -223,16 +221,19 @@ def _rows(b: E.DecodeBatch, next_pos: dict[int, int]) -> tuple[list[int], list[i
     return pos, seqs, out
 
 
-def _removals(pos: list[int], seqs: list[int], next_pos: dict[int, int]) -> tuple:
-    """(seq, pos_min) of each sequence placed again at a position it holds (the caller's seq_rm(seq, pos_min,
-    -1) before the batch); `next_pos` brought past the batch."""
-    removes = []
+def _removals(pos: list[int], seqs: list[int], next_pos: dict[int, int], rollback: int = 0) -> tuple:
+    """(removals, those that start a task): (seq, pos_min) of each sequence placed again at a position it holds
+    (the caller's seq_rm(seq, pos_min, -1) before the batch), and of those the ones further back than
+    `rollback` positions (ServerSettings.rollback); `next_pos` brought past the batch."""
+    removes, starts = [], []
     for q in sorted(set(seqs)):
         p0 = min(p for p, s in zip(pos, seqs) if s == q)
         if p0 < next_pos.get(q, 0):
             removes.append((q, p0))
+            if next_pos[q] - p0 > rollback:
+                starts.append((q, p0))
         next_pos[q] = max(p for p, s in zip(pos, seqs) if s == q) + 1
-    return tuple(removes)
+    return tuple(removes), tuple(starts)
 
 
 def _idle_clears(batches: list[tuple[list[int], list[int], tuple]], n_slots: int, rp: ReplayPlan) -> list[tuple]:
