@@ -148,10 +148,11 @@ class Builder(GraphContext):
         return c.add(cur, sa_out, f"l_out-{il}")
 
     def build(self) -> BuiltGraph:
-        """inp_embd, inp_scaled, the inputs, the layers, result_norm, result_output (tied: token_embd)."""
+        """embd (build_inp_embd's cb), inp_scaled, the inputs, the layers, result_norm, result_output (tied:
+        token_embd)."""
         c, cfg = self.c, self.cfg
         tokens = c.new_input(GGMLType.I32, (self.p.n_tokens,), "inp_tokens")
-        x = c.scale(c.get_rows(self.m.tok_embd, tokens, "inp_embd"), math.sqrt(cfg.n_embd), "inp_scaled")
+        x = c.scale(c.get_rows(self.m.tok_embd, tokens, "embd"), math.sqrt(cfg.n_embd), "inp_scaled")
         inp = self.inputs(tokens)
         for il, lay in enumerate(self.m.layers):
             x = self.layer(lay, il, x, inp)
