@@ -135,7 +135,8 @@ def test_unnamed_upstream_is_exact():
 def test_derived_names_follow_the_unnamed_node():
     """A name ggml derived from an unnamed node (gemma3's scaled Q: `node_9 (view) (permuted)`) matches only
     graphdiag's label of that same node with the same suffixes."""
-    up = [{"op": "NONE", "name": "x"}] * 9 + [{"op": "SCALE", "name": "node_9"}, {"op": "VIEW", "name": "node_9 (view)"},
+    up = [{"op": "NONE", "name": "x"}] * 9 + [{"op": "SCALE", "name": "node_9"},
+                                              {"op": "VIEW", "name": "node_9 (view)"},
                                               {"op": "PERMUTE", "name": "node_9 (view) (permuted)"}]
     ours = [{"name": "x"}] * 9 + [{"name": "Qcur_scaled-0"}, {"name": "Qcur_scaled-0 (view)"},
                                   {"name": "Qcur_scaled-0 (view) (permuted)"}]
