@@ -374,7 +374,10 @@ def walk_recorded(session: "Session", result: RunResult, plan, start=None) -> No
         ended = E.RunEnded(step=step, status=status, steps_done=len(result.tokens), reason=reason)
         try:
             with shielded():      # a signal now comes after the record's last line, not instead of it
-                session.bus.emit(ended)
+                try:
+                    session.bus.release_all()   # what is still queued first (a hold a signal left unmatched)
+                finally:
+                    session.bus.emit(ended)
         except (GraphdiagError, OSError):
             pass                  # a sink that failed (full disk, closed pipe) already reported why
 

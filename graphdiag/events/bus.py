@@ -227,6 +227,13 @@ class EventBus:
         if raised is not None:
             raise raised
 
+    def release_all(self) -> None:
+        """End every hold at once, delivering what is queued: a run's end, however its holds were left (a
+        signal that lands between a hold() and the try whose finally releases it leaves that hold unmatched,
+        and every later event queued on a bus that never lets go)."""
+        self._holds = 1
+        self.release()
+
     def release(self) -> None:
         """End one hold; the outermost delivers what is queued and stops holding (a sink that fails leaves
         the bus unheld all the same)."""

@@ -271,3 +271,25 @@ def test_the_sigterm_handler_is_the_previous_one_once_the_run_ends(capsys):
     before = signal.getsignal(signal.SIGTERM), signal.getsignal(signal.SIGINT)
     assert main(["run", *QUICK, "--steps", "1"]) == 0
     assert (signal.getsignal(signal.SIGTERM), signal.getsignal(signal.SIGINT)) == before
+
+
+def test_an_interrupt_right_after_a_step_holds_the_bus_still_ends_the_record(capsys, tmp_path, monkeypatch):
+    """A signal can land between a step's bus.hold() and the try whose finally releases it (seen under load:
+    SIGTERM, exit 143, the record ending mid-step with no RunEnded, every later event queued on a bus left
+    holding). The walk's end releases every hold, so the record still ends with its RunEnded."""
+    from graphdiag.events.bus import EventBus
+    from graphdiag.runner import Stepper
+    path, calls = tmp_path / "run.jsonl", []
+    real = EventBus.hold
+
+    def hold_then_interrupt(self):
+        real(self)
+        if sys._getframe(1).f_code is Stepper.step.__code__:
+            calls.append(1)
+            if len(calls) == 3:      # step 2's hold, held
+                raise KeyboardInterrupt
+    monkeypatch.setattr(EventBus, "hold", hold_then_interrupt)
+    assert main(["run", *QUICK, "--steps", "8", "--events", str(path)]) == 130
+    events = read_record(path)[1]
+    assert [e.kind for e in events].count("step_finished") == 2
+    assert events[-1].kind == "run_ended" and events[-1].status == "interrupted" and events[-1].reason == "Ctrl-C"
