@@ -53,7 +53,7 @@ def _replay(trace: Path, model: str, backend: str, events_path: Path | None, as_
 
     loaded = load_trace(trace)
     tr = loaded[0].trace
-    if not tr.get("pids") and tr.get("decode_batches"):
+    if loaded[0].traced_without_cuda:
         raise UsageError(f"{trace}: {(tr.get('cmd') or ['its program'])[0]} never initialised CUDA (a CPU build?): "
                          f"no graph decisions to compare its {tr['decode_batches']} batches with (whatif "
                          f"--pad-batches / --slots / --model-draft replay them)")

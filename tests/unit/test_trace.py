@@ -395,6 +395,16 @@ def test_a_program_without_cuda_keeps_its_batches(lib, tmp_path, monkeypatch, ca
     assert sum('"decode_batch"' in ln for ln in events.read_text().splitlines()) == 2
 
 
+def test_a_header_says_whether_its_trace_never_initialised_cuda():
+    """RunHeader.traced_without_cuda (report's "no CUDA:" line, replay's refusal): batches but no CUDA process."""
+    from graphdiag.report.record.header import RunHeader
+    said = lambda trace: RunHeader(trace=trace).traced_without_cuda
+    assert said({"pids": [], "decode_batches": 2})
+    assert not said({"pids": [41], "decode_batches": 2})      # a CUDA process: its decisions were traced
+    assert not said({"pids": [], "decode_batches": 0})         # nothing at all (trace refuses such a run)
+    assert not said({})                                        # not a trace
+
+
 FAKE_LONG_PROGRAM = r"""
 #include <stdint.h>
 #include <stdio.h>

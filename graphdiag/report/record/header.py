@@ -57,6 +57,12 @@ class RunHeader:
         head = {"schema": d.pop("schema"), "version": d.pop("version")}
         return head | d
 
+    @property
+    def traced_without_cuda(self) -> bool:
+        """A trace of a program that decoded (llama_decode batches recorded) but never initialised CUDA (no
+        process with a CUDA context: a CPU build): batches to replay, no graph decisions."""
+        return not self.trace.get("pids") and bool(self.trace.get("decode_batches"))
+
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> "RunHeader":
         """Build from a header object; unknown fields (from a newer writer) are ignored."""

@@ -77,7 +77,7 @@ def trace_lines(header: RunHeader) -> list[str]:
             + ([f"no CUDA: {(tr.get('cmd') or ['CMD'])[0]} never initialised CUDA (a CPU build?); its "
                 f"{tr['decode_batches']} llama_decode batches were recorded: `graphdiag replay` and `whatif "
                 f"--pad-batches / --slots / --model-draft` run graphdiag's runtime on them"]
-               if not tr.get("pids") and tr.get("decode_batches") else [])
+               if header.traced_without_cuda else [])
             + ([f"calls read through: {', '.join(tr['reads'])}"] if tr.get("reads") else [])
             + ([f"an excerpt: {tr['excerpt']}"] if tr.get("excerpt") else [])
             + [f"trace error: {e}" for e in tr.get("errors") or []]
